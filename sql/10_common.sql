@@ -1,0 +1,185 @@
+-- Shared helpers: the calendar, settings, organization look-ups, argument checks.
+-- Private helpers start with `_`; none is granted to any role.
+
+CREATE OR REPLACE FUNCTION llm._period_start(p_at timestamptz)
+RETURNS date
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$ SELECT (pg_catalog.date_trunc('month', p_at AT TIME ZONE 'UTC'))::date $$;
+COMMENT ON FUNCTION llm._period_start(timestamptz) IS
+    'The first day of the UTC calendar month containing p_at: the period an invocation admitted then belongs to.';
+
+CREATE OR REPLACE FUNCTION llm._max_amount()
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$ SELECT 1000000000000000::bigint $$;
+COMMENT ON FUNCTION llm._max_amount() IS
+    'The largest credit, cent or token amount one call accepts (10^15), so period sums can never overflow bigint.';
+
+CREATE OR REPLACE FUNCTION llm._check_amount(p_name text, p_value bigint, p_nullable boolean DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+BEGIN
+    IF p_value IS NULL THEN
+        IF NOT p_nullable THEN
+            RAISE EXCEPTION 'llm: % must not be NULL', p_name
+                USING ERRCODE = '22023', HINT = 'Pass 0 when there is nothing to record.';
+        END IF;
+    ELSIF p_value < 0 OR p_value > llm._max_amount() THEN
+        RAISE EXCEPTION 'llm: % is out of range', p_name
+            USING ERRCODE = '22023',
+                  DETAIL = pg_catalog.format('%s = %s; accepted: 0 .. %s.', p_name, p_value, llm._max_amount());
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION llm._check_amount(text, bigint, boolean) IS
+    'Raises 22023 unless p_value is a non-negative amount no larger than _max_amount() (NULL allowed only when p_nullable).';
+
+CREATE OR REPLACE FUNCTION llm._check_text(p_name text, p_value text, p_max integer, p_nullable boolean DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+BEGIN
+    IF p_value IS NULL THEN
+        IF NOT p_nullable THEN
+            RAISE EXCEPTION 'llm: % must not be NULL', p_name USING ERRCODE = '22023';
+        END IF;
+    ELSIF pg_catalog.btrim(p_value) = '' THEN
+        RAISE EXCEPTION 'llm: % must not be empty', p_name USING ERRCODE = '22023';
+    ELSIF pg_catalog.length(p_value) > p_max THEN
+        RAISE EXCEPTION 'llm: % is too long', p_name
+            USING ERRCODE = '22023',
+                  DETAIL = pg_catalog.format('%s has %s characters; at most %s are accepted.',
+                                             p_name, pg_catalog.length(p_value), p_max);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION llm._check_text(text, text, integer, boolean) IS
+    'Raises 22023 for a NULL (unless p_nullable), blank or over-long text argument.';
+
+CREATE OR REPLACE FUNCTION llm._require_org_id(p_organization_id uuid)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+BEGIN
+    IF p_organization_id IS NULL THEN
+        RAISE EXCEPTION 'llm: organization id must not be NULL'
+            USING ERRCODE = '22023',
+                  HINT = 'Every per-organization call names its organization first.';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION llm._require_org_id(uuid) IS
+    'Raises 22023 for a NULL organization id, before any distributed twin is called (Citus crashes on a NULL distribution argument).';
+
+CREATE OR REPLACE FUNCTION llm._raise_unknown_org(p_organization_id uuid)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'llm: unknown organization %', p_organization_id
+        USING ERRCODE = 'LL002',
+              HINT = 'Create it first with llm.upsert_organization(id, name, allowance).';
+END
+$$;
+COMMENT ON FUNCTION llm._raise_unknown_org(uuid) IS 'Raises LL002 for an organization id that does not exist.';
+
+CREATE OR REPLACE FUNCTION llm._operational_org(p_organization_id uuid)
+RETURNS llm.organizations
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_org llm.organizations;
+BEGIN
+    SELECT * INTO v_org FROM llm.organizations WHERE id = p_organization_id;
+    IF NOT FOUND THEN
+        PERFORM llm._raise_unknown_org(p_organization_id);
+    END IF;
+    IF v_org.status <> 'operational' THEN
+        RAISE EXCEPTION 'llm: organization % is %', p_organization_id, v_org.status
+            USING ERRCODE = 'LL003',
+                  DETAIL = pg_catalog.format('status = %s; only operational organizations are admitted and swept.',
+                                             v_org.status),
+                  HINT = 'Set it operational with llm.upsert_organization(..., p_status => ''operational'').';
+    END IF;
+    RETURN v_org;
+END
+$$;
+COMMENT ON FUNCTION llm._operational_org(uuid) IS
+    'The organization row, or LL002 when unknown and LL003 when not operational.';
+
+CREATE OR REPLACE FUNCTION llm._settings()
+RETURNS llm.settings
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_settings llm.settings;
+BEGIN
+    SELECT * INTO STRICT v_settings FROM llm.settings;
+    RETURN v_settings;
+END
+$$;
+COMMENT ON FUNCTION llm._settings() IS 'The one settings row.';
+
+CREATE OR REPLACE FUNCTION llm._require_invocation_id(p_invocation_id uuid)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+BEGIN
+    IF p_invocation_id IS NULL THEN
+        RAISE EXCEPTION 'llm: invocation id must not be NULL' USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION llm._require_invocation_id(uuid) IS 'Raises 22023 for a NULL invocation id.';
+
+CREATE OR REPLACE FUNCTION llm._raise_unknown_invocation(p_organization_id uuid, p_invocation_id uuid)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+BEGIN
+    PERFORM FROM llm.organizations AS o WHERE o.id = p_organization_id;
+    IF NOT FOUND THEN
+        PERFORM llm._raise_unknown_org(p_organization_id);
+    END IF;
+    RAISE EXCEPTION 'llm: unknown invocation % for organization %', p_invocation_id, p_organization_id
+        USING ERRCODE = 'LL005',
+              HINT = 'Pass the id admit_invocation returned, with the organization that admitted it.';
+END
+$$;
+COMMENT ON FUNCTION llm._raise_unknown_invocation(uuid, uuid) IS
+    'Raises LL002 when the organization is unknown, else LL005: an invocation of another organization is unknown here.';
+
+CREATE OR REPLACE FUNCTION llm._raise_unknown_execution(p_organization_id uuid, p_execution_id uuid)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+BEGIN
+    -- Error path only: telling a caller that it mixed up tenants is worth one
+    -- look beyond its own organization (a multi-shard read under Citus).
+    PERFORM FROM llm.executions AS x
+     WHERE x.id = p_execution_id AND x.organization_id <> p_organization_id;
+    IF FOUND THEN
+        RAISE EXCEPTION 'llm: execution % belongs to another organization', p_execution_id
+            USING ERRCODE = 'LL008',
+                  DETAIL = pg_catalog.format('organization given: %s', p_organization_id),
+                  HINT = 'Link a request only to a task of its own organization.';
+    END IF;
+    RAISE EXCEPTION 'llm: unknown execution % for organization %', p_execution_id, p_organization_id
+        USING ERRCODE = 'LL006',
+              HINT = 'Pass the execution_id open_execution returned.';
+END
+$$;
+COMMENT ON FUNCTION llm._raise_unknown_execution(uuid, uuid) IS
+    'Raises LL008 when the execution exists in another organization, else LL006.';

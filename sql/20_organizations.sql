@@ -1,0 +1,147 @@
+-- Organizations, their monthly periods, and the task catalog.
+
+CREATE OR REPLACE FUNCTION llm._check_thresholds(p_thresholds integer[])
+RETURNS integer[]
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_sorted integer[];
+BEGIN
+    IF p_thresholds IS NULL
+       OR pg_catalog.array_ndims(p_thresholds) > 1
+       OR pg_catalog.array_position(p_thresholds, NULL) IS NOT NULL
+       OR EXISTS (SELECT FROM pg_catalog.unnest(p_thresholds) AS t(pct) WHERE t.pct < 1 OR t.pct > 1000)
+       OR pg_catalog.cardinality(p_thresholds) > 20 THEN
+        RAISE EXCEPTION 'llm: invalid notice thresholds %', p_thresholds
+            USING ERRCODE = '22023',
+                  DETAIL = 'Thresholds are a one-dimensional list of at most 20 distinct percentages between 1 and 1000, without NULLs.',
+                  HINT = 'For example ''{80,100}''; ''{}'' sends no notices.';
+    END IF;
+    SELECT coalesce(pg_catalog.array_agg(DISTINCT t.pct ORDER BY t.pct), '{}')
+      INTO v_sorted
+      FROM pg_catalog.unnest(p_thresholds) AS t(pct);
+    IF pg_catalog.cardinality(v_sorted) <> pg_catalog.cardinality(p_thresholds) THEN
+        RAISE EXCEPTION 'llm: duplicate notice thresholds %', p_thresholds
+            USING ERRCODE = '22023', HINT = 'List each percentage once.';
+    END IF;
+    RETURN v_sorted;
+END
+$$;
+COMMENT ON FUNCTION llm._check_thresholds(integer[]) IS
+    'The threshold list sorted, or 22023 for NULL, NULL elements, duplicates, values outside 1..1000 or more than 20 entries.';
+
+CREATE OR REPLACE FUNCTION llm._upsert_organization(
+    p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint,
+    p_status text, p_notice_thresholds integer[], p_now timestamptz)
+RETURNS llm.organizations
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_org llm.organizations;
+    v_old_allowance bigint;
+    v_period date := llm._period_start(p_now);
+BEGIN
+    SELECT o.monthly_allowance_credits INTO v_old_allowance
+      FROM llm.organizations AS o WHERE o.id = p_organization_id FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO llm.organizations AS o
+               (id, name, status, monthly_allowance_credits, notice_thresholds, created_at, updated_at)
+        VALUES (p_organization_id, p_name, p_status, p_monthly_allowance_credits, p_notice_thresholds, p_now, p_now)
+        ON CONFLICT (id) DO NOTHING
+        RETURNING o.* INTO v_org;
+        IF FOUND THEN
+            RETURN v_org;
+        END IF;
+        -- created concurrently: lock it and update as below
+        SELECT o.monthly_allowance_credits INTO v_old_allowance
+          FROM llm.organizations AS o WHERE o.id = p_organization_id FOR UPDATE;
+    END IF;
+
+    UPDATE llm.organizations AS o
+       SET name = p_name,
+           status = p_status,
+           monthly_allowance_credits = p_monthly_allowance_credits,
+           notice_thresholds = p_notice_thresholds,
+           updated_at = p_now
+     WHERE o.id = p_organization_id
+    RETURNING o.* INTO v_org;
+
+    IF v_old_allowance IS DISTINCT FROM p_monthly_allowance_credits THEN
+        -- a changed allowance applies to the current period at once
+        UPDATE llm.periods AS p
+           SET allowance_credits = p_monthly_allowance_credits
+         WHERE p.organization_id = p_organization_id AND p.period_start = v_period;
+    END IF;
+    RETURN v_org;
+END
+$$;
+COMMENT ON FUNCTION llm._upsert_organization(uuid, text, bigint, text, integer[], timestamptz) IS
+    'Distributed twin of upsert_organization; arguments already checked.';
+
+CREATE OR REPLACE FUNCTION llm.upsert_organization(
+    p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint,
+    p_status text DEFAULT 'operational', p_notice_thresholds integer[] DEFAULT '{80,100}',
+    p_now timestamptz DEFAULT now())
+RETURNS llm.organizations
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_org llm.organizations;
+    v_thresholds integer[];
+    v_now timestamptz := coalesce(p_now, pg_catalog.now());
+BEGIN
+    PERFORM llm._require_org_id(p_organization_id);
+    PERFORM llm._check_text('p_name', p_name, 200);
+    PERFORM llm._check_amount('p_monthly_allowance_credits', p_monthly_allowance_credits, true);
+    IF p_status IS NULL OR p_status NOT IN ('operational', 'suspended', 'closed') THEN
+        RAISE EXCEPTION 'llm: invalid organization status %', coalesce(p_status, 'NULL')
+            USING ERRCODE = '22023', HINT = 'Use operational, suspended or closed.';
+    END IF;
+    v_thresholds := llm._check_thresholds(p_notice_thresholds);
+    SELECT * INTO v_org
+      FROM llm._upsert_organization(p_organization_id, p_name, p_monthly_allowance_credits,
+                                    p_status, v_thresholds, v_now);
+    RETURN v_org;
+END
+$$;
+COMMENT ON FUNCTION llm.upsert_organization(uuid, text, bigint, text, integer[], timestamptz) IS
+    'Creates or updates an organization; a changed allowance (NULL = unlimited) also applies to the period containing p_now.';
+
+CREATE OR REPLACE FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date, p_allowance bigint)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+BEGIN
+    PERFORM FROM llm.periods AS p
+     WHERE p.organization_id = p_organization_id AND p.period_start = p_period_start;
+    IF NOT FOUND THEN
+        INSERT INTO llm.periods (organization_id, period_start, period_end, allowance_credits)
+        VALUES (p_organization_id, p_period_start, (p_period_start + interval '1 month')::date, p_allowance)
+        ON CONFLICT (organization_id, period_start) DO NOTHING;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION llm._ensure_period(uuid, date, bigint) IS
+    'Creates the period row on first use, with the organization''s allowance at that moment.';
+
+CREATE OR REPLACE FUNCTION llm.declare_task_kind(p_key text, p_description text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+BEGIN
+    PERFORM llm._check_text('p_key', p_key, 200);
+    PERFORM llm._check_text('p_description', p_description, 2000, true);
+    INSERT INTO llm.task_kinds AS k (key, description)
+    VALUES (p_key, p_description)
+    ON CONFLICT (key) DO UPDATE
+       SET description = coalesce(excluded.description, k.description)
+     WHERE k.description IS DISTINCT FROM coalesce(excluded.description, k.description);
+END
+$$;
+COMMENT ON FUNCTION llm.declare_task_kind(text, text) IS
+    'Declares a task kind; idempotent (a repeat with a new description updates it, a NULL description keeps the old one).';

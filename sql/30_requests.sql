@@ -1,0 +1,401 @@
+-- Requests (CAP-PFM-LLM-007 admission and the request lifecycle):
+-- admit with a hold, mark dispatched, settle with measured usage or fail.
+-- Every call is one transaction; the organization's period row is the hot row
+-- and is always taken last (invocation -> execution -> period -> notices).
+
+CREATE OR REPLACE FUNCTION llm._record_crossings(
+    p_organization_id uuid, p_period_start date, p_old_used bigint, p_new_used bigint,
+    p_allowance bigint, p_now timestamptz)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_created integer;
+BEGIN
+    IF p_allowance IS NULL OR p_new_used <= p_old_used THEN
+        RETURN 0;
+    END IF;
+    -- one owed notice for every threshold this movement crossed (below -> at or above)
+    INSERT INTO llm.threshold_notices
+           (organization_id, period_start, threshold_pct, crossed_at, used_credits,
+            allowance_credits, next_attempt_at)
+    SELECT p_organization_id, p_period_start, t.pct, p_now, p_new_used, p_allowance, p_now
+      FROM llm.organizations AS o
+     CROSS JOIN LATERAL pg_catalog.unnest(o.notice_thresholds) AS t(pct)
+     WHERE o.id = p_organization_id
+       AND p_old_used::numeric * 100 < t.pct::numeric * p_allowance
+       AND p_new_used::numeric * 100 >= t.pct::numeric * p_allowance
+    ON CONFLICT (organization_id, period_start, threshold_pct) DO NOTHING;
+    GET DIAGNOSTICS v_created = ROW_COUNT;
+    RETURN v_created;
+END
+$$;
+COMMENT ON FUNCTION llm._record_crossings(uuid, date, bigint, bigint, bigint, timestamptz) IS
+    'Creates one owed notice per threshold crossed when used credits moved from p_old_used to p_new_used; at most one per (organization, period, threshold).';
+
+-- The one place an invocation becomes terminal: status, ledger, task totals,
+-- period movement and notices, in that lock order. The caller has locked the
+-- invocation row (UPDATE ... WHERE status IN ('reserved','dispatched')).
+CREATE OR REPLACE FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_new_used bigint;
+    v_allowance bigint;
+    v_charge bigint := p_inv.charged_credits;
+    v_cents bigint := coalesce(p_inv.charged_cents, 0);
+BEGIN
+    INSERT INTO llm.ledger (organization_id, invocation_id, entry, period_start, credits, cents, recorded_at)
+    SELECT p_inv.organization_id, p_inv.id, e.entry, p_inv.period_start, e.credits, e.cents, p_now
+      FROM (VALUES ('release', p_inv.hold_credits, NULL::bigint),
+                   ('charge', v_charge, p_inv.charged_cents)) AS e(entry, credits, cents)
+     WHERE e.entry = 'release' OR v_charge > 0 OR v_cents > 0;
+
+    IF p_inv.execution_id IS NOT NULL THEN
+        UPDATE llm.executions AS x
+           SET request_count = x.request_count + 1,
+               credits = x.credits + v_charge,
+               cents = x.cents + v_cents
+         WHERE x.organization_id = p_inv.organization_id AND x.id = p_inv.execution_id;
+    END IF;
+
+    UPDATE llm.periods AS p
+       SET used_credits = p.used_credits + v_charge,
+           used_cents = p.used_cents + v_cents,
+           held_credits = p.held_credits - p_inv.hold_credits
+     WHERE p.organization_id = p_inv.organization_id AND p.period_start = p_inv.period_start
+    RETURNING p.used_credits, p.allowance_credits INTO v_new_used, v_allowance;
+
+    IF v_charge > 0 AND v_allowance IS NOT NULL THEN
+        PERFORM llm._record_crossings(p_inv.organization_id, p_inv.period_start,
+                                      v_new_used - v_charge, v_new_used, v_allowance, p_now);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION llm._book_terminal(llm.invocations, timestamptz) IS
+    'Books a just-terminated invocation: release and charge ledger rows, task totals, period movement and threshold notices.';
+
+-- ---------------------------------------------------------------- admission
+
+CREATE OR REPLACE FUNCTION llm._admit_invocation(
+    p_organization_id uuid, p_estimate_credits bigint, p_model text,
+    p_execution_id uuid, p_invocation_id uuid, p_now timestamptz)
+RETURNS llm.invocations
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_org llm.organizations;
+    v_inv llm.invocations;
+    v_exec_status text;
+    v_period date := llm._period_start(p_now);
+    v_period_row llm.periods;
+BEGIN
+    v_org := llm._operational_org(p_organization_id);
+
+    IF p_execution_id IS NOT NULL THEN
+        SELECT x.status INTO v_exec_status
+          FROM llm.executions AS x
+         WHERE x.organization_id = p_organization_id AND x.id = p_execution_id;
+        IF NOT FOUND THEN
+            PERFORM llm._raise_unknown_execution(p_organization_id, p_execution_id);
+        END IF;
+    END IF;
+
+    -- a retried id with the same arguments returns the first admission
+    IF p_invocation_id IS NOT NULL THEN
+        SELECT * INTO v_inv FROM llm.invocations AS i
+         WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
+        IF FOUND THEN
+            RETURN llm._same_admission(v_inv, p_estimate_credits, p_model, p_execution_id);
+        END IF;
+    END IF;
+
+    IF v_exec_status IS DISTINCT FROM 'running' AND p_execution_id IS NOT NULL THEN
+        RAISE EXCEPTION 'llm: execution % is %', p_execution_id, v_exec_status
+            USING ERRCODE = 'LL009',
+                  DETAIL = 'Only a running execution admits new requests.',
+                  HINT = 'Open a new execution for new work.';
+    END IF;
+
+    PERFORM llm._ensure_period(p_organization_id, v_period, v_org.monthly_allowance_credits);
+
+    INSERT INTO llm.invocations AS i
+           (organization_id, id, period_start, execution_id, model, status,
+            estimate_credits, hold_credits, created_at)
+    VALUES (p_organization_id, coalesce(p_invocation_id, pg_catalog.gen_random_uuid()), v_period,
+            p_execution_id, p_model, 'reserved', p_estimate_credits, p_estimate_credits, p_now)
+    ON CONFLICT (organization_id, id) DO NOTHING
+    RETURNING i.* INTO v_inv;
+    IF NOT FOUND THEN
+        -- the same id was admitted concurrently and has committed
+        SELECT * INTO STRICT v_inv FROM llm.invocations AS i
+         WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
+        RETURN llm._same_admission(v_inv, p_estimate_credits, p_model, p_execution_id);
+    END IF;
+
+    INSERT INTO llm.ledger (organization_id, invocation_id, entry, period_start, credits, recorded_at)
+    VALUES (p_organization_id, v_inv.id, 'hold', v_period, p_estimate_credits, p_now);
+
+    -- the hot row last: admit iff used + held + estimate <= allowance
+    UPDATE llm.periods AS p
+       SET held_credits = p.held_credits + p_estimate_credits
+     WHERE p.organization_id = p_organization_id AND p.period_start = v_period
+       AND (p.allowance_credits IS NULL
+            OR p.used_credits + p.held_credits + p_estimate_credits <= p.allowance_credits);
+    IF NOT FOUND THEN
+        SELECT * INTO STRICT v_period_row FROM llm.periods AS p
+         WHERE p.organization_id = p_organization_id AND p.period_start = v_period;
+        RAISE EXCEPTION 'llm: allowance exhausted for organization %', p_organization_id
+            USING ERRCODE = 'LL001',
+                  DETAIL = pg_catalog.format('allowance=%s used=%s held=%s estimate=%s period=%s',
+                                             v_period_row.allowance_credits, v_period_row.used_credits,
+                                             v_period_row.held_credits, p_estimate_credits, v_period),
+                  HINT = 'Wait for holds to settle, lower the estimate, or raise the allowance with llm.upsert_organization.';
+    END IF;
+    RETURN v_inv;
+END
+$$;
+COMMENT ON FUNCTION llm._admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz) IS
+    'Distributed twin of admit_invocation; arguments already checked.';
+
+CREATE OR REPLACE FUNCTION llm._same_admission(
+    p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid)
+RETURNS llm.invocations
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+BEGIN
+    IF p_inv.estimate_credits IS DISTINCT FROM p_estimate_credits
+       OR p_inv.model IS DISTINCT FROM p_model
+       OR p_inv.execution_id IS DISTINCT FROM p_execution_id THEN
+        RAISE EXCEPTION 'llm: invocation % was admitted with different arguments', p_inv.id
+            USING ERRCODE = 'LL007',
+                  DETAIL = pg_catalog.format('stored: estimate=%s model=%s execution=%s; given: estimate=%s model=%s execution=%s',
+                                             p_inv.estimate_credits, p_inv.model, p_inv.execution_id,
+                                             p_estimate_credits, p_model, p_execution_id),
+                  HINT = 'Use a new invocation id for a new request; reuse an id only to retry the same one.';
+    END IF;
+    RETURN p_inv;
+END
+$$;
+COMMENT ON FUNCTION llm._same_admission(llm.invocations, bigint, text, uuid) IS
+    'Returns the stored invocation when a retried admission repeats its arguments, else raises LL007.';
+
+CREATE OR REPLACE FUNCTION llm.admit_invocation(
+    p_organization_id uuid, p_estimate_credits bigint, p_model text,
+    p_execution_id uuid DEFAULT NULL, p_invocation_id uuid DEFAULT NULL,
+    p_now timestamptz DEFAULT now())
+RETURNS llm.invocations
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_inv llm.invocations;
+BEGIN
+    PERFORM llm._require_org_id(p_organization_id);
+    PERFORM llm._check_amount('p_estimate_credits', p_estimate_credits);
+    PERFORM llm._check_text('p_model', p_model, 200);
+    SELECT * INTO v_inv
+      FROM llm._admit_invocation(p_organization_id, p_estimate_credits, p_model, p_execution_id,
+                                 p_invocation_id, coalesce(p_now, pg_catalog.now()));
+    RETURN v_inv;
+END
+$$;
+COMMENT ON FUNCTION llm.admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz) IS
+    'Admits a request iff used + held + estimate <= allowance and places its hold on the current period (LL001 otherwise); a repeated p_invocation_id with the same arguments returns the first admission, with different ones LL007.';
+
+-- ---------------------------------------------------------------- dispatch
+
+CREATE OR REPLACE FUNCTION llm._mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamptz)
+RETURNS llm.invocations
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_inv llm.invocations;
+BEGIN
+    UPDATE llm.invocations AS i
+       SET status = 'dispatched', dispatched_at = p_now
+     WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id AND i.status = 'reserved'
+    RETURNING i.* INTO v_inv;
+    IF FOUND THEN
+        RETURN v_inv;
+    END IF;
+    SELECT * INTO v_inv FROM llm.invocations AS i
+     WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
+    IF NOT FOUND THEN
+        PERFORM llm._raise_unknown_invocation(p_organization_id, p_invocation_id);
+    ELSIF v_inv.status <> 'dispatched' THEN
+        RAISE EXCEPTION 'llm: invocation % is already %', p_invocation_id, v_inv.status
+            USING ERRCODE = 'LL009',
+                  DETAIL = pg_catalog.format('status=%s settlement_kind=%s', v_inv.status, v_inv.settlement_kind),
+                  HINT = 'A terminal request must not be sent to the provider; admit a new one.';
+    END IF;
+    RETURN v_inv;  -- already dispatched: idempotent
+END
+$$;
+COMMENT ON FUNCTION llm._mark_dispatched(uuid, uuid, timestamptz) IS
+    'Distributed twin of mark_dispatched; arguments already checked.';
+
+CREATE OR REPLACE FUNCTION llm.mark_dispatched(
+    p_organization_id uuid, p_invocation_id uuid, p_now timestamptz DEFAULT now())
+RETURNS llm.invocations
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_inv llm.invocations;
+BEGIN
+    PERFORM llm._require_org_id(p_organization_id);
+    PERFORM llm._require_invocation_id(p_invocation_id);
+    SELECT * INTO v_inv
+      FROM llm._mark_dispatched(p_organization_id, p_invocation_id, coalesce(p_now, pg_catalog.now()));
+    RETURN v_inv;
+END
+$$;
+COMMENT ON FUNCTION llm.mark_dispatched(uuid, uuid, timestamptz) IS
+    'Marks a reserved request as sent to the provider (idempotent when already dispatched); LL009 when it is already terminal.';
+
+-- ---------------------------------------------------------------- settlement
+
+CREATE OR REPLACE FUNCTION llm._terminal_outcome(p_organization_id uuid, p_invocation_id uuid)
+RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_inv llm.invocations;
+BEGIN
+    SELECT * INTO v_inv FROM llm.invocations AS i
+     WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
+    IF NOT FOUND THEN
+        PERFORM llm._raise_unknown_invocation(p_organization_id, p_invocation_id);
+    END IF;
+    RETURN CASE
+        WHEN v_inv.status = 'failed' THEN 'already_failed'
+        WHEN v_inv.settlement_kind = 'recovered' THEN 'already_recovered'
+        ELSE 'already_settled'
+    END;
+END
+$$;
+COMMENT ON FUNCTION llm._terminal_outcome(uuid, uuid) IS
+    'For an invocation that is no longer open: already_settled, already_recovered or already_failed (LL005 when unknown).';
+
+CREATE OR REPLACE FUNCTION llm._settle_invocation(
+    p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint,
+    p_input_tokens bigint, p_output_tokens bigint, p_now timestamptz)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_inv llm.invocations;
+    v_outcome text;
+BEGIN
+    UPDATE llm.invocations AS i
+       SET status = 'settled', settlement_kind = 'measured', settled_at = p_now,
+           charged_credits = p_credits, charged_cents = p_cents,
+           input_tokens = p_input_tokens, output_tokens = p_output_tokens
+     WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id
+       AND i.status IN ('reserved', 'dispatched')
+    RETURNING i.* INTO v_inv;
+    IF FOUND THEN
+        PERFORM llm._book_terminal(v_inv, p_now);
+        RETURN 'settled';
+    END IF;
+
+    v_outcome := llm._terminal_outcome(p_organization_id, p_invocation_id);
+    IF v_outcome = 'already_recovered' THEN
+        -- the worker came back after recovery: keep its figures for audit, charge nothing
+        UPDATE llm.invocations AS i
+           SET late_credits = p_credits, late_cents = p_cents,
+               late_input_tokens = p_input_tokens, late_output_tokens = p_output_tokens,
+               late_reported_at = p_now
+         WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id
+           AND i.late_reported_at IS NULL;
+    END IF;
+    RETURN v_outcome;
+END
+$$;
+COMMENT ON FUNCTION llm._settle_invocation(uuid, uuid, bigint, bigint, bigint, bigint, timestamptz) IS
+    'Distributed twin of settle_invocation; arguments already checked.';
+
+CREATE OR REPLACE FUNCTION llm.settle_invocation(
+    p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint,
+    p_input_tokens bigint DEFAULT NULL, p_output_tokens bigint DEFAULT NULL,
+    p_now timestamptz DEFAULT now())
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_outcome text;
+BEGIN
+    PERFORM llm._require_org_id(p_organization_id);
+    PERFORM llm._require_invocation_id(p_invocation_id);
+    PERFORM llm._check_amount('p_credits', p_credits);
+    PERFORM llm._check_amount('p_cents', p_cents);
+    PERFORM llm._check_amount('p_input_tokens', p_input_tokens, true);
+    PERFORM llm._check_amount('p_output_tokens', p_output_tokens, true);
+    SELECT s INTO v_outcome
+      FROM llm._settle_invocation(p_organization_id, p_invocation_id, p_credits, p_cents,
+                                  p_input_tokens, p_output_tokens, coalesce(p_now, pg_catalog.now())) AS s;
+    RETURN v_outcome;
+END
+$$;
+COMMENT ON FUNCTION llm.settle_invocation(uuid, uuid, bigint, bigint, bigint, bigint, timestamptz) IS
+    'Settles a request with measured usage: charges it once, releases its hold, moves its own period, adds to its task and records crossed thresholds. Returns settled, or already_settled / already_recovered / already_failed with nothing charged.';
+
+CREATE OR REPLACE FUNCTION llm._fail_invocation(
+    p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint,
+    p_now timestamptz)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_inv llm.invocations;
+BEGIN
+    UPDATE llm.invocations AS i
+       SET status = 'failed', settled_at = p_now, error = p_error,
+           charged_credits = p_credits, charged_cents = p_cents
+     WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id
+       AND i.status IN ('reserved', 'dispatched')
+    RETURNING i.* INTO v_inv;
+    IF FOUND THEN
+        PERFORM llm._book_terminal(v_inv, p_now);
+        RETURN 'failed';
+    END IF;
+    RETURN llm._terminal_outcome(p_organization_id, p_invocation_id);
+END
+$$;
+COMMENT ON FUNCTION llm._fail_invocation(uuid, uuid, text, bigint, bigint, timestamptz) IS
+    'Distributed twin of fail_invocation; arguments already checked.';
+
+CREATE OR REPLACE FUNCTION llm.fail_invocation(
+    p_organization_id uuid, p_invocation_id uuid, p_error text,
+    p_credits bigint DEFAULT 0, p_cents bigint DEFAULT 0, p_now timestamptz DEFAULT now())
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_outcome text;
+BEGIN
+    PERFORM llm._require_org_id(p_organization_id);
+    PERFORM llm._require_invocation_id(p_invocation_id);
+    PERFORM llm._check_text('p_error', p_error, 4000);
+    PERFORM llm._check_amount('p_credits', p_credits);
+    PERFORM llm._check_amount('p_cents', p_cents);
+    SELECT f INTO v_outcome
+      FROM llm._fail_invocation(p_organization_id, p_invocation_id, p_error, p_credits, p_cents,
+                                coalesce(p_now, pg_catalog.now())) AS f;
+    RETURN v_outcome;
+END
+$$;
+COMMENT ON FUNCTION llm.fail_invocation(uuid, uuid, text, bigint, bigint, timestamptz) IS
+    'Fails a request: releases its hold and charges the optional partial usage once. Returns failed, or already_settled / already_recovered / already_failed with nothing changed.';

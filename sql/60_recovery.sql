@@ -1,0 +1,209 @@
+-- Recovery (WF-PFM-LLM-004, CAP-PFM-LLM-009): one organization's sweep is one
+-- transaction. Lock order: abandoned executions, then recovered invocations
+-- (SKIP LOCKED: a live settlement wins), their executions, their periods, so
+-- the sweep never waits on a row a settlement holds while holding one it needs.
+
+CREATE OR REPLACE FUNCTION llm._reconcile_org(
+    p_organization_id uuid, p_now timestamptz, p_batch integer, p_run_id uuid)
+RETURNS llm.org_sweep
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_settings llm.settings := llm._settings();
+    v_batch integer := coalesce(p_batch, v_settings.sweep_batch);
+    v_cutoff timestamptz := p_now - v_settings.recovery_window;
+    v_result llm.org_sweep;
+    v_finding record;
+BEGIN
+    PERFORM llm._operational_org(p_organization_id);
+    -- one sweep of an organization at a time (a pass and a tool may overlap)
+    PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('llm.reconcile_org'),
+                                             pg_catalog.hashtext(p_organization_id::text));
+    v_result.organization_id := p_organization_id;
+
+    -- 1. BR-CAP-PFM-LLM-009-05: stale running tasks become abandoned at detection time,
+    --    with no duration and their totals kept; the compare on running loses to a close.
+    FOR v_finding IN
+        UPDATE llm.executions AS x
+           SET status = 'abandoned', ended_at = p_now, duration_ms = NULL
+         WHERE x.organization_id = p_organization_id AND x.status = 'running'
+           AND x.started_at <= v_cutoff
+        RETURNING x.id, x.task_key, x.started_at, x.request_count, x.credits, x.cents
+    LOOP
+        RAISE LOG 'llm: abandoned execution % of organization % (task %, started %, requests %, credits %, cents %)',
+            v_finding.id, p_organization_id, v_finding.task_key, v_finding.started_at,
+            v_finding.request_count, v_finding.credits, v_finding.cents;
+        v_result.abandoned_executions := coalesce(v_result.abandoned_executions, 0) + 1;
+    END LOOP;
+
+    -- 2. BR-CAP-PFM-LLM-009-01/-03/-04/-07: settle a bounded batch of stranded requests at
+    --    their estimate with no money figure, release holds, move periods, stamp the alert
+    --    once, add to task totals and record crossed thresholds, all in one statement.
+    WITH picked AS (
+        SELECT i.id, i.past_window_alerted_at IS NULL AS first_alert
+          FROM llm.invocations AS i
+         WHERE i.organization_id = p_organization_id
+           AND i.status IN ('reserved', 'dispatched')
+           AND i.created_at <= v_cutoff
+         ORDER BY i.created_at, i.id
+         LIMIT v_batch
+           FOR UPDATE SKIP LOCKED
+    ), recovered AS (
+        UPDATE llm.invocations AS i
+           SET status = 'settled', settlement_kind = 'recovered', settled_at = p_now,
+               charged_credits = i.estimate_credits, charged_cents = NULL,
+               past_window_alerted_at = coalesce(i.past_window_alerted_at, p_now)
+          FROM picked
+         WHERE i.organization_id = p_organization_id AND i.id = picked.id
+           AND i.status IN ('reserved', 'dispatched')
+        RETURNING i.id, i.period_start, i.execution_id, i.hold_credits, i.charged_credits,
+                  picked.first_alert
+    ), ledger AS (  -- data-modifying CTEs run to completion even when unreferenced
+        INSERT INTO llm.ledger (organization_id, invocation_id, entry, period_start, credits, cents, recorded_at)
+        SELECT p_organization_id, r.id, e.entry, r.period_start,
+               CASE e.entry WHEN 'release' THEN r.hold_credits ELSE r.charged_credits END, NULL, p_now
+          FROM recovered AS r
+         CROSS JOIN (VALUES ('release'), ('charge')) AS e(entry)
+         WHERE e.entry = 'release' OR r.charged_credits > 0
+    ), tasks AS (
+        UPDATE llm.executions AS x
+           SET request_count = x.request_count + t.n, credits = x.credits + t.credits
+          FROM (SELECT r.execution_id, count(*) AS n, sum(r.charged_credits)::bigint AS credits
+                  FROM recovered AS r WHERE r.execution_id IS NOT NULL
+                 GROUP BY r.execution_id) AS t
+         WHERE x.organization_id = p_organization_id AND x.id = t.execution_id
+    ), moved AS (
+        UPDATE llm.periods AS p
+           SET used_credits = p.used_credits + m.credits,
+               held_credits = p.held_credits - m.held
+          FROM (SELECT r.period_start, sum(r.charged_credits)::bigint AS credits,
+                       sum(r.hold_credits)::bigint AS held
+                  FROM recovered AS r GROUP BY r.period_start) AS m
+         WHERE p.organization_id = p_organization_id AND p.period_start = m.period_start
+        RETURNING p.period_start, p.used_credits - m.credits AS old_used, p.used_credits AS new_used,
+                  p.allowance_credits
+    ), notices AS (
+        INSERT INTO llm.threshold_notices
+               (organization_id, period_start, threshold_pct, crossed_at, used_credits,
+                allowance_credits, next_attempt_at)
+        SELECT p_organization_id, m.period_start, t.pct, p_now, m.new_used, m.allowance_credits, p_now
+          FROM moved AS m
+         CROSS JOIN llm.organizations AS o
+         CROSS JOIN LATERAL pg_catalog.unnest(o.notice_thresholds) AS t(pct)
+         WHERE o.id = p_organization_id AND m.allowance_credits IS NOT NULL
+           AND m.old_used::numeric * 100 < t.pct::numeric * m.allowance_credits
+           AND m.new_used::numeric * 100 >= t.pct::numeric * m.allowance_credits
+        ON CONFLICT (organization_id, period_start, threshold_pct) DO NOTHING
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM recovered)::integer,
+           (SELECT coalesce(sum(r.hold_credits), 0) FROM recovered AS r)::bigint,
+           (SELECT count(*) FROM recovered AS r WHERE r.first_alert)::integer,
+           (SELECT count(*) FROM notices)::integer
+      INTO v_result.recovered_requests, v_result.released_hold_credits,
+           v_result.past_window_alerts, v_result.notices_created;
+
+    IF v_result.past_window_alerts > 0 THEN
+        RAISE LOG 'llm: % request(s) of organization % were past the recovery window and were recovered',
+            v_result.past_window_alerts, p_organization_id;
+    END IF;
+
+    -- BR-CAP-PFM-LLM-009-04: whatever the batch left waits for the next pass
+    v_result.more_pending := EXISTS (
+        SELECT FROM llm.invocations AS i
+         WHERE i.organization_id = p_organization_id
+           AND i.status IN ('reserved', 'dispatched')
+           AND i.created_at <= v_cutoff);
+
+    -- 3. BR-CAP-PFM-LLM-009-06: compare recently closed tasks with their terminal requests;
+    --    log and store both figures, change no totals.
+    v_result.drift_findings := llm._refresh_drift(p_organization_id, p_now,
+                                                  p_now - v_settings.drift_window, p_run_id);
+    v_result.abandoned_executions := coalesce(v_result.abandoned_executions, 0);
+    RETURN v_result;
+END
+$$;
+COMMENT ON FUNCTION llm._reconcile_org(uuid, timestamptz, integer, uuid) IS
+    'Distributed twin of reconcile_org; arguments already checked.';
+
+CREATE OR REPLACE FUNCTION llm._refresh_drift(
+    p_organization_id uuid, p_now timestamptz, p_since timestamptz, p_run_id uuid)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_row record;
+    v_count integer := 0;
+BEGIN
+    FOR v_row IN
+        SELECT x.id, x.task_key, x.status, x.request_count, x.credits, x.cents,
+               coalesce(s.n, 0) AS settled_n, coalesce(s.credits, 0) AS settled_credits,
+               coalesce(s.cents, 0) AS settled_cents,
+               (x.request_count, x.credits, x.cents)
+                   IS DISTINCT FROM (coalesce(s.n, 0), coalesce(s.credits, 0), coalesce(s.cents, 0)) AS drifts
+          FROM llm.executions AS x
+          LEFT JOIN LATERAL (
+                SELECT count(*) AS n, sum(i.charged_credits)::bigint AS credits,
+                       sum(coalesce(i.charged_cents, 0))::bigint AS cents
+                  FROM llm.invocations AS i
+                 WHERE i.organization_id = p_organization_id AND i.execution_id = x.id
+                   AND i.status IN ('settled', 'failed')) AS s ON true
+         WHERE x.organization_id = p_organization_id
+           AND x.status <> 'running'
+           AND x.ended_at >= p_since
+    LOOP
+        IF v_row.drifts THEN
+            v_count := v_count + 1;
+            RAISE LOG 'llm: drift in execution % of organization % (task %, %): recorded requests=% credits=% cents=%, settled requests=% credits=% cents=%',
+                v_row.id, p_organization_id, v_row.task_key, v_row.status,
+                v_row.request_count, v_row.credits, v_row.cents,
+                v_row.settled_n, v_row.settled_credits, v_row.settled_cents;
+            INSERT INTO llm.drift_findings AS f
+                   (organization_id, execution_id, recorded_request_count, recorded_credits, recorded_cents,
+                    settled_request_count, settled_credits, settled_cents, first_seen_at, last_seen_at, last_run_id)
+            VALUES (p_organization_id, v_row.id, v_row.request_count, v_row.credits, v_row.cents,
+                    v_row.settled_n, v_row.settled_credits, v_row.settled_cents, p_now, p_now, p_run_id)
+            ON CONFLICT (organization_id, execution_id) DO UPDATE
+               SET recorded_request_count = excluded.recorded_request_count,
+                   recorded_credits = excluded.recorded_credits,
+                   recorded_cents = excluded.recorded_cents,
+                   settled_request_count = excluded.settled_request_count,
+                   settled_credits = excluded.settled_credits,
+                   settled_cents = excluded.settled_cents,
+                   last_seen_at = excluded.last_seen_at,
+                   last_run_id = excluded.last_run_id;
+        ELSE
+            DELETE FROM llm.drift_findings AS f
+             WHERE f.organization_id = p_organization_id AND f.execution_id = v_row.id;
+        END IF;
+    END LOOP;
+    RETURN v_count;
+END
+$$;
+COMMENT ON FUNCTION llm._refresh_drift(uuid, timestamptz, timestamptz, uuid) IS
+    'Compares tasks closed since p_since with their terminal requests; stores and logs each disagreement, drops findings that no longer disagree, changes no totals.';
+
+CREATE OR REPLACE FUNCTION llm.reconcile_org(
+    p_organization_id uuid, p_now timestamptz DEFAULT now(), p_batch integer DEFAULT NULL,
+    p_run_id uuid DEFAULT NULL)
+RETURNS llm.org_sweep
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_result llm.org_sweep;
+BEGIN
+    PERFORM llm._require_org_id(p_organization_id);
+    IF p_batch IS NOT NULL AND (p_batch < 1 OR p_batch > 100000) THEN
+        RAISE EXCEPTION 'llm: batch % is out of range', p_batch
+            USING ERRCODE = '22023', HINT = 'Pass 1 .. 100000, or NULL for settings.sweep_batch.';
+    END IF;
+    SELECT * INTO v_result
+      FROM llm._reconcile_org(p_organization_id, coalesce(p_now, pg_catalog.now()), p_batch, p_run_id);
+    RETURN v_result;
+END
+$$;
+COMMENT ON FUNCTION llm.reconcile_org(uuid, timestamptz, integer, uuid) IS
+    'One organization''s recovery sweep in one transaction: abandons tasks running past the recovery window, recovers up to p_batch stranded requests at their estimate (oldest first), refreshes drift findings; returns its figures with more_pending.';

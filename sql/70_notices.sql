@@ -1,0 +1,166 @@
+-- Threshold notices: created owed in the crossing transaction (_record_crossings),
+-- claimed by compare-and-set per notice (works sharded), completed or failed
+-- with exponential backoff, re-armed when a claim was abandoned.
+
+CREATE OR REPLACE FUNCTION llm.claim_notices(p_limit integer DEFAULT 50, p_now timestamptz DEFAULT now())
+RETURNS SETOF llm.threshold_notices
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_now, pg_catalog.now());
+    v_candidate record;
+    v_notice llm.threshold_notices;
+    v_claimed integer := 0;
+BEGIN
+    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 10000 THEN
+        RAISE EXCEPTION 'llm: claim limit % is out of range', p_limit
+            USING ERRCODE = '22023', HINT = 'Pass 1 .. 10000.';
+    END IF;
+    -- a total order, so concurrent claimers (and shards) never deadlock
+    FOR v_candidate IN
+        SELECT n.organization_id, n.id
+          FROM llm.threshold_notices AS n
+         WHERE n.status = 'owed' AND n.next_attempt_at <= v_now
+         ORDER BY n.crossed_at, n.organization_id, n.id
+         LIMIT p_limit * 2
+    LOOP
+        UPDATE llm.threshold_notices AS n
+           SET status = 'sending', claimed_at = v_now, attempts = n.attempts + 1
+         WHERE n.organization_id = v_candidate.organization_id AND n.id = v_candidate.id
+           AND n.status = 'owed' AND n.next_attempt_at <= v_now
+        RETURNING n.* INTO v_notice;
+        IF FOUND THEN
+            v_claimed := v_claimed + 1;
+            RETURN NEXT v_notice;
+            EXIT WHEN v_claimed >= p_limit;
+        END IF;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION llm.claim_notices(integer, timestamptz) IS
+    'Claims up to p_limit due owed notices (owed -> sending), oldest crossing first, by compare-and-set per notice: two workers never claim the same notice.';
+
+CREATE OR REPLACE FUNCTION llm._complete_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+BEGIN
+    UPDATE llm.threshold_notices AS n
+       SET status = 'sent', sent_at = p_now, last_error = NULL
+     WHERE n.organization_id = p_organization_id AND n.id = p_notice_id AND n.status = 'sending';
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    PERFORM llm._require_notice(p_organization_id, p_notice_id);
+    RETURN false;
+END
+$$;
+COMMENT ON FUNCTION llm._complete_notice(uuid, uuid, timestamptz) IS
+    'Distributed twin of complete_notice; arguments already checked.';
+
+CREATE OR REPLACE FUNCTION llm._require_notice(p_organization_id uuid, p_notice_id uuid)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+BEGIN
+    PERFORM FROM llm.threshold_notices AS n WHERE n.organization_id = p_organization_id AND n.id = p_notice_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'llm: unknown notice % for organization %', p_notice_id, p_organization_id
+            USING ERRCODE = '22023', HINT = 'Pass the organization_id and id of a claimed notice.';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION llm._require_notice(uuid, uuid) IS 'Raises 22023 when the notice does not exist for that organization.';
+
+CREATE OR REPLACE FUNCTION llm.complete_notice(
+    p_organization_id uuid, p_notice_id uuid, p_now timestamptz DEFAULT now())
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_done boolean;
+BEGIN
+    PERFORM llm._require_org_id(p_organization_id);
+    IF p_notice_id IS NULL THEN
+        RAISE EXCEPTION 'llm: notice id must not be NULL' USING ERRCODE = '22023';
+    END IF;
+    SELECT c INTO v_done
+      FROM llm._complete_notice(p_organization_id, p_notice_id, coalesce(p_now, pg_catalog.now())) AS c;
+    RETURN v_done;
+END
+$$;
+COMMENT ON FUNCTION llm.complete_notice(uuid, uuid, timestamptz) IS
+    'Marks a claimed notice sent (sending -> sent); false when it was not being sent (already sent, or re-armed).';
+
+CREATE OR REPLACE FUNCTION llm._fail_notice(
+    p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_settings llm.settings := llm._settings();
+BEGIN
+    UPDATE llm.threshold_notices AS n
+       SET status = 'owed', last_error = p_error, claimed_at = NULL,
+           next_attempt_at = p_now + LEAST(
+               v_settings.notice_backoff_max,
+               v_settings.notice_backoff_base * pg_catalog.power(2, LEAST(n.attempts, 30) - 1))
+     WHERE n.organization_id = p_organization_id AND n.id = p_notice_id AND n.status = 'sending';
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    PERFORM llm._require_notice(p_organization_id, p_notice_id);
+    RETURN false;
+END
+$$;
+COMMENT ON FUNCTION llm._fail_notice(uuid, uuid, text, timestamptz) IS
+    'Distributed twin of fail_notice; arguments already checked.';
+
+CREATE OR REPLACE FUNCTION llm.fail_notice(
+    p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamptz DEFAULT now())
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_done boolean;
+BEGIN
+    PERFORM llm._require_org_id(p_organization_id);
+    IF p_notice_id IS NULL THEN
+        RAISE EXCEPTION 'llm: notice id must not be NULL' USING ERRCODE = '22023';
+    END IF;
+    PERFORM llm._check_text('p_error', p_error, 4000);
+    SELECT f INTO v_done
+      FROM llm._fail_notice(p_organization_id, p_notice_id, p_error, coalesce(p_now, pg_catalog.now())) AS f;
+    RETURN v_done;
+END
+$$;
+COMMENT ON FUNCTION llm.fail_notice(uuid, uuid, text, timestamptz) IS
+    'Returns a claimed notice to owed with its error and an exponential backoff (base * 2^(attempts-1), capped by settings); false when it was not being sent.';
+
+CREATE OR REPLACE FUNCTION llm.rearm_notices(p_now timestamptz DEFAULT now())
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_now, pg_catalog.now());
+    v_timeout interval := (llm._settings()).notice_claim_timeout;
+    v_count integer;
+BEGIN
+    -- a worker that claimed and vanished: the notice is owed again, due now
+    UPDATE llm.threshold_notices AS n
+       SET status = 'owed', claimed_at = NULL, next_attempt_at = v_now,
+           last_error = coalesce(n.last_error, 'claim expired without completion')
+     WHERE n.status = 'sending' AND n.claimed_at <= v_now - v_timeout;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END
+$$;
+COMMENT ON FUNCTION llm.rearm_notices(timestamptz) IS
+    'Makes notices owed again whose claim is older than settings.notice_claim_timeout without completion; returns how many. Failed notices are already owed with their backoff.';

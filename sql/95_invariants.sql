@@ -1,0 +1,122 @@
+-- The invariants of DESIGN.md as one query each; check_invariants() returns
+-- every violation and nothing when the books are right.
+
+CREATE OR REPLACE FUNCTION llm.check_invariants()
+RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+BEGIN
+    -- 1. held = sum of holds of open invocations
+    RETURN QUERY
+    SELECT 1, p.organization_id, 'period ' || p.period_start,
+           pg_catalog.format('held_credits=%s, open holds=%s', p.held_credits, coalesce(h.held, 0))
+      FROM llm.periods AS p
+      LEFT JOIN (SELECT i.organization_id, i.period_start, sum(i.hold_credits) AS held
+                   FROM llm.invocations AS i WHERE i.status IN ('reserved', 'dispatched')
+                  GROUP BY 1, 2) AS h
+        ON h.organization_id = p.organization_id AND h.period_start = p.period_start
+     WHERE p.held_credits <> coalesce(h.held, 0);
+
+    -- 2. used = sum of charges of terminal invocations = sum of ledger charges
+    RETURN QUERY
+    SELECT 2, p.organization_id, 'period ' || p.period_start,
+           pg_catalog.format('used_credits=%s used_cents=%s; invocations %s/%s; ledger %s/%s',
+                             p.used_credits, p.used_cents, coalesce(c.credits, 0), coalesce(c.cents, 0),
+                             coalesce(l.credits, 0), coalesce(l.cents, 0))
+      FROM llm.periods AS p
+      LEFT JOIN (SELECT i.organization_id, i.period_start, sum(i.charged_credits) AS credits,
+                        sum(coalesce(i.charged_cents, 0)) AS cents
+                   FROM llm.invocations AS i WHERE i.status IN ('settled', 'failed')
+                  GROUP BY 1, 2) AS c
+        ON c.organization_id = p.organization_id AND c.period_start = p.period_start
+      LEFT JOIN (SELECT g.organization_id, g.period_start, sum(g.credits) AS credits,
+                        sum(coalesce(g.cents, 0)) AS cents
+                   FROM llm.ledger AS g WHERE g.entry = 'charge'
+                  GROUP BY 1, 2) AS l
+        ON l.organization_id = p.organization_id AND l.period_start = p.period_start
+     WHERE (p.used_credits, p.used_cents) IS DISTINCT FROM (coalesce(c.credits, 0), coalesce(c.cents, 0))
+        OR (p.used_credits, p.used_cents) IS DISTINCT FROM (coalesce(l.credits, 0), coalesce(l.cents, 0));
+
+    -- 3. each invocation: one hold, a release iff terminal, a charge matching its own
+    RETURN QUERY
+    SELECT 3, i.organization_id, 'invocation ' || i.id,
+           pg_catalog.format('status=%s holds=%s releases=%s charge=%s/%s recorded=%s/%s',
+                             i.status, coalesce(g.holds, 0), coalesce(g.releases, 0),
+                             g.charge_credits, g.charge_cents, i.charged_credits, i.charged_cents)
+      FROM llm.invocations AS i
+      LEFT JOIN (SELECT g.organization_id, g.invocation_id,
+                        count(*) FILTER (WHERE g.entry = 'hold') AS holds,
+                        count(*) FILTER (WHERE g.entry = 'release') AS releases,
+                        sum(g.credits) FILTER (WHERE g.entry = 'hold') AS hold_credits,
+                        sum(g.credits) FILTER (WHERE g.entry = 'release') AS release_credits,
+                        sum(g.credits) FILTER (WHERE g.entry = 'charge') AS charge_credits,
+                        sum(g.cents) FILTER (WHERE g.entry = 'charge') AS charge_cents
+                   FROM llm.ledger AS g GROUP BY 1, 2) AS g
+        ON g.organization_id = i.organization_id AND g.invocation_id = i.id
+     WHERE coalesce(g.holds, 0) <> 1
+        OR g.hold_credits IS DISTINCT FROM i.hold_credits
+        OR coalesce(g.releases, 0) <> (i.status IN ('settled', 'failed'))::integer
+        OR (i.status IN ('settled', 'failed') AND g.release_credits IS DISTINCT FROM i.hold_credits)
+        OR coalesce(g.charge_credits, 0) IS DISTINCT FROM coalesce(i.charged_credits, 0)
+        OR coalesce(g.charge_cents, 0) IS DISTINCT FROM coalesce(i.charged_cents, 0);
+
+    -- 4. admission never takes used + held over the allowance: holds never exceed what is left
+    RETURN QUERY
+    SELECT 4, p.organization_id, 'period ' || p.period_start,
+           pg_catalog.format('allowance=%s used=%s held=%s', p.allowance_credits, p.used_credits, p.held_credits)
+      FROM llm.periods AS p
+     WHERE p.allowance_credits IS NOT NULL AND p.held_credits > 0
+       AND p.used_credits + p.held_credits > p.allowance_credits
+       AND NOT EXISTS (  -- overage only through measured settlement or a lowered allowance
+             SELECT FROM llm.invocations AS i
+              WHERE i.organization_id = p.organization_id AND i.period_start = p.period_start
+                AND i.status IN ('settled', 'failed')
+                AND i.charged_credits > i.hold_credits)
+       AND NOT EXISTS (
+             SELECT FROM llm.organizations AS o
+              WHERE o.id = p.organization_id
+                AND o.monthly_allowance_credits IS DISTINCT FROM p.allowance_credits);
+
+    -- 5. past_window_alerted_at only on recovered requests; at most one notice per threshold
+    --    (the unique key guarantees the latter; checked here against a dropped constraint)
+    RETURN QUERY
+    SELECT 5, i.organization_id, 'invocation ' || i.id, 'past-window alert on a request that was not recovered'
+      FROM llm.invocations AS i
+     WHERE i.past_window_alerted_at IS NOT NULL AND i.settlement_kind IS DISTINCT FROM 'recovered';
+    RETURN QUERY
+    SELECT 5, n.organization_id, 'period ' || n.period_start,
+           pg_catalog.format('%s notices for threshold %s', count(*), n.threshold_pct)
+      FROM llm.threshold_notices AS n
+     GROUP BY n.organization_id, n.period_start, n.threshold_pct
+    HAVING count(*) > 1;
+
+    -- 6. task totals = sum over its terminal invocations, except reported drift
+    RETURN QUERY
+    SELECT 6, x.organization_id, 'execution ' || x.id,
+           pg_catalog.format('recorded %s/%s/%s, invocations %s/%s/%s', x.request_count, x.credits, x.cents,
+                             coalesce(s.n, 0), coalesce(s.credits, 0), coalesce(s.cents, 0))
+      FROM llm.executions AS x
+      LEFT JOIN (SELECT i.organization_id, i.execution_id, count(*) AS n, sum(i.charged_credits) AS credits,
+                        sum(coalesce(i.charged_cents, 0)) AS cents
+                   FROM llm.invocations AS i
+                  WHERE i.execution_id IS NOT NULL AND i.status IN ('settled', 'failed')
+                  GROUP BY 1, 2) AS s
+        ON s.organization_id = x.organization_id AND s.execution_id = x.id
+     WHERE (x.request_count, x.credits, x.cents)
+           IS DISTINCT FROM (coalesce(s.n, 0), coalesce(s.credits, 0), coalesce(s.cents, 0))
+       AND NOT EXISTS (SELECT FROM llm.drift_findings AS f
+                        WHERE f.organization_id = x.organization_id AND f.execution_id = x.id);
+
+    -- 7. a closed execution is stamped; an abandoned one has no duration
+    RETURN QUERY
+    SELECT 7, x.organization_id, 'execution ' || x.id,
+           pg_catalog.format('status=%s ended_at=%s duration_ms=%s', x.status, x.ended_at, x.duration_ms)
+      FROM llm.executions AS x
+     WHERE (x.status = 'running') <> (x.ended_at IS NULL)
+        OR (x.status = 'abandoned' AND x.duration_ms IS NOT NULL)
+        OR (x.status = 'completed' AND x.duration_ms IS NULL);
+END
+$$;
+COMMENT ON FUNCTION llm.check_invariants() IS
+    'Returns one row per violated invariant of DESIGN.md (held, used, ledger, admission, notices and alerts, task totals, task states); empty when the books are right.';

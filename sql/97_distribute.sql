@@ -1,0 +1,57 @@
+-- Citus: one statement after migrate shards every per-organization table by
+-- organization_id (co-located), makes catalogs reference tables and
+-- distributes the per-organization twins on their first argument.
+
+CREATE OR REPLACE FUNCTION llm.distribute(p_shard_count integer DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_table text;
+    v_fn regprocedure;
+    v_done text[] := '{}'::text[];
+BEGIN
+    PERFORM FROM pg_catalog.pg_extension AS e WHERE e.extname = 'citus';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'llm: citus is not installed in database %', pg_catalog.current_database()
+            USING ERRCODE = 'LL011',
+                  HINT = 'Add citus to shared_preload_libraries, CREATE EXTENSION citus, add workers, then SELECT llm.distribute();';
+    END IF;
+    IF p_shard_count IS NOT NULL THEN
+        EXECUTE pg_catalog.format('SET LOCAL citus.shard_count = %s', p_shard_count);
+    END IF;
+
+    FOREACH v_table IN ARRAY ARRAY['llm.task_kinds', 'llm.settings'] LOOP
+        EXECUTE pg_catalog.format('SELECT %I($1)', 'create_reference_table') USING v_table;
+        v_done := pg_catalog.array_append(v_done, v_table);
+    END LOOP;
+
+    EXECUTE pg_catalog.format('SELECT %I($1, $2)', 'create_distributed_table') USING 'llm.organizations', 'id';
+    v_done := pg_catalog.array_append(v_done, 'llm.organizations'::text);
+    -- parents before children so co-located foreign keys resolve
+    FOREACH v_table IN ARRAY ARRAY['llm.periods', 'llm.executions', 'llm.invocations', 'llm.ledger',
+                                   'llm.threshold_notices', 'llm.daily_usage', 'llm.drift_findings'] LOOP
+        EXECUTE pg_catalog.format('SELECT %I($1, $2, colocate_with => $3)', 'create_distributed_table')
+          USING v_table, 'organization_id', 'llm.organizations';
+        v_done := pg_catalog.array_append(v_done, v_table);
+    END LOOP;
+
+    -- the twins: every private per-organization function whose first argument is the organization
+    FOR v_fn IN
+        SELECT p.oid::regprocedure
+          FROM pg_catalog.pg_proc AS p
+         WHERE p.pronamespace = 'llm'::regnamespace
+           AND p.proname IN ('_upsert_organization', '_admit_invocation', '_mark_dispatched',
+                             '_settle_invocation', '_fail_invocation', '_open_execution',
+                             '_close_execution', '_reconcile_org', '_complete_notice', '_fail_notice')
+    LOOP
+        EXECUTE pg_catalog.format('SELECT %I($1::regprocedure, $2, colocate_with => $3, force_delegation => true)', 'create_distributed_function')
+          USING v_fn::text, 'p_organization_id', 'llm.organizations';
+        v_done := pg_catalog.array_append(v_done, v_fn::text);
+    END LOOP;
+    RETURN pg_catalog.array_to_string(v_done, ', ');
+END
+$$;
+COMMENT ON FUNCTION llm.distribute(integer) IS
+    'Under Citus: reference tables for catalogs, per-organization tables distributed on organization_id co-located with organizations, per-organization twins distributed with force_delegation; LL011 without citus.';

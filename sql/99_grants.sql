@@ -1,0 +1,46 @@
+-- Roles (DESIGN.md "Roles"): PUBLIC has nothing; llm_app runs the request and
+-- task calls; llm_operator runs recovery, notices, reporting and scheduling;
+-- llm_reader reads tables. Tables are written only through functions.
+
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA llm FROM PUBLIC;
+REVOKE ALL ON ALL PROCEDURES IN SCHEMA llm FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA llm FROM PUBLIC;
+REVOKE ALL ON SCHEMA llm FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA llm FROM llm_app, llm_operator, llm_reader;
+REVOKE ALL ON ALL PROCEDURES IN SCHEMA llm FROM llm_app, llm_operator, llm_reader;
+REVOKE ALL ON ALL TABLES IN SCHEMA llm FROM llm_app, llm_operator, llm_reader;
+
+GRANT USAGE ON SCHEMA llm TO llm_app, llm_operator, llm_reader;
+GRANT SELECT ON ALL TABLES IN SCHEMA llm TO llm_reader, llm_operator;
+GRANT SELECT ON llm.task_kinds, llm.settings TO llm_app;
+
+GRANT EXECUTE ON FUNCTION
+    llm.admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz),
+    llm.mark_dispatched(uuid, uuid, timestamptz),
+    llm.settle_invocation(uuid, uuid, bigint, bigint, bigint, bigint, timestamptz),
+    llm.fail_invocation(uuid, uuid, text, bigint, bigint, timestamptz),
+    llm.open_execution(uuid, text, text, text, text, timestamptz),
+    llm.close_execution(uuid, uuid, text, text, timestamptz)
+TO llm_app;
+
+GRANT EXECUTE ON FUNCTION
+    llm.upsert_organization(uuid, text, bigint, text, integer[], timestamptz),
+    llm.declare_task_kind(text, text),
+    llm.reconcile_org(uuid, timestamptz, integer, uuid),
+    llm.reconciliation_health(timestamptz),
+    llm.schedule_reconciliation(text),
+    llm.unschedule_reconciliation(),
+    llm.claim_notices(integer, timestamptz),
+    llm.complete_notice(uuid, uuid, timestamptz),
+    llm.fail_notice(uuid, uuid, text, timestamptz),
+    llm.rearm_notices(timestamptz),
+    llm.rebuild_daily_usage(date, date),
+    llm.check_invariants(),
+    -- the steps run_reconciliation (a committing procedure, so SECURITY INVOKER) calls
+    llm._begin_run(timestamptz),
+    llm._pass_organizations(),
+    llm._run_org(uuid, uuid, timestamptz, integer),
+    llm._run_followup(uuid, text, timestamptz),
+    llm._finish_run(uuid)
+TO llm_operator;
+GRANT EXECUTE ON PROCEDURE llm.run_reconciliation(timestamptz, integer) TO llm_operator;
