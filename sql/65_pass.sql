@@ -70,6 +70,9 @@ BEGIN
           FROM llm.reconcile_org(p_organization_id, coalesce(p_now, pg_catalog.now()), p_batch, p_run_id);
     EXCEPTION WHEN OTHERS THEN
         GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT;
+        IF v_state = 'LL003' THEN
+            RETURN true;  -- suspended or closed since the pass listed it: not ours to sweep
+        END IF;
         RAISE WARNING 'llm: reconciliation of organization % failed: % (%)', p_organization_id, v_message, v_state;
         UPDATE llm.reconciliation_runs AS r
            SET orgs_visited = r.orgs_visited + 1,
