@@ -1,0 +1,222 @@
+"""Install or upgrade the `llm` schema: yoyo migrations, then the function files.
+
+``migrate(dsn)`` runs two phases:
+
+1. ``migrations/*.sql`` (versioned DDL: tables, types, roles) through yoyo,
+   each migration once, under yoyo's lock;
+2. every ``sql/*.sql`` file (function bodies, grants), in name order, all in
+   ONE transaction, re-applied on every run. The files must be re-runnable
+   (``CREATE OR REPLACE``, ``DROP … IF EXISTS``); a failure rolls back the
+   whole phase, so a database never holds half a release of functions.
+
+Both phases are serialized across processes by one PostgreSQL advisory lock
+(session-level around yoyo, whose own lock table cannot cover its own
+creation; transaction-level around the function files), so concurrent
+``migrate`` runs against one database are safe and the second finds nothing
+left to do.
+
+Where the SQL comes from: an installed wheel carries it as package data
+(``llm_db/_sql`` and ``llm_db/_migrations``); a source checkout uses the
+repository's ``sql/`` and ``migrations/`` next to the package. Both can be
+overridden per call (``migrations_dir=``, ``sql_dir=``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote, urlencode
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+__all__ = [
+    "MIGRATE_LOCK_KEY",
+    "MigrationError",
+    "MigrationReport",
+    "default_dirs",
+    "migrate",
+    "yoyo_url",
+]
+
+# pg_advisory_lock key shared by every llm-db migrate run: b"llm_db" as a bigint.
+MIGRATE_LOCK_KEY = int.from_bytes(b"llm_db", "big")
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+_SIMPLE_HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*$")
+_SIMPLE_DBNAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+class MigrationError(RuntimeError):
+    """A migration or function file failed; the message names the file and the error."""
+
+    def __init__(self, message: str, *, path: Path | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+@dataclass(frozen=True)
+class MigrationReport:
+    """What one ``migrate`` call did."""
+
+    applied_migrations: tuple[str, ...]
+    """yoyo migration ids applied by this call (empty when already up to date)."""
+    sql_files: tuple[str, ...]
+    """Function files (re)applied, in order (every file, every run)."""
+    migrations_dir: Path
+    sql_dir: Path
+
+
+def default_dirs() -> tuple[Path, Path]:
+    """(migrations_dir, sql_dir): packaged copies first, else the source checkout's."""
+    packaged = (_PACKAGE_DIR / "_migrations", _PACKAGE_DIR / "_sql")
+    if packaged[0].is_dir() and packaged[1].is_dir():
+        return packaged
+    checkout = (_PACKAGE_DIR.parent / "migrations", _PACKAGE_DIR.parent / "sql")
+    if checkout[0].is_dir() and checkout[1].is_dir():
+        return checkout
+    raise MigrationError(
+        f"cannot find the SQL: neither {packaged[0]} nor {checkout[0]} exists "
+        "(a broken install? reinstall llm-db)"
+    )
+
+
+def yoyo_url(dsn: str) -> str:
+    """Turn a libpq URL or key=value conninfo into yoyo's ``postgresql+psycopg://`` URL.
+
+    Simple parts go where a URL puts them; anything else (a unix-socket or
+    multi-host ``host``, an unusual database name, sslmode, options, …) goes
+    in the query string, which yoyo hands to ``psycopg.connect`` unchanged.
+    """
+    try:
+        params: dict[str, str] = {
+            k: str(v) for k, v in conninfo_to_dict(dsn).items() if v is not None
+        }
+    except psycopg.ProgrammingError as exc:
+        raise MigrationError(f"invalid connection string: {exc}") from None
+
+    netloc = ""
+    user = params.pop("user", None)
+    password = params.pop("password", None)
+    if user is not None:
+        netloc = quote(user, safe="")
+        if password is not None:
+            netloc += ":" + quote(password, safe="")
+        netloc += "@"
+    elif password is not None:
+        params["password"] = password
+
+    host = params.get("host")
+    port = params.get("port")
+    if host is not None and _SIMPLE_HOST.match(host):
+        netloc += params.pop("host")
+        if port is not None and port.isdigit():
+            netloc += ":" + params.pop("port")
+
+    path = "/"
+    dbname = params.get("dbname")
+    if dbname is not None and _SIMPLE_DBNAME.match(dbname):
+        path += params.pop("dbname")
+
+    query = urlencode(sorted(params.items()), quote_via=quote)
+    return f"postgresql+psycopg://{netloc}{path}" + (f"?{query}" if query else "")
+
+
+def migrate(
+    dsn: str,
+    *,
+    migrations_dir: str | Path | None = None,
+    sql_dir: str | Path | None = None,
+    lock_timeout: float = 600.0,
+) -> MigrationReport:
+    """Bring the database at ``dsn`` to this release of llm-db; safe to re-run.
+
+    ``dsn``: any libpq URL (``postgresql://``, ``postgres://``) or key=value
+    conninfo. ``lock_timeout``: seconds to wait for yoyo's lock row (a stale
+    row left by a killed run needs ``yoyo break-lock``). Returns a
+    ``MigrationReport``; raises ``MigrationError`` naming the failing file.
+    """
+    default_migrations, default_sql = (None, None)
+    if migrations_dir is None or sql_dir is None:
+        default_migrations, default_sql = default_dirs()
+    migrations_path = Path(migrations_dir) if migrations_dir is not None else default_migrations
+    sql_path = Path(sql_dir) if sql_dir is not None else default_sql
+    assert migrations_path is not None and sql_path is not None
+    for label, p in (("migrations", migrations_path), ("sql", sql_path)):
+        if not p.is_dir():
+            raise MigrationError(f"{label} directory not found: {p}", path=p)
+    sql_files = sorted(sql_path.glob("*.sql"), key=lambda p: p.name)
+
+    url = yoyo_url(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_catalog.pg_advisory_lock(%s)", [MIGRATE_LOCK_KEY])
+        try:
+            applied = _apply_migrations(url, migrations_path, lock_timeout)
+        finally:
+            if (
+                not conn.closed
+                and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            ):
+                conn.execute("SELECT pg_catalog.pg_advisory_unlock(%s)", [MIGRATE_LOCK_KEY])
+        _apply_sql_files(conn, sql_files)
+
+    return MigrationReport(
+        applied_migrations=tuple(applied),
+        sql_files=tuple(p.name for p in sql_files),
+        migrations_dir=migrations_path,
+        sql_dir=sql_path,
+    )
+
+
+def _apply_migrations(url: str, migrations_dir: Path, lock_timeout: float) -> list[str]:
+    from yoyo import get_backend, read_migrations
+
+    migrations = read_migrations(str(migrations_dir))
+    backend = get_backend(url)
+    try:
+        with backend.lock(timeout=lock_timeout):
+            pending = backend.to_apply(migrations)
+            ids = [m.id for m in pending]
+            try:
+                backend.apply_migrations(pending)
+            except psycopg.Error as exc:
+                raise MigrationError(
+                    f"migration failed in {migrations_dir}: {_describe(exc)}", path=migrations_dir
+                ) from exc
+            return ids
+    finally:
+        backend.connection.close()
+
+
+def _apply_sql_files(conn: psycopg.Connection, files: Sequence[Path]) -> None:
+    with conn.transaction():
+        conn.execute("SELECT pg_catalog.pg_advisory_xact_lock(%s)", [MIGRATE_LOCK_KEY])
+        for path in files:
+            text = path.read_text(encoding="utf-8")
+            try:
+                # No parameters: psycopg sends the whole file as one simple
+                # query, so a file may hold many statements and `%` is literal.
+                conn.execute(text)  # type: ignore[arg-type]
+            except psycopg.Error as exc:
+                raise MigrationError(
+                    f"{path.name}{_line_of(text, exc)}: {_describe(exc)}", path=path
+                ) from exc
+
+
+def _line_of(text: str, exc: psycopg.Error) -> str:
+    position = exc.diag.statement_position
+    if position and position.isdigit():
+        return f" line {text[: int(position)].count(chr(10)) + 1}"
+    return ""
+
+
+def _describe(exc: psycopg.Error) -> str:
+    diag = exc.diag
+    parts = [f"{diag.sqlstate or '?'} {diag.message_primary or str(exc).strip()}"]
+    if diag.message_detail:
+        parts.append(f"DETAIL: {diag.message_detail}")
+    if diag.context:
+        parts.append(f"CONTEXT: {diag.context.strip()}")
+    return "\n".join(parts)
