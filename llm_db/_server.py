@@ -1,0 +1,390 @@
+"""An ephemeral PostgreSQL 15 server for tests, benchmarks and the demo.
+
+Built on ``testing.postgresql``; this module adds what llm-db needs on top:
+
+* pg_cron preloaded (``cron.database_name = llm_cron``, background workers),
+  settings for fast throw-away clusters (fsync off), 200 connections;
+* running as root: PostgreSQL refuses to run as root, so when the caller is
+  root only the server processes (initdb, postgres) drop to the Debian
+  ``postgres`` user, in a base directory that user owns;
+* the server runs in its own session, so a Ctrl-C reaches the caller (which
+  shuts the server down cleanly) instead of killing the server mid-teardown.
+
+Nothing here imports pytest: ``EphemeralServer`` is a plain context manager::
+
+    with EphemeralServer() as server:
+        server.create_database("demo")
+        llm_db.migrate(server.dsn("demo"))
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import tempfile
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from testing.common.database import get_unused_port
+from testing.postgresql import Postgresql
+
+__all__ = [
+    "CRON_DATABASE",
+    "EphemeralServer",
+    "ServerSetupError",
+    "SUPERUSER",
+    "check_installation",
+]
+
+PG_MAJOR = 15
+BIN_DIR = Path(os.environ.get("LLM_DB_PG_BIN", f"/usr/lib/postgresql/{PG_MAJOR}/bin"))
+SHARE_DIR = Path(os.environ.get("LLM_DB_PG_SHARE", f"/usr/share/postgresql/{PG_MAJOR}"))
+SUPERUSER = "postgres"
+CRON_DATABASE = "llm_cron"
+OS_USER_WHEN_ROOT = "postgres"
+
+BOOTSTRAP_HINT = "Run `bash scripts/bootstrap.sh` (as root) to install PostgreSQL 15 with pg_cron."
+
+# Server settings. Durability is traded for speed: a test cluster is thrown away.
+SERVER_SETTINGS: dict[str, str] = {
+    "shared_preload_libraries": "pg_cron",
+    "cron.database_name": CRON_DATABASE,
+    "cron.use_background_workers": "on",
+    "max_worker_processes": "32",
+    "max_connections": "200",
+    "listen_addresses": "127.0.0.1",
+    "fsync": "off",
+    "synchronous_commit": "off",
+    "full_page_writes": "off",
+    "logging_collector": "off",
+    "log_min_messages": "warning",
+    "log_checkpoints": "off",
+    "log_line_prefix": "%m [%p] %q%u@%d ",
+    "timezone": "UTC",
+}
+
+
+class ServerSetupError(RuntimeError):
+    """PostgreSQL or a needed extension is not installed, or the server would not start."""
+
+
+def check_installation(bin_dir: Path = BIN_DIR, share_dir: Path = SHARE_DIR) -> None:
+    """Raise ServerSetupError naming what is missing and how to install it."""
+    missing = [str(p) for p in (bin_dir / "initdb", bin_dir / "postgres") if not p.exists()]
+    if missing:
+        raise ServerSetupError(
+            f"PostgreSQL {PG_MAJOR} not found ({', '.join(missing)}). {BOOTSTRAP_HINT}"
+        )
+    control = share_dir / "extension" / "pg_cron.control"
+    if not control.exists():
+        raise ServerSetupError(f"pg_cron is not installed (no {control}). {BOOTSTRAP_HINT}")
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam(OS_USER_WHEN_ROOT)
+        except KeyError:
+            raise ServerSetupError(
+                f"running as root needs the OS user {OS_USER_WHEN_ROOT!r} to own the server. "
+                f"{BOOTSTRAP_HINT}"
+            ) from None
+
+
+def _traversable_by_others(path: Path) -> bool:
+    """True when every directory from / down to path can be entered by another user."""
+    path = path.resolve()
+    for p in (path, *path.parents):
+        try:
+            if not p.stat().st_mode & stat.S_IXOTH:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+class _Postgresql(Postgresql):
+    """testing.postgresql.Postgresql that drops privileges when run as root.
+
+    Settings beyond testing.postgresql's own: ``run_as`` (a pwd entry or None),
+    ``server_settings`` (dict of -c options) and ``bin_dir``.
+    """
+
+    def initialize(self) -> None:
+        bin_dir = Path(self.settings.pop("bin_dir"))
+        self.settings["initdb"] = str(bin_dir / "initdb")
+        self.settings["postgres"] = str(bin_dir / "postgres")
+        self.run_as = self.settings.pop("run_as")
+        self.server_settings = self.settings.pop("server_settings")
+        super().initialize()
+
+    # --- privileges ---------------------------------------------------------
+
+    def _popen_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"cwd": self.base_dir}
+        if self.run_as is not None:
+            kwargs.update(user=self.run_as.pw_uid, group=self.run_as.pw_gid, extra_groups=[])
+            env = dict(os.environ)
+            env.update(
+                HOME=self.run_as.pw_dir, USER=self.run_as.pw_name, LOGNAME=self.run_as.pw_name
+            )
+            kwargs["env"] = env
+        return kwargs
+
+    def _give_away(self, path: str) -> None:
+        if self.run_as is not None:
+            os.chown(path, self.run_as.pw_uid, self.run_as.pw_gid)
+
+    # --- testing.postgresql hooks -------------------------------------------
+
+    def initialize_database(self) -> None:
+        data = os.path.join(self.base_dir, "data")
+        if os.path.exists(os.path.join(data, "PG_VERSION")):
+            return
+        self._give_away(self.base_dir)
+        for sub in self.subdirectories:
+            self._give_away(os.path.join(self.base_dir, sub))
+        args = [
+            self.initdb, "-D", data, "-U", SUPERUSER, "-A", "trust",
+            "-E", "UTF8", "--locale=C", "--lc-messages=C", "--no-sync",
+        ]  # fmt: skip
+        proc = subprocess.run(args, capture_output=True, text=True, **self._popen_kwargs())
+        if proc.returncode != 0:
+            raise ServerSetupError(
+                f"initdb failed ({proc.returncode}):\n{proc.stderr or proc.stdout}"
+            )
+
+    def get_server_commandline(self) -> list[str]:
+        cmd = [
+            self.postgres,
+            "-D", os.path.join(self.base_dir, "data"),
+            "-p", str(self.settings["port"]),
+            "-c", f"unix_socket_directories={os.path.join(self.base_dir, 'tmp')}",
+        ]  # fmt: skip
+        for key, value in self.server_settings.items():
+            cmd += ["-c", f"{key}={value}"]
+        return cmd
+
+    def start(self) -> None:
+        # testing.common's start(), with our Popen arguments: the server runs as
+        # run_as, in its own session (a terminal's Ctrl-C goes to the caller only).
+        if self.child_process:
+            return
+        self.prestart()
+        log_path = os.path.join(self.base_dir, f"{self.name}.log")
+        with open(log_path, "w") as log:
+            try:
+                self.child_process = subprocess.Popen(
+                    self.get_server_commandline(),
+                    stdout=log,
+                    stderr=log,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    **self._popen_kwargs(),
+                )
+            except OSError as exc:
+                raise ServerSetupError(f"failed to launch postgres: {exc!r}") from exc
+        try:
+            self.wait_booting()
+            self.poststart()
+        except BaseException:
+            self.stop()
+            raise
+
+    def is_server_available(self) -> bool:
+        try:
+            with psycopg.connect(**self.dsn(database="postgres"), connect_timeout=2):
+                return True
+        except psycopg.Error:
+            return False
+
+    def dsn(self, **kwargs: Any) -> dict[str, Any]:
+        params = dict(kwargs)
+        params.setdefault("port", self.settings["port"])
+        params.setdefault("host", "127.0.0.1")
+        params.setdefault("user", SUPERUSER)
+        params.setdefault("dbname", params.pop("database", "postgres"))
+        return params
+
+    def poststart(self) -> None:
+        # The pg_cron launcher connects to cron.database_name: create it at once,
+        # so the launcher does not restart in a loop looking for it.
+        cron_db = self.server_settings.get("cron.database_name")
+        if not cron_db:
+            return
+        with psycopg.connect(**self.dsn(database="postgres"), autocommit=True) as conn:
+            exists = conn.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", [cron_db]
+            ).fetchone()
+            if not exists:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(cron_db)))
+
+    def cleanup(self) -> None:
+        if self.child_process is not None:
+            return
+        shutil.rmtree(self.base_dir, ignore_errors=True)
+
+
+class EphemeralServer:
+    """A throw-away PostgreSQL 15 cluster with pg_cron, on 127.0.0.1 and a unix socket.
+
+    ``start()``/``stop()`` or use as a context manager. ``dsn(dbname)`` gives a
+    key=value conninfo for the superuser, ``url(dbname)`` the same as a URL.
+    Works as root (server processes run as ``postgres``) and as a normal user.
+    """
+
+    def __init__(
+        self,
+        *,
+        bin_dir: str | Path = BIN_DIR,
+        share_dir: str | Path = SHARE_DIR,
+        settings: dict[str, str] | None = None,
+        boot_timeout: float = 60.0,
+    ) -> None:
+        self.bin_dir = Path(bin_dir)
+        self.share_dir = Path(share_dir)
+        self.settings = dict(SERVER_SETTINGS)
+        self.settings.update(settings or {})
+        self.boot_timeout = boot_timeout
+        self.superuser = SUPERUSER
+        self.host = "127.0.0.1"
+        self._pg: _Postgresql | None = None
+
+    # --- lifecycle -------------------------------------------------------------
+
+    def start(self) -> EphemeralServer:
+        if self._pg is not None:
+            return self
+        check_installation(self.bin_dir, self.share_dir)
+        run_as = pwd.getpwnam(OS_USER_WHEN_ROOT) if os.geteuid() == 0 else None
+        last_error: Exception | None = None
+        for _attempt in range(3):  # a free port can be taken between probe and bind
+            base_dir = self._make_base_dir(run_as)
+            try:
+                self._pg = _Postgresql(
+                    base_dir=base_dir,
+                    port=get_unused_port(),
+                    bin_dir=self.bin_dir,
+                    run_as=run_as,
+                    server_settings=self.settings,
+                    boot_timeout=self.boot_timeout,
+                )
+                break
+            except ServerSetupError:
+                shutil.rmtree(base_dir, ignore_errors=True)
+                raise
+            except RuntimeError as exc:  # testing.common: failed to launch / boot
+                shutil.rmtree(base_dir, ignore_errors=True)
+                last_error = exc
+        else:
+            raise ServerSetupError(f"PostgreSQL did not start: {last_error}")
+        atexit.register(self.stop)
+        return self
+
+    def stop(self) -> None:
+        pg, self._pg = self._pg, None
+        if pg is not None:
+            pg.stop()
+            with suppress(Exception):
+                atexit.unregister(self.stop)
+
+    def __enter__(self) -> EphemeralServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @staticmethod
+    def _make_base_dir(run_as: pwd.struct_passwd | None) -> str:
+        parent = None
+        if run_as is not None and not _traversable_by_others(Path(tempfile.gettempdir())):
+            parent = "/tmp"  # the postgres user must be able to reach its files
+        return tempfile.mkdtemp(prefix="llm-db-pg-", dir=parent)
+
+    # --- addresses -------------------------------------------------------------
+
+    @property
+    def _running(self) -> _Postgresql:
+        if self._pg is None:
+            raise RuntimeError("EphemeralServer is not running; call start() first")
+        return self._pg
+
+    @property
+    def port(self) -> int:
+        return int(self._running.settings["port"])
+
+    @property
+    def base_dir(self) -> str:
+        return self._running.base_dir
+
+    @property
+    def socket_dir(self) -> str:
+        return os.path.join(self._running.base_dir, "tmp")
+
+    @property
+    def log_path(self) -> str:
+        return os.path.join(self._running.base_dir, f"{self._running.name}.log")
+
+    def conninfo(self, dbname: str = "postgres", **extra: Any) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "host": self.host,
+            "port": self.port,
+            "user": self.superuser,
+            "dbname": dbname,
+        }
+        params.update(extra)
+        return params
+
+    def dsn(self, dbname: str = "postgres", **extra: Any) -> str:
+        """key=value conninfo for the superuser (extra libpq keywords allowed)."""
+        return psycopg.conninfo.make_conninfo(**self.conninfo(dbname, **extra))
+
+    def url(self, dbname: str = "postgres") -> str:
+        return f"postgresql://{self.superuser}@{self.host}:{self.port}/{dbname}"
+
+    def connect(self, dbname: str = "postgres", **kwargs: Any) -> psycopg.Connection:
+        kwargs.setdefault("autocommit", True)
+        return psycopg.connect(self.dsn(dbname), **kwargs)
+
+    # --- databases -------------------------------------------------------------
+
+    def create_database(self, name: str, *, template: str | None = None) -> str:
+        """Create database ``name`` (optionally cloned from ``template``) and return its dsn."""
+        query = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if template is not None:
+            query = sql.SQL("{} TEMPLATE {} STRATEGY FILE_COPY").format(
+                query, sql.Identifier(template)
+            )
+        with self.connect() as conn:
+            if template is not None:
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = %s AND pid <> pg_backend_pid()",
+                    [template],
+                )
+            conn.execute(query)
+        return self.dsn(name)
+
+    def drop_database(self, name: str) -> None:
+        with self.connect() as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+    def mark_template(self, name: str) -> None:
+        """Make ``name`` a template that nobody can connect to, so clones never wait."""
+        with self.connect() as conn:
+            conn.execute(
+                sql.SQL("ALTER DATABASE {} WITH IS_TEMPLATE true ALLOW_CONNECTIONS false").format(
+                    sql.Identifier(name)
+                )
+            )
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = %s AND pid <> pg_backend_pid()",
+                [name],
+            )

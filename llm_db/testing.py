@@ -1,0 +1,220 @@
+"""pytest plugin: an ephemeral PostgreSQL 15 (pg_cron preloaded), a migrated
+template database, and a fresh clone of it for every test.
+
+Registered through the ``pytest11`` entry point (name ``llm_db.testing``), so
+any project that installs llm-db gets these fixtures; llm-db's own
+``tests/conftest.py`` also lists it in ``pytest_plugins`` (pytest registers a
+plugin name once).
+
+Fixtures (scope):
+
+``llm_server`` (session)
+    The running ``EphemeralServer``: ``.dsn(dbname)``, ``.url(dbname)``,
+    ``.superuser``, ``.connect(dbname)``, ``.create_database(name, template=)``,
+    ``.drop_database(name)``, ``.log_path``.
+``llm_template`` (session)
+    Name (str) of database ``llm_template``: migrated once, then marked
+    template and closed to connections.
+``llm_dsn`` (function)
+    conninfo (str) of a fresh clone of the template, dropped after the test.
+``llm_conn`` (function)
+    Autocommit superuser ``psycopg.Connection`` to that clone, with
+    ``lock_timeout=5s`` and ``statement_timeout=60s``.
+``llm_connect`` (function)
+    Factory ``llm_connect(*, role=None, autocommit=True, **kwargs)`` opening
+    more connections to the same clone (same timeouts), for race tests; all
+    closed at teardown.
+``llm_role_conn`` (function)
+    Factory ``llm_role_conn(role, *, autocommit=True, **kwargs)``: a superuser
+    connection that ran ``SET ROLE role`` (e.g. ``llm_app``).
+``llm_cron_dsn`` (session)
+    conninfo of database ``llm_cron`` (the pg_cron database):
+    ``CREATE EXTENSION pg_cron`` then migrated. Shared by the session: tests
+    using it clean up the cron jobs they create.
+
+Plain functions for code outside pytest (benchmarks, the demo):
+``EphemeralServer``, ``create_template``, ``clone_database``,
+``create_cron_database``.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from llm_db._server import CRON_DATABASE, EphemeralServer, ServerSetupError, check_installation
+from llm_db.migrate import migrate
+
+__all__ = [
+    "CONNECTION_OPTIONS",
+    "TEMPLATE_DATABASE",
+    "EphemeralServer",
+    "ServerSetupError",
+    "check_installation",
+    "clone_database",
+    "create_cron_database",
+    "create_template",
+]
+
+TEMPLATE_DATABASE = "llm_template"
+# A test that waits on a lock fails in 5 s instead of hanging the run.
+CONNECTION_OPTIONS = "-c lock_timeout=5s -c statement_timeout=60s"
+
+
+# ---------------------------------------------------------------- plain helpers
+
+
+def create_template(
+    server: EphemeralServer, name: str = TEMPLATE_DATABASE, **migrate_kwargs: Any
+) -> str:
+    """Create database ``name`` (replacing an older one), migrate it, and mark it a
+    template. Returns ``name``."""
+    _drop_template(server, name)
+    dsn = server.create_database(name)
+    migrate(dsn, **migrate_kwargs)
+    server.mark_template(name)
+    return name
+
+
+def clone_database(
+    server: EphemeralServer, template: str = TEMPLATE_DATABASE, name: str | None = None
+) -> tuple[str, str]:
+    """Clone ``template`` into a new database; returns ``(name, dsn)``. Drop it with
+    ``server.drop_database(name)``."""
+    name = name or f"t_{uuid.uuid4().hex}"
+    return name, server.create_database(name, template=template)
+
+
+def create_cron_database(server: EphemeralServer, **migrate_kwargs: Any) -> str:
+    """Install pg_cron and llm-db in the pg_cron database (``llm_cron``); returns its dsn."""
+    dsn = server.dsn(CRON_DATABASE)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_cron")
+    migrate(dsn, **migrate_kwargs)
+    return dsn
+
+
+def _drop_template(server: EphemeralServer, name: str) -> None:
+    with server.connect() as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is None:
+            return
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} WITH IS_TEMPLATE false").format(sql.Identifier(name))
+        )
+    server.drop_database(name)
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Let a SIGTERM (e.g. a CI timeout) unwind like Ctrl-C, so the server is stopped."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous not in (signal.SIG_DFL, None):
+        yield
+        return
+
+    def _raise(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _connect(
+    dsn: str, *, role: str | None = None, autocommit: bool = True, **kwargs: Any
+) -> psycopg.Connection:
+    kwargs.setdefault("options", CONNECTION_OPTIONS)
+    conn = psycopg.connect(dsn, autocommit=autocommit, **kwargs)
+    if role is not None:
+        try:
+            conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+            if not autocommit:
+                conn.commit()
+        except BaseException:
+            conn.close()
+            raise
+    return conn
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="session")
+def llm_server() -> Iterator[EphemeralServer]:
+    """The session's ephemeral PostgreSQL 15 server (pg_cron preloaded)."""
+    with _sigterm_as_interrupt(), EphemeralServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def llm_template(llm_server: EphemeralServer) -> str:
+    """Name of the migrated template database every ``llm_dsn`` clones."""
+    return create_template(llm_server)
+
+
+@pytest.fixture
+def llm_dsn(llm_server: EphemeralServer, llm_template: str) -> Iterator[str]:
+    """conninfo of a fresh clone of the template, dropped after the test."""
+    name, dsn = clone_database(llm_server, llm_template)
+    try:
+        yield dsn
+    finally:
+        llm_server.drop_database(name)
+
+
+@pytest.fixture
+def llm_connect(llm_dsn: str) -> Iterator[Callable[..., psycopg.Connection]]:
+    """Factory ``llm_connect(*, role=None, autocommit=True, **kwargs)`` for more
+    connections to this test's database; all are closed at teardown."""
+    opened: list[psycopg.Connection] = []
+
+    def connect(
+        *, role: str | None = None, autocommit: bool = True, **kwargs: Any
+    ) -> psycopg.Connection:
+        conn = _connect(llm_dsn, role=role, autocommit=autocommit, **kwargs)
+        opened.append(conn)
+        return conn
+
+    try:
+        yield connect
+    finally:
+        for conn in opened:
+            conn.close()
+
+
+@pytest.fixture
+def llm_conn(llm_connect: Callable[..., psycopg.Connection]) -> psycopg.Connection:
+    """Autocommit superuser connection to this test's database."""
+    return llm_connect()
+
+
+@pytest.fixture
+def llm_role_conn(
+    llm_connect: Callable[..., psycopg.Connection],
+) -> Callable[..., psycopg.Connection]:
+    """Factory ``llm_role_conn(role, *, autocommit=True, **kwargs)``: a connection
+    acting as ``role`` (superuser login, then ``SET ROLE``)."""
+
+    def connect(role: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection:
+        return llm_connect(role=role, autocommit=autocommit, **kwargs)
+
+    return connect
+
+
+@pytest.fixture(scope="session")
+def llm_cron_dsn(llm_server: EphemeralServer) -> str:
+    """conninfo of ``llm_cron``, the pg_cron database, with pg_cron and llm-db installed."""
+    return create_cron_database(llm_server)

@@ -1,0 +1,326 @@
+"""llm_db.migrate: idempotent, safe under concurrency, any libpq dsn, shipped in the wheel."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import uuid
+import zipfile
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+import llm_db
+from llm_db.migrate import MigrationError, default_dirs, migrate, yoyo_url
+
+ROOT = Path(__file__).resolve().parents[1]
+REPO_MIGRATIONS = sorted(p.name for p in (ROOT / "migrations").glob("*.sql"))
+REPO_SQL = sorted(p.name for p in (ROOT / "sql").glob("*.sql"))
+
+# Everything a migration or a function file can change, as comparable text rows,
+# for every non-system schema (llm, and public where yoyo keeps its tables).
+FINGERPRINT_SQL = """
+WITH ns AS (
+    SELECT oid, nspname FROM pg_namespace
+    WHERE nspname !~ '^pg_' AND nspname <> 'information_schema'
+)
+SELECT 'schema', nspname, coalesce(n.nspacl::text, ''), coalesce(obj_description(n.oid, 'pg_namespace'), '')
+FROM pg_namespace n WHERE n.oid IN (SELECT oid FROM ns)
+UNION ALL
+SELECT 'relation', c.oid::regclass::text, c.relkind::text || ' ' || coalesce(c.relacl::text, ''),
+       coalesce(obj_description(c.oid, 'pg_class'), '')
+FROM pg_class c WHERE c.relnamespace IN (SELECT oid FROM ns)
+UNION ALL
+SELECT 'column', c.oid::regclass::text || '.' || a.attname,
+       format_type(a.atttypid, a.atttypmod) || CASE WHEN a.attnotnull THEN ' NOT NULL' ELSE '' END
+           || ' ' || coalesce(pg_get_expr(d.adbin, d.adrelid), '') || ' ' || coalesce(a.attacl::text, ''),
+       coalesce(col_description(c.oid, a.attnum), '')
+FROM pg_class c
+JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
+WHERE c.relnamespace IN (SELECT oid FROM ns)
+UNION ALL
+SELECT 'constraint', conrelid::regclass::text || ' ' || conname, pg_get_constraintdef(oid), ''
+FROM pg_constraint WHERE connamespace IN (SELECT oid FROM ns)
+UNION ALL
+SELECT 'index', indexrelid::regclass::text, pg_get_indexdef(indexrelid), ''
+FROM pg_index WHERE indrelid IN (SELECT oid FROM pg_class WHERE relnamespace IN (SELECT oid FROM ns))
+UNION ALL
+SELECT 'view', c.oid::regclass::text, pg_get_viewdef(c.oid), ''
+FROM pg_class c WHERE c.relkind IN ('v', 'm') AND c.relnamespace IN (SELECT oid FROM ns)
+UNION ALL
+SELECT 'routine', p.oid::regprocedure::text,
+       md5(CASE WHEN p.prokind IN ('f', 'p', 'w') THEN pg_get_functiondef(p.oid) ELSE p.prosrc END)
+           || ' ' || coalesce(p.proacl::text, ''),
+       coalesce(obj_description(p.oid, 'pg_proc'), '')
+FROM pg_proc p WHERE p.pronamespace IN (SELECT oid FROM ns)
+UNION ALL
+SELECT 'type', t.oid::regtype::text, t.typtype::text || ' ' || coalesce(t.typacl::text, '') || ' '
+           || coalesce((SELECT string_agg(e.enumlabel, ',' ORDER BY e.enumsortorder)
+                        FROM pg_enum e WHERE e.enumtypid = t.oid), ''),
+       coalesce(obj_description(t.oid, 'pg_type'), '')
+FROM pg_type t WHERE t.typnamespace IN (SELECT oid FROM ns) AND t.typtype <> 'b'
+UNION ALL
+SELECT 'default_acl', defaclrole::regrole::text || ' ' || defaclobjtype::text, defaclacl::text, ''
+FROM pg_default_acl
+UNION ALL
+SELECT 'role', rolname, rolcanlogin::text || rolinherit::text, ''
+FROM pg_roles WHERE left(rolname, 4) = 'llm_'
+UNION ALL
+SELECT 'extension', extname, extversion, '' FROM pg_extension
+"""
+
+
+def schema_fingerprint(dsn: str) -> set[tuple[str, ...]]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(FINGERPRINT_SQL).fetchall()
+        yoyo = conn.execute("SELECT migration_id FROM public._yoyo_migration").fetchall()
+    return {tuple(r) for r in rows} | {("yoyo", r[0], "", "") for r in yoyo}
+
+
+@pytest.fixture
+def fresh_db(llm_server):
+    """Factory: an empty database (from template1), dropped after the test."""
+    names: list[str] = []
+
+    def make() -> tuple[str, str]:
+        name = f"m_{uuid.uuid4().hex}"
+        names.append(name)
+        return name, llm_server.create_database(name)
+
+    yield make
+    for name in names:
+        llm_server.drop_database(name)
+
+
+def _repo_dirs() -> tuple[Path, Path]:
+    return ROOT / "migrations", ROOT / "sql"
+
+
+# ---------------------------------------------------------------- dsn conversion
+
+
+@pytest.mark.parametrize(
+    ("dsn", "expected"),
+    [
+        ("postgresql://u:p@db.example:5433/app", "postgresql+psycopg://u:p@db.example:5433/app"),
+        ("postgres://u@localhost/app", "postgresql+psycopg://u@localhost/app"),
+        ("host=127.0.0.1 port=5432 user=u dbname=app", "postgresql+psycopg://u@127.0.0.1:5432/app"),
+        (
+            "host=/var/run/postgresql dbname=app",
+            "postgresql+psycopg:///app?host=%2Fvar%2Frun%2Fpostgresql",
+        ),
+        (
+            "postgresql:///app?host=/tmp/sock&sslmode=disable",
+            "postgresql+psycopg:///app?host=%2Ftmp%2Fsock&sslmode=disable",
+        ),
+        (
+            "user='we ird' password='p@ss:/w d' dbname='my db' options='-c lock_timeout=5s'",
+            "postgresql+psycopg://we%20ird:p%40ss%3A%2Fw%20d@/"
+            "?dbname=my%20db&options=-c%20lock_timeout%3D5s",
+        ),
+        ("", "postgresql+psycopg:///"),
+    ],
+)
+def test_yoyo_url_from_any_libpq_dsn(dsn, expected):
+    assert yoyo_url(dsn) == expected
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "host=/tmp/s port=6000 user=x password='a b%c' dbname=d sslmode=prefer",
+        "postgresql://x:secret@h1:1,h2:2/d?target_session_attrs=read-write",
+        "postgres://[::1]:5432/d",
+    ],
+)
+def test_yoyo_url_round_trips_to_the_same_connection_parameters(dsn):
+    from yoyo.connections import parse_uri
+
+    uri = parse_uri(yoyo_url(dsn))
+    params = dict(uri.args)
+    params.setdefault("dbname", uri.database or None)
+    for key, value in (
+        ("user", uri.username),
+        ("password", uri.password),
+        ("host", uri.hostname),
+        ("port", uri.port),
+    ):
+        if value is not None:
+            params[key] = value
+    got = {k: str(v) for k, v in params.items() if v not in (None, "")}
+    want = {k: str(v) for k, v in conninfo_to_dict(dsn).items() if v not in (None, "")}
+    assert got == want
+
+
+def test_yoyo_url_rejects_garbage():
+    with pytest.raises(MigrationError, match="invalid connection string"):
+        yoyo_url("host=x port")
+
+
+# ---------------------------------------------------------------- migrate
+
+
+def test_migrate_applies_every_migration_then_every_sql_file(fresh_db):
+    _, dsn = fresh_db()
+    report = llm_db.migrate(dsn)
+    assert report.applied_migrations == tuple(n.removesuffix(".sql") for n in REPO_MIGRATIONS)
+    assert list(report.sql_files) == REPO_SQL
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT to_regnamespace('llm') IS NOT NULL").fetchone() == (True,)
+
+
+def test_migrate_twice_changes_nothing(fresh_db):
+    _, dsn = fresh_db()
+    first = migrate(dsn)
+    before = schema_fingerprint(dsn)
+    second = migrate(dsn)
+    after = schema_fingerprint(dsn)
+    assert first.applied_migrations
+    assert second.applied_migrations == ()
+    assert second.sql_files == first.sql_files
+    assert before == after, sorted(before ^ after)
+
+
+def test_template_matches_a_freshly_migrated_database(fresh_db, llm_dsn):
+    _, dsn = fresh_db()
+    migrate(dsn)
+    assert schema_fingerprint(dsn) == schema_fingerprint(llm_dsn)
+
+
+def test_two_concurrent_migrate_runs_on_a_fresh_database_both_succeed(fresh_db, llm_dsn):
+    _, dsn = fresh_db()
+    barrier = threading.Barrier(2)
+    results: list[object] = [None, None]
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            results[i] = migrate(dsn)
+        except BaseException as exc:  # reported below, in the test's thread
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads), "a migrate run hung"
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert not errors, errors
+    applied = [m for r in results for m in r.applied_migrations]
+    assert sorted(applied) == [n.removesuffix(".sql") for n in REPO_MIGRATIONS]  # each once
+    assert schema_fingerprint(dsn) == schema_fingerprint(llm_dsn)
+
+
+@pytest.mark.parametrize("form", ["conninfo_tcp", "conninfo_socket", "url_postgresql", "url_postgres"])
+def test_migrate_accepts_key_value_and_url_dsns(llm_server, fresh_db, form):
+    name, _ = fresh_db()
+    dsn = {
+        "conninfo_tcp": llm_server.dsn(name),
+        "conninfo_socket": f"host={llm_server.socket_dir} port={llm_server.port} user=postgres dbname={name}",
+        "url_postgresql": llm_server.url(name),
+        "url_postgres": llm_server.url(name).replace("postgresql://", "postgres://"),
+    }[form]
+    report = migrate(dsn)
+    assert report.applied_migrations
+    with llm_server.connect(name) as conn:
+        assert conn.execute("SELECT count(*) FROM public._yoyo_migration").fetchone() == (
+            len(REPO_MIGRATIONS),
+        )
+
+
+def test_sql_files_apply_in_one_transaction_and_errors_name_the_file(fresh_db, tmp_path):
+    _, dsn = fresh_db()
+    migrations, sql_dir = tmp_path / "migrations", tmp_path / "sql"
+    migrations.mkdir()
+    sql_dir.mkdir()
+    (migrations / "0001_base.sql").write_text("CREATE SCHEMA scratch;\nCREATE TABLE scratch.t (id int);\n")
+    (sql_dir / "10_good.sql").write_text(
+        "CREATE OR REPLACE FUNCTION scratch.good() RETURNS int LANGUAGE sql AS $$ SELECT 1 $$;\n"
+    )
+    (sql_dir / "20_bad.sql").write_text("-- a comment\nSELECT 1;\nSELEC broken;\n")
+    with pytest.raises(MigrationError, match=r"20_bad\.sql line 3: 42601") as info:
+        migrate(dsn, migrations_dir=migrations, sql_dir=sql_dir)
+    assert info.value.path == sql_dir / "20_bad.sql"
+    with psycopg.connect(dsn) as conn:
+        # the migration committed; the function phase rolled back as a whole
+        assert conn.execute("SELECT to_regclass('scratch.t') IS NOT NULL").fetchone() == (True,)
+        assert conn.execute("SELECT to_regproc('scratch.good') IS NULL").fetchone() == (True,)
+    (sql_dir / "20_bad.sql").write_text("SELECT 1;\n")
+    report = migrate(dsn, migrations_dir=migrations, sql_dir=sql_dir)
+    assert report.applied_migrations == ()
+    assert report.sql_files == ("10_good.sql", "20_bad.sql")
+
+
+def test_checkout_uses_the_repository_sql():
+    assert default_dirs() == (ROOT / "migrations", ROOT / "sql")
+
+
+# ---------------------------------------------------------------- packaging
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+         "-q", "-w", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    (built,) = out.glob("llm_db-*.whl")
+    return built
+
+
+def test_wheel_carries_sql_migrations_and_entry_points(wheel):
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        entry_text = zf.read(entry_points).decode()
+    assert {f"llm_db/_sql/{n}" for n in REPO_SQL} <= names
+    assert {f"llm_db/_migrations/{n}" for n in REPO_MIGRATIONS} <= names
+    assert REPO_SQL and REPO_MIGRATIONS
+    assert "llm-db = llm_db.cli:main" in entry_text
+    assert "llm_db.testing = llm_db.testing" in entry_text
+
+
+def test_cli_migrate_from_the_unpacked_wheel_works_from_any_directory(wheel, fresh_db, tmp_path):
+    _, dsn = fresh_db()
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(site)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(site), DATABASE_URL=dsn)
+    code = (
+        "import sys, llm_db, llm_db.cli;"
+        "print(llm_db.__file__); print(sys.modules['llm_db.migrate'].default_dirs()[1]);"
+        "llm_db.cli.main(['migrate'])"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=elsewhere, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    package_file, sql_dir, *rest = proc.stdout.splitlines()
+    assert package_file == str(site / "llm_db" / "__init__.py")
+    assert sql_dir == str(site / "llm_db" / "_sql")
+    assert any("migrations applied: " in line for line in rest), proc.stdout
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT to_regnamespace('llm') IS NOT NULL").fetchone() == (True,)
+
+
+def test_schema_fingerprint_sees_a_changed_function(llm_dsn):
+    # guards the idempotency tests above against a fingerprint that cannot fail
+    before = schema_fingerprint(llm_dsn)
+    with psycopg.connect(llm_dsn, autocommit=True) as conn:
+        (name,) = conn.execute(
+            "SELECT p.oid::regprocedure::text FROM pg_proc p"
+            " WHERE p.pronamespace = 'llm'::regnamespace ORDER BY 1 LIMIT 1"
+        ).fetchone()
+        conn.execute(f"COMMENT ON FUNCTION {name} IS 'changed by a test'")
+    assert schema_fingerprint(llm_dsn) != before
