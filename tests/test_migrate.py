@@ -217,7 +217,9 @@ def test_two_concurrent_migrate_runs_on_a_fresh_database_both_succeed(fresh_db, 
     assert schema_fingerprint(dsn) == schema_fingerprint(llm_dsn)
 
 
-@pytest.mark.parametrize("form", ["conninfo_tcp", "conninfo_socket", "url_postgresql", "url_postgres"])
+@pytest.mark.parametrize(
+    "form", ["conninfo_tcp", "conninfo_socket", "url_postgresql", "url_postgres"]
+)
 def test_migrate_accepts_key_value_and_url_dsns(llm_server, fresh_db, form):
     name, _ = fresh_db()
     dsn = {
@@ -239,7 +241,9 @@ def test_sql_files_apply_in_one_transaction_and_errors_name_the_file(fresh_db, t
     migrations, sql_dir = tmp_path / "migrations", tmp_path / "sql"
     migrations.mkdir()
     sql_dir.mkdir()
-    (migrations / "0001_base.sql").write_text("CREATE SCHEMA scratch;\nCREATE TABLE scratch.t (id int);\n")
+    (migrations / "0001_base.sql").write_text(
+        "CREATE SCHEMA scratch;\nCREATE TABLE scratch.t (id int);\n"
+    )
     (sql_dir / "10_good.sql").write_text(
         "CREATE OR REPLACE FUNCTION scratch.good() RETURNS int LANGUAGE sql AS $$ SELECT 1 $$;\n"
     )
