@@ -1,0 +1,183 @@
+"""Typed results of the driver: frozen dataclasses built from dict rows.
+
+Each class is built with ``from_row(row)`` from a psycopg ``dict_row``, by
+column name, never by position. Columns the class does not name are ignored,
+so adding a column to a table or a composite type breaks no client; a column
+the class names but the row lacks raises ``KeyError`` at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from datetime import date, datetime
+from typing import Any, Self
+from uuid import UUID
+
+__all__ = [
+    "Execution",
+    "Health",
+    "InvariantViolation",
+    "Invocation",
+    "Notice",
+    "Organization",
+    "OrgSweep",
+    "Outcome",
+    "ReconciliationRun",
+]
+
+
+class _Row:
+    """Mixin: ``from_row`` picks this dataclass's fields out of a mapping by name."""
+
+    __slots__ = ()
+
+    # columns whose SQL array value is stored as a tuple (frozen, hashable)
+    _tuples: tuple[str, ...] = ()
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Self:
+        values = {}
+        for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+            value = row[field.name]
+            if field.name in cls._tuples and value is not None:
+                value = tuple(value)
+            values[field.name] = value
+        return cls(**values)
+
+
+class Outcome(enum.StrEnum):
+    """What ``settle`` / ``fail`` did; compares equal to the SQL text."""
+
+    SETTLED = "settled"
+    FAILED = "failed"
+    ALREADY_SETTLED = "already_settled"
+    ALREADY_RECOVERED = "already_recovered"
+    ALREADY_FAILED = "already_failed"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Organization(_Row):
+    """A row of ``llm.organizations``; ``monthly_allowance_credits`` None is unlimited."""
+
+    _tuples = ("notice_thresholds",)
+
+    id: UUID
+    name: str
+    status: str
+    monthly_allowance_credits: int | None
+    notice_thresholds: tuple[int, ...]
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Invocation(_Row):
+    """A row of ``llm.invocations``: one model request and its hold."""
+
+    organization_id: UUID
+    id: UUID
+    period_start: date
+    execution_id: UUID | None
+    model: str
+    status: str
+    estimate_credits: int
+    hold_credits: int
+    charged_credits: int | None
+    charged_cents: int | None
+    input_tokens: int | None
+    output_tokens: int | None
+    settlement_kind: str | None
+    created_at: datetime
+    dispatched_at: datetime | None
+    settled_at: datetime | None
+    past_window_alerted_at: datetime | None
+    error: str | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Execution(_Row):
+    """What ``open_execution`` returned: the task, and whether a replay key found it."""
+
+    execution_id: UUID
+    status: str
+    replayed: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Notice(_Row):
+    """A row of ``llm.threshold_notices``: a crossed threshold owed to the webhook."""
+
+    organization_id: UUID
+    id: UUID
+    period_start: date
+    threshold_pct: int
+    crossed_at: datetime
+    used_credits: int
+    allowance_credits: int
+    status: str
+    attempts: int
+    last_error: str | None
+    next_attempt_at: datetime
+    sent_at: datetime | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OrgSweep(_Row):
+    """``llm.org_sweep``: what one organization's reconciliation did."""
+
+    organization_id: UUID
+    recovered_requests: int
+    released_hold_credits: int
+    past_window_alerts: int
+    abandoned_executions: int
+    drift_findings: int
+    notices_created: int
+    more_pending: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReconciliationRun(_Row):
+    """A row of ``llm.reconciliation_runs``: one pass."""
+
+    id: UUID
+    started_at: datetime
+    finished_at: datetime | None
+    clock: datetime
+    status: str
+    orgs_visited: int
+    orgs_failed: int
+    requests_recovered: int
+    released_hold_credits: int
+    past_window_alerts: int
+    executions_abandoned: int
+    drift_findings: int
+    notices_rearmed: int
+    daily_rows_rebuilt: int
+    more_pending_orgs: int
+    errors: list[dict[str, Any]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Health(_Row):
+    """``llm.reconciliation_health``: ok, late, never or failing, and why."""
+
+    status: str
+    last_success_at: datetime | None
+    last_run_status: str | None
+    detail: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class InvariantViolation(_Row):
+    """A row of ``llm.check_invariants()``: which invariant (DESIGN.md 1-7) broke, where."""
+
+    invariant: int
+    organization_id: UUID | None
+    subject: str
+    detail: str
