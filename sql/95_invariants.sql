@@ -73,10 +73,13 @@ BEGIN
               WHERE i.organization_id = p.organization_id AND i.period_start = p.period_start
                 AND i.status IN ('settled', 'failed')
                 AND i.charged_credits > i.hold_credits)
-       AND NOT EXISTS (
-             SELECT FROM llm.organizations AS o
-              WHERE o.id = p.organization_id
-                AND o.monthly_allowance_credits IS DISTINCT FROM p.allowance_credits);
+       AND NOT EXISTS (  -- a lowered allowance: upsert_organization moves the current period's
+                         -- allowance too, so look for holds placed before the organization changed
+             SELECT FROM llm.invocations AS i
+               JOIN llm.organizations AS o ON o.id = i.organization_id
+              WHERE i.organization_id = p.organization_id AND i.period_start = p.period_start
+                AND i.status IN ('reserved', 'dispatched')
+                AND i.created_at <= o.updated_at);
 
     -- 5. past_window_alerted_at only on recovered requests; at most one notice per threshold
     --    (the unique key guarantees the latter; checked here against a dropped constraint)
