@@ -1,0 +1,438 @@
+"""Shared test helpers: call the SQL contract directly, fingerprint the books,
+assert SQLSTATEs with a "nothing was written" check.
+
+Every helper takes an autocommit psycopg connection (``llm_conn`` or one from
+``llm_connect()``), passes arguments by name with explicit casts, and moves
+the clock through ``p_now`` (``None`` means the function's own ``now()``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, date, datetime
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.rows import dict_row
+
+# A quiet mid-month instant; tests move the clock relative to it.
+T0 = datetime(2026, 1, 15, 12, 0, tzinfo=UTC)
+JANUARY = date(2026, 1, 1)
+FEBRUARY = date(2026, 2, 1)
+MAX_AMOUNT = 10**15  # llm._max_amount()
+
+# The functions granted to llm_app (DESIGN.md "Roles"): the request and task calls.
+APP_FUNCTIONS = frozenset(
+    {
+        "admit_invocation",
+        "mark_dispatched",
+        "settle_invocation",
+        "fail_invocation",
+        "open_execution",
+        "close_execution",
+    }
+)
+
+
+# ---------------------------------------------------------------- reading
+
+
+def rows(conn: psycopg.Connection, query: str, params: Any = None) -> list[dict[str, Any]]:
+    """All rows of ``query`` as dicts."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query, params)
+        return cur.fetchall()
+
+
+def row(conn: psycopg.Connection, query: str, params: Any = None) -> dict[str, Any] | None:
+    """The first row of ``query`` as a dict, or None."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query, params)
+        return cur.fetchone()
+
+
+def scalar(conn: psycopg.Connection, query: str, params: Any = None) -> Any:
+    """The first column of the first row of ``query``."""
+    result = conn.execute(query, params).fetchone()
+    assert result is not None, f"no row from {query!r}"
+    return result[0]
+
+
+def llm_tables(conn: psycopg.Connection) -> list[str]:
+    """Names of every table in schema llm, sorted."""
+    return [
+        r[0]
+        for r in conn.execute(
+            "SELECT tablename FROM pg_catalog.pg_tables WHERE schemaname = 'llm' ORDER BY 1"
+        ).fetchall()
+    ]
+
+
+def _primary_key(conn: psycopg.Connection, table: str) -> list[str]:
+    return [
+        r[0]
+        for r in conn.execute(
+            """
+            SELECT a.attname
+              FROM pg_catalog.pg_index AS i
+              CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)
+              JOIN pg_catalog.pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+             WHERE i.indrelid = %(table)s::regclass AND i.indisprimary
+             ORDER BY k.n
+            """,
+            {"table": f"llm.{table}"},
+        ).fetchall()
+    ]
+
+
+def fingerprint(conn: psycopg.Connection) -> dict[str, list[str]]:
+    """Every llm table's full content, each row as text, ordered by primary key.
+
+    Compare two fingerprints to prove a call wrote nothing (DESIGN.md: "A
+    rejected call writes nothing")."""
+    result: dict[str, list[str]] = {}
+    for table in llm_tables(conn):
+        order = _primary_key(conn, table)
+        assert order, f"llm.{table} has no primary key"
+        query = sql.SQL("SELECT t::text FROM {} AS t ORDER BY {}").format(
+            sql.Identifier("llm", table),
+            sql.SQL(", ").join(sql.Identifier("t", c) for c in order),
+        )
+        result[table] = [r[0] for r in conn.execute(query).fetchall()]
+    return result
+
+
+def invariants(conn: psycopg.Connection) -> list[dict[str, Any]]:
+    """The rows of ``llm.check_invariants()``: empty when the books are right."""
+    return rows(conn, "SELECT * FROM llm.check_invariants()")
+
+
+def assert_sqlstate(
+    conn: psycopg.Connection,
+    code: str,
+    query: str,
+    params: Any = None,
+    *,
+    unchanged: bool = True,
+) -> psycopg.Error:
+    """Run ``query``, expect SQLSTATE ``code``; with ``unchanged`` (the default)
+    also prove that no llm table changed. Returns the error for DETAIL checks."""
+    before = fingerprint(conn) if unchanged else None
+    with pytest.raises(psycopg.Error) as caught:
+        conn.execute(query, params)
+    error = caught.value
+    assert error.sqlstate == code, (
+        f"expected SQLSTATE {code}, got {error.sqlstate}: {error.diag.message_primary}"
+    )
+    if unchanged:
+        assert fingerprint(conn) == before, "a rejected call wrote something"
+    return error
+
+
+# ---------------------------------------------------------------- writing
+
+
+def new_org(
+    conn: psycopg.Connection,
+    allowance: int | None = 1000,
+    *,
+    org_id: uuid.UUID | None = None,
+    name: str | None = None,
+    status: str = "operational",
+    thresholds: list[int] | None = None,
+    now: datetime | None = T0,
+) -> uuid.UUID:
+    """Create (or update) an organization through llm.upsert_organization; returns its id."""
+    org_id = org_id or uuid.uuid4()
+    conn.execute(
+        """
+        SELECT llm.upsert_organization(
+            p_organization_id => %(org)s::uuid, p_name => %(name)s::text,
+            p_monthly_allowance_credits => %(allowance)s::bigint, p_status => %(status)s::text,
+            p_notice_thresholds => coalesce(%(thresholds)s::integer[], '{80,100}'),
+            p_now => %(now)s::timestamptz)
+        """,
+        {
+            "org": org_id,
+            "name": name or f"org {org_id.hex[:8]}",
+            "allowance": allowance,
+            "status": status,
+            "thresholds": thresholds,
+            "now": now,
+        },
+    )
+    return org_id
+
+
+def set_org(
+    conn: psycopg.Connection,
+    org_id: uuid.UUID,
+    allowance: int | None,
+    *,
+    status: str = "operational",
+    thresholds: list[int] | None = None,
+    now: datetime | None = T0,
+) -> dict[str, Any]:
+    """Update an organization; returns the llm.organizations row."""
+    result = row(
+        conn,
+        """
+        SELECT * FROM llm.upsert_organization(
+            p_organization_id => %(org)s::uuid, p_name => 'updated',
+            p_monthly_allowance_credits => %(allowance)s::bigint, p_status => %(status)s::text,
+            p_notice_thresholds => coalesce(%(thresholds)s::integer[], '{80,100}'),
+            p_now => %(now)s::timestamptz)
+        """,
+        {"org": org_id, "allowance": allowance, "status": status, "thresholds": thresholds,
+         "now": now},
+    )
+    assert result is not None
+    return result
+
+
+ADMIT_SQL = """
+SELECT * FROM llm.admit_invocation(
+    p_organization_id => %(org)s::uuid, p_estimate_credits => %(estimate)s::bigint,
+    p_model => %(model)s::text, p_execution_id => %(execution)s::uuid,
+    p_invocation_id => %(invocation)s::uuid, p_now => %(now)s::timestamptz)
+"""
+
+
+def admit(
+    conn: psycopg.Connection,
+    org_id: uuid.UUID | None,
+    estimate: int | None,
+    model: str | None = "model-a",
+    *,
+    execution_id: uuid.UUID | None = None,
+    invocation_id: uuid.UUID | None = None,
+    now: datetime | None = T0,
+) -> dict[str, Any]:
+    """llm.admit_invocation; returns the llm.invocations row."""
+    result = row(conn, ADMIT_SQL, admit_params(org_id, estimate, model, execution_id=execution_id,
+                                               invocation_id=invocation_id, now=now))
+    assert result is not None
+    return result
+
+
+def admit_params(
+    org_id: uuid.UUID | None,
+    estimate: int | None,
+    model: str | None = "model-a",
+    *,
+    execution_id: uuid.UUID | None = None,
+    invocation_id: uuid.UUID | None = None,
+    now: datetime | None = T0,
+) -> dict[str, Any]:
+    """The parameters of ADMIT_SQL."""
+    return {"org": org_id, "estimate": estimate, "model": model, "execution": execution_id,
+            "invocation": invocation_id, "now": now}
+
+
+DISPATCH_SQL = """
+SELECT * FROM llm.mark_dispatched(
+    p_organization_id => %(org)s::uuid, p_invocation_id => %(invocation)s::uuid,
+    p_now => %(now)s::timestamptz)
+"""
+
+
+def dispatch(
+    conn: psycopg.Connection, org_id: uuid.UUID, invocation_id: uuid.UUID, *,
+    now: datetime | None = T0,
+) -> dict[str, Any]:
+    """llm.mark_dispatched; returns the llm.invocations row."""
+    result = row(conn, DISPATCH_SQL, {"org": org_id, "invocation": invocation_id, "now": now})
+    assert result is not None
+    return result
+
+
+SETTLE_SQL = """
+SELECT llm.settle_invocation(
+    p_organization_id => %(org)s::uuid, p_invocation_id => %(invocation)s::uuid,
+    p_credits => %(credits)s::bigint, p_cents => %(cents)s::bigint,
+    p_input_tokens => %(input_tokens)s::bigint, p_output_tokens => %(output_tokens)s::bigint,
+    p_now => %(now)s::timestamptz)
+"""
+
+
+def settle_params(
+    org_id: uuid.UUID | None,
+    invocation_id: uuid.UUID | None,
+    credits: int | None,
+    cents: int | None = 0,
+    *,
+    input_tokens: int | None = None,
+    output_tokens: int | None = None,
+    now: datetime | None = T0,
+) -> dict[str, Any]:
+    """The parameters of SETTLE_SQL."""
+    return {"org": org_id, "invocation": invocation_id, "credits": credits, "cents": cents,
+            "input_tokens": input_tokens, "output_tokens": output_tokens, "now": now}
+
+
+def settle(
+    conn: psycopg.Connection,
+    org_id: uuid.UUID,
+    invocation_id: uuid.UUID,
+    credits: int,
+    cents: int = 0,
+    *,
+    input_tokens: int | None = None,
+    output_tokens: int | None = None,
+    now: datetime | None = T0,
+) -> str:
+    """llm.settle_invocation; returns its outcome text."""
+    return scalar(conn, SETTLE_SQL, settle_params(org_id, invocation_id, credits, cents,
+                                                  input_tokens=input_tokens,
+                                                  output_tokens=output_tokens, now=now))
+
+
+FAIL_SQL = """
+SELECT llm.fail_invocation(
+    p_organization_id => %(org)s::uuid, p_invocation_id => %(invocation)s::uuid,
+    p_error => %(error)s::text, p_credits => %(credits)s::bigint, p_cents => %(cents)s::bigint,
+    p_now => %(now)s::timestamptz)
+"""
+
+
+def fail_params(
+    org_id: uuid.UUID | None,
+    invocation_id: uuid.UUID | None,
+    error: str | None = "provider error",
+    credits: int | None = 0,
+    cents: int | None = 0,
+    *,
+    now: datetime | None = T0,
+) -> dict[str, Any]:
+    """The parameters of FAIL_SQL."""
+    return {"org": org_id, "invocation": invocation_id, "error": error, "credits": credits,
+            "cents": cents, "now": now}
+
+
+def fail(
+    conn: psycopg.Connection,
+    org_id: uuid.UUID,
+    invocation_id: uuid.UUID,
+    error: str = "provider error",
+    credits: int = 0,
+    cents: int = 0,
+    *,
+    now: datetime | None = T0,
+) -> str:
+    """llm.fail_invocation; returns its outcome text."""
+    return scalar(conn, FAIL_SQL, fail_params(org_id, invocation_id, error, credits, cents,
+                                              now=now))
+
+
+def declare_task(conn: psycopg.Connection, key: str = "summarize",
+                 description: str | None = None) -> str:
+    """llm.declare_task_kind; returns the key."""
+    conn.execute(
+        "SELECT llm.declare_task_kind(p_key => %(key)s::text, p_description => %(d)s::text)",
+        {"key": key, "d": description},
+    )
+    return key
+
+
+def open_task(
+    conn: psycopg.Connection, org_id: uuid.UUID, task_key: str = "summarize", *,
+    now: datetime | None = T0,
+) -> uuid.UUID:
+    """Declare the task kind and open a running execution; returns its id."""
+    declare_task(conn, task_key)
+    return scalar(
+        conn,
+        """
+        SELECT execution_id FROM llm.open_execution(
+            p_organization_id => %(org)s::uuid, p_task_key => %(key)s::text,
+            p_now => %(now)s::timestamptz)
+        """,
+        {"org": org_id, "key": task_key, "now": now},
+    )
+
+
+def close_task(
+    conn: psycopg.Connection, org_id: uuid.UUID, execution_id: uuid.UUID,
+    outcome: str = "completed", *, now: datetime | None = T0,
+) -> bool:
+    """llm.close_execution; returns whether it closed."""
+    return scalar(
+        conn,
+        """
+        SELECT llm.close_execution(
+            p_organization_id => %(org)s::uuid, p_execution_id => %(x)s::uuid,
+            p_outcome => %(outcome)s::text, p_now => %(now)s::timestamptz)
+        """,
+        {"org": org_id, "x": execution_id, "outcome": outcome, "now": now},
+    )
+
+
+def reconcile(conn: psycopg.Connection, org_id: uuid.UUID, *, now: datetime) -> dict[str, Any]:
+    """llm.reconcile_org at ``now``; returns the llm.org_sweep figures."""
+    result = row(
+        conn,
+        "SELECT * FROM llm.reconcile_org(p_organization_id => %(org)s::uuid,"
+        " p_now => %(now)s::timestamptz)",
+        {"org": org_id, "now": now},
+    )
+    assert result is not None
+    return result
+
+
+# ---------------------------------------------------------------- looking up
+
+
+def period(conn: psycopg.Connection, org_id: uuid.UUID, start: date = JANUARY) -> dict[str, Any] | None:
+    """The llm.periods row of ``org_id`` starting ``start`` (a date), or None."""
+    return row(
+        conn,
+        "SELECT * FROM llm.periods WHERE organization_id = %(org)s::uuid"
+        " AND period_start = %(start)s::date",
+        {"org": org_id, "start": start},
+    )
+
+
+def invocation(conn: psycopg.Connection, org_id: uuid.UUID,
+               invocation_id: uuid.UUID) -> dict[str, Any] | None:
+    """The llm.invocations row, or None."""
+    return row(
+        conn,
+        "SELECT * FROM llm.invocations WHERE organization_id = %(org)s::uuid AND id = %(id)s::uuid",
+        {"org": org_id, "id": invocation_id},
+    )
+
+
+def ledger(conn: psycopg.Connection, org_id: uuid.UUID,
+           invocation_id: uuid.UUID) -> dict[str, dict[str, Any]]:
+    """The ledger rows of one invocation, keyed by entry (hold, release, charge)."""
+    return {
+        r["entry"]: r
+        for r in rows(
+            conn,
+            "SELECT * FROM llm.ledger WHERE organization_id = %(org)s::uuid"
+            " AND invocation_id = %(id)s::uuid",
+            {"org": org_id, "id": invocation_id},
+        )
+    }
+
+
+def notices(conn: psycopg.Connection, org_id: uuid.UUID) -> list[dict[str, Any]]:
+    """The organization's threshold notices, by period and threshold."""
+    return rows(
+        conn,
+        "SELECT * FROM llm.threshold_notices WHERE organization_id = %(org)s::uuid"
+        " ORDER BY period_start, threshold_pct",
+        {"org": org_id},
+    )
+
+
+def execution(conn: psycopg.Connection, org_id: uuid.UUID,
+              execution_id: uuid.UUID) -> dict[str, Any] | None:
+    """The llm.executions row, or None."""
+    return row(
+        conn,
+        "SELECT * FROM llm.executions WHERE organization_id = %(org)s::uuid AND id = %(id)s::uuid",
+        {"org": org_id, "id": execution_id},
+    )

@@ -1,0 +1,254 @@
+"""llm.upsert_organization and llm.declare_task_kind: normal paths, every
+rejection (22023) with nothing written, and the allowance that applies to the
+current period at once."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from helpers import (
+    FEBRUARY,
+    JANUARY,
+    MAX_AMOUNT,
+    T0,
+    admit,
+    assert_sqlstate,
+    fingerprint,
+    invariants,
+    new_org,
+    period,
+    row,
+    rows,
+    set_org,
+)
+
+UPSERT_SQL = """
+SELECT * FROM llm.upsert_organization(
+    p_organization_id => %(org)s::uuid, p_name => %(name)s::text,
+    p_monthly_allowance_credits => %(allowance)s::bigint, p_status => %(status)s::text,
+    p_notice_thresholds => %(thresholds)s::integer[], p_now => %(now)s::timestamptz)
+"""
+
+
+def upsert_params(org, **overrides):
+    params = {"org": org, "name": "Acme", "allowance": 1000, "status": "operational",
+              "thresholds": "{80,100}", "now": T0}
+    params.update(overrides)
+    return params
+
+
+# ---------------------------------------------------------------- upsert_organization
+
+
+def test_upsert_organization_creates_an_operational_organization_with_default_thresholds(llm_conn):
+    org = uuid.uuid4()
+    created = row(
+        llm_conn,
+        "SELECT * FROM llm.upsert_organization(%(org)s::uuid, 'Acme', 5000::bigint)",
+        {"org": org},
+    )
+    assert created["id"] == org
+    assert created["name"] == "Acme"
+    assert created["status"] == "operational"
+    assert created["monthly_allowance_credits"] == 5000
+    assert created["notice_thresholds"] == [80, 100]
+    assert rows(llm_conn, "SELECT id FROM llm.organizations") == [{"id": org}]
+
+
+def test_upsert_organization_updates_every_field_and_keeps_created_at(llm_conn):
+    org = uuid.uuid4()
+    first = row(llm_conn, UPSERT_SQL, upsert_params(org))
+    later = T0 + timedelta(days=3)
+    second = row(
+        llm_conn,
+        UPSERT_SQL,
+        upsert_params(org, name="Acme Ltd", allowance=None, status="suspended",
+                      thresholds="{50,90}", now=later),
+    )
+    assert second["name"] == "Acme Ltd"
+    assert second["monthly_allowance_credits"] is None
+    assert second["status"] == "suspended"
+    assert second["notice_thresholds"] == [50, 90]
+    assert second["created_at"] == first["created_at"] == T0
+    assert second["updated_at"] == later
+    assert len(rows(llm_conn, "SELECT * FROM llm.organizations")) == 1
+
+
+def test_upsert_organization_stores_thresholds_sorted_and_accepts_an_empty_list(llm_conn):
+    org = uuid.uuid4()
+    assert row(llm_conn, UPSERT_SQL, upsert_params(org, thresholds="{100,50,1000,1}"))[
+        "notice_thresholds"
+    ] == [1, 50, 100, 1000]
+    assert row(llm_conn, UPSERT_SQL, upsert_params(org, thresholds="{}"))["notice_thresholds"] == []
+
+
+@pytest.mark.parametrize("allowance", [0, MAX_AMOUNT, None])
+def test_upsert_organization_accepts_allowance_bounds_and_null_for_unlimited(llm_conn, allowance):
+    org = uuid.uuid4()
+    assert row(llm_conn, UPSERT_SQL, upsert_params(org, allowance=allowance))[
+        "monthly_allowance_credits"
+    ] == allowance
+
+
+INVALID_UPSERTS = {
+    "null organization id": {"org": None},
+    "null name": {"name": None},
+    "empty name": {"name": ""},
+    "blank name": {"name": "   "},
+    "name over 200 characters": {"name": "x" * 201},
+    "negative allowance": {"allowance": -1},
+    "allowance over 10^15": {"allowance": MAX_AMOUNT + 1},
+    "unknown status": {"status": "active"},
+    "null status": {"status": None},
+    "null threshold list": {"thresholds": None},
+    "null threshold element": {"thresholds": "{80,NULL}"},
+    "duplicate thresholds": {"thresholds": "{80,80,100}"},
+    "threshold 0": {"thresholds": "{0,100}"},
+    "threshold 1001": {"thresholds": "{80,1001}"},
+    "negative threshold": {"thresholds": "{-5}"},
+    "two-dimensional thresholds": {"thresholds": "{{80,100},{90,95}}"},
+    "more than 20 thresholds": {"thresholds": "{" + ",".join(str(i) for i in range(1, 22)) + "}"},
+}
+
+
+@pytest.mark.parametrize("overrides", INVALID_UPSERTS.values(), ids=INVALID_UPSERTS.keys())
+def test_upsert_organization_rejects_invalid_argument_with_22023_and_writes_nothing(
+    llm_conn, overrides
+):
+    org = new_org(llm_conn, 1000)  # an existing organization, so the update path is covered too
+    params = upsert_params(org)
+    params.update(overrides)
+    assert_sqlstate(llm_conn, "22023", UPSERT_SQL, params)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"name": ""}, {"allowance": -1}, {"thresholds": "{80,NULL}"}],
+    ids=["blank name", "negative allowance", "null threshold"],
+)
+def test_upsert_organization_rejects_a_new_organization_without_creating_it(llm_conn, overrides):
+    err = assert_sqlstate(llm_conn, "22023", UPSERT_SQL, upsert_params(uuid.uuid4(), **overrides))
+    assert err.diag.message_primary.startswith("llm:")
+    assert rows(llm_conn, "SELECT * FROM llm.organizations") == []
+
+
+def test_invalid_thresholds_error_explains_the_accepted_list(llm_conn):
+    err = assert_sqlstate(llm_conn, "22023", UPSERT_SQL,
+                          upsert_params(uuid.uuid4(), thresholds="{0}"))
+    assert "between 1 and 1000" in err.diag.message_detail
+    assert err.diag.message_hint
+
+
+# ---------------------------------------------------------------- allowance and the current period
+
+
+def test_allowance_raised_mid_month_applies_to_the_current_period_at_once(llm_conn):
+    """DESIGN.md upsert_organization: a changed allowance also applies to the current period;
+    an admission refused with LL001 succeeds right after the raise (CAP-PFM-LLM-007)."""
+    org = new_org(llm_conn, 100, now=T0 - timedelta(days=10))
+    admit(llm_conn, org, 80, now=T0)
+    refused = assert_sqlstate(
+        llm_conn, "LL001",
+        "SELECT llm.admit_invocation(%(org)s::uuid, 50::bigint, 'model-a',"
+        " p_now => %(now)s::timestamptz)",
+        {"org": org, "now": T0 + timedelta(hours=1)},
+    )
+    assert "allowance=100" in refused.diag.message_detail
+
+    set_org(llm_conn, org, 500, now=T0 + timedelta(hours=2))
+    assert period(llm_conn, org, JANUARY)["allowance_credits"] == 500
+
+    admitted = admit(llm_conn, org, 50, now=T0 + timedelta(hours=3))
+    assert admitted["status"] == "reserved"
+    assert period(llm_conn, org, JANUARY)["held_credits"] == 130
+    assert invariants(llm_conn) == []
+
+
+def test_allowance_lowered_mid_month_applies_at_once_and_refuses_new_holds(llm_conn):
+    org = new_org(llm_conn, 1000)
+    admit(llm_conn, org, 300, now=T0)
+    set_org(llm_conn, org, 200, now=T0 + timedelta(hours=1))
+    assert period(llm_conn, org, JANUARY)["allowance_credits"] == 200
+    assert_sqlstate(
+        llm_conn, "LL001",
+        "SELECT llm.admit_invocation(%(org)s::uuid, 1::bigint, 'model-a',"
+        " p_now => %(now)s::timestamptz)",
+        {"org": org, "now": T0 + timedelta(hours=2)},
+    )
+    # the hold admitted before the change stands: invariant 4 allows a lowered allowance
+    assert invariants(llm_conn) == []
+
+
+def test_allowance_change_leaves_earlier_periods_alone(llm_conn):
+    org = new_org(llm_conn, 100)
+    admit(llm_conn, org, 10, now=T0)  # January period
+    set_org(llm_conn, org, 900, now=T0 + timedelta(days=20))  # in February
+    assert period(llm_conn, org, JANUARY)["allowance_credits"] == 100
+    assert period(llm_conn, org, FEBRUARY) is None
+    # February's period is created on first use with the allowance in force then
+    admit(llm_conn, org, 10, now=T0 + timedelta(days=21))
+    assert period(llm_conn, org, FEBRUARY)["allowance_credits"] == 900
+
+
+def test_upsert_with_unchanged_allowance_does_not_touch_the_period(llm_conn):
+    org = new_org(llm_conn, 100)
+    admit(llm_conn, org, 10, now=T0)
+    before = fingerprint(llm_conn)
+    set_org(llm_conn, org, 100, now=T0 + timedelta(hours=1))
+    after = fingerprint(llm_conn)
+    assert after["periods"] == before["periods"]
+
+
+def test_allowance_set_to_unlimited_applies_to_the_current_period(llm_conn):
+    org = new_org(llm_conn, 10)
+    admit(llm_conn, org, 10, now=T0)
+    set_org(llm_conn, org, None, now=T0 + timedelta(hours=1))
+    assert period(llm_conn, org, JANUARY)["allowance_credits"] is None
+    assert admit(llm_conn, org, MAX_AMOUNT, now=T0 + timedelta(hours=2))["status"] == "reserved"
+
+
+# ---------------------------------------------------------------- declare_task_kind
+
+DECLARE_SQL = "SELECT llm.declare_task_kind(p_key => %(key)s::text, p_description => %(d)s::text)"
+
+
+def test_declare_task_kind_creates_the_catalog_entry(llm_conn):
+    llm_conn.execute(DECLARE_SQL, {"key": "summarize", "d": "Summarize a document"})
+    assert rows(llm_conn, "SELECT key, description FROM llm.task_kinds") == [
+        {"key": "summarize", "description": "Summarize a document"}
+    ]
+
+
+def test_declare_task_kind_is_idempotent(llm_conn):
+    llm_conn.execute(DECLARE_SQL, {"key": "summarize", "d": "Summarize"})
+    before = fingerprint(llm_conn)
+    llm_conn.execute(DECLARE_SQL, {"key": "summarize", "d": "Summarize"})
+    llm_conn.execute(DECLARE_SQL, {"key": "summarize", "d": None})  # NULL keeps the description
+    assert fingerprint(llm_conn) == before
+
+
+def test_declare_task_kind_repeat_with_new_description_updates_it(llm_conn):
+    llm_conn.execute(DECLARE_SQL, {"key": "summarize", "d": "old"})
+    llm_conn.execute(DECLARE_SQL, {"key": "summarize", "d": "new"})
+    assert rows(llm_conn, "SELECT key, description FROM llm.task_kinds") == [
+        {"key": "summarize", "description": "new"}
+    ]
+
+
+INVALID_DECLARES = {
+    "null key": {"key": None, "d": None},
+    "empty key": {"key": "", "d": None},
+    "blank key": {"key": "  ", "d": None},
+    "key over 200 characters": {"key": "k" * 201, "d": None},
+    "blank description": {"key": "summarize", "d": " "},
+    "description over 2000 characters": {"key": "summarize", "d": "d" * 2001},
+}
+
+
+@pytest.mark.parametrize("params", INVALID_DECLARES.values(), ids=INVALID_DECLARES.keys())
+def test_declare_task_kind_rejects_invalid_argument_with_22023_and_writes_nothing(
+    llm_conn, params
+):
+    assert_sqlstate(llm_conn, "22023", DECLARE_SQL, params)
