@@ -1,0 +1,347 @@
+"""The hourly pass, ``CALL llm.run_reconciliation`` (WF-PFM-LLM-004 hops 2 and 6): one
+recorded run per call, one pass at a time, per-organization failures recorded and
+passed over, follow-up steps independent, interrupted passes marked failed.
+
+Real failures, not mocks: an organization fails because another session holds a
+row lock on its period and the pass runs with ``lock_timeout = '500ms'``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+T0 = datetime(2030, 1, 10, 12, 0, tzinfo=UTC)
+HOUR = timedelta(hours=1)
+TASK = "report.generate"
+
+
+# ---------------------------------------------------------------- local helpers
+
+
+def one(conn: psycopg.Connection, query: str, params: Any = None) -> dict[str, Any] | None:
+    return conn.cursor(row_factory=dict_row).execute(query, params).fetchone()
+
+
+def rows(conn: psycopg.Connection, query: str, params: Any = None) -> list[dict[str, Any]]:
+    return conn.cursor(row_factory=dict_row).execute(query, params).fetchall()
+
+
+def new_org(conn: psycopg.Connection, *, allowance: int | None = 1_000_000) -> uuid.UUID:
+    org = uuid.uuid4()
+    conn.execute("SELECT llm.upsert_organization(%s, %s, %s, p_now => %s)", [org, f"org {org}", allowance, T0])
+    return org
+
+
+def admit(conn: psycopg.Connection, org: uuid.UUID, estimate: int, *, execution: uuid.UUID | None = None,
+          now: datetime = T0) -> uuid.UUID:
+    inv = conn.execute("SELECT (llm.admit_invocation(%s, %s, 'model-a', %s, p_now => %s)).id",
+                       [org, estimate, execution, now]).fetchone()[0]
+    conn.execute("SELECT llm.mark_dispatched(%s, %s, p_now => %s)", [org, inv, now])
+    return inv
+
+
+def settle(conn: psycopg.Connection, org: uuid.UUID, inv: uuid.UUID, credits: int, cents: int,
+           *, now: datetime) -> None:
+    conn.execute("SELECT llm.settle_invocation(%s, %s, %s, %s, p_now => %s)", [org, inv, credits, cents, now])
+
+
+def open_exec(conn: psycopg.Connection, org: uuid.UUID, *, now: datetime = T0) -> uuid.UUID:
+    conn.execute("SELECT llm.declare_task_kind(%s)", [TASK])
+    return conn.execute("SELECT execution_id FROM llm.open_execution(%s, %s, p_now => %s)",
+                        [org, TASK, now]).fetchone()[0]
+
+
+def call_pass(conn: psycopg.Connection, now: datetime | None, batch: int | None = None) -> None:
+    conn.execute("CALL llm.run_reconciliation(p_now => %(now)s::timestamptz, p_batch => %(batch)s::integer)",
+                 {"now": now, "batch": batch})
+
+
+def runs(conn: psycopg.Connection) -> list[dict[str, Any]]:
+    return rows(conn, "SELECT * FROM llm.reconciliation_runs ORDER BY started_at, id")
+
+
+def run_pass(conn: psycopg.Connection, now: datetime, batch: int | None = None) -> dict[str, Any]:
+    call_pass(conn, now, batch)
+    return one(conn, "SELECT * FROM llm.reconciliation_runs WHERE status <> 'skipped' ORDER BY started_at DESC LIMIT 1")
+
+
+def owed_notice_claimed_at(conn: psycopg.Connection, org: uuid.UUID, claimed_at: datetime) -> uuid.UUID:
+    """Cross 80 % of a 100-credit allowance and claim the notice at ``claimed_at`` (sending)."""
+    inv = admit(conn, org, 90, now=claimed_at - timedelta(minutes=1))
+    settle(conn, org, inv, 90, 5, now=claimed_at - timedelta(minutes=1))
+    claimed = rows(conn, "SELECT * FROM llm.claim_notices(10, %s)", [claimed_at])
+    assert [n["status"] for n in claimed] == ["sending"]
+    return claimed[0]["id"]
+
+
+def expected_daily_rows(conn: psycopg.Connection, now: datetime) -> int:
+    """Distinct (organization, UTC settlement day, model) over the pass's reporting days."""
+    return conn.execute(
+        "SELECT count(DISTINCT (organization_id, (settled_at AT TIME ZONE 'UTC')::date, model))"
+        "  FROM llm.invocations"
+        " WHERE (settled_at AT TIME ZONE 'UTC')::date"
+        "       BETWEEN (%(now)s::timestamptz AT TIME ZONE 'UTC')::date - (SELECT reporting_days - 1 FROM llm.settings)"
+        "           AND (%(now)s::timestamptz AT TIME ZONE 'UTC')::date",
+        {"now": now}).fetchone()[0]
+
+
+def wait_blocked(observer: psycopg.Connection, pid: int, timeout: float = 5.0) -> None:
+    """Poll until backend ``pid`` waits on a lock another backend holds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if observer.execute("SELECT cardinality(pg_blocking_pids(%s)) > 0", [pid]).fetchone()[0]:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"backend {pid} never blocked")
+
+
+def lock_period(blocker: psycopg.Connection, org: uuid.UUID) -> None:
+    blocker.execute("SELECT 1 FROM llm.periods WHERE organization_id = %s FOR UPDATE", [org])
+
+
+def assert_books_right(conn: psycopg.Connection) -> None:
+    assert conn.execute("SELECT * FROM llm.check_invariants()").fetchall() == []
+
+
+# ---------------------------------------------------------------- one recorded run
+
+
+def test_wf_pfm_llm_004_pass_records_one_run_with_its_figures(llm_conn):
+    """WF-PFM-LLM-004 hops 2-6: one CALL records exactly one llm.reconciliation_runs row whose
+    figures add up what the sweeps and follow-up steps did."""
+    a, b = new_org(llm_conn), new_org(llm_conn, allowance=100)
+    admit(llm_conn, a, 10)
+    admit(llm_conn, a, 20, now=T0 + timedelta(minutes=5))
+    admit(llm_conn, b, 30)
+    admit(llm_conn, a, 99, now=T0 + 20 * HOUR)  # inside the window: stays
+    open_exec(llm_conn, a)  # stale: abandoned
+    drifting = open_exec(llm_conn, b, now=T0 + HOUR)
+    llm_conn.execute("SELECT llm.close_execution(%s, %s, 'completed', p_now => %s)", [b, drifting, T0 + 2 * HOUR])
+    llm_conn.execute("UPDATE llm.executions SET request_count = 3 WHERE id = %s", [drifting])
+    c = new_org(llm_conn, allowance=100)
+    owed_notice_claimed_at(llm_conn, c, T0 + 3 * HOUR)  # claimed, never completed: re-armed
+
+    now = T0 + 25 * HOUR
+    call_pass(llm_conn, now)
+
+    [run] = runs(llm_conn)
+    assert run["status"] == "succeeded" and run["errors"] == []
+    assert run["clock"] == now and run["finished_at"] is not None and run["finished_at"] >= run["started_at"]
+    assert (run["orgs_visited"], run["orgs_failed"]) == (3, 0)
+    assert (run["requests_recovered"], run["released_hold_credits"], run["past_window_alerts"]) == (3, 60, 3)
+    assert (run["executions_abandoned"], run["drift_findings"], run["notices_rearmed"]) == (1, 1, 1)
+    assert run["more_pending_orgs"] == 0
+    # (a, today), (b, today) from recovery; (c, yesterday) from its measured settlement
+    assert run["daily_rows_rebuilt"] == expected_daily_rows(llm_conn, now) == 3
+    assert llm_conn.execute("SELECT count(*) FROM llm.daily_usage").fetchone()[0] == 3
+    assert llm_conn.execute("SELECT status FROM llm.threshold_notices").fetchone()[0] == "owed"
+    assert_books_right(llm_conn)
+
+
+def test_pass_rejects_a_bad_batch_and_records_nothing(llm_conn):
+    """WF-PFM-LLM-004 hop 2: p_batch outside 1 .. 100000 raises 22023 before a run is recorded."""
+    with pytest.raises(psycopg.Error) as raised:
+        call_pass(llm_conn, T0, batch=0)
+    assert raised.value.sqlstate == "22023"
+    assert runs(llm_conn) == []
+
+
+def test_br_cap_pfm_llm_009_03_running_the_pass_twice_adds_no_charge_alert_or_notice(llm_conn):
+    """BR-CAP-PFM-LLM-009-03 through the pass: a second pass at a later clock finds nothing to
+    recover; ledger, periods, alert stamps and notices are unchanged; two runs recorded."""
+    org = new_org(llm_conn, allowance=100)
+    admit(llm_conn, org, 85)
+    first = run_pass(llm_conn, T0 + 25 * HOUR)
+    assert (first["requests_recovered"], first["past_window_alerts"]) == (1, 1)
+
+    def books() -> tuple:
+        return (
+            llm_conn.execute("SELECT * FROM llm.ledger ORDER BY invocation_id, entry").fetchall(),
+            llm_conn.execute("SELECT * FROM llm.periods ORDER BY organization_id").fetchall(),
+            llm_conn.execute("SELECT id, past_window_alerted_at, charged_credits FROM llm.invocations").fetchall(),
+            llm_conn.execute("SELECT id, threshold_pct, status FROM llm.threshold_notices ORDER BY 2").fetchall(),
+        )
+
+    snapshot = books()
+    assert len(snapshot[3]) == 1
+    second = run_pass(llm_conn, T0 + 26 * HOUR)
+    assert second["status"] == "succeeded"
+    assert (second["requests_recovered"], second["released_hold_credits"], second["past_window_alerts"]) == (0, 0, 0)
+    assert books() == snapshot
+    assert len(runs(llm_conn)) == 2
+
+
+# ---------------------------------------------------------------- failures
+
+
+def test_wf_pfm_llm_004_hop_2_one_failing_organization_is_recorded_and_the_pass_goes_on(llm_conn, llm_connect):
+    """WF-PFM-LLM-004 hop 2 (on failure: log the organization and continue): an organization
+    whose sweep fails for real — its period row is locked by another session and the pass has
+    lock_timeout 500ms — is recorded in errors with its id and SQLSTATE 55P03, rolled back
+    whole; the other organizations are recovered; the run is 'partial'."""
+    orgs = sorted([new_org(llm_conn) for _ in range(3)])
+    bad = orgs[1]  # visited in id order: one before, one after
+    invs = {org: admit(llm_conn, org, 10) for org in orgs}
+    blocker = llm_connect(autocommit=False)
+    lock_period(blocker, bad)
+    pass_conn = llm_connect()
+    pass_conn.execute("SET lock_timeout = '500ms'")
+
+    run = run_pass(pass_conn, T0 + 25 * HOUR)
+    blocker.rollback()
+
+    assert run["status"] == "partial"
+    assert (run["orgs_visited"], run["orgs_failed"], run["requests_recovered"]) == (3, 1, 2)
+    [error] = run["errors"]
+    assert error["step"] == "organization"
+    assert error["organization_id"] == str(bad) and error["sqlstate"] == "55P03"
+    status = dict(llm_conn.execute("SELECT organization_id, status FROM llm.invocations").fetchall())
+    assert status == {orgs[0]: "settled", bad: "dispatched", orgs[2]: "settled"}
+    assert llm_conn.execute("SELECT held_credits FROM llm.periods WHERE organization_id = %s",
+                            [bad]).fetchone()[0] == 10
+    assert invs[bad] is not None
+    # the next pass picks up what the failed sweep left
+    again = run_pass(llm_conn, T0 + 26 * HOUR)
+    assert (again["status"], again["requests_recovered"]) == ("succeeded", 1)
+    assert_books_right(llm_conn)
+
+
+def test_pass_where_every_organization_fails_is_failed(llm_conn, llm_connect):
+    """WF-PFM-LLM-004 hop 2: when every visited organization fails the run is 'failed' (and the
+    missing-run alarm reports it)."""
+    org = new_org(llm_conn)
+    admit(llm_conn, org, 10)
+    blocker = llm_connect(autocommit=False)
+    lock_period(blocker, org)
+    pass_conn = llm_connect()
+    pass_conn.execute("SET lock_timeout = '500ms'")
+    run = run_pass(pass_conn, T0 + 25 * HOUR)
+    blocker.rollback()
+    assert run["status"] == "failed" and (run["orgs_visited"], run["orgs_failed"]) == (1, 1)
+    assert one(llm_conn, "SELECT * FROM llm.reconciliation_health(%s)", [T0 + 25 * HOUR])["status"] == "never"
+
+
+def test_wf_pfm_llm_004_one_pass_at_a_time_second_is_skipped_and_returns_at_once(llm_conn, llm_connect):
+    """WF-PFM-LLM-004 concurrency (one execution slot): while a pass is running (blocked on a
+    period row lock), a second CALL returns at once and is recorded 'skipped', touching
+    nothing; the first pass then finishes normally."""
+    org = new_org(llm_conn)
+    inv = admit(llm_conn, org, 10)
+    blocker = llm_connect(autocommit=False)
+    lock_period(blocker, org)
+    first_conn, second_conn = llm_connect(), llm_connect()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        first = pool.submit(call_pass, first_conn, T0 + 25 * HOUR)
+        wait_blocked(llm_conn, first_conn.info.backend_pid)
+        started = time.monotonic()
+        call_pass(second_conn, T0 + 25 * HOUR)
+        elapsed = time.monotonic() - started
+        skipped = one(llm_conn, "SELECT * FROM llm.reconciliation_runs WHERE status = 'skipped'")
+        assert llm_conn.execute("SELECT status FROM llm.invocations WHERE id = %s", [inv]).fetchone()[0] == "dispatched"
+        blocker.commit()
+        first.result(timeout=10)
+    assert elapsed < 1.0
+    assert skipped is not None and skipped["finished_at"] is not None
+    assert skipped["errors"][0]["step"] == "lock"
+    assert (skipped["orgs_visited"], skipped["requests_recovered"]) == (0, 0)
+    statuses = sorted(r["status"] for r in runs(llm_conn))
+    assert statuses == ["skipped", "succeeded"]
+    assert llm_conn.execute("SELECT status FROM llm.invocations WHERE id = %s", [inv]).fetchone()[0] == "settled"
+
+
+def test_pass_is_skipped_while_another_session_holds_the_pass_lock(llm_conn, llm_connect):
+    """WF-PFM-LLM-004 concurrency: a session that began a run (llm._begin_run holds the pass
+    advisory lock) makes a concurrent CALL record 'skipped' and return."""
+    holder = llm_connect()
+    assert holder.execute("SELECT llm._begin_run(%s)", [T0]).fetchone()[0] is not None
+    admit(llm_conn, new_org(llm_conn), 10)
+    call_pass(llm_conn, T0 + 25 * HOUR)
+    assert sorted(r["status"] for r in runs(llm_conn)) == ["running", "skipped"]
+    assert llm_conn.execute("SELECT count(*) FROM llm.invocations WHERE status = 'settled'").fetchone()[0] == 0
+
+
+def test_pass_left_running_by_a_killed_backend_is_marked_failed_by_the_next(llm_conn, llm_connect):
+    """WF-PFM-LLM-004 hop 1 (on failure: stale requests remain until a successful later pass):
+    a pass whose backend was terminated mid-run stays 'running' until the next pass marks it
+    failed ("interrupted") and does the work itself."""
+    doomed = llm_connect()
+    interrupted = doomed.execute("SELECT llm._begin_run(%s)", [T0 + 24 * HOUR]).fetchone()[0]
+    assert llm_conn.execute("SELECT pg_terminate_backend(%s, 5000)", [doomed.info.backend_pid]).fetchone()[0]
+    org = new_org(llm_conn)
+    admit(llm_conn, org, 10)
+
+    run = run_pass(llm_conn, T0 + 25 * HOUR)
+
+    old = one(llm_conn, "SELECT * FROM llm.reconciliation_runs WHERE id = %s", [interrupted])
+    assert old["status"] == "failed" and old["finished_at"] is not None
+    assert old["errors"][-1]["step"] == "pass"
+    assert (run["status"], run["requests_recovered"]) == ("succeeded", 1)
+
+
+# ---------------------------------------------------------------- follow-up steps
+
+
+def test_wf_pfm_llm_004_hop_6_rearm_failure_does_not_stop_the_rebuild(llm_conn, llm_connect):
+    """WF-PFM-LLM-004 hop 6 (follow-up steps are independent): rearm_notices fails for real (the
+    expired claim's row is locked elsewhere, lock_timeout 500ms) and is recorded with its step
+    and SQLSTATE; rebuild_daily_usage still runs and counts its rows; the run is 'partial'."""
+    org = new_org(llm_conn, allowance=100)
+    notice = owed_notice_claimed_at(llm_conn, org, T0 + HOUR)
+    admit(llm_conn, org, 5)
+    blocker = llm_connect(autocommit=False)
+    blocker.execute("SELECT 1 FROM llm.threshold_notices WHERE id = %s FOR UPDATE", [notice])
+    pass_conn = llm_connect()
+    pass_conn.execute("SET lock_timeout = '500ms'")
+    now = T0 + 25 * HOUR
+
+    run = run_pass(pass_conn, now)
+    blocker.rollback()
+
+    assert run["status"] == "partial"
+    assert (run["orgs_visited"], run["orgs_failed"], run["requests_recovered"]) == (1, 0, 1)
+    assert [(e["step"], e["sqlstate"]) for e in run["errors"]] == [("rearm_notices", "55P03")]
+    assert run["notices_rearmed"] == 0
+    assert run["daily_rows_rebuilt"] == expected_daily_rows(llm_conn, now) == 2
+    assert llm_conn.execute("SELECT status FROM llm.threshold_notices").fetchone()[0] == "sending"
+
+
+def test_wf_pfm_llm_004_hop_6_rebuild_failure_does_not_undo_the_rearm(llm_conn, llm_connect):
+    """WF-PFM-LLM-004 hop 6, the other order: rearm_notices succeeds and commits, then
+    rebuild_daily_usage fails for real (daily_usage locked elsewhere) and is recorded; the
+    re-armed notice stays owed."""
+    org = new_org(llm_conn, allowance=100)
+    owed_notice_claimed_at(llm_conn, org, T0 + HOUR)
+    blocker = llm_connect(autocommit=False)
+    blocker.execute("LOCK TABLE llm.daily_usage IN EXCLUSIVE MODE")
+    pass_conn = llm_connect()
+    pass_conn.execute("SET lock_timeout = '500ms'")
+
+    run = run_pass(pass_conn, T0 + 25 * HOUR)
+    blocker.rollback()
+
+    assert run["status"] == "partial"
+    assert [(e["step"], e["sqlstate"]) for e in run["errors"]] == [("rebuild_daily_usage", "55P03")]
+    assert (run["notices_rearmed"], run["daily_rows_rebuilt"]) == (1, 0)
+    assert llm_conn.execute("SELECT status FROM llm.threshold_notices").fetchone()[0] == "owed"
+
+
+def test_wf_pfm_llm_004_hop_6_rebuild_daily_usage_runs_over_the_reporting_days(llm_conn):
+    """WF-PFM-LLM-004 hop 6: the pass rebuilds settings.reporting_days (2) UTC days up to its
+    clock: yesterday's and today's settlements are counted, older days are left alone."""
+    org = new_org(llm_conn)
+    now = T0 + 3 * 24 * HOUR
+    for day_offset in (0, 1, 2, 3):  # settled on T0, T0+1d, T0+2d, T0+3d
+        inv = admit(llm_conn, org, 10, now=T0 + day_offset * 24 * HOUR)
+        settle(llm_conn, org, inv, 4, 1, now=T0 + day_offset * 24 * HOUR + HOUR)
+    run = run_pass(llm_conn, now + 2 * HOUR)
+    assert run["daily_rows_rebuilt"] == 2
+    days = [r[0] for r in llm_conn.execute("SELECT day FROM llm.daily_usage ORDER BY day").fetchall()]
+    assert days == [(T0 + 2 * 24 * HOUR).date(), (T0 + 3 * 24 * HOUR).date()]
