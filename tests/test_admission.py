@@ -1,0 +1,381 @@
+"""CAP-PFM-LLM-007 admission (llm.admit_invocation) and dispatch
+(llm.mark_dispatched): the hold on the current period, every SQLSTATE with
+nothing written, idempotent retries (LL007), and invariant 4."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from helpers import (
+    ADMIT_SQL,
+    DISPATCH_SQL,
+    FEBRUARY,
+    JANUARY,
+    MAX_AMOUNT,
+    T0,
+    admit,
+    admit_params,
+    assert_sqlstate,
+    close_task,
+    dispatch,
+    fail,
+    fingerprint,
+    invariants,
+    invocation,
+    ledger,
+    new_org,
+    open_task,
+    period,
+    reconcile,
+    settle,
+)
+
+# ---------------------------------------------------------------- normal path
+
+
+def test_admission_places_the_hold_on_the_current_period_CAP_PFM_LLM_007(llm_conn):
+    org = new_org(llm_conn, 1000)
+    assert period(llm_conn, org) is None  # created on first use
+
+    inv = admit(llm_conn, org, 120, "gpt-x", now=T0)
+
+    assert inv["organization_id"] == org
+    assert inv["status"] == "reserved"
+    assert inv["model"] == "gpt-x"
+    assert inv["estimate_credits"] == inv["hold_credits"] == 120
+    assert inv["period_start"] == JANUARY
+    assert inv["created_at"] == T0
+    assert inv["charged_credits"] is None and inv["settlement_kind"] is None
+    p = period(llm_conn, org)
+    assert (p["allowance_credits"], p["used_credits"], p["held_credits"]) == (1000, 0, 120)
+    assert p["period_end"] == FEBRUARY
+    hold = ledger(llm_conn, org, inv["id"])
+    assert list(hold) == ["hold"]
+    assert (hold["hold"]["credits"], hold["hold"]["period_start"]) == (120, JANUARY)
+    assert invariants(llm_conn) == []
+
+
+def test_admission_period_is_the_utc_calendar_month(llm_conn):
+    org = new_org(llm_conn, 1000)
+    # 23:30 on 31 January in New York is 04:30 on 1 February UTC
+    late_evening = datetime.fromisoformat("2026-01-31T23:30:00-05:00")
+    assert admit(llm_conn, org, 1, now=late_evening)["period_start"] == FEBRUARY
+    assert admit(llm_conn, org, 1, now=datetime(2026, 1, 31, 23, 59, 59, tzinfo=UTC))[
+        "period_start"
+    ] == JANUARY
+
+
+def test_admission_admits_up_to_exactly_the_allowance_then_raises_LL001(llm_conn):
+    """CAP-PFM-LLM-007: admitted iff used + held + estimate <= allowance."""
+    org = new_org(llm_conn, 100)
+    admit(llm_conn, org, 60)
+    admit(llm_conn, org, 40)  # used + held + estimate == allowance
+    assert period(llm_conn, org)["held_credits"] == 100
+    assert_sqlstate(llm_conn, "LL001", ADMIT_SQL, admit_params(org, 1))
+
+
+def test_admission_counts_used_credits_against_the_allowance(llm_conn):
+    org = new_org(llm_conn, 100)
+    first = admit(llm_conn, org, 10)
+    settle(llm_conn, org, first["id"], 70)  # measured usage above the estimate
+    admit(llm_conn, org, 30)
+    assert_sqlstate(llm_conn, "LL001", ADMIT_SQL, admit_params(org, 1))
+
+
+def test_allowance_exhausted_LL001_detail_gives_allowance_used_held_and_estimate(llm_conn):
+    org = new_org(llm_conn, 1000)
+    first = admit(llm_conn, org, 300)
+    settle(llm_conn, org, first["id"], 250, 40)
+    admit(llm_conn, org, 600)
+    err = assert_sqlstate(llm_conn, "LL001", ADMIT_SQL, admit_params(org, 151))
+    detail = err.diag.message_detail
+    for figure in ("allowance=1000", "used=250", "held=600", "estimate=151"):
+        assert figure in detail, detail
+    assert err.diag.message_hint
+
+
+def test_first_admission_refused_with_LL001_creates_no_period(llm_conn):
+    org = new_org(llm_conn, 10)
+    assert_sqlstate(llm_conn, "LL001", ADMIT_SQL, admit_params(org, 11))
+    assert period(llm_conn, org) is None
+
+
+def test_zero_allowance_admits_only_zero_estimates(llm_conn):
+    org = new_org(llm_conn, 0)
+    assert admit(llm_conn, org, 0)["hold_credits"] == 0
+    assert_sqlstate(llm_conn, "LL001", ADMIT_SQL, admit_params(org, 1))
+
+
+def test_unlimited_allowance_admits_any_estimate(llm_conn):
+    org = new_org(llm_conn, None)
+    admit(llm_conn, org, MAX_AMOUNT)
+    admit(llm_conn, org, MAX_AMOUNT)
+    p = period(llm_conn, org)
+    assert p["allowance_credits"] is None and p["held_credits"] == 2 * MAX_AMOUNT
+    assert invariants(llm_conn) == []
+
+
+def test_admission_with_the_client_id_uses_it(llm_conn):
+    org = new_org(llm_conn)
+    given = uuid.uuid4()
+    assert admit(llm_conn, org, 5, invocation_id=given)["id"] == given
+
+
+def test_admission_links_a_running_execution_of_the_same_organization(llm_conn):
+    org = new_org(llm_conn)
+    execution_id = open_task(llm_conn, org)
+    inv = admit(llm_conn, org, 5, execution_id=execution_id)
+    assert inv["execution_id"] == execution_id
+
+
+def test_admission_of_one_organization_leaves_another_alone(llm_conn):
+    a, b = new_org(llm_conn, 100), new_org(llm_conn, 100)
+    admit(llm_conn, a, 100)
+    assert period(llm_conn, b) is None
+    assert admit(llm_conn, b, 100)["status"] == "reserved"
+
+
+# ---------------------------------------------------------------- idempotent retry (LL007)
+
+
+def test_readmitting_the_same_invocation_id_places_no_second_hold(llm_conn):
+    org = new_org(llm_conn, 1000)
+    given = uuid.uuid4()
+    first = admit(llm_conn, org, 100, invocation_id=given)
+    before = fingerprint(llm_conn)
+
+    again = admit(llm_conn, org, 100, invocation_id=given, now=T0 + timedelta(minutes=5))
+
+    assert again == first
+    assert fingerprint(llm_conn) == before
+    assert period(llm_conn, org)["held_credits"] == 100
+    assert list(ledger(llm_conn, org, given)) == ["hold"]
+
+
+def test_readmitting_returns_the_first_admission_even_when_the_allowance_is_now_spent(llm_conn):
+    org = new_org(llm_conn, 100)
+    given = uuid.uuid4()
+    admit(llm_conn, org, 100, invocation_id=given)
+    assert admit(llm_conn, org, 100, invocation_id=given)["hold_credits"] == 100
+    assert period(llm_conn, org)["held_credits"] == 100
+
+
+def test_readmitting_a_settled_invocation_returns_it_without_a_new_hold(llm_conn):
+    org = new_org(llm_conn, 1000)
+    given = uuid.uuid4()
+    admit(llm_conn, org, 100, invocation_id=given)
+    settle(llm_conn, org, given, 80)
+    before = fingerprint(llm_conn)
+    again = admit(llm_conn, org, 100, invocation_id=given)
+    assert again["status"] == "settled"
+    assert fingerprint(llm_conn) == before
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"estimate": 101}, {"model": "model-b"}, {"execution": "other"}, {"execution": "none"}],
+    ids=["different estimate", "different model", "different execution", "execution dropped"],
+)
+def test_readmitting_the_same_id_with_different_arguments_raises_LL007(llm_conn, change):
+    org = new_org(llm_conn, 1000)
+    first_execution = open_task(llm_conn, org)
+    other_execution = open_task(llm_conn, org)
+    given = uuid.uuid4()
+    admit(llm_conn, org, 100, execution_id=first_execution, invocation_id=given)
+    params = admit_params(org, 100, execution_id=first_execution, invocation_id=given)
+    if "estimate" in change:
+        params["estimate"] = change["estimate"]
+    if "model" in change:
+        params["model"] = change["model"]
+    if change.get("execution") == "other":
+        params["execution"] = other_execution
+    if change.get("execution") == "none":
+        params["execution"] = None
+    err = assert_sqlstate(llm_conn, "LL007", ADMIT_SQL, params)
+    assert "stored:" in err.diag.message_detail
+
+
+def test_an_invocation_id_is_scoped_to_its_organization(llm_conn):
+    """Citus rule: invocations are keyed (organization_id, id); another organization's id
+    is unknown here, not a conflict."""
+    a, b = new_org(llm_conn), new_org(llm_conn)
+    given = uuid.uuid4()
+    admit(llm_conn, a, 10, invocation_id=given)
+    assert admit(llm_conn, b, 20, invocation_id=given)["organization_id"] == b
+    assert invocation(llm_conn, a, given)["estimate_credits"] == 10
+
+
+# ---------------------------------------------------------------- rejections
+
+
+def test_admission_for_an_unknown_organization_raises_LL002(llm_conn):
+    err = assert_sqlstate(llm_conn, "LL002", ADMIT_SQL, admit_params(uuid.uuid4(), 1))
+    assert err.diag.message_hint
+
+
+@pytest.mark.parametrize("status", ["suspended", "closed"])
+def test_admission_for_a_non_operational_organization_raises_LL003(llm_conn, status):
+    org = new_org(llm_conn, 1000)
+    admit(llm_conn, org, 10)  # a period exists; it must not move
+    new_org(llm_conn, 1000, org_id=org, status=status)
+    err = assert_sqlstate(llm_conn, "LL003", ADMIT_SQL, admit_params(org, 1))
+    assert status in err.diag.message_detail
+
+
+def test_admission_linked_to_an_unknown_execution_raises_LL006(llm_conn):
+    org = new_org(llm_conn)
+    assert_sqlstate(llm_conn, "LL006", ADMIT_SQL,
+                    admit_params(org, 1, execution_id=uuid.uuid4()))
+
+
+def test_admission_linked_to_another_organizations_execution_raises_LL008(llm_conn):
+    mine, theirs = new_org(llm_conn), new_org(llm_conn)
+    their_execution = open_task(llm_conn, theirs)
+    assert_sqlstate(llm_conn, "LL008", ADMIT_SQL,
+                    admit_params(mine, 1, execution_id=their_execution))
+
+
+@pytest.mark.parametrize("outcome", ["completed", "failed"])
+def test_admission_linked_to_a_closed_execution_raises_LL009(llm_conn, outcome):
+    org = new_org(llm_conn)
+    execution_id = open_task(llm_conn, org)
+    close_task(llm_conn, org, execution_id, outcome)
+    assert_sqlstate(llm_conn, "LL009", ADMIT_SQL, admit_params(org, 1, execution_id=execution_id))
+
+
+def test_admission_linked_to_an_abandoned_execution_raises_LL009(llm_conn):
+    org = new_org(llm_conn)
+    execution_id = open_task(llm_conn, org, now=T0)
+    reconcile(llm_conn, org, now=T0 + timedelta(hours=25))
+    assert_sqlstate(llm_conn, "LL009", ADMIT_SQL,
+                    admit_params(org, 1, execution_id=execution_id, now=T0 + timedelta(hours=26)))
+
+
+INVALID_ADMISSIONS = {
+    "null organization": {"org": None},
+    "null estimate": {"estimate": None},
+    "negative estimate": {"estimate": -1},
+    "estimate over 10^15": {"estimate": MAX_AMOUNT + 1},
+    "null model": {"model": None},
+    "empty model": {"model": ""},
+    "blank model": {"model": "  "},
+    "model over 200 characters": {"model": "m" * 201},
+}
+
+
+@pytest.mark.parametrize("change", INVALID_ADMISSIONS.values(), ids=INVALID_ADMISSIONS.keys())
+def test_admission_rejects_invalid_argument_with_22023_and_writes_nothing(llm_conn, change):
+    org = new_org(llm_conn, None)
+    admit(llm_conn, org, 1)
+    params = admit_params(org, 10)
+    params.update(change)
+    assert_sqlstate(llm_conn, "22023", ADMIT_SQL, params)
+
+
+def test_argument_errors_come_before_the_organization_look_up(llm_conn):
+    """Arguments are checked in the public function, before the twin looks anything up."""
+    assert_sqlstate(llm_conn, "22023", ADMIT_SQL, admit_params(uuid.uuid4(), -1))
+
+
+# ---------------------------------------------------------------- invariant 4
+
+
+def test_check_invariants_reports_holds_over_the_allowance_invariant_4(llm_conn):
+    """The invariant 4 check can fail: a period whose holds exceed its allowance with no
+    measured overage and no allowance change after the holds is reported."""
+    org = new_org(llm_conn, 100, now=T0 - timedelta(days=10))
+    admit(llm_conn, org, 100, now=T0)
+    assert invariants(llm_conn) == []
+    llm_conn.execute(
+        "UPDATE llm.periods SET allowance_credits = 50 WHERE organization_id = %(org)s::uuid",
+        {"org": org},
+    )
+    assert [r["invariant"] for r in invariants(llm_conn)] == [4]
+
+
+def test_measured_overage_is_not_an_admission_violation_invariant_4(llm_conn):
+    org = new_org(llm_conn, 100)
+    first = admit(llm_conn, org, 50)
+    admit(llm_conn, org, 50)
+    settle(llm_conn, org, first["id"], 90)  # used 90 + held 50 > 100, through settlement
+    assert invariants(llm_conn) == []
+
+
+# ---------------------------------------------------------------- mark_dispatched
+
+
+def test_mark_dispatched_moves_reserved_to_dispatched(llm_conn):
+    org = new_org(llm_conn)
+    inv = admit(llm_conn, org, 10, now=T0)
+    sent = dispatch(llm_conn, org, inv["id"], now=T0 + timedelta(seconds=2))
+    assert sent["status"] == "dispatched"
+    assert sent["dispatched_at"] == T0 + timedelta(seconds=2)
+    assert sent["hold_credits"] == 10
+    assert period(llm_conn, org)["held_credits"] == 10
+    assert invariants(llm_conn) == []
+
+
+def test_mark_dispatched_repeat_is_idempotent(llm_conn):
+    org = new_org(llm_conn)
+    inv = admit(llm_conn, org, 10)
+    first = dispatch(llm_conn, org, inv["id"], now=T0 + timedelta(seconds=1))
+    before = fingerprint(llm_conn)
+    again = dispatch(llm_conn, org, inv["id"], now=T0 + timedelta(seconds=9))
+    assert again == first
+    assert fingerprint(llm_conn) == before
+
+
+def test_mark_dispatched_of_an_unknown_invocation_raises_LL005(llm_conn):
+    org = new_org(llm_conn)
+    assert_sqlstate(llm_conn, "LL005", DISPATCH_SQL,
+                    {"org": org, "invocation": uuid.uuid4(), "now": T0})
+
+
+def test_mark_dispatched_of_another_organizations_invocation_raises_LL005(llm_conn):
+    mine, theirs = new_org(llm_conn), new_org(llm_conn)
+    their_inv = admit(llm_conn, theirs, 10)
+    assert_sqlstate(llm_conn, "LL005", DISPATCH_SQL,
+                    {"org": mine, "invocation": their_inv["id"], "now": T0})
+    assert invocation(llm_conn, theirs, their_inv["id"])["status"] == "reserved"
+
+
+def test_mark_dispatched_for_an_unknown_organization_raises_LL002(llm_conn):
+    assert_sqlstate(llm_conn, "LL002", DISPATCH_SQL,
+                    {"org": uuid.uuid4(), "invocation": uuid.uuid4(), "now": T0})
+
+
+@pytest.mark.parametrize("end", ["settled", "failed", "recovered"])
+def test_mark_dispatched_of_a_terminal_invocation_raises_LL009(llm_conn, end):
+    org = new_org(llm_conn)
+    inv = admit(llm_conn, org, 10, now=T0)
+    if end == "settled":
+        settle(llm_conn, org, inv["id"], 5)
+    elif end == "failed":
+        fail(llm_conn, org, inv["id"])
+    else:
+        reconcile(llm_conn, org, now=T0 + timedelta(hours=25))
+    err = assert_sqlstate(llm_conn, "LL009", DISPATCH_SQL,
+                          {"org": org, "invocation": inv["id"], "now": T0 + timedelta(days=2)})
+    assert err.diag.message_hint
+
+
+@pytest.mark.parametrize("which", ["organization", "invocation"])
+def test_mark_dispatched_with_a_null_id_raises_22023(llm_conn, which):
+    org = new_org(llm_conn)
+    inv = admit(llm_conn, org, 10)
+    params = {"org": org, "invocation": inv["id"], "now": T0}
+    params["org" if which == "organization" else "invocation"] = None
+    assert_sqlstate(llm_conn, "22023", DISPATCH_SQL, params)
+
+
+def test_dispatched_invocation_settles_and_releases_its_hold(llm_conn):
+    org = new_org(llm_conn)
+    inv = admit(llm_conn, org, 10)
+    dispatch(llm_conn, org, inv["id"])
+    assert settle(llm_conn, org, inv["id"], 7) == "settled"
+    assert invocation(llm_conn, org, inv["id"])["dispatched_at"] == T0
+    p = period(llm_conn, org)
+    assert (p["held_credits"], p["used_credits"]) == (0, 7)
+    assert invariants(llm_conn) == []
