@@ -1,0 +1,250 @@
+"""Threshold notices: owed -> sending (claim_notices, compare-and-set per notice) -> sent
+(complete_notice), or back to owed with exponential backoff (fail_notice), and claims
+abandoned by a vanished worker re-armed (rearm_notices). WF-PFM-LLM-004 hop 6 retries
+owed notices; the pass-level step is in test_pass.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+T0 = datetime(2030, 1, 10, 12, 0, tzinfo=UTC)
+MINUTE = timedelta(minutes=1)
+
+
+# ---------------------------------------------------------------- local helpers
+
+
+def rows(conn: psycopg.Connection, query: str, params: Any = None) -> list[dict[str, Any]]:
+    return conn.cursor(row_factory=dict_row).execute(query, params).fetchall()
+
+
+def org_with_notices(conn: psycopg.Connection, thresholds: list[int], *, used: int = 100,
+                     now: datetime = T0) -> uuid.UUID:
+    """An organization (allowance 100) whose settlement of ``used`` credits crossed ``thresholds``."""
+    org = uuid.uuid4()
+    conn.execute("SELECT llm.upsert_organization(%s, %s, 100, p_notice_thresholds => %s, p_now => %s)",
+                 [org, f"org {org}", thresholds, now])
+    inv = conn.execute("SELECT (llm.admit_invocation(%s, %s, 'model-a', p_now => %s)).id",
+                       [org, used, now]).fetchone()[0]
+    assert conn.execute("SELECT llm.settle_invocation(%s, %s, %s, 0, p_now => %s)",
+                        [org, inv, used, now]).fetchone()[0] == "settled"
+    return org
+
+
+def claim(conn: psycopg.Connection, limit: int = 50, now: datetime = T0) -> list[dict[str, Any]]:
+    return rows(conn, "SELECT * FROM llm.claim_notices(%(limit)s::integer, %(now)s::timestamptz)",
+                {"limit": limit, "now": now})
+
+
+def complete(conn: psycopg.Connection, notice: dict[str, Any], now: datetime = T0) -> bool:
+    return conn.execute("SELECT llm.complete_notice(%s, %s, p_now => %s)",
+                        [notice["organization_id"], notice["id"], now]).fetchone()[0]
+
+
+def fail(conn: psycopg.Connection, notice: dict[str, Any], now: datetime, error: str = "webhook 503") -> bool:
+    return conn.execute("SELECT llm.fail_notice(%s, %s, %s, p_now => %s)",
+                        [notice["organization_id"], notice["id"], error, now]).fetchone()[0]
+
+
+def notice(conn: psycopg.Connection, notice_id: uuid.UUID) -> dict[str, Any]:
+    return rows(conn, "SELECT * FROM llm.threshold_notices WHERE id = %s", [notice_id])[0]
+
+
+def wait_blocked(observer: psycopg.Connection, pid: int, timeout: float = 5.0) -> None:
+    """Poll until backend ``pid`` waits on a lock another backend holds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if observer.execute("SELECT cardinality(pg_blocking_pids(%s)) > 0", [pid]).fetchone()[0]:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"backend {pid} never blocked")
+
+
+# ---------------------------------------------------------------- creation
+
+
+def test_crossing_thresholds_creates_one_owed_notice_per_threshold(llm_conn):
+    """A settlement moving used credits from below to at-or-above pct % of the allowance creates
+    one owed notice per threshold crossed, due at once; a later movement in the same period
+    never creates a second notice for the same threshold."""
+    org = org_with_notices(llm_conn, [50, 80, 100], used=85)
+    owed = rows(llm_conn, "SELECT * FROM llm.threshold_notices ORDER BY threshold_pct")
+    assert [(n["threshold_pct"], n["status"], n["attempts"]) for n in owed] == [(50, "owed", 0), (80, "owed", 0)]
+    assert all(n["next_attempt_at"] == T0 and n["crossed_at"] == T0 for n in owed)
+    inv = llm_conn.execute("SELECT (llm.admit_invocation(%s, 10, 'model-a', p_now => %s)).id",
+                           [org, T0 + MINUTE]).fetchone()[0]
+    llm_conn.execute("SELECT llm.settle_invocation(%s, %s, 20, 0, p_now => %s)", [org, inv, T0 + MINUTE])
+    thresholds = [r[0] for r in llm_conn.execute(
+        "SELECT threshold_pct FROM llm.threshold_notices ORDER BY 1").fetchall()]
+    assert thresholds == [50, 80, 100]
+
+
+# ---------------------------------------------------------------- claim
+
+
+def test_claim_notices_moves_owed_to_sending(llm_conn):
+    """claim_notices moves due owed notices to sending (attempts + 1, claimed_at = now), oldest
+    crossing first, at most p_limit; a second claim does not return them again."""
+    org_with_notices(llm_conn, [10, 20, 30])
+    first = claim(llm_conn, limit=2, now=T0 + MINUTE)
+    assert [(n["status"], n["attempts"], n["claimed_at"]) for n in first] == [("sending", 1, T0 + MINUTE)] * 2
+    rest = claim(llm_conn, limit=50, now=T0 + MINUTE)
+    assert len(rest) == 1
+    assert {n["id"] for n in first}.isdisjoint({n["id"] for n in rest})
+    assert claim(llm_conn, now=T0 + 2 * MINUTE) == []
+    assert llm_conn.execute("SELECT count(*) FROM llm.threshold_notices WHERE status = 'sending'").fetchone()[0] == 3
+
+
+@pytest.mark.parametrize("limit", [0, -1, None, 10_001])
+def test_claim_notices_rejects_a_bad_limit_22023(llm_conn, limit):
+    """claim_notices with a limit outside 1 .. 10000 (or NULL) raises 22023 and claims nothing."""
+    org_with_notices(llm_conn, [50])
+    with pytest.raises(psycopg.Error) as raised:
+        claim(llm_conn, limit=limit)
+    assert raised.value.sqlstate == "22023"
+    assert llm_conn.execute("SELECT status FROM llm.threshold_notices").fetchone()[0] == "owed"
+
+
+def test_two_claimers_never_get_the_same_notice_scripted(llm_conn, llm_connect):
+    """Two workers never claim the same notice (compare-and-set per notice): A claims 5 inside an
+    open transaction; B's claim blocks on A's first row; A commits; B skips what A took and
+    claims the next 5."""
+    org_with_notices(llm_conn, [10, 20, 30, 40, 50, 60, 70, 80, 90, 100])
+    a = llm_connect(autocommit=False)
+    b = llm_connect()
+    mine = claim(a, limit=5)  # uncommitted
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        theirs_future = pool.submit(claim, b, 5)
+        wait_blocked(llm_conn, b.info.backend_pid)
+        a.commit()
+        theirs = theirs_future.result(timeout=10)
+    assert len(mine) == 5 and len(theirs) == 5
+    assert {n["id"] for n in mine}.isdisjoint({n["id"] for n in theirs})
+    assert all(n["attempts"] == 1 for n in mine + theirs)
+
+
+def test_two_claimers_never_get_the_same_notice_under_load(llm_conn, llm_connect):
+    """Two connections claiming concurrently in small batches, over many notices across several
+    organizations, never receive the same notice, and together claim every one exactly once."""
+    for _ in range(8):
+        org_with_notices(llm_conn, [10, 20, 30, 40, 50, 60, 70, 80, 90, 100])
+    total = llm_conn.execute("SELECT count(*) FROM llm.threshold_notices").fetchone()[0]
+    assert total == 80
+    workers = [llm_connect(), llm_connect()]
+    start = threading.Barrier(len(workers))
+
+    def drain(conn: psycopg.Connection) -> list[uuid.UUID]:
+        got: list[uuid.UUID] = []
+        start.wait(timeout=10)
+        while batch := claim(conn, limit=3):
+            got.extend(n["id"] for n in batch)
+        return got
+
+    with ThreadPoolExecutor(max_workers=len(workers)) as pool:
+        results = list(pool.map(drain, workers))
+    claimed = results[0] + results[1]
+    assert len(claimed) == len(set(claimed)) == total
+    assert set(results[0]).isdisjoint(results[1])
+    assert llm_conn.execute("SELECT count(*) FROM llm.threshold_notices"
+                            " WHERE status = 'sending' AND attempts = 1").fetchone()[0] == total
+
+
+# ---------------------------------------------------------------- complete / fail
+
+
+def test_complete_notice_marks_sent_once(llm_conn):
+    """complete_notice moves a claimed notice sending -> sent with sent_at; repeating it, or
+    completing a notice that is not being sent, returns false and changes nothing."""
+    org_with_notices(llm_conn, [50, 80])
+    [first] = claim(llm_conn, limit=1)
+    assert complete(llm_conn, first, now=T0 + MINUTE) is True
+    row = notice(llm_conn, first["id"])
+    assert (row["status"], row["sent_at"], row["last_error"]) == ("sent", T0 + MINUTE, None)
+    assert complete(llm_conn, first, now=T0 + 2 * MINUTE) is False
+    assert notice(llm_conn, first["id"])["sent_at"] == T0 + MINUTE
+    second = rows(llm_conn, "SELECT * FROM llm.threshold_notices WHERE status = 'owed'")[0]
+    assert complete(llm_conn, second) is False
+    assert notice(llm_conn, second["id"])["status"] == "owed"
+    assert fail(llm_conn, first, T0 + 3 * MINUTE) is False
+    assert notice(llm_conn, first["id"])["status"] == "sent"
+
+
+def test_complete_or_fail_of_unknown_notice_raises_22023(llm_conn):
+    """complete_notice / fail_notice of a notice that does not exist for that organization (also
+    another organization's notice) raise 22023."""
+    org = org_with_notices(llm_conn, [50])
+    [claimed] = claim(llm_conn)
+    other = org_with_notices(llm_conn, [90], used=10)
+    for target in ({"organization_id": org, "id": uuid.uuid4()}, {"organization_id": other, "id": claimed["id"]}):
+        with pytest.raises(psycopg.Error) as raised:
+            complete(llm_conn, target)
+        assert raised.value.sqlstate == "22023"
+        with pytest.raises(psycopg.Error) as raised:
+            fail(llm_conn, target, T0)
+        assert raised.value.sqlstate == "22023"
+    assert notice(llm_conn, claimed["id"])["status"] == "sending"
+
+
+def test_fail_notice_returns_to_owed_with_exponential_backoff_capped(llm_conn):
+    """fail_notice puts a claimed notice back to owed with its error and next_attempt_at = now +
+    1, 2, 4, 8 … minutes (settings.notice_backoff_base * 2^(attempts-1)), capped at
+    settings.notice_backoff_max (6 h)."""
+    org_with_notices(llm_conn, [50])
+    now = T0
+    delays = []
+    for _ in range(11):
+        [claimed] = claim(llm_conn, now=now)
+        assert fail(llm_conn, claimed, now, error=f"attempt {claimed['attempts']}") is True
+        row = notice(llm_conn, claimed["id"])
+        assert (row["status"], row["claimed_at"], row["last_error"]) == (
+            "owed", None, f"attempt {claimed['attempts']}")
+        delays.append(row["next_attempt_at"] - now)
+        now = row["next_attempt_at"]
+    expected = [MINUTE * 2**i for i in range(9)] + [timedelta(hours=6)] * 2
+    assert delays == expected
+    assert notice(llm_conn, claimed["id"])["attempts"] == 11
+
+
+def test_failed_notice_is_not_claimable_before_next_attempt_at(llm_conn):
+    """A failed notice stays owed but is not claimed before its next_attempt_at; at that moment
+    it is claimed again."""
+    org_with_notices(llm_conn, [50])
+    [claimed] = claim(llm_conn, now=T0)
+    fail(llm_conn, claimed, T0)
+    due = notice(llm_conn, claimed["id"])["next_attempt_at"]
+    assert due == T0 + MINUTE
+    assert claim(llm_conn, now=due - timedelta(seconds=1)) == []
+    [again] = claim(llm_conn, now=due)
+    assert (again["id"], again["attempts"]) == (claimed["id"], 2)
+
+
+# ---------------------------------------------------------------- re-arm
+
+
+def test_rearm_notices_rearms_claims_older_than_fifteen_minutes(llm_conn):
+    """rearm_notices makes a claim older than settings.notice_claim_timeout (15 min) owed again
+    and due at once, leaves younger claims alone, and returns how many it re-armed; the
+    re-armed notice is claimable and a late complete of the old claim returns false."""
+    org_with_notices(llm_conn, [50, 80])
+    [old] = claim(llm_conn, limit=1, now=T0)
+    [young] = claim(llm_conn, limit=1, now=T0 + 5 * MINUTE)
+    now = T0 + 15 * MINUTE
+    assert llm_conn.execute("SELECT llm.rearm_notices(%s)", [now]).fetchone()[0] == 1
+    row = notice(llm_conn, old["id"])
+    assert (row["status"], row["claimed_at"], row["next_attempt_at"]) == ("owed", None, now)
+    assert row["last_error"] == "claim expired without completion"
+    assert notice(llm_conn, young["id"])["status"] == "sending"
+    assert complete(llm_conn, old, now=now) is False
+    [reclaimed] = claim(llm_conn, now=now)
+    assert (reclaimed["id"], reclaimed["attempts"]) == (old["id"], 2)
+    assert llm_conn.execute("SELECT llm.rearm_notices(%s)", [now]).fetchone()[0] == 0
