@@ -1,0 +1,165 @@
+"""Daily reporting: llm.rebuild_daily_usage recomputes days from the invocations by UTC
+settlement day and model, idempotently (WF-PFM-LLM-004 hop 6 rebuilds it each pass; see
+test_pass.py for the pass step)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+T0 = datetime(2030, 1, 10, 12, 0, tzinfo=UTC)
+HOUR = timedelta(hours=1)
+
+DIRECT_AGGREGATE = """
+    SELECT i.organization_id, (i.settled_at AT TIME ZONE 'UTC')::date AS day, i.model,
+           count(*) AS requests,
+           count(*) FILTER (WHERE i.settlement_kind = 'recovered') AS recovered_requests,
+           coalesce(sum(i.charged_credits), 0) AS credits,
+           coalesce(sum(i.charged_cents), 0) AS cents,
+           coalesce(sum(i.input_tokens), 0) AS input_tokens,
+           coalesce(sum(i.output_tokens), 0) AS output_tokens
+      FROM llm.invocations AS i
+     WHERE i.status IN ('settled', 'failed')
+       AND (i.settled_at AT TIME ZONE 'UTC')::date BETWEEN %(from)s AND %(to)s
+     GROUP BY 1, 2, 3
+     ORDER BY 1, 2, 3
+"""
+DAILY_USAGE = """
+    SELECT organization_id, day, model, requests, recovered_requests, credits, cents, input_tokens, output_tokens
+      FROM llm.daily_usage ORDER BY 1, 2, 3
+"""
+
+
+# ---------------------------------------------------------------- local helpers
+
+
+def new_org(conn: psycopg.Connection) -> uuid.UUID:
+    org = uuid.uuid4()
+    conn.execute("SELECT llm.upsert_organization(%s, %s, NULL, p_now => %s)", [org, f"org {org}", T0])
+    return org
+
+
+def admit(conn: psycopg.Connection, org: uuid.UUID, estimate: int, model: str, now: datetime) -> uuid.UUID:
+    return conn.execute("SELECT (llm.admit_invocation(%s, %s, %s, p_now => %s)).id",
+                        [org, estimate, model, now]).fetchone()[0]
+
+
+def settled(conn: psycopg.Connection, org: uuid.UUID, model: str, at: datetime, credits: int = 10,
+            cents: int = 3, tokens: tuple[int, int] = (100, 20)) -> uuid.UUID:
+    inv = admit(conn, org, credits, model, at - HOUR)
+    assert conn.execute("SELECT llm.settle_invocation(%s, %s, %s, %s, %s, %s, p_now => %s)",
+                        [org, inv, credits, cents, tokens[0], tokens[1], at]).fetchone()[0] == "settled"
+    return inv
+
+
+def rebuild(conn: psycopg.Connection, start: date, end: date) -> int:
+    return conn.execute("SELECT llm.rebuild_daily_usage(%(from)s::date, %(to)s::date)",
+                        {"from": start, "to": end}).fetchone()[0]
+
+
+def daily(conn: psycopg.Connection) -> list[tuple[Any, ...]]:
+    return conn.execute(DAILY_USAGE).fetchall()
+
+
+def direct(conn: psycopg.Connection, start: date, end: date) -> list[tuple[Any, ...]]:
+    return conn.execute(DIRECT_AGGREGATE, {"from": start, "to": end}).fetchall()
+
+
+def mixed_history(conn: psycopg.Connection) -> tuple[uuid.UUID, uuid.UUID]:
+    """Measured, failed (with partial charge), zero-charge failed and recovered requests of two
+    organizations and two models over three UTC days."""
+    a, b = new_org(conn), new_org(conn)
+    for day in range(3):
+        at = T0 + day * 24 * HOUR
+        settled(conn, a, "model-a", at, credits=10 + day, cents=day)
+        settled(conn, a, "model-b", at + HOUR, credits=5, cents=1, tokens=(7, 3))
+        settled(conn, b, "model-a", at + 2 * HOUR, credits=1, cents=0)
+    partial = admit(conn, a, 9, "model-a", T0)
+    conn.execute("SELECT llm.fail_invocation(%s, %s, 'cut off', 4, 2, p_now => %s)", [a, partial, T0 + HOUR])
+    free = admit(conn, b, 9, "model-b", T0)
+    conn.execute("SELECT llm.fail_invocation(%s, %s, 'refused', p_now => %s)", [b, free, T0 + HOUR])
+    admit(conn, b, 33, "model-a", T0)  # stranded: recovered at T0 + 25 h (day 2)
+    conn.execute("SELECT llm.reconcile_org(%s, p_now => %s)", [b, T0 + 25 * HOUR])
+    admit(conn, a, 50, "model-a", T0 + HOUR)  # still open: never reported
+    return a, b
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_rebuild_daily_usage_equals_direct_aggregate_by_utc_settlement_day(llm_conn):
+    """WF-PFM-LLM-004 hop 6: rebuild_daily_usage writes, per (organization, UTC settlement day,
+    model), the requests, recovered requests, credits, cents and tokens of the terminal
+    invocations — exactly a direct aggregate over llm.invocations; open requests are not
+    reported."""
+    mixed_history(llm_conn)
+    start, end = T0.date(), (T0 + 2 * 24 * HOUR).date()
+    written = rebuild(llm_conn, start, end)
+    expected = direct(llm_conn, start, end)
+    assert daily(llm_conn) == expected
+    assert written == len(expected) == 3 * 3 + 1  # 3 days x (a/model-a, a/model-b, b/model-a) + b/model-b failed
+    recovered = llm_conn.execute("SELECT day, recovered_requests, credits, cents FROM llm.daily_usage"
+                                 " WHERE recovered_requests > 0").fetchall()
+    assert recovered == [((T0 + 25 * HOUR).date(), 1, 33 + 1, 0)]
+
+
+def test_rebuild_daily_usage_is_idempotent(llm_conn):
+    """rebuild_daily_usage is idempotent: rebuilding the same days again writes the same rows and
+    returns the same count; a rebuild after more settlements reflects them without duplicates."""
+    org, _ = mixed_history(llm_conn)
+    start, end = T0.date(), (T0 + 2 * 24 * HOUR).date()
+    first_count = rebuild(llm_conn, start, end)
+    first = daily(llm_conn)
+    assert rebuild(llm_conn, start, end) == first_count
+    assert daily(llm_conn) == first
+    settled(llm_conn, org, "model-a", T0 + 3 * HOUR, credits=100, cents=50)
+    rebuild(llm_conn, start, end)
+    rebuild(llm_conn, start, end)
+    assert daily(llm_conn) == direct(llm_conn, start, end)
+
+
+def test_settlements_at_235959_and_000001_utc_land_on_different_days(llm_conn):
+    """A settlement at 23:59:59 UTC and one at 00:00:01 UTC the next day land on different
+    days, whatever the session time zone."""
+    org = new_org(llm_conn)
+    before_midnight = datetime(2030, 1, 10, 23, 59, 59, tzinfo=UTC)
+    after_midnight = datetime(2030, 1, 11, 0, 0, 1, tzinfo=UTC)
+    settled(llm_conn, org, "model-a", before_midnight, credits=7)
+    settled(llm_conn, org, "model-a", after_midnight, credits=11)
+    llm_conn.execute("SET TIME ZONE 'America/Los_Angeles'")  # 15:59:59 and 16:00:01 the same local day
+    assert rebuild(llm_conn, date(2030, 1, 10), date(2030, 1, 11)) == 2
+    assert llm_conn.execute("SELECT day, requests, credits FROM llm.daily_usage ORDER BY day").fetchall() == [
+        (date(2030, 1, 10), 1, 7), (date(2030, 1, 11), 1, 11)]
+    llm_conn.execute("SET TIME ZONE 'Asia/Tokyo'")
+    assert rebuild(llm_conn, date(2030, 1, 11), date(2030, 1, 11)) == 1
+    assert llm_conn.execute("SELECT day, credits FROM llm.daily_usage ORDER BY day").fetchall() == [
+        (date(2030, 1, 10), 7), (date(2030, 1, 11), 11)]
+
+
+def test_rebuild_touches_only_the_requested_days(llm_conn):
+    """rebuild_daily_usage replaces exactly p_from .. p_to: a stale row inside the range is
+    removed, rows outside it are left as they were."""
+    org = new_org(llm_conn)
+    settled(llm_conn, org, "model-a", T0)
+    settled(llm_conn, org, "model-a", T0 + 24 * HOUR)
+    rebuild(llm_conn, T0.date(), (T0 + 24 * HOUR).date())
+    llm_conn.execute("UPDATE llm.daily_usage SET credits = 999 WHERE day = %s", [T0.date()])
+    llm_conn.execute("INSERT INTO llm.daily_usage VALUES (%s, %s, 'ghost', 1, 0, 1, 0, 0, 0)",
+                     [org, (T0 + 24 * HOUR).date()])
+    assert rebuild(llm_conn, (T0 + 24 * HOUR).date(), (T0 + 24 * HOUR).date()) == 1
+    assert llm_conn.execute("SELECT day, model, credits FROM llm.daily_usage ORDER BY day, model").fetchall() == [
+        (T0.date(), "model-a", 999), ((T0 + 24 * HOUR).date(), "model-a", 10)]
+
+
+@pytest.mark.parametrize("start, end", [(date(2030, 1, 2), date(2030, 1, 1)), (None, date(2030, 1, 1)),
+                                        (date(2030, 1, 1), None), (date(2000, 1, 1), date(2030, 1, 1))])
+def test_rebuild_daily_usage_rejects_a_bad_range_22023(llm_conn, start, end):
+    """rebuild_daily_usage raises 22023 for a NULL bound, p_to before p_from or a range over ten
+    years."""
+    with pytest.raises(psycopg.Error) as raised:
+        rebuild(llm_conn, start, end)
+    assert raised.value.sqlstate == "22023"
