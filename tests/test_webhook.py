@@ -1,0 +1,307 @@
+"""Threshold notice delivery (``llm_db.notices``) against a real HTTP server on
+127.0.0.1 run in a thread: delivered and signed, endpoint down (connection
+refused, then up), endpoint slow (timeout), non-2xx answers. Nothing is lost:
+every notice that was not delivered is owed again with its error and a backoff
+in the future, and a later run at a later ``now`` delivers it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import http.server
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from llm_db.notices import (
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    DeliverySummary,
+    async_deliver_notices,
+    deliver_notices,
+    sign,
+    verify_signature,
+)
+from llm_db.requests import AsyncLlm, Llm
+
+T0 = datetime(2030, 1, 10, 12, 0, tzinfo=UTC)
+MINUTE = timedelta(minutes=1)
+SECRET = "s3cret"
+
+
+@dataclasses.dataclass
+class Received:
+    path: str
+    body: bytes
+    headers: dict[str, str]  # names lower-cased: HTTP header names are case-insensitive
+    signature_ok: bool
+
+
+class Endpoint:
+    """A webhook receiver on 127.0.0.1. Bound at once but listening only after
+    ``up()``: until then a connection is refused. ``status`` and ``delay``
+    choose the answer; a delayed answer is released early at teardown."""
+
+    def __init__(self) -> None:
+        endpoint = self
+        self.status = 200
+        self.delay = 0.0
+        self.headers_out: dict[str, str] = {}
+        self.received: list[Received] = []
+        self.release = threading.Event()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the http.server protocol
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                endpoint.received.append(
+                    Received(
+                        self.path,
+                        body,
+                        {k.lower(): v for k, v in self.headers.items()},
+                        verify_signature(body, self.headers.get(SIGNATURE_HEADER), SECRET),
+                    )
+                )
+                if endpoint.delay:
+                    endpoint.release.wait(endpoint.delay)
+                try:
+                    self.send_response(endpoint.status)
+                    for name, value in endpoint.headers_out.items():
+                        self.send_header(name, value)
+                    self.send_header("Content-Length", "2")
+                    self.end_headers()
+                    self.wfile.write(b"{}")
+                except OSError:
+                    pass  # the client gave up (timeout) and closed the socket
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(
+            ("127.0.0.1", 0), Handler, bind_and_activate=False
+        )
+        self.server.server_bind()  # bound, not listening: connections are refused
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/llm"
+        self.thread: threading.Thread | None = None
+
+    def up(self) -> None:
+        self.server.server_activate()
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self.thread.start()
+
+    def close(self) -> None:
+        self.release.set()
+        if self.thread is not None:
+            self.server.shutdown()
+            self.thread.join(timeout=10)
+        self.server.server_close()
+
+
+@pytest.fixture
+def endpoint() -> Iterator[Endpoint]:
+    server = Endpoint()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def llm(llm_conn: psycopg.Connection) -> Llm:
+    return Llm(llm_conn)
+
+
+def crossing_80_and_100(llm: Llm) -> uuid.UUID:
+    """An organization with allowance 100 whose usage crosses 80 %, then 100 %."""
+    org = uuid.uuid4()
+    llm.upsert_organization(org, "notified", 100, now=T0)
+    first = llm.admit(org, 85, "model-a", now=T0)
+    llm.settle(org, first.id, 85, 10, now=T0)
+    second = llm.admit(org, 15, "model-a", now=T0 + MINUTE)
+    llm.settle(org, second.id, 20, 2, now=T0 + MINUTE)
+    return org
+
+
+def notices(conn: psycopg.Connection, org: uuid.UUID) -> list[dict[str, Any]]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(
+            "SELECT * FROM llm.threshold_notices WHERE organization_id = %(org)s::uuid"
+            " ORDER BY threshold_pct",
+            {"org": org},
+        )
+        return cur.fetchall()
+
+
+def test_notices_are_delivered_signed_and_marked_sent(
+    llm: Llm, llm_conn: psycopg.Connection, endpoint: Endpoint
+) -> None:
+    org = crossing_80_and_100(llm)
+    endpoint.up()
+    at = T0 + 2 * MINUTE
+    summary = deliver_notices(llm, endpoint.url, SECRET, now=at)
+    assert summary == DeliverySummary(claimed=2, sent=2, failed=0)
+
+    assert [r.signature_ok for r in endpoint.received] == [True, True]
+    assert {r.path for r in endpoint.received} == {"/hooks/llm"}
+    payloads = sorted((json.loads(r.body) for r in endpoint.received),
+                      key=lambda p: p["threshold_pct"])
+    stored = notices(llm_conn, org)
+    assert payloads == [
+        {
+            "organization_id": str(org),
+            "notice_id": str(n["id"]),
+            "period_start": "2030-01-01",
+            "threshold_pct": n["threshold_pct"],
+            "used_credits": n["used_credits"],
+            "allowance_credits": 100,
+            "crossed_at": n["crossed_at"].isoformat(),
+            "attempts": 1,
+        }
+        for n in stored
+    ]
+    assert [(p["threshold_pct"], p["used_credits"]) for p in payloads] == [(80, 85), (100, 105)]
+    for received in endpoint.received:
+        assert received.headers["content-type"] == "application/json"
+        assert received.headers[SIGNATURE_HEADER.lower()] == sign(received.body, SECRET)
+        assert int(received.headers[TIMESTAMP_HEADER.lower()]) > 0
+    assert [(n["status"], n["sent_at"], n["last_error"]) for n in stored] == [
+        ("sent", at, None), ("sent", at, None),
+    ]
+    # nothing owed any more
+    assert deliver_notices(llm, endpoint.url, SECRET, now=at + MINUTE).claimed == 0
+
+
+def test_verify_signature_rejects_a_changed_body_a_wrong_secret_and_a_missing_header() -> None:
+    body = b'{"threshold_pct":80}'
+    header = sign(body, SECRET)
+    assert header.startswith("sha256=") and verify_signature(body, header, SECRET)
+    assert verify_signature(body, header, SECRET.encode())
+    assert not verify_signature(body + b" ", header, SECRET)
+    assert not verify_signature(body, header, "other")
+    assert not verify_signature(body, None, SECRET)
+    assert not verify_signature(body, "sha256=00", SECRET)
+
+
+def test_endpoint_down_leaves_notices_owed_with_backoff_then_a_later_run_delivers(
+    llm: Llm, llm_conn: psycopg.Connection, endpoint: Endpoint
+) -> None:
+    org = crossing_80_and_100(llm)
+    t1 = T0 + 2 * MINUTE
+
+    down = deliver_notices(llm, endpoint.url, SECRET, now=t1, pause=0)
+    assert (down.claimed, down.sent, down.failed) == (2, 0, 2)
+    stored = notices(llm_conn, org)
+    assert [n["status"] for n in stored] == ["owed", "owed"]
+    assert all(n["next_attempt_at"] > t1 for n in stored)
+    assert all(n["attempts"] == 1 and n["sent_at"] is None for n in stored)
+    first, second = sorted(stored, key=lambda n: n["crossed_at"])
+    assert "connection failed" in first["last_error"]
+    # the dead endpoint cost one notice's attempts; the rest were not POSTed
+    assert second["last_error"].startswith("not attempted")
+
+    # not due yet: a run at the same instant claims nothing
+    assert deliver_notices(llm, endpoint.url, SECRET, now=t1).claimed == 0
+
+    endpoint.up()
+    later = max(n["next_attempt_at"] for n in stored) + MINUTE
+    up = deliver_notices(llm, endpoint.url, SECRET, now=later)
+    assert up == DeliverySummary(claimed=2, sent=2, failed=0)
+    delivered = notices(llm_conn, org)
+    assert [(n["status"], n["attempts"], n["sent_at"]) for n in delivered] == [
+        ("sent", 2, later), ("sent", 2, later),
+    ]
+    assert sorted(json.loads(r.body)["attempts"] for r in endpoint.received) == [2, 2]
+
+
+def test_endpoint_slower_than_the_timeout_fails_the_notice_and_loses_nothing(
+    llm: Llm, llm_conn: psycopg.Connection, endpoint: Endpoint
+) -> None:
+    org = crossing_80_and_100(llm)
+    endpoint.up()
+    endpoint.delay = 5.0  # released at teardown; the client gives up after 0.3 s
+    t1 = T0 + 2 * MINUTE
+
+    slow = deliver_notices(llm, endpoint.url, SECRET, now=t1, timeout=0.3,
+                           max_attempts_per_run=1)
+    assert (slow.claimed, slow.sent, slow.failed) == (2, 0, 2)
+    assert slow.last_error is not None
+    stored = notices(llm_conn, org)
+    assert all(n["status"] == "owed" and n["next_attempt_at"] > t1 for n in stored)
+    first = min(stored, key=lambda n: n["crossed_at"])
+    assert first["last_error"] == "timeout after 0.3s"
+    assert len(endpoint.received) == 1  # the second was not sent into a stalled endpoint
+
+    endpoint.delay = 0.0
+    later = t1 + 10 * MINUTE
+    assert deliver_notices(llm, endpoint.url, SECRET, now=later).sent == 2
+    assert [n["status"] for n in notices(llm_conn, org)] == ["sent", "sent"]
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "posts_per_notice", "error"),
+    [
+        (500, {}, 3, "HTTP 500"),
+        (429, {}, 3, "HTTP 429"),
+        (400, {}, 1, "HTTP 400"),
+        (302, {"Location": "http://127.0.0.1:1/elsewhere"}, 1, "HTTP 302"),
+    ],
+)
+def test_a_non_2xx_answer_fails_the_notice_with_its_status(
+    llm: Llm,
+    llm_conn: psycopg.Connection,
+    endpoint: Endpoint,
+    status: int,
+    headers: dict[str, str],
+    posts_per_notice: int,
+    error: str,
+) -> None:
+    org = crossing_80_and_100(llm)
+    endpoint.up()
+    endpoint.status = status
+    endpoint.headers_out = headers
+    t1 = T0 + 2 * MINUTE
+
+    summary = deliver_notices(llm, endpoint.url, SECRET, now=t1, pause=0)
+    assert (summary.claimed, summary.sent, summary.failed) == (2, 0, 2)
+    assert len(endpoint.received) == 2 * posts_per_notice  # an HTTP answer is not "down"
+    stored = notices(llm_conn, org)
+    assert all(n["status"] == "owed" and n["last_error"].startswith(error) for n in stored)
+    assert all(n["next_attempt_at"] > t1 for n in stored)
+
+
+def test_a_non_http_url_is_rejected_before_anything_is_claimed(
+    llm: Llm, llm_conn: psycopg.Connection
+) -> None:
+    org = crossing_80_and_100(llm)
+    with pytest.raises(ValueError):
+        deliver_notices(llm, "file:///etc/passwd", SECRET, now=T0 + MINUTE)
+    assert [n["status"] for n in notices(llm_conn, org)] == ["owed", "owed"]
+
+
+def test_async_deliverer_sends_and_recovers_from_a_down_endpoint(
+    llm: Llm, llm_dsn: str, llm_conn: psycopg.Connection, endpoint: Endpoint
+) -> None:
+    org = crossing_80_and_100(llm)
+    t1 = T0 + 2 * MINUTE
+
+    async def scenario() -> tuple[DeliverySummary, DeliverySummary]:
+        async with await psycopg.AsyncConnection.connect(llm_dsn, autocommit=True) as conn:
+            client = AsyncLlm(conn)
+            down = await async_deliver_notices(client, endpoint.url, SECRET, now=t1, pause=0)
+            endpoint.up()
+            up = await async_deliver_notices(client, endpoint.url, SECRET, now=t1 + 10 * MINUTE)
+            return down, up
+
+    down, up = asyncio.run(scenario())
+    assert (down.claimed, down.failed, up.claimed, up.sent) == (2, 2, 2, 2)
+    assert all(r.signature_ok for r in endpoint.received)
+    assert [n["status"] for n in notices(llm_conn, org)] == ["sent", "sent"]
