@@ -1,0 +1,474 @@
+"""Crash and restart: the server stopped in immediate mode at random moments of
+mixed traffic comes back with right books, and one pass completes them.
+
+This suite runs its OWN throw-away PostgreSQL (the session server of the other
+suites is never stopped): initdb once, then for every cycle
+
+1. a burst of traffic from a few threads, each with its own connection —
+   admit / dispatch / settle / fail / open / close, an organization suspended
+   and reactivated — and a thread running ``CALL llm.run_reconciliation``,
+   ``llm.reconcile_org`` and the notice calls, all on a moved clock;
+2. at a seeded random moment ``pg_ctl stop -m immediate`` (every backend
+   killed as by a power cut of the processes; no shutdown checkpoint);
+3. ``pg_ctl start`` (crash recovery from WAL), then:
+   * ``llm.check_invariants()`` is empty;
+   * every call acknowledged before the stop is still there (commits are
+     durable once acknowledged: ``synchronous_commit = on``; ``fsync = off``
+     keeps the cycle fast and is safe here because the OS does not crash);
+   * the pass at a clock 25 h after the traffic completes the books: no
+     reserved or dispatched request and no running task older than the
+     recovery window, no ``running`` pass row (the ones the crash left are
+     marked ``failed``), and the invariants still hold.
+
+``LLM_DB_INTERRUPTIONS`` sets the number of stops (default 200);
+``LLM_DB_SEED`` the base seed (default fixed, printed, so a failure replays the
+same schedule of stop moments and operations; thread timing still varies).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import random
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from testing.common.database import get_unused_port
+
+from llm_db._server import BIN_DIR, SUPERUSER, check_installation
+from llm_db.migrate import migrate
+
+INTERRUPTIONS = int(os.environ.get("LLM_DB_INTERRUPTIONS", "200"))
+SEED = int(os.environ.get("LLM_DB_SEED", "20300101"))
+
+ORG_LIMITED = uuid.UUID("00000000-0000-4000-8000-00000000c001")  # small allowance
+ORG_UNLIMITED = uuid.UUID("00000000-0000-4000-8000-00000000c002")
+ORG_TOGGLED = uuid.UUID("00000000-0000-4000-8000-00000000c003")  # suspended and reactivated
+ORGS = (ORG_LIMITED, ORG_UNLIMITED, ORG_TOGGLED)
+TASK = "reliability.restart"
+START = datetime(2031, 1, 5, 0, 0, tzinfo=UTC)
+CYCLE = timedelta(hours=26)  # each cycle's traffic starts after the previous completion pass
+TRAFFIC_SPAN = timedelta(minutes=50)  # the traffic clock runs from Tc to Tc + 50 min
+COMPLETION = timedelta(hours=25)  # the completing pass runs at Tc + 25 h
+WINDOW = timedelta(hours=24)
+
+# Errors the contract raises for legitimate races of the traffic (allowance
+# exhausted, suspended organization, closed/abandoned task, replay conflicts…).
+EXPECTED = {"LL001", "LL003", "LL005", "LL006", "LL007", "LL008", "LL009"}
+
+SERVER_SETTINGS = {
+    "listen_addresses": "127.0.0.1",
+    "fsync": "off",  # the OS survives an immediate stop; only the processes die
+    "synchronous_commit": "on",  # an acknowledged commit is in the OS: durable here
+    "full_page_writes": "off",
+    "max_connections": "40",
+    "shared_buffers": "16MB",
+    "timezone": "UTC",
+    "log_min_messages": "fatal",
+    "logging_collector": "off",
+}
+
+
+# ---------------------------------------------------------------- the server
+
+
+class RestartableServer:
+    """A PostgreSQL cluster driven with pg_ctl, so it can be stopped in immediate
+    mode and started again on the same data directory.
+
+    As root, the server processes run as the ``postgres`` OS user (PostgreSQL
+    refuses root), in a base directory that user owns, as llm_db._server does.
+    """
+
+    def __init__(self) -> None:
+        check_installation()
+        self.run_as = pwd.getpwnam("postgres") if os.geteuid() == 0 else None
+        self.base = Path(tempfile.mkdtemp(prefix="llm-db-restart-", dir="/tmp"))
+        if self.run_as is not None:
+            os.chown(self.base, self.run_as.pw_uid, self.run_as.pw_gid)
+        self.data = self.base / "data"
+        self.log = self.base / "server.log"
+        self.port = get_unused_port()
+        self.running = False
+
+    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        kwargs: dict[str, Any] = {"cwd": self.base, "capture_output": True, "text": True}
+        if self.run_as is not None:
+            env = dict(os.environ, HOME=self.run_as.pw_dir, USER="postgres", LOGNAME="postgres")
+            kwargs.update(user=self.run_as.pw_uid, group=self.run_as.pw_gid, extra_groups=[], env=env)
+        proc = subprocess.run(list(args), **kwargs)
+        if check and proc.returncode != 0:
+            raise RuntimeError(
+                f"{' '.join(args[:2])} … failed ({proc.returncode}): {proc.stderr or proc.stdout}\n"
+                f"{self.tail_log()}"
+            )
+        return proc
+
+    def tail_log(self) -> str:
+        try:
+            return "server log tail:\n" + "\n".join(self.log.read_text(errors="replace").splitlines()[-20:])
+        except OSError:
+            return ""
+
+    def initdb(self) -> None:
+        self._run(
+            str(BIN_DIR / "initdb"), "-D", str(self.data), "-U", SUPERUSER, "-A", "trust",
+            "-E", "UTF8", "--locale=C", "--no-sync",
+        )  # fmt: skip
+
+    def start(self) -> float:
+        """Start (after a crash: with crash recovery); returns the seconds it took."""
+        options = f"-p {self.port} -c unix_socket_directories={self.base} " + " ".join(
+            f"-c {k}={v}" for k, v in SERVER_SETTINGS.items()
+        )
+        began = time.monotonic()
+        self._run(
+            str(BIN_DIR / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", options,
+            "-w", "-t", "60", "start",
+        )  # fmt: skip
+        self.running = True
+        return time.monotonic() - began
+
+    def stop(self, mode: str = "immediate") -> None:
+        self._run(str(BIN_DIR / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop")
+        self.running = False
+
+    def dsn(self, dbname: str = "postgres") -> str:
+        return psycopg.conninfo.make_conninfo(
+            host="127.0.0.1", port=self.port, user=SUPERUSER, dbname=dbname, connect_timeout=10
+        )
+
+    def destroy(self) -> None:
+        if self.running:
+            self._run(str(BIN_DIR / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop", check=False)
+            self.running = False
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def restart_dsn() -> Any:
+    server = RestartableServer()
+    try:
+        server.initdb()
+        server.start()
+        with psycopg.connect(server.dsn(), autocommit=True) as conn:
+            conn.execute("CREATE DATABASE llm")
+        dsn = server.dsn("llm")
+        migrate(dsn)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SELECT llm.declare_task_kind(%s, 'restart suite')", [TASK])
+            for org, allowance in zip(ORGS, (30000, None, 20000), strict=True):
+                conn.execute(
+                    "SELECT llm.upsert_organization(%s, %s, %s::bigint, 'operational', '{50,80,100}'::int[], %s)",
+                    [org, f"org {org}", allowance, START - timedelta(days=1)],
+                )
+        yield server, dsn
+    finally:
+        server.destroy()
+
+
+# ---------------------------------------------------------------- traffic
+
+
+@dataclass
+class Report:
+    """What the traffic threads saw; acknowledged calls must survive the crash."""
+
+    calls: int = 0
+    expected_errors: Counter = field(default_factory=Counter)
+    unexpected: list[str] = field(default_factory=list)
+    admitted: list[tuple[uuid.UUID, uuid.UUID]] = field(default_factory=list)
+    terminal: list[tuple[uuid.UUID, uuid.UUID]] = field(default_factory=list)
+    closed: list[tuple[uuid.UUID, uuid.UUID]] = field(default_factory=list)
+    lock = threading.Lock()
+
+    def add(self, attr: str, item: Any) -> None:
+        with self.lock:
+            getattr(self, attr).append(item)
+
+    def count(self, attr: str) -> None:
+        with self.lock:
+            setattr(self, attr, getattr(self, attr) + 1)
+
+
+def run_calls(
+    dsn: str, report: Report, step: Callable[[psycopg.Connection], None], stop: threading.Event
+) -> None:
+    """Call ``step`` until the server goes away (or ``stop`` is set); classify errors."""
+    try:
+        conn = psycopg.connect(dsn, autocommit=True, options="-c lock_timeout=20s")
+    except psycopg.OperationalError:
+        return  # the stop came before this thread got in
+    try:
+        while not stop.is_set():
+            try:
+                step(conn)
+                report.count("calls")
+            except psycopg.Error as exc:
+                if conn.broken or conn.closed:
+                    return  # the server was stopped under us: the outcome is unknown
+                if exc.sqlstate in EXPECTED:
+                    with report.lock:
+                        report.expected_errors[exc.sqlstate] += 1
+                    continue
+                report.add("unexpected", f"{exc.sqlstate}: {exc}")
+                return
+    finally:
+        conn.close()
+
+
+def request_worker(seed: int, clock: Callable[[], datetime], report: Report) -> Callable[[psycopg.Connection], None]:
+    rng = random.Random(seed)
+    open_invs: list[tuple[uuid.UUID, uuid.UUID]] = []
+    open_tasks: list[tuple[uuid.UUID, uuid.UUID]] = []
+
+    def step(conn: psycopg.Connection) -> None:
+        op = rng.choices(
+            ["admit", "dispatch", "settle", "fail", "open", "close", "toggle"],
+            weights=[30, 10, 22, 6, 8, 5, 1],
+        )[0]
+        if op in ("dispatch", "settle", "fail") and not open_invs:
+            op = "admit"
+        if op == "close" and not open_tasks:
+            op = "open"
+        if op == "admit":
+            org = rng.choice(ORGS)
+            tasks = [t for o, t in open_tasks if o == org]
+            execution = rng.choice(tasks) if tasks and rng.random() < 0.5 else None
+            inv = uuid.uuid4()
+            conn.execute(
+                "SELECT llm.admit_invocation(%s, %s::bigint, %s, %s::uuid, %s::uuid, %s)",
+                [org, rng.randint(1, 300), rng.choice(["m-small", "m-large"]), execution, inv, clock()],
+            )
+            open_invs.append((org, inv))
+            report.add("admitted", (org, inv))
+        elif op == "dispatch":
+            org, inv = rng.choice(open_invs)
+            conn.execute("SELECT llm.mark_dispatched(%s, %s, %s)", [org, inv, clock()])
+        elif op == "settle":
+            org, inv = open_invs.pop(rng.randrange(len(open_invs)))
+            (outcome,) = conn.execute(
+                "SELECT llm.settle_invocation(%s, %s, %s::bigint, %s::bigint, %s::bigint, %s::bigint, %s)",
+                [org, inv, rng.randint(0, 400), rng.randint(0, 40), rng.randint(0, 9000), rng.randint(0, 900), clock()],
+            ).fetchone()
+            if outcome in ("settled", "already_settled", "already_recovered", "already_failed"):
+                report.add("terminal", (org, inv))
+        elif op == "fail":
+            org, inv = open_invs.pop(rng.randrange(len(open_invs)))
+            conn.execute(
+                "SELECT llm.fail_invocation(%s, %s, 'provider error', %s::bigint, %s::bigint, %s)",
+                [org, inv, rng.choice([0, 0, rng.randint(1, 50)]), rng.randint(0, 3), clock()],
+            )
+            report.add("terminal", (org, inv))
+        elif op == "open":
+            org = rng.choice(ORGS)
+            replay = f"r-{rng.randint(0, 10**9)}" if rng.random() < 0.5 else None
+            (execution,) = conn.execute(
+                "SELECT execution_id FROM llm.open_execution(%s, %s, p_replay_key => %s::text, p_now => %s)",
+                [org, TASK, replay, clock()],
+            ).fetchone()
+            open_tasks.append((org, execution))
+        elif op == "close":
+            org, execution = open_tasks.pop(rng.randrange(len(open_tasks)))
+            (closed,) = conn.execute(
+                "SELECT llm.close_execution(%s, %s, %s, p_now => %s)",
+                [org, execution, rng.choice(["completed", "failed"]), clock()],
+            ).fetchone()
+            if closed:
+                report.add("closed", (org, execution))
+        else:  # suspend or reactivate the third organization (its allowance unchanged)
+            status = rng.choice(["suspended", "operational", "operational"])
+            conn.execute(
+                "SELECT llm.upsert_organization(%s, %s, 20000::bigint, %s, '{50,80,100}'::int[], %s)",
+                [ORG_TOGGLED, f"org {ORG_TOGGLED}", status, clock()],
+            )
+
+    return step
+
+
+def operator_worker(seed: int, clock: Callable[[], datetime]) -> Callable[[psycopg.Connection], None]:
+    rng = random.Random(seed)
+
+    def step(conn: psycopg.Connection) -> None:
+        time.sleep(rng.uniform(0.005, 0.04))
+        op = rng.choices(["pass", "pass_late", "reconcile_org", "notices"], weights=[4, 1, 3, 3])[0]
+        if op == "pass":
+            conn.execute("CALL llm.run_reconciliation(p_now => %s)", [clock() + timedelta(hours=1)])
+        elif op == "pass_late":  # recovery racing live settlements
+            conn.execute("CALL llm.run_reconciliation(p_now => %s)", [clock() + timedelta(hours=25)])
+        elif op == "reconcile_org":
+            conn.execute(
+                "SELECT * FROM llm.reconcile_org(%s, %s, %s)",
+                [rng.choice(ORGS), clock() + rng.choice([timedelta(hours=1), timedelta(hours=25)]), rng.choice([None, 3])],
+            )
+        else:
+            for org, notice in conn.execute(
+                "SELECT organization_id, id FROM llm.claim_notices(3, %s)", [clock()]
+            ).fetchall():
+                if rng.random() < 0.7:
+                    conn.execute("SELECT llm.complete_notice(%s, %s, %s)", [org, notice, clock()])
+                else:
+                    conn.execute("SELECT llm.fail_notice(%s, %s, 'webhook down', %s)", [org, notice, clock()])
+
+    return step
+
+
+# ---------------------------------------------------------------- checks after the restart
+
+
+def connect_after_restart(dsn: str) -> psycopg.Connection:
+    return psycopg.connect(dsn, autocommit=True, options="-c lock_timeout=20s -c statement_timeout=120s")
+
+
+def assert_acknowledged_calls_survived(conn: psycopg.Connection, report: Report, where: str) -> None:
+    def present(pairs: list[tuple[uuid.UUID, uuid.UUID]], table: str, condition: str) -> int:
+        if not pairs:
+            return 0
+        (n,) = conn.execute(
+            f"SELECT count(*) FROM llm.{table} AS t"
+            " JOIN unnest(%s::uuid[], %s::uuid[]) AS k(org, id) ON t.organization_id = k.org AND t.id = k.id"
+            f" WHERE {condition}",
+            [[o for o, _ in pairs], [i for _, i in pairs]],
+        ).fetchone()
+        return n
+
+    admitted = set(report.admitted)
+    assert present(list(admitted), "invocations", "true") == len(admitted), (
+        f"{where}: an acknowledged admission was lost in the crash"
+    )
+    terminal = set(report.terminal)
+    assert present(list(terminal), "invocations", "t.status IN ('settled', 'failed')") == len(terminal), (
+        f"{where}: an acknowledged settlement or failure was lost in the crash"
+    )
+    closed = set(report.closed)
+    assert present(list(closed), "executions", "t.status <> 'running'") == len(closed), (
+        f"{where}: an acknowledged close was lost in the crash"
+    )
+
+
+def complete_the_books(conn: psycopg.Connection, at: datetime, where: str) -> int:
+    """Run the pass at ``at`` until nothing is pending; check the books are complete.
+    Returns how many interrupted pass rows it marked failed."""
+    (dead_runs,) = conn.execute(
+        "SELECT count(*) FROM llm.reconciliation_runs WHERE status = 'running'"
+    ).fetchone()
+    (failed_before,) = conn.execute(
+        "SELECT count(*) FROM llm.reconciliation_runs WHERE status = 'failed'"
+    ).fetchone()
+    for _ in range(20):
+        conn.execute("CALL llm.run_reconciliation(p_now => %s)", [at])
+        status, more = conn.execute(
+            "SELECT status, more_pending_orgs FROM llm.reconciliation_runs"
+            " WHERE status <> 'skipped' ORDER BY started_at DESC LIMIT 1"
+        ).fetchone()
+        assert status == "succeeded", f"{where}: the completing pass ended {status}"
+        if more == 0:
+            break
+    else:
+        raise AssertionError(f"{where}: the pass never caught up")
+
+    cutoff = at - WINDOW
+    (stale_requests,) = conn.execute(
+        "SELECT count(*) FROM llm.invocations AS i JOIN llm.organizations AS o ON o.id = i.organization_id"
+        " WHERE i.status IN ('reserved', 'dispatched') AND i.created_at <= %s AND o.status = 'operational'",
+        [cutoff],
+    ).fetchone()
+    assert stale_requests == 0, f"{where}: {stale_requests} requests older than the window are still open"
+    (stale_tasks,) = conn.execute(
+        "SELECT count(*) FROM llm.executions AS x JOIN llm.organizations AS o ON o.id = x.organization_id"
+        " WHERE x.status = 'running' AND x.started_at <= %s AND o.status = 'operational'",
+        [cutoff],
+    ).fetchone()
+    assert stale_tasks == 0, f"{where}: {stale_tasks} tasks older than the window are still running"
+    (running,) = conn.execute(
+        "SELECT count(*) FROM llm.reconciliation_runs WHERE status = 'running'"
+    ).fetchone()
+    assert running == 0, f"{where}: a pass row is still running"
+    (failed_after,) = conn.execute(
+        "SELECT count(*) FROM llm.reconciliation_runs WHERE status = 'failed'"
+    ).fetchone()
+    assert failed_after - failed_before == dead_runs, (
+        f"{where}: {dead_runs} passes died in the crash but {failed_after - failed_before} were marked failed"
+    )
+    violations = conn.execute("SELECT * FROM llm.check_invariants()").fetchall()
+    assert violations == [], f"{where}: after the completing pass: {violations}"
+    return dead_runs
+
+
+def reactivate(conn: psycopg.Connection, at: datetime) -> None:
+    """The suspended organization is not swept; reactivate it so its books complete too."""
+    conn.execute(
+        "SELECT llm.upsert_organization(%s, %s, 20000::bigint, 'operational', '{50,80,100}'::int[], %s)",
+        [ORG_TOGGLED, f"org {ORG_TOGGLED}", at],
+    )
+
+
+# ---------------------------------------------------------------- the test
+
+
+def test_immediate_stops_during_mixed_traffic_keep_the_books(restart_dsn, capsys):
+    """Invariants 1-7 hold after every crash, acknowledged calls survive, and the
+    pass completes the books (WF-PFM-LLM-004, BR-CAP-PFM-LLM-009-01/-05)."""
+    server, dsn = restart_dsn
+    totals: dict[str, Any] = {"calls": 0, "errors": Counter(), "admitted": 0, "dead_passes": 0}
+    restart_seconds: list[float] = []
+    began = time.monotonic()
+
+    for cycle in range(INTERRUPTIONS):
+        rng = random.Random(SEED * 1_000_003 + cycle)
+        tc = START + cycle * CYCLE
+        where = f"cycle {cycle} (LLM_DB_SEED={SEED})"
+        t_start = time.monotonic()
+
+        def clock(tc: datetime = tc, t_start: float = t_start) -> datetime:
+            # wall time scaled 600x, so the order of calls and of their clocks agree
+            return tc + min(timedelta(seconds=(time.monotonic() - t_start) * 600), TRAFFIC_SPAN)
+
+        report = Report()
+        stop = threading.Event()
+        steps = [request_worker(rng.getrandbits(32), clock, report) for _ in range(3)]
+        steps.append(operator_worker(rng.getrandbits(32), clock))
+        threads = [threading.Thread(target=run_calls, args=(dsn, report, s, stop), daemon=True) for s in steps]
+        for t in threads:
+            t.start()
+        time.sleep(rng.uniform(0.02, 0.35))  # the seeded moment of the crash
+        server.stop("immediate")
+        stop.set()
+        for t in threads:
+            t.join(30)
+            assert not t.is_alive(), f"{where}: a traffic thread hung after the stop"
+        assert report.unexpected == [], f"{where}: unexpected errors during traffic: {report.unexpected}"
+
+        restart_seconds.append(server.start())
+        with connect_after_restart(dsn) as conn:
+            violations = conn.execute("SELECT * FROM llm.check_invariants()").fetchall()
+            assert violations == [], f"{where}: right after the restart: {violations}"
+            assert_acknowledged_calls_survived(conn, report, where)
+            reactivate(conn, tc + COMPLETION - timedelta(minutes=1))
+            totals["dead_passes"] += complete_the_books(conn, tc + COMPLETION, where)
+
+        totals["calls"] += report.calls
+        totals["errors"] += report.expected_errors
+        totals["admitted"] += len(report.admitted)
+
+    elapsed = time.monotonic() - began
+    with capsys.disabled():
+        print(
+            f"\n[restart] {INTERRUPTIONS} immediate stops (LLM_DB_SEED={SEED}) in {elapsed:.0f} s: "
+            f"{totals['calls']} acknowledged calls ({totals['admitted']} admissions), "
+            f"contract errors {dict(sorted(totals['errors'].items()))}, {totals['dead_passes']} passes killed mid-run "
+            f"and marked failed; restart {sum(restart_seconds) / len(restart_seconds):.2f} s on average"
+        )
+    assert totals["admitted"] > INTERRUPTIONS, "the traffic did too little to prove anything"
