@@ -1,0 +1,215 @@
+"""Roles and function hygiene (DESIGN.md "Roles", STYLE.md 2): tables are
+written only through functions, PUBLIC has nothing, llm_app runs exactly the
+request and task calls, llm_reader reads and runs nothing, every SECURITY
+DEFINER function pins its search_path and every routine has a COMMENT."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from helpers import (
+    ADMIT_SQL,
+    APP_FUNCTIONS,
+    T0,
+    admit_params,
+    declare_task,
+    llm_tables,
+    new_org,
+    rows,
+    scalar,
+    settle,
+)
+
+ROLES = ("llm_app", "llm_operator", "llm_reader")
+PINNED_SEARCH_PATH = "search_path=pg_catalog, llm, pg_temp"
+
+# What DESIGN.md gives llm_operator: reconcile, health, schedule, notices, rebuild.
+OPERATOR_ROUTINES = {
+    "reconcile_org",
+    "run_reconciliation",
+    "reconciliation_health",
+    "schedule_reconciliation",
+    "unschedule_reconciliation",
+    "claim_notices",
+    "complete_notice",
+    "fail_notice",
+    "rearm_notices",
+    "rebuild_daily_usage",
+}
+
+
+def routines(conn: psycopg.Connection) -> list[dict]:
+    return rows(
+        conn,
+        """
+        SELECT p.oid, p.oid::regprocedure::text AS signature, p.proname, p.prokind,
+               p.prosecdef, p.proconfig, obj_description(p.oid, 'pg_proc') AS comment
+          FROM pg_catalog.pg_proc AS p
+         WHERE p.pronamespace = 'llm'::regnamespace
+         ORDER BY 2
+        """,
+    )
+
+
+def executable_by(conn: psycopg.Connection, role: str) -> set[str]:
+    """Names of the llm routines ``role`` may execute."""
+    return {
+        r["proname"]
+        for r in rows(
+            conn,
+            """
+            SELECT p.proname FROM pg_catalog.pg_proc AS p
+             WHERE p.pronamespace = 'llm'::regnamespace
+               AND has_function_privilege(%(role)s::text, p.oid, 'EXECUTE')
+            """,
+            {"role": role},
+        )
+    }
+
+
+# ---------------------------------------------------------------- tables
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("privilege", ["INSERT", "UPDATE", "DELETE", "TRUNCATE"])
+def test_no_role_can_write_any_llm_table(llm_conn, role, privilege):
+    """Writes go through functions (STYLE.md 4): no llm table is writable by the roles."""
+    tables = llm_tables(llm_conn)
+    assert len(tables) >= 10
+    writable = [
+        t for t in tables
+        if scalar(llm_conn, "SELECT has_table_privilege(%(role)s::text, %(t)s::regclass, %(p)s)",
+                  {"role": role, "t": f"llm.{t}", "p": privilege})
+    ]
+    assert writable == []
+
+
+def test_llm_app_write_attempts_are_refused_on_every_table(llm_conn, llm_role_conn):
+    app = llm_role_conn("llm_app")
+    for table in llm_tables(llm_conn):
+        for statement in (
+            f"INSERT INTO llm.{table} DEFAULT VALUES",
+            f"UPDATE llm.{table} SET {first_column(llm_conn, table)} = NULL WHERE false",
+            f"DELETE FROM llm.{table} WHERE false",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                app.execute(statement)
+
+
+def first_column(conn: psycopg.Connection, table: str) -> str:
+    return scalar(
+        conn,
+        "SELECT attname FROM pg_catalog.pg_attribute WHERE attrelid = %(t)s::regclass"
+        " AND attnum = 1",
+        {"t": f"llm.{table}"},
+    )
+
+
+def test_public_has_no_privilege_on_schema_tables_or_routines(llm_conn):
+    assert not scalar(llm_conn, "SELECT has_schema_privilege('public', 'llm', 'USAGE')")
+    assert not scalar(llm_conn, "SELECT has_schema_privilege('public', 'llm', 'CREATE')")
+    for table in llm_tables(llm_conn):
+        for privilege in ("SELECT", "INSERT", "UPDATE", "DELETE"):
+            assert not scalar(
+                llm_conn, "SELECT has_table_privilege('public', %(t)s::regclass, %(p)s)",
+                {"t": f"llm.{table}", "p": privilege},
+            ), (table, privilege)
+
+
+def test_public_can_execute_no_function_or_procedure(llm_conn):
+    all_routines = routines(llm_conn)
+    assert any(r["prokind"] == "p" for r in all_routines)
+    assert executable_by(llm_conn, "public") == set()
+
+
+def test_llm_reader_selects_every_table(llm_conn, llm_role_conn):
+    reader = llm_role_conn("llm_reader")
+    for table in llm_tables(llm_conn):
+        reader.execute(f"SELECT * FROM llm.{table} LIMIT 1")
+
+
+# ---------------------------------------------------------------- routines per role
+
+
+def test_llm_app_executes_exactly_the_request_and_task_functions(llm_conn):
+    assert executable_by(llm_conn, "llm_app") == APP_FUNCTIONS
+
+
+def test_llm_reader_executes_nothing(llm_conn):
+    assert executable_by(llm_conn, "llm_reader") == set()
+
+
+def test_llm_operator_runs_recovery_health_schedule_notices_and_reporting(llm_conn):
+    granted = executable_by(llm_conn, "llm_operator")
+    assert OPERATOR_ROUTINES <= granted
+    assert not (APP_FUNCTIONS & granted), "the request calls belong to llm_app"
+
+
+def test_llm_app_admits_and_settles_through_security_definer_functions(llm_conn, llm_role_conn):
+    org = new_org(llm_conn, 1000)
+    app = llm_role_conn("llm_app")
+    assert scalar(app, "SELECT current_user") == "llm_app"
+    inv = app.execute(f"SELECT a.id FROM ({ADMIT_SQL}) AS a", admit_params(org, 10)).fetchone()[0]
+    assert settle(app, org, inv, 7) == "settled"
+    declare_task(llm_conn, "summarize")
+    assert scalar(app, "SELECT key FROM llm.task_kinds") == "summarize"  # the catalog is readable
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "SELECT llm.upsert_organization(gen_random_uuid(), 'x', 1::bigint)",
+        "SELECT llm.declare_task_kind('x')",
+        "SELECT llm.reconcile_org(gen_random_uuid())",
+        "SELECT * FROM llm.check_invariants()",
+        "CALL llm.run_reconciliation()",
+        "SELECT * FROM llm.invocations",
+        "SELECT * FROM llm.periods",
+    ],
+)
+def test_llm_app_cannot_run_operator_calls_nor_read_the_books(llm_conn, llm_role_conn, query):
+    app = llm_role_conn("llm_app")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        app.execute(query)
+
+
+def test_llm_reader_cannot_admit(llm_conn, llm_role_conn):
+    org = new_org(llm_conn, 1000)
+    reader = llm_role_conn("llm_reader")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        reader.execute(ADMIT_SQL, admit_params(org, 1, now=T0))
+
+
+# ---------------------------------------------------------------- function hygiene
+
+
+def test_every_security_definer_function_pins_its_search_path(llm_conn):
+    definers = [r for r in routines(llm_conn) if r["prosecdef"]]
+    assert {r["proname"] for r in definers} >= APP_FUNCTIONS
+    unpinned = [r["signature"] for r in definers
+                if PINNED_SEARCH_PATH not in (r["proconfig"] or [])]
+    assert unpinned == []
+
+
+def test_every_function_pins_its_search_path_except_the_committing_procedure(llm_conn):
+    """STYLE.md 2. A procedure that COMMITs may carry no SET clause (PostgreSQL), so
+    run_reconciliation is the one exception; it is SECURITY INVOKER and calls only
+    schema-qualified steps."""
+    unpinned = [r for r in routines(llm_conn) if PINNED_SEARCH_PATH not in (r["proconfig"] or [])]
+    assert [(r["proname"], r["prokind"], r["prosecdef"]) for r in unpinned] == [
+        ("run_reconciliation", "p", False)
+    ]
+
+
+def test_every_function_and_procedure_has_a_comment(llm_conn):
+    missing = [r["signature"] for r in routines(llm_conn) if not (r["comment"] or "").strip()]
+    assert missing == []
+
+
+def test_every_llm_table_has_a_comment(llm_conn):
+    missing = [
+        t for t in llm_tables(llm_conn)
+        if not scalar(llm_conn, "SELECT obj_description(%(t)s::regclass, 'pg_class')",
+                      {"t": f"llm.{t}"})
+    ]
+    assert missing == []
