@@ -73,13 +73,21 @@ BEGIN
                   FROM recovered AS r WHERE r.execution_id IS NOT NULL
                  GROUP BY r.execution_id) AS t
          WHERE x.organization_id = p_organization_id AND x.id = t.execution_id
+        RETURNING x.id
     ), moved AS (
+        -- Periods strictly after executions, the order _book_terminal takes them: the
+        -- sub-statements of a WITH run in no promised order (unreferenced ones last), so
+        -- the gate below reads all of `tasks` before the first period row is locked.
+        -- Without it a late settlement of a sibling request of a closed task (holding
+        -- the task, waiting for the period) deadlocks with this sweep.
         UPDATE llm.periods AS p
            SET used_credits = p.used_credits + m.credits,
                held_credits = p.held_credits - m.held
           FROM (SELECT r.period_start, sum(r.charged_credits)::bigint AS credits,
                        sum(r.hold_credits)::bigint AS held
-                  FROM recovered AS r GROUP BY r.period_start) AS m
+                  FROM recovered AS r
+                 WHERE (SELECT count(*) FROM tasks) >= 0
+                 GROUP BY r.period_start) AS m
          WHERE p.organization_id = p_organization_id AND p.period_start = m.period_start
         RETURNING p.period_start, p.used_credits - m.credits AS old_used, p.used_credits AS new_used,
                   p.allowance_credits
