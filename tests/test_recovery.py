@@ -5,7 +5,9 @@ CALL llm.run_reconciliation with the clock moved through ``p_now``.
 
 from __future__ import annotations
 
+import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -529,3 +531,47 @@ def test_recovery_below_thresholds_creates_no_notice(llm_conn):
     run_pass(llm_conn, T0 + 25 * HOUR)
     assert llm_conn.execute("SELECT count(*) FROM llm.threshold_notices").fetchone()[0] == 0
     assert period(llm_conn, unlimited)["used_credits"] == 10_000
+
+
+# ---------------------------------------------------------------- lock order
+
+
+def test_sweep_and_late_settlement_of_a_sibling_request_do_not_deadlock(llm_conn, llm_connect):
+    """BR-CAP-PFM-LLM-009-01 under concurrency (WF-PFM-LLM-004 hop 3; STATE-PFM-LLM-002
+    completed→completed): a stale request of a closed task is recovered while its live
+    sibling settles late. Both take the task row and the period row; they must take them in
+    the same order (task, then period) or they deadlock. Scripted: C holds the task row; A's
+    settlement waits for it; B's sweep waits for it too (having recovered its request); C
+    commits; both finish — before the fix in sql/60_recovery.sql the settlement died 40P01."""
+    org = new_org(llm_conn)
+    x = open_exec(llm_conn, org)
+    stale = admit(llm_conn, org, 30, execution=x, now=T0 + timedelta(minutes=1))
+    live = admit(llm_conn, org, 20, execution=x, now=T0 + timedelta(minutes=2))
+    close_exec(llm_conn, org, x, now=T0 + HOUR)
+    c, a, b = llm_connect(autocommit=False), llm_connect(), llm_connect()
+    c.execute("SELECT 1 FROM llm.executions WHERE id = %s FOR UPDATE", [x])
+
+    def blocked_on(pid: int) -> None:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if llm_conn.execute("SELECT cardinality(pg_blocking_pids(%s)) > 0", [pid]).fetchone()[0]:
+                return
+            time.sleep(0.01)
+        raise AssertionError(f"backend {pid} never blocked")
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        settling = pool.submit(settle, a, org, live, 18, 4, now=T0 + 25 * HOUR)
+        blocked_on(a.info.backend_pid)
+        sweeping = pool.submit(reconcile, b, org, T0 + 25 * HOUR)
+        blocked_on(b.info.backend_pid)
+        c.commit()
+        outcomes = []
+        for future in (settling, sweeping):
+            try:
+                outcomes.append(future.result(timeout=10))
+            except psycopg.Error as error:
+                outcomes.append(error.sqlstate)
+    assert outcomes[0] == "settled"
+    assert outcomes[1]["recovered_requests"] == 1
+    assert invocation(llm_conn, org, stale)["settlement_kind"] == "recovered"
+    assert_books_right(llm_conn)
