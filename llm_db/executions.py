@@ -327,7 +327,9 @@ def with_llm_execution(
     """Run ``body(ctx)`` as one declared task (WF-PFM-LLM-002 hops 1-4, see the module doc).
 
     ``now`` is a datetime or a zero-argument clock, used for the open, the
-    close and as the default of the context's request helpers.
+    close and as the default of the context's request helpers. The client's
+    connection must not be inside a transaction of the caller's: each client
+    call then commits on its own, so the open is committed before the body.
     """
     _reject_nesting(task_key)  # hop 1: nothing is written
     opened = client.open_execution(  # hop 2: committed before the body runs

@@ -94,6 +94,12 @@ class Invocation(_Row):
     settled_at: datetime | None
     past_window_alerted_at: datetime | None
     error: str | None
+    # a measured settlement reported after recovery: kept for audit, never charged
+    late_credits: int | None
+    late_cents: int | None
+    late_input_tokens: int | None
+    late_output_tokens: int | None
+    late_reported_at: datetime | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -120,6 +126,7 @@ class Notice(_Row):
     attempts: int
     last_error: str | None
     next_attempt_at: datetime
+    claimed_at: datetime | None
     sent_at: datetime | None
 
 
