@@ -1,0 +1,151 @@
+"""The request cycle through the Python driver: 8 threads, and 8 asyncio tasks.
+
+Each worker has its own connection (autocommit) and loops until the deadline:
+pick a random organization, ``admit`` a request linked to that organization's
+running task with a client-chosen id, ``settle`` it. The same cycle as
+``scripts/cycle.sql``, so its rate compares with the SQL-level one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+try:  # the project's driver
+    from llm_db.requests import AsyncLlm, Llm
+
+    VIA = "llm_db.requests (Llm / AsyncLlm)"
+except ImportError:  # pragma: no cover - only before the driver existed
+    Llm = AsyncLlm = None
+    VIA = "psycopg, calling the SQL functions directly (llm_db.requests not importable)"
+
+WARMUP_CYCLES = 20
+
+
+def org_id(n: int) -> uuid.UUID:
+    """Organization n's id, as ``md5('bench-org-' || n)::uuid`` computes it in SQL."""
+    return uuid.UUID(hashlib.md5(f"bench-org-{n}".encode()).hexdigest())
+
+
+def exec_id(n: int) -> uuid.UUID:
+    """Organization n's running task, as ``md5('bench-exec-' || n)::uuid``."""
+    return uuid.UUID(hashlib.md5(f"bench-exec-{n}".encode()).hexdigest())
+
+
+@dataclass
+class DriverRun:
+    mode: str
+    workers: int
+    seconds: float
+    requests: int
+    errors: int
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+
+_ADMIT = (
+    "SELECT i.id FROM llm.admit_invocation(%(org)s::uuid, 100, 'bench-model', %(task)s::uuid,"
+    " %(id)s::uuid) AS i"
+)
+_SETTLE = "SELECT llm.settle_invocation(%(org)s::uuid, %(id)s::uuid, 80, 3, 1200, 300)"
+
+
+def _one_cycle(client: Any, conn: psycopg.Connection, n: int) -> None:
+    org, task, inv = org_id(n), exec_id(n), uuid.uuid4()
+    if client is not None:
+        admitted = client.admit(org, 100, "bench-model", execution_id=task, invocation_id=inv)
+        client.settle(org, admitted.id, 80, 3, input_tokens=1200, output_tokens=300)
+    else:
+        conn.execute(_ADMIT, {"org": org, "task": task, "id": inv})
+        conn.execute(_SETTLE, {"org": org, "id": inv})
+
+
+async def _one_cycle_async(client: Any, conn: psycopg.AsyncConnection, n: int) -> None:
+    org, task, inv = org_id(n), exec_id(n), uuid.uuid4()
+    if client is not None:
+        admitted = await client.admit(org, 100, "bench-model", execution_id=task, invocation_id=inv)
+        await client.settle(org, admitted.id, 80, 3, input_tokens=1200, output_tokens=300)
+    else:
+        await conn.execute(_ADMIT, {"org": org, "task": task, "id": inv})
+        await conn.execute(_SETTLE, {"org": org, "id": inv})
+
+
+def run_threads(dsn: str, *, workers: int, seconds: float, orgs: int) -> DriverRun:
+    """``workers`` threads, one connection each, for ``seconds``."""
+    counts = [0] * workers
+    errors = [0] * workers
+    ready = threading.Barrier(workers + 1)
+    start_at: list[float] = []
+
+    def work(k: int) -> None:
+        rng = random.Random(k)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            client = Llm(conn) if Llm is not None else None
+            for _ in range(WARMUP_CYCLES):
+                _one_cycle(client, conn, rng.randint(1, orgs))
+            ready.wait()
+            deadline = start_at[0] + seconds
+            while time.perf_counter() < deadline:
+                try:
+                    _one_cycle(client, conn, rng.randint(1, orgs))
+                    counts[k] += 1
+                except Exception:  # counted and reported; the run goes on
+                    errors[k] += 1
+
+    threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(workers)]
+    for t in threads:
+        t.start()
+    start_at.append(time.perf_counter() + 0.05)
+    ready.wait()
+    for t in threads:
+        t.join()
+    elapsed = max(time.perf_counter() - start_at[0], 1e-9)
+    return DriverRun("threads", workers, elapsed, sum(counts), sum(errors))
+
+
+def run_asyncio(dsn: str, *, workers: int, seconds: float, orgs: int) -> DriverRun:
+    """``workers`` asyncio tasks on one event loop, one connection each, for ``seconds``."""
+
+    async def main() -> DriverRun:
+        conns = [await psycopg.AsyncConnection.connect(dsn, autocommit=True) for _ in range(workers)]
+        try:
+            clients = [AsyncLlm(c) if AsyncLlm is not None else None for c in conns]
+            rngs = [random.Random(100 + k) for k in range(workers)]
+            await asyncio.gather(*(
+                _warm(clients[k], conns[k], rngs[k]) for k in range(workers)
+            ))  # fmt: skip
+            counts = [0] * workers
+            errors = [0] * workers
+            start = time.perf_counter()
+            deadline = start + seconds
+
+            async def loop(k: int) -> None:
+                while time.perf_counter() < deadline:
+                    try:
+                        await _one_cycle_async(clients[k], conns[k], rngs[k].randint(1, orgs))
+                        counts[k] += 1
+                    except Exception:  # counted and reported; the run goes on
+                        errors[k] += 1
+
+            await asyncio.gather(*(loop(k) for k in range(workers)))
+            elapsed = time.perf_counter() - start
+            return DriverRun("asyncio", workers, elapsed, sum(counts), sum(errors))
+        finally:
+            for c in conns:
+                await c.close()
+
+    async def _warm(client: Any, conn: psycopg.AsyncConnection, rng: random.Random) -> None:
+        for _ in range(WARMUP_CYCLES):
+            await _one_cycle_async(client, conn, rng.randint(1, orgs))
+
+    return asyncio.run(main())
