@@ -1,0 +1,368 @@
+"""A small pure-Python model of the books, for the simulation (test_simulation.py).
+
+It follows DESIGN.md, not the SQL: what each call must do to periods,
+invocations, tasks, notices and daily usage, and which SQLSTATE a call must
+raise. Every method either raises ``Rejected(code)`` before changing anything
+(a rejected call writes nothing) or applies the whole change (one transaction).
+The simulation runs the same call against the database and compares.
+
+Deliberately small: one organization table, one clock, no batches (the
+simulation never leaves more than ``sweep_batch`` requests stranded).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import date, datetime, timedelta
+
+RECOVERY_WINDOW = timedelta(hours=24)
+NOTICE_CLAIM_TIMEOUT = timedelta(minutes=15)
+NOTICE_BACKOFF_BASE = timedelta(minutes=1)
+NOTICE_BACKOFF_MAX = timedelta(hours=6)
+REPORTING_DAYS = 2
+OPEN = ("reserved", "dispatched")
+
+
+class Rejected(Exception):
+    """The call must fail with this SQLSTATE and change nothing."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def period_of(at: datetime) -> date:
+    """The UTC calendar month containing ``at`` (its first day)."""
+    return date(at.year, at.month, 1)  # the simulation's clock is in UTC
+
+
+@dataclass
+class Org:
+    id: uuid.UUID
+    status: str
+    allowance: int | None  # None: unlimited
+    thresholds: tuple[int, ...]
+
+
+@dataclass
+class Period:
+    allowance: int | None
+    used: int = 0
+    held: int = 0
+    cents: int = 0
+
+
+@dataclass
+class Invocation:
+    id: uuid.UUID
+    org: uuid.UUID
+    period: date
+    execution: uuid.UUID | None
+    model: str
+    estimate: int
+    created_at: datetime
+    status: str = "reserved"
+    kind: str | None = None  # settlement_kind: measured | recovered
+    charged: int | None = None
+    cents: int | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    settled_at: datetime | None = None
+    alerted: bool = False  # past_window_alerted_at is set
+    late: bool = False  # a late measured settlement was recorded for audit
+
+
+@dataclass
+class Execution:
+    id: uuid.UUID
+    org: uuid.UUID
+    task: str
+    subject: str | None
+    replay_key: str | None
+    started_at: datetime
+    status: str = "running"
+    ended_at: datetime | None = None
+    requests: int = 0
+    credits: int = 0
+    cents: int = 0
+
+
+@dataclass
+class Notice:
+    status: str = "owed"
+    attempts: int = 0
+    next_attempt_at: datetime | None = None
+    claimed_at: datetime | None = None
+    crossed_at: datetime | None = None
+
+
+@dataclass
+class Books:
+    task_kinds: set[str]
+    orgs: dict[uuid.UUID, Org] = field(default_factory=dict)
+    periods: dict[tuple[uuid.UUID, date], Period] = field(default_factory=dict)
+    invocations: dict[tuple[uuid.UUID, uuid.UUID], Invocation] = field(default_factory=dict)
+    executions: dict[tuple[uuid.UUID, uuid.UUID], Execution] = field(default_factory=dict)
+    notices: dict[tuple[uuid.UUID, date, int], Notice] = field(default_factory=dict)
+    daily: dict[tuple[uuid.UUID, date, str], tuple[int, ...]] = field(default_factory=dict)
+    passes: int = 0
+
+    # ------------------------------------------------------------ organizations
+
+    def upsert_organization(
+        self, org: uuid.UUID, allowance: int | None, status: str, thresholds: tuple[int, ...], now: datetime
+    ) -> None:
+        old = self.orgs.get(org)
+        self.orgs[org] = Org(org, status, allowance, tuple(sorted(set(thresholds))))
+        if old is not None and old.allowance != allowance:
+            # a changed allowance applies to the current period at once
+            current = self.periods.get((org, period_of(now)))
+            if current is not None:
+                current.allowance = allowance
+
+    def _operational(self, org: uuid.UUID) -> Org:
+        if org not in self.orgs:
+            raise Rejected("LL002")
+        if self.orgs[org].status != "operational":
+            raise Rejected("LL003")
+        return self.orgs[org]
+
+    def _invocation(self, org: uuid.UUID, inv: uuid.UUID) -> Invocation:
+        if (org, inv) not in self.invocations:
+            raise Rejected("LL005" if org in self.orgs else "LL002")
+        return self.invocations[(org, inv)]
+
+    # ------------------------------------------------------------ requests
+
+    def admit(
+        self, org: uuid.UUID, estimate: int, model: str, execution: uuid.UUID | None,
+        inv: uuid.UUID, now: datetime,
+    ) -> Invocation:  # fmt: skip
+        tenant = self._operational(org)
+        if execution is not None and (org, execution) not in self.executions:
+            other = any(e == execution for (_, e) in self.executions)
+            raise Rejected("LL008" if other else "LL006")
+        existing = self.invocations.get((org, inv))
+        if existing is not None:  # a retry: same arguments return the first admission
+            if (existing.estimate, existing.model, existing.execution) != (estimate, model, execution):
+                raise Rejected("LL007")
+            return existing
+        if execution is not None and self.executions[(org, execution)].status != "running":
+            raise Rejected("LL009")
+        key = (org, period_of(now))
+        period = self.periods.get(key) or Period(tenant.allowance)
+        if period.allowance is not None and period.used + period.held + estimate > period.allowance:
+            raise Rejected("LL001")  # the period row a first admission would create is rolled back too
+        self.periods[key] = period
+        period.held += estimate
+        row = Invocation(inv, org, key[1], execution, model, estimate, now)
+        self.invocations[(org, inv)] = row
+        return row
+
+    def mark_dispatched(self, org: uuid.UUID, inv: uuid.UUID, now: datetime) -> Invocation:
+        row = self._invocation(org, inv)
+        if row.status == "reserved":
+            row.status = "dispatched"
+        elif row.status != "dispatched":
+            raise Rejected("LL009")
+        return row
+
+    def _already(self, row: Invocation) -> str:
+        if row.status == "failed":
+            return "already_failed"
+        return "already_recovered" if row.kind == "recovered" else "already_settled"
+
+    def settle(
+        self, org: uuid.UUID, inv: uuid.UUID, credits: int, cents: int,
+        input_tokens: int | None, output_tokens: int | None, now: datetime,
+    ) -> str:  # fmt: skip
+        row = self._invocation(org, inv)
+        if row.status not in OPEN:
+            outcome = self._already(row)
+            if outcome == "already_recovered":
+                row.late = True  # recorded for audit, never charged
+            return outcome
+        row.status, row.kind = "settled", "measured"
+        row.input_tokens, row.output_tokens = input_tokens, output_tokens
+        self._book_terminal(row, credits, cents, now)
+        return "settled"
+
+    def fail(self, org: uuid.UUID, inv: uuid.UUID, credits: int, cents: int, now: datetime) -> str:
+        row = self._invocation(org, inv)
+        if row.status not in OPEN:
+            return self._already(row)
+        row.status = "failed"
+        self._book_terminal(row, credits, cents, now)
+        return "failed"
+
+    def _book_terminal(self, row: Invocation, credits: int, cents: int | None, now: datetime) -> None:
+        row.charged, row.cents, row.settled_at = credits, cents, now
+        if row.execution is not None:  # also after the task closed; it never reopens
+            task = self.executions[(row.org, row.execution)]
+            task.requests += 1
+            task.credits += credits
+            task.cents += cents or 0
+        period = self.periods[(row.org, row.period)]
+        old = period.used
+        period.used += credits
+        period.cents += cents or 0
+        period.held -= row.estimate
+        self._crossings(row.org, row.period, old, period.used, now)
+
+    def _crossings(self, org: uuid.UUID, start: date, old: int, new: int, now: datetime) -> None:
+        allowance = self.periods[(org, start)].allowance
+        if allowance is None:
+            return
+        for pct in self.orgs[org].thresholds:
+            if old * 100 < pct * allowance <= new * 100 and (org, start, pct) not in self.notices:
+                self.notices[(org, start, pct)] = Notice(next_attempt_at=now, crossed_at=now)
+
+    # ------------------------------------------------------------ tasks
+
+    def open_execution(
+        self, org: uuid.UUID, task: str, subject: str | None, replay_key: str | None,
+        now: datetime, new_id: uuid.UUID | None,
+    ) -> tuple[uuid.UUID, str, bool]:  # fmt: skip
+        """``new_id``: the id the database gave a new task (None when it raised)."""
+        self._operational(org)
+        if task not in self.task_kinds:
+            raise Rejected("LL004")
+        if replay_key is not None:
+            for row in self.executions.values():
+                if row.org == org and row.replay_key == replay_key:
+                    if (row.task, row.subject) != (task, subject):
+                        raise Rejected("LL007")
+                    return row.id, row.status, True
+        assert new_id is not None, "the database refused an open the model accepts"
+        self.executions[(org, new_id)] = Execution(new_id, org, task, subject, replay_key, now)
+        return new_id, "running", False
+
+    def close_execution(self, org: uuid.UUID, execution: uuid.UUID, outcome: str, now: datetime) -> bool:
+        if outcome not in ("completed", "failed"):
+            raise Rejected("LL009")
+        row = self.executions.get((org, execution))
+        if row is None:
+            raise Rejected("LL006")
+        if row.status != "running":
+            return False
+        row.status, row.ended_at = outcome, now
+        return True
+
+    # ------------------------------------------------------------ recovery
+
+    def reconcile_org(self, org: uuid.UUID, now: datetime) -> tuple[int, int]:
+        """(requests recovered, tasks abandoned)."""
+        self._operational(org)
+        cutoff = now - RECOVERY_WINDOW
+        abandoned = 0
+        for task in self.executions.values():
+            if task.org == org and task.status == "running" and task.started_at <= cutoff:
+                task.status, task.ended_at = "abandoned", now
+                abandoned += 1
+        stranded = [
+            row for row in self.invocations.values()
+            if row.org == org and row.status in OPEN and row.created_at <= cutoff
+        ]  # fmt: skip
+        moved: dict[date, int] = {}
+        for row in stranded:
+            row.status, row.kind, row.alerted = "settled", "recovered", True
+            row.charged, row.cents, row.settled_at = row.estimate, None, now
+            if row.execution is not None:
+                task = self.executions[(org, row.execution)]
+                task.requests += 1
+                task.credits += row.estimate
+            period = self.periods[(org, row.period)]
+            moved.setdefault(row.period, period.used)
+            period.used += row.estimate
+            period.held -= row.estimate
+        for start, old in moved.items():  # one movement per period, one crossing check
+            self._crossings(org, start, old, self.periods[(org, start)].used, now)
+        return len(stranded), abandoned
+
+    def run_reconciliation(self, now: datetime) -> None:
+        for org in sorted(self.orgs):  # operational ones, in id order
+            if self.orgs[org].status == "operational":
+                self.reconcile_org(org, now)
+        self.rearm_notices(now)
+        today = now.date()
+        self.rebuild_daily_usage(today - timedelta(days=REPORTING_DAYS - 1), today)
+        self.passes += 1
+
+    # ------------------------------------------------------------ notices and reporting
+
+    def claim_notices(self, limit: int, now: datetime) -> list[tuple[uuid.UUID, date, int]]:
+        due = sorted(
+            (n.crossed_at, key) for key, n in self.notices.items()
+            if n.status == "owed" and n.next_attempt_at <= now
+        )  # fmt: skip
+        assert len(due) <= limit, "the simulation claims every due notice at once"
+        for _, key in due:
+            notice = self.notices[key]
+            notice.status, notice.claimed_at = "sending", now
+            notice.attempts += 1
+        return [key for _, key in due]
+
+    def complete_notice(self, key: tuple[uuid.UUID, date, int]) -> bool:
+        notice = self.notices[key]
+        if notice.status != "sending":
+            return False
+        notice.status = "sent"
+        return True
+
+    def fail_notice(self, key: tuple[uuid.UUID, date, int], now: datetime) -> bool:
+        notice = self.notices[key]
+        if notice.status != "sending":
+            return False
+        backoff = min(NOTICE_BACKOFF_MAX, NOTICE_BACKOFF_BASE * 2 ** (min(notice.attempts, 30) - 1))
+        notice.status, notice.claimed_at, notice.next_attempt_at = "owed", None, now + backoff
+        return True
+
+    def rearm_notices(self, now: datetime) -> int:
+        rearmed = 0
+        for notice in self.notices.values():
+            if notice.status == "sending" and notice.claimed_at <= now - NOTICE_CLAIM_TIMEOUT:
+                notice.status, notice.claimed_at, notice.next_attempt_at = "owed", None, now
+                rearmed += 1
+        return rearmed
+
+    def rebuild_daily_usage(self, first: date, last: date) -> None:
+        self.daily = {k: v for k, v in self.daily.items() if not first <= k[1] <= last}
+        for row in self.invocations.values():
+            if row.settled_at is None or not first <= row.settled_at.date() <= last:
+                continue
+            key = (row.org, row.settled_at.date(), row.model)
+            n, recovered, credits, cents, tokens_in, tokens_out = self.daily.get(key, (0,) * 6)
+            self.daily[key] = (
+                n + 1,
+                recovered + (row.kind == "recovered"),
+                credits + row.charged,
+                cents + (row.cents or 0),
+                tokens_in + (row.input_tokens or 0),
+                tokens_out + (row.output_tokens or 0),
+            )
+
+    # ------------------------------------------------------------ what the database must show
+
+    def expected_periods(self) -> dict:
+        return {k: (p.allowance, p.used, p.held, p.cents) for k, p in self.periods.items()}
+
+    def expected_invocations(self) -> dict:
+        return {
+            k: (r.status, r.kind, r.charged, r.cents, r.period, r.execution, r.alerted, r.late)
+            for k, r in self.invocations.items()
+        }
+
+    def expected_executions(self) -> dict:
+        def duration_ms(e: Execution) -> int | None:
+            if e.status in ("running", "abandoned"):  # abandoned: ended at detection, no duration
+                return None
+            return max(0, round((e.ended_at - e.started_at).total_seconds() * 1000))
+
+        return {
+            k: (e.status, e.requests, e.credits, e.cents, e.ended_at, duration_ms(e))
+            for k, e in self.executions.items()
+        }
+
+    def expected_notices(self) -> dict:
+        return {k: (n.status, n.attempts) for k, n in self.notices.items()}

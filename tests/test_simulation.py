@@ -1,0 +1,420 @@
+"""Simulation: Hypothesis drives random interleavings of every call against the
+database and against a pure-Python model of the books (tests/model.py), and
+after every step the two must agree and ``llm.check_invariants()`` must be
+empty (invariants 1-7 of DESIGN.md).
+
+Three organizations: a small allowance (whose allowance is raised and
+lowered), an unlimited one, and one that gets suspended and reactivated. The
+steps: admit (with or without a task, a retried id, a foreign task), dispatch,
+settle (also late, after recovery, and for the wrong organization), fail,
+open (with replay keys, unknown task kinds) and close tasks, reconcile one
+organization, run the whole pass, claim / complete / fail notices, and move
+the clock (minutes to days, across month boundaries).
+
+After every step: each period's allowance, used, held and cents; each
+request's status, settlement kind, charge, period, task, past-window alert and
+late audit record; each task's status, totals, end and duration; each notice
+per threshold with its status and attempts; daily usage; no drift findings;
+``check_invariants()`` empty.
+
+One database for the whole run, emptied between examples (DELETE in
+foreign-key order: much faster than a clone per example). Examples: 500, or
+``LLM_DB_SIM_EXAMPLES``; derandomized, so CI runs the same examples.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from model import Books, Rejected
+
+EXAMPLES = int(os.environ.get("LLM_DB_SIM_EXAMPLES", "500"))
+STEPS = 15
+
+ORG_SMALL = uuid.UUID("00000000-0000-4000-8000-000000005001")
+ORG_UNLIMITED = uuid.UUID("00000000-0000-4000-8000-000000005002")
+ORG_SUSPENDED = uuid.UUID("00000000-0000-4000-8000-000000005003")
+ORGS = (ORG_SMALL, ORG_UNLIMITED, ORG_SUSPENDED)
+SETUP = {  # allowance, thresholds
+    ORG_SMALL: (100, (50, 80, 100)),
+    ORG_UNLIMITED: (None, (80, 100)),
+    ORG_SUSPENDED: (1000, (80, 100)),
+}
+TASK_KINDS = ("sim.summarize", "sim.translate")
+START = datetime(2031, 1, 30, 20, 0, tzinfo=UTC)  # close to a month boundary
+
+# Children before parents; the catalogs (task_kinds, settings) stay.
+CLEAN = [
+    "DELETE FROM llm.ledger",
+    "DELETE FROM llm.drift_findings",
+    "DELETE FROM llm.threshold_notices",
+    "DELETE FROM llm.daily_usage",
+    "DELETE FROM llm.invocations",
+    "DELETE FROM llm.executions",
+    "DELETE FROM llm.periods",
+    "DELETE FROM llm.organizations",
+    "DELETE FROM llm.reconciliation_runs",
+]
+
+picks = st.integers(min_value=0, max_value=10_000)
+# round amounts land exactly on thresholds (50 % of 100, 80 % of 1000 …) as often as not
+estimates = st.sampled_from([10, 20, 30, 50]) | st.integers(0, 70)
+charges = st.sampled_from([0, 10, 20, 30, 50, 80]) | st.integers(0, 120)
+rare = st.integers(min_value=0, max_value=7).map(lambda n: n == 0)  # true one time in eight
+
+
+class BooksMachine(RuleBasedStateMachine):
+    conn: psycopg.Connection  # set by the test
+    steps_run = 0
+    examples_run = 0
+    outcomes: Counter = Counter()  # SQLSTATE (or ok) of every call, for the summary
+    tally: Counter = Counter()  # what the examples built, for the summary
+
+    def __init__(self) -> None:
+        super().__init__()
+        for statement in CLEAN:
+            self.conn.execute(statement)
+        for key in TASK_KINDS:
+            self.conn.execute("SELECT llm.declare_task_kind(%s)", [key])
+        self.now = START
+        self.counter = 0
+        self.books = Books(task_kinds=set(TASK_KINDS))
+        for org, (allowance, thresholds) in SETUP.items():
+            self._upsert(org, allowance, "operational", thresholds)
+        BooksMachine.examples_run += 1
+
+    # ------------------------------------------------------------ plumbing
+
+    def _both(self, db_call, model_call):
+        """Run the call on the database, then on the model (given the database's
+        answer, for ids it generates); both must fail with the same SQLSTATE or
+        both succeed. Returns (database answer, model answer)."""
+        BooksMachine.steps_run += 1
+        try:
+            answer, code = db_call(), None
+        except psycopg.Error as exc:
+            answer, code = None, exc.sqlstate
+        try:
+            expected, expected_code = model_call(answer), None
+        except Rejected as rejected:
+            expected, expected_code = None, rejected.code
+        assert code == expected_code, f"database raised {code}, the model expected {expected_code}"
+        BooksMachine.outcomes[code or "ok"] += 1
+        return answer, expected
+
+    def _one(self, query: str, params: list) -> tuple:
+        return self.conn.execute(query, params).fetchone()
+
+    def _upsert(self, org, allowance, status, thresholds) -> None:
+        self._one(
+            "SELECT llm.upsert_organization(%s, %s, %s::bigint, %s, %s::int[], %s)",
+            [org, f"org {org}", allowance, status, list(thresholds), self.now],
+        )
+        self.books.upsert_organization(org, allowance, status, thresholds, self.now)
+
+    def _pick(self, items: list, pick: int):
+        return items[pick % len(items)] if items else None
+
+    def _invocations(self) -> list:
+        return sorted(self.books.invocations)
+
+    def _executions(self) -> list:
+        return sorted(self.books.executions)
+
+    # ------------------------------------------------------------ requests
+
+    @rule(o=st.integers(0, 2), estimate=estimates, with_task=st.booleans(), p=picks,
+          foreign=rare, model=st.sampled_from(["m-1", "m-2"]))  # fmt: skip
+    def admit(self, o, estimate, with_task, p, foreign, model):
+        org = ORGS[o]
+        execution = None
+        if with_task:
+            tasks = [t for t in self._executions() if (t[0] != org) == foreign]
+            chosen = self._pick(tasks, p)
+            execution = chosen[1] if chosen else None
+        self.counter += 1
+        inv = uuid.UUID(int=(1 << 96) + self.counter)
+        self._both(
+            lambda: self._one(
+                "SELECT (llm.admit_invocation(%s, %s::bigint, %s, %s::uuid, %s::uuid, %s)).id",
+                [org, estimate, model, execution, inv, self.now],
+            ),
+            lambda _: self.books.admit(org, estimate, model, execution, inv, self.now),
+        )
+
+    @rule(estimate=estimates, p=picks)
+    def admit_small(self, estimate, p):
+        """More admissions for the small allowance: LL001 and overage are reached often."""
+        self.admit(0, estimate, with_task=p % 2 == 0, p=p, foreign=False, model="m-1")
+
+    @precondition(lambda self: self.books.invocations)
+    @rule(p=picks, same=st.booleans())
+    def admit_again(self, p, same):
+        """A retried id: the same arguments return the first admission, others LL007."""
+        org, inv = self._pick(self._invocations(), p)
+        row = self.books.invocations[(org, inv)]
+        estimate = row.estimate if same else row.estimate + 1
+        self._both(
+            lambda: self._one(
+                "SELECT (llm.admit_invocation(%s, %s::bigint, %s, %s::uuid, %s::uuid, %s)).id",
+                [org, estimate, row.model, row.execution, inv, self.now],
+            ),
+            lambda _: self.books.admit(org, estimate, row.model, row.execution, inv, self.now),
+        )
+
+    @precondition(lambda self: self.books.invocations)
+    @rule(p=picks)
+    def dispatch(self, p):
+        org, inv = self._pick(self._invocations(), p)
+        self._both(
+            lambda: self._one("SELECT (llm.mark_dispatched(%s, %s, %s)).status", [org, inv, self.now]),
+            lambda _: self.books.mark_dispatched(org, inv, self.now),
+        )
+
+    @precondition(lambda self: self.books.invocations)
+    @rule(p=picks, credits=charges, cents=st.integers(0, 30),
+          tokens=st.none() | st.integers(0, 5000), foreign=rare)  # fmt: skip
+    def settle(self, p, credits, cents, tokens, foreign):
+        org, inv = self._pick(self._invocations(), p)
+        if foreign:  # another organization's request is unknown here: LL005
+            org = ORGS[(ORGS.index(org) + 1) % len(ORGS)]
+        db, expected = self._both(
+            lambda: self._one(
+                "SELECT llm.settle_invocation(%s, %s, %s::bigint, %s::bigint, %s::bigint, %s::bigint, %s)",
+                [org, inv, credits, cents, tokens, tokens, self.now],
+            ),
+            lambda _: self.books.settle(org, inv, credits, cents, tokens, tokens, self.now),
+        )
+        assert db is None or db[0] == expected
+
+    @precondition(lambda self: self.books.invocations)
+    @rule(p=picks, credits=st.sampled_from([0, 0, 3, 40]), cents=st.integers(0, 5))
+    def fail(self, p, credits, cents):
+        org, inv = self._pick(self._invocations(), p)
+        db, expected = self._both(
+            lambda: self._one(
+                "SELECT llm.fail_invocation(%s, %s, 'provider error', %s::bigint, %s::bigint, %s)",
+                [org, inv, credits, cents, self.now],
+            ),
+            lambda _: self.books.fail(org, inv, credits, cents, self.now),
+        )
+        assert db is None or db[0] == expected
+
+    # ------------------------------------------------------------ tasks
+
+    @rule(o=st.integers(0, 2), task=st.sampled_from([*TASK_KINDS, *TASK_KINDS, "sim.undeclared"]),
+          subject=st.sampled_from([None, "doc-1"]), replay=st.sampled_from([None, None, "r-1", "r-2"]))  # fmt: skip
+    def open_task(self, o, task, subject, replay):
+        org = ORGS[o]
+        db, expected = self._both(
+            lambda: self._one(
+                "SELECT execution_id, status, replayed FROM llm.open_execution(%s, %s, 'document', %s::text, %s::text, %s)",
+                [org, task, subject, replay, self.now],
+            ),
+            lambda db: self.books.open_execution(
+                org, task, subject, replay, self.now, db[0] if db and not db[2] else None
+            ),
+        )
+        assert db is None or tuple(db) == expected
+
+    @precondition(lambda self: self.books.executions)
+    @rule(p=picks, outcome=st.sampled_from(["completed", "failed", "completed", "abandoned"]), foreign=rare)
+    def close_task(self, p, outcome, foreign):
+        org, execution = self._pick(self._executions(), p)
+        if foreign:
+            org = ORGS[(ORGS.index(org) + 1) % len(ORGS)]
+        db, expected = self._both(
+            lambda: self._one(
+                "SELECT llm.close_execution(%s, %s, %s, NULL, %s)", [org, execution, outcome, self.now]
+            ),
+            lambda _: self.books.close_execution(org, execution, outcome, self.now),
+        )
+        assert db is None or db[0] == expected
+
+    # ------------------------------------------------------------ recovery, clock, tenants
+
+    @rule(o=st.integers(0, 2))
+    def reconcile_org(self, o):
+        org = ORGS[o]
+        db, expected = self._both(
+            lambda: self._one(
+                "SELECT recovered_requests, abandoned_executions, more_pending FROM llm.reconcile_org(%s, %s)",
+                [org, self.now],
+            ),
+            lambda _: self.books.reconcile_org(org, self.now),
+        )
+        assert db is None or tuple(db) == (*expected, False)
+
+    @rule()
+    def run_pass(self):
+        self._both(
+            lambda: self.conn.execute("CALL llm.run_reconciliation(p_now => %s)", [self.now]),
+            lambda _: self.books.run_reconciliation(self.now),
+        )
+        status, errors = self._one(
+            "SELECT status, errors FROM llm.reconciliation_runs ORDER BY started_at DESC LIMIT 1", []
+        )
+        assert (status, errors) == ("succeeded", [])
+
+    @rule()
+    def window_passes(self):
+        """The recovery window elapses and the hourly pass runs: stranded work is recovered."""
+        self.move_clock(timedelta(hours=25))
+        self.run_pass()
+
+    @rule(delta=st.sampled_from([timedelta(minutes=1), timedelta(minutes=20), timedelta(hours=2),
+                                 timedelta(hours=13), timedelta(hours=25), timedelta(days=6)]))  # fmt: skip
+    def move_clock(self, delta):
+        BooksMachine.steps_run += 1
+        self.now += delta
+
+    @rule(status=st.sampled_from(["suspended", "operational"]))
+    def suspend_or_reactivate(self, status):
+        BooksMachine.steps_run += 1
+        allowance, thresholds = SETUP[ORG_SUSPENDED]
+        self._upsert(ORG_SUSPENDED, allowance, status, thresholds)
+
+    @rule(allowance=st.sampled_from([40, 100, 160]))
+    def change_allowance(self, allowance):
+        """Raised or lowered: applies to the current period at once."""
+        BooksMachine.steps_run += 1
+        self._upsert(ORG_SMALL, allowance, "operational", SETUP[ORG_SMALL][1])
+
+    # ------------------------------------------------------------ notices
+
+    def _notice_id(self, key) -> uuid.UUID:
+        org, start, pct = key
+        (notice,) = self._one(
+            "SELECT id FROM llm.threshold_notices WHERE organization_id = %s AND period_start = %s AND threshold_pct = %s",
+            [org, start, pct],
+        )
+        return notice
+
+    @rule()
+    def claim_notices(self):
+        db, expected = self._both(
+            lambda: self.conn.execute(
+                "SELECT organization_id, period_start, threshold_pct FROM llm.claim_notices(50, %s)", [self.now]
+            ).fetchall(),
+            lambda _: self.books.claim_notices(50, self.now),
+        )
+        assert sorted(db) == sorted(expected)
+
+    @precondition(lambda self: self.books.notices)
+    @rule(p=picks, delivered=st.booleans())
+    def complete_or_fail_notice(self, p, delivered):
+        key = self._pick(sorted(self.books.notices), p)
+        notice = self._notice_id(key)
+        if delivered:
+            db, expected = self._both(
+                lambda: self._one("SELECT llm.complete_notice(%s, %s, %s)", [key[0], notice, self.now]),
+                lambda _: self.books.complete_notice(key),
+            )
+        else:
+            db, expected = self._both(
+                lambda: self._one(
+                    "SELECT llm.fail_notice(%s, %s, 'webhook returned 503', %s)", [key[0], notice, self.now]
+                ),
+                lambda _: self.books.fail_notice(key, self.now),
+            )
+        assert db[0] == expected
+
+    def teardown(self):
+        books = self.books
+        tally = BooksMachine.tally
+        tally["invocations"] += len(books.invocations)
+        tally["recovered"] += sum(r.kind == "recovered" for r in books.invocations.values())
+        tally["late settlements"] += sum(r.late for r in books.invocations.values())
+        tally["tasks"] += len(books.executions)
+        tally["abandoned"] += sum(e.status == "abandoned" for e in books.executions.values())
+        tally["notices"] += len(books.notices)
+        tally["periods"] += len(books.periods)
+        tally["passes"] += books.passes
+
+    # ------------------------------------------------------------ after every step
+
+    @invariant()
+    def books_agree_with_the_model(self):
+        q = self.conn.execute
+        periods = {
+            (o, s): tuple(rest)
+            for o, s, *rest in q(
+                "SELECT organization_id, period_start, allowance_credits, used_credits, held_credits, used_cents"
+                " FROM llm.periods"
+            )
+        }
+        assert periods == self.books.expected_periods()
+        invocations = {
+            (o, i): tuple(rest)
+            for o, i, *rest in q(
+                "SELECT organization_id, id, status, settlement_kind, charged_credits, charged_cents, period_start,"
+                " execution_id, past_window_alerted_at IS NOT NULL, late_reported_at IS NOT NULL FROM llm.invocations"
+            )
+        }
+        assert invocations == self.books.expected_invocations()
+        executions = {
+            (o, x): tuple(rest)
+            for o, x, *rest in q(
+                "SELECT organization_id, id, status, request_count, credits, cents, ended_at, duration_ms"
+                " FROM llm.executions"
+            )
+        }
+        assert executions == self.books.expected_executions()
+        notices = {
+            (o, s, t): tuple(rest)
+            for o, s, t, *rest in q(
+                "SELECT organization_id, period_start, threshold_pct, status, attempts FROM llm.threshold_notices"
+            )
+        }
+        assert notices == self.books.expected_notices()
+        daily = {
+            (o, d, m): tuple(rest)
+            for o, d, m, *rest in q(
+                "SELECT organization_id, day, model, requests, recovered_requests, credits, cents,"
+                " input_tokens, output_tokens FROM llm.daily_usage"
+            )
+        }
+        assert daily == self.books.daily
+        assert q("SELECT count(*) FROM llm.drift_findings").fetchone() == (0,)
+        assert q("SELECT * FROM llm.check_invariants()").fetchall() == []
+
+
+def test_random_interleavings_keep_the_books_equal_to_the_model(llm_conn, capsys):
+    """Invariants 1-7 and the model after every step of random interleavings
+    (CAP-PFM-LLM-007 admission, WF-PFM-LLM-002 tasks, WF-PFM-LLM-004 recovery)."""
+    llm_conn.execute("SET lock_timeout = '5s'")
+    BooksMachine.conn = llm_conn
+    BooksMachine.steps_run = BooksMachine.examples_run = 0
+    BooksMachine.outcomes = Counter()
+    BooksMachine.tally = Counter()
+    run_state_machine_as_test(
+        BooksMachine,
+        settings=settings(
+            max_examples=EXAMPLES,
+            stateful_step_count=STEPS,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )
+    with capsys.disabled():
+        print(
+            f"\n[simulation] {BooksMachine.examples_run} examples, {BooksMachine.steps_run} steps "
+            f"checked against the model and check_invariants(); call outcomes "
+            f"{dict(sorted(BooksMachine.outcomes.items()))}; built {dict(BooksMachine.tally)}"
+        )
+    assert BooksMachine.steps_run >= EXAMPLES
