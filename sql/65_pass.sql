@@ -19,11 +19,30 @@ AS $$
 DECLARE
     v_run uuid;
     v_now timestamptz := coalesce(p_now, pg_catalog.now());
+    v_key bigint := llm._pass_lock_key();
+    v_holder_pid integer;
+    v_holder_state text;
 BEGIN
-    IF NOT pg_catalog.pg_try_advisory_lock(llm._pass_lock_key()) THEN
+    -- Who holds the pass lock, if anyone (a bigint advisory key shows as classid/objid).
+    SELECT l.pid, a.state INTO v_holder_pid, v_holder_state
+      FROM pg_catalog.pg_locks AS l
+      LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid
+     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+       AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d
+                          WHERE d.datname = pg_catalog.current_database())
+       AND l.classid = (v_key >> 32)::oid AND l.objid = (v_key & 4294967295)::oid
+     LIMIT 1;
+    -- A pass of this very session that was cancelled (statement_timeout, query cancel:
+    -- neither is caught by the steps' handlers) could not release the session lock.
+    -- Reuse that hold instead of stacking a second one _finish_run would never release,
+    -- which would leave every other session's pass skipped for as long as this one lives.
+    IF v_holder_pid IS DISTINCT FROM pg_catalog.pg_backend_pid()
+       AND NOT pg_catalog.pg_try_advisory_lock(v_key) THEN
         INSERT INTO llm.reconciliation_runs (started_at, finished_at, clock, status, errors)
         VALUES (pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp(), v_now, 'skipped',
-                '[{"step": "lock", "error": "another reconciliation pass is running"}]');
+                pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object(
+                    'step', 'lock', 'error', 'another reconciliation pass is running',
+                    'holder_pid', v_holder_pid, 'holder_state', v_holder_state)));
         RETURN NULL;
     END IF;
     -- a pass that died (server stopped, backend terminated) left its row running
@@ -38,7 +57,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm._begin_run(timestamptz) IS
-    'Takes the pass lock and records a running pass (returns its id), or records a skipped pass and returns NULL.';
+    'Takes the pass lock (or reuses the one an interrupted pass of this session left) and records a running pass (returns its id), or records a skipped pass naming the lock holder and returns NULL.';
 
 CREATE OR REPLACE FUNCTION llm._pass_organizations()
 RETURNS uuid[]
