@@ -286,6 +286,39 @@ def test_pass_left_running_by_a_killed_backend_is_marked_failed_by_the_next(llm_
     assert (run["status"], run["requests_recovered"]) == ("succeeded", 1)
 
 
+def test_pass_cancelled_in_a_long_lived_session_does_not_keep_the_pass_lock(llm_conn, llm_connect):
+    """WF-PFM-LLM-004 concurrency (one execution slot) and hop 1 (stale requests remain until a
+    successful later pass): a pass cancelled by statement_timeout cannot release its session
+    lock (a cancel is not caught by the steps' handlers). While that session lives, other
+    sessions' passes are skipped and name the holder; the session's next pass marks the
+    interrupted run failed, does the work and releases the lock for good, so passes from
+    other sessions run again."""
+    org = new_org(llm_conn)
+    admit(llm_conn, org, 10)
+    blocker = llm_connect(autocommit=False)
+    lock_period(blocker, org)
+    pooled = llm_connect()  # e.g. a pooled application connection that survives the cancel
+    pooled.execute("SET statement_timeout = '500ms'")
+    with pytest.raises(psycopg.Error) as raised:
+        call_pass(pooled, T0 + 25 * HOUR)
+    assert raised.value.sqlstate == "57014"
+    blocker.rollback()
+    pooled.execute("RESET statement_timeout")
+
+    other = llm_connect()
+    call_pass(other, T0 + 26 * HOUR)
+    skipped = one(llm_conn, "SELECT * FROM llm.reconciliation_runs WHERE status = 'skipped'")
+    assert skipped["errors"][0]["holder_pid"] == pooled.info.backend_pid
+
+    resumed = run_pass(pooled, T0 + 27 * HOUR)
+    assert (resumed["status"], resumed["requests_recovered"]) == ("succeeded", 1)
+    later = run_pass(other, T0 + 28 * HOUR)
+    assert later["status"] == "succeeded"
+    statuses = [r["status"] for r in runs(llm_conn)]
+    assert statuses == ["failed", "skipped", "succeeded", "succeeded"]
+    assert llm_conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()[0] == 0
+
+
 # ---------------------------------------------------------------- follow-up steps
 
 
