@@ -179,8 +179,9 @@ COMMENT ON FUNCTION llm._finish_run(uuid) IS
     'Closes a pass: succeeded without errors, failed when every organization failed, partial otherwise; releases the pass lock.';
 
 -- A procedure that commits may not be SECURITY DEFINER nor carry a SET clause,
--- so it calls only schema-qualified SECURITY DEFINER steps; the search_path of
--- the caller cannot redirect them.
+-- so it calls only schema-qualified SECURITY DEFINER steps and writes its few
+-- operators as OPERATOR(pg_catalog.…); the search_path of the caller cannot
+-- redirect them (tests/test_security.py shadows them to prove it).
 CREATE OR REPLACE PROCEDURE llm.run_reconciliation(p_now timestamptz DEFAULT NULL, p_batch integer DEFAULT NULL)
 LANGUAGE plpgsql
 AS $$
@@ -189,7 +190,10 @@ DECLARE
     v_orgs uuid[];
     v_org uuid;
 BEGIN
-    IF p_batch IS NOT NULL AND (p_batch < 1 OR p_batch > 100000) THEN
+    -- No SET search_path here, so the caller's path resolves this body's operators:
+    -- qualify them, or a schema ahead of pg_catalog could supply its own integer <.
+    IF p_batch IS NOT NULL
+       AND (p_batch OPERATOR(pg_catalog.<) 1 OR p_batch OPERATOR(pg_catalog.>) 100000) THEN
         RAISE EXCEPTION 'llm: batch % is out of range', p_batch
             USING ERRCODE = '22023', HINT = 'Pass 1 .. 100000, or NULL for settings.sweep_batch.';
     END IF;
