@@ -26,7 +26,9 @@ import shutil
 import stat
 import subprocess
 import tempfile
-from contextlib import suppress
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -253,6 +255,8 @@ class EphemeralServer:
         self.superuser = SUPERUSER
         self.host = "127.0.0.1"
         self._pg: _Postgresql | None = None
+        self._admin_conn: psycopg.Connection | None = None
+        self._admin_lock = threading.Lock()
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -286,6 +290,10 @@ class EphemeralServer:
         return self
 
     def stop(self) -> None:
+        with self._admin_lock:
+            if self._admin_conn is not None:
+                self._admin_conn.close()
+                self._admin_conn = None
         pg, self._pg = self._pg, None
         if pg is not None:
             pg.stop()
@@ -352,6 +360,16 @@ class EphemeralServer:
 
     # --- databases -------------------------------------------------------------
 
+    @contextmanager
+    def _admin(self) -> Iterator[psycopg.Connection]:
+        """One reused superuser connection to ``postgres`` for database DDL
+        (a clone per test should not also pay a connection per test)."""
+        with self._admin_lock:
+            conn = self._admin_conn
+            if conn is None or conn.closed or conn.broken:
+                conn = self._admin_conn = self.connect()
+            yield conn
+
     def create_database(self, name: str, *, template: str | None = None) -> str:
         """Create database ``name`` (optionally cloned from ``template``) and return its dsn."""
         query = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
@@ -359,7 +377,7 @@ class EphemeralServer:
             query = sql.SQL("{} TEMPLATE {} STRATEGY FILE_COPY").format(
                 query, sql.Identifier(template)
             )
-        with self.connect() as conn:
+        with self._admin() as conn:
             if template is not None:
                 conn.execute(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
@@ -370,14 +388,14 @@ class EphemeralServer:
         return self.dsn(name)
 
     def drop_database(self, name: str) -> None:
-        with self.connect() as conn:
+        with self._admin() as conn:
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
 
     def mark_template(self, name: str) -> None:
         """Make ``name`` a template that nobody can connect to, so clones never wait."""
-        with self.connect() as conn:
+        with self._admin() as conn:
             conn.execute(
                 sql.SQL("ALTER DATABASE {} WITH IS_TEMPLATE true ALLOW_CONNECTIONS false").format(
                     sql.Identifier(name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import subprocess
 import sys
 import threading
@@ -15,6 +16,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 import llm_db
+from llm_db._server import CRON_DATABASE, ServerSetupError, check_installation
 from llm_db.migrate import MigrationError, default_dirs, migrate, yoyo_url
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -328,3 +330,58 @@ def test_schema_fingerprint_sees_a_changed_function(llm_dsn):
         ).fetchone()
         conn.execute(f"COMMENT ON FUNCTION {name} IS 'changed by a test'")
     assert schema_fingerprint(llm_dsn) != before
+
+
+# ---------------------------------------------------------------- the harness these tests run on
+
+
+def test_missing_pg_cron_fails_with_the_bootstrap_hint(tmp_path):
+    with pytest.raises(ServerSetupError, match=r"pg_cron is not installed.*scripts/bootstrap\.sh"):
+        check_installation(share_dir=tmp_path)
+
+
+def test_server_preloads_pg_cron_for_the_llm_cron_database(llm_conn):
+    settings = dict(
+        llm_conn.execute(
+            "SELECT name, setting FROM pg_settings WHERE name IN"
+            " ('shared_preload_libraries', 'cron.database_name', 'cron.use_background_workers',"
+            "  'max_connections', 'lock_timeout', 'statement_timeout')"
+        ).fetchall()
+    )
+    assert "pg_cron" in settings["shared_preload_libraries"]
+    assert settings["cron.database_name"] == CRON_DATABASE
+    assert settings["cron.use_background_workers"] == "on"
+    assert int(settings["max_connections"]) >= 200
+    assert settings["lock_timeout"] == "5000" and settings["statement_timeout"] == "60000"
+
+
+def test_server_processes_never_run_as_root(llm_server):
+    data = Path(llm_server.base_dir) / "data"
+    owner = data.stat().st_uid
+    assert owner != 0 or os.geteuid() != 0
+    if os.geteuid() == 0:
+        assert owner == pwd.getpwnam("postgres").pw_uid
+
+
+def test_each_test_gets_its_own_clone_of_the_template(llm_conn, llm_connect, llm_template):
+    dbname = llm_conn.info.dbname
+    assert dbname.startswith("t_") and dbname != llm_template
+    other = llm_connect(autocommit=False)
+    assert other.info.dbname == dbname
+    assert other.execute("SELECT to_regnamespace('llm') IS NOT NULL").fetchone() == (True,)
+
+
+def test_role_connection_acts_as_the_role(llm_role_conn):
+    conn = llm_role_conn("llm_reader")
+    assert conn.execute("SELECT current_user").fetchone() == ("llm_reader",)
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute("CREATE TABLE llm.nope (id int)")
+
+
+def test_cron_database_has_pg_cron_and_llm(llm_cron_dsn):
+    with psycopg.connect(llm_cron_dsn) as conn:
+        assert conn.info.dbname == CRON_DATABASE
+        assert conn.execute(
+            "SELECT count(*) FROM pg_extension WHERE extname = 'pg_cron'"
+        ).fetchone() == (1,)
+        assert conn.execute("SELECT to_regnamespace('llm') IS NOT NULL").fetchone() == (True,)
