@@ -21,12 +21,14 @@ def main() -> None:
 )
 def migrate(dsn: str) -> None:
     """Apply migrations/ with yoyo, then (re)apply every sql/ file in one transaction."""
+    import psycopg
+
     from llm_db.migrate import MigrationError
     from llm_db.migrate import migrate as run_migrate
 
     try:
         report = run_migrate(dsn)
-    except MigrationError as exc:
+    except (MigrationError, psycopg.Error) as exc:
         raise click.ClickException(str(exc)) from exc
     applied = ", ".join(report.applied_migrations) or "none"
     click.echo(f"migrations applied: {applied}")
