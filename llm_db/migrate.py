@@ -129,13 +129,14 @@ def migrate(
     *,
     migrations_dir: str | Path | None = None,
     sql_dir: str | Path | None = None,
-    lock_timeout: float = 600.0,
+    lock_timeout: float = 30.0,
 ) -> MigrationReport:
     """Bring the database at ``dsn`` to this release of llm-db; safe to re-run.
 
     ``dsn``: any libpq URL (``postgresql://``, ``postgres://``) or key=value
-    conninfo. ``lock_timeout``: seconds to wait for yoyo's lock row (a stale
-    row left by a killed run needs ``yoyo break-lock``). Returns a
+    conninfo. ``lock_timeout``: seconds to wait for yoyo's lock row. Runs of
+    ``migrate`` queue on the advisory lock instead, so that row is only ever
+    held by a plain ``yoyo`` run or left behind by a killed one. Returns a
     ``MigrationReport``; raises ``MigrationError`` naming the failing file.
     """
     default_migrations, default_sql = (None, None)
@@ -172,20 +173,25 @@ def migrate(
 
 def _apply_migrations(url: str, migrations_dir: Path, lock_timeout: float) -> list[str]:
     from yoyo import get_backend, read_migrations
+    from yoyo.exceptions import LockTimeout
 
     migrations = read_migrations(str(migrations_dir))
     backend = get_backend(url)
     try:
         with backend.lock(timeout=lock_timeout):
             pending = backend.to_apply(migrations)
-            ids = [m.id for m in pending]
             try:
                 backend.apply_migrations(pending)
             except psycopg.Error as exc:
                 raise MigrationError(
                     f"migration failed in {migrations_dir}: {_describe(exc)}", path=migrations_dir
                 ) from exc
-            return ids
+            return [m.id for m in pending]
+    except LockTimeout as exc:  # only taking the lock raises it
+        raise MigrationError(
+            f"yoyo's lock is still taken after {lock_timeout:g}s ({exc}). If no migration is"
+            " running, a killed run left it behind: DELETE FROM public.yoyo_lock;"
+        ) from exc
     finally:
         backend.connection.close()
 

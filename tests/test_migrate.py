@@ -385,3 +385,12 @@ def test_cron_database_has_pg_cron_and_llm(llm_cron_dsn):
             "SELECT count(*) FROM pg_extension WHERE extname = 'pg_cron'"
         ).fetchone() == (1,)
         assert conn.execute("SELECT to_regnamespace('llm') IS NOT NULL").fetchone() == (True,)
+
+
+def test_a_stale_yoyo_lock_fails_fast_with_the_fix(fresh_db):
+    _, dsn = fresh_db()
+    migrate(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO public.yoyo_lock (locked, ctime, pid) VALUES (1, now(), 999999)")
+    with pytest.raises(MigrationError, match=r"DELETE FROM public\.yoyo_lock"):
+        migrate(dsn, lock_timeout=1)
