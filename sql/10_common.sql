@@ -61,6 +61,29 @@ $$;
 COMMENT ON FUNCTION llm._check_text(text, text, integer, boolean) IS
     'Raises 22023 for a NULL (unless p_nullable), blank or over-long text argument.';
 
+CREATE OR REPLACE FUNCTION llm._check_clock(p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+BEGIN
+    -- NULL means the function's own now(). Anything else must be a finite time the
+    -- calendar arithmetic (period ends, windows, durations, backoff) cannot overflow:
+    -- an infinite clock would be stored, or recover every live request of a tenant.
+    IF p_now IS NOT NULL
+       AND NOT (pg_catalog.isfinite(p_now)
+                AND p_now >= '0001-01-01 00:00:00+00'::timestamptz
+                AND p_now < '10000-01-01 00:00:00+00'::timestamptz) THEN
+        RAISE EXCEPTION 'llm: p_now % is not a usable clock', p_now
+            USING ERRCODE = '22023',
+                  DETAIL = 'p_now must be a finite time between the years 1 and 9999 (UTC).',
+                  HINT = 'Omit p_now (or pass NULL) to use the transaction''s now().';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION llm._check_clock(timestamptz) IS
+    'Raises 22023 for a p_now that is infinite or outside the years 1 .. 9999; NULL (the function''s own now()) passes.';
+
 CREATE OR REPLACE FUNCTION llm._require_org_id(p_organization_id uuid)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE

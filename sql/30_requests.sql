@@ -197,6 +197,7 @@ DECLARE
     v_inv llm.invocations;
 BEGIN
     PERFORM llm._require_org_id(p_organization_id);
+    PERFORM llm._check_clock(p_now);
     PERFORM llm._check_amount('p_estimate_credits', p_estimate_credits);
     PERFORM llm._check_text('p_model', p_model, 200);
     SELECT * INTO v_inv
@@ -251,6 +252,7 @@ DECLARE
     v_inv llm.invocations;
 BEGIN
     PERFORM llm._require_org_id(p_organization_id);
+    PERFORM llm._check_clock(p_now);
     PERFORM llm._require_invocation_id(p_invocation_id);
     SELECT * INTO v_inv
       FROM llm._mark_dispatched(p_organization_id, p_invocation_id, coalesce(p_now, pg_catalog.now()));
@@ -336,6 +338,7 @@ DECLARE
     v_outcome text;
 BEGIN
     PERFORM llm._require_org_id(p_organization_id);
+    PERFORM llm._check_clock(p_now);
     PERFORM llm._require_invocation_id(p_invocation_id);
     PERFORM llm._check_amount('p_credits', p_credits);
     PERFORM llm._check_amount('p_cents', p_cents);
@@ -387,6 +390,7 @@ DECLARE
     v_outcome text;
 BEGIN
     PERFORM llm._require_org_id(p_organization_id);
+    PERFORM llm._check_clock(p_now);
     PERFORM llm._require_invocation_id(p_invocation_id);
     PERFORM llm._check_text('p_error', p_error, 4000);
     PERFORM llm._check_amount('p_credits', p_credits);

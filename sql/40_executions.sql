@@ -65,6 +65,7 @@ SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
     PERFORM llm._require_org_id(p_organization_id);
+    PERFORM llm._check_clock(p_now);
     PERFORM llm._check_text('p_task_key', p_task_key, 200);
     PERFORM llm._check_text('p_subject_type', p_subject_type, 200, true);
     PERFORM llm._check_text('p_subject_id', p_subject_id, 200, true);
@@ -118,6 +119,7 @@ DECLARE
     v_closed boolean;
 BEGIN
     PERFORM llm._require_org_id(p_organization_id);
+    PERFORM llm._check_clock(p_now);
     IF p_execution_id IS NULL THEN
         RAISE EXCEPTION 'llm: execution id must not be NULL' USING ERRCODE = '22023';
     END IF;

@@ -197,6 +197,7 @@ BEGIN
         RAISE EXCEPTION 'llm: batch % is out of range', p_batch
             USING ERRCODE = '22023', HINT = 'Pass 1 .. 100000, or NULL for settings.sweep_batch.';
     END IF;
+    PERFORM llm._check_clock(p_now);
     v_run := llm._begin_run(p_now);
     COMMIT;
     IF v_run IS NULL THEN
@@ -230,6 +231,7 @@ DECLARE
     v_success timestamptz;
     v_last llm.reconciliation_runs;
 BEGIN
+    PERFORM llm._check_clock(p_now);
     -- times on the pass's own clock (p_now of the pass), so a moved clock stays consistent
     SELECT max(r.clock + (r.finished_at - r.started_at)) INTO v_success
       FROM llm.reconciliation_runs AS r WHERE r.status IN ('succeeded', 'partial');

@@ -13,6 +13,7 @@ DECLARE
     v_notice llm.threshold_notices;
     v_claimed integer := 0;
 BEGIN
+    PERFORM llm._check_clock(p_now);
     IF p_limit IS NULL OR p_limit < 1 OR p_limit > 10000 THEN
         RAISE EXCEPTION 'llm: claim limit % is out of range', p_limit
             USING ERRCODE = '22023', HINT = 'Pass 1 .. 10000.';
@@ -85,6 +86,7 @@ DECLARE
     v_done boolean;
 BEGIN
     PERFORM llm._require_org_id(p_organization_id);
+    PERFORM llm._check_clock(p_now);
     IF p_notice_id IS NULL THEN
         RAISE EXCEPTION 'llm: notice id must not be NULL' USING ERRCODE = '22023';
     END IF;
@@ -131,6 +133,7 @@ DECLARE
     v_done boolean;
 BEGIN
     PERFORM llm._require_org_id(p_organization_id);
+    PERFORM llm._check_clock(p_now);
     IF p_notice_id IS NULL THEN
         RAISE EXCEPTION 'llm: notice id must not be NULL' USING ERRCODE = '22023';
     END IF;
@@ -153,6 +156,7 @@ DECLARE
     v_timeout interval := (llm._settings()).notice_claim_timeout;
     v_count integer;
 BEGIN
+    PERFORM llm._check_clock(p_now);
     -- a worker that claimed and vanished: the notice is owed again, due now
     UPDATE llm.threshold_notices AS n
        SET status = 'owed', claimed_at = NULL, next_attempt_at = v_now,

@@ -8,9 +8,10 @@ AS $$
 DECLARE
     v_count integer;
 BEGIN
-    IF p_from IS NULL OR p_to IS NULL OR p_to < p_from OR p_to - p_from > 3660 THEN
+    IF p_from IS NULL OR p_to IS NULL OR NOT pg_catalog.isfinite(p_from) OR NOT pg_catalog.isfinite(p_to)
+       OR p_to < p_from OR p_to - p_from > 3660 THEN
         RAISE EXCEPTION 'llm: invalid day range % .. %', p_from, p_to
-            USING ERRCODE = '22023', HINT = 'Pass p_from <= p_to, at most ten years apart.';
+            USING ERRCODE = '22023', HINT = 'Pass finite days p_from <= p_to, at most ten years apart.';
     END IF;
     DELETE FROM llm.daily_usage AS d WHERE d.day BETWEEN p_from AND p_to;
     INSERT INTO llm.daily_usage

@@ -41,6 +41,7 @@ GRANT EXECUTE ON FUNCTION
     llm._pass_organizations(),
     llm._run_org(uuid, uuid, timestamptz, integer),
     llm._run_followup(uuid, text, timestamptz),
-    llm._finish_run(uuid)
+    llm._finish_run(uuid),
+    llm._check_clock(timestamptz)
 TO llm_operator;
 GRANT EXECUTE ON PROCEDURE llm.run_reconciliation(timestamptz, integer) TO llm_operator;
