@@ -97,11 +97,11 @@ def _draw_builtin(path: Path, series: Sequence[Series]) -> None:
         gy = y_max * k / 5
         _, yy = px(0, gy)
         line(left, yy, width - right, yy, grey)
-        text(5, yy - 5, f"{gy:.1f}s")
+        text(5, yy - 5, f"{gy:.2f}s" if y_max < 2 else f"{gy:.1f}s")
         gx = x_max * k / 5
         xx, _ = px(gx, 0)
         line(xx, top, xx, top + plot_h, grey)
-        text(xx - 12, top + plot_h + 10, f"{gx / 1e6:.1f}M")
+        text(xx - 12, top + plot_h + 10, f"{gx / 1e6:.2f}M" if x_max < 2e6 else f"{gx / 1e6:.1f}M")
     line(left, top, left, top + plot_h, black)
     line(left, top + plot_h, width - right, top + plot_h, black)
     for k, (_, xs, ys) in enumerate(series):

@@ -1,0 +1,80 @@
+"""Server CPU per request: what one backend burns for one cycle, from /proc.
+
+Throughput on a small shared machine moves with whatever else runs on it;
+the CPU time the serving backend spends per request hardly does. One session
+runs the statements ``n`` times (after a warm-up) and reads its backend's
+utime + stime from ``/proc/<pid>/stat`` before and after. Only possible when
+the server runs on this machine (the ephemeral server does); otherwise None.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+
+from benchmarks.driver import exec_id, org_id
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
+
+
+def backend_cpu_per_call(dsn: str, step: Callable[[psycopg.Connection, random.Random], None],
+                         *, n: int, warmup: int = 200) -> float | None:  # fmt: skip
+    """Microseconds of backend CPU per ``step``, or None when the backend is not local."""
+    rng = random.Random(7)
+    with psycopg.connect(dsn, autocommit=True, prepare_threshold=0) as conn:
+        pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        for _ in range(warmup):
+            step(conn, rng)
+        before = _cpu_seconds(pid)
+        if before is None:
+            return None
+        for _ in range(n):
+            step(conn, rng)
+        after = _cpu_seconds(pid)
+    return None if after is None else (after - before) / n * 1e6
+
+
+def cycle_step(orgs: int) -> Callable[[psycopg.Connection, random.Random], None]:
+    """The request cycle of scripts/cycle.sql: admit, then settle, two transactions."""
+
+    def step(conn: psycopg.Connection, rng: random.Random) -> None:
+        k = rng.randint(1, orgs)
+        org, inv = org_id(k), uuid.uuid4()
+        conn.execute(
+            "SELECT i.id FROM llm.admit_invocation(%s::uuid, 100, 'bench-model', %s::uuid, %s::uuid) AS i",
+            [org, exec_id(k), inv],
+        )
+        conn.execute("SELECT llm.settle_invocation(%s::uuid, %s::uuid, 80, 3, 1200, 300)", [org, inv])
+
+    return step
+
+
+def simple_update_step(scale: int) -> Callable[[psycopg.Connection, random.Random], None]:
+    """pgbench's built-in simple-update transaction."""
+
+    def step(conn: psycopg.Connection, rng: random.Random) -> None:
+        aid, bid, tid = rng.randint(1, 100_000 * scale), rng.randint(1, scale), rng.randint(1, 10 * scale)
+        delta = rng.randint(-5000, 5000)
+        with conn.transaction():
+            conn.execute("UPDATE pgbench_accounts SET abalance = abalance + %s WHERE aid = %s", [delta, aid])
+            conn.execute("SELECT abalance FROM pgbench_accounts WHERE aid = %s", [aid])
+            conn.execute(
+                "INSERT INTO pgbench_history (tid, bid, aid, delta, mtime)"
+                " VALUES (%s, %s, %s, %s, CURRENT_TIMESTAMP)",
+                [tid, bid, aid, delta],
+            )
+
+    return step
