@@ -169,7 +169,7 @@ def restart_dsn() -> Any:
         migrate(dsn)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("SELECT llm.declare_task_kind(%s, 'restart suite')", [TASK])
-            for org, allowance in zip(ORGS, (30000, None, 20000), strict=True):
+            for org, allowance in zip(ORGS, (60000, None, 20000), strict=True):
                 conn.execute(
                     "SELECT llm.upsert_organization(%s, %s, %s::bigint, 'operational', '{50,80,100}'::int[], %s)",
                     [org, f"org {org}", allowance, START - timedelta(days=1)],
@@ -203,6 +203,17 @@ class Report:
             setattr(self, attr, getattr(self, attr) + 1)
 
 
+def server_gone(conn: psycopg.Connection, exc: psycopg.Error) -> bool:
+    """The error is the immediate stop: a lost connection, or the server's own
+    shutdown codes (57P01-57P03 admin/crash shutdown, cannot connect now, 08xxx)."""
+    if conn.broken or conn.closed:
+        return True
+    code = exc.sqlstate
+    if isinstance(exc, psycopg.OperationalError) and code is None:
+        return True  # e.g. "connection socket closed" before psycopg marked it broken
+    return code is not None and (code in ("57P01", "57P02", "57P03") or code.startswith("08"))
+
+
 def run_calls(
     dsn: str, report: Report, step: Callable[[psycopg.Connection], None], stop: threading.Event
 ) -> None:
@@ -217,7 +228,7 @@ def run_calls(
                 step(conn)
                 report.count("calls")
             except psycopg.Error as exc:
-                if conn.broken or conn.closed:
+                if server_gone(conn, exc):
                     return  # the server was stopped under us: the outcome is unknown
                 if exc.sqlstate in EXPECTED:
                     with report.lock:
