@@ -1,10 +1,68 @@
-"""llm-db: the books for LLM usage of a multi-tenant platform, kept in PostgreSQL."""
+"""llm-db: the books for LLM usage of a multi-tenant platform, kept in PostgreSQL.
+
+A consumer needs no SQL::
+
+    import psycopg
+    from llm_db import Llm, with_llm_execution
+
+    llm = Llm(psycopg.connect(dsn))
+    inv = llm.admit(org_id, estimate_credits=120, model="gpt-4o")
+    llm.mark_dispatched(org_id, inv.id)
+    llm.settle(org_id, inv.id, credits=97, cents=3)
+"""
 
 # Bound after the submodule import on purpose: `llm_db.migrate` is the function,
 # `llm_db.migrate` the module stays reachable as sys.modules["llm_db.migrate"]
 # (use `from llm_db.migrate import …` for its other names).
+from llm_db.errors import (
+    AllowanceExhausted,
+    CitusNotInstalled,
+    CronNotInstalled,
+    CrossOrganizationReference,
+    IdempotencyConflict,
+    InvalidArgument,
+    InvalidTransition,
+    LlmError,
+    NestedExecution,
+    OrganizationNotOperational,
+    UnknownExecution,
+    UnknownInvocation,
+    UnknownOrganization,
+    UnknownTaskKind,
+)
+from llm_db.executions import (
+    AsyncExecutionContext,
+    ExecutionContext,
+    ExecutionResult,
+    async_with_llm_execution,
+    current_execution,
+    with_llm_execution,
+)
 from llm_db.migrate import migrate
+from llm_db.models import (
+    Execution,
+    Health,
+    InvariantViolation,
+    Invocation,
+    Notice,
+    Organization,
+    OrgSweep,
+    Outcome,
+    ReconciliationRun,
+)
+from llm_db.notices import DeliverySummary, async_deliver_notices, deliver_notices, verify_signature
+from llm_db.requests import AsyncLlm, Llm
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "migrate"]
+__all__ = [
+    "AllowanceExhausted", "AsyncExecutionContext", "AsyncLlm", "CitusNotInstalled",
+    "CronNotInstalled", "CrossOrganizationReference", "DeliverySummary", "Execution",
+    "ExecutionContext", "ExecutionResult", "Health", "IdempotencyConflict", "InvalidArgument",
+    "InvalidTransition", "InvariantViolation", "Invocation", "Llm", "LlmError",
+    "NestedExecution", "Notice", "OrgSweep", "Organization", "OrganizationNotOperational",
+    "Outcome", "ReconciliationRun", "UnknownExecution", "UnknownInvocation",
+    "UnknownOrganization", "UnknownTaskKind", "__version__", "async_deliver_notices",
+    "async_with_llm_execution", "current_execution", "deliver_notices", "migrate",
+    "verify_signature", "with_llm_execution",
+]
