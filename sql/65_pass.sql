@@ -239,7 +239,11 @@ BEGIN
      WHERE r.status <> 'skipped' AND r.finished_at IS NOT NULL
      ORDER BY r.clock DESC, r.started_at DESC LIMIT 1;
 
-    IF v_success IS NULL THEN
+    IF v_success IS NULL AND v_last.id IS NOT NULL THEN
+        RETURN QUERY SELECT 'failing'::text, NULL::timestamptz, v_last.status,
+            pg_catalog.format('passes ran but none completed; the last was %s with errors: %s',
+                              v_last.status, v_last.errors::text);
+    ELSIF v_success IS NULL THEN
         RETURN QUERY SELECT 'never'::text, NULL::timestamptz, v_last.status,
             'no reconciliation pass has completed; schedule one with llm.schedule_reconciliation()'::text;
     ELSIF v_now - v_success > v_max_age THEN
@@ -257,4 +261,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm.reconciliation_health(timestamptz) IS
-    'The missing-run alarm: ok, late (no completed pass within settings.health_max_age), never, or failing (the last pass recorded errors).';
+    'The missing-run alarm: ok, late (no completed pass within settings.health_max_age), never (no pass ever ran), or failing (the last pass recorded errors, or every pass so far failed).';

@@ -226,7 +226,9 @@ def test_pass_where_every_organization_fails_is_failed(llm_conn, llm_connect):
     run = run_pass(pass_conn, T0 + 25 * HOUR)
     blocker.rollback()
     assert run["status"] == "failed" and (run["orgs_visited"], run["orgs_failed"]) == (1, 1)
-    assert one(llm_conn, "SELECT * FROM llm.reconciliation_health(%s)", [T0 + 25 * HOUR])["status"] == "never"
+    health = one(llm_conn, "SELECT * FROM llm.reconciliation_health(%s)", [T0 + 25 * HOUR])
+    # passes ran but none completed: failing, not never (never is for "no pass ever ran")
+    assert health["status"] == "failing" and health["last_run_status"] == "failed"
 
 
 def test_wf_pfm_llm_004_one_pass_at_a_time_second_is_skipped_and_returns_at_once(llm_conn, llm_connect):
