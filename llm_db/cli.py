@@ -1,35 +1,905 @@
-"""The `llm-db` command line. Subcommands are added by the modules that own them."""
+"""The ``llm-db`` command line: install, run and watch the books from a shell.
+
+Every subcommand that talks to a database takes ``--dsn`` (default: the
+``DATABASE_URL`` environment variable), a libpq URL or key=value conninfo.
+Errors are one line on stderr (SQLSTATE, message, DETAIL, HINT), never a
+traceback, and the exit code says what happened (see ``EXIT_*``), so each
+subcommand can run as it is from cron or a monitoring check.
+
+``python -m llm_db.cli`` is the same program as the ``llm-db`` script.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import re
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, NoReturn
+from uuid import UUID
+
 import click
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import dict_row
+
+from llm_db import errors
+
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_PROBLEM",
+    "EXIT_UNAVAILABLE",
+    "EXIT_USAGE",
+    "main",
+]
+
+#: the command did what was asked and found nothing wrong
+EXIT_OK = 0
+#: it ran, and what it found needs attention: health late or failing, a pass that
+#: was partial, failed or skipped, notices that could not be delivered
+EXIT_PROBLEM = 1
+#: the command line is wrong (unknown option, no --dsn and no DATABASE_URL);
+#: ``health``: no pass has ever completed
+EXIT_USAGE = 2
+#: a PostgreSQL extension the command needs is missing (pg_cron: LL010, citus: LL011)
+EXIT_UNAVAILABLE = 3
+#: the database could not be reached, or refused the call (an llm-db error or any
+#: other SQL error); the message says which
+EXIT_ERROR = 4
+#: interrupted (Ctrl-C, SIGTERM)
+EXIT_INTERRUPTED = 130
+
+JOB_NAME = "llm-reconciliation"
+JOB_COMMAND = "CALL llm.run_reconciliation()"
+DEFAULT_SECRET_ENV = "LLM_DB_WEBHOOK_SECRET"
+
+EPILOG = """\b
+Exit codes (the same for every subcommand):
+  0    done, nothing wrong
+  1    ran, and found something that needs attention (health late or
+       failing, a partial/failed/skipped pass, undelivered notices)
+  2    bad command line or no database given; health: no pass ever ran
+  3    a needed extension is missing (pg_cron LL010, citus LL011)
+  4    database unreachable, or it refused the call (SQLSTATE in the message)
+  130  interrupted
+
+\b
+Every subcommand takes --dsn, default $DATABASE_URL (except demo, which
+starts its own throw-away server unless given --dsn). Run
+`llm-db COMMAND --help` for examples.
+"""
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# ----------------------------------------------------------- errors and exit codes
+
+
+def _one_line(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+class Failure(click.ClickException):
+    """A one-line error on stderr and an exit code; no traceback.
+
+    ``where`` (the command path, e.g. ``llm-db schedule``) defaults to the
+    command running when the failure is raised.
+    """
+
+    def __init__(self, message: str, exit_code: int = EXIT_ERROR, *, where: str | None = None):
+        super().__init__(_one_line(message))
+        self.exit_code = exit_code
+        if where is None:
+            ctx = click.get_current_context(silent=True)
+            where = ctx.command_path if ctx is not None else "llm-db"
+        self.where = where
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"{self.where}: error: {self.format_message()}", err=True, file=file)
+
+
+def _describe_llm_error(exc: errors.LlmError) -> str:
+    parts = [f"{exc.sqlstate} {exc.message}" if exc.sqlstate else exc.message]
+    if exc.detail:
+        parts.append(f"DETAIL: {exc.detail}")
+    if exc.hint:
+        parts.append(f"HINT: {exc.hint}")
+    return " ".join(_one_line(p) for p in parts)
+
+
+# undefined schema, function, table: what calling llm.* in a database without llm-db raises
+_NOT_INSTALLED_STATES = frozenset({"3F000", "42883", "42P01"})
+
+
+def _describe_pg_error(exc: psycopg.Error) -> str:
+    diag = exc.diag
+    message = diag.message_primary or str(exc)
+    parts = [f"{exc.sqlstate} {message}" if exc.sqlstate else message]
+    if diag.message_detail:
+        parts.append(f"DETAIL: {diag.message_detail}")
+    if diag.message_hint:
+        parts.append(f"HINT: {diag.message_hint}")
+    elif exc.sqlstate in _NOT_INSTALLED_STATES:
+        parts.append(
+            "HINT: is llm-db installed in this database? Run llm-db migrate --dsn ... first."
+        )
+    return " ".join(_one_line(p) for p in parts)
+
+
+def _failure_for(exc: BaseException, where: str) -> Failure | None:
+    """The Failure an exception from a subcommand becomes (None: not ours to map)."""
+    from llm_db._server import ServerSetupError
+    from llm_db.demo import DemoError
+    from llm_db.migrate import MigrationError
+
+    if isinstance(exc, errors.CronNotInstalled | errors.CitusNotInstalled):
+        return Failure(_describe_llm_error(exc), EXIT_UNAVAILABLE, where=where)
+    if isinstance(exc, errors.LlmError):
+        return Failure(_describe_llm_error(exc), EXIT_ERROR, where=where)
+    if isinstance(exc, psycopg.Error):
+        return Failure(_describe_pg_error(exc), EXIT_ERROR, where=where)
+    if isinstance(exc, MigrationError | ServerSetupError | DemoError):
+        return Failure(str(exc), EXIT_ERROR, where=where)
+    if isinstance(exc, KeyboardInterrupt):
+        return Failure("interrupted", EXIT_INTERRUPTED, where=where)
+    return None
+
+
+class _Group(click.Group):
+    """A click group that turns llm-db and psycopg errors into ``Failure``."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except (Exception, KeyboardInterrupt) as exc:
+            where = " ".join(filter(None, (ctx.command_path, ctx.invoked_subcommand)))
+            failure = _failure_for(exc, where)
+            if failure is None:
+                raise
+            raise failure from exc
+
+
+# ----------------------------------------------------------- shared options
+
+
+class _Timestamp(click.ParamType):
+    """An ISO 8601 timestamp; without a zone it is UTC."""
+
+    name = "TIMESTAMP"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> datetime:
+        if isinstance(value, datetime):
+            moment = value
+        else:
+            try:
+                moment = datetime.fromisoformat(str(value).strip())
+            except ValueError:
+                self.fail(
+                    f"{value!r} is not an ISO 8601 timestamp (e.g. 2026-01-15T12:00:00Z)",
+                    param,
+                    ctx,
+                )
+        return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+TIMESTAMP = _Timestamp()
+
+
+def dsn_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--dsn",
+        envvar="DATABASE_URL",
+        show_envvar=True,
+        metavar="DSN",
+        help="libpq URL (postgresql://user@host/db) or key=value conninfo of the llm database.",
+    )(f)
+
+
+def now_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--now",
+        type=TIMESTAMP,
+        default=None,
+        help="The clock to use instead of the server's now() (ISO 8601; UTC if no zone). "
+        "For tests and tooling.",
+    )(f)
+
+
+def json_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(f)
+
+
+def _require_dsn(dsn: str | None) -> str:
+    if not dsn:
+        raise click.UsageError(
+            "no database given: pass --dsn DSN or set DATABASE_URL "
+            "(a libpq URL such as postgresql://user@host/dbname, or key=value conninfo)"
+        )
+    return dsn
+
+
+@contextlib.contextmanager
+def _connect(dsn: str | None, *, option: str = "--dsn") -> Iterator[psycopg.Connection]:
+    """An autocommit connection named after the subcommand (``application_name``)."""
+    dsn = _require_dsn(dsn)
+    try:
+        given = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise click.BadParameter(_one_line(str(exc)), param_hint=option) from None
+    extra: dict[str, Any] = {}
+    if "application_name" not in given and "PGAPPNAME" not in os.environ:
+        ctx = click.get_current_context(silent=True)
+        extra["application_name"] = (ctx.command_path if ctx else "llm-db")[:63]
+    if "connect_timeout" not in given and "PGCONNECT_TIMEOUT" not in os.environ:
+        extra["connect_timeout"] = 10
+    try:
+        conn = psycopg.connect(dsn, autocommit=True, **extra)
+    except psycopg.OperationalError as exc:
+        raise Failure(f"cannot connect ({option}): {exc}", EXIT_ERROR) from exc
+    with conn:
+        yield conn
+
+
+def _echo_json(value: Any) -> None:
+    from llm_db.report import jsonable
+
+    click.echo(json.dumps(jsonable(value), sort_keys=True))
+
+
+def _exit(code: int) -> NoReturn:
+    raise click.exceptions.Exit(code)
+
+
+def _figures(pairs: list[tuple[str, Any]], *, indent: int = 2) -> str:
+    """``label  value`` lines, labels padded to one width, integers with separators."""
+    width = max(len(label) for label, _ in pairs)
+    texts = [
+        f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+        for _, value in pairs
+    ]
+    numbers = max(
+        (len(t) for t, (_, v) in zip(texts, pairs, strict=True) if isinstance(v, int)), default=0
+    )
+    lines = []
+    for (label, value), text in zip(pairs, texts, strict=True):
+        if isinstance(value, int) and not isinstance(value, bool):
+            text = text.rjust(numbers)
+        lines.append(f"{' ' * indent}{label.ljust(width)}  {text}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------- the group
+
+
+@click.group(
+    cls=_Group,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog=EPILOG,
+)
 @click.version_option(package_name="llm-db")
 def main() -> None:
-    """llm-db: the books for LLM usage, kept in PostgreSQL."""
+    """llm-db: the books for LLM usage of a multi-tenant platform, kept in PostgreSQL.
+
+    \b
+    Install into a database, then schedule the hourly pass:
+      llm-db migrate   --dsn postgresql://owner@db/app
+      llm-db schedule  --dsn postgresql://owner@db/app
+    Watch it:
+      llm-db health    --dsn ...      # exit 0 ok, 1 late/failing, 2 never
+      llm-db metrics   --dsn ...      # Prometheus text format
+      llm-db report    --dsn ... --days 7
+    See it work end to end on a throw-away server:
+      llm-db demo
+    """
+
+
+# ----------------------------------------------------------- migrate
+
+
+@main.command()
+@dsn_option
+def migrate(dsn: str | None) -> None:
+    """Install or upgrade the llm schema: migrations/ with yoyo, then every sql/ file.
+
+    Safe to re-run and to run from two deploys at once. Run it as the role that
+    should own the schema.
+
+    \b
+    Examples:
+      llm-db migrate --dsn postgresql://owner@db.internal/app
+      DATABASE_URL='host=/var/run/postgresql dbname=app' llm-db migrate
+    """
+    from llm_db.migrate import migrate as run_migrate
+
+    report = run_migrate(_require_dsn(dsn))
+    applied = ", ".join(report.applied_migrations) or "none"
+    click.echo(f"migrations applied: {applied}")
+    click.echo(f"sql files applied: {len(report.sql_files)}")
+
+
+# ----------------------------------------------------------- reconcile
+
+
+def _run_figures(run: Any) -> list[tuple[str, Any]]:
+    return [
+        ("organizations visited", run.orgs_visited),
+        ("organizations failed", run.orgs_failed),
+        ("requests recovered", run.requests_recovered),
+        ("hold credits released", run.released_hold_credits),
+        ("past-window alerts", run.past_window_alerts),
+        ("tasks abandoned", run.executions_abandoned),
+        ("drift findings", run.drift_findings),
+        ("notices re-armed", run.notices_rearmed),
+        ("daily usage rows rebuilt", run.daily_rows_rebuilt),
+        ("organizations with more pending", run.more_pending_orgs),
+    ]
+
+
+def _pass_with_progress(dsn: str, now: datetime | None, batch: int | None) -> Any:
+    """CALL the pass on one connection while another one watches its run row
+    (the procedure commits after each organization) and moves a progress bar."""
+    from llm_db import queries
+    from llm_db.report import OPERATIONAL_ORGANIZATIONS, RUN_PROGRESS
+    from llm_db.requests import Llm
+
+    with _connect(dsn) as watcher, _connect(dsn) as worker:
+        with watcher.cursor(row_factory=dict_row) as cur:
+            total = cur.execute(OPERATIONAL_ORGANIZATIONS).fetchone()["organizations"]
+            since = cur.execute(queries.CLOCK).fetchone()["clock"]
+        outcome: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                outcome["run"] = Llm(worker).run_reconciliation(now=now, batch=batch)
+            except BaseException as exc:  # handed to the main thread
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=work, name="llm-db reconcile", daemon=True)
+        thread.start()
+        try:
+            with click.progressbar(length=max(total, 1), label="organizations") as bar:
+                shown = 0
+                while thread.is_alive():
+                    thread.join(0.2)
+                    row = watcher.execute(RUN_PROGRESS, {"since": since}).fetchone()
+                    visited = min(row[0], total) if row else shown
+                    bar.update(visited - shown)
+                    shown = visited
+                bar.update(max(total, 1) - shown)
+        except BaseException:
+            worker.cancel_safe(timeout=5)
+            thread.join(10)
+            raise
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome.get("run")
+
+
+@main.command()
+@dsn_option
+@click.option(
+    "--org",
+    "organization_id",
+    type=click.UUID,
+    default=None,
+    help="Sweep only this organization (llm.reconcile_org), in one transaction.",
+)
+@now_option
+@click.option(
+    "--batch",
+    type=click.IntRange(1, 100000),
+    default=None,
+    help="Requests recovered per organization (default: llm.settings.sweep_batch, 200).",
+)
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Progress bar over organizations (default: when stdout is a terminal).",
+)
+@json_option
+def reconcile(
+    dsn: str | None,
+    organization_id: UUID | None,
+    now: datetime | None,
+    batch: int | None,
+    progress: bool | None,
+    as_json: bool,
+) -> None:
+    """Run one reconciliation pass now, as the hourly pg_cron job does.
+
+    CALL llm.run_reconciliation(): recovers requests unsettled after the
+    recovery window (24 h) at their estimate and releases their holds,
+    abandons stale tasks, refreshes drift findings, re-arms owed notices and
+    rebuilds daily usage; prints the figures of the llm.reconciliation_runs row
+    it recorded. Exit 0 when the pass succeeded, 1 when it was partial, failed
+    or skipped (another pass was running).
+
+    \b
+    Examples:
+      llm-db reconcile --dsn postgresql://ops@db/app
+      llm-db reconcile --org 0b6f2d1e-... --batch 1000      # one tenant, bigger batch
+      llm-db reconcile --now 2026-02-01T00:00:00Z --json    # a moved clock (tests)
+    """
+    from llm_db.requests import Llm
+
+    dsn = _require_dsn(dsn)
+    if organization_id is not None:
+        with _connect(dsn) as conn:
+            sweep = Llm(conn).reconcile_org(organization_id, now=now, batch=batch)
+        if as_json:
+            _echo_json(dataclasses_asdict(sweep))
+            return
+        click.echo(f"organization {sweep.organization_id} swept")
+        click.echo(
+            _figures(
+                [
+                    ("requests recovered", sweep.recovered_requests),
+                    ("hold credits released", sweep.released_hold_credits),
+                    ("past-window alerts", sweep.past_window_alerts),
+                    ("tasks abandoned", sweep.abandoned_executions),
+                    ("drift findings", sweep.drift_findings),
+                    ("notices created", sweep.notices_created),
+                    ("more pending", "yes" if sweep.more_pending else "no"),
+                ]
+            )
+        )
+        return
+
+    if progress is None:
+        progress = sys.stdout.isatty() and not as_json
+    if progress:
+        run = _pass_with_progress(dsn, now, batch)
+    else:
+        with _connect(dsn) as conn:
+            run = Llm(conn).run_reconciliation(now=now, batch=batch)
+    if run is None:
+        raise Failure("the pass recorded no llm.reconciliation_runs row", EXIT_ERROR)
+
+    code = EXIT_OK if run.status == "succeeded" else EXIT_PROBLEM
+    if as_json:
+        _echo_json(dataclasses_asdict(run))
+        _exit(code)
+    duration = (run.finished_at - run.started_at).total_seconds() if run.finished_at else 0.0
+    click.echo(
+        f"pass {run.id} {run.status} in {duration:.2f} s (clock {run.clock:%Y-%m-%d %H:%M:%S %Z})"
+    )
+    if run.status == "skipped":
+        click.echo("  another reconciliation pass is running; this one did nothing")
+    else:
+        click.echo(_figures(_run_figures(run)))
+    for error in run.errors:
+        if run.status == "skipped":
+            continue
+        where = " ".join(
+            f"{k}={error[k]}" for k in ("step", "organization_id", "sqlstate") if error.get(k)
+        )
+        click.echo(f"  error: {where}: {error.get('error')}")
+    _exit(code)
+
+
+def dataclasses_asdict(value: Any) -> dict[str, Any]:
+    import dataclasses
+
+    return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+
+
+# ----------------------------------------------------------- health
+
+
+@main.command()
+@dsn_option
+@now_option
+@json_option
+def health(dsn: str | None, now: datetime | None, as_json: bool) -> None:
+    """The missing-run alarm: is the hourly pass running? Made for monitoring checks.
+
+    Prints llm.reconciliation_health(): status, last success, last run, detail.
+
+    \b
+    Exit code:
+      0  ok       a pass completed within settings.health_max_age (2 h), no errors
+      1  late     the last completed pass is older than that: check the pg_cron job
+      1  failing  the last pass recorded errors: see llm.reconciliation_runs.errors
+      2  never    no pass has ever completed: run llm-db schedule
+
+    \b
+    Examples:
+      llm-db health --dsn postgresql://monitor@db/app
+      llm-db health --json
+      llm-db health --now 2026-01-15T15:00:00Z      # as if it were then
+    """
+    from llm_db.requests import Llm
+
+    with _connect(dsn) as conn:
+        result = Llm(conn).health(now=now)
+    if as_json:
+        _echo_json(dataclasses_asdict(result))
+    else:
+        last_success = (
+            "never"
+            if result.last_success_at is None
+            else f"{result.last_success_at:%Y-%m-%d %H:%M:%S %Z}"
+        )
+        click.echo(
+            _figures(
+                [
+                    ("status", result.status),
+                    ("last success", last_success),
+                    ("last run", result.last_run_status or "-"),
+                    ("detail", result.detail),
+                ],
+                indent=0,
+            )
+        )
+    _exit({"ok": EXIT_OK, "never": EXIT_USAGE}.get(result.status, EXIT_PROBLEM))
+
+
+# ----------------------------------------------------------- schedule / unschedule
+
+_CRON_SCHEDULE_IN_DATABASE = """
+SELECT cron.schedule_in_database(%(job_name)s::text, %(schedule)s::text, %(command)s::text,
+                                 %(dbname)s::text) AS job_id
+"""
+_CRON_UNSCHEDULE_IN_DATABASE = """
+SELECT cron.unschedule(j.jobid) AS removed
+  FROM cron.job AS j
+ WHERE j.jobname = %(job_name)s::text AND j.database = %(dbname)s::text
+"""
+_CRON_INSTALLED = "SELECT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'pg_cron')"
+_LLM_INSTALLED = (
+    "SELECT pg_catalog.to_regproc('llm.run_reconciliation') IS NOT NULL AS installed, "
+    "pg_catalog.current_database() AS dbname"
+)
+
+
+def _llm_database(dsn: str | None) -> str:
+    with _connect(dsn) as conn:
+        installed, dbname = conn.execute(_LLM_INSTALLED).fetchone()
+    if not installed:
+        raise Failure(
+            f"llm-db is not installed in database {dbname}: run llm-db migrate --dsn ... first",
+            EXIT_ERROR,
+        )
+    return dbname
+
+
+@contextlib.contextmanager
+def _cron_database(cron_dsn: str) -> Iterator[psycopg.Connection]:
+    with _connect(cron_dsn, option="--cron-dsn") as cron:
+        if not cron.execute(_CRON_INSTALLED).fetchone()[0]:
+            raise Failure(
+                f"LL010 pg_cron is not installed in the --cron-dsn database {cron.info.dbname} "
+                "HINT: connect --cron-dsn to the database named by the server setting "
+                "cron.database_name, where CREATE EXTENSION pg_cron was run",
+                EXIT_UNAVAILABLE,
+            )
+        yield cron
+
+
+@main.command()
+@dsn_option
+@click.option(
+    "--schedule",
+    default="0 * * * *",
+    show_default=True,
+    help="Five-field cron expression for the pass.",
+)
+@click.option(
+    "--cron-dsn",
+    default=None,
+    metavar="DSN",
+    help="The pg_cron database (server setting cron.database_name), when it is not the llm one.",
+)
+@click.option(
+    "--job-name",
+    default=JOB_NAME,
+    show_default=True,
+    help="pg_cron job name (with --cron-dsn: give each llm database its own).",
+)
+def schedule(dsn: str | None, schedule: str, cron_dsn: str | None, job_name: str) -> None:
+    """Schedule the hourly pass with pg_cron (idempotent: reschedules the same job).
+
+    pg_cron runs jobs from one database, the server's cron.database_name.
+    When llm-db is installed in that database, this runs
+    llm.schedule_reconciliation(). When it is installed elsewhere, give the
+    cron database with --cron-dsn and this runs
+    cron.schedule_in_database(job, schedule, 'CALL llm.run_reconciliation()',
+    <the llm database>) there. Without pg_cron: LL010 with the statement to
+    run, exit 3.
+
+    \b
+    Examples:
+      llm-db schedule --dsn postgresql://owner@db/app
+      llm-db schedule --dsn postgresql://owner@db/app --schedule '*/30 * * * *'
+      llm-db schedule --dsn postgresql://owner@db/app --cron-dsn postgresql://owner@db/postgres
+    """
+    from llm_db.requests import Llm
+
+    if cron_dsn is None:
+        if job_name != JOB_NAME:
+            raise click.UsageError("--job-name needs --cron-dsn (in-database jobs are named "
+                                   f"{JOB_NAME})")  # fmt: skip
+        with _connect(dsn) as conn:
+            job_id = Llm(conn).schedule_reconciliation(schedule)
+            dbname = conn.info.dbname
+        click.echo(f"scheduled pg_cron job {JOB_NAME} (id {job_id}): {schedule!r} runs "
+                   f"{JOB_COMMAND} in database {dbname}")  # fmt: skip
+        return
+    dbname = _llm_database(dsn)
+    with _cron_database(cron_dsn) as cron:
+        job_id = cron.execute(
+            _CRON_SCHEDULE_IN_DATABASE,
+            {"job_name": job_name, "schedule": schedule, "command": JOB_COMMAND, "dbname": dbname},
+        ).fetchone()[0]
+        click.echo(
+            f"scheduled pg_cron job {job_name} (id {job_id}) in database {cron.info.dbname}: "
+            f"{schedule!r} runs {JOB_COMMAND} in database {dbname}"
+        )
+
+
+@main.command()
+@dsn_option
+@click.option(
+    "--cron-dsn", default=None, metavar="DSN", help="The pg_cron database, as for schedule."
+)
+@click.option("--job-name", default=JOB_NAME, show_default=True, help="pg_cron job name.")
+def unschedule(dsn: str | None, cron_dsn: str | None, job_name: str) -> None:
+    """Remove the pg_cron job of the hourly pass (exit 0 also when there was none).
+
+    \b
+    Examples:
+      llm-db unschedule --dsn postgresql://owner@db/app
+      llm-db unschedule --dsn postgresql://owner@db/app --cron-dsn postgresql://owner@db/postgres
+    """
+    from llm_db.requests import Llm
+
+    if cron_dsn is None:
+        with _connect(dsn) as conn:
+            removed = Llm(conn).unschedule_reconciliation()
+        click.echo(f"removed pg_cron job {JOB_NAME}" if removed else f"no pg_cron job {JOB_NAME}")
+        return
+    dbname = _llm_database(dsn)
+    with _cron_database(cron_dsn) as cron:
+        rows = cron.execute(
+            _CRON_UNSCHEDULE_IN_DATABASE, {"job_name": job_name, "dbname": dbname}
+        ).fetchall()
+    if rows:
+        click.echo(f"removed pg_cron job {job_name} for database {dbname}")
+    else:
+        click.echo(f"no pg_cron job {job_name} for database {dbname}")
+
+
+# ----------------------------------------------------------- notices
+
+
+@main.group(cls=_Group)
+def notices() -> None:
+    """Threshold notices (80 %, 100 % of the allowance): deliver them to a webhook."""
+
+
+@notices.command("deliver")
+@dsn_option
+@click.option("--url", required=True, help="http(s) URL the notices are POSTed to, as JSON.")
+@click.option(
+    "--secret-env",
+    default=DEFAULT_SECRET_ENV,
+    show_default=True,
+    metavar="NAME",
+    help="Environment variable holding the HMAC signing secret (never pass the secret itself).",
+)
+@click.option("--limit", type=click.IntRange(1, 10000), default=50, show_default=True,
+              help="Notices claimed in this run.")  # fmt: skip
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+              help="Seconds for each connect and each read.")  # fmt: skip
+@now_option
+@json_option
+def notices_deliver(
+    dsn: str | None,
+    url: str,
+    secret_env: str,
+    limit: int,
+    timeout: float,
+    now: datetime | None,
+    as_json: bool,
+) -> None:
+    """Claim due notices and POST each, signed, to --url; one run.
+
+    Each POST carries X-LLM-Signature: sha256=<HMAC of the body with the
+    secret> (check it with llm_db.notices.verify_signature). A 2xx marks the
+    notice sent; anything else leaves it owed with the error and a backoff, for
+    a later run. Exit 0 when every claimed notice was delivered (or none was
+    due), 1 when some were not.
+
+    \b
+    Examples:
+      export LLM_DB_WEBHOOK_SECRET=...            # from your secret store
+      llm-db notices deliver --dsn ... --url https://hooks.example.com/llm
+      # every minute from cron:
+      * * * * * llm-db notices deliver --url https://hooks.example.com/llm --limit 200
+    """
+    from llm_db.notices import deliver_notices
+    from llm_db.requests import Llm
+
+    secret = os.environ.get(secret_env)
+    if not secret:
+        raise click.UsageError(
+            f"environment variable {secret_env} is not set: the webhook secret is read from the "
+            "environment (--secret-env NAME), never from the command line"
+        )
+    if not re.match(r"^https?://", url, re.IGNORECASE):
+        raise click.BadParameter(f"{url!r} is not an http(s) URL", param_hint="--url")
+    with _connect(dsn) as conn:
+        summary = deliver_notices(Llm(conn), url, secret, limit=limit, timeout=timeout, now=now)
+    if as_json:
+        _echo_json(dataclasses_asdict(summary))
+    else:
+        line = f"claimed {summary.claimed}, sent {summary.sent}, failed {summary.failed}"
+        if summary.last_error:
+            line += f"; last error: {summary.last_error}"
+        click.echo(line)
+    _exit(EXIT_PROBLEM if summary.failed else EXIT_OK)
+
+
+# ----------------------------------------------------------- report
+
+
+@main.command()
+@dsn_option
+@click.option("--org", "organization_id", type=click.UUID, default=None,
+              help="Only this organization.")  # fmt: skip
+@click.option("--days", type=click.IntRange(1, 3660), default=7, show_default=True,
+              help="UTC days to cover, ending today.")  # fmt: skip
+@now_option
+@json_option
+def report(
+    dsn: str | None, organization_id: UUID | None, days: int, now: datetime | None, as_json: bool
+) -> None:
+    """Period usage per organization, daily usage, open holds and tasks by status.
+
+    Reads tables only (llm_reader is enough). Periods overlapping the days,
+    daily usage by settlement day, requests still holding credits (and how
+    many are past the recovery window), tasks started in the days plus every
+    running task.
+
+    \b
+    Examples:
+      llm-db report --dsn postgresql://analytics@db/app
+      llm-db report --org 0b6f2d1e-... --days 31
+      llm-db report --json | jq '.periods[] | {name, used_credits}'
+    """
+    from llm_db.report import build_report, render_report, report_json
+
+    with _connect(dsn) as conn:
+        result = build_report(conn, days=days, organization_id=organization_id, now=now)
+    if as_json:
+        click.echo(json.dumps(report_json(result), sort_keys=True))
+    else:
+        click.echo(render_report(result))
+
+
+# ----------------------------------------------------------- metrics
+
+
+@main.command()
+@dsn_option
+@now_option
+@click.option(
+    "--output",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    default=None,
+    help="Write to this file atomically (node_exporter textfile collector) instead of stdout.",
+)
+def metrics(dsn: str | None, now: datetime | None, output: Path | None) -> None:
+    """Prometheus text exposition: pass health, last run figures and age, stale work.
+
+    Gauges: llm_reconciliation_health{status}, llm_reconciliation_last_run_*
+    (figures, status, duration, age_seconds), llm_stale_open_requests (older
+    than the recovery window: should be 0 after a pass), llm_open_requests,
+    llm_open_hold_credits, llm_running_tasks, llm_drift_findings,
+    llm_notices{status}.
+
+    \b
+    Examples:
+      llm-db metrics --dsn postgresql://monitor@db/app
+      # node_exporter textfile collector, every minute from cron:
+      * * * * * llm-db metrics --output /var/lib/node_exporter/textfile/llm.prom
+    """
+    from llm_db.metrics import exposition
+
+    with _connect(dsn) as conn:
+        text = exposition(conn, now=now)
+    if output is None:
+        click.echo(text.decode(), nl=False)
+        return
+    output = output.resolve()
+    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, output)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# ----------------------------------------------------------- distribute
+
+
+@main.command()
+@dsn_option
+@click.option("--shard-count", type=click.IntRange(1, 10000), default=None,
+              help="citus.shard_count for the distributed tables (default: Citus's).")  # fmt: skip
+def distribute(dsn: str | None, shard_count: int | None) -> None:
+    """Shard the llm schema with Citus: one statement after migrate (llm.distribute()).
+
+    Run on the coordinator, with citus in shared_preload_libraries, CREATE
+    EXTENSION citus done and workers added. Without citus: LL011, exit 3.
+    See docs/scaling.md.
+
+    \b
+    Example:
+      llm-db distribute --dsn postgresql://owner@coordinator/app --shard-count 64
+    """
+    from llm_db.requests import Llm
+
+    with _connect(dsn) as conn:
+        done = Llm(conn).distribute(shard_count)
+    click.echo(f"distributed: {done}")
+
+
+# ----------------------------------------------------------- demo
 
 
 @main.command()
 @click.option(
     "--dsn",
-    envvar="DATABASE_URL",
-    required=True,
-    show_envvar=True,
-    help="libpq URL or key=value conninfo of the database to migrate.",
+    default=None,
+    metavar="DSN",
+    help="Use this database instead of a throw-away server (DATABASE_URL is NOT read: the demo "
+    "runs a reconciliation pass there).",
 )
-def migrate(dsn: str) -> None:
-    """Apply migrations/ with yoyo, then (re)apply every sql/ file in one transaction."""
-    import psycopg
+@click.option("--seed", type=int, default=7, show_default=True, help="Random seed of the traffic.")
+@click.option("--workers", type=click.IntRange(1, 32), default=6, show_default=True,
+              help="Worker threads sending traffic.")  # fmt: skip
+@json_option
+def demo(dsn: str | None, seed: int, workers: int, as_json: bool) -> None:
+    """See llm-db do its job, end to end, in about ten seconds.
 
-    from llm_db.migrate import MigrationError
-    from llm_db.migrate import migrate as run_migrate
+    Starts a throw-away PostgreSQL 15 with pg_cron, installs llm-db, creates
+    three organizations (a small allowance, unlimited, suspended), sends a day
+    of traffic from worker threads of which some crash after dispatching a
+    request, leaves one task running and injects one accounting fault; then
+    moves the clock 25 h on, runs the hourly pass and shows the books before
+    and after. The server is stopped at the end, also on Ctrl-C.
 
-    try:
-        report = run_migrate(dsn)
-    except (MigrationError, psycopg.Error) as exc:
-        raise click.ClickException(str(exc)) from exc
-    applied = ", ".join(report.applied_migrations) or "none"
-    click.echo(f"migrations applied: {applied}")
-    click.echo(f"sql files applied: {len(report.sql_files)}")
+    With --dsn it uses that database instead (it must be migrated): it creates
+    demo organizations with fresh ids and runs one real pass there, at the real
+    time, as the hourly job would.
+
+    \b
+    Examples:
+      llm-db demo
+      llm-db demo --seed 42 --workers 8
+      llm-db demo --json | tail -n 1 | jq .after     # the figures, for machines
+    """
+    from llm_db.demo import run_demo
+
+    result = run_demo(dsn=dsn, seed=seed, workers=workers, out=click.echo)
+    if as_json:
+        _echo_json(result)
+    if result["invariant_violations"]:
+        _exit(EXIT_PROBLEM)
+
+
+if __name__ == "__main__":
+    main(prog_name="llm-db")

@@ -1,0 +1,752 @@
+"""``llm-db demo``: the main job, end to end, in a few seconds.
+
+1. Start a throw-away PostgreSQL 15 with pg_cron (``llm_db._server``), or use
+   the database given with ``--dsn``; install llm-db; create three
+   organizations (a small allowance so threshold notices fire, an unlimited
+   one, a suspended one) and two task kinds.
+2. Send a day of traffic through the Python driver from worker threads, each
+   with its own seeded random plan: single requests and tasks
+   (``with_llm_execution``); some requests fail at the provider; some workers
+   "crash" right after dispatching a request (they close their connection and
+   never settle it); one worker dies inside a task, which stays running. Then
+   one fault is injected behind the functions' back: a superuser UPDATE of a
+   closed task's credits.
+3. Move the clock 25 hours past the end of that day (past the 24 h recovery
+   window), run the hourly pass and show the books before and after, side by
+   side: stranded holds released, requests recovered, past-window alerts,
+   tasks abandoned, drift found, notices owed, health, invariant violations.
+4. Deliver the owed threshold notices to a local webhook (throw-away server
+   only) and end with ``check_invariants()``.
+
+The clock: the pass runs at the real time (``now()``, to the second), and the
+simulated day is the 24 hours that ended 25 hours before it. So on a real
+database (``--dsn``) the one pass the demo runs is exactly what the hourly job
+would do at that moment; the demo's organizations have fresh ids there.
+
+``run_demo`` returns every figure it printed as a dict (``llm-db demo --json``
+prints it as the last line).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import http.server
+import random
+import signal
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from llm_db import errors
+from llm_db.executions import ExecutionContext, with_llm_execution
+from llm_db.report import ORGANIZATION_TOTALS, books_snapshot, format_table, jsonable
+from llm_db.requests import Llm
+
+__all__ = ["DemoError", "run_demo"]
+
+Out = Callable[[str], Any]
+
+RECOVERY_SHIFT = timedelta(hours=25)  # how far past the end of the day the pass runs
+DAY = timedelta(hours=24)
+TOTAL_ITEMS = 216  # single requests or tasks, shared out between the workers
+DRIFT_CREDITS = 250  # what the injected fault adds to a closed task
+WEBHOOK_SECRET = "demo-secret"
+
+
+class DemoError(RuntimeError):
+    """The demo cannot run (e.g. llm-db is not installed in the --dsn database)."""
+
+
+# ----------------------------------------------------------- the cast
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DemoOrg:
+    key: str
+    name: str
+    allowance: int | None
+    status: str
+    weight: int
+    id: uuid.UUID
+
+
+def _organizations() -> list[DemoOrg]:
+    return [
+        DemoOrg("acme", "Acme Research", 24_000, "operational", 9, uuid.uuid4()),
+        DemoOrg("globex", "Globex", None, "operational", 9, uuid.uuid4()),
+        DemoOrg("initech", "Initech", 50_000, "suspended", 2, uuid.uuid4()),
+    ]
+
+
+TASK_KINDS = {
+    "demo.summarize": "Summarize a document in a few model calls",
+    "demo.translate": "Translate a document section by section",
+}
+
+# model -> cents per credit
+MODELS = {"gpt-4o": 0.03, "claude-sonnet": 0.025, "llama-70b": 0.008}
+
+# ----------------------------------------------------------- the demo's own SQL
+
+LLM_INSTALLED = """
+SELECT pg_catalog.to_regproc('llm.run_reconciliation') IS NOT NULL AS installed,
+       pg_catalog.current_database() AS dbname
+"""
+
+PASS_CLOCK = "SELECT pg_catalog.date_trunc('second', pg_catalog.now()) AS now"
+
+# a closed task with some requests, for the injected fault
+PICK_CLOSED_TASK = """
+SELECT x.organization_id, x.id
+  FROM llm.executions AS x
+ WHERE x.organization_id = ANY (%(organization_ids)s::uuid[])
+   AND x.status = 'completed' AND x.request_count > 0
+ ORDER BY x.started_at, x.id
+ LIMIT 1
+"""
+
+# The injected fault: an edit behind the functions' back (only a table owner can).
+INJECT_DRIFT = """
+UPDATE llm.executions AS x
+   SET credits = x.credits + %(credits)s::bigint
+ WHERE x.organization_id = %(organization_id)s::uuid AND x.id = %(execution_id)s::uuid
+"""
+
+
+# ----------------------------------------------------------- the plan (seeded)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PlannedRequest:
+    model: str
+    estimate: int
+    outcome: str  # settle | fail | crash
+    usage_ratio: float  # measured credits / estimate
+    latency_s: float
+    input_tokens: int
+    output_tokens: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Item:
+    at: timedelta  # after the start of the day
+    org: str
+    kind: str  # single | task | stuck_task
+    task_key: str | None
+    body_raises: bool
+    requests: tuple[PlannedRequest, ...]
+
+
+def _request(rng: random.Random, *, may_crash: bool) -> PlannedRequest:
+    roll = rng.random()
+    outcome = "crash" if may_crash and roll < 0.06 else "fail" if roll < 0.11 else "settle"
+    estimate = rng.randint(40, 400)
+    return PlannedRequest(
+        model=rng.choice(list(MODELS)),
+        estimate=estimate,
+        outcome=outcome,
+        usage_ratio=rng.uniform(0.55, 1.1),
+        latency_s=rng.uniform(1.0, 30.0),
+        input_tokens=estimate * rng.randint(3, 8),
+        output_tokens=estimate * rng.randint(1, 3),
+    )
+
+
+def plan_traffic(seed: int, workers: int, orgs: list[DemoOrg]) -> list[list[Item]]:
+    """Each worker's items, in time order; worker 0 also gets the task that stays running."""
+    per_worker = max(1, TOTAL_ITEMS // workers)
+    keys = [o.key for o in orgs]
+    weights = [o.weight for o in orgs]
+    plans = []
+    for w in range(workers):
+        rng = random.Random(f"llm-db demo {seed} worker {w}")
+        offsets = sorted(rng.uniform(0, DAY.total_seconds() - 900) for _ in range(per_worker))
+        items = []
+        for n, offset in enumerate(offsets):
+            org = rng.choices(keys, weights)[0]
+            if w == 0 and n == per_worker // 2:
+                requests = tuple(_request(rng, may_crash=False) for _ in range(2))
+                requests = tuple(dataclasses.replace(r, outcome="settle") for r in requests)
+                items.append(Item(timedelta(seconds=offset), "globex", "stuck_task",
+                                  "demo.summarize", False, requests))  # fmt: skip
+            elif rng.random() < 0.25:
+                requests = tuple(_request(rng, may_crash=False) for _ in range(rng.randint(2, 4)))
+                items.append(Item(timedelta(seconds=offset), org, "task", rng.choice(list(TASK_KINDS)),
+                                  rng.random() < 0.15, requests))  # fmt: skip
+            else:
+                items.append(Item(timedelta(seconds=offset), org, "single", None, False,
+                                  (_request(rng, may_crash=True),)))  # fmt: skip
+        plans.append(items)
+    return plans
+
+
+# ----------------------------------------------------------- the workers
+
+
+class _ToolError(RuntimeError):
+    """What a task body raises when the simulated tool fails."""
+
+
+@dataclasses.dataclass
+class Tally:
+    """What the workers did, per organization key, plus task outcomes."""
+
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    by_org: dict[str, Counter[str]] = dataclasses.field(default_factory=dict)
+    tasks: Counter[str] = dataclasses.field(default_factory=Counter)
+
+    def add(self, org: str, what: str, n: int = 1) -> None:
+        with self.lock:
+            self.by_org.setdefault(org, Counter())[what] += n
+
+    def task(self, what: str) -> None:
+        with self.lock:
+            self.tasks[what] += 1
+
+
+class _Clock:
+    """A worker's simulated time; callable, so ``with_llm_execution(now=clock)`` reads it."""
+
+    def __init__(self, start: datetime) -> None:
+        self.t = start
+
+    def __call__(self) -> datetime:
+        return self.t
+
+    def advance(self, seconds: float) -> datetime:
+        self.t += timedelta(seconds=seconds)
+        return self.t
+
+
+class _Worker(threading.Thread):
+    def __init__(
+        self,
+        index: int,
+        dsn: str,
+        items: list[Item],
+        orgs: dict[str, DemoOrg],
+        day_start: datetime,
+        tally: Tally,
+        stop: threading.Event,
+    ) -> None:
+        super().__init__(name=f"llm-db demo worker {index}", daemon=True)
+        self.dsn = dsn
+        self.items = items
+        self.orgs = orgs
+        self.day_start = day_start
+        self.tally = tally
+        self.stop = stop
+        self.error: BaseException | None = None
+        self.conn: psycopg.Connection | None = None
+        self.llm: Llm | None = None
+
+    # a fresh process after a crash: a new connection
+    def _connect(self) -> Llm:
+        self.conn = psycopg.connect(self.dsn, autocommit=True, application_name="llm-db demo")
+        self.llm = Llm(self.conn)
+        return self.llm
+
+    def _crash(self) -> None:
+        assert self.conn is not None
+        self.conn.close()  # whatever it had in flight is never settled
+        self._connect()
+
+    def run(self) -> None:
+        try:
+            self._connect()
+            clock = _Clock(self.day_start)
+            for item in self.items:
+                if self.stop.is_set():
+                    return
+                clock.t = max(clock.t, self.day_start + item.at)
+                self._item(item, clock)
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            if self.conn is not None:
+                self.conn.close()
+
+    def _item(self, item: Item, clock: _Clock) -> None:
+        org = self.orgs[item.org]
+        if item.kind == "single":
+            self._single(org, item.requests[0], clock)
+        elif item.kind == "task":
+            self._task(org, item, clock)
+        else:
+            self._stuck_task(org, item, clock)
+
+    def _send(
+        self,
+        org: DemoOrg,
+        req: PlannedRequest,
+        clock: _Clock,
+        execution_id: uuid.UUID | None = None,
+    ) -> None:
+        """One model request: admit, dispatch, then settle, fail or crash."""
+        llm = self.llm
+        assert llm is not None
+        try:
+            inv = llm.admit(org.id, req.estimate, req.model, execution_id=execution_id, now=clock.t)
+        except errors.AllowanceExhausted:
+            self.tally.add(org.key, "refused_allowance")
+            raise
+        except errors.OrganizationNotOperational:
+            self.tally.add(org.key, "refused_suspended")
+            raise
+        self.tally.add(org.key, "admitted")
+        llm.mark_dispatched(org.id, inv.id, now=clock.advance(0.2))
+        clock.advance(req.latency_s)
+        if req.outcome == "crash":
+            self.tally.add(org.key, "crashed")
+            self.tally.add(org.key, "crashed_hold_credits", inv.hold_credits)
+            self._crash()
+        elif req.outcome == "fail":
+            llm.fail(org.id, inv.id, "provider answered 503 Service Unavailable", now=clock.t)
+            self.tally.add(org.key, "failed")
+        else:
+            credits = max(1, round(req.estimate * req.usage_ratio))
+            llm.settle(
+                org.id,
+                inv.id,
+                credits,
+                max(1, round(credits * MODELS[req.model])),
+                input_tokens=req.input_tokens,
+                output_tokens=round(req.output_tokens * req.usage_ratio),
+                now=clock.t,
+            )
+            self.tally.add(org.key, "settled")
+
+    def _single(self, org: DemoOrg, req: PlannedRequest, clock: _Clock) -> None:
+        with contextlib.suppress(errors.AllowanceExhausted, errors.OrganizationNotOperational):
+            self._send(org, req, clock)
+
+    def _task(self, org: DemoOrg, item: Item, clock: _Clock) -> None:
+        assert item.task_key is not None and self.llm is not None
+
+        def body(ctx: ExecutionContext) -> None:
+            for n, req in enumerate(item.requests):
+                self._send(org, req, clock, execution_id=ctx.execution_id)
+                if item.body_raises and n == len(item.requests) - 2:
+                    raise _ToolError("the document store timed out")
+
+        try:
+            with_llm_execution(self.llm, org.id, item.task_key, body, now=clock,
+                               subject_type="document", subject_id=f"doc-{clock.t:%H%M%S}")  # fmt: skip
+        except errors.OrganizationNotOperational:
+            self.tally.add(org.key, "refused_suspended")
+        except errors.AllowanceExhausted:
+            self.tally.task("failed")  # the body ran out of allowance: the task failed
+        except _ToolError:
+            self.tally.task("failed")
+        else:
+            self.tally.task("completed")
+
+    def _stuck_task(self, org: DemoOrg, item: Item, clock: _Clock) -> None:
+        """A worker dies inside a task: its requests settled, the task never closed."""
+        assert item.task_key is not None and self.llm is not None
+        opened = self.llm.open_execution(org.id, item.task_key, subject_type="document",
+                                         subject_id="doc-stuck", now=clock.t)  # fmt: skip
+        for req in item.requests:
+            self._send(org, req, clock, execution_id=opened.execution_id)
+        self.tally.task("left_running")
+        self._crash()
+
+
+def _run_workers(
+    dsn: str, plans: list[list[Item]], orgs: dict[str, DemoOrg], day_start: datetime
+) -> Tally:
+    tally = Tally()
+    stop = threading.Event()
+    workers = [
+        _Worker(i, dsn, items, orgs, day_start, tally, stop) for i, items in enumerate(plans)
+    ]
+    for w in workers:
+        w.start()
+    try:
+        for w in workers:
+            while w.is_alive():
+                w.join(0.2)
+    except BaseException:
+        stop.set()
+        for w in workers:
+            w.join(30)
+        raise
+    for w in workers:
+        if w.error is not None:
+            raise w.error
+    return tally
+
+
+# ----------------------------------------------------------- the webhook
+
+
+@dataclasses.dataclass
+class _Inbox:
+    received: int = 0
+    verified: int = 0
+
+
+@contextlib.contextmanager
+def _webhook() -> Iterator[tuple[str, _Inbox]]:
+    """A local webhook receiver that checks each notice's signature."""
+    from llm_db.notices import SIGNATURE_HEADER, verify_signature
+
+    inbox = _Inbox()
+    lock = threading.Lock()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            ok = verify_signature(body, self.headers.get(SIGNATURE_HEADER), WEBHOOK_SECRET)
+            with lock:
+                inbox.received += 1
+                inbox.verified += ok
+            self.send_response(204 if ok else 401)
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, name="llm-db demo webhook", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/llm-notices", inbox
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+# ----------------------------------------------------------- the run
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """A SIGTERM unwinds like Ctrl-C, so the throw-away server is stopped."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_demo(
+    *, dsn: str | None = None, seed: int = 7, workers: int = 6, out: Out = print
+) -> dict[str, Any]:
+    """Run the demo (see the module doc), printing through ``out``; returns its figures.
+
+    Without ``dsn`` a throw-away server is started and always stopped, also on
+    Ctrl-C or SIGTERM. With ``dsn`` that database is used; it must be migrated.
+    """
+    started = time.monotonic()
+    out(f"llm-db demo - seed {seed}, {workers} worker threads")
+    out("")
+    with _sigterm_as_interrupt():
+        if dsn is not None:
+            result = _demo(dsn, seed, workers, out, embedded=None)
+        else:
+            result = _embedded(seed, workers, out)
+    result["elapsed_seconds"] = round(time.monotonic() - started, 2)
+    out("")
+    tail = "; the server is stopped, nothing is left running" if dsn is None else ""
+    out(f"Done in {result['elapsed_seconds']:.1f} s{tail}.")
+    out("Next: docs/integration.md, `llm-db --help`, or `llm-db demo --dsn <your database>`.")
+    return result
+
+
+def _embedded(seed: int, workers: int, out: Out) -> dict[str, Any]:
+    from llm_db._server import EphemeralServer
+    from llm_db.migrate import migrate
+
+    t0 = time.monotonic()
+    server = EphemeralServer()
+    try:
+        server.start()
+        out(_kv("PostgreSQL 15 + pg_cron", f"started in {time.monotonic() - t0:.1f} s "
+                f"(throw-away, port {server.port}, {server.base_dir})"))  # fmt: skip
+        t1 = time.monotonic()
+        dsn = server.create_database("llm_demo")
+        report = migrate(dsn)
+        applied = ", ".join(report.applied_migrations) or "none new"
+        out(_kv("llm schema", f"migrated in {time.monotonic() - t1:.1f} s "
+                f"(migrations: {applied}; {len(report.sql_files)} sql files)"))  # fmt: skip
+        embedded = {"port": server.port, "base_dir": server.base_dir}
+        return _demo(dsn, seed, workers, out, embedded=embedded)
+    finally:
+        server.stop()
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")
+
+
+def _kv(label: str, text: str) -> str:
+    return f"  {label:<26} {text}"
+
+
+def _demo(
+    dsn: str, seed: int, workers: int, out: Out, *, embedded: dict[str, Any] | None
+) -> dict[str, Any]:
+    with psycopg.connect(dsn, autocommit=True, application_name="llm-db demo") as conn:
+        installed, dbname = conn.execute(LLM_INSTALLED).fetchone()
+        if not installed:
+            raise DemoError(
+                f"llm-db is not installed in database {dbname}: run `llm-db migrate --dsn ...` "
+                "first, or run `llm-db demo` without --dsn for a throw-away server"
+            )
+        if embedded is None:
+            out(_kv("database", f"{dbname} (given with --dsn; demo organizations get fresh ids)"))
+        llm = Llm(conn)
+        pass_clock: datetime = conn.execute(PASS_CLOCK).fetchone()[0]
+        day_end = pass_clock - RECOVERY_SHIFT
+        day_start = day_end - DAY
+
+        orgs = _organizations()
+        by_key = {o.key: o for o in orgs}
+        ids = [o.id for o in orgs]
+        for o in orgs:
+            llm.upsert_organization(o.id, o.name, o.allowance, status=o.status, now=day_start)
+        for key, description in TASK_KINDS.items():
+            llm.declare_task_kind(key, description)
+        names = max(len(o.name) for o in orgs)
+        for n, o in enumerate(orgs):
+            what = (
+                "suspended: every request is refused" if o.status != "operational"
+                else "unlimited" if o.allowance is None
+                else f"{o.allowance:,} credits a month, notices at 80 % and 100 %"
+            )  # fmt: skip
+            out(_kv("organizations" if n == 0 else "", f"{o.name:<{names}}  {what}"))
+        out(_kv("task kinds", ", ".join(TASK_KINDS)))
+
+        # 1. the day of traffic
+        out("")
+        out(f"1. A day of traffic: {day_start:%Y-%m-%d %H:%M} -> {day_end:%Y-%m-%d %H:%M} UTC "
+            f"(a simulated clock, passed as now=)")  # fmt: skip
+        t = time.monotonic()
+        tally = _run_workers(dsn, plan_traffic(seed, workers, orgs), by_key, day_start)
+        traffic_seconds = time.monotonic() - t
+        traffic = _traffic_figures(tally, orgs)
+        out("")
+        out(format_table(
+            ["organization", "admitted", "settled", "failed", "crashed", "refused"],
+            [
+                (o.name, traffic["by_organization"][o.key]["admitted"],
+                 traffic["by_organization"][o.key]["settled"],
+                 traffic["by_organization"][o.key]["failed"],
+                 traffic["by_organization"][o.key]["crashed"],
+                 traffic["by_organization"][o.key]["refused"])
+                for o in orgs
+            ],
+        ))  # fmt: skip
+        out("")
+        out(f"  {traffic['admitted']:,} requests admitted in {traffic_seconds:.1f} s of wall time "
+            f"({workers} threads, each its own connection)")  # fmt: skip
+        out(f"  refused: {traffic['refused_allowance']} over the allowance (LL001), "
+            f"{traffic['refused_suspended']} for the suspended organization (LL003)")  # fmt: skip
+        out(f"  tasks: {traffic['tasks_completed']} completed, {traffic['tasks_failed']} failed "
+            f"(the body raised), {traffic['tasks_left_running']} left running "
+            "(its worker died inside it)")  # fmt: skip
+        out(f"  crashed workers: {_n(traffic['crashed'], 'request')} dispatched and never "
+            f"settled, holding {traffic['crashed_hold_credits']:,} credits")  # fmt: skip
+
+        drift = _inject_drift(conn, ids, out)
+
+        # 2. the pass, 25 hours later
+        before = _state(conn, llm, pass_clock, ids)
+        out("")
+        out(f"2. 25 hours later: the clock moves to {pass_clock:%Y-%m-%d %H:%M} UTC, past the "
+            "24 h recovery window,")  # fmt: skip
+        out(f"   and the hourly pass runs: CALL llm.run_reconciliation(p_now => "
+            f"'{pass_clock:%Y-%m-%d %H:%M:%S}+00')")  # fmt: skip
+        run = llm.run_reconciliation(now=pass_clock)
+        if run is None:
+            raise DemoError("the pass recorded no llm.reconciliation_runs row")
+        llm.rebuild_daily_usage(day_start.date(), pass_clock.date())
+        after = _state(conn, llm, pass_clock, ids)
+        out("")
+        out(_before_after(before, after, drift is not None))
+        out("")
+        duration = (run.finished_at - run.started_at).total_seconds() if run.finished_at else 0
+        out(f"  the pass: {run.status} in {duration:.2f} s; "
+            f"{_n(run.orgs_visited, 'organization')} visited, "
+            f"{_n(run.requests_recovered, 'request')} recovered at their estimate,")  # fmt: skip
+        out(f"  {run.released_hold_credits:,} hold credits released, "
+            f"{_n(run.past_window_alerts, 'past-window alert')}, "
+            f"{_n(run.executions_abandoned, 'task')} abandoned, "
+            f"{_n(run.drift_findings, 'drift finding')}")  # fmt: skip
+        if run.status == "skipped":
+            out("  (another pass held the lock: run the demo again in a minute)")
+
+        # 3. the books afterwards
+        out("")
+        out("3. The books afterwards")
+        out("")
+        with conn.cursor(row_factory=dict_row) as cur:
+            totals = cur.execute(ORGANIZATION_TOTALS, {"organization_ids": ids}).fetchall()
+        out(format_table(
+            ["organization", "status", "allowance", "used", "held", "used %", "cents", "notices"],
+            [
+                (r["name"], r["status"],
+                 "unlimited" if r["allowance_credits"] is None else r["allowance_credits"],
+                 r["used_credits"], r["held_credits"],
+                 "-" if not r["allowance_credits"] else
+                 f"{100 * r['used_credits'] // r['allowance_credits']}%",
+                 r["used_cents"], r["notices"])
+                for r in totals
+            ],
+            align="llrrrrrr",
+        ))  # fmt: skip
+        out("")
+        delivered = None
+        if embedded is not None:
+            delivered = _deliver(llm, pass_clock, out)
+        else:
+            out("  notices: left owed in your database (deliver them with "
+                "`llm-db notices deliver --url ...`)")  # fmt: skip
+        violations = [v for v in llm.check_invariants() if v.organization_id in set(ids)]
+        verdict = "the books are right" if not violations else "VIOLATED"
+        out(f"  check_invariants(): {len(violations)} violations - {verdict}")
+        for v in violations[:10]:
+            out(f"    invariant {v.invariant}: {v.subject}: {v.detail}")
+
+    return {
+        "mode": "dsn" if embedded is None else "embedded",
+        "seed": seed,
+        "workers": workers,
+        "database": dbname,
+        "server": embedded,
+        "organizations": {
+            o.key: {"id": o.id, "name": o.name, "status": o.status, "allowance": o.allowance}
+            for o in orgs
+        },
+        "clock": {"day_start": day_start, "day_end": day_end, "pass": pass_clock},
+        "traffic": traffic,
+        "injected_drift": drift,
+        "before": before,
+        "after": after,
+        "run": jsonable(dataclasses.asdict(run)),
+        "notices_delivered": delivered,
+        "invariant_violations": len(violations),
+    }
+
+
+def _traffic_figures(tally: Tally, orgs: list[DemoOrg]) -> dict[str, Any]:
+    by_org = {}
+    for o in orgs:
+        c = tally.by_org.get(o.key, Counter())
+        by_org[o.key] = {
+            "admitted": c["admitted"],
+            "settled": c["settled"],
+            "failed": c["failed"],
+            "crashed": c["crashed"],
+            "crashed_hold_credits": c["crashed_hold_credits"],
+            "refused_allowance": c["refused_allowance"],
+            "refused_suspended": c["refused_suspended"],
+            "refused": c["refused_allowance"] + c["refused_suspended"],
+        }
+    total = {
+        k: sum(v[k] for v in by_org.values())
+        for k in ("admitted", "settled", "failed", "crashed", "crashed_hold_credits",
+                  "refused_allowance", "refused_suspended")
+    }  # fmt: skip
+    return {
+        **total,
+        "tasks_completed": tally.tasks["completed"],
+        "tasks_failed": tally.tasks["failed"],
+        "tasks_left_running": tally.tasks["left_running"],
+        "by_organization": by_org,
+    }
+
+
+def _inject_drift(
+    conn: psycopg.Connection, ids: list[uuid.UUID], out: Out
+) -> dict[str, Any] | None:
+    found = conn.execute(PICK_CLOSED_TASK, {"organization_ids": ids}).fetchone()
+    if found is None:
+        out("  injected fault: skipped (no completed task to edit)")
+        return None
+    organization_id, execution_id = found
+    try:
+        conn.execute(INJECT_DRIFT, {"credits": DRIFT_CREDITS, "organization_id": organization_id,
+                                    "execution_id": execution_id})  # fmt: skip
+    except psycopg.errors.InsufficientPrivilege:
+        out("  injected fault: skipped (this role may not write llm.executions directly, "
+            "as it should be)")  # fmt: skip
+        return None
+    out(f"  injected fault: UPDATE llm.executions SET credits = credits + {DRIFT_CREDITS}")
+    out(f"                  WHERE id = '{execution_id}'")
+    out("                  a superuser edit behind the functions' back: that task's totals")
+    out("                  no longer match its requests")
+    return {"organization_id": organization_id, "execution_id": execution_id,
+            "credits_added": DRIFT_CREDITS}  # fmt: skip
+
+
+def _state(
+    conn: psycopg.Connection, llm: Llm, now: datetime, ids: list[uuid.UUID]
+) -> dict[str, Any]:
+    state = dict(books_snapshot(conn, now=now, organization_ids=ids))
+    state["health"] = llm.health(now=now).status
+    state["invariant_violations"] = sum(
+        1 for v in llm.check_invariants() if v.organization_id in set(ids)
+    )
+    return state
+
+
+BEFORE_AFTER_ROWS = [
+    ("open_requests", "requests holding credits"),
+    ("held_credits", "credits held"),
+    ("stale_open_requests", "  of them past the 24 h recovery window"),
+    ("recovered_requests", "requests settled by recovery"),
+    ("past_window_alerts", "past-window alerts stamped"),
+    ("running_tasks", "tasks running"),
+    ("abandoned_tasks", "tasks abandoned"),
+    ("drift_findings", "drift findings"),
+    ("notices_owed", "threshold notices owed"),
+    ("health", "reconciliation health"),
+    ("invariant_violations", "invariant violations"),
+]
+
+
+def _before_after(before: dict[str, Any], after: dict[str, Any], injected: bool) -> str:
+    rows = []
+    for key, label in BEFORE_AFTER_ROWS:
+        b, a = before[key], after[key]
+        if key == "invariant_violations" and injected and b:
+            b = f"{b} *"
+        rows.append((label, b, a))
+    table = format_table(["", "before the pass", "after"], rows, align="lrr")
+    if injected and before["invariant_violations"]:
+        table += ("\n  * the injected fault; the pass lists it in llm.drift_findings "
+                  "(reported, never repaired)")  # fmt: skip
+    return table
+
+
+def _deliver(llm: Llm, now: datetime, out: Out) -> int:
+    from llm_db.notices import deliver_notices
+
+    sent = 0
+    with _webhook() as (url, inbox):
+        while True:
+            summary = deliver_notices(llm, url, WEBHOOK_SECRET, now=now, timeout=5.0)
+            sent += summary.sent
+            if summary.claimed == 0 or summary.failed:
+                break
+    out(f"  notices: {_n(sent, 'notice')} delivered to a local webhook, "
+        f"{inbox.verified} of {inbox.received} signatures verified")  # fmt: skip
+    return sent

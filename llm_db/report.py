@@ -1,0 +1,474 @@
+"""What the operator reads: the report, the books' snapshot, the last pass.
+
+The SQL that ``llm-db report``, ``llm-db metrics``, ``llm-db reconcile`` and
+``llm-db demo`` run lives here, once, as named constants with named
+parameters and explicit casts (the driver's own calls are in
+``llm_db.queries``). Every statement only reads tables, so ``llm_reader`` can
+run it; the organization filter ``%(organization_id)s`` / ``%(organization_ids)s``
+is NULL for "all organizations".
+
+    with psycopg.connect(dsn) as conn:
+        report = build_report(conn, days=7)
+        print(render_report(report))            # aligned tables
+        json.dumps(report_json(report))         # the same, for machines
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import decimal
+from collections.abc import Mapping, Sequence
+from datetime import date, datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.rows import dict_row
+
+__all__ = [
+    "Report",
+    "books_snapshot",
+    "build_report",
+    "format_table",
+    "jsonable",
+    "last_run",
+    "render_report",
+    "report_json",
+    "server_clock",
+]
+
+Row = dict[str, Any]
+
+# ----------------------------------------------------------- the report
+
+# Periods that overlap the report's days [since, until].
+PERIOD_USAGE = """
+SELECT o.id AS organization_id, o.name, o.status, p.period_start, p.period_end,
+       p.allowance_credits, p.used_credits, p.held_credits, p.used_cents
+  FROM llm.periods AS p
+  JOIN llm.organizations AS o ON o.id = p.organization_id
+ WHERE (%(organization_id)s::uuid IS NULL OR p.organization_id = %(organization_id)s::uuid)
+   AND p.period_end > %(since)s::date
+   AND p.period_start <= %(until)s::date
+ ORDER BY o.name, o.id, p.period_start
+"""
+
+DAILY_USAGE = """
+SELECT d.day, d.organization_id, o.name, d.model, d.requests, d.recovered_requests,
+       d.credits, d.cents, d.input_tokens, d.output_tokens
+  FROM llm.daily_usage AS d
+  JOIN llm.organizations AS o ON o.id = d.organization_id
+ WHERE (%(organization_id)s::uuid IS NULL OR d.organization_id = %(organization_id)s::uuid)
+   AND d.day BETWEEN %(since)s::date AND %(until)s::date
+ ORDER BY d.day DESC, o.name, d.organization_id, d.model
+"""
+
+# Requests still holding credits; past_window ones are what the next pass recovers.
+OPEN_HOLDS = """
+SELECT i.organization_id, o.name,
+       count(*) AS open_requests,
+       sum(i.hold_credits)::bigint AS held_credits,
+       min(i.created_at) AS oldest_created_at,
+       count(*) FILTER (WHERE i.created_at <= %(now)s::timestamptz - s.recovery_window) AS past_window
+  FROM llm.invocations AS i
+  JOIN llm.organizations AS o ON o.id = i.organization_id
+ CROSS JOIN llm.settings AS s
+ WHERE i.status IN ('reserved', 'dispatched')
+   AND (%(organization_id)s::uuid IS NULL OR i.organization_id = %(organization_id)s::uuid)
+ GROUP BY i.organization_id, o.name, s.recovery_window
+ ORDER BY o.name, i.organization_id
+"""
+
+# Tasks started within the report's days, and every task still running.
+TASKS_BY_STATUS = """
+SELECT x.organization_id, o.name, x.status,
+       count(*) AS tasks,
+       sum(x.request_count)::bigint AS requests,
+       sum(x.credits)::bigint AS credits,
+       sum(x.cents)::bigint AS cents
+  FROM llm.executions AS x
+  JOIN llm.organizations AS o ON o.id = x.organization_id
+ WHERE (%(organization_id)s::uuid IS NULL OR x.organization_id = %(organization_id)s::uuid)
+   AND (x.status = 'running' OR x.started_at >= (%(since)s::date::timestamp AT TIME ZONE 'UTC'))
+ GROUP BY x.organization_id, o.name, x.status
+ ORDER BY o.name, x.organization_id, x.status
+"""
+
+# ----------------------------------------------------------- the books at a glance
+
+SERVER_CLOCK = "SELECT pg_catalog.now() AS now"
+
+# One row: what recovery would act on and what it left behind, for some
+# organizations (NULL: all). Used by `llm-db metrics` and by the demo's
+# before/after table.
+BOOKS_SNAPSHOT = """
+WITH s AS (SELECT st.recovery_window FROM llm.settings AS st)
+SELECT
+    (SELECT count(*) FROM llm.invocations AS i
+      WHERE i.status IN ('reserved', 'dispatched')
+        AND (%(organization_ids)s::uuid[] IS NULL OR i.organization_id = ANY (%(organization_ids)s::uuid[])))
+        AS open_requests,
+    (SELECT coalesce(sum(i.hold_credits), 0)::bigint FROM llm.invocations AS i
+      WHERE i.status IN ('reserved', 'dispatched')
+        AND (%(organization_ids)s::uuid[] IS NULL OR i.organization_id = ANY (%(organization_ids)s::uuid[])))
+        AS held_credits,
+    (SELECT count(*) FROM llm.invocations AS i CROSS JOIN s
+      WHERE i.status IN ('reserved', 'dispatched')
+        AND i.created_at <= %(now)s::timestamptz - s.recovery_window
+        AND (%(organization_ids)s::uuid[] IS NULL OR i.organization_id = ANY (%(organization_ids)s::uuid[])))
+        AS stale_open_requests,
+    (SELECT coalesce(sum(i.hold_credits), 0)::bigint FROM llm.invocations AS i CROSS JOIN s
+      WHERE i.status IN ('reserved', 'dispatched')
+        AND i.created_at <= %(now)s::timestamptz - s.recovery_window
+        AND (%(organization_ids)s::uuid[] IS NULL OR i.organization_id = ANY (%(organization_ids)s::uuid[])))
+        AS stale_held_credits,
+    (SELECT count(*) FROM llm.invocations AS i
+      WHERE i.settlement_kind = 'recovered'
+        AND (%(organization_ids)s::uuid[] IS NULL OR i.organization_id = ANY (%(organization_ids)s::uuid[])))
+        AS recovered_requests,
+    (SELECT count(*) FROM llm.invocations AS i
+      WHERE i.past_window_alerted_at IS NOT NULL
+        AND (%(organization_ids)s::uuid[] IS NULL OR i.organization_id = ANY (%(organization_ids)s::uuid[])))
+        AS past_window_alerts,
+    (SELECT count(*) FROM llm.executions AS x
+      WHERE x.status = 'running'
+        AND (%(organization_ids)s::uuid[] IS NULL OR x.organization_id = ANY (%(organization_ids)s::uuid[])))
+        AS running_tasks,
+    (SELECT count(*) FROM llm.executions AS x CROSS JOIN s
+      WHERE x.status = 'running'
+        AND x.started_at <= %(now)s::timestamptz - s.recovery_window
+        AND (%(organization_ids)s::uuid[] IS NULL OR x.organization_id = ANY (%(organization_ids)s::uuid[])))
+        AS stale_running_tasks,
+    (SELECT count(*) FROM llm.executions AS x
+      WHERE x.status = 'abandoned'
+        AND (%(organization_ids)s::uuid[] IS NULL OR x.organization_id = ANY (%(organization_ids)s::uuid[])))
+        AS abandoned_tasks,
+    (SELECT count(*) FROM llm.drift_findings AS f
+      WHERE (%(organization_ids)s::uuid[] IS NULL OR f.organization_id = ANY (%(organization_ids)s::uuid[])))
+        AS drift_findings,
+    (SELECT count(*) FROM llm.threshold_notices AS n
+      WHERE n.status = 'owed'
+        AND (%(organization_ids)s::uuid[] IS NULL OR n.organization_id = ANY (%(organization_ids)s::uuid[])))
+        AS notices_owed,
+    (SELECT count(*) FROM llm.threshold_notices AS n
+      WHERE n.status = 'sending'
+        AND (%(organization_ids)s::uuid[] IS NULL OR n.organization_id = ANY (%(organization_ids)s::uuid[])))
+        AS notices_sending,
+    (SELECT count(*) FROM llm.threshold_notices AS n
+      WHERE n.status = 'sent'
+        AND (%(organization_ids)s::uuid[] IS NULL OR n.organization_id = ANY (%(organization_ids)s::uuid[])))
+        AS notices_sent
+"""
+
+# The newest finished pass that was not skipped (the one health judges), with
+# its age on the pass's own clock, as llm.reconciliation_health computes it.
+LAST_RUN = """
+SELECT r.*,
+       pg_catalog.date_part('epoch', r.finished_at - r.started_at) AS duration_seconds,
+       pg_catalog.date_part('epoch', %(now)s::timestamptz - (r.clock + (r.finished_at - r.started_at)))
+           AS age_seconds
+  FROM llm.reconciliation_runs AS r
+ WHERE r.finished_at IS NOT NULL AND r.status <> 'skipped'
+ ORDER BY r.clock DESC, r.started_at DESC
+ LIMIT 1
+"""
+
+# Per organization: its allowance and the sum over its periods, and its notices.
+ORGANIZATION_TOTALS = """
+SELECT o.id AS organization_id, o.name, o.status,
+       o.monthly_allowance_credits AS allowance_credits,
+       coalesce(sum(p.used_credits), 0)::bigint AS used_credits,
+       coalesce(sum(p.held_credits), 0)::bigint AS held_credits,
+       coalesce(sum(p.used_cents), 0)::bigint AS used_cents,
+       (SELECT count(*) FROM llm.threshold_notices AS n WHERE n.organization_id = o.id) AS notices
+  FROM llm.organizations AS o
+  LEFT JOIN llm.periods AS p ON p.organization_id = o.id
+ WHERE o.id = ANY (%(organization_ids)s::uuid[])
+ GROUP BY o.id, o.name, o.status, o.monthly_allowance_credits
+ ORDER BY o.name, o.id
+"""
+
+# ----------------------------------------------------------- a pass in progress
+
+OPERATIONAL_ORGANIZATIONS = """
+SELECT count(*) AS organizations FROM llm.organizations AS o WHERE o.status = 'operational'
+"""
+
+# How far the pass that started after %(since)s has got (it commits after each organization).
+RUN_PROGRESS = """
+SELECT r.orgs_visited
+  FROM llm.reconciliation_runs AS r
+ WHERE r.started_at >= %(since)s::timestamptz AND r.status = 'running'
+ ORDER BY r.started_at DESC
+ LIMIT 1
+"""
+
+CURRENT_DATABASE = "SELECT pg_catalog.current_database() AS dbname"
+
+
+# ----------------------------------------------------------- reading
+
+
+def _rows(conn: psycopg.Connection, query: str, params: Mapping[str, Any]) -> list[Row]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query, params)  # type: ignore[arg-type]
+        return cur.fetchall()
+
+
+def server_clock(conn: psycopg.Connection, now: datetime | None = None) -> datetime:
+    """``now`` when given, else the server's ``now()``."""
+    if now is not None:
+        return now
+    return _rows(conn, SERVER_CLOCK, {})[0]["now"]
+
+
+def books_snapshot(
+    conn: psycopg.Connection,
+    *,
+    now: datetime | None = None,
+    organization_ids: Sequence[UUID | str] | None = None,
+) -> Row:
+    """Open requests and holds (all, and older than the recovery window), recovered
+    requests, past-window alerts, tasks running / stale / abandoned, drift findings
+    and notices by status, for ``organization_ids`` (None: every organization)."""
+    params = {
+        "now": server_clock(conn, now),
+        "organization_ids": None
+        if organization_ids is None
+        else [str(i) for i in organization_ids],
+    }
+    return _rows(conn, BOOKS_SNAPSHOT, params)[0]
+
+
+def last_run(conn: psycopg.Connection, *, now: datetime | None = None) -> Row | None:
+    """The newest finished, not skipped ``llm.reconciliation_runs`` row, with
+    ``duration_seconds`` and ``age_seconds`` (on the pass's clock); None if none."""
+    found = _rows(conn, LAST_RUN, {"now": server_clock(conn, now)})
+    return found[0] if found else None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Report:
+    """What ``llm-db report`` shows: days ``since`` .. ``until`` (UTC) up to ``now``."""
+
+    now: datetime
+    since: date
+    until: date
+    organization_id: UUID | None
+    periods: list[Row]
+    daily_usage: list[Row]
+    open_holds: list[Row]
+    tasks: list[Row]
+
+
+def build_report(
+    conn: psycopg.Connection,
+    *,
+    days: int = 7,
+    organization_id: UUID | str | None = None,
+    now: datetime | None = None,
+) -> Report:
+    """Read the report for the last ``days`` UTC days up to ``now`` (server clock by default)."""
+    if days < 1:
+        raise ValueError("days must be at least 1")
+    clock = server_clock(conn, now)
+    until = _utc_day(clock)
+    since = until - timedelta(days=days - 1)
+    org = None if organization_id is None else str(organization_id)
+    params = {"organization_id": org, "since": since, "until": until, "now": clock}
+    return Report(
+        now=clock,
+        since=since,
+        until=until,
+        organization_id=None if org is None else UUID(org),
+        periods=_rows(conn, PERIOD_USAGE, params),
+        daily_usage=_rows(conn, DAILY_USAGE, params),
+        open_holds=_rows(conn, OPEN_HOLDS, params),
+        tasks=_rows(conn, TASKS_BY_STATUS, params),
+    )
+
+
+def _utc_day(moment: datetime) -> date:
+    offset = moment.utcoffset()
+    return (moment - offset).date() if offset is not None else moment.date()
+
+
+# ----------------------------------------------------------- rendering
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` with uuids, dates, datetimes and decimals turned into JSON types."""
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, decimal.Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    return value
+
+
+def report_json(report: Report) -> dict[str, Any]:
+    """The report as plain JSON types (the shape ``llm-db report --json`` prints)."""
+    return jsonable(
+        {
+            "now": report.now,
+            "since": report.since,
+            "until": report.until,
+            "organization_id": report.organization_id,
+            "periods": report.periods,
+            "daily_usage": report.daily_usage,
+            "open_holds": report.open_holds,
+            "tasks": report.tasks,
+        }
+    )
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int | decimal.Decimal):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.1f}"
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M")
+    if isinstance(value, date):
+        return value.isoformat()
+    return str(value)
+
+
+def format_table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    align: str | None = None,
+    indent: int = 2,
+    empty: str = "none",
+) -> str:
+    """An aligned text table: numbers right-aligned (with thousands separators),
+    text left-aligned, None as ``-``; ``align`` ("lrr…") overrides per column.
+    ``empty`` is printed when there are no rows."""
+    pad = " " * indent
+    if not rows:
+        return f"{pad}({empty})"
+    cells = [[_cell(v) for v in r] for r in rows]
+    if align is not None:
+        numeric = [a == "r" for a in align.ljust(len(headers), "l")]
+    else:
+        numeric = [
+            all(isinstance(r[i], int | float | decimal.Decimal) or r[i] is None for r in rows)
+            and not all(r[i] is None for r in rows)
+            for i in range(len(headers))
+        ]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [
+            v.rjust(w) if num else v.ljust(w)
+            for v, w, num in zip(values, widths, numeric, strict=True)
+        ]
+        return (pad + "  ".join(parts)).rstrip()
+
+    out = [line(headers), line(["-" * w for w in widths])]
+    out += [line(c) for c in cells]
+    return "\n".join(out)
+
+
+def _pct(used: int, allowance: int | None) -> str:
+    """Share of the allowance used, rounded down (99.9 % is not yet 100 %)."""
+    if allowance is None:
+        return "-"
+    if allowance == 0:
+        return "-" if used == 0 else "over"
+    return f"{100 * used // allowance}%"
+
+
+def render_report(report: Report) -> str:
+    """The report as aligned tables, one section each."""
+    scope = "all organizations" if report.organization_id is None else str(report.organization_id)
+    days = (report.until - report.since).days + 1
+    out = [
+        f"llm-db report: {scope}, {days} day(s) {report.since} .. {report.until} (UTC), "
+        f"as of {report.now:%Y-%m-%d %H:%M:%S %Z}".rstrip(),
+        "",
+        "Period usage",
+        format_table(
+            ["organization", "status", "period", "allowance", "used", "held", "used %", "cents"],
+            [
+                (
+                    r["name"],
+                    r["status"],
+                    r["period_start"].strftime("%Y-%m"),
+                    "unlimited" if r["allowance_credits"] is None else r["allowance_credits"],
+                    r["used_credits"],
+                    r["held_credits"],
+                    _pct(r["used_credits"], r["allowance_credits"]),
+                    r["used_cents"],
+                )
+                for r in report.periods
+            ],
+            align="lllrrrrr",
+        ),
+        "",
+        "Daily usage (by settlement day)",
+        format_table(
+            [
+                "day",
+                "organization",
+                "model",
+                "requests",
+                "recovered",
+                "credits",
+                "cents",
+                "tokens in",
+                "tokens out",
+            ],
+            [
+                (
+                    r["day"],
+                    r["name"],
+                    r["model"],
+                    r["requests"],
+                    r["recovered_requests"],
+                    r["credits"],
+                    r["cents"],
+                    r["input_tokens"],
+                    r["output_tokens"],
+                )
+                for r in report.daily_usage
+            ],
+        ),  # fmt: skip
+        "",
+        "Open holds",
+        format_table(
+            ["organization", "open requests", "held credits", "oldest", "past window"],
+            [
+                (
+                    r["name"],
+                    r["open_requests"],
+                    r["held_credits"],
+                    r["oldest_created_at"],
+                    r["past_window"],
+                )
+                for r in report.open_holds
+            ],
+        ),  # fmt: skip
+        "",
+        "Tasks by status (started in these days, and all running)",
+        format_table(
+            ["organization", "status", "tasks", "requests", "credits", "cents"],
+            [
+                (r["name"], r["status"], r["tasks"], r["requests"], r["credits"], r["cents"])
+                for r in report.tasks
+            ],
+        ),
+    ]
+    return "\n".join(out)
