@@ -728,6 +728,7 @@ def notices_deliver(
     from llm_db.notices import deliver_notices
     from llm_db.requests import Llm
 
+    dsn = _require_dsn(dsn)
     secret = os.environ.get(secret_env)
     if not secret:
         raise click.UsageError(

@@ -1,0 +1,577 @@
+"""The ``llm-db`` command line through its real entry point: a subprocess running
+``python -m llm_db.cli`` (the same program as the ``llm-db`` script) against this
+test's database. Each subcommand's output and exit code: 0 done, 1 needs
+attention, 2 usage (and health ``never``), 3 extension missing, 4 database error.
+
+The clock is moved with ``--now`` (the driver's ``now=``), never by sleeping.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from llm_db.notices import SIGNATURE_HEADER, verify_signature
+from llm_db.requests import Llm
+from tests.helpers import T0, row, scalar
+
+SUBCOMMANDS = ["migrate", "reconcile", "health", "schedule", "unschedule", "notices deliver",
+               "report", "metrics", "distribute", "demo"]  # fmt: skip
+NEEDS_DSN = [c for c in SUBCOMMANDS if c != "demo"]
+SECRET = "cli-test-secret"
+SECRET_ENV = "LLM_DB_TEST_WEBHOOK_SECRET"
+JOB_NAME = "llm-reconciliation"
+
+
+def llm_db(*args: str, dsn: str | None = None, env: dict[str, str] | None = None,
+           timeout: float = 60) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """Run ``python -m llm_db.cli ARGS`` (DATABASE_URL = ``dsn``, or unset)."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", SECRET_ENV)}
+    if dsn is not None:
+        environ["DATABASE_URL"] = dsn
+    environ.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "llm_db.cli", *args],
+        capture_output=True, text=True, env=environ, timeout=timeout,
+    )  # fmt: skip
+
+
+
+def iso(moment) -> str:
+    return moment.isoformat()
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], command: str, *needles: str):
+    """stderr is one line ``llm-db COMMAND: error: ...`` holding every needle; no traceback."""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"llm-db {command}: error: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+@pytest.fixture
+def org(llm_conn: psycopg.Connection) -> uuid.UUID:
+    """An operational organization with an allowance of 100 credits (notices at 80 and 100)."""
+    org_id = uuid.uuid4()
+    Llm(llm_conn).upsert_organization(org_id, "CLI Org", 100, now=T0)
+    return org_id
+
+
+def strand_a_request(conn: psycopg.Connection, org_id: uuid.UUID, estimate: int = 30) -> uuid.UUID:
+    """Admit and dispatch a request at T0 that nobody settles (a crashed worker)."""
+    llm = Llm(conn)
+    inv = llm.admit(org_id, estimate, "gpt-x", now=T0)
+    llm.mark_dispatched(org_id, inv.id, now=T0)
+    return inv.id
+
+
+# ---------------------------------------------------------------- help and entry points
+
+
+def test_help_lists_every_subcommand_and_the_exit_codes():
+    proc = llm_db("--help")
+    assert proc.returncode == 0, proc.stderr
+    for command in {c.split()[0] for c in SUBCOMMANDS}:
+        assert f"  {command}" in proc.stdout
+    assert "Exit codes" in proc.stdout
+    assert "DATABASE_URL" in proc.stdout
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_each_subcommand_help_teaches_with_examples(command):
+    proc = llm_db(*command.split(), "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "Example" in proc.stdout, proc.stdout
+    assert "llm-db " in proc.stdout.split("Example", 1)[1]
+    if command in NEEDS_DSN:
+        assert "--dsn" in proc.stdout and "DATABASE_URL" in proc.stdout
+
+
+def test_the_console_script_and_python_dash_m_are_the_same_program():
+    script = Path(sys.executable).with_name("llm-db")
+    assert script.exists(), "pip install -e . creates the llm-db script next to python"
+    by_script = subprocess.run([str(script), "--version"], capture_output=True, text=True)
+    by_module = llm_db("--version")
+    assert by_script.returncode == by_module.returncode == 0
+    assert by_script.stdout == by_module.stdout
+    assert "llm-db" in by_module.stdout
+
+
+@pytest.mark.parametrize("command", NEEDS_DSN)
+def test_no_dsn_and_no_database_url_is_a_clear_usage_error_exit_2(command):
+    extra = ["--url", "http://127.0.0.1:9/", "--secret-env", SECRET_ENV] if "notices" in command else []
+    proc = llm_db(*command.split(), *extra, env={SECRET_ENV: SECRET})
+    assert proc.returncode == 2, proc.stderr
+    assert "no database given: pass --dsn DSN or set DATABASE_URL" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_unreachable_database_is_one_line_exit_4():
+    proc = llm_db("health", "--dsn", "host=127.0.0.1 port=1 dbname=nowhere connect_timeout=3")
+    assert proc.returncode == 4
+    assert_one_line_error(proc, "health", "cannot connect", "Connection refused")
+
+
+def test_malformed_dsn_is_a_usage_error_exit_2():
+    proc = llm_db("health", "--dsn", "not a conninfo")
+    assert proc.returncode == 2
+    assert "Invalid value for --dsn" in proc.stderr
+
+
+def test_bad_option_values_are_usage_errors_exit_2(llm_dsn):
+    assert llm_db("reconcile", "--batch", "0", dsn=llm_dsn).returncode == 2
+    proc = llm_db("health", "--now", "yesterday", dsn=llm_dsn)
+    assert proc.returncode == 2
+    assert "is not an ISO 8601 timestamp" in proc.stderr
+
+
+def test_a_database_without_llm_db_says_to_migrate_exit_4(llm_server):
+    name = f"t_empty_{uuid.uuid4().hex[:12]}"
+    dsn = llm_server.create_database(name)
+    try:
+        proc = llm_db("health", dsn=dsn)
+        assert proc.returncode == 4
+        assert_one_line_error(proc, "health", "3F000", "llm-db migrate")
+    finally:
+        llm_server.drop_database(name)
+
+
+# ---------------------------------------------------------------- migrate
+
+
+def test_migrate_on_a_migrated_database_applies_nothing_new(llm_dsn):
+    proc = llm_db("migrate", dsn=llm_dsn)
+    assert proc.returncode == 0, proc.stderr
+    assert "migrations applied: none" in proc.stdout
+    assert "sql files applied:" in proc.stdout
+
+
+# ---------------------------------------------------------------- health
+
+
+def test_health_never_ok_late_and_failing_exit_codes(llm_dsn, llm_conn):
+    """The missing-run alarm as a monitoring check (BR-CAP-PFM-LLM-009-07): never -> 2,
+    ok -> 0, late (no pass within health_max_age, 2 h) -> 1, failing -> 1."""
+    never = llm_db("health", "--now", iso(T0), dsn=llm_dsn)
+    assert never.returncode == 2, never.stderr
+    assert never.stdout.splitlines()[0].split() == ["status", "never"]
+    assert "last success  never" in never.stdout
+
+    assert llm_db("reconcile", "--now", iso(T0), dsn=llm_dsn).returncode == 0
+    ok = llm_db("health", "--now", iso(T0 + timedelta(minutes=30)), dsn=llm_dsn)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.stdout.splitlines()[0].split() == ["status", "ok"]
+    assert "last run      succeeded" in ok.stdout
+
+    late = llm_db("health", "--now", iso(T0 + timedelta(hours=3)), "--json", dsn=llm_dsn)
+    assert late.returncode == 1
+    body = json.loads(late.stdout)
+    assert body["status"] == "late" and "llm-reconciliation" in body["detail"]
+
+    llm_conn.execute(
+        "INSERT INTO llm.reconciliation_runs (started_at, finished_at, clock, status, orgs_visited,"
+        " orgs_failed, errors) VALUES (now(), now(), %s, 'partial', 2, 1,"
+        " '[{\"step\": \"organization\", \"sqlstate\": \"XX000\", \"error\": \"boom\"}]')",
+        [T0 + timedelta(hours=1)],
+    )
+    failing = llm_db("health", "--now", iso(T0 + timedelta(hours=1, minutes=5)), dsn=llm_dsn)
+    assert failing.returncode == 1
+    assert failing.stdout.splitlines()[0].split() == ["status", "failing"]
+    assert "boom" in failing.stdout
+
+
+def test_health_reads_database_url(llm_dsn):
+    assert llm_db("health", dsn=llm_dsn).returncode == 2  # never, found through DATABASE_URL
+
+
+# ---------------------------------------------------------------- reconcile
+
+
+def test_reconcile_on_an_empty_database_succeeds_with_zero_figures(llm_dsn, llm_conn):
+    proc = llm_db("reconcile", "--now", iso(T0), dsn=llm_dsn)
+    assert proc.returncode == 0, proc.stderr
+    first, *figures = proc.stdout.splitlines()
+    run_id = first.split()[1]
+    assert first.startswith(f"pass {run_id} succeeded in ")
+    values = {" ".join(line.split()[:-1]): line.split()[-1] for line in figures}
+    assert values["organizations visited"] == "0"
+    assert values["requests recovered"] == "0"
+    stored = row(llm_conn, "SELECT status, clock FROM llm.reconciliation_runs WHERE id = %s", [run_id])
+    assert stored == {"status": "succeeded", "clock": T0}
+
+
+def test_reconcile_recovers_a_stranded_request_and_prints_the_run_row(llm_dsn, llm_conn, org):
+    """BR-CAP-PFM-LLM-009-01 through the CLI: a request unsettled for 25 h is settled at
+    its estimate and its hold released; the printed figures are the run row's."""
+    inv_id = strand_a_request(llm_conn, org, estimate=30)
+    proc = llm_db("reconcile", "--now", iso(T0 + timedelta(hours=25)), "--json", dsn=llm_dsn)
+    assert proc.returncode == 0, proc.stderr
+    run = json.loads(proc.stdout)
+    assert run["status"] == "succeeded"
+    assert (run["orgs_visited"], run["requests_recovered"], run["released_hold_credits"],
+            run["past_window_alerts"]) == (1, 1, 30, 1)  # fmt: skip
+    stored = row(llm_conn, "SELECT * FROM llm.reconciliation_runs WHERE id = %s", [run["id"]])
+    assert stored["requests_recovered"] == 1 and stored["released_hold_credits"] == 30
+    inv = row(llm_conn, "SELECT status, settlement_kind, charged_credits FROM llm.invocations"
+                        " WHERE organization_id = %s AND id = %s", [org, inv_id])  # fmt: skip
+    assert inv == {"status": "settled", "settlement_kind": "recovered", "charged_credits": 30}
+
+
+def test_reconcile_text_output_names_each_figure(llm_dsn, llm_conn, org):
+    Llm(llm_conn).upsert_organization(org, "CLI Org", None, now=T0)  # unlimited
+    strand_a_request(llm_conn, org, estimate=1234)
+    proc = llm_db("reconcile", "--now", iso(T0 + timedelta(hours=25)), dsn=llm_dsn)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert any(line.split() == ["requests", "recovered", "1"] for line in lines), proc.stdout
+    assert any(line.split() == ["hold", "credits", "released", "1,234"] for line in lines)
+
+
+def test_reconcile_one_organization_with_org(llm_dsn, llm_conn, org):
+    strand_a_request(llm_conn, org, estimate=40)
+    proc = llm_db("reconcile", "--org", str(org), "--now", iso(T0 + timedelta(hours=25)),
+                  "--batch", "10", "--json", dsn=llm_dsn)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    sweep = json.loads(proc.stdout)
+    assert sweep["organization_id"] == str(org)
+    assert (sweep["recovered_requests"], sweep["released_hold_credits"]) == (1, 40)
+    assert sweep["more_pending"] is False
+    # one organization's sweep records no pass
+    assert scalar(llm_conn, "SELECT count(*) FROM llm.reconciliation_runs") == 0
+
+
+def test_reconcile_unknown_organization_is_one_line_ll002_exit_4(llm_dsn):
+    proc = llm_db("reconcile", "--org", str(uuid.uuid4()), dsn=llm_dsn)
+    assert proc.returncode == 4
+    assert_one_line_error(proc, "reconcile", "LL002", "HINT:")
+
+
+def test_reconcile_progress_follows_the_organizations_of_the_pass(llm_dsn, llm_conn):
+    llm = Llm(llm_conn)
+    orgs = [uuid.uuid4() for _ in range(5)]
+    for org_id in orgs:
+        llm.upsert_organization(org_id, "P", None, now=T0)
+        strand_a_request(llm_conn, org_id, estimate=10)
+    proc = llm_db("reconcile", "--progress", "--now", iso(T0 + timedelta(hours=25)), dsn=llm_dsn)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("organizations")  # the bar's label (no terminal: label only)
+    lines = proc.stdout.splitlines()
+    assert any(line.split() == ["organizations", "visited", "5"] for line in lines), proc.stdout
+    assert any(line.split() == ["requests", "recovered", "5"] for line in lines)
+
+
+def test_reconcile_skipped_while_another_pass_holds_the_lock_exit_1(llm_dsn, llm_conn):
+    llm_conn.execute("SELECT pg_advisory_lock(llm._pass_lock_key())")
+    try:
+        proc = llm_db("reconcile", "--now", iso(T0), dsn=llm_dsn)
+    finally:
+        llm_conn.execute("SELECT pg_advisory_unlock(llm._pass_lock_key())")
+    assert proc.returncode == 1, proc.stderr
+    assert " skipped in " in proc.stdout.splitlines()[0]
+    assert "another reconciliation pass is running" in proc.stdout
+
+
+# ---------------------------------------------------------------- schedule / unschedule
+
+
+def test_schedule_without_pg_cron_is_ll010_with_the_hint_exit_3(llm_dsn, llm_conn):
+    dbname = llm_conn.info.dbname
+    proc = llm_db("schedule", dsn=llm_dsn)
+    assert proc.returncode == 3
+    assert_one_line_error(
+        proc, "schedule", "LL010", "HINT:",
+        f"cron.schedule_in_database('llm-reconciliation', '0 * * * *', "
+        f"'CALL llm.run_reconciliation()', '{dbname}')", "--cron-dsn",
+    )  # fmt: skip
+    proc = llm_db("unschedule", dsn=llm_dsn)
+    assert proc.returncode == 3
+    assert_one_line_error(proc, "unschedule", "LL010")
+
+
+@pytest.fixture
+def cron_conn(llm_cron_dsn: str) -> Iterator[psycopg.Connection]:
+    """The pg_cron database; every llm-reconciliation job is removed before and after."""
+    with psycopg.connect(llm_cron_dsn, autocommit=True) as conn:
+        conn.execute("SELECT cron.unschedule(jobid) FROM cron.job WHERE jobname = %s", [JOB_NAME])
+        try:
+            yield conn
+        finally:
+            conn.execute(
+                "SELECT cron.unschedule(jobid) FROM cron.job WHERE jobname = %s", [JOB_NAME]
+            )
+
+
+def cron_jobs(conn: psycopg.Connection) -> list[tuple]:
+    return conn.execute(
+        "SELECT jobid, schedule, command, database FROM cron.job WHERE jobname = %s", [JOB_NAME]
+    ).fetchall()
+
+
+def test_schedule_and_unschedule_in_the_pg_cron_database(llm_cron_dsn, cron_conn):
+    """WF-PFM-LLM-004 hop 1 through the CLI, where pg_cron lives with llm."""
+    proc = llm_db("schedule", "--schedule", "17 3 1 1 *", dsn=llm_cron_dsn)
+    assert proc.returncode == 0, proc.stderr
+    ((job_id, schedule, command, database),) = cron_jobs(cron_conn)
+    assert (schedule, command, database) == ("17 3 1 1 *", "CALL llm.run_reconciliation()",
+                                             cron_conn.info.dbname)  # fmt: skip
+    assert f"(id {job_id})" in proc.stdout
+    again = llm_db("schedule", "--schedule", "18 3 1 1 *", dsn=llm_cron_dsn)
+    assert again.returncode == 0
+    assert [j[:2] for j in cron_jobs(cron_conn)] == [(job_id, "18 3 1 1 *")]
+
+    removed = llm_db("unschedule", dsn=llm_cron_dsn)
+    assert (removed.returncode, removed.stdout.strip()) == (0, f"removed pg_cron job {JOB_NAME}")
+    assert cron_jobs(cron_conn) == []
+    nothing = llm_db("unschedule", dsn=llm_cron_dsn)
+    assert (nothing.returncode, nothing.stdout.strip()) == (0, f"no pg_cron job {JOB_NAME}")
+
+
+def test_schedule_with_cron_dsn_schedules_in_the_cron_database_for_this_one(
+    llm_dsn, llm_conn, llm_cron_dsn, cron_conn
+):
+    """LL010's way out: --cron-dsn runs cron.schedule_in_database(..., <llm database>) in the
+    pg_cron database; idempotent; unschedule --cron-dsn removes that job only."""
+    dbname = llm_conn.info.dbname
+    proc = llm_db("schedule", "--cron-dsn", llm_cron_dsn, "--schedule", "17 3 1 1 *", dsn=llm_dsn)
+    assert proc.returncode == 0, proc.stderr
+    ((job_id, schedule, command, database),) = cron_jobs(cron_conn)
+    assert (schedule, command, database) == ("17 3 1 1 *", "CALL llm.run_reconciliation()", dbname)
+    assert f"in database {dbname}" in proc.stdout
+    again = llm_db("schedule", "--cron-dsn", llm_cron_dsn, "--schedule", "17 3 1 1 *", dsn=llm_dsn)
+    assert again.returncode == 0
+    assert [j[0] for j in cron_jobs(cron_conn)] == [job_id]
+
+    proc = llm_db("unschedule", "--cron-dsn", llm_cron_dsn, dsn=llm_dsn)
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == f"removed pg_cron job {JOB_NAME} for database {dbname}"
+    assert cron_jobs(cron_conn) == []
+
+
+def test_schedule_with_a_cron_dsn_without_pg_cron_exit_3(llm_dsn):
+    proc = llm_db("schedule", "--cron-dsn", llm_dsn, dsn=llm_dsn)
+    assert proc.returncode == 3
+    assert_one_line_error(proc, "schedule", "pg_cron is not installed in the --cron-dsn database",
+                          "cron.database_name")  # fmt: skip
+
+
+# ---------------------------------------------------------------- notices deliver
+
+
+class Webhook:
+    """A receiver on 127.0.0.1 answering ``status``; keeps what it got."""
+
+    def __init__(self, status: int = 204) -> None:
+        hook = self
+        self.status = status
+        self.bodies: list[tuple[bytes, str | None]] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                hook.bodies.append((body, self.headers.get(SIGNATURE_HEADER)))
+                self.send_response(hook.status)
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def webhook() -> Iterator[Webhook]:
+    hook = Webhook()
+    try:
+        yield hook
+    finally:
+        hook.close()
+
+
+def cross_80_percent(conn: psycopg.Connection, org_id: uuid.UUID) -> None:
+    llm = Llm(conn)
+    inv = llm.admit(org_id, 85, "gpt-x", now=T0)
+    llm.settle(org_id, inv.id, 85, 3, now=T0)
+
+
+def test_notices_deliver_posts_signed_notices_from_the_secret_env(llm_dsn, llm_conn, org, webhook):
+    cross_80_percent(llm_conn, org)
+    proc = llm_db("notices", "deliver", "--url", webhook.url, "--secret-env", SECRET_ENV,
+                  "--now", iso(T0 + timedelta(minutes=1)), dsn=llm_dsn,
+                  env={SECRET_ENV: SECRET})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "claimed 1, sent 1, failed 0"
+    ((body, signature),) = webhook.bodies
+    assert verify_signature(body, signature, SECRET)
+    assert json.loads(body)["threshold_pct"] == 80
+    status = scalar(llm_conn, "SELECT status FROM llm.threshold_notices WHERE organization_id = %s",
+                    [org])  # fmt: skip
+    assert status == "sent"
+    # nothing owed: a second run claims nothing and succeeds
+    again = llm_db("notices", "deliver", "--url", webhook.url, "--secret-env", SECRET_ENV,
+                   "--now", iso(T0 + timedelta(minutes=2)), "--json", dsn=llm_dsn,
+                   env={SECRET_ENV: SECRET})  # fmt: skip
+    assert again.returncode == 0
+    assert json.loads(again.stdout) == {"claimed": 0, "sent": 0, "failed": 0, "last_error": None}
+
+
+def test_notices_deliver_to_a_failing_endpoint_keeps_them_owed_exit_1(
+    llm_dsn, llm_conn, org, webhook
+):
+    webhook.status = 500
+    cross_80_percent(llm_conn, org)
+    proc = llm_db("notices", "deliver", "--url", webhook.url, "--secret-env", SECRET_ENV,
+                  "--now", iso(T0 + timedelta(minutes=1)), dsn=llm_dsn,
+                  env={SECRET_ENV: SECRET})  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout.startswith("claimed 1, sent 0, failed 1; last error: HTTP 500")
+    notice = row(llm_conn, "SELECT status, last_error FROM llm.threshold_notices"
+                           " WHERE organization_id = %s", [org])  # fmt: skip
+    assert notice["status"] == "owed" and notice["last_error"].startswith("HTTP 500")
+
+
+def test_notices_deliver_needs_the_secret_in_the_environment_exit_2(llm_dsn, webhook):
+    proc = llm_db("notices", "deliver", "--url", webhook.url, "--secret-env", SECRET_ENV,
+                  dsn=llm_dsn)  # fmt: skip
+    assert proc.returncode == 2
+    assert f"environment variable {SECRET_ENV} is not set" in proc.stderr
+    assert webhook.bodies == []
+    proc = llm_db("notices", "deliver", "--secret", SECRET, "--url", webhook.url, dsn=llm_dsn)
+    assert proc.returncode == 2  # there is no option that takes the secret itself
+    assert "No such option" in proc.stderr
+
+
+def test_notices_deliver_rejects_a_non_http_url_exit_2(llm_dsn):
+    proc = llm_db("notices", "deliver", "--url", "file:///etc/passwd", "--secret-env", SECRET_ENV,
+                  dsn=llm_dsn, env={SECRET_ENV: SECRET})  # fmt: skip
+    assert proc.returncode == 2
+    assert "is not an http(s) URL" in proc.stderr
+
+
+# ---------------------------------------------------------------- report
+
+
+def test_report_json_parses_and_holds_periods_daily_usage_holds_and_tasks(llm_dsn, llm_conn, org):
+    llm = Llm(llm_conn)
+    llm.declare_task_kind("cli.task")
+    task = llm.open_execution(org, "cli.task", now=T0)
+    inv = llm.admit(org, 20, "gpt-x", execution_id=task.execution_id, now=T0)
+    llm.settle(org, inv.id, 15, 4, input_tokens=100, output_tokens=50, now=T0)
+    llm.close_execution(org, task.execution_id, "completed", now=T0)
+    strand_a_request(llm_conn, org, estimate=30)
+    llm.rebuild_daily_usage(T0.date(), T0.date())
+
+    proc = llm_db("report", "--json", "--now", iso(T0 + timedelta(hours=25)), "--days", "3",
+                  dsn=llm_dsn)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert (report["since"], report["until"]) == ("2026-01-14", "2026-01-16")
+    (period,) = report["periods"]
+    assert (period["name"], period["period_start"], period["allowance_credits"],
+            period["used_credits"], period["held_credits"], period["used_cents"]) == (
+        "CLI Org", "2026-01-01", 100, 15, 30, 4)  # fmt: skip
+    (daily,) = report["daily_usage"]
+    assert (daily["day"], daily["model"], daily["requests"], daily["credits"],
+            daily["input_tokens"]) == ("2026-01-15", "gpt-x", 1, 15, 100)  # fmt: skip
+    (holds,) = report["open_holds"]
+    assert (holds["open_requests"], holds["held_credits"], holds["past_window"]) == (1, 30, 1)
+    (tasks,) = report["tasks"]
+    assert (tasks["status"], tasks["tasks"], tasks["requests"], tasks["credits"]) == (
+        "completed", 1, 1, 15)  # fmt: skip
+
+
+def test_report_text_has_a_section_each_and_org_filters(llm_dsn, llm_conn, org):
+    other = uuid.uuid4()
+    Llm(llm_conn).upsert_organization(other, "Other Org", None, now=T0)
+    strand_a_request(llm_conn, org)
+    strand_a_request(llm_conn, other)
+    proc = llm_db("report", "--now", iso(T0), dsn=llm_dsn)
+    assert proc.returncode == 0, proc.stderr
+    for section in ("Period usage", "Daily usage", "Open holds", "Tasks by status"):
+        assert f"\n{section}" in proc.stdout
+    assert "CLI Org" in proc.stdout and "Other Org" in proc.stdout
+    only = llm_db("report", "--org", str(org), "--now", iso(T0), "--json", dsn=llm_dsn)
+    assert {p["name"] for p in json.loads(only.stdout)["periods"]} == {"CLI Org"}
+
+
+def test_report_on_an_empty_database(llm_dsn):
+    proc = llm_db("report", dsn=llm_dsn)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("(none)") == 4
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def parse_metrics(text: str) -> dict[tuple[str, tuple], float]:
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        assert family.type == "gauge", family.name
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def test_metrics_parse_and_show_stale_requests_then_the_pass(llm_dsn, llm_conn, org):
+    strand_a_request(llm_conn, org, estimate=30)
+    later = T0 + timedelta(hours=25)
+    before = llm_db("metrics", "--now", iso(later), dsn=llm_dsn)
+    assert before.returncode == 0, before.stderr
+    m = parse_metrics(before.stdout)
+    assert m[("llm_reconciliation_health", (("status", "never"),))] == 1
+    assert m[("llm_reconciliation_health", (("status", "ok"),))] == 0
+    assert m[("llm_stale_open_requests", ())] == 1
+    assert m[("llm_stale_open_hold_credits", ())] == 30
+    assert ("llm_reconciliation_last_run_age_seconds", ()) not in m  # no pass yet
+
+    assert llm_db("reconcile", "--now", iso(later), dsn=llm_dsn).returncode == 0
+    after = parse_metrics(
+        llm_db("metrics", "--now", iso(later + timedelta(minutes=10)), dsn=llm_dsn).stdout
+    )
+    assert after[("llm_reconciliation_health", (("status", "ok"),))] == 1
+    assert after[("llm_stale_open_requests", ())] == 0
+    assert after[("llm_open_requests", ())] == 0
+    assert after[("llm_reconciliation_last_run_requests_recovered", ())] == 1
+    assert after[("llm_reconciliation_last_run_released_hold_credits", ())] == 30
+    assert after[("llm_reconciliation_last_run_status", (("status", "succeeded"),))] == 1
+    assert 590 < after[("llm_reconciliation_last_run_age_seconds", ())] <= 600  # minus its duration
+    assert after[("llm_notices", (("status", "owed"),))] == 0
+
+
+def test_metrics_output_file_is_written_whole(llm_dsn, tmp_path):
+    target = tmp_path / "llm.prom"
+    proc = llm_db("metrics", "--output", str(target), dsn=llm_dsn)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ""
+    samples = parse_metrics(target.read_text())
+    assert samples[("llm_reconciliation_health", (("status", "never"),))] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["llm.prom"]  # no temporary file left
+
+
+# ---------------------------------------------------------------- distribute
+
+
+def test_distribute_without_citus_is_ll011_exit_3(llm_dsn):
+    proc = llm_db("distribute", dsn=llm_dsn)
+    assert proc.returncode == 3
+    assert_one_line_error(proc, "distribute", "LL011", "citus is not installed", "HINT:")
