@@ -20,8 +20,12 @@ and the books are still right.
 ``run_reconciliation`` commits after each organization, so there the unit of
 atomicity is one organization's sweep: the organization swept before the kill
 stays swept, the interrupted one is untouched, the run row stays ``running``
-and the next pass marks it ``failed`` (BR-CAP-PFM-LLM-009-02: one
-organization's failure does not stop the books from being completed).
+and the next pass marks it ``failed`` (WF-PFM-LLM-004: one organization's
+failure is logged without stopping other visits).
+
+WF-PFM-LLM-004 asks for "interruption proof around each separate write" and
+names the gap this closes: "a request settled before its failed period
+movement will not be selected again".
 """
 
 from __future__ import annotations
@@ -572,7 +576,8 @@ def test_a_call_terminated_between_its_writes_leaves_nothing(llm_conn, llm_conne
 
 
 def test_settlement_retried_after_a_kill_charges_once(llm_conn, llm_connect):
-    """BR-CAP-PFM-LLM-009-07 context: a killed settlement retried is charged exactly once."""
+    """WF-PFM-LLM-004: a settlement killed before its period movement is not half-done;
+    retried, it is charged exactly once."""
     case = CASES[2]
     ctx = run_interrupted(llm_conn, llm_connect, case)
     retry = llm_connect()
