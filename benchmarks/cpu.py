@@ -22,7 +22,8 @@ from benchmarks.driver import exec_id, org_id
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_seconds(pid: int) -> float | None:
+def cpu_seconds(pid: int) -> float | None:
+    """utime + stime of process ``pid`` in seconds, or None when it is not on this machine."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
@@ -38,12 +39,12 @@ def backend_cpu_per_call(dsn: str, step: Callable[[psycopg.Connection, random.Ra
         pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
         for _ in range(warmup):
             step(conn, rng)
-        before = _cpu_seconds(pid)
+        before = cpu_seconds(pid)
         if before is None:
             return None
         for _ in range(n):
             step(conn, rng)
-        after = _cpu_seconds(pid)
+        after = cpu_seconds(pid)
     return None if after is None else (after - before) / n * 1e6
 
 

@@ -16,7 +16,7 @@ Series = tuple[str, Sequence[float], Sequence[float]]  # label, x (requests), y 
 
 TITLE = "Reconciliation pass time vs settled history"
 XLABEL = "settled requests in history"
-YLABEL = "pass time (s)"
+YLABEL = "seconds per pass"
 
 
 def draw(path: Path, series: Sequence[Series], *, orgs: int, note: str = "") -> str:

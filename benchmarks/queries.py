@@ -218,6 +218,9 @@ SELECT r.status, r.orgs_visited, r.orgs_failed, r.requests_recovered, r.executio
  LIMIT 1
 """
 
+WAL_LSN = "SELECT pg_current_wal_insert_lsn()::text"
+WAL_BYTES_SINCE = "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %(lsn)s::pg_lsn)::bigint"
+
 # The drift check of one organization, as llm._refresh_drift runs it, for EXPLAIN.
 DRIFT_QUERY = """
 SELECT x.id, x.request_count, x.credits, x.cents, s.n, s.credits, s.cents

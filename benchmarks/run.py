@@ -331,10 +331,14 @@ def bench_recovery(target: Target, sizes: Sizes, profiler: Profiler) -> tuple[li
     with target.connect("recovery_bare", autocommit=False) as conn:
         conn.execute("SELECT count(*) FROM llm.invocations").fetchone()  # same cache state as below
         conn.commit()
+        pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        conn.commit()
+        bare_cpu = cpu.cpu_seconds(pid)
         bare_start = time.perf_counter()
         updated = conn.execute(q.BARE_RECOVERY_UPDATE, {"now": clock}).rowcount
         conn.commit()
         bare_seconds = time.perf_counter() - bare_start
+        bare_cpu = _cpu_delta(pid, bare_cpu)
     bare_rate = updated / bare_seconds
     log(f"  {updated:,} rows in {bare_seconds:.2f} s = {bare_rate:,.0f} rows/s")
 
@@ -343,13 +347,16 @@ def bench_recovery(target: Target, sizes: Sizes, profiler: Profiler) -> tuple[li
     passes: list[dict[str, Any]] = []
     with target.connect("recovery") as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
         conn.execute("SELECT count(*) FROM llm.invocations").fetchone()
+        pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
         left = total
         while left and len(passes) < 50:
+            pass_cpu = cpu.cpu_seconds(pid)
             seconds, _ = timed(lambda: cur.execute(q.RUN_PASS, {"now": clock}))
+            pass_cpu = _cpu_delta(pid, pass_cpu)
             cur.execute(q.LAST_RUN)
             run = cur.fetchone()
             left = cur.execute(q.STRANDED_LEFT, {"now": clock}).fetchone()["count"]
-            passes.append({"seconds": seconds, "recovered": run["requests_recovered"],
+            passes.append({"seconds": seconds, "cpu": pass_cpu, "recovered": run["requests_recovered"],
                            "abandoned": run["executions_abandoned"], "status": run["status"],
                            "more_pending_orgs": run["more_pending_orgs"], "left": left})  # fmt: skip
             log(f"  pass {len(passes)}: {run['requests_recovered']:,} recovered in {seconds:.2f} s, {left:,} left")
@@ -360,7 +367,8 @@ def bench_recovery(target: Target, sizes: Sizes, profiler: Profiler) -> tuple[li
     detail = {
         "stranded": total, "organizations": sizes.recovery_orgs, "load_seconds": load_seconds,
         "passes": passes, "recovered": recovered, "pass_seconds": pass_seconds,
-        "bare_update_rows": updated, "bare_update_seconds": bare_seconds,
+        "bare_update_rows": updated, "bare_update_seconds": bare_seconds, "bare_update_cpu": bare_cpu,
+        "pass_cpu": sum(p["cpu"] or 0 for p in passes),
         "invariants_after_load": violations_loaded, "invariants_after_passes": violations_after,
         "profile": profiler.top("recovery"),
     }  # fmt: skip
@@ -370,6 +378,11 @@ def bench_recovery(target: Target, sizes: Sizes, profiler: Profiler) -> tuple[li
     for name in ("recovery_bare", "recovery"):
         target.drop_database(name)
     return [row], detail
+
+
+def _cpu_delta(pid: int, before: float | None) -> float | None:
+    after = cpu.cpu_seconds(pid)
+    return None if before is None or after is None else after - before
 
 
 def load_history(target: Target, sizes: Sizes, first: int, last: int, *, prefix: str, per_task: int,
@@ -392,18 +405,27 @@ def load_history(target: Target, sizes: Sizes, first: int, last: int, *, prefix:
     return time.perf_counter() - start
 
 
-def time_passes(target: Target, repeats: int) -> list[float]:
-    """One warm-up pass, then ``repeats`` timed passes (wall clock of the CALL)."""
-    times = []
-    with target.connect("pass") as conn:
+def time_passes(target: Target, repeats: int, name: str = "pass") -> dict[str, list[float]]:
+    """One warm-up pass, then ``repeats`` timed passes: wall clock of the CALL, CPU
+    time of the backend that ran it, and the WAL it wrote."""
+    out: dict[str, list[float]] = {"times": [], "cpu": [], "wal_bytes": []}
+    with target.connect(name) as conn:
+        pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
         for k in range(repeats + 1):
+            lsn = conn.execute(q.WAL_LSN).fetchone()[0]
+            cpu_before = cpu.cpu_seconds(pid)
             seconds, _ = timed(lambda: conn.execute(q.RUN_PASS, {"now": None}))
+            cpu_after = cpu.cpu_seconds(pid)
+            wal = conn.execute(q.WAL_BYTES_SINCE, {"lsn": lsn}).fetchone()[0]
             run = conn.execute(q.LAST_RUN).fetchone()
             if run[0] != "succeeded" or run[3] or run[4]:
                 raise RuntimeError(f"an idle pass did work or failed: {run}")
             if k:
-                times.append(seconds)
-    return times
+                out["times"].append(seconds)
+                out["wal_bytes"].append(wal)
+                if cpu_before is not None and cpu_after is not None:
+                    out["cpu"].append(cpu_after - cpu_before)
+    return out
 
 
 def bench_pass(target: Target, sizes: Sizes, fast: bool) -> tuple[list[Row], dict[str, Any]]:
@@ -418,7 +440,7 @@ def bench_pass(target: Target, sizes: Sizes, fast: bool) -> tuple[list[Row], dic
     history_end = clock - dt.timedelta(days=8)
     points: list[dict[str, Any]] = []
     checkpoint(target, "pass")
-    points.append({"history": 0, "times": time_passes(target, sizes.pass_repeats)})
+    points.append({"history": 0} | time_passes(target, sizes.pass_repeats))
     log(f"  history 0: pass {min(points[-1]['times']):.2f} s")
     loaded, checked = 0, None
     for size in sizes.history_steps:
@@ -430,13 +452,17 @@ def bench_pass(target: Target, sizes: Sizes, fast: bool) -> tuple[list[Row], dic
         checkpoint(target, "pass")
         if checked is None:
             checked = {"history": size, "violations": invariant_violations(target, "pass")[0]}
-        times = time_passes(target, sizes.pass_repeats)
-        points.append({"history": size, "load_seconds": seconds, "times": times})
-        log(f"  history {size:,}: load {seconds:.1f} s, pass {min(times):.2f} s (best of {len(times)})")
+        measured = time_passes(target, sizes.pass_repeats)
+        points.append({"history": size, "load_seconds": seconds} | measured)
+        log(f"  history {size:,}: load {seconds:.1f} s, pass {min(measured['times']):.2f} s (best of "
+            f"{len(measured['times'])}), backend CPU {min(measured['cpu'], default=0):.2f} s, "
+            f"WAL {min(measured['wal_bytes']) / 1e6:.1f} MB")  # fmt: skip
 
     # best of the repeats: on a shared machine, noise only ever adds time
     by_size = {p["history"]: min(p["times"]) for p in points}
     small, large = by_size[sizes.history_small], by_size[sizes.history_steps[-1]]
+    cpu_by_size = {p["history"]: min(p["cpu"]) for p in points if p["cpu"]}
+    cpu_small, cpu_large = cpu_by_size.get(sizes.history_small), cpu_by_size.get(sizes.history_steps[-1])
 
     drift_requests = sizes.drift_tasks * sizes.drift_requests_per_task
     log(f"drift window: loading {sizes.drift_tasks:,} tasks closed within it ({drift_requests:,} requests)")
@@ -446,7 +472,8 @@ def bench_pass(target: Target, sizes: Sizes, fast: bool) -> tuple[list[Row], dic
         target, sizes, 0, drift_requests, prefix="bench-dexec-", per_task=sizes.drift_requests_per_task,
         end=clock - dt.timedelta(days=2.5), step=4 * 86400 / drift_requests, fast=fast)  # fmt: skip
     checkpoint(target, "pass")
-    drift_times = time_passes(target, sizes.pass_repeats)
+    drift_measured = time_passes(target, sizes.pass_repeats)
+    drift_times = drift_measured["times"]
     drift = min(drift_times)
     log(f"  pass with {sizes.drift_tasks:,} closed tasks in the window: {drift:.2f} s")
     plan = explain_drift(target, clock)
@@ -456,7 +483,8 @@ def bench_pass(target: Target, sizes: Sizes, fast: bool) -> tuple[list[Row], dic
     detail = {
         "organizations": sizes.pass_orgs, "points": points, "invariants_check": checked,
         "drift_tasks": sizes.drift_tasks, "drift_requests": drift_requests, "drift_load_seconds": drift_seconds,
-        "drift_times": drift_times, "drift_plan": plan,
+        "drift_times": drift_times, "drift_cpu": drift_measured["cpu"],
+        "drift_wal_bytes": drift_measured["wal_bytes"], "drift_plan": plan,
         "tables": [{"table": r[0], "rows": r[1], "bytes": r[2]} for r in sizes_rows],
     }  # fmt: skip
     label_small, label_large = _millions(sizes.history_small), _millions(sizes.history_steps[-1])
@@ -464,9 +492,17 @@ def bench_pass(target: Target, sizes: Sizes, fast: bool) -> tuple[list[Row], dic
         Row("pass_history", f"idle pass, {sizes.pass_orgs:,} orgs, history {label_large} vs {label_small}",
             large, "s per pass", small, f"itself at {label_small}", ratio(large, small), "<= 1.15",
             {"seconds_small": small, "seconds_large": large}),
+    ]  # fmt: skip
+    if cpu_small and cpu_large:
+        rows.append(Row(
+            "pass_history_cpu", f"idle pass backend CPU, history {label_large} vs {label_small}", cpu_large,
+            "s CPU per pass", cpu_small, f"itself at {label_small}", ratio(cpu_large, cpu_small), "<= 1.15",
+            {"cpu_small": cpu_small, "cpu_large": cpu_large}))  # fmt: skip
+    drift_cpu = min(drift_measured["cpu"], default=None)
+    rows += [
         Row("pass_drift", f"pass with {sizes.drift_tasks:,} closed tasks in the drift window "
             f"(history {label_large})", drift, "s per pass", large, "idle pass", ratio(drift, large), "report",
-            {"times": drift_times, "index_scan_on_window": plan["window_index"],
+            {"times": drift_times, "cpu": drift_cpu, "index_scan_on_window": plan["window_index"],
              "executions_read": plan["executions_read"], "buffers": plan["buffers"]}),
     ]  # fmt: skip
     return rows, detail
@@ -525,7 +561,7 @@ def table_lines(rows: Sequence[Row], *, markdown: bool = False) -> list[str]:
     body = []
     for r in rows:
         met = {True: "yes", False: "NO", None: "—"}[r.met]
-        unit = r.unit if r.unit != "s per pass" else "s"
+        unit = {"s per pass": "s", "s CPU per pass": "s CPU"}.get(r.unit, r.unit)
         body.append([
             r.scenario, format_figure(r.figure, unit),
             f"{format_figure(r.baseline, unit)} ({r.baseline_label})",
@@ -611,6 +647,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "pass" in details:
         series = [("idle pass", [p["history"] for p in details["pass"]["points"]],
                    [min(p["times"]) for p in details["pass"]["points"]])]  # fmt: skip
+        if all(p["cpu"] for p in details["pass"]["points"]):
+            series.append(("idle pass, CPU of the backend running it",
+                           [p["history"] for p in details["pass"]["points"]],
+                           [min(p["cpu"]) for p in details["pass"]["points"]]))  # fmt: skip
         last = details["pass"]["points"][-1]["history"]
         series.append((f"with {sizes.drift_tasks:,} closed tasks in the drift window", [last],
                        [min(details["pass"]["drift_times"])]))  # fmt: skip
