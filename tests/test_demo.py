@@ -1,0 +1,213 @@
+"""``llm-db demo``, the README's main job, end to end through the real entry point.
+
+Twice: on its own throw-away server (as ``bash scripts/demo.sh`` runs it), where
+its figures must agree with each other and nothing may be left running; and with
+``--dsn`` against this test's database, where every figure it prints (the last
+line of ``--json``) is compared with the database.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from llm_db.demo import _organizations, plan_traffic
+from tests.helpers import row, rows, scalar
+
+DEMO_BUDGET_S = 60.0
+
+
+def run_demo(
+    *args: str, database_url: str | None = None
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], float]:
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    if database_url is not None:
+        env["DATABASE_URL"] = database_url
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "llm_db.cli", "demo", "--json", *args],
+        capture_output=True, text=True, env=env, timeout=DEMO_BUDGET_S * 2,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    *human, last = proc.stdout.strip().splitlines()
+    return proc, json.loads(last), elapsed
+
+
+def postgres_processes_under(base_dir: str) -> list[str]:
+    found = subprocess.run(["pgrep", "-f", base_dir], capture_output=True, text=True)
+    return found.stdout.split()
+
+
+def assert_figures_agree(result: dict[str, Any]) -> None:
+    """What the demo printed, checked against itself: the pass recovered exactly what the
+    crashed workers left, released exactly their holds, abandoned the one stuck task and
+    reported the one injected drift; the books are right afterwards."""
+    traffic, before, after, run = result["traffic"], result["before"], result["after"], result["run"]
+    assert traffic["crashed"] > 0 and traffic["admitted"] > 100
+    assert traffic["refused_suspended"] > 0
+    assert traffic["tasks_left_running"] == 1
+    assert traffic["by_organization"]["initech"]["admitted"] == 0
+
+    assert before["open_requests"] == before["stale_open_requests"] == traffic["crashed"]
+    assert before["held_credits"] == traffic["crashed_hold_credits"]
+    assert run["status"] == "succeeded"
+    assert run["requests_recovered"] == run["past_window_alerts"] == traffic["crashed"]
+    assert run["released_hold_credits"] == traffic["crashed_hold_credits"]
+    assert run["executions_abandoned"] == 1 and run["drift_findings"] == 1
+    assert (after["open_requests"], after["held_credits"], after["stale_open_requests"]) == (0, 0, 0)
+    assert after["recovered_requests"] == after["past_window_alerts"] == traffic["crashed"]
+    assert (before["running_tasks"], after["running_tasks"]) == (1, 0)
+    assert (before["abandoned_tasks"], after["abandoned_tasks"]) == (0, 1)
+    assert (before["drift_findings"], after["drift_findings"]) == (0, 1)
+    assert result["injected_drift"]["credits_added"] == 250
+    assert (before["invariant_violations"], after["invariant_violations"]) == (1, 0)
+    assert after["health"] == "ok"
+    assert result["invariant_violations"] == 0
+
+
+def test_demo_on_its_own_server_runs_end_to_end_and_leaves_nothing_running(llm_dsn, llm_conn):
+    # DATABASE_URL is set, and ignored: the demo runs a pass, so only --dsn picks a database
+    proc, result, elapsed = run_demo("--seed", "11", database_url=llm_dsn)
+    assert elapsed < DEMO_BUDGET_S, f"the demo took {elapsed:.1f} s"
+    assert result["mode"] == "embedded"
+    assert scalar(llm_conn, "SELECT count(*) FROM llm.organizations") == 0
+    assert_figures_agree(result)
+    assert result["before"]["health"] == "never"
+    # every notice owed after the pass went to the demo's webhook, signed
+    assert result["notices_delivered"] == result["after"]["notices_owed"] >= 1
+    out = proc.stdout
+    for text in ("1. A day of traffic", "2. 25 hours later", "3. The books afterwards",
+                 "injected fault: UPDATE llm.executions", "before the pass",
+                 "check_invariants(): 0 violations", "the server is stopped"):  # fmt: skip
+        assert text in out, text
+    assert f"{result['notices_delivered']} of {result['notices_delivered']} signatures verified" in out
+    base_dir = result["server"]["base_dir"]
+    assert not Path(base_dir).exists()
+    assert postgres_processes_under(base_dir) == []
+
+
+def test_demo_with_dsn_prints_figures_that_match_the_database(llm_dsn, llm_conn):
+    _, result, _ = run_demo("--dsn", llm_dsn, "--seed", "3", "--workers", "4")
+    assert result["mode"] == "dsn" and result["server"] is None
+    assert_figures_agree(result)
+    orgs = {key: uuid.UUID(o["id"]) for key, o in result["organizations"].items()}
+    ids = list(orgs.values())
+
+    for key, org_id in orgs.items():
+        mine = result["traffic"]["by_organization"][key]
+        counts = row(llm_conn, """
+            SELECT count(*) AS admitted,
+                   count(*) FILTER (WHERE settlement_kind = 'measured') AS settled,
+                   count(*) FILTER (WHERE status = 'failed') AS failed,
+                   count(*) FILTER (WHERE settlement_kind = 'recovered') AS recovered,
+                   coalesce(sum(hold_credits) FILTER (WHERE settlement_kind = 'recovered'), 0)
+                       AS recovered_holds
+              FROM llm.invocations WHERE organization_id = %s""", [org_id])  # fmt: skip
+        assert counts == {"admitted": mine["admitted"], "settled": mine["settled"],
+                          "failed": mine["failed"], "recovered": mine["crashed"],
+                          "recovered_holds": mine["crashed_hold_credits"]}, key  # fmt: skip
+
+    tasks = dict(llm_conn.execute(
+        "SELECT status, count(*) FROM llm.executions WHERE organization_id = ANY(%s)"
+        " GROUP BY status", [ids]).fetchall())  # fmt: skip
+    traffic = result["traffic"]
+    assert tasks == {"completed": traffic["tasks_completed"], "failed": traffic["tasks_failed"],
+                     "abandoned": traffic["tasks_left_running"]}  # fmt: skip
+
+    (finding,) = rows(llm_conn, "SELECT * FROM llm.drift_findings")
+    drift = result["injected_drift"]
+    assert str(finding["execution_id"]) == drift["execution_id"]
+    assert finding["recorded_credits"] - finding["settled_credits"] == drift["credits_added"]
+
+    run = row(llm_conn, "SELECT * FROM llm.reconciliation_runs WHERE id = %s", [result["run"]["id"]])
+    for figure in ("status", "orgs_visited", "requests_recovered", "released_hold_credits",
+                   "past_window_alerts", "executions_abandoned", "drift_findings"):  # fmt: skip
+        assert run[figure] == result["run"][figure], figure
+    assert run["orgs_visited"] == 2  # the suspended organization is not swept
+    assert run["clock"].isoformat() == result["clock"]["pass"]
+
+    after = result["after"]
+    assert scalar(llm_conn, "SELECT count(*) FROM llm.threshold_notices WHERE status = 'owed'"
+                            " AND organization_id = ANY(%s)", [ids]) == after["notices_owed"]  # fmt: skip
+    assert scalar(llm_conn, "SELECT count(*) FROM llm.invocations WHERE status IN"
+                            " ('reserved', 'dispatched')") == after["open_requests"] == 0  # fmt: skip
+    assert result["notices_delivered"] is None  # never delivered from someone else's database
+    assert rows(llm_conn, "SELECT * FROM llm.check_invariants()") == []
+    health = row(llm_conn, "SELECT status FROM llm.reconciliation_health(%s)",
+                 [result["clock"]["pass"]])  # fmt: skip
+    assert health == {"status": after["health"]}
+
+
+def test_demo_with_dsn_into_a_database_without_llm_db_says_to_migrate(llm_server):
+    name = f"t_empty_{uuid.uuid4().hex[:12]}"
+    dsn = llm_server.create_database(name)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "llm_db.cli", "demo", "--dsn", dsn],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+    finally:
+        llm_server.drop_database(name)
+    assert proc.returncode == 4
+    assert "llm-db demo: error: llm-db is not installed in database" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_the_traffic_plan_is_a_function_of_the_seed():
+    orgs = _organizations()
+    assert plan_traffic(7, 6, orgs) == plan_traffic(7, 6, orgs)
+    assert plan_traffic(7, 6, orgs) != plan_traffic(8, 6, orgs)
+    plan = [item for worker in plan_traffic(7, 6, orgs) for item in worker]
+    assert sum(item.kind == "stuck_task" for item in plan) == 1
+    assert any(r.outcome == "crash" for item in plan for r in item.requests)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_an_interrupted_demo_stops_its_server(signum):
+    """Interrupted while its traffic runs, the demo exits 130 and its server is gone."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llm_db.cli", "demo", "--workers", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    base_dir = None
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "PostgreSQL 15 + pg_cron" in line:
+                base_dir = line.rsplit(", ", 1)[1].rstrip(")\n")
+            if "1. A day of traffic" in line:
+                break
+        assert base_dir is not None
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "llm-db demo: error: interrupted" in err
+    assert "Traceback" not in err
+    assert not Path(base_dir).exists()
+    assert postgres_processes_under(base_dir) == []
+
+
+def test_demo_figures_are_reproducible_in_their_shape(llm_dsn):
+    """Two databases aside, a seed gives the same plan; figures that do not depend on the
+    interleaving of the workers (the suspended organization's refusals) are equal."""
+    orgs = _organizations()
+    # each request or task of the suspended organization is refused once (LL003)
+    expected = sum(item.org == "initech" for worker in plan_traffic(5, 3, orgs) for item in worker)
+    _, result, _ = run_demo("--dsn", llm_dsn, "--seed", "5", "--workers", "3")
+    assert result["traffic"]["refused_suspended"] == expected
+    with psycopg.connect(llm_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM llm.organizations").fetchone()[0] == 3
