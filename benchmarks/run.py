@@ -645,14 +645,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.json.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     log(f"wrote {args.json}")
     if "pass" in details:
-        series = [("idle pass", [p["history"] for p in details["pass"]["points"]],
+        series = [("idle pass, wall clock", [p["history"] for p in details["pass"]["points"]],
                    [min(p["times"]) for p in details["pass"]["points"]])]  # fmt: skip
         if all(p["cpu"] for p in details["pass"]["points"]):
             series.append(("idle pass, CPU of the backend running it",
                            [p["history"] for p in details["pass"]["points"]],
                            [min(p["cpu"]) for p in details["pass"]["points"]]))  # fmt: skip
         last = details["pass"]["points"][-1]["history"]
-        series.append((f"with {sizes.drift_tasks:,} closed tasks in the drift window", [last],
+        series.append((f"with {sizes.drift_tasks:,} closed tasks in the drift window, wall clock", [last],
                        [min(details["pass"]["drift_times"])]))  # fmt: skip
         renderer = plot.draw(args.png, series, orgs=sizes.pass_orgs,
                              note=f"best of {sizes.pass_repeats} passes after a warm-up pass; fsync on; "
