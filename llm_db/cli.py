@@ -12,6 +12,7 @@ subcommand can run as it is from cron or a monitoring check.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -266,11 +267,11 @@ def _figures(pairs: list[tuple[str, Any]], *, indent: int = 2) -> str:
         for _, value in pairs
     ]
     numbers = max(
-        (len(t) for t, (_, v) in zip(texts, pairs, strict=True) if isinstance(v, int)), default=0
+        (len(t) for t, (_, v) in zip(texts, pairs, strict=True) if type(v) is int), default=0
     )
     lines = []
     for (label, value), text in zip(pairs, texts, strict=True):
-        if isinstance(value, int) and not isinstance(value, bool):
+        if type(value) is int:
             text = text.rjust(numbers)
         lines.append(f"{' ' * indent}{label.ljust(width)}  {text}")
     return "\n".join(lines)
@@ -435,7 +436,7 @@ def reconcile(
         with _connect(dsn) as conn:
             sweep = Llm(conn).reconcile_org(organization_id, now=now, batch=batch)
         if as_json:
-            _echo_json(dataclasses_asdict(sweep))
+            _echo_json(dataclasses.asdict(sweep))
             return
         click.echo(f"organization {sweep.organization_id} swept")
         click.echo(
@@ -465,7 +466,7 @@ def reconcile(
 
     code = EXIT_OK if run.status == "succeeded" else EXIT_PROBLEM
     if as_json:
-        _echo_json(dataclasses_asdict(run))
+        _echo_json(dataclasses.asdict(run))
         _exit(code)
     duration = (run.finished_at - run.started_at).total_seconds() if run.finished_at else 0.0
     click.echo(
@@ -483,12 +484,6 @@ def reconcile(
         )
         click.echo(f"  error: {where}: {error.get('error')}")
     _exit(code)
-
-
-def dataclasses_asdict(value: Any) -> dict[str, Any]:
-    import dataclasses
-
-    return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
 
 
 # ----------------------------------------------------------- health
@@ -521,7 +516,7 @@ def health(dsn: str | None, now: datetime | None, as_json: bool) -> None:
     with _connect(dsn) as conn:
         result = Llm(conn).health(now=now)
     if as_json:
-        _echo_json(dataclasses_asdict(result))
+        _echo_json(dataclasses.asdict(result))
     else:
         last_success = (
             "never"
@@ -740,7 +735,7 @@ def notices_deliver(
     with _connect(dsn) as conn:
         summary = deliver_notices(Llm(conn), url, secret, limit=limit, timeout=timeout, now=now)
     if as_json:
-        _echo_json(dataclasses_asdict(summary))
+        _echo_json(dataclasses.asdict(summary))
     else:
         line = f"claimed {summary.claimed}, sent {summary.sent}, failed {summary.failed}"
         if summary.last_error:
