@@ -47,7 +47,13 @@ from psycopg.rows import dict_row
 
 from llm_db import errors
 from llm_db.executions import ExecutionContext, with_llm_execution
-from llm_db.report import ORGANIZATION_TOTALS, books_snapshot, format_table, jsonable
+from llm_db.report import (
+    ORGANIZATION_TOTALS,
+    books_history,
+    books_snapshot,
+    format_table,
+    jsonable,
+)
 from llm_db.requests import Llm
 
 __all__ = ["DemoError", "run_demo"]
@@ -701,6 +707,7 @@ def _state(
     conn: psycopg.Connection, llm: Llm, now: datetime, ids: list[uuid.UUID]
 ) -> dict[str, Any]:
     state = dict(books_snapshot(conn, now=now, organization_ids=ids))
+    state.update(books_history(conn, ids))
     state["health"] = llm.health(now=now).status
     state["invariant_violations"] = sum(
         1 for v in llm.check_invariants() if v.organization_id in set(ids)

@@ -27,6 +27,7 @@ from psycopg.rows import dict_row
 
 __all__ = [
     "Report",
+    "books_history",
     "books_snapshot",
     "build_report",
     "format_table",
@@ -98,9 +99,10 @@ SELECT x.organization_id, o.name, x.status,
 
 SERVER_CLOCK = "SELECT pg_catalog.now() AS now"
 
-# One row: what recovery would act on and what it left behind, for some
-# organizations (NULL: all). Used by `llm-db metrics` and by the demo's
-# before/after table.
+# One row: what the next pass would act on, for some organizations (NULL: all).
+# Cheap on a large database: every count is over a partial index (open requests,
+# running tasks, owed / sending notices) or a small table (drift findings), so
+# `llm-db metrics` can run it at every scrape.
 BOOKS_SNAPSHOT = """
 WITH s AS (SELECT st.recovery_window FROM llm.settings AS st)
 SELECT
@@ -122,14 +124,6 @@ SELECT
         AND i.created_at <= %(now)s::timestamptz - s.recovery_window
         AND (%(organization_ids)s::uuid[] IS NULL OR i.organization_id = ANY (%(organization_ids)s::uuid[])))
         AS stale_held_credits,
-    (SELECT count(*) FROM llm.invocations AS i
-      WHERE i.settlement_kind = 'recovered'
-        AND (%(organization_ids)s::uuid[] IS NULL OR i.organization_id = ANY (%(organization_ids)s::uuid[])))
-        AS recovered_requests,
-    (SELECT count(*) FROM llm.invocations AS i
-      WHERE i.past_window_alerted_at IS NOT NULL
-        AND (%(organization_ids)s::uuid[] IS NULL OR i.organization_id = ANY (%(organization_ids)s::uuid[])))
-        AS past_window_alerts,
     (SELECT count(*) FROM llm.executions AS x
       WHERE x.status = 'running'
         AND (%(organization_ids)s::uuid[] IS NULL OR x.organization_id = ANY (%(organization_ids)s::uuid[])))
@@ -139,10 +133,6 @@ SELECT
         AND x.started_at <= %(now)s::timestamptz - s.recovery_window
         AND (%(organization_ids)s::uuid[] IS NULL OR x.organization_id = ANY (%(organization_ids)s::uuid[])))
         AS stale_running_tasks,
-    (SELECT count(*) FROM llm.executions AS x
-      WHERE x.status = 'abandoned'
-        AND (%(organization_ids)s::uuid[] IS NULL OR x.organization_id = ANY (%(organization_ids)s::uuid[])))
-        AS abandoned_tasks,
     (SELECT count(*) FROM llm.drift_findings AS f
       WHERE (%(organization_ids)s::uuid[] IS NULL OR f.organization_id = ANY (%(organization_ids)s::uuid[])))
         AS drift_findings,
@@ -153,11 +143,26 @@ SELECT
     (SELECT count(*) FROM llm.threshold_notices AS n
       WHERE n.status = 'sending'
         AND (%(organization_ids)s::uuid[] IS NULL OR n.organization_id = ANY (%(organization_ids)s::uuid[])))
-        AS notices_sending,
+        AS notices_sending
+"""
+
+# What passes have done to some organizations, over their whole history: requests
+# recovered, past-window alerts, tasks abandoned, notices sent. These scan the
+# organizations' rows, so only the demo (a handful of organizations) reads them.
+BOOKS_HISTORY = """
+SELECT
+    (SELECT count(*) FROM llm.invocations AS i
+      WHERE i.organization_id = ANY (%(organization_ids)s::uuid[])
+        AND i.settlement_kind = 'recovered') AS recovered_requests,
+    (SELECT count(*) FROM llm.invocations AS i
+      WHERE i.organization_id = ANY (%(organization_ids)s::uuid[])
+        AND i.past_window_alerted_at IS NOT NULL) AS past_window_alerts,
+    (SELECT count(*) FROM llm.executions AS x
+      WHERE x.organization_id = ANY (%(organization_ids)s::uuid[])
+        AND x.status = 'abandoned') AS abandoned_tasks,
     (SELECT count(*) FROM llm.threshold_notices AS n
-      WHERE n.status = 'sent'
-        AND (%(organization_ids)s::uuid[] IS NULL OR n.organization_id = ANY (%(organization_ids)s::uuid[])))
-        AS notices_sent
+      WHERE n.organization_id = ANY (%(organization_ids)s::uuid[])
+        AND n.status = 'sent') AS notices_sent
 """
 
 # The newest finished pass that was not skipped (the one health judges), with
@@ -228,9 +233,9 @@ def books_snapshot(
     now: datetime | None = None,
     organization_ids: Sequence[UUID | str] | None = None,
 ) -> Row:
-    """Open requests and holds (all, and older than the recovery window), recovered
-    requests, past-window alerts, tasks running / stale / abandoned, drift findings
-    and notices by status, for ``organization_ids`` (None: every organization)."""
+    """Open requests and holds (all, and older than the recovery window), tasks running
+    (all, and older than the window), drift findings, and owed / sending notices, for
+    ``organization_ids`` (None: every organization)."""
     params = {
         "now": server_clock(conn, now),
         "organization_ids": None
@@ -238,6 +243,12 @@ def books_snapshot(
         else [str(i) for i in organization_ids],
     }
     return _rows(conn, BOOKS_SNAPSHOT, params)[0]
+
+
+def books_history(conn: psycopg.Connection, organization_ids: Sequence[UUID | str]) -> Row:
+    """Requests recovered, past-window alerts, tasks abandoned and notices sent, ever,
+    for these organizations (a scan of their rows: not for every scrape)."""
+    return _rows(conn, BOOKS_HISTORY, {"organization_ids": [str(i) for i in organization_ids]})[0]
 
 
 def last_run(conn: psycopg.Connection, *, now: datetime | None = None) -> Row | None:
