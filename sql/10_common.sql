@@ -188,12 +188,24 @@ RETURNS void
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, llm, pg_temp
 AS $$
+DECLARE
+    v_elsewhere boolean;
 BEGIN
     -- Error path only: telling a caller that it mixed up tenants is worth one
     -- look beyond its own organization (a multi-shard read under Citus).
-    PERFORM FROM llm.executions AS x
-     WHERE x.id = p_execution_id AND x.organization_id <> p_organization_id;
-    IF FOUND THEN
+    BEGIN
+        PERFORM FROM llm.executions AS x
+         WHERE x.id = p_execution_id AND x.organization_id <> p_organization_id;
+        v_elsewhere := FOUND;
+    EXCEPTION WHEN internal_error THEN
+        -- Citus refuses that read inside a call delegated to a worker ("cannot
+        -- execute a distributed query from a query on a shard"): say LL006
+        IF SQLERRM NOT LIKE 'cannot execute a distributed query%' THEN
+            RAISE;
+        END IF;
+        v_elsewhere := false;
+    END;
+    IF v_elsewhere THEN
         RAISE EXCEPTION 'llm: execution % belongs to another organization', p_execution_id
             USING ERRCODE = 'LL008',
                   DETAIL = pg_catalog.format('organization given: %s', p_organization_id),
@@ -205,4 +217,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm._raise_unknown_execution(uuid, uuid) IS
-    'Raises LL008 when the execution exists in another organization, else LL006.';
+    'Raises LL008 when the execution exists in another organization, else LL006 (always LL006 inside a call Citus delegated to a worker).';

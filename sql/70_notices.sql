@@ -106,14 +106,21 @@ SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_settings llm.settings := llm._settings();
+    v_attempts llm.threshold_notices.attempts%TYPE;
 BEGIN
-    UPDATE llm.threshold_notices AS n
-       SET status = 'owed', last_error = p_error, claimed_at = NULL,
-           next_attempt_at = p_now + LEAST(
-               v_settings.notice_backoff_max,
-               v_settings.notice_backoff_base * pg_catalog.power(2, LEAST(n.attempts, 30) - 1))
-     WHERE n.organization_id = p_organization_id AND n.id = p_notice_id AND n.status = 'sending';
+    -- attempts read first: Citus rejects an UPDATE whose STABLE timestamptz +
+    -- interval takes a column reference (n.attempts)
+    SELECT n.attempts INTO v_attempts
+      FROM llm.threshold_notices AS n
+     WHERE n.organization_id = p_organization_id AND n.id = p_notice_id AND n.status = 'sending'
+       FOR UPDATE;
     IF FOUND THEN
+        UPDATE llm.threshold_notices AS n
+           SET status = 'owed', last_error = p_error, claimed_at = NULL,
+               next_attempt_at = p_now + LEAST(
+                   v_settings.notice_backoff_max,
+                   v_settings.notice_backoff_base * pg_catalog.power(2, LEAST(v_attempts, 30) - 1))
+         WHERE n.organization_id = p_organization_id AND n.id = p_notice_id;
         RETURN true;
     END IF;
     PERFORM llm._require_notice(p_organization_id, p_notice_id);

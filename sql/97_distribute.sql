@@ -22,6 +22,12 @@ BEGIN
         EXECUTE pg_catalog.format('SET LOCAL citus.shard_count = %s', p_shard_count);
     END IF;
 
+    -- executions.task_key references task_kinds: with Citus' default, making
+    -- task_kinds a reference table first turns every table connected to it by
+    -- foreign keys into a "Citus local table"; distributing organizations then
+    -- fails (a local table's foreign key to a distributed table) and would
+    -- drop and recreate the table, and every function depending on its row type.
+    PERFORM pg_catalog.set_config('citus.enable_local_reference_table_foreign_keys', 'off', true);
     FOREACH v_table IN ARRAY ARRAY['llm.task_kinds', 'llm.settings'] LOOP
         EXECUTE pg_catalog.format('SELECT %I($1)', 'create_reference_table') USING v_table;
         v_done := pg_catalog.array_append(v_done, v_table);
@@ -50,8 +56,38 @@ BEGIN
           USING v_fn::text, 'p_organization_id', 'llm.organizations';
         v_done := pg_catalog.array_append(v_done, v_fn::text);
     END LOOP;
+
+    -- every other llm routine, to the workers, where the twins call them: Citus
+    -- ships a routine when it is created, except one whose signature uses the
+    -- row type of a table that was still local then (_settings, _operational_org,
+    -- admit_invocation, ...); without this a delegated twin fails with 42883.
+    -- llm leaves the search_path first: Citus deparses the GRANT it sends with
+    -- the routine with argument types unqualified when they are visible
+    -- (GRANT ... llm._book_terminal(invocations, ...)), which fails on a worker.
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+    -- dynamic: the Citus catalogs exist only where citus is installed
+    FOR v_fn IN EXECUTE pg_catalog.format($q$
+        SELECT p.oid::regprocedure
+          FROM pg_catalog.pg_proc AS p
+         WHERE p.pronamespace = 'llm'::regnamespace
+           AND NOT EXISTS (SELECT FROM pg_catalog.%I AS d
+                            WHERE d.classid = 'pg_catalog.pg_proc'::regclass AND d.objid = p.oid)
+           -- not one tied to a coordinator-local table (_finish_run: reconciliation_runs)
+           AND NOT EXISTS (SELECT FROM pg_catalog.pg_depend AS dep
+                             JOIN pg_catalog.pg_type AS t ON t.oid = dep.refobjid
+                            WHERE dep.classid = 'pg_catalog.pg_proc'::regclass AND dep.objid = p.oid
+                              AND dep.refclassid = 'pg_catalog.pg_type'::regclass AND t.typrelid <> 0
+                              AND NOT EXISTS (SELECT FROM pg_catalog.%I AS dp
+                                               WHERE dp.logicalrelid = t.typrelid))
+         ORDER BY p.oid
+    $q$, 'pg_dist_object', 'pg_dist_partition')
+    LOOP
+        EXECUTE pg_catalog.format('SELECT %I($1::regprocedure)', 'create_distributed_function')
+          USING v_fn::text;
+        v_done := pg_catalog.array_append(v_done, v_fn::text);
+    END LOOP;
     RETURN pg_catalog.array_to_string(v_done, ', ');
 END
 $$;
 COMMENT ON FUNCTION llm.distribute(integer) IS
-    'Under Citus: reference tables for catalogs, per-organization tables distributed on organization_id co-located with organizations, per-organization twins distributed with force_delegation; LL011 without citus.';
+    'Under Citus: reference tables for catalogs, per-organization tables distributed on organization_id co-located with organizations, per-organization twins distributed with force_delegation, the other llm routines propagated to the workers; LL011 without citus.';
