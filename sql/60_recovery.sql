@@ -140,12 +140,6 @@ CREATE OR REPLACE FUNCTION llm._refresh_drift(
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, llm, pg_temp
--- One plan for every organization and pass: left to choose, the plan cache
--- re-plans the window query on every call (its custom plans look cheaper than
--- the generic one), which was half the CPU of an idle pass. The generic plan
--- reads the window through executions_closed (organization_id, ended_at) like
--- the custom ones; see docs/benchmarks.md.
-SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_row record;

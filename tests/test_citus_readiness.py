@@ -173,6 +173,22 @@ def test_no_triggers_on_llm_tables(llm_conn):
     assert triggers == []
 
 
+def test_no_routine_forces_a_generic_plan(llm_conn):
+    """Learned on a real Citus 13.2.2 cluster: `SET plan_cache_mode = force_generic_plan` on a
+    delegated routine makes Citus fail to plan its parameterized shard queries ("could not
+    create distributed plan", 0A000), so every reconcile_org failed."""
+    forced = rows(
+        llm_conn,
+        """
+        SELECT p.proname, p.proconfig FROM pg_catalog.pg_proc AS p
+         WHERE p.pronamespace = 'llm'::regnamespace
+           AND EXISTS (SELECT FROM unnest(p.proconfig) AS c(setting)
+                        WHERE c.setting LIKE 'plan_cache_mode=%%')
+        """,
+    )
+    assert forced == []
+
+
 def test_no_integer_or_smallint_sequences_in_llm(llm_conn):
     small = rows(
         llm_conn,
