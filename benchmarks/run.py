@@ -61,7 +61,7 @@ class Sizes:
     tasks_per_history_task: int = 10
     drift_tasks: int = 100_000
     drift_requests_per_task: int = 2
-    pass_repeats: int = 3
+    pass_repeats: int = 5
     cpu_cycles: int = 3000
 
 
