@@ -523,7 +523,7 @@ def explain_drift(target: Target, clock: dt.datetime) -> dict[str, Any]:
     top = rows[0]["Plan"]
     scan = _find_scan(top, "executions")
     return {
-        "window_index": bool(scan and scan.get("Index Name") == "executions_closed"),
+        "window_index": "executions_closed" in _index_names(top),
         "executions_read": scan.get("Actual Rows") if scan else None,
         "executions_in_window": in_window,
         "executions_of_org": total,
@@ -540,6 +540,13 @@ def _find_scan(node: dict[str, Any], relation: str) -> dict[str, Any] | None:
         if found:
             return found
     return None
+
+
+def _index_names(node: dict[str, Any]) -> set[str]:
+    names = {node["Index Name"]} if "Index Name" in node else set()
+    for child in node.get("Plans", []):
+        names |= _index_names(child)
+    return names
 
 
 def _millions(n: int) -> str:
@@ -577,6 +584,17 @@ def table_lines(rows: Sequence[Row], *, markdown: bool = False) -> list[str]:
         return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
 
     return [fmt(header), fmt(["-" * w for w in widths])] + [fmt(b) for b in body]
+
+
+def _git_state() -> dict[str, Any]:
+    """The commit measured, and which SQL files differed from it (migrate reads the work tree)."""
+
+    def git(*args: str) -> str:
+        proc = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+        return proc.stdout.strip() if proc.returncode == 0 else ""
+
+    changed = git("status", "--porcelain", "--", "sql", "migrations")
+    return {"commit": git("rev-parse", "--short", "HEAD"), "uncommitted_sql": changed.splitlines()}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -630,7 +648,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "server": "--dsn" if args.dsn else "ephemeral (llm_db._server.EphemeralServer)",
         "settings": settings, "sizes": asdict(sizes), "cpus": os.cpu_count(),
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-        "python": platform.python_version(), "driver": driver.VIA, "fk_checks_skipped_during_bulk_load": fast_load,
+        "python": platform.python_version(), "driver": driver.VIA, "git": _git_state(), "fk_checks_skipped_during_bulk_load": fast_load,
     }  # fmt: skip
     doc = {
         "meta": meta,
