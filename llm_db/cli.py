@@ -305,7 +305,7 @@ def main() -> None:
 # ----------------------------------------------------------- migrate
 
 
-@main.command()
+@main.command(short_help="Install or upgrade the llm schema.")
 @dsn_option
 def migrate(dsn: str | None) -> None:
     """Install or upgrade the llm schema: migrations/ with yoyo, then every sql/ file.
@@ -384,7 +384,7 @@ def _pass_with_progress(dsn: str, now: datetime | None, batch: int | None) -> An
         return outcome.get("run")
 
 
-@main.command()
+@main.command(short_help="Run one reconciliation pass now.")
 @dsn_option
 @click.option(
     "--org",
@@ -489,7 +489,7 @@ def reconcile(
 # ----------------------------------------------------------- health
 
 
-@main.command()
+@main.command(short_help="The missing-run alarm: exit 0 ok, 1 late/failing, 2 never.")
 @dsn_option
 @now_option
 @json_option
@@ -579,7 +579,7 @@ def _cron_database(cron_dsn: str) -> Iterator[psycopg.Connection]:
         yield cron
 
 
-@main.command()
+@main.command(short_help="Schedule the hourly pass with pg_cron.")
 @dsn_option
 @click.option(
     "--schedule",
@@ -640,7 +640,7 @@ def schedule(dsn: str | None, schedule: str, cron_dsn: str | None, job_name: str
         )
 
 
-@main.command()
+@main.command(short_help="Remove the pg_cron job of the hourly pass.")
 @dsn_option
 @click.option(
     "--cron-dsn", default=None, metavar="DSN", help="The pg_cron database, as for schedule."
@@ -675,12 +675,12 @@ def unschedule(dsn: str | None, cron_dsn: str | None, job_name: str) -> None:
 # ----------------------------------------------------------- notices
 
 
-@main.group(cls=_Group)
+@main.group(cls=_Group, short_help="Deliver threshold notices to a webhook.")
 def notices() -> None:
     """Threshold notices (80 %, 100 % of the allowance): deliver them to a webhook."""
 
 
-@notices.command("deliver")
+@notices.command("deliver", short_help="Claim due notices and POST them, signed.")
 @dsn_option
 @click.option("--url", required=True, help="http(s) URL the notices are POSTed to, as JSON.")
 @click.option(
@@ -747,7 +747,7 @@ def notices_deliver(
 # ----------------------------------------------------------- report
 
 
-@main.command()
+@main.command(short_help="Usage per organization and day, open holds, tasks by status.")
 @dsn_option
 @click.option("--org", "organization_id", type=click.UUID, default=None,
               help="Only this organization.")  # fmt: skip
@@ -784,7 +784,7 @@ def report(
 # ----------------------------------------------------------- metrics
 
 
-@main.command()
+@main.command(short_help="Prometheus exposition: pass health, last run, stale work.")
 @dsn_option
 @now_option
 @click.option(
@@ -831,7 +831,7 @@ def metrics(dsn: str | None, now: datetime | None, output: Path | None) -> None:
 # ----------------------------------------------------------- distribute
 
 
-@main.command()
+@main.command(short_help="Shard the schema with Citus (llm.distribute()).")
 @dsn_option
 @click.option("--shard-count", type=click.IntRange(1, 10000), default=None,
               help="citus.shard_count for the distributed tables (default: Citus's).")  # fmt: skip
@@ -856,7 +856,7 @@ def distribute(dsn: str | None, shard_count: int | None) -> None:
 # ----------------------------------------------------------- demo
 
 
-@main.command()
+@main.command(short_help="The main job end to end, on a throw-away server.")
 @click.option(
     "--dsn",
     default=None,
@@ -869,7 +869,7 @@ def distribute(dsn: str | None, shard_count: int | None) -> None:
               help="Worker threads sending traffic.")  # fmt: skip
 @json_option
 def demo(dsn: str | None, seed: int, workers: int, as_json: bool) -> None:
-    """See llm-db do its job, end to end, in about ten seconds.
+    """See llm-db do its job, end to end, in a few seconds.
 
     Starts a throw-away PostgreSQL 15 with pg_cron, installs llm-db, creates
     three organizations (a small allowance, unlimited, suspended), sends a day
