@@ -22,6 +22,7 @@ import platform
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -641,8 +642,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dsn", help="use this server (creates and drops llmbench_* databases) "
                         "instead of starting an ephemeral one")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="smaller sizes and shorter runs (~3 minutes)")
-    parser.add_argument("--json", type=Path, default=ROOT / "docs" / "benchmarks.json")
-    parser.add_argument("--png", type=Path, default=ROOT / "docs" / "pass_cost.png")
+    parser.add_argument("--json", type=Path, help="default: docs/benchmarks.json "
+                        "(with --quick: benchmarks-quick.json in the temp directory)")  # fmt: skip
+    parser.add_argument("--png", type=Path, help="default: docs/pass_cost.png "
+                        "(with --quick: pass_cost-quick.png in the temp directory)")  # fmt: skip
     parser.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
     parser.add_argument("--profile", action="store_true",
                         help="record pg_stat_statements (track=all) per scenario into the JSON")  # fmt: skip
@@ -651,6 +654,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     groups = args.only or ["throughput", "recovery", "pass"]
+    # a smoke run never overwrites the committed figures
+    out_dir = Path(tempfile.gettempdir()) if args.quick else ROOT / "docs"
+    args.json = args.json or out_dir / ("benchmarks-quick.json" if args.quick else "benchmarks.json")
+    args.png = args.png or out_dir / ("pass_cost-quick.png" if args.quick else "pass_cost.png")
 
     started, load_before = now(), os.getloadavg()
     rows: list[Row] = []
