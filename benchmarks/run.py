@@ -1,7 +1,7 @@
 """Run every llm-db benchmark and print one table.
 
-    .venv/bin/python -m benchmarks.run            # full run, ~12 minutes on 2 cores
-    .venv/bin/python -m benchmarks.run --quick    # smoke run with smaller sizes, ~3 minutes
+    .venv/bin/python -m benchmarks.run            # full run, ~7 minutes on 2 cores
+    .venv/bin/python -m benchmarks.run --quick    # smoke run with smaller sizes, ~1 minute
     .venv/bin/python -m benchmarks.run --dsn postgresql://user@host/postgres
 
 Starts its own PostgreSQL 15 (the project's EphemeralServer, fsync and
@@ -641,7 +641,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
     parser.add_argument("--dsn", help="use this server (creates and drops llmbench_* databases) "
                         "instead of starting an ephemeral one")  # fmt: skip
-    parser.add_argument("--quick", action="store_true", help="smaller sizes and shorter runs (~3 minutes)")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes and shorter runs (~1 minute)")
     parser.add_argument("--json", type=Path, help="default: docs/benchmarks.json "
                         "(with --quick: benchmarks-quick.json in the temp directory)")  # fmt: skip
     parser.add_argument("--png", type=Path, help="default: docs/pass_cost.png "
