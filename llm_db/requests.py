@@ -16,8 +16,9 @@ share everything but the thin layer that talks to the connection: each method
 builds a ``_Call`` (SQL from ``llm_db.queries``, named parameters, a result
 mapper) that both run the same way.
 
-Every call is its own transaction (``conn.transaction()``), committed when the
-method returns, whether the connection is autocommit or not. If the caller
+Every call is its own transaction, committed when the method returns, whether
+the connection is autocommit or not (on an idle autocommit connection the one
+statement is its own transaction; otherwise ``conn.transaction()`` wraps it). If the caller
 already has a transaction open on that connection, the call runs in a
 savepoint of it instead and commits with it. ``run_reconciliation`` is the
 exception: the procedure commits after each organization, so it needs an idle
@@ -309,6 +310,22 @@ class _Calls:
         return _Call(queries.DISTRIBUTE, {"shard_count": shard_count}, _value("report", str))
 
 
+def _idle_autocommit(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    return conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+def _own_transaction(conn: psycopg.Connection[Any]) -> contextlib.AbstractContextManager[Any]:
+    """Each call is one statement, so on an idle autocommit connection it is its own
+    transaction already; BEGIN/COMMIT would add two round trips for nothing."""
+    return contextlib.nullcontext() if _idle_autocommit(conn) else conn.transaction()
+
+
+def _own_async_transaction(
+    conn: psycopg.AsyncConnection[Any],
+) -> contextlib.AbstractAsyncContextManager[Any]:
+    return contextlib.nullcontext() if _idle_autocommit(conn) else conn.transaction()
+
+
 def _run_params(now: datetime | None, batch: int | None) -> dict[str, Any]:
     return {"now": now, "batch": batch}
 
@@ -339,7 +356,7 @@ class Llm:
 
     def _run(self, call: _Call[T]) -> T:
         with self.connection() as conn, mapped_errors():
-            with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+            with _own_transaction(conn), conn.cursor(row_factory=dict_row) as cur:
                 cur.execute(call.sql, call.params)
                 rows = cur.fetchall()
         return call.result(rows)
@@ -562,7 +579,7 @@ class AsyncLlm:
     async def _run(self, call: _Call[T]) -> T:
         async with self.connection() as conn:
             with mapped_errors():
-                async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+                async with _own_async_transaction(conn), conn.cursor(row_factory=dict_row) as cur:
                     await cur.execute(call.sql, call.params)
                     rows = await cur.fetchall()
         return call.result(rows)
