@@ -194,11 +194,13 @@ def test_every_security_definer_function_pins_its_search_path(llm_conn):
 
 def test_every_function_pins_its_search_path_except_the_committing_procedure(llm_conn):
     """STYLE.md 2. A procedure that COMMITs may carry no SET clause (PostgreSQL), so
-    run_reconciliation is the one exception; it is SECURITY INVOKER and calls only
-    schema-qualified steps."""
+    run_reconciliation is an exception; it is SECURITY INVOKER and calls only
+    schema-qualified steps. _period_start is the other: a SET clause stops PostgreSQL
+    from inlining an SQL function, and its one expression is fully qualified."""
     unpinned = [r for r in routines(llm_conn) if PINNED_SEARCH_PATH not in (r["proconfig"] or [])]
-    assert [(r["proname"], r["prokind"], r["prosecdef"]) for r in unpinned] == [
-        ("run_reconciliation", "p", False)
+    assert sorted((r["proname"], r["prokind"], r["prosecdef"]) for r in unpinned) == [
+        ("_period_start", "f", False),
+        ("run_reconciliation", "p", False),
     ]
 
 
