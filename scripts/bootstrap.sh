@@ -54,6 +54,7 @@ if [[ ! -x .venv/bin/python ]]; then
     if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
         if [[ $(id -u) -eq 0 ]]; then
             log "installing python3-venv"
+            apt-get update -qq
             DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
         else
             log "python venv support is missing: sudo apt-get install -y python3-venv"
