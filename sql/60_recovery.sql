@@ -15,6 +15,8 @@ DECLARE
     v_cutoff timestamptz := p_now - v_settings.recovery_window;
     v_result llm.org_sweep;
     v_finding record;
+    v_moved jsonb;
+    v_period record;
 BEGIN
     PERFORM llm._operational_org(p_organization_id);
     -- one sweep of an organization at a time (a pass and a tool may overlap)
@@ -39,7 +41,7 @@ BEGIN
 
     -- 2. BR-CAP-PFM-LLM-009-01/-03/-04/-07: settle a bounded batch of stranded requests at
     --    their estimate with no money figure, release holds, move periods, stamp the alert
-    --    once, add to task totals and record crossed thresholds, all in one statement.
+    --    once and add to task totals in one statement, then record crossed thresholds.
     WITH picked AS (
         SELECT i.id, i.past_window_alerted_at IS NULL AS first_alert
           FROM llm.invocations AS i
@@ -91,26 +93,24 @@ BEGIN
          WHERE p.organization_id = p_organization_id AND p.period_start = m.period_start
         RETURNING p.period_start, p.used_credits - m.credits AS old_used, p.used_credits AS new_used,
                   p.allowance_credits
-    ), notices AS (
-        INSERT INTO llm.threshold_notices
-               (organization_id, period_start, threshold_pct, crossed_at, used_credits,
-                allowance_credits, next_attempt_at)
-        SELECT p_organization_id, m.period_start, t.pct, p_now, m.new_used, m.allowance_credits, p_now
-          FROM moved AS m
-         CROSS JOIN llm.organizations AS o
-         CROSS JOIN LATERAL pg_catalog.unnest(o.notice_thresholds) AS t(pct)
-         WHERE o.id = p_organization_id AND m.allowance_credits IS NOT NULL
-           AND m.old_used::numeric * 100 < t.pct::numeric * m.allowance_credits
-           AND m.new_used::numeric * 100 >= t.pct::numeric * m.allowance_credits
-        ON CONFLICT (organization_id, period_start, threshold_pct) DO NOTHING
-        RETURNING 1
     )
     SELECT (SELECT count(*) FROM recovered)::integer,
            (SELECT coalesce(sum(r.hold_credits), 0) FROM recovered AS r)::bigint,
            (SELECT count(*) FROM recovered AS r WHERE r.first_alert)::integer,
-           (SELECT count(*) FROM notices)::integer
+           (SELECT pg_catalog.jsonb_agg(m) FROM moved AS m)
       INTO v_result.recovered_requests, v_result.released_hold_credits,
-           v_result.past_window_alerts, v_result.notices_created;
+           v_result.past_window_alerts, v_moved;
+
+    -- the same threshold rule as a settlement: one owed notice per threshold crossed
+    v_result.notices_created := 0;
+    FOR v_period IN
+        SELECT * FROM pg_catalog.jsonb_to_recordset(coalesce(v_moved, '[]'))
+            AS m(period_start date, old_used bigint, new_used bigint, allowance_credits bigint)
+    LOOP
+        v_result.notices_created := v_result.notices_created
+            + llm._record_crossings(p_organization_id, v_period.period_start, v_period.old_used,
+                                    v_period.new_used, v_period.allowance_credits, p_now);
+    END LOOP;
 
     IF v_result.past_window_alerts > 0 THEN
         RAISE LOG 'llm: % request(s) of organization % were past the recovery window and were recovered',
