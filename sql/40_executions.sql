@@ -32,7 +32,7 @@ BEGIN
         ON CONFLICT (organization_id, replay_key) WHERE replay_key IS NOT NULL DO NOTHING
         RETURNING x.* INTO v_exec;
         IF FOUND THEN
-            RETURN QUERY SELECT v_exec.id, v_exec.status, false;
+            RETURN QUERY SELECT v_exec.id, v_exec.status::text, false;
             RETURN;
         END IF;
         -- opened concurrently with the same key; that transaction has committed
@@ -50,7 +50,7 @@ BEGIN
                                              p_task_key, p_subject_type, p_subject_id),
                   HINT = 'A replay key names one task; choose a new key for new work.';
     END IF;
-    RETURN QUERY SELECT v_exec.id, v_exec.status, true;
+    RETURN QUERY SELECT v_exec.id, v_exec.status::text, true;
 END
 $$;
 COMMENT ON FUNCTION llm._open_execution(uuid, text, text, text, text, timestamptz) IS
