@@ -11,13 +11,52 @@ AS $$ SELECT (pg_catalog.date_trunc('month', p_at AT TIME ZONE 'UTC'))::date $$;
 COMMENT ON FUNCTION llm._period_start(timestamptz) IS
     'The first day of the UTC calendar month containing p_at: the period an invocation admitted then belongs to.';
 
+-- Inlinable (no SET clause): a constant the predicates below fold in.
 CREATE OR REPLACE FUNCTION llm._max_amount()
 RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$ SELECT 1000000000000000::bigint $$;
 COMMENT ON FUNCTION llm._max_amount() IS
     'The largest credit, cent or token amount one call accepts (10^15), so period sums can never overflow bigint.';
+
+-- The argument rules as inlinable predicates (no SET clause, everything
+-- qualified, like _period_start): a public function tests all its arguments in
+-- one expression with these, and only when one fails calls the _check_* helpers
+-- below, which apply the same predicates and raise the precise error. So each
+-- rule is written once, and a valid call runs no helper at all.
+CREATE OR REPLACE FUNCTION llm._amount_ok(p_value bigint, p_nullable boolean DEFAULT false)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN p_value IS NULL THEN p_nullable
+                ELSE p_value OPERATOR(pg_catalog.>=) 0::bigint
+                     AND p_value OPERATOR(pg_catalog.<=) llm._max_amount() END
+$$;
+COMMENT ON FUNCTION llm._amount_ok(bigint, boolean) IS
+    'True for a non-negative amount no larger than _max_amount() (10^15), or a NULL when p_nullable.';
+
+CREATE OR REPLACE FUNCTION llm._text_ok(p_value text, p_max integer, p_nullable boolean DEFAULT false)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN p_value IS NULL THEN p_nullable
+                ELSE pg_catalog.btrim(p_value) OPERATOR(pg_catalog.<>) ''::text
+                     AND pg_catalog.length(p_value) OPERATOR(pg_catalog.<=) p_max END
+$$;
+COMMENT ON FUNCTION llm._text_ok(text, integer, boolean) IS
+    'True for a text that is not blank and has at most p_max characters, or a NULL when p_nullable.';
+
+CREATE OR REPLACE FUNCTION llm._clock_ok(p_now timestamptz)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT p_now IS NULL
+        OR (pg_catalog.isfinite(p_now)
+            AND p_now OPERATOR(pg_catalog.>=) '0001-01-01 00:00:00+00'::timestamptz
+            AND p_now OPERATOR(pg_catalog.<) '10000-01-01 00:00:00+00'::timestamptz)
+$$;
+COMMENT ON FUNCTION llm._clock_ok(timestamptz) IS
+    'True for NULL (the function''s own now()) or a finite time between the years 1 and 9999 (UTC).';
 
 CREATE OR REPLACE FUNCTION llm._check_amount(p_name text, p_value bigint, p_nullable boolean DEFAULT false)
 RETURNS void
@@ -30,7 +69,7 @@ BEGIN
             RAISE EXCEPTION 'llm: % must not be NULL', p_name
                 USING ERRCODE = '22023', HINT = 'Pass 0 when there is nothing to record.';
         END IF;
-    ELSIF p_value < 0 OR p_value > llm._max_amount() THEN
+    ELSIF NOT llm._amount_ok(p_value) THEN
         RAISE EXCEPTION 'llm: % is out of range', p_name
             USING ERRCODE = '22023',
                   DETAIL = pg_catalog.format('%s = %s; accepted: 0 .. %s.', p_name, p_value, llm._max_amount());
@@ -52,7 +91,7 @@ BEGIN
         END IF;
     ELSIF pg_catalog.btrim(p_value) = '' THEN
         RAISE EXCEPTION 'llm: % must not be empty', p_name USING ERRCODE = '22023';
-    ELSIF pg_catalog.length(p_value) > p_max THEN
+    ELSIF NOT llm._text_ok(p_value, p_max) THEN
         RAISE EXCEPTION 'llm: % is too long', p_name
             USING ERRCODE = '22023',
                   DETAIL = pg_catalog.format('%s has %s characters; at most %s are accepted.',
@@ -72,10 +111,7 @@ BEGIN
     -- NULL means the function's own now(). Anything else must be a finite time the
     -- calendar arithmetic (period ends, windows, durations, backoff) cannot overflow:
     -- an infinite clock would be stored, or recover every live request of a tenant.
-    IF p_now IS NOT NULL
-       AND NOT (pg_catalog.isfinite(p_now)
-                AND p_now >= '0001-01-01 00:00:00+00'::timestamptz
-                AND p_now < '10000-01-01 00:00:00+00'::timestamptz) THEN
+    IF NOT llm._clock_ok(p_now) THEN
         RAISE EXCEPTION 'llm: p_now % is not a usable clock', p_now
             USING ERRCODE = '22023',
                   DETAIL = 'p_now must be a finite time between the years 1 and 9999 (UTC).',

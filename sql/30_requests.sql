@@ -3,6 +3,23 @@
 -- Every call is one transaction; the organization's period row is the hot row
 -- and is always taken last (invocation -> execution -> period -> notices).
 
+-- Inlinable (no SET clause, everything qualified). A threshold t (a whole
+-- percentage) is crossed when old * 100 < t * allowance <= new * 100, which needs
+-- a whole number in (old * 100 / allowance, new * 100 / allowance]: so unless
+-- the integer quotients differ, no threshold can have been crossed and the
+-- notice query is not run. Exact (numeric integer division), so never a miss.
+CREATE OR REPLACE FUNCTION llm._may_cross(p_old_used bigint, p_new_used bigint, p_allowance bigint)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT p_allowance OPERATOR(pg_catalog.>) 0::bigint
+       AND pg_catalog.div(p_new_used::numeric OPERATOR(pg_catalog.*) 100::numeric, p_allowance::numeric)
+           OPERATOR(pg_catalog.>)
+           pg_catalog.div(p_old_used::numeric OPERATOR(pg_catalog.*) 100::numeric, p_allowance::numeric)
+$$;
+COMMENT ON FUNCTION llm._may_cross(bigint, bigint, bigint) IS
+    'False when moving used credits from p_old_used to p_new_used cannot have crossed any whole-percent threshold of p_allowance (NULL when unlimited).';
+
 CREATE OR REPLACE FUNCTION llm._record_crossings(
     p_organization_id uuid, p_period_start date, p_old_used bigint, p_new_used bigint,
     p_allowance bigint, p_now timestamptz)
@@ -13,8 +30,8 @@ AS $$
 DECLARE
     v_created integer;
 BEGIN
-    IF p_allowance IS NULL OR p_new_used <= p_old_used THEN
-        RETURN 0;
+    IF NOT coalesce(llm._may_cross(p_old_used, p_new_used, p_allowance), false) THEN
+        RETURN 0;  -- unlimited, no movement, or no whole percentage passed
     END IF;
     -- one owed notice for every threshold this movement crossed (below -> at or above)
     INSERT INTO llm.threshold_notices
@@ -48,19 +65,20 @@ DECLARE
     v_charge bigint := p_inv.charged_credits;
     v_cents bigint := coalesce(p_inv.charged_cents, 0);
 BEGIN
-    INSERT INTO llm.ledger (organization_id, invocation_id, entry, period_start, credits, cents, recorded_at)
-    SELECT p_inv.organization_id, p_inv.id, e.entry, p_inv.period_start, e.credits, e.cents, p_now
-      FROM (VALUES ('release', p_inv.hold_credits, NULL::bigint),
-                   ('charge', v_charge, p_inv.charged_cents)) AS e(entry, credits, cents)
-     WHERE e.entry = 'release' OR v_charge > 0 OR v_cents > 0;
-
-    IF p_inv.execution_id IS NOT NULL THEN
-        UPDATE llm.executions AS x
-           SET request_count = x.request_count + 1,
-               credits = x.credits + v_charge,
-               cents = x.cents + v_cents
-         WHERE x.organization_id = p_inv.organization_id AND x.id = p_inv.execution_id;
-    END IF;
+    -- the ledger rows ride on the task statement (a data-modifying CTE always runs
+    -- once, whether or not the request belongs to a task): one statement, not two
+    WITH ledger_rows AS (
+        INSERT INTO llm.ledger (organization_id, invocation_id, entry, period_start, credits, cents, recorded_at)
+        SELECT p_inv.organization_id, p_inv.id, e.entry, p_inv.period_start, e.credits, e.cents, p_now
+          FROM (VALUES ('release', p_inv.hold_credits, NULL::bigint),
+                       ('charge', v_charge, p_inv.charged_cents)) AS e(entry, credits, cents)
+         WHERE e.entry = 'release' OR v_charge > 0 OR v_cents > 0
+    )
+    UPDATE llm.executions AS x
+       SET request_count = x.request_count + 1,
+           credits = x.credits + v_charge,
+           cents = x.cents + v_cents
+     WHERE x.organization_id = p_inv.organization_id AND x.id = p_inv.execution_id;
 
     UPDATE llm.periods AS p
        SET used_credits = p.used_credits + v_charge,
@@ -69,7 +87,7 @@ BEGIN
      WHERE p.organization_id = p_inv.organization_id AND p.period_start = p_inv.period_start
     RETURNING p.used_credits, p.allowance_credits INTO v_new_used, v_allowance;
 
-    IF v_charge > 0 AND v_allowance IS NOT NULL THEN
+    IF llm._may_cross(v_new_used - v_charge, v_new_used, v_allowance) THEN
         PERFORM llm._record_crossings(p_inv.organization_id, p_inv.period_start,
                                       v_new_used - v_charge, v_new_used, v_allowance, p_now);
     END IF;
@@ -88,13 +106,19 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
-    v_org llm.organizations;
+    v_org_status text;
+    v_allowance bigint;
     v_inv llm.invocations;
     v_exec_status text;
     v_period date := llm._period_start(p_now);
     v_period_row llm.periods;
 BEGIN
-    v_org := llm._operational_org(p_organization_id);
+    SELECT o.status, o.monthly_allowance_credits INTO v_org_status, v_allowance
+      FROM llm.organizations AS o
+     WHERE o.id = p_organization_id;
+    IF v_org_status IS DISTINCT FROM 'operational' THEN
+        PERFORM llm._operational_org(p_organization_id);  -- raises LL002 (unknown) or LL003
+    END IF;
 
     IF p_execution_id IS NOT NULL THEN
         SELECT x.status INTO v_exec_status
@@ -121,24 +145,34 @@ BEGIN
                   HINT = 'Open a new execution for new work.';
     END IF;
 
-    PERFORM llm._ensure_period(p_organization_id, v_period, v_org.monthly_allowance_credits);
+    PERFORM FROM llm.periods AS p
+     WHERE p.organization_id = p_organization_id AND p.period_start = v_period;
+    IF NOT FOUND THEN
+        PERFORM llm._ensure_period(p_organization_id, v_period, v_allowance);
+    END IF;
 
-    INSERT INTO llm.invocations AS i
-           (organization_id, id, period_start, execution_id, model, status,
-            estimate_credits, hold_credits, created_at)
-    VALUES (p_organization_id, coalesce(p_invocation_id, pg_catalog.gen_random_uuid()), v_period,
-            p_execution_id, p_model, 'reserved', p_estimate_credits, p_estimate_credits, p_now)
-    ON CONFLICT (organization_id, id) DO NOTHING
-    RETURNING i.* INTO v_inv;
+    -- the request and its hold in one statement (the ledger CTE runs once, after
+    -- the insert, and writes nothing when the insert found a concurrent twin)
+    WITH admitted AS (
+        INSERT INTO llm.invocations AS i
+               (organization_id, id, period_start, execution_id, model, status,
+                estimate_credits, hold_credits, created_at)
+        VALUES (p_organization_id, coalesce(p_invocation_id, pg_catalog.gen_random_uuid()), v_period,
+                p_execution_id, p_model, 'reserved', p_estimate_credits, p_estimate_credits, p_now)
+        ON CONFLICT (organization_id, id) DO NOTHING
+        RETURNING i.*
+    ), hold AS (
+        INSERT INTO llm.ledger (organization_id, invocation_id, entry, period_start, credits, recorded_at)
+        SELECT a.organization_id, a.id, 'hold', a.period_start, a.hold_credits, p_now
+          FROM admitted AS a
+    )
+    SELECT * INTO v_inv FROM admitted;
     IF NOT FOUND THEN
         -- the same id was admitted concurrently and has committed
         SELECT * INTO STRICT v_inv FROM llm.invocations AS i
          WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
         RETURN llm._same_admission(v_inv, p_estimate_credits, p_model, p_execution_id);
     END IF;
-
-    INSERT INTO llm.ledger (organization_id, invocation_id, entry, period_start, credits, recorded_at)
-    VALUES (p_organization_id, v_inv.id, 'hold', v_period, p_estimate_credits, p_now);
 
     -- the hot row last: admit iff used + held + estimate <= allowance
     UPDATE llm.periods AS p
@@ -196,10 +230,13 @@ AS $$
 DECLARE
     v_inv llm.invocations;
 BEGIN
-    PERFORM llm._require_org_id(p_organization_id);
-    PERFORM llm._check_clock(p_now);
-    PERFORM llm._check_amount('p_estimate_credits', p_estimate_credits);
-    PERFORM llm._check_text('p_model', p_model, 200);
+    IF (p_organization_id IS NOT NULL AND llm._clock_ok(p_now)
+            AND llm._amount_ok(p_estimate_credits) AND llm._text_ok(p_model, 200)) IS NOT TRUE THEN
+        PERFORM llm._require_org_id(p_organization_id);
+        PERFORM llm._check_clock(p_now);
+        PERFORM llm._check_amount('p_estimate_credits', p_estimate_credits);
+        PERFORM llm._check_text('p_model', p_model, 200);
+    END IF;
     SELECT * INTO v_inv
       FROM llm._admit_invocation(p_organization_id, p_estimate_credits, p_model, p_execution_id,
                                  p_invocation_id, coalesce(p_now, pg_catalog.now()));
@@ -251,9 +288,11 @@ AS $$
 DECLARE
     v_inv llm.invocations;
 BEGIN
-    PERFORM llm._require_org_id(p_organization_id);
-    PERFORM llm._check_clock(p_now);
-    PERFORM llm._require_invocation_id(p_invocation_id);
+    IF (p_organization_id IS NOT NULL AND llm._clock_ok(p_now) AND p_invocation_id IS NOT NULL) IS NOT TRUE THEN
+        PERFORM llm._require_org_id(p_organization_id);
+        PERFORM llm._check_clock(p_now);
+        PERFORM llm._require_invocation_id(p_invocation_id);
+    END IF;
     SELECT * INTO v_inv
       FROM llm._mark_dispatched(p_organization_id, p_invocation_id, coalesce(p_now, pg_catalog.now()));
     RETURN v_inv;
@@ -337,13 +376,17 @@ AS $$
 DECLARE
     v_outcome text;
 BEGIN
-    PERFORM llm._require_org_id(p_organization_id);
-    PERFORM llm._check_clock(p_now);
-    PERFORM llm._require_invocation_id(p_invocation_id);
-    PERFORM llm._check_amount('p_credits', p_credits);
-    PERFORM llm._check_amount('p_cents', p_cents);
-    PERFORM llm._check_amount('p_input_tokens', p_input_tokens, true);
-    PERFORM llm._check_amount('p_output_tokens', p_output_tokens, true);
+    IF (p_organization_id IS NOT NULL AND llm._clock_ok(p_now) AND p_invocation_id IS NOT NULL
+            AND llm._amount_ok(p_credits) AND llm._amount_ok(p_cents)
+            AND llm._amount_ok(p_input_tokens, true) AND llm._amount_ok(p_output_tokens, true)) IS NOT TRUE THEN
+        PERFORM llm._require_org_id(p_organization_id);
+        PERFORM llm._check_clock(p_now);
+        PERFORM llm._require_invocation_id(p_invocation_id);
+        PERFORM llm._check_amount('p_credits', p_credits);
+        PERFORM llm._check_amount('p_cents', p_cents);
+        PERFORM llm._check_amount('p_input_tokens', p_input_tokens, true);
+        PERFORM llm._check_amount('p_output_tokens', p_output_tokens, true);
+    END IF;
     SELECT s INTO v_outcome
       FROM llm._settle_invocation(p_organization_id, p_invocation_id, p_credits, p_cents,
                                   p_input_tokens, p_output_tokens, coalesce(p_now, pg_catalog.now())) AS s;
@@ -389,12 +432,15 @@ AS $$
 DECLARE
     v_outcome text;
 BEGIN
-    PERFORM llm._require_org_id(p_organization_id);
-    PERFORM llm._check_clock(p_now);
-    PERFORM llm._require_invocation_id(p_invocation_id);
-    PERFORM llm._check_text('p_error', p_error, 4000);
-    PERFORM llm._check_amount('p_credits', p_credits);
-    PERFORM llm._check_amount('p_cents', p_cents);
+    IF (p_organization_id IS NOT NULL AND llm._clock_ok(p_now) AND p_invocation_id IS NOT NULL
+            AND llm._text_ok(p_error, 4000) AND llm._amount_ok(p_credits) AND llm._amount_ok(p_cents)) IS NOT TRUE THEN
+        PERFORM llm._require_org_id(p_organization_id);
+        PERFORM llm._check_clock(p_now);
+        PERFORM llm._require_invocation_id(p_invocation_id);
+        PERFORM llm._check_text('p_error', p_error, 4000);
+        PERFORM llm._check_amount('p_credits', p_credits);
+        PERFORM llm._check_amount('p_cents', p_cents);
+    END IF;
     SELECT f INTO v_outcome
       FROM llm._fail_invocation(p_organization_id, p_invocation_id, p_error, p_credits, p_cents,
                                 coalesce(p_now, pg_catalog.now())) AS f;

@@ -195,11 +195,17 @@ def test_every_security_definer_function_pins_its_search_path(llm_conn):
 def test_every_function_pins_its_search_path_except_the_committing_procedure(llm_conn):
     """STYLE.md 2. A procedure that COMMITs may carry no SET clause (PostgreSQL), so
     run_reconciliation is an exception; it is SECURITY INVOKER and calls only
-    schema-qualified steps. _period_start is the other: a SET clause stops PostgreSQL
-    from inlining an SQL function, and its one expression is fully qualified."""
+    schema-qualified steps. The others are the pure SQL predicates and constants of
+    the request path: a SET clause stops PostgreSQL from inlining an SQL function,
+    and each is one fully qualified expression (operators included)."""
     unpinned = [r for r in routines(llm_conn) if PINNED_SEARCH_PATH not in (r["proconfig"] or [])]
     assert sorted((r["proname"], r["prokind"], r["prosecdef"]) for r in unpinned) == [
+        ("_amount_ok", "f", False),
+        ("_clock_ok", "f", False),
+        ("_max_amount", "f", False),
+        ("_may_cross", "f", False),
         ("_period_start", "f", False),
+        ("_text_ok", "f", False),
         ("run_reconciliation", "p", False),
     ]
 
