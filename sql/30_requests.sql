@@ -109,38 +109,33 @@ DECLARE
     v_org_status text;
     v_allowance bigint;
     v_inv llm.invocations;
-    v_exec_found boolean;
     v_exec_status text;
-    v_retry boolean;
-    v_has_period boolean;
     v_period date := llm._period_start(p_now);
     v_period_row llm.periods;
 BEGIN
-    -- everything admission needs to know, in one read: the organization, the
-    -- task, a first admission under this id, and whether the month's row exists
-    SELECT o.status, o.monthly_allowance_credits,
-           x.id IS NOT NULL, x.status,
-           i.id IS NOT NULL,
-           p.period_start IS NOT NULL
-      INTO v_org_status, v_allowance, v_exec_found, v_exec_status, v_retry, v_has_period
+    SELECT o.status, o.monthly_allowance_credits INTO v_org_status, v_allowance
       FROM llm.organizations AS o
-      LEFT JOIN llm.executions AS x ON x.organization_id = o.id AND x.id = p_execution_id
-      LEFT JOIN llm.invocations AS i ON i.organization_id = o.id AND i.id = p_invocation_id
-      LEFT JOIN llm.periods AS p ON p.organization_id = o.id AND p.period_start = v_period
      WHERE o.id = p_organization_id;
     IF v_org_status IS DISTINCT FROM 'operational' THEN
         PERFORM llm._operational_org(p_organization_id);  -- raises LL002 (unknown) or LL003
     END IF;
 
-    IF p_execution_id IS NOT NULL AND NOT v_exec_found THEN
-        PERFORM llm._raise_unknown_execution(p_organization_id, p_execution_id);
+    IF p_execution_id IS NOT NULL THEN
+        SELECT x.status INTO v_exec_status
+          FROM llm.executions AS x
+         WHERE x.organization_id = p_organization_id AND x.id = p_execution_id;
+        IF NOT FOUND THEN
+            PERFORM llm._raise_unknown_execution(p_organization_id, p_execution_id);
+        END IF;
     END IF;
 
     -- a retried id with the same arguments returns the first admission
-    IF v_retry THEN
-        SELECT * INTO STRICT v_inv FROM llm.invocations AS i
+    IF p_invocation_id IS NOT NULL THEN
+        SELECT * INTO v_inv FROM llm.invocations AS i
          WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
-        RETURN llm._same_admission(v_inv, p_estimate_credits, p_model, p_execution_id);
+        IF FOUND THEN
+            RETURN llm._same_admission(v_inv, p_estimate_credits, p_model, p_execution_id);
+        END IF;
     END IF;
 
     IF v_exec_status IS DISTINCT FROM 'running' AND p_execution_id IS NOT NULL THEN
@@ -150,7 +145,9 @@ BEGIN
                   HINT = 'Open a new execution for new work.';
     END IF;
 
-    IF NOT v_has_period THEN
+    PERFORM FROM llm.periods AS p
+     WHERE p.organization_id = p_organization_id AND p.period_start = v_period;
+    IF NOT FOUND THEN
         PERFORM llm._ensure_period(p_organization_id, v_period, v_allowance);
     END IF;
 
