@@ -294,6 +294,14 @@ def bench_throughput(target: Target, sizes: Sizes, profiler: Profiler) -> tuple[
     results["simple_update"] = base
     log(f"  {base['tps']:.0f} tps")
 
+    # the ceilings of any two-commit cycle: spread over all accounts, and on one row
+    script = str(SCRIPTS / "two_commits.sql")
+    for key, rows_ in (("two_commits", 100_000 * sizes.pgbench_scale), ("two_commits_hot", 1)):
+        settle(target, "pgbench", sizes)
+        log(f"pgbench two_commits.sql over {rows_:,} row(s), {sizes.clients} clients")
+        results[key] = pgbench(target, "pgbench", run_args(sizes, "-n", "-f", script, "-D", f"rows={rows_}"))
+        log(f"  {results[key]['tps']:.0f} requests/s")
+
     simple, spread = base["tps"], results["cycle_spread"]["tps"]
     rows = [
         Row("cycle_spread", f"request cycle, {sizes.cycle_orgs} orgs, {sizes.clients} clients (pgbench)",
@@ -302,6 +310,12 @@ def bench_throughput(target: Target, sizes: Sizes, profiler: Profiler) -> tuple[
         Row("cycle_hot", f"request cycle, 1 org, {sizes.clients} clients (pgbench)",
             results["cycle_hot"]["tps"], "requests/s", simple, "pgbench simple-update",
             ratio(results["cycle_hot"]["tps"], simple), ">= 0.30", results["cycle_hot"]),
+        Row("two_commits", "ceiling of any two-commit cycle: two one-row UPDATE transactions (pgbench)",
+            results["two_commits"]["tps"], "requests/s", simple, "pgbench simple-update",
+            ratio(results["two_commits"]["tps"], simple), "report", results["two_commits"]),
+        Row("two_commits_hot", "the same ceiling, every transaction on one row (pgbench)",
+            results["two_commits_hot"]["tps"], "requests/s", simple, "pgbench simple-update",
+            ratio(results["two_commits_hot"]["tps"], simple), "report", results["two_commits_hot"]),
     ]  # fmt: skip
     if cpu_cycle and cpu_simple:
         rows.append(Row("cpu_per_request", "server CPU per request, one session (admit + settle)", cpu_cycle,
