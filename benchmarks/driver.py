@@ -80,8 +80,9 @@ async def _one_cycle_async(client: Any, conn: psycopg.AsyncConnection, n: int) -
         await conn.execute(_SETTLE, {"org": org, "id": inv})
 
 
-def run_threads(dsn: str, *, workers: int, seconds: float, orgs: int) -> DriverRun:
-    """``workers`` threads, one connection each, for ``seconds``."""
+def run_threads(dsn: str, *, workers: int, seconds: float, orgs: int, bare: bool = False) -> DriverRun:
+    """``workers`` threads, one connection each, for ``seconds``. ``bare``: the same two
+    statements through psycopg alone (no llm_db layer), the floor of any Python client."""
     counts = [0] * workers
     errors = [0] * workers
     ready = threading.Barrier(workers + 1)
@@ -90,7 +91,7 @@ def run_threads(dsn: str, *, workers: int, seconds: float, orgs: int) -> DriverR
     def work(k: int) -> None:
         rng = random.Random(k)
         with psycopg.connect(dsn, autocommit=True) as conn:
-            client = Llm(conn) if Llm is not None else None
+            client = Llm(conn) if Llm is not None and not bare else None
             for _ in range(WARMUP_CYCLES):
                 _one_cycle(client, conn, rng.randint(1, orgs))
             ready.wait()
@@ -110,7 +111,7 @@ def run_threads(dsn: str, *, workers: int, seconds: float, orgs: int) -> DriverR
     for t in threads:
         t.join()
     elapsed = max(time.perf_counter() - start_at[0], 1e-9)
-    return DriverRun("threads", workers, elapsed, sum(counts), sum(errors))
+    return DriverRun("threads, bare psycopg" if bare else "threads", workers, elapsed, sum(counts), sum(errors))
 
 
 def run_asyncio(dsn: str, *, workers: int, seconds: float, orgs: int) -> DriverRun:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import os
 import platform
@@ -55,6 +56,7 @@ class Sizes:
     cycle_orgs: int = 100
     recovery_orgs: int = 500
     recovery_per_org: int = 200
+    recovery_rounds: int = 3
     pass_orgs: int = 5000
     history_steps: tuple[int, ...] = (500_000, 1_000_000, 1_500_000, 2_000_000)
     history_small: int = 1_000_000  # the "1 M" point of the 2 M / 1 M ratio
@@ -62,7 +64,7 @@ class Sizes:
     tasks_per_history_task: int = 10
     drift_tasks: int = 100_000
     drift_requests_per_task: int = 2
-    pass_repeats: int = 5
+    pass_repeats: int = 7
     cpu_cycles: int = 3000
     warmup_seconds: int = 10
     settle_seconds: float = 5.0
@@ -73,6 +75,7 @@ QUICK = Sizes(
     pgbench_seconds=6,
     driver_seconds=5,
     recovery_orgs=50,
+    recovery_rounds=2,
     pass_orgs=500,
     history_steps=(50_000, 100_000, 150_000, 200_000),
     history_small=100_000,
@@ -284,11 +287,13 @@ def bench_throughput(target: Target, sizes: Sizes, profiler: Profiler) -> tuple[
         log(f"  {results[key]['tps']:.0f} requests/s")
 
     dsn = target.dsn("cycle")
-    for mode, fn in (("threads", driver.run_threads), ("asyncio", driver.run_asyncio)):
+    bare_threads = functools.partial(driver.run_threads, bare=True)
+    for mode, fn in (("threads", driver.run_threads), ("asyncio", driver.run_asyncio), ("bare", bare_threads)):
         settle(target, "cycle", sizes)
         log(f"Python driver, {mode}, {sizes.clients} workers, {sizes.driver_seconds} s")
         run = fn(dsn, workers=sizes.clients, seconds=sizes.driver_seconds, orgs=sizes.cycle_orgs)
-        results[f"driver_{mode}"] = asdict(run) | {"rate": run.rate, "via": driver.VIA}
+        via = "psycopg alone, the same two statements" if mode == "bare" else driver.VIA
+        results[f"driver_{mode}"] = asdict(run) | {"rate": run.rate, "via": via}
         log(f"  {run.rate:.0f} requests/s ({run.errors} errors)")
 
     log("server CPU per request, one session")
@@ -340,6 +345,10 @@ def bench_throughput(target: Target, sizes: Sizes, profiler: Profiler) -> tuple[
         rows.append(Row(f"driver_{mode}", f"request cycle via Python driver, {label}", rate, "requests/s",
                         spread, "SQL-level cycle (pgbench)", ratio(rate, spread), ">= 0.70",
                         results[f"driver_{mode}"]))  # fmt: skip
+    rate = results["driver_bare"]["rate"]
+    rows.append(Row("driver_bare", f"the same two statements through bare psycopg, {sizes.clients} threads "
+                    "(floor of any Python client)", rate, "requests/s", spread, "SQL-level cycle (pgbench)",
+                    ratio(rate, spread), "report", results["driver_bare"]))  # fmt: skip
     return rows, results
 
 
@@ -366,58 +375,79 @@ def bench_recovery(target: Target, sizes: Sizes, profiler: Profiler) -> tuple[li
     checkpoint(target, "recovery")
     violations_loaded, _ = invariant_violations(target, "recovery")
 
-    log("recovery baseline: one bare UPDATE on a copy of the database")
-    target.create_database("recovery_bare", template="recovery")
-    settle(target, "recovery_bare", sizes)
-    with target.connect("recovery_bare", autocommit=False) as conn:
-        conn.execute("SELECT count(*) FROM llm.invocations").fetchone()  # same cache state as below
-        conn.commit()
-        pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
-        conn.commit()
-        bare_cpu = cpu.cpu_seconds(pid)
-        bare_start = time.perf_counter()
-        updated = conn.execute(q.BARE_RECOVERY_UPDATE, {"now": clock}).rowcount
-        conn.commit()
-        bare_seconds = time.perf_counter() - bare_start
-        bare_cpu = _cpu_delta(pid, bare_cpu)
-    bare_rate = updated / bare_seconds
-    log(f"  {updated:,} rows in {bare_seconds:.2f} s = {bare_rate:,.0f} rows/s")
-
-    log("recovery: passes until nothing is stranded")
-    settle(target, "recovery", sizes)
-    profiler.reset("recovery")
+    # Rounds on fresh file copies of the loaded database, the bare UPDATE and the
+    # passes alternating, best of each: one pair of runs on this machine moved the
+    # ratio between 0.20 and 0.38 (noisy neighbours), the best of three far less.
+    rounds: list[dict[str, Any]] = []
     passes: list[dict[str, Any]] = []
-    with target.connect("recovery") as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
-        conn.execute("SELECT count(*) FROM llm.invocations").fetchone()
-        pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
-        left = total
-        while left and len(passes) < 50:
-            pass_cpu = cpu.cpu_seconds(pid)
-            seconds, _ = timed(lambda: cur.execute(q.RUN_PASS, {"now": clock}))
-            pass_cpu = _cpu_delta(pid, pass_cpu)
-            cur.execute(q.LAST_RUN)
-            run = cur.fetchone()
-            left = cur.execute(q.STRANDED_LEFT, {"now": clock}).fetchone()["count"]
-            passes.append({"seconds": seconds, "cpu": pass_cpu, "recovered": run["requests_recovered"],
-                           "abandoned": run["executions_abandoned"], "status": run["status"],
-                           "more_pending_orgs": run["more_pending_orgs"], "left": left})  # fmt: skip
-            log(f"  pass {len(passes)}: {run['requests_recovered']:,} recovered in {seconds:.2f} s, {left:,} left")
+    for r in range(sizes.recovery_rounds):
+        log(f"recovery round {r + 1}/{sizes.recovery_rounds}: one bare UPDATE on a copy of the database")
+        target.create_database("recovery_bare", template="recovery")
+        settle(target, "recovery_bare", sizes)
+        with target.connect("recovery_bare", autocommit=False) as conn:
+            conn.execute("SELECT count(*) FROM llm.invocations").fetchone()  # same cache state as below
+            conn.commit()
+            pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+            conn.commit()
+            bare_cpu = cpu.cpu_seconds(pid)
+            bare_start = time.perf_counter()
+            updated = conn.execute(q.BARE_RECOVERY_UPDATE, {"now": clock}).rowcount
+            conn.commit()
+            bare_seconds = time.perf_counter() - bare_start
+            bare_cpu = _cpu_delta(pid, bare_cpu)
+        target.drop_database("recovery_bare")
+        log(f"  {updated:,} rows in {bare_seconds:.2f} s = {updated / bare_seconds:,.0f} rows/s")
+
+        log("  passes until nothing is stranded, on another copy")
+        target.create_database("recovery_run", template="recovery")
+        settle(target, "recovery_run", sizes)
+        profiler.reset("recovery_run")
+        passes = []
+        with target.connect("recovery_run") as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+            conn.execute("SELECT count(*) FROM llm.invocations").fetchone()
+            pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+            left = total
+            while left and len(passes) < 50:
+                pass_cpu = cpu.cpu_seconds(pid)
+                seconds, _ = timed(lambda: cur.execute(q.RUN_PASS, {"now": clock}))
+                pass_cpu = _cpu_delta(pid, pass_cpu)
+                cur.execute(q.LAST_RUN)
+                run = cur.fetchone()
+                left = cur.execute(q.STRANDED_LEFT, {"now": clock}).fetchone()["count"]
+                passes.append({"seconds": seconds, "cpu": pass_cpu, "recovered": run["requests_recovered"],
+                               "abandoned": run["executions_abandoned"], "status": run["status"],
+                               "more_pending_orgs": run["more_pending_orgs"], "left": left})  # fmt: skip
+                log(f"  pass {len(passes)}: {run['requests_recovered']:,} recovered in {seconds:.2f} s, {left:,} left")
+        rounds.append({"bare_update_rows": updated, "bare_update_seconds": bare_seconds, "bare_update_cpu": bare_cpu,
+                       "recovered": sum(p["recovered"] for p in passes),
+                       "pass_seconds": sum(p["seconds"] for p in passes),
+                       "pass_cpu": sum(p["cpu"] or 0 for p in passes), "passes": passes})  # fmt: skip
+        if r + 1 < sizes.recovery_rounds:
+            target.drop_database("recovery_run")
+
+    best_bare = min(rounds, key=lambda x: x["bare_update_seconds"])
+    best_run = min(rounds, key=lambda x: x["pass_seconds"])
+    updated, bare_seconds, bare_cpu = (best_bare["bare_update_rows"], best_bare["bare_update_seconds"],
+                                       best_bare["bare_update_cpu"])  # fmt: skip
+    bare_rate = updated / bare_seconds
+    passes = best_run["passes"]
     recovered = sum(p["recovered"] for p in passes)
     pass_seconds = sum(p["seconds"] for p in passes)
     rate = recovered / pass_seconds
-    violations_after, check_seconds = invariant_violations(target, "recovery")
+    violations_after, check_seconds = invariant_violations(target, "recovery_run")
     detail = {
+        "rounds": rounds, "best_of": sizes.recovery_rounds,
         "stranded": total, "organizations": sizes.recovery_orgs, "load_seconds": load_seconds,
         "passes": passes, "recovered": recovered, "pass_seconds": pass_seconds,
         "bare_update_rows": updated, "bare_update_seconds": bare_seconds, "bare_update_cpu": bare_cpu,
         "pass_cpu": sum(p["cpu"] or 0 for p in passes),
         "invariants_after_load": violations_loaded, "invariants_after_passes": violations_after,
-        "profile": profiler.top("recovery"),
+        "profile": profiler.top("recovery_run"),
     }  # fmt: skip
     row = Row("recovery", f"recovery: {total:,} stranded requests, {sizes.recovery_orgs} orgs, passes until done",
               rate, "recovered/s", bare_rate, "one bare set-based UPDATE", ratio(rate, bare_rate), ">= 0.25",
               detail)  # fmt: skip
-    for name in ("recovery_bare", "recovery"):
+    for name in ("recovery_run", "recovery"):
         target.drop_database(name)
     return [row], detail
 

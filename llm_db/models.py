@@ -38,13 +38,17 @@ class _Row:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Self:
-        values = {}
-        for field in dataclasses.fields(cls):  # type: ignore[arg-type]
-            value = row[field.name]
-            if field.name in cls._tuples and value is not None:
-                value = tuple(value)
-            values[field.name] = value
+        names = _FIELD_NAMES.get(cls)
+        if names is None:  # once per class: dataclasses.fields() builds a tuple on every call
+            names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+        values = {name: row[name] for name in names}
+        for name in cls._tuples:
+            if values[name] is not None:
+                values[name] = tuple(values[name])
         return cls(**values)
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 class Outcome(enum.StrEnum):
