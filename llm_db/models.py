@@ -186,7 +186,7 @@ class Health(_Row):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class InvariantViolation(_Row):
-    """A row of ``llm.check_invariants()``: which invariant (DESIGN.md 1-7) broke, where."""
+    """A row of ``llm.check_invariants()``: which invariant (DESIGN.md 1-8) broke, where."""
 
     invariant: int
     organization_id: UUID | None

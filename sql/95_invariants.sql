@@ -119,7 +119,23 @@ BEGIN
      WHERE (x.status = 'running') <> (x.ended_at IS NULL)
         OR (x.status = 'abandoned' AND x.duration_ms IS NOT NULL)
         OR (x.status = 'completed' AND x.duration_ms IS NULL);
+
+    -- 8. every invocation belongs to a period and (when linked) a task of its own
+    --    organization (enforced by the functions, not by foreign keys: schema 0003)
+    RETURN QUERY
+    SELECT 8, i.organization_id, 'invocation ' || i.id,
+           pg_catalog.format('period %s %s, execution %s %s', i.period_start,
+                             CASE WHEN p.period_start IS NULL THEN 'missing' ELSE 'found' END,
+                             i.execution_id,
+                             CASE WHEN i.execution_id IS NULL THEN 'not linked'
+                                  WHEN x.id IS NULL THEN 'missing' ELSE 'found' END)
+      FROM llm.invocations AS i
+      LEFT JOIN llm.periods AS p
+        ON p.organization_id = i.organization_id AND p.period_start = i.period_start
+      LEFT JOIN llm.executions AS x
+        ON x.organization_id = i.organization_id AND x.id = i.execution_id
+     WHERE p.period_start IS NULL OR (i.execution_id IS NOT NULL AND x.id IS NULL);
 END
 $$;
 COMMENT ON FUNCTION llm.check_invariants() IS
-    'Returns one row per violated invariant of DESIGN.md (held, used, ledger, admission, notices and alerts, task totals, task states); empty when the books are right.';
+    'Returns one row per violated invariant of DESIGN.md (held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation); empty when the books are right.';

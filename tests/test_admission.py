@@ -295,6 +295,49 @@ def test_check_invariants_reports_holds_over_the_allowance_invariant_4(llm_conn)
     assert [r["invariant"] for r in invariants(llm_conn)] == [4]
 
 
+def test_invocations_carry_no_foreign_key_to_the_hot_period_and_task_rows(llm_conn):
+    """Schema 0003: a foreign key check share-locks the referenced row, and the period
+    and task rows are the ones every request of an organization updates; the functions
+    and invariant 8 keep the rule instead (docs/benchmarks.md: 1.6-2.9x with 8 clients
+    on one organization)."""
+    def parents(table: str) -> list[str]:
+        return [r[0] for r in llm_conn.execute(
+            "SELECT confrelid::regclass::text FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'f'",
+            [table],
+        )]  # fmt: skip
+
+    assert parents("llm.invocations") == []
+    assert parents("llm.ledger") == ["llm.invocations"]
+
+
+def test_check_invariants_reports_an_invocation_without_its_period_invariant_8(llm_conn):
+    """Invariant 8 can fail: an invocation whose period row is gone is reported."""
+    org = new_org(llm_conn, 1000)
+    inv = admit(llm_conn, org, 10)
+    assert invariants(llm_conn) == []
+    llm_conn.execute("DELETE FROM llm.periods WHERE organization_id = %s", [org])
+    found = [(r["invariant"], r["subject"]) for r in invariants(llm_conn)]
+    assert found == [(8, f"invocation {inv['id']}")]
+
+
+def test_check_invariants_reports_an_invocation_linked_to_a_missing_task_invariant_8(llm_conn):
+    """Invariant 8 can fail: an invocation linked to a task row that does not exist in its
+    organization (here: moved to another organization behind the functions' back)."""
+    org, other = new_org(llm_conn, 1000), new_org(llm_conn, 1000)
+    task = open_task(llm_conn, org)
+    inv = admit(llm_conn, org, 10, execution_id=task)
+    assert invariants(llm_conn) == []
+    llm_conn.execute("UPDATE llm.executions SET organization_id = %s WHERE id = %s", [other, task])
+    found = [(r["invariant"], r["subject"]) for r in invariants(llm_conn)]
+    assert (8, f"invocation {inv['id']}") in found
+
+
+def test_admission_still_refuses_an_unknown_task_without_the_foreign_key(llm_conn):
+    """The task check is the function's (LL006), before anything is written."""
+    org = new_org(llm_conn, 1000)
+    assert_sqlstate(llm_conn, "LL006", ADMIT_SQL, admit_params(org, 10, execution_id=uuid.UUID(int=7)))
+
+
 def test_measured_overage_is_not_an_admission_violation_invariant_4(llm_conn):
     org = new_org(llm_conn, 100)
     first = admit(llm_conn, org, 50)

@@ -430,7 +430,7 @@ def reactivate(conn: psycopg.Connection, at: datetime) -> None:
 
 
 def test_immediate_stops_during_mixed_traffic_keep_the_books(restart_dsn, capsys):
-    """Invariants 1-7 hold after every crash, acknowledged calls survive, and the
+    """Invariants 1-8 hold after every crash, acknowledged calls survive, and the
     pass completes the books (WF-PFM-LLM-004, BR-CAP-PFM-LLM-009-01/-05)."""
     server, dsn = restart_dsn
     totals: dict[str, Any] = {"calls": 0, "errors": Counter(), "admitted": 0, "dead_passes": 0}

@@ -1,7 +1,7 @@
 """Simulation: Hypothesis drives random interleavings of every call against the
 database and against a pure-Python model of the books (tests/model.py), and
 after every step the two must agree and ``llm.check_invariants()`` must be
-empty (invariants 1-7 of DESIGN.md).
+empty (invariants 1-8 of DESIGN.md).
 
 Three organizations: a small allowance (whose allowance is raised and
 lowered), an unlimited one, and one that gets suspended and reactivated. The
@@ -395,7 +395,7 @@ class BooksMachine(RuleBasedStateMachine):
 
 
 def test_random_interleavings_keep_the_books_equal_to_the_model(llm_conn, capsys):
-    """Invariants 1-7 and the model after every step of random interleavings
+    """Invariants 1-8 and the model after every step of random interleavings
     (CAP-PFM-LLM-007 admission, WF-PFM-LLM-002 tasks, WF-PFM-LLM-004 recovery)."""
     llm_conn.execute("SET lock_timeout = '5s'")
     BooksMachine.conn = llm_conn
