@@ -567,7 +567,7 @@ def bench_pass(target: Target, sizes: Sizes, fast: bool) -> tuple[list[Row], dic
     cpu_large = statistics.median(b for _, b in cpu_pairs) if cpu_pairs else None
     cpu_pair_ratio = statistics.median(b / a for a, b in cpu_pairs) if cpu_pairs else None
     log(f"  pass {small:.2f} s vs {large:.2f} s (median of pairs {pair_ratio:.2f}), "
-        f"backend CPU {cpu_small} s vs {cpu_large} s")
+        f"backend CPU {cpu_small or 0:.2f} s vs {cpu_large or 0:.2f} s")
 
     drift_requests = sizes.drift_tasks * sizes.drift_requests_per_task
     log(f"drift window: loading {sizes.drift_tasks:,} tasks closed within it ({drift_requests:,} requests)")
