@@ -117,13 +117,11 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
-    PERFORM FROM llm.periods AS p
-     WHERE p.organization_id = p_organization_id AND p.period_start = p_period_start;
-    IF NOT FOUND THEN
-        INSERT INTO llm.periods (organization_id, period_start, period_end, allowance_credits)
-        VALUES (p_organization_id, p_period_start, (p_period_start + interval '1 month')::date, p_allowance)
-        ON CONFLICT (organization_id, period_start) DO NOTHING;
-    END IF;
+    -- the caller (admission) has already looked for the row and not found it;
+    -- a concurrent first admission of the month may create it first: DO NOTHING
+    INSERT INTO llm.periods (organization_id, period_start, period_end, allowance_credits)
+    VALUES (p_organization_id, p_period_start, (p_period_start + interval '1 month')::date, p_allowance)
+    ON CONFLICT (organization_id, period_start) DO NOTHING;
 END
 $$;
 COMMENT ON FUNCTION llm._ensure_period(uuid, date, bigint) IS
