@@ -43,6 +43,8 @@ __all__ = [
     "ServerSetupError",
     "SUPERUSER",
     "check_installation",
+    "free_port",
+    "run_as_kwargs",
 ]
 
 PG_MAJOR = 15
@@ -97,6 +99,23 @@ def check_installation(bin_dir: Path = BIN_DIR, share_dir: Path = SHARE_DIR) -> 
             ) from None
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    return int(get_unused_port())
+
+
+def run_as_kwargs(run_as: pwd.struct_passwd | None, cwd: str) -> dict[str, Any]:
+    """``subprocess`` arguments that start a server process in ``cwd`` as ``run_as``
+    (None: as the caller). Only the server drops privileges; the caller stays who it is."""
+    kwargs: dict[str, Any] = {"cwd": cwd}
+    if run_as is not None:
+        kwargs.update(user=run_as.pw_uid, group=run_as.pw_gid, extra_groups=[])
+        env = dict(os.environ)
+        env.update(HOME=run_as.pw_dir, USER=run_as.pw_name, LOGNAME=run_as.pw_name)
+        kwargs["env"] = env
+    return kwargs
+
+
 def _traversable_by_others(path: Path) -> bool:
     """True when every directory from / down to path can be entered by another user."""
     path = path.resolve()
@@ -127,15 +146,7 @@ class _Postgresql(Postgresql):
     # --- privileges ---------------------------------------------------------
 
     def _popen_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"cwd": self.base_dir}
-        if self.run_as is not None:
-            kwargs.update(user=self.run_as.pw_uid, group=self.run_as.pw_gid, extra_groups=[])
-            env = dict(os.environ)
-            env.update(
-                HOME=self.run_as.pw_dir, USER=self.run_as.pw_name, LOGNAME=self.run_as.pw_name
-            )
-            kwargs["env"] = env
-        return kwargs
+        return run_as_kwargs(self.run_as, self.base_dir)
 
     def _give_away(self, path: str) -> None:
         if self.run_as is not None:
@@ -271,7 +282,7 @@ class EphemeralServer:
             try:
                 self._pg = _Postgresql(
                     base_dir=base_dir,
-                    port=get_unused_port(),
+                    port=free_port(),
                     bin_dir=self.bin_dir,
                     run_as=run_as,
                     server_settings=self.settings,
@@ -370,8 +381,14 @@ class EphemeralServer:
                 conn = self._admin_conn = self.connect()
             yield conn
 
-    def create_database(self, name: str, *, template: str | None = None) -> str:
-        """Create database ``name`` (optionally cloned from ``template``) and return its dsn."""
+    def create_database(
+        self, name: str, *, template: str | None = None, settings: dict[str, str] | None = None
+    ) -> str:
+        """Create database ``name`` (optionally cloned from ``template``) and return its dsn.
+
+        ``settings``: defaults for every later session of that database
+        (``ALTER DATABASE name SET key = value``); a clone does not inherit its
+        template's."""
         query = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
         if template is not None:
             query = sql.SQL("{} TEMPLATE {} STRATEGY FILE_COPY").format(
@@ -385,7 +402,19 @@ class EphemeralServer:
                     [template],
                 )
             conn.execute(query)
+        self.set_database_settings(name, settings or {})
         return self.dsn(name)
+
+    def set_database_settings(self, name: str, settings: dict[str, str]) -> None:
+        """``ALTER DATABASE name SET key = value`` for each setting: the default of
+        every later session of that database."""
+        with self._admin() as conn:
+            for key, value in settings.items():
+                conn.execute(
+                    sql.SQL("ALTER DATABASE {} SET {} = {}").format(
+                        sql.Identifier(name), sql.Identifier(key), sql.Literal(value)
+                    )
+                )
 
     def drop_database(self, name: str) -> None:
         with self._admin() as conn:

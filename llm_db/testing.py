@@ -18,8 +18,11 @@ Fixtures (scope):
 ``llm_dsn`` (function)
     conninfo (str) of a fresh clone of the template, dropped after the test.
 ``llm_conn`` (function)
-    Autocommit superuser ``psycopg.Connection`` to that clone, with
-    ``lock_timeout=5s`` and ``statement_timeout=60s``.
+    Autocommit superuser ``psycopg.Connection`` to that clone. Every clone
+    carries ``lock_timeout=5s`` and ``statement_timeout=60s`` as database
+    settings (``ALTER DATABASE … SET``, see ``DATABASE_SETTINGS``), so a
+    test that waits on a lock fails fast on any connection to it, through a
+    pooler too (PgBouncer rejects the ``options`` startup parameter).
 ``llm_connect`` (function)
     Factory ``llm_connect(*, role=None, autocommit=True, **kwargs)`` opening
     more connections to the same clone (same timeouts), for race tests; all
@@ -31,9 +34,15 @@ Fixtures (scope):
     conninfo of database ``llm_cron`` (the pg_cron database):
     ``CREATE EXTENSION pg_cron`` then migrated. Shared by the session: tests
     using it clean up the cron jobs they create.
+``llm_pgbouncer`` (session)
+    A running ``PgBouncer`` (Debian's pgbouncer) in front of the server, in
+    ``pool_mode = transaction`` with 2 server connections per database and
+    user: ``.dsn(dbname)``, ``.admin("SHOW POOLS")``, ``.log_text()``.
+``llm_pgbouncer_dsn`` (function)
+    conninfo of this test's clone (``llm_dsn``) through that PgBouncer.
 
 Plain functions for code outside pytest (benchmarks, the demo):
-``EphemeralServer``, ``create_template``, ``clone_database``,
+``EphemeralServer``, ``PgBouncer``, ``create_template``, ``clone_database``,
 ``create_cron_database``.
 """
 
@@ -50,13 +59,15 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from llm_db._pgbouncer import PgBouncer
 from llm_db._server import CRON_DATABASE, EphemeralServer, ServerSetupError, check_installation
 from llm_db.migrate import migrate
 
 __all__ = [
-    "CONNECTION_OPTIONS",
+    "DATABASE_SETTINGS",
     "TEMPLATE_DATABASE",
     "EphemeralServer",
+    "PgBouncer",
     "ServerSetupError",
     "check_installation",
     "clone_database",
@@ -65,8 +76,11 @@ __all__ = [
 ]
 
 TEMPLATE_DATABASE = "llm_template"
-# A test that waits on a lock fails in 5 s instead of hanging the run.
-CONNECTION_OPTIONS = "-c lock_timeout=5s -c statement_timeout=60s"
+# A test that waits on a lock fails in 5 s instead of hanging the run. Set on
+# each clone (ALTER DATABASE ... SET), not as a connection's startup options:
+# PgBouncer refuses the options parameter, and a database setting reaches every
+# session, the pooler's and pg_cron's included.
+DATABASE_SETTINGS = {"lock_timeout": "5s", "statement_timeout": "60s"}
 
 
 # ---------------------------------------------------------------- plain helpers
@@ -90,7 +104,7 @@ def clone_database(
     """Clone ``template`` into a new database; returns ``(name, dsn)``. Drop it with
     ``server.drop_database(name)``."""
     name = name or f"t_{uuid.uuid4().hex}"
-    return name, server.create_database(name, template=template)
+    return name, server.create_database(name, template=template, settings=DATABASE_SETTINGS)
 
 
 def create_cron_database(server: EphemeralServer, **migrate_kwargs: Any) -> str:
@@ -98,6 +112,7 @@ def create_cron_database(server: EphemeralServer, **migrate_kwargs: Any) -> str:
     dsn = server.dsn(CRON_DATABASE)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_cron")
+    server.set_database_settings(CRON_DATABASE, DATABASE_SETTINGS)
     migrate(dsn, **migrate_kwargs)
     return dsn
 
@@ -136,7 +151,6 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 def _connect(
     dsn: str, *, role: str | None = None, autocommit: bool = True, **kwargs: Any
 ) -> psycopg.Connection:
-    kwargs.setdefault("options", CONNECTION_OPTIONS)
     conn = psycopg.connect(dsn, autocommit=autocommit, **kwargs)
     if role is not None:
         try:
@@ -218,3 +232,17 @@ def llm_role_conn(
 def llm_cron_dsn(llm_server: EphemeralServer) -> str:
     """conninfo of ``llm_cron``, the pg_cron database, with pg_cron and llm-db installed."""
     return create_cron_database(llm_server)
+
+
+@pytest.fixture(scope="session")
+def llm_pgbouncer(llm_server: EphemeralServer) -> Iterator[PgBouncer]:
+    """A PgBouncer in transaction pooling mode (2 server connections per database
+    and user) in front of the session's server; stopped at the end of the session."""
+    with PgBouncer(llm_server, pool_mode="transaction", pool_size=2) as bouncer:
+        yield bouncer
+
+
+@pytest.fixture
+def llm_pgbouncer_dsn(llm_pgbouncer: PgBouncer, llm_dsn: str) -> str:
+    """conninfo of this test's database through ``llm_pgbouncer``."""
+    return llm_pgbouncer.dsn(psycopg.conninfo.conninfo_to_dict(llm_dsn)["dbname"])
