@@ -229,7 +229,8 @@ def _require_dsn(dsn: str | None) -> str:
 
 @contextlib.contextmanager
 def _connect(dsn: str | None, *, option: str = "--dsn") -> Iterator[psycopg.Connection]:
-    """An autocommit connection named after the subcommand (``application_name``)."""
+    """An autocommit connection named after the subcommand (``application_name``),
+    preparing no statement on the server (safe behind a transaction pooler)."""
     dsn = _require_dsn(dsn)
     try:
         given = conninfo_to_dict(dsn)
@@ -242,7 +243,9 @@ def _connect(dsn: str | None, *, option: str = "--dsn") -> Iterator[psycopg.Conn
     if "connect_timeout" not in given and "PGCONNECT_TIMEOUT" not in os.environ:
         extra["connect_timeout"] = 10
     try:
-        conn = psycopg.connect(dsn, autocommit=True, **extra)
+        # prepare_threshold=None: nothing prepared on the server, so every
+        # subcommand also works through PgBouncer in transaction pooling mode
+        conn = psycopg.connect(dsn, autocommit=True, prepare_threshold=None, **extra)
     except psycopg.OperationalError as exc:
         raise Failure(f"cannot connect ({option}): {exc}", EXIT_ERROR) from exc
     with conn:
@@ -324,6 +327,8 @@ def migrate(dsn: str | None) -> None:
     applied = ", ".join(report.applied_migrations) or "none"
     click.echo(f"migrations applied: {applied}")
     click.echo(f"sql files applied: {len(report.sql_files)}")
+    if report.dropped_routines:
+        click.echo(f"routines dropped (no longer defined): {', '.join(report.dropped_routines)}")
 
 
 # ----------------------------------------------------------- reconcile

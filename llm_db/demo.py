@@ -256,7 +256,9 @@ class _Worker(threading.Thread):
 
     # a fresh process after a crash: a new connection
     def _connect(self) -> Llm:
-        self.conn = psycopg.connect(self.dsn, autocommit=True, application_name="llm-db demo")
+        self.conn = psycopg.connect(
+            self.dsn, autocommit=True, prepare_threshold=None, application_name="llm-db demo"
+        )
         self.llm = Llm(self.conn)
         return self.llm
 
@@ -509,7 +511,10 @@ def _kv(label: str, text: str) -> str:
 def _demo(
     dsn: str, seed: int, workers: int, out: Out, *, embedded: dict[str, Any] | None
 ) -> dict[str, Any]:
-    with psycopg.connect(dsn, autocommit=True, application_name="llm-db demo") as conn:
+    # prepare_threshold=None: the demo also runs through PgBouncer's transaction pooling
+    with psycopg.connect(
+        dsn, autocommit=True, prepare_threshold=None, application_name="llm-db demo"
+    ) as conn:
         installed, dbname = conn.execute(LLM_INSTALLED).fetchone()
         if not installed:
             raise DemoError(

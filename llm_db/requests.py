@@ -24,6 +24,11 @@ savepoint of it instead and commits with it. ``run_reconciliation`` is the
 exception: the procedure commits after each organization, so it needs an idle
 connection (it switches it to autocommit for the call and back).
 
+No statement is prepared on the server unless the client is built with
+``prepare=True``: psycopg's default (prepare after five executions) breaks
+behind PgBouncer in transaction pooling mode, where the next transaction may
+run on another server connection that never saw the statement.
+
 Every method takes an optional ``now=`` (a timezone-aware datetime): the clock
 the SQL uses, so tests move time instead of sleeping; None means ``now()``.
 Share a pool, not a connection, between threads or tasks that work at once.
@@ -340,10 +345,19 @@ def _recorded_run(rows: Sequence[Row]) -> ReconciliationRun | None:
 class Llm:
     """Synchronous client over a ``psycopg.Connection`` or a connection pool."""
 
-    def __init__(self, source: Any) -> None:
+    def __init__(self, source: Any, *, prepare: bool = False) -> None:
         """``source``: a ``psycopg.Connection``, or anything whose ``.connection()``
-        is a context manager yielding one (``psycopg_pool.ConnectionPool``)."""
+        is a context manager yielding one (``psycopg_pool.ConnectionPool``).
+
+        ``prepare``: False (the default) never prepares a statement on the server,
+        so the client works unchanged through PgBouncer in transaction pooling
+        mode, where consecutive transactions land on different server
+        connections; True lets psycopg prepare as it does by default (after
+        ``prepare_threshold`` executions), for direct or session-pooled
+        connections only (docs/operations.md, "Poolers")."""
         self.source = source
+        self.prepare = prepare
+        self._prepare: bool | None = None if prepare else False
 
     @contextlib.contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
@@ -357,7 +371,7 @@ class Llm:
     def _run(self, call: _Call[T]) -> T:
         with self.connection() as conn, mapped_errors():
             with _own_transaction(conn), conn.cursor(row_factory=dict_row) as cur:
-                cur.execute(call.sql, call.params)
+                cur.execute(call.sql, call.params, prepare=self._prepare)
                 rows = cur.fetchall()
         return call.result(rows)
 
@@ -492,9 +506,13 @@ class Llm:
             conn.autocommit = True
             try:
                 with conn.cursor(row_factory=dict_row) as cur:
-                    since = cur.execute(queries.CLOCK).fetchall()[0]["clock"]
-                    cur.execute(queries.RUN_RECONCILIATION, _run_params(now, batch))
-                    rows = cur.execute(queries.RUN_RECORDED_SINCE, {"since": since}).fetchall()
+                    since = cur.execute(queries.CLOCK, prepare=self._prepare).fetchall()[0]["clock"]
+                    cur.execute(
+                        queries.RUN_RECONCILIATION, _run_params(now, batch), prepare=self._prepare
+                    )
+                    rows = cur.execute(
+                        queries.RUN_RECORDED_SINCE, {"since": since}, prepare=self._prepare
+                    ).fetchall()
             finally:
                 conn.autocommit = previous
         return _recorded_run(rows)
@@ -562,10 +580,13 @@ class AsyncLlm:
     The same methods, arguments and results as ``Llm``, awaited.
     """
 
-    def __init__(self, source: Any) -> None:
+    def __init__(self, source: Any, *, prepare: bool = False) -> None:
         """``source``: a ``psycopg.AsyncConnection``, or anything whose ``.connection()``
-        is an async context manager yielding one (``psycopg_pool.AsyncConnectionPool``)."""
+        is an async context manager yielding one (``psycopg_pool.AsyncConnectionPool``).
+        ``prepare``: as for ``Llm``."""
         self.source = source
+        self.prepare = prepare
+        self._prepare: bool | None = None if prepare else False
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -580,7 +601,7 @@ class AsyncLlm:
         async with self.connection() as conn:
             with mapped_errors():
                 async with _own_async_transaction(conn), conn.cursor(row_factory=dict_row) as cur:
-                    await cur.execute(call.sql, call.params)
+                    await cur.execute(call.sql, call.params, prepare=self._prepare)
                     rows = await cur.fetchall()
         return call.result(rows)
 
@@ -714,10 +735,14 @@ class AsyncLlm:
                 await conn.set_autocommit(True)
                 try:
                     async with conn.cursor(row_factory=dict_row) as cur:
-                        await cur.execute(queries.CLOCK)
+                        await cur.execute(queries.CLOCK, prepare=self._prepare)
                         since = (await cur.fetchall())[0]["clock"]
-                        await cur.execute(queries.RUN_RECONCILIATION, _run_params(now, batch))
-                        await cur.execute(queries.RUN_RECORDED_SINCE, {"since": since})
+                        await cur.execute(
+                            queries.RUN_RECONCILIATION, _run_params(now, batch), prepare=self._prepare
+                        )
+                        await cur.execute(
+                            queries.RUN_RECORDED_SINCE, {"since": since}, prepare=self._prepare
+                        )
                         rows = await cur.fetchall()
                 finally:
                     await conn.set_autocommit(previous)

@@ -8,6 +8,7 @@ the clock through ``p_now`` (``None`` means the function's own ``now()``).
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import UTC, date, datetime
 from typing import Any
@@ -58,6 +59,16 @@ def scalar(conn: psycopg.Connection, query: str, params: Any = None) -> Any:
     result = conn.execute(query, params).fetchone()
     assert result is not None, f"no row from {query!r}"
     return result[0]
+
+
+def wait_blocked(observer: psycopg.Connection, pid: int, timeout: float = 10.0) -> None:
+    """Poll until backend ``pid`` waits on a lock another backend holds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if observer.execute("SELECT cardinality(pg_blocking_pids(%s)) > 0", [pid]).fetchone()[0]:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"backend {pid} never blocked")
 
 
 def llm_tables(conn: psycopg.Connection) -> list[str]:

@@ -349,16 +349,20 @@ def test_a_pool_like_source_lends_one_connection_per_call(llm_connect: Any) -> N
     assert pool.borrowed == 3
 
 
-def test_statements_are_prepared_after_repeated_calls(
+def test_nothing_is_prepared_unless_the_client_opts_in(
     llm: Llm, llm_conn: psycopg.Connection
 ) -> None:
+    """The default prepares no statement on the server (safe behind a transaction pooler);
+    ``prepare=True`` lets psycopg prepare after its threshold (5 executions)."""
     org = new_org(llm, None)
+    prepared = "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%%admit_invocation%%'"
     for _ in range(7):
         llm.admit(org, 1, "model-a", now=T0)
-    prepared = llm_conn.execute(
-        "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%%admit_invocation%%'"
-    ).fetchone()[0]
-    assert prepared == 1
+    assert llm_conn.execute(prepared).fetchone()[0] == 0
+    preparing = Llm(llm_conn, prepare=True)
+    for _ in range(7):
+        preparing.admit(org, 1, "model-a", now=T0)
+    assert llm_conn.execute(prepared).fetchone()[0] == 1
 
 
 # ---------------------------------------------------------------- asyncio
