@@ -2,6 +2,49 @@
 -- transaction. Lock order: abandoned executions, then recovered invocations
 -- (SKIP LOCKED: a live settlement wins), their executions, their periods, so
 -- the sweep never waits on a row a settlement holds while holding one it needs.
+--
+-- No client can stall a sweep: it waits at most settings.org_lock_timeout for
+-- any one lock (55P03) and runs at most settings.org_time_budget, checked
+-- between its statements (57014); the pass records either as that
+-- organization's error and goes on.
+
+CREATE OR REPLACE FUNCTION llm._bound_locks()
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_before text := pg_catalog.current_setting('lock_timeout');
+    v_ms bigint := GREATEST(1, (pg_catalog.date_part('epoch', (llm._settings()).org_lock_timeout)
+                                * 1000)::bigint);
+BEGIN
+    -- transaction-local; on the worker that runs the sweep under Citus
+    PERFORM pg_catalog.set_config('lock_timeout', v_ms::text || 'ms', true);
+    RETURN v_before;
+END
+$$;
+COMMENT ON FUNCTION llm._bound_locks() IS
+    'Sets lock_timeout to settings.org_lock_timeout for the rest of the transaction (or until restored); returns the value it replaced.';
+
+CREATE OR REPLACE FUNCTION llm._check_deadline(p_organization_id uuid, p_deadline timestamptz, p_step text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+BEGIN
+    IF pg_catalog.clock_timestamp() > p_deadline THEN
+        RAISE EXCEPTION 'llm: the sweep of organization % ran past its time budget (after %)',
+                p_organization_id, p_step
+            -- SCHEMA/TABLE/COLUMN tell this bound from a real cancel, which shares 57014
+            USING ERRCODE = '57014', SCHEMA = 'llm', TABLE = 'settings', COLUMN = 'org_time_budget',
+                  DETAIL = pg_catalog.format('deadline %s, settings.org_time_budget %s',
+                                             p_deadline, (llm._settings()).org_time_budget),
+                  HINT = 'Its work waits for the next pass; lower sweep_batch or raise org_time_budget if this repeats.';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION llm._check_deadline(uuid, timestamptz, text) IS
+    'Raises 57014 (column org_time_budget of llm.settings in its diagnostics) when clock_timestamp() is past p_deadline: the bound on one organization''s sweep, checked between its statements.';
 
 CREATE OR REPLACE FUNCTION llm._reconcile_org(
     p_organization_id uuid, p_now timestamptz, p_batch integer, p_run_id uuid)
@@ -13,6 +56,8 @@ DECLARE
     v_settings llm.settings := llm._settings();
     v_batch integer := coalesce(p_batch, v_settings.sweep_batch);
     v_cutoff timestamptz := p_now - v_settings.recovery_window;
+    v_deadline timestamptz := pg_catalog.clock_timestamp() + v_settings.org_time_budget;
+    v_lock_timeout text := llm._bound_locks();
     v_result llm.org_sweep;
     v_finding record;
     v_moved jsonb;
@@ -38,6 +83,7 @@ BEGIN
             v_finding.request_count, v_finding.credits, v_finding.cents;
         v_result.abandoned_executions := coalesce(v_result.abandoned_executions, 0) + 1;
     END LOOP;
+    PERFORM llm._check_deadline(p_organization_id, v_deadline, 'abandoning tasks');
 
     -- 2. BR-CAP-PFM-LLM-009-01/-03/-04/-07: settle a bounded batch of stranded requests at
     --    their estimate with no money figure, release holds, move periods, stamp the alert
@@ -101,6 +147,8 @@ BEGIN
       INTO v_result.recovered_requests, v_result.released_hold_credits,
            v_result.past_window_alerts, v_moved;
 
+    PERFORM llm._check_deadline(p_organization_id, v_deadline, 'recovering requests');
+
     -- the same threshold rule as a settlement: one owed notice per threshold crossed
     v_result.notices_created := 0;
     FOR v_period IN
@@ -128,7 +176,9 @@ BEGIN
     --    log and store both figures, change no totals.
     v_result.drift_findings := llm._refresh_drift(p_organization_id, p_now,
                                                   p_now - v_settings.drift_window, p_run_id);
+    PERFORM llm._check_deadline(p_organization_id, v_deadline, 'checking drift');
     v_result.abandoned_executions := coalesce(v_result.abandoned_executions, 0);
+    PERFORM pg_catalog.set_config('lock_timeout', v_lock_timeout, true);  -- the caller's again
     RETURN v_result;
 END
 $$;
@@ -231,4 +281,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm.reconcile_org(uuid, timestamptz, integer, uuid) IS
-    'One organization''s recovery sweep in one transaction: abandons tasks running past the recovery window, recovers up to p_batch stranded requests at their estimate (oldest first), refreshes drift findings; returns its figures with more_pending.';
+    'One organization''s recovery sweep in one transaction: abandons tasks running past the recovery window, recovers up to p_batch stranded requests at their estimate (oldest first), refreshes drift findings; returns its figures with more_pending. Bounded: 55P03 after settings.org_lock_timeout waiting for a lock, 57014 past settings.org_time_budget.';

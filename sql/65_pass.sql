@@ -3,61 +3,139 @@
 -- pass carried on, then notices re-armed and daily usage rebuilt as
 -- independent steps. Each step is a SECURITY DEFINER function with its own
 -- exception handler; the procedure only sequences them and commits.
+--
+-- One at a time: a lease (llm.pass_lease), not a session lock, so the guard
+-- keeps nothing past the pass's own transactions. The pass renews it after each
+-- organization and holds it locked through each follow-up step; a pass whose
+-- backend is gone or no longer runs it (cancelled through a pooler) or whose
+-- lease lapsed is taken over and marked failed; a pass that finds its lease
+-- taken over stops at once.
 
-CREATE OR REPLACE FUNCTION llm._pass_lock_key()
-RETURNS bigint
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+CREATE OR REPLACE FUNCTION llm._lease_holder_running(p_lease llm.pass_lease)
+RETURNS boolean
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, llm, pg_temp
-AS $$ SELECT 7310209001::bigint $$;
-COMMENT ON FUNCTION llm._pass_lock_key() IS 'The session advisory lock key that lets one reconciliation pass run at a time.';
+AS $$
+DECLARE
+    v_backend_start timestamptz;
+    v_state text;
+    v_query_start timestamptz;
+BEGIN
+    SELECT a.backend_start, a.state, a.query_start INTO v_backend_start, v_state, v_query_start
+      FROM pg_catalog.pg_stat_activity AS a
+     WHERE a.pid = p_lease.holder_pid;
+    IF NOT FOUND THEN
+        RETURN false;  -- the backend is gone: terminated, crashed, or the server restarted
+    END IF;
+    IF v_backend_start IS NULL THEN
+        -- another login role's session, whose details this role may not read
+        -- (pg_read_all_stats): it may be the pass, so only its lease's expiry frees it
+        RETURN true;
+    END IF;
+    -- The same backend (a pid is reused), still inside the statement that took the
+    -- lease. A pass cancelled through a pooler leaves its backend alive and idle,
+    -- or busy with another client's statement, which started after acquired_at.
+    RETURN v_backend_start = p_lease.holder_backend_start
+       AND v_state = 'active'
+       AND v_query_start <= p_lease.acquired_at;
+END
+$$;
+COMMENT ON FUNCTION llm._lease_holder_running(llm.pass_lease) IS
+    'True while the lease holder''s backend (same pid and start time) is still running the statement that took the lease; a session this role cannot inspect counts as running.';
 
-CREATE OR REPLACE FUNCTION llm._begin_run(p_now timestamptz)
-RETURNS uuid
+CREATE OR REPLACE FUNCTION llm._begin_run(p_now timestamptz, OUT run_id uuid, OUT token uuid)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
-    v_run uuid;
     v_now timestamptz := coalesce(p_now, pg_catalog.now());
-    v_key bigint := llm._pass_lock_key();
-    v_holder_pid integer;
-    v_holder_state text;
+    v_lease llm.pass_lease;
+    v_locked boolean := true;
+    v_running boolean;
+    v_why text;
 BEGIN
-    -- Who holds the pass lock, if anyone (a bigint advisory key shows as classid/objid).
-    SELECT l.pid, a.state INTO v_holder_pid, v_holder_state
-      FROM pg_catalog.pg_locks AS l
-      LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid
-     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-       AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d
-                          WHERE d.datname = pg_catalog.current_database())
-       AND l.classid = (v_key >> 32)::oid AND l.objid = (v_key & 4294967295)::oid
-     LIMIT 1;
-    -- A pass of this very session that was cancelled (statement_timeout, query cancel:
-    -- neither is caught by the steps' handlers) could not release the session lock.
-    -- Reuse that hold instead of stacking a second one _finish_run would never release,
-    -- which would leave every other session's pass skipped for as long as this one lives.
-    IF v_holder_pid IS DISTINCT FROM pg_catalog.pg_backend_pid()
-       AND NOT pg_catalog.pg_try_advisory_lock(v_key) THEN
-        INSERT INTO llm.reconciliation_runs (started_at, finished_at, clock, status, errors)
-        VALUES (pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp(), v_now, 'skipped',
-                pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object(
-                    'step', 'lock', 'error', 'another reconciliation pass is running',
-                    'holder_pid', v_holder_pid, 'holder_state', v_holder_state)));
-        RETURN NULL;
+    -- A pass locks the lease row only for an instant (renewing it after each
+    -- organization) or for one follow-up step: when it is locked, a pass is running.
+    BEGIN
+        SELECT * INTO STRICT v_lease FROM llm.pass_lease FOR UPDATE NOWAIT;
+    EXCEPTION WHEN lock_not_available THEN
+        SELECT * INTO STRICT v_lease FROM llm.pass_lease;
+        v_locked := false;
+    END;
+    IF v_lease.token IS NOT NULL THEN
+        v_running := NOT v_locked OR llm._lease_holder_running(v_lease);
+        IF v_running AND (NOT v_locked OR v_lease.expires_at > pg_catalog.clock_timestamp()) THEN
+            INSERT INTO llm.reconciliation_runs (started_at, finished_at, clock, status, errors)
+            SELECT pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp(), v_now, 'skipped',
+                   pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object(
+                       'step', 'lease', 'error', 'another reconciliation pass is running',
+                       'holder_run_id', v_lease.run_id, 'holder_pid', v_lease.holder_pid,
+                       'holder_backend_start', v_lease.holder_backend_start,
+                       'holder_application_name', a.application_name,
+                       'holder_state', a.state, 'lease_expires_at', v_lease.expires_at))
+              FROM (SELECT NULL) AS one
+              LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = v_lease.holder_pid;
+            RETURN;  -- run_id and token NULL: skipped
+        END IF;
+        v_why := CASE WHEN v_running
+                      THEN pg_catalog.format('its lease expired at %s without renewal; taken over',
+                                             v_lease.expires_at)
+                      ELSE 'abandoned: its backend is gone or no longer runs the pass (terminated, cancelled or disconnected)'
+                 END;
+        UPDATE llm.reconciliation_runs AS r
+           SET status = 'failed', finished_at = pg_catalog.clock_timestamp(),
+               errors = r.errors || pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object(
+                   'step', 'pass', 'error', v_why, 'taken_over_by_pid', pg_catalog.pg_backend_pid()))
+         WHERE r.id = v_lease.run_id AND r.status = 'running';
     END IF;
-    -- a pass that died (server stopped, backend terminated) left its row running
+    -- any other run left running (a pass that died before it held a lease)
     UPDATE llm.reconciliation_runs AS r
        SET status = 'failed', finished_at = pg_catalog.clock_timestamp(),
            errors = r.errors || '[{"step": "pass", "error": "interrupted before it finished"}]'
      WHERE r.status = 'running';
+
     INSERT INTO llm.reconciliation_runs (started_at, clock, status)
     VALUES (pg_catalog.clock_timestamp(), v_now, 'running')
-    RETURNING id INTO v_run;
-    RETURN v_run;
+    RETURNING id INTO run_id;
+    token := pg_catalog.gen_random_uuid();
+    UPDATE llm.pass_lease AS l
+       SET run_id = _begin_run.run_id, token = _begin_run.token,
+           holder_pid = pg_catalog.pg_backend_pid(),
+           holder_backend_start = (SELECT a.backend_start FROM pg_catalog.pg_stat_activity AS a
+                                    WHERE a.pid = pg_catalog.pg_backend_pid()),
+           acquired_at = pg_catalog.clock_timestamp(),
+           renewed_at = pg_catalog.clock_timestamp(),
+           expires_at = pg_catalog.clock_timestamp() + (llm._settings()).pass_lease;
 END
 $$;
 COMMENT ON FUNCTION llm._begin_run(timestamptz) IS
-    'Takes the pass lock (or reuses the one an interrupted pass of this session left) and records a running pass (returns its id), or records a skipped pass naming the lock holder and returns NULL.';
+    'Takes the pass lease and records a running pass (its run id and lease token), marking a pass that lost it failed; or, while another pass really holds the lease, records a skipped pass naming the holder and returns NULLs.';
+
+CREATE OR REPLACE FUNCTION llm._renew_lease(p_run_id uuid, p_token uuid)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+BEGIN
+    -- locks the lease row until the caller's transaction ends
+    UPDATE llm.pass_lease AS l
+       SET renewed_at = pg_catalog.clock_timestamp(),
+           expires_at = pg_catalog.clock_timestamp() + (llm._settings()).pass_lease
+     WHERE l.run_id = p_run_id AND l.token = p_token;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    -- taken over (the taker marked this run failed already): this pass stops at once
+    UPDATE llm.reconciliation_runs AS r
+       SET status = 'failed', finished_at = coalesce(r.finished_at, pg_catalog.clock_timestamp()),
+           errors = r.errors || '[{"step": "lease", "error": "lease lost: another pass took it over"}]'
+     WHERE r.id = p_run_id;
+    RAISE WARNING 'llm: reconciliation pass % lost its lease to another pass and stops', p_run_id;
+    RETURN false;
+END
+$$;
+COMMENT ON FUNCTION llm._renew_lease(uuid, uuid) IS
+    'Extends the pass lease by settings.pass_lease while this pass still holds it (true); otherwise records the run failed ("lease lost") and returns false.';
 
 CREATE OR REPLACE FUNCTION llm._pass_organizations()
 RETURNS uuid[]
@@ -74,7 +152,8 @@ END
 $$;
 COMMENT ON FUNCTION llm._pass_organizations() IS 'The operational organizations a pass visits, in id order.';
 
-CREATE OR REPLACE FUNCTION llm._run_org(p_run_id uuid, p_organization_id uuid, p_now timestamptz, p_batch integer)
+CREATE OR REPLACE FUNCTION llm._run_org(
+    p_run_id uuid, p_token uuid, p_organization_id uuid, p_now timestamptz, p_batch integer)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, llm, pg_temp
@@ -83,14 +162,19 @@ DECLARE
     v_sweep llm.org_sweep;
     v_state text;
     v_message text;
+    v_column text;
 BEGIN
     BEGIN
         SELECT * INTO v_sweep
           FROM llm.reconcile_org(p_organization_id, coalesce(p_now, pg_catalog.now()), p_batch, p_run_id);
-    EXCEPTION WHEN OTHERS THEN
-        GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT;
+    EXCEPTION WHEN OTHERS OR query_canceled THEN
+        GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT,
+                                v_column = COLUMN_NAME;
+        IF v_state = '57014' AND v_column IS DISTINCT FROM 'org_time_budget' THEN
+            RAISE;  -- a real cancel (statement_timeout, pg_cancel_backend) stops the pass
+        END IF;
         IF v_state = 'LL003' THEN
-            RETURN true;  -- suspended or closed since the pass listed it: not ours to sweep
+            RETURN llm._renew_lease(p_run_id, p_token);  -- suspended or closed since listed
         END IF;
         RAISE WARNING 'llm: reconciliation of organization % failed: % (%)', p_organization_id, v_message, v_state;
         UPDATE llm.reconciliation_runs AS r
@@ -100,7 +184,7 @@ BEGIN
                    'step', 'organization', 'organization_id', p_organization_id,
                    'sqlstate', v_state, 'error', v_message))
          WHERE r.id = p_run_id;
-        RETURN false;
+        RETURN llm._renew_lease(p_run_id, p_token);
     END;
     UPDATE llm.reconciliation_runs AS r
        SET orgs_visited = r.orgs_visited + 1,
@@ -111,13 +195,13 @@ BEGIN
            drift_findings = r.drift_findings + v_sweep.drift_findings,
            more_pending_orgs = r.more_pending_orgs + v_sweep.more_pending::integer
      WHERE r.id = p_run_id;
-    RETURN true;
+    RETURN llm._renew_lease(p_run_id, p_token);
 END
 $$;
-COMMENT ON FUNCTION llm._run_org(uuid, uuid, timestamptz, integer) IS
-    'Sweeps one organization for a pass and adds its figures to the run; an error is recorded on the run and swallowed so the pass goes on.';
+COMMENT ON FUNCTION llm._run_org(uuid, uuid, uuid, timestamptz, integer) IS
+    'Sweeps one organization for a pass (bounded by org_lock_timeout and org_time_budget), adds its figures to the run and renews the lease; an error is recorded on the run and the pass goes on. False when the lease was lost: the pass stops.';
 
-CREATE OR REPLACE FUNCTION llm._run_followup(p_run_id uuid, p_step text, p_now timestamptz)
+CREATE OR REPLACE FUNCTION llm._run_followup(p_run_id uuid, p_token uuid, p_step text, p_now timestamptz)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, llm, pg_temp
@@ -129,7 +213,13 @@ DECLARE
     v_state text;
     v_message text;
 BEGIN
+    -- The lease stays locked through the step, so a pass that takes over cannot run
+    -- the same step at the same time (two rebuilds of one day would collide).
+    IF NOT llm._renew_lease(p_run_id, p_token) THEN
+        RETURN false;
+    END IF;
     BEGIN
+        PERFORM llm._bound_locks();  -- no client holds a step longer than org_lock_timeout
         IF p_step = 'rearm_notices' THEN
             v_count := llm.rearm_notices(v_now);
             UPDATE llm.reconciliation_runs AS r SET notices_rearmed = v_count WHERE r.id = p_run_id;
@@ -146,15 +236,15 @@ BEGIN
            SET errors = r.errors || pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object(
                    'step', p_step, 'sqlstate', v_state, 'error', v_message))
          WHERE r.id = p_run_id;
-        RETURN false;
+        RETURN true;
     END;
     RETURN true;
 END
 $$;
-COMMENT ON FUNCTION llm._run_followup(uuid, text, timestamptz) IS
-    'Runs one follow-up step of a pass (rearm_notices or rebuild_daily_usage); an error is recorded on the run and does not stop the next step.';
+COMMENT ON FUNCTION llm._run_followup(uuid, uuid, text, timestamptz) IS
+    'Runs one follow-up step of a pass (rearm_notices or rebuild_daily_usage) under the lease and org_lock_timeout; an error is recorded on the run and does not stop the next step. False only when the lease was lost.';
 
-CREATE OR REPLACE FUNCTION llm._finish_run(p_run_id uuid)
+CREATE OR REPLACE FUNCTION llm._finish_run(p_run_id uuid, p_token uuid)
 RETURNS llm.reconciliation_runs
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, llm, pg_temp
@@ -162,6 +252,14 @@ AS $$
 DECLARE
     v_run llm.reconciliation_runs;
 BEGIN
+    IF NOT llm._renew_lease(p_run_id, p_token) THEN
+        SELECT * INTO v_run FROM llm.reconciliation_runs AS r WHERE r.id = p_run_id;
+        RETURN v_run;
+    END IF;
+    UPDATE llm.pass_lease AS l
+       SET run_id = NULL, token = NULL, holder_pid = NULL, holder_backend_start = NULL,
+           acquired_at = NULL, renewed_at = NULL, expires_at = NULL
+     WHERE l.token = p_token;
     UPDATE llm.reconciliation_runs AS r
        SET finished_at = pg_catalog.clock_timestamp(),
            status = CASE
@@ -171,12 +269,11 @@ BEGIN
            END
      WHERE r.id = p_run_id
     RETURNING r.* INTO v_run;
-    PERFORM pg_catalog.pg_advisory_unlock(llm._pass_lock_key());
     RETURN v_run;
 END
 $$;
-COMMENT ON FUNCTION llm._finish_run(uuid) IS
-    'Closes a pass: succeeded without errors, failed when every organization failed, partial otherwise; releases the pass lock.';
+COMMENT ON FUNCTION llm._finish_run(uuid, uuid) IS
+    'Closes a pass that still holds its lease: succeeded without errors, failed when every organization failed, partial otherwise; frees the lease.';
 
 -- A procedure that commits may not be SECURITY DEFINER nor carry a SET clause,
 -- so it calls only schema-qualified SECURITY DEFINER steps and writes its few
@@ -187,6 +284,7 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     v_run uuid;
+    v_token uuid;
     v_orgs uuid[];
     v_org uuid;
 BEGIN
@@ -198,27 +296,37 @@ BEGIN
             USING ERRCODE = '22023', HINT = 'Pass 1 .. 100000, or NULL for settings.sweep_batch.';
     END IF;
     PERFORM llm._check_clock(p_now);
-    v_run := llm._begin_run(p_now);
+    SELECT b.run_id, b.token INTO v_run, v_token FROM llm._begin_run(p_now) AS b;
     COMMIT;
     IF v_run IS NULL THEN
         RAISE NOTICE 'llm: another reconciliation pass is running; this one was recorded as skipped';
         RETURN;
     END IF;
     v_orgs := llm._pass_organizations();
+    -- every step returns false once the lease was taken over: stop at once
     FOREACH v_org IN ARRAY v_orgs LOOP
-        PERFORM llm._run_org(v_run, v_org, p_now, p_batch);
+        IF NOT llm._run_org(v_run, v_token, v_org, p_now, p_batch) THEN
+            COMMIT;
+            RETURN;
+        END IF;
         COMMIT;
     END LOOP;
-    PERFORM llm._run_followup(v_run, 'rearm_notices', p_now);
+    IF NOT llm._run_followup(v_run, v_token, 'rearm_notices', p_now) THEN
+        COMMIT;
+        RETURN;
+    END IF;
     COMMIT;
-    PERFORM llm._run_followup(v_run, 'rebuild_daily_usage', p_now);
+    IF NOT llm._run_followup(v_run, v_token, 'rebuild_daily_usage', p_now) THEN
+        COMMIT;
+        RETURN;
+    END IF;
     COMMIT;
-    PERFORM llm._finish_run(v_run);
+    PERFORM llm._finish_run(v_run, v_token);
     COMMIT;
 END
 $$;
 COMMENT ON PROCEDURE llm.run_reconciliation(timestamptz, integer) IS
-    'The hourly pass: one at a time (a concurrent call is recorded as skipped), sweeps every operational organization committing after each, records errors and goes on, then re-arms notices and rebuilds daily usage; one llm.reconciliation_runs row per call.';
+    'The hourly pass: one at a time under a lease (a concurrent call is recorded as skipped; a dead, cancelled or pooled-away pass is taken over), sweeps every operational organization committing after each, records errors and goes on, then re-arms notices and rebuilds daily usage; one llm.reconciliation_runs row per call.';
 
 CREATE OR REPLACE FUNCTION llm.reconciliation_health(p_now timestamptz DEFAULT now())
 RETURNS TABLE (status text, last_success_at timestamptz, last_run_status text, detail text)

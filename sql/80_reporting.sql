@@ -13,6 +13,8 @@ BEGIN
         RAISE EXCEPTION 'llm: invalid day range % .. %', p_from, p_to
             USING ERRCODE = '22023', HINT = 'Pass finite days p_from <= p_to, at most ten years apart.';
     END IF;
+    -- one rebuild at a time (the pass's and a tool's): two would insert the same rows (23505)
+    PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('llm.rebuild_daily_usage'));
     DELETE FROM llm.daily_usage AS d WHERE d.day BETWEEN p_from AND p_to;
     INSERT INTO llm.daily_usage
            (organization_id, day, model, requests, recovered_requests, credits, cents,

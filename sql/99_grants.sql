@@ -39,9 +39,9 @@ GRANT EXECUTE ON FUNCTION
     -- the steps run_reconciliation (a committing procedure, so SECURITY INVOKER) calls
     llm._begin_run(timestamptz),
     llm._pass_organizations(),
-    llm._run_org(uuid, uuid, timestamptz, integer),
-    llm._run_followup(uuid, text, timestamptz),
-    llm._finish_run(uuid),
+    llm._run_org(uuid, uuid, uuid, timestamptz, integer),
+    llm._run_followup(uuid, uuid, text, timestamptz),
+    llm._finish_run(uuid, uuid),
     llm._check_clock(timestamptz)
 TO llm_operator;
 GRANT EXECUTE ON PROCEDURE llm.run_reconciliation(timestamptz, integer) TO llm_operator;

@@ -16,9 +16,10 @@ NOT_SHARDED = {
     "task_kinds": "catalog: a reference table copied to every node",
     "settings": "catalog: a reference table copied to every node",
     "reconciliation_runs": "coordinator-local record of the pass, never distributed",
+    "pass_lease": "coordinator-local one-pass-at-a-time lease, never distributed",
 }
 REFERENCE_TABLES = {"task_kinds", "settings"}
-COORDINATOR_TABLES = {"reconciliation_runs"}
+COORDINATOR_TABLES = {"reconciliation_runs", "pass_lease"}
 ORG = "organization_id"
 # Functions with a p_organization_id argument that are not per-organization operations.
 COORDINATOR_STEPS = {

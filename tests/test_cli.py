@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llm_db.notices import SIGNATURE_HEADER, verify_signature
 from llm_db.requests import Llm
-from tests.helpers import T0, row, scalar
+from tests.helpers import T0, row, scalar, wait_blocked
 
 SUBCOMMANDS = ["migrate", "reconcile", "health", "schedule", "unschedule", "notices deliver",
                "report", "metrics", "distribute", "demo"]  # fmt: skip
@@ -274,12 +274,27 @@ def test_reconcile_progress_follows_the_organizations_of_the_pass(llm_dsn, llm_c
     assert any(line.split() == ["requests", "recovered", "5"] for line in lines)
 
 
-def test_reconcile_skipped_while_another_pass_holds_the_lock_exit_1(llm_dsn, llm_conn):
-    llm_conn.execute("SELECT pg_advisory_lock(llm._pass_lock_key())")
+def test_reconcile_skipped_while_another_pass_is_running_exit_1(llm_dsn, llm_conn, llm_connect):
+    """A pass really running (blocked inside an organization's sweep) holds the lease:
+    ``llm-db reconcile`` records a skipped pass and exits 1."""
+    org_id = uuid.uuid4()
+    Llm(llm_conn).upsert_organization(org_id, "busy", None, now=T0)
+    strand_a_request(llm_conn, org_id)
+    llm_conn.execute("UPDATE llm.settings SET org_lock_timeout = '60s'")
+    blocker = llm_connect(autocommit=False)
+    blocker.execute("SELECT 1 FROM llm.periods WHERE organization_id = %s FOR UPDATE", [org_id])
+    holder = llm_connect()
+    running = threading.Thread(
+        target=holder.execute,
+        args=("CALL llm.run_reconciliation(p_now => %s)", [T0 + timedelta(hours=25)]),
+    )
+    running.start()
     try:
-        proc = llm_db("reconcile", "--now", iso(T0), dsn=llm_dsn)
+        wait_blocked(llm_conn, holder.info.backend_pid)
+        proc = llm_db("reconcile", "--now", iso(T0 + timedelta(hours=25)), dsn=llm_dsn)
     finally:
-        llm_conn.execute("SELECT pg_advisory_unlock(llm._pass_lock_key())")
+        blocker.rollback()
+        running.join(30)
     assert proc.returncode == 1, proc.stderr
     assert " skipped in " in proc.stdout.splitlines()[0]
     assert "another reconciliation pass is running" in proc.stdout

@@ -631,7 +631,7 @@ def test_run_reconciliation_killed_mid_pass_keeps_each_organization_whole(llm_co
     # the next pass marks the dead one failed and finishes the work
     llm_conn.execute("CALL llm.run_reconciliation(p_now => %s)", [LATER + timedelta(hours=1)])
     runs = llm_conn.execute(
-        "SELECT status, errors::text LIKE '%interrupted%' FROM llm.reconciliation_runs ORDER BY started_at"
+        "SELECT status, errors::text LIKE '%abandoned%' FROM llm.reconciliation_runs ORDER BY started_at"
     ).fetchall()
     assert runs == [("failed", True), ("succeeded", False)]
     (open_requests,) = llm_conn.execute(

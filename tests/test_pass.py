@@ -3,7 +3,8 @@ recorded run per call, one pass at a time, per-organization failures recorded an
 passed over, follow-up steps independent, interrupted passes marked failed.
 
 Real failures, not mocks: an organization fails because another session holds a
-row lock on its period and the pass runs with ``lock_timeout = '500ms'``.
+row lock on its period and the sweep waits at most ``settings.org_lock_timeout``
+(set to 500 ms here).
 """
 
 from __future__ import annotations
@@ -71,6 +72,11 @@ def runs(conn: psycopg.Connection) -> list[dict[str, Any]]:
 def run_pass(conn: psycopg.Connection, now: datetime, batch: int | None = None) -> dict[str, Any]:
     call_pass(conn, now, batch)
     return one(conn, "SELECT * FROM llm.reconciliation_runs WHERE status <> 'skipped' ORDER BY started_at DESC LIMIT 1")
+
+
+def bound_lock_waits(conn: psycopg.Connection, timeout: str = "500ms") -> None:
+    """Make the pass give up on a lock after ``timeout`` (settings.org_lock_timeout)."""
+    conn.execute("UPDATE llm.settings SET org_lock_timeout = %s::interval", [timeout])
 
 
 def owed_notice_claimed_at(conn: psycopg.Connection, org: uuid.UUID, claimed_at: datetime) -> uuid.UUID:
@@ -184,8 +190,8 @@ def test_br_cap_pfm_llm_009_03_running_the_pass_twice_adds_no_charge_alert_or_no
 
 def test_wf_pfm_llm_004_hop_2_one_failing_organization_is_recorded_and_the_pass_goes_on(llm_conn, llm_connect):
     """WF-PFM-LLM-004 hop 2 (on failure: log the organization and continue): an organization
-    whose sweep fails for real — its period row is locked by another session and the pass has
-    lock_timeout 500ms — is recorded in errors with its id and SQLSTATE 55P03, rolled back
+    whose sweep fails for real — its period row is locked by another session and
+    org_lock_timeout is 500ms — is recorded in errors with its id and SQLSTATE 55P03, rolled back
     whole; the other organizations are recovered; the run is 'partial'."""
     orgs = sorted([new_org(llm_conn) for _ in range(3)])
     bad = orgs[1]  # visited in id order: one before, one after
@@ -193,7 +199,7 @@ def test_wf_pfm_llm_004_hop_2_one_failing_organization_is_recorded_and_the_pass_
     blocker = llm_connect(autocommit=False)
     lock_period(blocker, bad)
     pass_conn = llm_connect()
-    pass_conn.execute("SET lock_timeout = '500ms'")
+    bound_lock_waits(pass_conn)
 
     run = run_pass(pass_conn, T0 + 25 * HOUR)
     blocker.rollback()
@@ -222,7 +228,7 @@ def test_pass_where_every_organization_fails_is_failed(llm_conn, llm_connect):
     blocker = llm_connect(autocommit=False)
     lock_period(blocker, org)
     pass_conn = llm_connect()
-    pass_conn.execute("SET lock_timeout = '500ms'")
+    bound_lock_waits(pass_conn)
     run = run_pass(pass_conn, T0 + 25 * HOUR)
     blocker.rollback()
     assert run["status"] == "failed" and (run["orgs_visited"], run["orgs_failed"]) == (1, 1)
@@ -252,30 +258,35 @@ def test_wf_pfm_llm_004_one_pass_at_a_time_second_is_skipped_and_returns_at_once
         first.result(timeout=10)
     assert elapsed < 1.0
     assert skipped is not None and skipped["finished_at"] is not None
-    assert skipped["errors"][0]["step"] == "lock"
+    assert skipped["errors"][0]["step"] == "lease"
+    assert skipped["errors"][0]["holder_pid"] == first_conn.info.backend_pid
     assert (skipped["orgs_visited"], skipped["requests_recovered"]) == (0, 0)
     statuses = sorted(r["status"] for r in runs(llm_conn))
     assert statuses == ["skipped", "succeeded"]
     assert llm_conn.execute("SELECT status FROM llm.invocations WHERE id = %s", [inv]).fetchone()[0] == "settled"
 
 
-def test_pass_is_skipped_while_another_session_holds_the_pass_lock(llm_conn, llm_connect):
-    """WF-PFM-LLM-004 concurrency: a session that began a run (llm._begin_run holds the pass
-    advisory lock) makes a concurrent CALL record 'skipped' and return."""
+def test_a_session_that_took_the_lease_and_went_idle_does_not_block_the_next_pass(llm_conn, llm_connect):
+    """WF-PFM-LLM-004 concurrency (one execution slot) without a session lock: a session that
+    began a run (llm._begin_run took the lease) and then went idle is not running a pass, so
+    the next pass takes over at once, marks the abandoned run failed and does the work."""
     holder = llm_connect()
-    assert holder.execute("SELECT llm._begin_run(%s)", [T0]).fetchone()[0] is not None
+    abandoned = holder.execute("SELECT run_id FROM llm._begin_run(%s)", [T0]).fetchone()[0]
+    assert abandoned is not None
     admit(llm_conn, new_org(llm_conn), 10)
-    call_pass(llm_conn, T0 + 25 * HOUR)
-    assert sorted(r["status"] for r in runs(llm_conn)) == ["running", "skipped"]
-    assert llm_conn.execute("SELECT count(*) FROM llm.invocations WHERE status = 'settled'").fetchone()[0] == 0
+    run = run_pass(llm_conn, T0 + 25 * HOUR)
+    assert (run["status"], run["requests_recovered"]) == ("succeeded", 1)
+    old = one(llm_conn, "SELECT * FROM llm.reconciliation_runs WHERE id = %s", [abandoned])
+    assert old["status"] == "failed" and "abandoned" in old["errors"][-1]["error"]
+    assert one(llm_conn, "SELECT * FROM llm.pass_lease")["token"] is None
 
 
 def test_pass_left_running_by_a_killed_backend_is_marked_failed_by_the_next(llm_conn, llm_connect):
     """WF-PFM-LLM-004 hop 1 (on failure: stale requests remain until a successful later pass):
-    a pass whose backend was terminated mid-run stays 'running' until the next pass marks it
-    failed ("interrupted") and does the work itself."""
+    a pass whose backend was terminated mid-run stays 'running' until the next pass, which
+    runs at once, marks it failed ("abandoned") and does the work itself."""
     doomed = llm_connect()
-    interrupted = doomed.execute("SELECT llm._begin_run(%s)", [T0 + 24 * HOUR]).fetchone()[0]
+    interrupted = doomed.execute("SELECT run_id FROM llm._begin_run(%s)", [T0 + 24 * HOUR]).fetchone()[0]
     assert llm_conn.execute("SELECT pg_terminate_backend(%s, 5000)", [doomed.info.backend_pid]).fetchone()[0]
     org = new_org(llm_conn)
     admit(llm_conn, org, 10)
@@ -288,13 +299,11 @@ def test_pass_left_running_by_a_killed_backend_is_marked_failed_by_the_next(llm_
     assert (run["status"], run["requests_recovered"]) == ("succeeded", 1)
 
 
-def test_pass_cancelled_in_a_long_lived_session_does_not_keep_the_pass_lock(llm_conn, llm_connect):
+def test_pass_cancelled_in_a_long_lived_session_leaves_nothing_behind(llm_conn, llm_connect):
     """WF-PFM-LLM-004 concurrency (one execution slot) and hop 1 (stale requests remain until a
-    successful later pass): a pass cancelled by statement_timeout cannot release its session
-    lock (a cancel is not caught by the steps' handlers). While that session lives, other
-    sessions' passes are skipped and name the holder; the session's next pass marks the
-    interrupted run failed, does the work and releases the lock for good, so passes from
-    other sessions run again."""
+    successful later pass): a pass cancelled by statement_timeout in a session that lives on
+    (a pooled connection) keeps no lock: another session's pass runs at once, is not skipped,
+    marks the cancelled run failed and does the work."""
     org = new_org(llm_conn)
     admit(llm_conn, org, 10)
     blocker = llm_connect(autocommit=False)
@@ -308,16 +317,13 @@ def test_pass_cancelled_in_a_long_lived_session_does_not_keep_the_pass_lock(llm_
     pooled.execute("RESET statement_timeout")
 
     other = llm_connect()
-    call_pass(other, T0 + 26 * HOUR)
-    skipped = one(llm_conn, "SELECT * FROM llm.reconciliation_runs WHERE status = 'skipped'")
-    assert skipped["errors"][0]["holder_pid"] == pooled.info.backend_pid
-
-    resumed = run_pass(pooled, T0 + 27 * HOUR)
+    resumed = run_pass(other, T0 + 26 * HOUR)
     assert (resumed["status"], resumed["requests_recovered"]) == ("succeeded", 1)
-    later = run_pass(other, T0 + 28 * HOUR)
-    assert later["status"] == "succeeded"
     statuses = [r["status"] for r in runs(llm_conn)]
-    assert statuses == ["failed", "skipped", "succeeded", "succeeded"]
+    assert statuses == ["failed", "succeeded"]
+    assert "abandoned" in runs(llm_conn)[0]["errors"][-1]["error"]
+    later = run_pass(pooled, T0 + 28 * HOUR)
+    assert later["status"] == "succeeded"
     assert llm_conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()[0] == 0
 
 
@@ -326,7 +332,7 @@ def test_pass_cancelled_in_a_long_lived_session_does_not_keep_the_pass_lock(llm_
 
 def test_wf_pfm_llm_004_hop_6_rearm_failure_does_not_stop_the_rebuild(llm_conn, llm_connect):
     """WF-PFM-LLM-004 hop 6 (follow-up steps are independent): rearm_notices fails for real (the
-    expired claim's row is locked elsewhere, lock_timeout 500ms) and is recorded with its step
+    expired claim's row is locked elsewhere, org_lock_timeout 500ms) and is recorded with its step
     and SQLSTATE; rebuild_daily_usage still runs and counts its rows; the run is 'partial'."""
     org = new_org(llm_conn, allowance=100)
     notice = owed_notice_claimed_at(llm_conn, org, T0 + HOUR)
@@ -334,7 +340,7 @@ def test_wf_pfm_llm_004_hop_6_rearm_failure_does_not_stop_the_rebuild(llm_conn, 
     blocker = llm_connect(autocommit=False)
     blocker.execute("SELECT 1 FROM llm.threshold_notices WHERE id = %s FOR UPDATE", [notice])
     pass_conn = llm_connect()
-    pass_conn.execute("SET lock_timeout = '500ms'")
+    bound_lock_waits(pass_conn)
     now = T0 + 25 * HOUR
 
     run = run_pass(pass_conn, now)
@@ -357,7 +363,7 @@ def test_wf_pfm_llm_004_hop_6_rebuild_failure_does_not_undo_the_rearm(llm_conn, 
     blocker = llm_connect(autocommit=False)
     blocker.execute("LOCK TABLE llm.daily_usage IN EXCLUSIVE MODE")
     pass_conn = llm_connect()
-    pass_conn.execute("SET lock_timeout = '500ms'")
+    bound_lock_waits(pass_conn)
 
     run = run_pass(pass_conn, T0 + 25 * HOUR)
     blocker.rollback()

@@ -61,9 +61,9 @@ OPERATOR = {
     # the SECURITY DEFINER steps run_reconciliation (SECURITY INVOKER: it commits) calls
     "llm._begin_run(timestamp with time zone)",
     "llm._pass_organizations()",
-    "llm._run_org(uuid,uuid,timestamp with time zone,integer)",
-    "llm._run_followup(uuid,text,timestamp with time zone)",
-    "llm._finish_run(uuid)",
+    "llm._run_org(uuid,uuid,uuid,timestamp with time zone,integer)",
+    "llm._run_followup(uuid,uuid,text,timestamp with time zone)",
+    "llm._finish_run(uuid,uuid)",
     "llm._check_clock(timestamp with time zone)",
 }
 # Every other routine (private helpers, the twins, llm.distribute): no role at all.
