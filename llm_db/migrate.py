@@ -8,12 +8,23 @@
    ONE transaction, re-applied on every run. The files must be re-runnable
    (``CREATE OR REPLACE``, ``DROP … IF EXISTS``); a failure rolls back the
    whole phase, so a database never holds half a release of functions.
+   A routine of schema ``llm`` that the files no longer define (deleted, or
+   its signature changed) is dropped in that same transaction.
 
-Both phases are serialized across processes by one PostgreSQL advisory lock
-(session-level around yoyo, whose own lock table cannot cover its own
-creation; transaction-level around the function files), so concurrent
-``migrate`` runs against one database are safe and the second finds nothing
-left to do.
+Both phases are serialized across processes by one transaction-level
+advisory lock, held by a transaction of ``migrate``'s own connection that
+spans yoyo's run (on its own connection; yoyo's lock table cannot cover its
+own creation) and then applies the function files. Concurrent ``migrate``
+runs against one database are safe and the second finds nothing left to do.
+Nothing outlives that transaction, so this also holds behind a transaction
+pooler such as PgBouncer, where a session lock could stay behind on a pooled
+server connection.
+
+How a routine the files no longer define is found: before the files run,
+every ``llm`` routine is marked with a setting (``ALTER ROUTINE … SET
+llm.migrate_mark = 'stale'``); ``CREATE OR REPLACE`` replaces a routine's
+settings with its definition's own, so the mark survives only on the routines
+no file re-created, and those are dropped.
 
 Where the SQL comes from: an installed wheel carries it as package data
 (``llm_db/_sql`` and ``llm_db/_migrations``); a source checkout uses the
@@ -67,6 +78,8 @@ class MigrationReport:
     """Function files (re)applied, in order (every file, every run)."""
     migrations_dir: Path
     sql_dir: Path
+    dropped_routines: tuple[str, ...] = ()
+    """Routines of schema llm no file defines any more, dropped by this call."""
 
 
 def default_dirs() -> tuple[Path, Path]:
@@ -151,23 +164,18 @@ def migrate(
     sql_files = sorted(sql_path.glob("*.sql"), key=lambda p: p.name)
 
     url = yoyo_url(dsn)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("SELECT pg_catalog.pg_advisory_lock(%s)", [MIGRATE_LOCK_KEY])
-        try:
+    with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as conn:
+        with conn.transaction():
+            conn.execute("SELECT pg_catalog.pg_advisory_xact_lock(%s)", [MIGRATE_LOCK_KEY])
             applied = _apply_migrations(url, migrations_path, lock_timeout)
-        finally:
-            if (
-                not conn.closed
-                and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-            ):
-                conn.execute("SELECT pg_catalog.pg_advisory_unlock(%s)", [MIGRATE_LOCK_KEY])
-        _apply_sql_files(conn, sql_files)
+            dropped = _apply_sql_files(conn, sql_files)
 
     return MigrationReport(
         applied_migrations=tuple(applied),
         sql_files=tuple(p.name for p in sql_files),
         migrations_dir=migrations_path,
         sql_dir=sql_path,
+        dropped_routines=tuple(dropped),
     )
 
 
@@ -196,19 +204,57 @@ def _apply_migrations(url: str, migrations_dir: Path, lock_timeout: float) -> li
         backend.connection.close()
 
 
-def _apply_sql_files(conn: psycopg.Connection, files: Sequence[Path]) -> None:
-    with conn.transaction():
-        conn.execute("SELECT pg_catalog.pg_advisory_xact_lock(%s)", [MIGRATE_LOCK_KEY])
-        for path in files:
-            text = path.read_text(encoding="utf-8")
-            try:
-                # No parameters: psycopg sends the whole file as one simple
-                # query, so a file may hold many statements and `%` is literal.
-                conn.execute(text)  # type: ignore[arg-type]
-            except psycopg.Error as exc:
-                raise MigrationError(
-                    f"{path.name}{_line_of(text, exc)}: {_describe(exc)}", path=path
-                ) from exc
+# Every routine of schema llm, marked before the function files run (see the
+# module docstring); the ones still marked afterwards are dropped.
+_MARK_ROUTINES = """
+DO $mark$
+DECLARE
+    v_routine regprocedure;
+BEGIN
+    FOR v_routine IN
+        SELECT p.oid::regprocedure FROM pg_catalog.pg_proc AS p
+         WHERE p.pronamespace = (SELECT n.oid FROM pg_catalog.pg_namespace AS n
+                                  WHERE n.nspname = 'llm')
+           AND p.prokind IN ('f', 'p')
+    LOOP
+        EXECUTE pg_catalog.format('ALTER ROUTINE %s SET llm.migrate_mark = %L', v_routine, 'stale');
+    END LOOP;
+END
+$mark$
+"""
+_STILL_MARKED = """
+SELECT p.oid::regprocedure::text AS routine
+  FROM pg_catalog.pg_proc AS p
+ WHERE p.pronamespace = (SELECT n.oid FROM pg_catalog.pg_namespace AS n WHERE n.nspname = 'llm')
+   AND p.proconfig @> ARRAY['llm.migrate_mark=stale']
+ ORDER BY 1
+"""
+
+
+def _apply_sql_files(conn: psycopg.Connection, files: Sequence[Path]) -> list[str]:
+    """Apply the function files in the caller's transaction; drop the routines of
+    schema llm they no longer define, and return their signatures."""
+    conn.execute(_MARK_ROUTINES)
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        try:
+            # No parameters: psycopg sends the whole file as one simple
+            # query, so a file may hold many statements and `%` is literal.
+            conn.execute(text)  # type: ignore[arg-type]
+        except psycopg.Error as exc:
+            raise MigrationError(
+                f"{path.name}{_line_of(text, exc)}: {_describe(exc)}", path=path
+            ) from exc
+    stale = [row[0] for row in conn.execute(_STILL_MARKED).fetchall()]
+    for routine in stale:
+        try:
+            # a regprocedure's text is a valid, quoted routine reference
+            conn.execute(f"DROP ROUTINE {routine}")  # type: ignore[arg-type]
+        except psycopg.Error as exc:
+            raise MigrationError(
+                f"cannot drop {routine}, which no file in sql/ defines any more: {_describe(exc)}"
+            ) from exc
+    return stale
 
 
 def _line_of(text: str, exc: psycopg.Error) -> str:
