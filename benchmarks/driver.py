@@ -80,9 +80,14 @@ async def _one_cycle_async(client: Any, conn: psycopg.AsyncConnection, n: int) -
         await conn.execute(_SETTLE, {"org": org, "id": inv})
 
 
-def run_threads(dsn: str, *, workers: int, seconds: float, orgs: int, bare: bool = False) -> DriverRun:
+def run_threads(
+    dsn: str, *, workers: int, seconds: float, orgs: int, bare: bool = False, prepare: bool = False
+) -> DriverRun:
     """``workers`` threads, one connection each, for ``seconds``. ``bare``: the same two
-    statements through psycopg alone (no llm_db layer), the floor of any Python client."""
+    statements through psycopg alone (no llm_db layer, psycopg's defaults, so prepared after
+    five executions), the floor of any Python client. ``prepare``: the driver built with
+    ``Llm(conn, prepare=True)`` (server-side prepared statements, not for transaction
+    pooling) instead of its default."""
     counts = [0] * workers
     errors = [0] * workers
     ready = threading.Barrier(workers + 1)
@@ -91,7 +96,7 @@ def run_threads(dsn: str, *, workers: int, seconds: float, orgs: int, bare: bool
     def work(k: int) -> None:
         rng = random.Random(k)
         with psycopg.connect(dsn, autocommit=True) as conn:
-            client = Llm(conn) if Llm is not None and not bare else None
+            client = Llm(conn, prepare=prepare) if Llm is not None and not bare else None
             for _ in range(WARMUP_CYCLES):
                 _one_cycle(client, conn, rng.randint(1, orgs))
             ready.wait()
@@ -111,7 +116,8 @@ def run_threads(dsn: str, *, workers: int, seconds: float, orgs: int, bare: bool
     for t in threads:
         t.join()
     elapsed = max(time.perf_counter() - start_at[0], 1e-9)
-    return DriverRun("threads, bare psycopg" if bare else "threads", workers, elapsed, sum(counts), sum(errors))
+    mode = "threads, bare psycopg" if bare else "threads, prepare=True" if prepare else "threads"
+    return DriverRun(mode, workers, elapsed, sum(counts), sum(errors))
 
 
 def run_asyncio(dsn: str, *, workers: int, seconds: float, orgs: int) -> DriverRun:

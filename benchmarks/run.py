@@ -289,7 +289,9 @@ def bench_throughput(target: Target, sizes: Sizes, profiler: Profiler) -> tuple[
 
     dsn = target.dsn("cycle")
     bare_threads = functools.partial(driver.run_threads, bare=True)
-    for mode, fn in (("threads", driver.run_threads), ("asyncio", driver.run_asyncio), ("bare", bare_threads)):
+    prepared_threads = functools.partial(driver.run_threads, prepare=True)
+    for mode, fn in (("threads", driver.run_threads), ("asyncio", driver.run_asyncio),
+                     ("threads_prepared", prepared_threads), ("bare", bare_threads)):  # fmt: skip
         settle(target, "cycle", sizes)
         log(f"Python driver, {mode}, {sizes.clients} workers, {sizes.driver_seconds} s")
         run = fn(dsn, workers=sizes.clients, seconds=sizes.driver_seconds, orgs=sizes.cycle_orgs)
@@ -346,6 +348,11 @@ def bench_throughput(target: Target, sizes: Sizes, profiler: Profiler) -> tuple[
         rows.append(Row(f"driver_{mode}", f"request cycle via Python driver, {label}", rate, "requests/s",
                         spread, "SQL-level cycle (pgbench)", ratio(rate, spread), ">= 0.70",
                         results[f"driver_{mode}"]))  # fmt: skip
+    rate = results["driver_threads_prepared"]["rate"]
+    rows.append(Row("driver_threads_prepared", f"the driver with prepare=True (server-side prepared "
+                    f"statements; direct or session pooling only), {sizes.clients} threads", rate,
+                    "requests/s", spread, "SQL-level cycle (pgbench)", ratio(rate, spread), "report",
+                    results["driver_threads_prepared"]))  # fmt: skip
     rate = results["driver_bare"]["rate"]
     rows.append(Row("driver_bare", f"the same two statements through bare psycopg, {sizes.clients} threads "
                     "(floor of any Python client)", rate, "requests/s", spread, "SQL-level cycle (pgbench)",

@@ -53,7 +53,7 @@ from llm_db.models import (
 from llm_db.notices import DeliverySummary, async_deliver_notices, deliver_notices, verify_signature
 from llm_db.requests import AsyncLlm, Llm
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "AllowanceExhausted", "AsyncExecutionContext", "AsyncLlm", "CitusNotInstalled",

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Make this checkout runnable: PostgreSQL 15 with pg_cron and plpgsql_check
+# Make this checkout runnable: PostgreSQL 15 with pg_cron and plpgsql_check, PgBouncer
 # (Debian 12 packages), and a .venv with llm-db installed editable with its test
 # extras. Idempotent and quick when nothing is missing; safe to run every time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(postgresql-15 postgresql-15-cron postgresql-15-plpgsql-check)
+APT_PACKAGES=(postgresql-15 postgresql-15-cron postgresql-15-plpgsql-check pgbouncer)
 
 log() { printf 'bootstrap: %s\n' "$*" >&2; }
 

@@ -9,6 +9,7 @@ schedules by the minute.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 
 import psycopg
@@ -34,37 +35,64 @@ def jobs(conn: psycopg.Connection) -> list[tuple]:
                         [JOB_NAME]).fetchall()
 
 
-def test_wf_pfm_llm_004_hop_1_schedule_is_idempotent_fires_and_unschedules(cron_conn):
+def test_wf_pfm_llm_004_hop_1_schedule_is_idempotent_fires_and_unschedules(cron_conn, llm_cron_dsn):
     """WF-PFM-LLM-004 hop 1 (invoke hourly reconciliation through the declared schedule):
     schedule_reconciliation is idempotent (same job id twice, one cron.job row running
-    CALL llm.run_reconciliation() in this database); pg_cron really fires it and a
-    llm.reconciliation_runs row appears; unschedule returns true, then false."""
-    scheduled_at = cron_conn.execute("SELECT now()").fetchone()[0]
-    first = cron_conn.execute("SELECT llm.schedule_reconciliation('* * * * *')").fetchone()[0]
-    second = cron_conn.execute("SELECT llm.schedule_reconciliation('* * * * *')").fetchone()[0]
-    assert first == second
-    dbname = cron_conn.info.dbname
-    assert jobs(cron_conn) == [(first, "* * * * *", "CALL llm.run_reconciliation()", dbname)]
+    CALL llm.run_reconciliation() in this database); pg_cron really fires it. While the
+    fired pass is held inside an organization's sweep, the lease knows pg_cron's background
+    worker is running it: a pass started by hand is skipped and names that worker. Then the
+    cron pass finishes 'succeeded'; unschedule returns true, then false."""
+    org = uuid.uuid4()
+    cron_conn.execute("SELECT llm.upsert_organization(%s, 'cron org', NULL)", [org])
+    cron_conn.execute("SELECT llm.admit_invocation(%s, 10, 'gpt-x', p_now => now() - interval '2 days')",
+                      [org])  # fmt: skip  (stranded: the cron pass will recover it)
+    cron_conn.execute("UPDATE llm.settings SET org_lock_timeout = '100s'")
+    blocker = psycopg.connect(llm_cron_dsn)
+    blocker.execute("SELECT 1 FROM llm.periods WHERE organization_id = %s FOR UPDATE", [org])
+    try:
+        scheduled_at = cron_conn.execute("SELECT now()").fetchone()[0]
+        first = cron_conn.execute("SELECT llm.schedule_reconciliation('* * * * *')").fetchone()[0]
+        second = cron_conn.execute("SELECT llm.schedule_reconciliation('* * * * *')").fetchone()[0]
+        assert first == second
+        dbname = cron_conn.info.dbname
+        assert jobs(cron_conn) == [(first, "* * * * *", "CALL llm.run_reconciliation()", dbname)]
 
-    deadline = time.monotonic() + FIRE_TIMEOUT_S
-    run = None
-    while time.monotonic() < deadline:
-        run = cron_conn.execute(
-            "SELECT id, status FROM llm.reconciliation_runs"
-            " WHERE started_at >= %s AND status IN ('succeeded', 'partial', 'failed')"
-            " ORDER BY started_at LIMIT 1", [scheduled_at]).fetchone()
-        if run is not None:
-            break
-        time.sleep(0.5)
+        cron_pid = wait_for(cron_conn, "SELECT pid FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+                                       " AND query = 'CALL llm.run_reconciliation()'"
+                                       " AND wait_event_type = 'Lock'")  # fmt: skip
+        cron_conn.execute("CALL llm.run_reconciliation()")  # by hand, while pg_cron's pass runs
+        skipped = cron_conn.execute(
+            "SELECT errors->0->>'holder_pid' FROM llm.reconciliation_runs"
+            " WHERE status = 'skipped' AND started_at >= %s", [scheduled_at]).fetchall()
+        assert skipped == [(str(cron_pid),)]
+    finally:
+        blocker.rollback()
+        blocker.close()
+        cron_conn.execute("UPDATE llm.settings SET org_lock_timeout = DEFAULT")
+
+    run = wait_for(cron_conn, "SELECT status FROM llm.reconciliation_runs WHERE started_at >= %s"
+                              " AND status IN ('succeeded', 'partial', 'failed')", [scheduled_at])  # fmt: skip
     details = cron_conn.execute(
         "SELECT status, return_message FROM cron.job_run_details WHERE jobid = %s ORDER BY start_time",
         [first]).fetchall()
-    assert run is not None, f"pg_cron did not run the pass within {FIRE_TIMEOUT_S} s; job runs: {details}"
-    assert run[1] == "succeeded"
+    assert run == "succeeded", details
 
     assert cron_conn.execute("SELECT llm.unschedule_reconciliation()").fetchone()[0] is True
     assert jobs(cron_conn) == []
     assert cron_conn.execute("SELECT llm.unschedule_reconciliation()").fetchone()[0] is False
+
+
+def wait_for(conn: psycopg.Connection, query: str, params: list | None = None) -> object:
+    """The first column of ``query``'s first row, once there is one (pg_cron fires by the
+    minute: at most FIRE_TIMEOUT_S)."""
+    deadline = time.monotonic() + FIRE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        found = conn.execute(query, params).fetchone()
+        if found is not None:
+            return found[0]
+        time.sleep(0.2)
+    details = conn.execute("SELECT status, return_message FROM cron.job_run_details").fetchall()
+    raise AssertionError(f"pg_cron did not get there within {FIRE_TIMEOUT_S} s; job runs: {details}")
 
 
 def test_schedule_reconciliation_replaces_the_schedule_of_the_one_job(cron_conn):

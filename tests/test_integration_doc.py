@@ -17,13 +17,15 @@ from pathlib import Path
 import psycopg
 import pytest
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "integration.md"
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "integration.md"
+README = ROOT / "README.md"
 FENCE = re.compile(r"^```(\w*)[ \t]*([^\n]*)\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 
 
-def blocks(language: str, info: str | None = None) -> list[tuple[int, str]]:
+def blocks(language: str, info: str | None = None, doc: Path = DOC) -> list[tuple[int, str]]:
     """(line number, code) of each fenced block in ``language`` with that info string."""
-    text = DOC.read_text(encoding="utf-8")
+    text = doc.read_text(encoding="utf-8")
     found = []
     for m in FENCE.finditer(text):
         if m.group(1) == language and (info is None or m.group(2).strip() == info):
@@ -81,3 +83,15 @@ def test_every_sql_statement_prepares_against_the_schema(llm_conn):
     for n, statement in enumerate(statements):
         llm_conn.execute(f"PREPARE doc_{n} AS {statement}")
         llm_conn.execute(f"DEALLOCATE doc_{n}")
+
+
+def test_the_readme_python_runs_as_written(llm_dsn, monkeypatch):
+    """README.md's Python blocks (the service example over a psycopg_pool pool, the
+    ephemeral server for benchmarks) run as a new user would paste them."""
+    monkeypatch.setenv("DATABASE_URL", llm_dsn)
+    found = blocks("python", "", doc=README)
+    assert len(found) >= 2
+    for line, code in found:
+        exec(compile(code, f"{README}:{line}", "exec"), {"__name__": "readme"})
+    with psycopg.connect(llm_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM llm.invocations WHERE status = 'settled'").fetchone()[0] == 1

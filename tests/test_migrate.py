@@ -263,6 +263,56 @@ def test_sql_files_apply_in_one_transaction_and_errors_name_the_file(fresh_db, t
     assert report.sql_files == ("10_good.sql", "20_bad.sql")
 
 
+def test_routines_sql_no_longer_defines_are_dropped_by_the_next_migrate(fresh_db, tmp_path):
+    """A routine deleted from sql/, or left behind by a signature change, is dropped in the
+    same transaction that re-applies sql/; every routine sql/ defines stays, with its grants."""
+    _, dsn = fresh_db()
+    migrate(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE FUNCTION llm.retired() RETURNS int LANGUAGE sql AS $$ SELECT 1 $$")
+        conn.execute(
+            "CREATE FUNCTION llm.reconcile_org(uuid) RETURNS int LANGUAGE sql AS $$ SELECT 1 $$"
+        )
+        conn.execute("CREATE PROCEDURE llm.retired_step() LANGUAGE sql AS $$ SELECT 1 $$")
+        before = schema_fingerprint(dsn)
+
+    report = migrate(dsn)
+
+    assert set(report.dropped_routines) == {
+        "llm.retired()", "llm.reconcile_org(uuid)", "llm.retired_step()"}  # fmt: skip
+    after = schema_fingerprint(dsn)
+    assert {r for r in before - after if r[0] == "routine"} == {
+        r for r in before if r[0] == "routine"
+        and r[1] in ("llm.retired()", "llm.reconcile_org(uuid)", "llm.retired_step()")
+    }  # fmt: skip
+    assert after <= before  # nothing else changed, grants and comments included
+    assert migrate(dsn).dropped_routines == ()
+
+
+def test_a_failed_migrate_drops_no_routine(fresh_db, tmp_path):
+    """The sweep of routines rides in the function files' transaction: when a file fails,
+    nothing is dropped."""
+    _, dsn = fresh_db()
+    migrate(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE FUNCTION llm.retired() RETURNS int LANGUAGE sql AS $$ SELECT 1 $$")
+    migrations, sql_dir = _repo_dirs()
+    broken = tmp_path / "sql"
+    broken.mkdir()
+    for path in sql_dir.glob("*.sql"):
+        (broken / path.name).write_text(path.read_text())
+    (broken / "98_broken.sql").write_text("SELEC 1;\n")
+    with pytest.raises(MigrationError, match=r"98_broken\.sql"):
+        migrate(dsn, migrations_dir=migrations, sql_dir=broken)
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT to_regprocedure('llm.retired()') IS NOT NULL").fetchone()[0]
+        marked = conn.execute(
+            "SELECT count(*) FROM pg_proc WHERE pronamespace = 'llm'::regnamespace"
+            " AND proconfig::text LIKE '%%migrate_mark%%'"
+        ).fetchone()[0]
+        assert marked == 0
+
+
 def test_checkout_uses_the_repository_sql():
     assert default_dirs() == (ROOT / "migrations", ROOT / "sql")
 
@@ -288,6 +338,11 @@ def test_wheel_carries_sql_migrations_and_entry_points(wheel):
         names = set(zf.namelist())
         (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         entry_text = zf.read(entry_points).decode()
+        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        requires = [line for line in zf.read(metadata).decode().splitlines()
+                    if line.startswith("Requires-Dist:") and "extra ==" not in line]  # fmt: skip
+    # the pool the README's example uses is installed with the package
+    assert any(r.startswith("Requires-Dist: psycopg[") and "pool" in r for r in requires), requires
     assert {f"llm_db/_sql/{n}" for n in REPO_SQL} <= names
     assert {f"llm_db/_migrations/{n}" for n in REPO_MIGRATIONS} <= names
     assert REPO_SQL and REPO_MIGRATIONS

@@ -1,0 +1,987 @@
+-- llm-db: the schema as migrations/ and sql/ build it (schema llm; owners left out).
+-- Generated, never edited: LLM_DB_WRITE_SCHEMA=1 bash scripts/test.sh tests/test_schema.py
+-- tests/test_schema.py fails when this file and a fresh migrate differ.
+
+CREATE SCHEMA llm;
+
+CREATE DOMAIN llm.amount AS bigint
+	CONSTRAINT amount_check CHECK ((VALUE >= 0));
+
+COMMENT ON DOMAIN llm.amount IS 'A non-negative credit, cent, token, count or duration amount (NULL allowed where the column allows it).';
+
+CREATE DOMAIN llm.execution_status AS text
+	CONSTRAINT execution_status_check CHECK ((VALUE = ANY (ARRAY['running'::text, 'completed'::text, 'failed'::text, 'abandoned'::text])));
+
+COMMENT ON DOMAIN llm.execution_status IS 'running -> completed | failed | abandoned.';
+
+CREATE DOMAIN llm.invocation_status AS text
+	CONSTRAINT invocation_status_check CHECK ((VALUE = ANY (ARRAY['reserved'::text, 'dispatched'::text, 'settled'::text, 'failed'::text])));
+
+COMMENT ON DOMAIN llm.invocation_status IS 'reserved -> dispatched -> settled | failed.';
+
+CREATE DOMAIN llm.ledger_entry AS text
+	CONSTRAINT ledger_entry_check1 CHECK ((VALUE = ANY (ARRAY['hold'::text, 'release'::text, 'charge'::text])));
+
+COMMENT ON DOMAIN llm.ledger_entry IS 'The kind of a ledger row: one hold, one release, at most one charge per invocation.';
+
+CREATE TYPE llm.org_sweep AS (
+	organization_id uuid,
+	recovered_requests integer,
+	released_hold_credits bigint,
+	past_window_alerts integer,
+	abandoned_executions integer,
+	drift_findings integer,
+	notices_created integer,
+	more_pending boolean
+);
+
+COMMENT ON TYPE llm.org_sweep IS 'The figures of one organization''s reconciliation sweep.';
+
+CREATE DOMAIN llm.settlement_kind AS text
+	CONSTRAINT settlement_kind_check CHECK ((VALUE = ANY (ARRAY['measured'::text, 'recovered'::text])));
+
+COMMENT ON DOMAIN llm.settlement_kind IS 'How a settled invocation was charged: measured usage, or its estimate by recovery.';
+
+CREATE TABLE llm.invocations (
+    organization_id uuid NOT NULL,
+    id uuid NOT NULL,
+    period_start date NOT NULL,
+    execution_id uuid,
+    model text NOT NULL,
+    status llm.invocation_status DEFAULT 'reserved'::text NOT NULL,
+    estimate_credits llm.amount NOT NULL,
+    hold_credits llm.amount NOT NULL,
+    charged_credits llm.amount,
+    charged_cents llm.amount,
+    input_tokens llm.amount,
+    output_tokens llm.amount,
+    settlement_kind llm.settlement_kind,
+    created_at timestamp with time zone NOT NULL,
+    dispatched_at timestamp with time zone,
+    settled_at timestamp with time zone,
+    past_window_alerted_at timestamp with time zone,
+    error text,
+    late_credits bigint,
+    late_cents bigint,
+    late_input_tokens bigint,
+    late_output_tokens bigint,
+    late_reported_at timestamp with time zone,
+    CONSTRAINT invocations_check CHECK ((((status)::text = ANY (ARRAY['settled'::text, 'failed'::text])) = (settled_at IS NOT NULL))),
+    CONSTRAINT invocations_check1 CHECK ((((status)::text = 'settled'::text) = (settlement_kind IS NOT NULL))),
+    CONSTRAINT invocations_check2 CHECK ((((status)::text = ANY (ARRAY['settled'::text, 'failed'::text])) OR (charged_credits IS NULL))),
+    CONSTRAINT invocations_check3 CHECK ((((settlement_kind)::text IS DISTINCT FROM 'recovered'::text) OR (((charged_credits)::bigint = (estimate_credits)::bigint) AND (charged_cents IS NULL))))
+);
+
+COMMENT ON TABLE llm.invocations IS 'Model requests: reserved -> dispatched -> settled | failed; recovery settles at the estimate with no cents.';
+
+COMMENT ON COLUMN llm.invocations.settled_at IS 'When the invocation became terminal (settled or failed).';
+
+COMMENT ON COLUMN llm.invocations.late_credits IS 'A measured settlement reported after recovery: recorded for audit only, never charged.';
+
+CREATE FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone) RETURNS llm.invocations
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 435ba9ddefe5d98193b886eb17e472c2 $$;
+
+COMMENT ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone) IS 'Distributed twin of admit_invocation; arguments already checked.';
+
+CREATE FUNCTION llm._amount_ok(p_value bigint, p_nullable boolean DEFAULT false) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ body in sql/, md5 e5b20d3db77f0c00dd6e14aed344f42f $$;
+
+COMMENT ON FUNCTION llm._amount_ok(p_value bigint, p_nullable boolean) IS 'True for a non-negative amount no larger than _max_amount() (10^15), or a NULL when p_nullable.';
+
+CREATE FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id uuid, OUT token uuid) RETURNS record
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 a20804c21e976a0cd29289f233e2a557 $$;
+
+COMMENT ON FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id uuid, OUT token uuid) IS 'Takes the pass lease and records a running pass (its run id and lease token), marking a pass that lost it failed; or, while another pass really holds the lease, records a skipped pass naming the holder and returns NULLs.';
+
+CREATE FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamp with time zone) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 0606cf51635b23fbb8b35683ea3c0736 $$;
+
+COMMENT ON FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamp with time zone) IS 'Books a just-terminated invocation: release and charge ledger rows, task totals, period movement and threshold notices.';
+
+CREATE FUNCTION llm._bound_locks() RETURNS text
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 5483e4c321c5f55d5e477f1dcfe12749 $$;
+
+COMMENT ON FUNCTION llm._bound_locks() IS 'Sets lock_timeout to settings.org_lock_timeout for the rest of the transaction (or until restored); returns the value it replaced.';
+
+CREATE FUNCTION llm._check_amount(p_name text, p_value bigint, p_nullable boolean DEFAULT false) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 e6ac98b18d98a9e2994c3d0b1c7b864d $$;
+
+COMMENT ON FUNCTION llm._check_amount(p_name text, p_value bigint, p_nullable boolean) IS 'Raises 22023 unless p_value is a non-negative amount no larger than _max_amount() (NULL allowed only when p_nullable).';
+
+CREATE FUNCTION llm._check_clock(p_now timestamp with time zone) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 6dcc4dacf276b8ddcc2399749d9cdda4 $$;
+
+COMMENT ON FUNCTION llm._check_clock(p_now timestamp with time zone) IS 'Raises 22023 for a p_now that is infinite or outside the years 1 .. 9999; NULL (the function''s own now()) passes.';
+
+CREATE FUNCTION llm._check_deadline(p_organization_id uuid, p_deadline timestamp with time zone, p_step text) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 6612d423d7fe73273bc9fbaec369bcc7 $$;
+
+COMMENT ON FUNCTION llm._check_deadline(p_organization_id uuid, p_deadline timestamp with time zone, p_step text) IS 'Raises 57014 (column org_time_budget of llm.settings in its diagnostics) when clock_timestamp() is past p_deadline: the bound on one organization''s sweep, checked between its statements.';
+
+CREATE FUNCTION llm._check_text(p_name text, p_value text, p_max integer, p_nullable boolean DEFAULT false) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 af6dc67e32ebbdf4117cc0d30261005d $$;
+
+COMMENT ON FUNCTION llm._check_text(p_name text, p_value text, p_max integer, p_nullable boolean) IS 'Raises 22023 for a NULL (unless p_nullable), blank or over-long text argument.';
+
+CREATE FUNCTION llm._check_thresholds(p_thresholds integer[]) RETURNS integer[]
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 cfeae82e697214fd8bc7710468781fa0 $$;
+
+COMMENT ON FUNCTION llm._check_thresholds(p_thresholds integer[]) IS 'The threshold list sorted, or 22023 for NULL, NULL elements, duplicates, values outside 1..1000 or more than 20 entries.';
+
+CREATE FUNCTION llm._clock_ok(p_now timestamp with time zone) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ body in sql/, md5 27ca9aff329b74d2b64ef028b1fc436f $$;
+
+COMMENT ON FUNCTION llm._clock_ok(p_now timestamp with time zone) IS 'True for NULL (the function''s own now()) or a finite time between the years 1 and 9999 (UTC).';
+
+CREATE FUNCTION llm._close_execution(p_organization_id uuid, p_execution_id uuid, p_outcome text, p_error text, p_now timestamp with time zone) RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 445ff9fe72e1bfb34055bc5d4294b5d6 $$;
+
+COMMENT ON FUNCTION llm._close_execution(p_organization_id uuid, p_execution_id uuid, p_outcome text, p_error text, p_now timestamp with time zone) IS 'Distributed twin of close_execution; arguments already checked.';
+
+CREATE FUNCTION llm._complete_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 47e71486087de8638182a239b7c76a34 $$;
+
+COMMENT ON FUNCTION llm._complete_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) IS 'Distributed twin of complete_notice; arguments already checked.';
+
+CREATE FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date, p_allowance bigint) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 b60cc896aa306d338c766be941819ae3 $$;
+
+COMMENT ON FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date, p_allowance bigint) IS 'Creates the period row on first use, with the organization''s allowance at that moment.';
+
+CREATE FUNCTION llm._fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone) RETURNS text
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 cc5fa6f4b48bd923cb8dd7b886ba448d $$;
+
+COMMENT ON FUNCTION llm._fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone) IS 'Distributed twin of fail_invocation; arguments already checked.';
+
+CREATE FUNCTION llm._fail_notice(p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamp with time zone) RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 c5c30b0a5a4bd659384114264e57aa3f $$;
+
+COMMENT ON FUNCTION llm._fail_notice(p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamp with time zone) IS 'Distributed twin of fail_notice; arguments already checked.';
+
+CREATE TABLE llm.reconciliation_runs (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    finished_at timestamp with time zone,
+    clock timestamp with time zone NOT NULL,
+    status text DEFAULT 'running'::text NOT NULL,
+    orgs_visited integer DEFAULT 0 NOT NULL,
+    orgs_failed integer DEFAULT 0 NOT NULL,
+    requests_recovered bigint DEFAULT 0 NOT NULL,
+    released_hold_credits bigint DEFAULT 0 NOT NULL,
+    past_window_alerts bigint DEFAULT 0 NOT NULL,
+    executions_abandoned bigint DEFAULT 0 NOT NULL,
+    drift_findings bigint DEFAULT 0 NOT NULL,
+    notices_rearmed bigint DEFAULT 0 NOT NULL,
+    daily_rows_rebuilt bigint DEFAULT 0 NOT NULL,
+    more_pending_orgs integer DEFAULT 0 NOT NULL,
+    errors jsonb DEFAULT '[]'::jsonb NOT NULL,
+    CONSTRAINT reconciliation_runs_status_check CHECK ((status = ANY (ARRAY['running'::text, 'succeeded'::text, 'partial'::text, 'failed'::text, 'skipped'::text])))
+);
+
+COMMENT ON TABLE llm.reconciliation_runs IS 'One row per reconciliation pass (coordinator-local under Citus); skipped when another pass held the lock.';
+
+CREATE FUNCTION llm._finish_run(p_run_id uuid, p_token uuid) RETURNS llm.reconciliation_runs
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 bf562bc596e7213d45d2f120459f6b4a $$;
+
+COMMENT ON FUNCTION llm._finish_run(p_run_id uuid, p_token uuid) IS 'Closes a pass that still holds its lease: succeeded without errors, failed when every organization failed, partial otherwise; frees the lease.';
+
+CREATE TABLE llm.pass_lease (
+    singleton boolean DEFAULT true NOT NULL,
+    run_id uuid,
+    token uuid,
+    holder_pid integer,
+    holder_backend_start timestamp with time zone,
+    acquired_at timestamp with time zone,
+    renewed_at timestamp with time zone,
+    expires_at timestamp with time zone,
+    CONSTRAINT pass_lease_check CHECK (((token IS NULL) = (expires_at IS NULL))),
+    CONSTRAINT pass_lease_singleton_check CHECK (singleton)
+);
+
+COMMENT ON TABLE llm.pass_lease IS 'The one-pass-at-a-time lease (one row, coordinator-local under Citus): the holding pass''s run, token and backend, and an expiry on clock_timestamp(); free when token is NULL.';
+
+COMMENT ON COLUMN llm.pass_lease.acquired_at IS 'clock_timestamp() when the holder took the lease: a holder whose current statement started later is no longer running that pass.';
+
+CREATE FUNCTION llm._lease_holder_running(p_lease llm.pass_lease) RETURNS boolean
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 eed0120e05fa507e1794a434851a746e $$;
+
+COMMENT ON FUNCTION llm._lease_holder_running(p_lease llm.pass_lease) IS 'True while the lease holder''s backend (same pid and start time) is still running the statement that took the lease; a session this role cannot inspect counts as running.';
+
+CREATE FUNCTION llm._mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) RETURNS llm.invocations
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 acc37526ee49a37dad6e9eeb8c7b53f7 $$;
+
+COMMENT ON FUNCTION llm._mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) IS 'Distributed twin of mark_dispatched; arguments already checked.';
+
+CREATE FUNCTION llm._max_amount() RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ body in sql/, md5 0f5a641a0888d1c24956e22397f7db6c $$;
+
+COMMENT ON FUNCTION llm._max_amount() IS 'The largest credit, cent or token amount one call accepts (10^15), so period sums can never overflow bigint.';
+
+CREATE FUNCTION llm._may_cross(p_old_used bigint, p_new_used bigint, p_allowance bigint) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ body in sql/, md5 4a1310f3a5666cdc8f3c763522f8d470 $$;
+
+COMMENT ON FUNCTION llm._may_cross(p_old_used bigint, p_new_used bigint, p_allowance bigint) IS 'False when moving used credits from p_old_used to p_new_used cannot have crossed any whole-percent threshold of p_allowance (NULL when unlimited).';
+
+CREATE FUNCTION llm._open_execution(p_organization_id uuid, p_task_key text, p_subject_type text, p_subject_id text, p_replay_key text, p_now timestamp with time zone) RETURNS TABLE(execution_id uuid, status text, replayed boolean)
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 9bc3309a97f7ee9dce2a61ed8bd0f852 $$;
+
+COMMENT ON FUNCTION llm._open_execution(p_organization_id uuid, p_task_key text, p_subject_type text, p_subject_id text, p_replay_key text, p_now timestamp with time zone) IS 'Distributed twin of open_execution; arguments already checked.';
+
+CREATE TABLE llm.organizations (
+    id uuid NOT NULL,
+    name text NOT NULL,
+    status text DEFAULT 'operational'::text NOT NULL,
+    monthly_allowance_credits bigint,
+    notice_thresholds integer[] DEFAULT '{80,100}'::integer[] NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT organizations_monthly_allowance_credits_check CHECK ((monthly_allowance_credits >= 0)),
+    CONSTRAINT organizations_status_check CHECK ((status = ANY (ARRAY['operational'::text, 'suspended'::text, 'closed'::text])))
+);
+
+COMMENT ON TABLE llm.organizations IS 'Tenants. monthly_allowance_credits NULL means unlimited; only operational ones are admitted and swept.';
+
+COMMENT ON COLUMN llm.organizations.id IS 'The organization id: the distribution column under Citus.';
+
+CREATE FUNCTION llm._operational_org(p_organization_id uuid) RETURNS llm.organizations
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 6c1cb64128aac1652e8f789660e56b57 $$;
+
+COMMENT ON FUNCTION llm._operational_org(p_organization_id uuid) IS 'The organization row, or LL002 when unknown and LL003 when not operational.';
+
+CREATE FUNCTION llm._pass_organizations() RETURNS uuid[]
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 3dde70718c588c5b2766a9086045cba2 $$;
+
+COMMENT ON FUNCTION llm._pass_organizations() IS 'The operational organizations a pass visits, in id order.';
+
+CREATE FUNCTION llm._period_start(p_at timestamp with time zone) RETURNS date
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ body in sql/, md5 872667e928ea92f819b62af1b59ffb19 $$;
+
+COMMENT ON FUNCTION llm._period_start(p_at timestamp with time zone) IS 'The first day of the UTC calendar month containing p_at: the period an invocation admitted then belongs to.';
+
+CREATE FUNCTION llm._raise_unknown_execution(p_organization_id uuid, p_execution_id uuid) RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 670258163d43e976bcd7c80ec5cad321 $$;
+
+COMMENT ON FUNCTION llm._raise_unknown_execution(p_organization_id uuid, p_execution_id uuid) IS 'Raises LL008 when the execution exists in another organization, else LL006 (always LL006 inside a call Citus delegated to a worker).';
+
+CREATE FUNCTION llm._raise_unknown_invocation(p_organization_id uuid, p_invocation_id uuid) RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 fac33307eeef5e0fedc1d88268c753ea $$;
+
+COMMENT ON FUNCTION llm._raise_unknown_invocation(p_organization_id uuid, p_invocation_id uuid) IS 'Raises LL002 when the organization is unknown, else LL005: an invocation of another organization is unknown here.';
+
+CREATE FUNCTION llm._raise_unknown_org(p_organization_id uuid) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 b0f023e2515206bf8360361a558b5c42 $$;
+
+COMMENT ON FUNCTION llm._raise_unknown_org(p_organization_id uuid) IS 'Raises LL002 for an organization id that does not exist.';
+
+CREATE FUNCTION llm._reconcile_org(p_organization_id uuid, p_now timestamp with time zone, p_batch integer, p_run_id uuid) RETURNS llm.org_sweep
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 240cf0880164077422e080ee6fb07578 $$;
+
+COMMENT ON FUNCTION llm._reconcile_org(p_organization_id uuid, p_now timestamp with time zone, p_batch integer, p_run_id uuid) IS 'Distributed twin of reconcile_org; arguments already checked.';
+
+CREATE FUNCTION llm._record_crossings(p_organization_id uuid, p_period_start date, p_old_used bigint, p_new_used bigint, p_allowance bigint, p_now timestamp with time zone) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 e7069aba29e17cc1df57ec4e7c0ef6b5 $$;
+
+COMMENT ON FUNCTION llm._record_crossings(p_organization_id uuid, p_period_start date, p_old_used bigint, p_new_used bigint, p_allowance bigint, p_now timestamp with time zone) IS 'Creates one owed notice per threshold crossed when used credits moved from p_old_used to p_new_used; at most one per (organization, period, threshold).';
+
+CREATE FUNCTION llm._refresh_drift(p_organization_id uuid, p_now timestamp with time zone, p_since timestamp with time zone, p_run_id uuid) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 b9159555d304bec3004a70471c441b61 $$;
+
+COMMENT ON FUNCTION llm._refresh_drift(p_organization_id uuid, p_now timestamp with time zone, p_since timestamp with time zone, p_run_id uuid) IS 'Compares tasks closed since p_since with their terminal requests; stores and logs each disagreement, drops findings that no longer disagree, changes no totals.';
+
+CREATE FUNCTION llm._renew_lease(p_run_id uuid, p_token uuid) RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 1a147aa6b0c81af1a7eed14b6b7f46f1 $$;
+
+COMMENT ON FUNCTION llm._renew_lease(p_run_id uuid, p_token uuid) IS 'Extends the pass lease by settings.pass_lease while this pass still holds it (true); otherwise records the run failed ("lease lost") and returns false.';
+
+CREATE FUNCTION llm._require_cron(p_schedule text) RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 9e9b509b8f9b15a16573dccfffffc4b4 $$;
+
+COMMENT ON FUNCTION llm._require_cron(p_schedule text) IS 'Raises LL010 when pg_cron is not installed in this database, with a HINT that schedules the pass from the cron database.';
+
+CREATE FUNCTION llm._require_invocation_id(p_invocation_id uuid) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 839326bf59eeee9a4abd6c85aecf6c8b $$;
+
+COMMENT ON FUNCTION llm._require_invocation_id(p_invocation_id uuid) IS 'Raises 22023 for a NULL invocation id.';
+
+CREATE FUNCTION llm._require_notice(p_organization_id uuid, p_notice_id uuid) RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 eef6b60ce66ebbbe024a0d3232457efc $$;
+
+COMMENT ON FUNCTION llm._require_notice(p_organization_id uuid, p_notice_id uuid) IS 'Raises 22023 when the notice does not exist for that organization.';
+
+CREATE FUNCTION llm._require_org_id(p_organization_id uuid) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 b6409a2973d6fe378a26c5b0914a128f $$;
+
+COMMENT ON FUNCTION llm._require_org_id(p_organization_id uuid) IS 'Raises 22023 for a NULL organization id, before any distributed twin is called (Citus crashes on a NULL distribution argument).';
+
+CREATE FUNCTION llm._run_followup(p_run_id uuid, p_token uuid, p_step text, p_now timestamp with time zone) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 41f4bb7858cd2d7e1216ed982477cd1d $$;
+
+COMMENT ON FUNCTION llm._run_followup(p_run_id uuid, p_token uuid, p_step text, p_now timestamp with time zone) IS 'Runs one follow-up step of a pass (rearm_notices or rebuild_daily_usage) under the lease and org_lock_timeout; an error is recorded on the run and does not stop the next step. False only when the lease was lost.';
+
+CREATE FUNCTION llm._run_org(p_run_id uuid, p_token uuid, p_organization_id uuid, p_now timestamp with time zone, p_batch integer) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 0df75edc35883b58909b89a77962c6ef $$;
+
+COMMENT ON FUNCTION llm._run_org(p_run_id uuid, p_token uuid, p_organization_id uuid, p_now timestamp with time zone, p_batch integer) IS 'Sweeps one organization for a pass (bounded by org_lock_timeout and org_time_budget), adds its figures to the run and renews the lease; an error is recorded on the run and the pass goes on. False when the lease was lost: the pass stops.';
+
+CREATE FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid) RETURNS llm.invocations
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 74725f79ecc63cab8a65b4a1e4ffe35c $$;
+
+COMMENT ON FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid) IS 'Returns the stored invocation when a retried admission repeats its arguments, else raises LL007.';
+
+CREATE TABLE llm.settings (
+    singleton boolean DEFAULT true NOT NULL,
+    recovery_window interval DEFAULT '24:00:00'::interval NOT NULL,
+    drift_window interval DEFAULT '7 days'::interval NOT NULL,
+    sweep_batch integer DEFAULT 200 NOT NULL,
+    reporting_days integer DEFAULT 2 NOT NULL,
+    health_max_age interval DEFAULT '02:00:00'::interval NOT NULL,
+    notice_claim_timeout interval DEFAULT '00:15:00'::interval NOT NULL,
+    notice_backoff_base interval DEFAULT '00:01:00'::interval NOT NULL,
+    notice_backoff_max interval DEFAULT '06:00:00'::interval NOT NULL,
+    org_lock_timeout interval DEFAULT '00:00:05'::interval NOT NULL,
+    org_time_budget interval DEFAULT '00:01:00'::interval NOT NULL,
+    pass_lease interval DEFAULT '00:05:00'::interval NOT NULL,
+    CONSTRAINT settings_drift_window_check CHECK ((drift_window > '00:00:00'::interval)),
+    CONSTRAINT settings_health_max_age_check CHECK ((health_max_age > '00:00:00'::interval)),
+    CONSTRAINT settings_notice_backoff_base_check CHECK ((notice_backoff_base > '00:00:00'::interval)),
+    CONSTRAINT settings_notice_backoff_max_check CHECK ((notice_backoff_max > '00:00:00'::interval)),
+    CONSTRAINT settings_notice_claim_timeout_check CHECK ((notice_claim_timeout > '00:00:00'::interval)),
+    CONSTRAINT settings_org_lock_timeout_check CHECK ((org_lock_timeout > '00:00:00'::interval)),
+    CONSTRAINT settings_org_time_budget_check CHECK ((org_time_budget > '00:00:00'::interval)),
+    CONSTRAINT settings_pass_lease_check CHECK ((pass_lease > '00:00:00'::interval)),
+    CONSTRAINT settings_recovery_window_check CHECK ((recovery_window > '00:00:00'::interval)),
+    CONSTRAINT settings_reporting_days_check CHECK ((reporting_days > 0)),
+    CONSTRAINT settings_singleton_check CHECK (singleton),
+    CONSTRAINT settings_sweep_batch_check CHECK ((sweep_batch > 0))
+);
+
+COMMENT ON TABLE llm.settings IS 'One row of tunables: recovery window, drift window, sweep batch, reporting days, health max age, notice timing.';
+
+COMMENT ON COLUMN llm.settings.org_lock_timeout IS 'Longest wait for one lock inside an organization''s sweep (and each follow-up step): a transaction-local lock_timeout; a blocked organization is recorded with 55P03 and the pass goes on.';
+
+COMMENT ON COLUMN llm.settings.org_time_budget IS 'Longest run of one organization''s sweep, checked between its statements: 57014 when exceeded, recorded as that organization''s error.';
+
+COMMENT ON COLUMN llm.settings.pass_lease IS 'How long a pass holds the one-pass-at-a-time lease without renewing it (it renews after each organization); a lapsed lease is taken over.';
+
+CREATE FUNCTION llm._settings() RETURNS llm.settings
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 a64eac210c37f826bf39587a7e201d1b $$;
+
+COMMENT ON FUNCTION llm._settings() IS 'The one settings row.';
+
+CREATE FUNCTION llm._settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) RETURNS text
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 c5b9ad046ec04836bd63f0a7796a8df2 $$;
+
+COMMENT ON FUNCTION llm._settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) IS 'Distributed twin of settle_invocation; arguments already checked.';
+
+CREATE FUNCTION llm._terminal_outcome(p_organization_id uuid, p_invocation_id uuid) RETURNS text
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 8c93db501889914e42c3bda4e0a177fe $$;
+
+COMMENT ON FUNCTION llm._terminal_outcome(p_organization_id uuid, p_invocation_id uuid) IS 'For an invocation that is no longer open: already_settled, already_recovered or already_failed (LL005 when unknown).';
+
+CREATE FUNCTION llm._text_ok(p_value text, p_max integer, p_nullable boolean DEFAULT false) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ body in sql/, md5 05150cd32237535e0cb390b6f4ca2bc7 $$;
+
+COMMENT ON FUNCTION llm._text_ok(p_value text, p_max integer, p_nullable boolean) IS 'True for a text that is not blank and has at most p_max characters, or a NULL when p_nullable.';
+
+CREATE FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) RETURNS llm.organizations
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 a1ccf3fe7d2ef8781175559978ffb558 $$;
+
+COMMENT ON FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) IS 'Distributed twin of upsert_organization; arguments already checked.';
+
+CREATE FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid DEFAULT NULL::uuid, p_invocation_id uuid DEFAULT NULL::uuid, p_now timestamp with time zone DEFAULT now()) RETURNS llm.invocations
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 6ba9c7df689f2f7e5cf208c776444645 $$;
+
+COMMENT ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone) IS 'Admits a request iff used + held + estimate <= allowance and places its hold on the current period (LL001 otherwise); a repeated p_invocation_id with the same arguments returns the first admission, with different ones LL007.';
+
+CREATE FUNCTION llm.check_invariants() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 7f82edf7939c296a246cb6d147a1ad50 $$;
+
+COMMENT ON FUNCTION llm.check_invariants() IS 'Returns one row per violated invariant of DESIGN.md (held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation); empty when the books are right.';
+
+CREATE TABLE llm.threshold_notices (
+    organization_id uuid NOT NULL,
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    period_start date NOT NULL,
+    threshold_pct integer NOT NULL,
+    crossed_at timestamp with time zone NOT NULL,
+    used_credits bigint NOT NULL,
+    allowance_credits bigint NOT NULL,
+    status text DEFAULT 'owed'::text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    last_error text,
+    next_attempt_at timestamp with time zone NOT NULL,
+    claimed_at timestamp with time zone,
+    sent_at timestamp with time zone,
+    CONSTRAINT threshold_notices_status_check CHECK ((status = ANY (ARRAY['owed'::text, 'sending'::text, 'sent'::text]))),
+    CONSTRAINT threshold_notices_threshold_pct_check CHECK ((threshold_pct > 0))
+);
+
+COMMENT ON TABLE llm.threshold_notices IS 'One notice per (organization, period, threshold) crossed: owed -> sending -> sent, with retries and backoff.';
+
+CREATE FUNCTION llm.claim_notices(p_limit integer DEFAULT 50, p_now timestamp with time zone DEFAULT now()) RETURNS SETOF llm.threshold_notices
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 43179f81bdddb85fdad25783ad89c337 $$;
+
+COMMENT ON FUNCTION llm.claim_notices(p_limit integer, p_now timestamp with time zone) IS 'Claims up to p_limit due owed notices (owed -> sending), oldest crossing first, by compare-and-set per notice: two workers never claim the same notice.';
+
+CREATE FUNCTION llm.close_execution(p_organization_id uuid, p_execution_id uuid, p_outcome text, p_error text DEFAULT NULL::text, p_now timestamp with time zone DEFAULT now()) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 5acfb96ce63034940140b28bdc828758 $$;
+
+COMMENT ON FUNCTION llm.close_execution(p_organization_id uuid, p_execution_id uuid, p_outcome text, p_error text, p_now timestamp with time zone) IS 'Closes a running task as completed or failed, stamping ended_at and duration_ms and keeping its totals; false when it was no longer running (a closed task never reopens). LL009 for any other outcome.';
+
+CREATE FUNCTION llm.complete_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone DEFAULT now()) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 80385aaa61d7c3f6e3eea2d4d25f49b9 $$;
+
+COMMENT ON FUNCTION llm.complete_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) IS 'Marks a claimed notice sent (sending -> sent); false when it was not being sent (already sent, or re-armed).';
+
+CREATE FUNCTION llm.declare_task_kind(p_key text, p_description text DEFAULT NULL::text) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 7cfba3cea3f83c38e09c71823aa0d015 $$;
+
+COMMENT ON FUNCTION llm.declare_task_kind(p_key text, p_description text) IS 'Declares a task kind; idempotent (a repeat with a new description updates it, a NULL description keeps the old one).';
+
+CREATE FUNCTION llm.distribute(p_shard_count integer DEFAULT NULL::integer) RETURNS text
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $_$ body in sql/, md5 22c145be0eff6e3435d99a4ac5c1c554 $_$;
+
+COMMENT ON FUNCTION llm.distribute(p_shard_count integer) IS 'Under Citus: reference tables for catalogs, per-organization tables distributed on organization_id co-located with organizations, per-organization twins distributed with force_delegation, the other llm routines propagated to the workers; LL011 without citus.';
+
+CREATE FUNCTION llm.fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint DEFAULT 0, p_cents bigint DEFAULT 0, p_now timestamp with time zone DEFAULT now()) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 201cef5a88bacdac91405d91aff79303 $$;
+
+COMMENT ON FUNCTION llm.fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone) IS 'Fails a request: releases its hold and charges the optional partial usage once. Returns failed, or already_settled / already_recovered / already_failed with nothing changed.';
+
+CREATE FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamp with time zone DEFAULT now()) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 88c25b24b7c489a4ba16aa6d7e18a107 $$;
+
+COMMENT ON FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamp with time zone) IS 'Returns a claimed notice to owed with its error and an exponential backoff (base * 2^(attempts-1), capped by settings); false when it was not being sent.';
+
+CREATE FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone DEFAULT now()) RETURNS llm.invocations
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 d70a7e821cc8b1108e69d021e4f84804 $$;
+
+COMMENT ON FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) IS 'Marks a reserved request as sent to the provider (idempotent when already dispatched); LL009 when it is already terminal.';
+
+CREATE FUNCTION llm.open_execution(p_organization_id uuid, p_task_key text, p_subject_type text DEFAULT NULL::text, p_subject_id text DEFAULT NULL::text, p_replay_key text DEFAULT NULL::text, p_now timestamp with time zone DEFAULT now()) RETURNS TABLE(execution_id uuid, status text, replayed boolean)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 cbabef61caa462e5c17fcbe05ca053a2 $$;
+
+COMMENT ON FUNCTION llm.open_execution(p_organization_id uuid, p_task_key text, p_subject_type text, p_subject_id text, p_replay_key text, p_now timestamp with time zone) IS 'Opens a running task of a declared kind (LL004 otherwise). A replay key is unique per organization: opening it again returns the earlier task, whatever its status, with replayed = true; with a different task or subject, LL007.';
+
+CREATE FUNCTION llm.rearm_notices(p_now timestamp with time zone DEFAULT now()) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 d9ca7cd1f2e69e94a2c7b56dc284d2e2 $$;
+
+COMMENT ON FUNCTION llm.rearm_notices(p_now timestamp with time zone) IS 'Makes notices owed again whose claim is older than settings.notice_claim_timeout without completion; returns how many. Failed notices are already owed with their backoff.';
+
+CREATE FUNCTION llm.rebuild_daily_usage(p_from date, p_to date) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 ab707f351c43190767b04fc7b26c383b $$;
+
+COMMENT ON FUNCTION llm.rebuild_daily_usage(p_from date, p_to date) IS 'Recomputes daily_usage for days p_from .. p_to (UTC settlement day) from the invocations; idempotent; returns the rows written.';
+
+CREATE FUNCTION llm.reconcile_org(p_organization_id uuid, p_now timestamp with time zone DEFAULT now(), p_batch integer DEFAULT NULL::integer, p_run_id uuid DEFAULT NULL::uuid) RETURNS llm.org_sweep
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 5388613fb6568c981003c2dd2808fd15 $$;
+
+COMMENT ON FUNCTION llm.reconcile_org(p_organization_id uuid, p_now timestamp with time zone, p_batch integer, p_run_id uuid) IS 'One organization''s recovery sweep in one transaction: abandons tasks running past the recovery window, recovers up to p_batch stranded requests at their estimate (oldest first), refreshes drift findings; returns its figures with more_pending. Bounded: 55P03 after settings.org_lock_timeout waiting for a lock, 57014 past settings.org_time_budget.';
+
+CREATE FUNCTION llm.reconciliation_health(p_now timestamp with time zone DEFAULT now()) RETURNS TABLE(status text, last_success_at timestamp with time zone, last_run_status text, detail text)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 91ced1260c4d9c9fc5159acd44eec5c5 $$;
+
+COMMENT ON FUNCTION llm.reconciliation_health(p_now timestamp with time zone) IS 'The missing-run alarm: ok, late (no completed pass within settings.health_max_age), never (no pass ever ran), or failing (the last pass recorded errors, or every pass so far failed).';
+
+CREATE PROCEDURE llm.run_reconciliation(IN p_now timestamp with time zone DEFAULT NULL::timestamp with time zone, IN p_batch integer DEFAULT NULL::integer)
+    LANGUAGE plpgsql
+    AS $$ body in sql/, md5 283faa772a2b21ada3de99ec347b4751 $$;
+
+COMMENT ON PROCEDURE llm.run_reconciliation(IN p_now timestamp with time zone, IN p_batch integer) IS 'The hourly pass: one at a time under a lease (a concurrent call is recorded as skipped; a dead, cancelled or pooled-away pass is taken over), sweeps every operational organization committing after each, records errors and goes on, then re-arms notices and rebuilds daily usage; one llm.reconciliation_runs row per call.';
+
+CREATE FUNCTION llm.schedule_reconciliation(p_schedule text DEFAULT '0 * * * *'::text) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $_$ body in sql/, md5 4c01e9612fc84496acbc93deb852b1c8 $_$;
+
+COMMENT ON FUNCTION llm.schedule_reconciliation(p_schedule text) IS 'Schedules (or reschedules) the pg_cron job llm-reconciliation running CALL llm.run_reconciliation(); returns its job id; LL010 without pg_cron.';
+
+CREATE FUNCTION llm.settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint DEFAULT NULL::bigint, p_output_tokens bigint DEFAULT NULL::bigint, p_now timestamp with time zone DEFAULT now()) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 1debcf5a3b15d3a3d82d8bc2c14aa88b $$;
+
+COMMENT ON FUNCTION llm.settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) IS 'Settles a request with measured usage: charges it once, releases its hold, moves its own period, adds to its task and records crossed thresholds. Returns settled, or already_settled / already_recovered / already_failed with nothing charged.';
+
+CREATE FUNCTION llm.unschedule_reconciliation() RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $_$ body in sql/, md5 c8fb4d253beb484926c0d22cd2c779fd $_$;
+
+COMMENT ON FUNCTION llm.unschedule_reconciliation() IS 'Removes the pg_cron job llm-reconciliation; false when there was none; LL010 without pg_cron.';
+
+CREATE FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text DEFAULT 'operational'::text, p_notice_thresholds integer[] DEFAULT '{80,100}'::integer[], p_now timestamp with time zone DEFAULT now()) RETURNS llm.organizations
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 19e664e9d1df321349a03d22916cc603 $$;
+
+COMMENT ON FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) IS 'Creates or updates an organization; a changed allowance (NULL = unlimited) also applies to the period containing p_now.';
+
+CREATE TABLE llm.daily_usage (
+    organization_id uuid NOT NULL,
+    day date NOT NULL,
+    model text NOT NULL,
+    requests bigint NOT NULL,
+    recovered_requests bigint NOT NULL,
+    credits bigint NOT NULL,
+    cents bigint NOT NULL,
+    input_tokens bigint NOT NULL,
+    output_tokens bigint NOT NULL
+);
+
+COMMENT ON TABLE llm.daily_usage IS 'Terminal invocations aggregated by UTC settlement day and model; rebuilt idempotently by rebuild_daily_usage.';
+
+CREATE TABLE llm.drift_findings (
+    organization_id uuid NOT NULL,
+    execution_id uuid NOT NULL,
+    recorded_request_count bigint NOT NULL,
+    recorded_credits bigint NOT NULL,
+    recorded_cents bigint NOT NULL,
+    settled_request_count bigint NOT NULL,
+    settled_credits bigint NOT NULL,
+    settled_cents bigint NOT NULL,
+    first_seen_at timestamp with time zone NOT NULL,
+    last_seen_at timestamp with time zone NOT NULL,
+    last_run_id uuid
+);
+
+COMMENT ON TABLE llm.drift_findings IS 'Executions whose recorded totals disagree with their terminal invocations; refreshed each pass, never repaired.';
+
+CREATE TABLE llm.executions (
+    organization_id uuid NOT NULL,
+    id uuid NOT NULL,
+    task_key text NOT NULL,
+    subject_type text,
+    subject_id text,
+    replay_key text,
+    status llm.execution_status DEFAULT 'running'::text NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    ended_at timestamp with time zone,
+    duration_ms llm.amount,
+    request_count llm.amount DEFAULT 0 NOT NULL,
+    credits llm.amount DEFAULT 0 NOT NULL,
+    cents llm.amount DEFAULT 0 NOT NULL,
+    error text,
+    CONSTRAINT executions_check CHECK ((((status)::text = 'running'::text) = (ended_at IS NULL))),
+    CONSTRAINT executions_check1 CHECK ((((status)::text <> 'abandoned'::text) OR (duration_ms IS NULL)))
+);
+
+COMMENT ON TABLE llm.executions IS 'Tasks grouping invocations: running -> completed | failed | abandoned; totals grow with every terminal invocation.';
+
+CREATE TABLE llm.ledger (
+    organization_id uuid NOT NULL,
+    invocation_id uuid NOT NULL,
+    entry llm.ledger_entry NOT NULL,
+    period_start date NOT NULL,
+    credits llm.amount NOT NULL,
+    cents llm.amount,
+    recorded_at timestamp with time zone NOT NULL
+);
+
+COMMENT ON TABLE llm.ledger IS 'Append-only credit ledger: one hold, one release and at most one charge row per invocation.';
+
+CREATE TABLE llm.periods (
+    organization_id uuid NOT NULL,
+    period_start date NOT NULL,
+    period_end date NOT NULL,
+    allowance_credits llm.amount,
+    used_credits llm.amount DEFAULT 0 NOT NULL,
+    held_credits llm.amount DEFAULT 0 NOT NULL,
+    used_cents llm.amount DEFAULT 0 NOT NULL,
+    CONSTRAINT periods_check CHECK ((period_end > period_start))
+);
+
+COMMENT ON TABLE llm.periods IS 'One calendar month (UTC) of an organization: allowance, used and held credits, used cents.';
+
+CREATE TABLE llm.task_kinds (
+    key text NOT NULL,
+    description text,
+    declared_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT task_kinds_key_check CHECK (((key <> ''::text) AND (length(key) <= 200)))
+);
+
+COMMENT ON TABLE llm.task_kinds IS 'The declared task catalog; executions may only open declared keys.';
+
+ALTER TABLE ONLY llm.daily_usage
+    ADD CONSTRAINT daily_usage_pkey PRIMARY KEY (organization_id, day, model);
+
+ALTER TABLE ONLY llm.drift_findings
+    ADD CONSTRAINT drift_findings_pkey PRIMARY KEY (organization_id, execution_id);
+
+ALTER TABLE ONLY llm.executions
+    ADD CONSTRAINT executions_pkey PRIMARY KEY (organization_id, id);
+
+ALTER TABLE ONLY llm.invocations
+    ADD CONSTRAINT invocations_pkey PRIMARY KEY (organization_id, id);
+
+ALTER TABLE ONLY llm.ledger
+    ADD CONSTRAINT ledger_pkey PRIMARY KEY (organization_id, invocation_id, entry);
+
+ALTER TABLE ONLY llm.organizations
+    ADD CONSTRAINT organizations_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY llm.pass_lease
+    ADD CONSTRAINT pass_lease_pkey PRIMARY KEY (singleton);
+
+ALTER TABLE ONLY llm.periods
+    ADD CONSTRAINT periods_pkey PRIMARY KEY (organization_id, period_start);
+
+ALTER TABLE ONLY llm.reconciliation_runs
+    ADD CONSTRAINT reconciliation_runs_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY llm.settings
+    ADD CONSTRAINT settings_pkey PRIMARY KEY (singleton);
+
+ALTER TABLE ONLY llm.task_kinds
+    ADD CONSTRAINT task_kinds_pkey PRIMARY KEY (key);
+
+ALTER TABLE ONLY llm.threshold_notices
+    ADD CONSTRAINT threshold_notices_organization_id_period_start_threshold_pc_key UNIQUE (organization_id, period_start, threshold_pct);
+
+ALTER TABLE ONLY llm.threshold_notices
+    ADD CONSTRAINT threshold_notices_pkey PRIMARY KEY (organization_id, id);
+
+CREATE INDEX daily_usage_day ON llm.daily_usage USING btree (day);
+
+CREATE INDEX executions_closed ON llm.executions USING btree (organization_id, ended_at) WHERE ((status)::text <> 'running'::text);
+
+CREATE UNIQUE INDEX executions_replay_key ON llm.executions USING btree (organization_id, replay_key) WHERE (replay_key IS NOT NULL);
+
+CREATE INDEX executions_running ON llm.executions USING btree (organization_id, started_at) WHERE ((status)::text = 'running'::text);
+
+CREATE INDEX invocations_execution ON llm.invocations USING btree (organization_id, execution_id) WHERE (execution_id IS NOT NULL);
+
+CREATE INDEX invocations_open ON llm.invocations USING btree (organization_id, created_at) WHERE ((status)::text = ANY (ARRAY['reserved'::text, 'dispatched'::text]));
+
+CREATE INDEX invocations_settled_at ON llm.invocations USING btree (settled_at) WHERE (settled_at IS NOT NULL);
+
+CREATE INDEX reconciliation_runs_started ON llm.reconciliation_runs USING btree (started_at DESC);
+
+CREATE INDEX threshold_notices_owed ON llm.threshold_notices USING btree (next_attempt_at, crossed_at) WHERE (status = 'owed'::text);
+
+CREATE INDEX threshold_notices_sending ON llm.threshold_notices USING btree (claimed_at) WHERE (status = 'sending'::text);
+
+ALTER TABLE ONLY llm.drift_findings
+    ADD CONSTRAINT drift_findings_organization_id_execution_id_fkey FOREIGN KEY (organization_id, execution_id) REFERENCES llm.executions(organization_id, id);
+
+ALTER TABLE ONLY llm.executions
+    ADD CONSTRAINT executions_organization_id_fkey FOREIGN KEY (organization_id) REFERENCES llm.organizations(id);
+
+ALTER TABLE ONLY llm.executions
+    ADD CONSTRAINT executions_task_key_fkey FOREIGN KEY (task_key) REFERENCES llm.task_kinds(key);
+
+ALTER TABLE ONLY llm.ledger
+    ADD CONSTRAINT ledger_organization_id_invocation_id_fkey FOREIGN KEY (organization_id, invocation_id) REFERENCES llm.invocations(organization_id, id);
+
+ALTER TABLE ONLY llm.periods
+    ADD CONSTRAINT periods_organization_id_fkey FOREIGN KEY (organization_id) REFERENCES llm.organizations(id);
+
+ALTER TABLE ONLY llm.threshold_notices
+    ADD CONSTRAINT threshold_notices_organization_id_period_start_fkey FOREIGN KEY (organization_id, period_start) REFERENCES llm.periods(organization_id, period_start);
+
+GRANT USAGE ON SCHEMA llm TO llm_app;
+GRANT USAGE ON SCHEMA llm TO llm_operator;
+GRANT USAGE ON SCHEMA llm TO llm_reader;
+
+GRANT SELECT ON TABLE llm.invocations TO llm_reader;
+GRANT SELECT ON TABLE llm.invocations TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._amount_ok(p_value bigint, p_nullable boolean) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id uuid, OUT token uuid) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id uuid, OUT token uuid) TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._bound_locks() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._check_amount(p_name text, p_value bigint, p_nullable boolean) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._check_clock(p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm._check_clock(p_now timestamp with time zone) TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm._check_deadline(p_organization_id uuid, p_deadline timestamp with time zone, p_step text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._check_text(p_name text, p_value text, p_max integer, p_nullable boolean) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._check_thresholds(p_thresholds integer[]) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._clock_ok(p_now timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._close_execution(p_organization_id uuid, p_execution_id uuid, p_outcome text, p_error text, p_now timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._complete_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date, p_allowance bigint) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._fail_notice(p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamp with time zone) FROM PUBLIC;
+
+GRANT SELECT ON TABLE llm.reconciliation_runs TO llm_reader;
+GRANT SELECT ON TABLE llm.reconciliation_runs TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm._finish_run(p_run_id uuid, p_token uuid) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm._finish_run(p_run_id uuid, p_token uuid) TO llm_operator;
+
+GRANT SELECT ON TABLE llm.pass_lease TO llm_reader;
+GRANT SELECT ON TABLE llm.pass_lease TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm._lease_holder_running(p_lease llm.pass_lease) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._max_amount() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._may_cross(p_old_used bigint, p_new_used bigint, p_allowance bigint) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._open_execution(p_organization_id uuid, p_task_key text, p_subject_type text, p_subject_id text, p_replay_key text, p_now timestamp with time zone) FROM PUBLIC;
+
+GRANT SELECT ON TABLE llm.organizations TO llm_reader;
+GRANT SELECT ON TABLE llm.organizations TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm._operational_org(p_organization_id uuid) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._pass_organizations() FROM PUBLIC;
+GRANT ALL ON FUNCTION llm._pass_organizations() TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm._period_start(p_at timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._raise_unknown_execution(p_organization_id uuid, p_execution_id uuid) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._raise_unknown_invocation(p_organization_id uuid, p_invocation_id uuid) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._raise_unknown_org(p_organization_id uuid) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._reconcile_org(p_organization_id uuid, p_now timestamp with time zone, p_batch integer, p_run_id uuid) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._record_crossings(p_organization_id uuid, p_period_start date, p_old_used bigint, p_new_used bigint, p_allowance bigint, p_now timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._refresh_drift(p_organization_id uuid, p_now timestamp with time zone, p_since timestamp with time zone, p_run_id uuid) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._renew_lease(p_run_id uuid, p_token uuid) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._require_cron(p_schedule text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._require_invocation_id(p_invocation_id uuid) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._require_notice(p_organization_id uuid, p_notice_id uuid) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._require_org_id(p_organization_id uuid) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._run_followup(p_run_id uuid, p_token uuid, p_step text, p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm._run_followup(p_run_id uuid, p_token uuid, p_step text, p_now timestamp with time zone) TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm._run_org(p_run_id uuid, p_token uuid, p_organization_id uuid, p_now timestamp with time zone, p_batch integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm._run_org(p_run_id uuid, p_token uuid, p_organization_id uuid, p_now timestamp with time zone, p_batch integer) TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid) FROM PUBLIC;
+
+GRANT SELECT ON TABLE llm.settings TO llm_reader;
+GRANT SELECT ON TABLE llm.settings TO llm_operator;
+GRANT SELECT ON TABLE llm.settings TO llm_app;
+
+REVOKE ALL ON FUNCTION llm._settings() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._terminal_outcome(p_organization_id uuid, p_invocation_id uuid) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._text_ok(p_value text, p_max integer, p_nullable boolean) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone) TO llm_app;
+
+REVOKE ALL ON FUNCTION llm.check_invariants() FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.check_invariants() TO llm_operator;
+
+GRANT SELECT ON TABLE llm.threshold_notices TO llm_reader;
+GRANT SELECT ON TABLE llm.threshold_notices TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm.claim_notices(p_limit integer, p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.claim_notices(p_limit integer, p_now timestamp with time zone) TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm.close_execution(p_organization_id uuid, p_execution_id uuid, p_outcome text, p_error text, p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.close_execution(p_organization_id uuid, p_execution_id uuid, p_outcome text, p_error text, p_now timestamp with time zone) TO llm_app;
+
+REVOKE ALL ON FUNCTION llm.complete_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.complete_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm.declare_task_kind(p_key text, p_description text) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.declare_task_kind(p_key text, p_description text) TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm.distribute(p_shard_count integer) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm.fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone) TO llm_app;
+
+REVOKE ALL ON FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamp with time zone) TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) TO llm_app;
+
+REVOKE ALL ON FUNCTION llm.open_execution(p_organization_id uuid, p_task_key text, p_subject_type text, p_subject_id text, p_replay_key text, p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.open_execution(p_organization_id uuid, p_task_key text, p_subject_type text, p_subject_id text, p_replay_key text, p_now timestamp with time zone) TO llm_app;
+
+REVOKE ALL ON FUNCTION llm.rearm_notices(p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.rearm_notices(p_now timestamp with time zone) TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm.rebuild_daily_usage(p_from date, p_to date) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.rebuild_daily_usage(p_from date, p_to date) TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm.reconcile_org(p_organization_id uuid, p_now timestamp with time zone, p_batch integer, p_run_id uuid) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.reconcile_org(p_organization_id uuid, p_now timestamp with time zone, p_batch integer, p_run_id uuid) TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm.reconciliation_health(p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.reconciliation_health(p_now timestamp with time zone) TO llm_operator;
+
+REVOKE ALL ON PROCEDURE llm.run_reconciliation(IN p_now timestamp with time zone, IN p_batch integer) FROM PUBLIC;
+GRANT ALL ON PROCEDURE llm.run_reconciliation(IN p_now timestamp with time zone, IN p_batch integer) TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm.schedule_reconciliation(p_schedule text) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.schedule_reconciliation(p_schedule text) TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm.settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) TO llm_app;
+
+REVOKE ALL ON FUNCTION llm.unschedule_reconciliation() FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.unschedule_reconciliation() TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) TO llm_operator;
+
+GRANT SELECT ON TABLE llm.daily_usage TO llm_reader;
+GRANT SELECT ON TABLE llm.daily_usage TO llm_operator;
+
+GRANT SELECT ON TABLE llm.drift_findings TO llm_reader;
+GRANT SELECT ON TABLE llm.drift_findings TO llm_operator;
+
+GRANT SELECT ON TABLE llm.executions TO llm_reader;
+GRANT SELECT ON TABLE llm.executions TO llm_operator;
+
+GRANT SELECT ON TABLE llm.ledger TO llm_reader;
+GRANT SELECT ON TABLE llm.ledger TO llm_operator;
+
+GRANT SELECT ON TABLE llm.periods TO llm_reader;
+GRANT SELECT ON TABLE llm.periods TO llm_operator;
+
+GRANT SELECT ON TABLE llm.task_kinds TO llm_reader;
+GRANT SELECT ON TABLE llm.task_kinds TO llm_operator;
+GRANT SELECT ON TABLE llm.task_kinds TO llm_app;
