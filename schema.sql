@@ -20,9 +20,9 @@ CREATE DOMAIN llm.invocation_status AS text
 COMMENT ON DOMAIN llm.invocation_status IS 'reserved -> dispatched -> settled | failed.';
 
 CREATE DOMAIN llm.ledger_entry AS text
-	CONSTRAINT ledger_entry_check1 CHECK ((VALUE = ANY (ARRAY['hold'::text, 'release'::text, 'charge'::text])));
+	CONSTRAINT ledger_entry_check CHECK ((VALUE = ANY (ARRAY['hold'::text, 'release'::text, 'charge'::text, 'adjustment'::text])));
 
-COMMENT ON DOMAIN llm.ledger_entry IS 'The kind of a ledger row: one hold, one release, at most one charge per invocation.';
+COMMENT ON DOMAIN llm.ledger_entry IS 'The kind of a ledger row: one hold, one release, at most one charge and at most one adjustment (a true-up, signed) per invocation.';
 
 CREATE TYPE llm.org_sweep AS (
 	organization_id uuid,
@@ -32,15 +32,23 @@ CREATE TYPE llm.org_sweep AS (
 	abandoned_executions integer,
 	drift_findings integer,
 	notices_created integer,
-	more_pending boolean
+	more_pending boolean,
+	recovered_uncharged integer
 );
 
 COMMENT ON TYPE llm.org_sweep IS 'The figures of one organization''s reconciliation sweep.';
 
 CREATE DOMAIN llm.settlement_kind AS text
-	CONSTRAINT settlement_kind_check CHECK ((VALUE = ANY (ARRAY['measured'::text, 'recovered'::text])));
+	CONSTRAINT settlement_kind_check CHECK ((VALUE = ANY (ARRAY['measured'::text, 'recovered'::text, 'trued_up'::text])));
 
-COMMENT ON DOMAIN llm.settlement_kind IS 'How a settled invocation was charged: measured usage, or its estimate by recovery.';
+COMMENT ON DOMAIN llm.settlement_kind IS 'How a settled invocation was charged: measured usage, recovered by the pass (per its organization''s recovery_charge), or trued_up to a measured settlement that arrived after recovery.';
+
+CREATE FUNCTION llm._abandon_stale_tasks(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 57fa701746fec141c3f15af1dd111797 $$;
+
+COMMENT ON FUNCTION llm._abandon_stale_tasks(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone) IS 'Marks the organization''s tasks running since p_cutoff or earlier abandoned at p_now (no duration, totals kept); returns how many.';
 
 CREATE TABLE llm.invocations (
     organization_id uuid NOT NULL,
@@ -66,10 +74,16 @@ CREATE TABLE llm.invocations (
     late_input_tokens bigint,
     late_output_tokens bigint,
     late_reported_at timestamp with time zone,
+    recovered_credits llm.amount,
     CONSTRAINT invocations_check CHECK ((((status)::text = ANY (ARRAY['settled'::text, 'failed'::text])) = (settled_at IS NOT NULL))),
     CONSTRAINT invocations_check1 CHECK ((((status)::text = 'settled'::text) = (settlement_kind IS NOT NULL))),
     CONSTRAINT invocations_check2 CHECK ((((status)::text = ANY (ARRAY['settled'::text, 'failed'::text])) OR (charged_credits IS NULL))),
-    CONSTRAINT invocations_check3 CHECK ((((settlement_kind)::text IS DISTINCT FROM 'recovered'::text) OR (((charged_credits)::bigint = (estimate_credits)::bigint) AND (charged_cents IS NULL))))
+    CONSTRAINT invocations_recovered_charge CHECK (
+CASE settlement_kind
+    WHEN 'recovered'::text THEN ((charged_cents IS NULL) AND ((charged_credits)::bigint = (recovered_credits)::bigint) AND (((recovered_credits)::bigint = 0) OR ((recovered_credits)::bigint = (estimate_credits)::bigint)))
+    WHEN 'trued_up'::text THEN ((recovered_credits IS NOT NULL) AND (charged_cents IS NOT NULL))
+    ELSE (recovered_credits IS NULL)
+END)
 );
 
 COMMENT ON TABLE llm.invocations IS 'Model requests: reserved -> dispatched -> settled | failed; recovery settles at the estimate with no cents.';
@@ -78,10 +92,12 @@ COMMENT ON COLUMN llm.invocations.settled_at IS 'When the invocation became term
 
 COMMENT ON COLUMN llm.invocations.late_credits IS 'A measured settlement reported after recovery: recorded for audit only, never charged.';
 
+COMMENT ON COLUMN llm.invocations.recovered_credits IS 'What recovery charged this request (its estimate, or 0 under its organization''s recovery_charge); kept after a true-up.';
+
 CREATE FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone) RETURNS llm.invocations
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 435ba9ddefe5d98193b886eb17e472c2 $$;
+    AS $$ body in sql/, md5 9c2c2991d49ea3415c30ec8cd9b2f662 $$;
 
 COMMENT ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone) IS 'Distributed twin of admit_invocation; arguments already checked.';
 
@@ -90,6 +106,13 @@ CREATE FUNCTION llm._amount_ok(p_value bigint, p_nullable boolean DEFAULT false)
     AS $$ body in sql/, md5 e5b20d3db77f0c00dd6e14aed344f42f $$;
 
 COMMENT ON FUNCTION llm._amount_ok(p_value bigint, p_nullable boolean) IS 'True for a non-negative amount no larger than _max_amount() (10^15), or a NULL when p_nullable.';
+
+CREATE FUNCTION llm._audit_org(p_organization_id uuid, p_now timestamp with time zone, p_run_id uuid) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 4dddafb9a6e16d6c9e7850d0215d562c $$;
+
+COMMENT ON FUNCTION llm._audit_org(p_organization_id uuid, p_now timestamp with time zone, p_run_id uuid) IS 'When due (at least daily), recomputes the organization''s current and previous period from their requests in one statement; records, logs and returns the periods that disagree (llm.period_findings), resolves findings that no longer hold; NULL when not due.';
 
 CREATE FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id uuid, OUT token uuid) RETURNS record
     LANGUAGE plpgsql SECURITY DEFINER
@@ -104,6 +127,13 @@ CREATE FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamp with t
     AS $$ body in sql/, md5 0606cf51635b23fbb8b35683ea3c0736 $$;
 
 COMMENT ON FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamp with time zone) IS 'Books a just-terminated invocation: release and charge ledger rows, task totals, period movement and threshold notices.';
+
+CREATE FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamp with time zone) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 0a5a44c099839bf6ac9a013025c5033e $$;
+
+COMMENT ON FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamp with time zone) IS 'Books a true-up: one adjustment ledger row with the signed difference, the task''s and the period''s totals (crossings when usage rises) and the daily usage of the settlement day, in the settlement''s transaction.';
 
 CREATE FUNCTION llm._bound_locks() RETURNS text
     LANGUAGE plpgsql
@@ -167,12 +197,12 @@ CREATE FUNCTION llm._complete_notice(p_organization_id uuid, p_notice_id uuid, p
 
 COMMENT ON FUNCTION llm._complete_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) IS 'Distributed twin of complete_notice; arguments already checked.';
 
-CREATE FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date, p_allowance bigint) RETURNS void
+CREATE FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 b60cc896aa306d338c766be941819ae3 $$;
+    AS $$ body in sql/, md5 c4df5d70a0b9c73115be1cff2dd7be69 $$;
 
-COMMENT ON FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date, p_allowance bigint) IS 'Creates the period row on first use, with the organization''s allowance at that moment.';
+COMMENT ON FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date) IS 'Creates the period row on first use, with the organization''s allowance read under a share lock of the organization, so a concurrent upsert_organization cannot be lost (invariant 9).';
 
 CREATE FUNCTION llm._fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone) RETURNS text
     LANGUAGE plpgsql
@@ -205,15 +235,24 @@ CREATE TABLE llm.reconciliation_runs (
     daily_rows_rebuilt bigint DEFAULT 0 NOT NULL,
     more_pending_orgs integer DEFAULT 0 NOT NULL,
     errors jsonb DEFAULT '[]'::jsonb NOT NULL,
+    recovered_uncharged bigint DEFAULT 0 NOT NULL,
+    period_findings bigint DEFAULT 0 NOT NULL,
+    daily_rebuilt_through date,
     CONSTRAINT reconciliation_runs_status_check CHECK ((status = ANY (ARRAY['running'::text, 'succeeded'::text, 'partial'::text, 'failed'::text, 'skipped'::text])))
 );
 
 COMMENT ON TABLE llm.reconciliation_runs IS 'One row per reconciliation pass (coordinator-local under Citus); skipped when another pass held the lock.';
 
+COMMENT ON COLUMN llm.reconciliation_runs.recovered_uncharged IS 'Requests the pass recovered and charged nothing (recovery_charge dispatched or none); requests_recovered counts them too.';
+
+COMMENT ON COLUMN llm.reconciliation_runs.period_findings IS 'Periods whose counters disagreed with their requests in this pass''s audit.';
+
+COMMENT ON COLUMN llm.reconciliation_runs.daily_rebuilt_through IS 'Set when this pass rebuilt every day of daily usage it owed, up to this day (its clock''s day); the next pass rebuilds from there.';
+
 CREATE FUNCTION llm._finish_run(p_run_id uuid, p_token uuid) RETURNS llm.reconciliation_runs
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 bf562bc596e7213d45d2f120459f6b4a $$;
+    AS $$ body in sql/, md5 9cd7eef5dfb19e857c1e1eda81dcebb6 $$;
 
 COMMENT ON FUNCTION llm._finish_run(p_run_id uuid, p_token uuid) IS 'Closes a pass that still holds its lease: succeeded without errors, failed when every organization failed, partial otherwise; frees the lease.';
 
@@ -275,13 +314,21 @@ CREATE TABLE llm.organizations (
     notice_thresholds integer[] DEFAULT '{80,100}'::integer[] NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    recovery_charge text DEFAULT 'estimate'::text NOT NULL,
+    late_settlement text DEFAULT 'audit'::text NOT NULL,
+    CONSTRAINT organizations_late_settlement_check CHECK ((late_settlement = ANY (ARRAY['audit'::text, 'true_up'::text]))),
     CONSTRAINT organizations_monthly_allowance_credits_check CHECK ((monthly_allowance_credits >= 0)),
+    CONSTRAINT organizations_recovery_charge_check CHECK ((recovery_charge = ANY (ARRAY['estimate'::text, 'dispatched'::text, 'none'::text]))),
     CONSTRAINT organizations_status_check CHECK ((status = ANY (ARRAY['operational'::text, 'suspended'::text, 'closed'::text])))
 );
 
 COMMENT ON TABLE llm.organizations IS 'Tenants. monthly_allowance_credits NULL means unlimited; only operational ones are admitted and swept.';
 
 COMMENT ON COLUMN llm.organizations.id IS 'The organization id: the distribution column under Citus.';
+
+COMMENT ON COLUMN llm.organizations.recovery_charge IS 'What recovery charges a stranded request: estimate (the seeds'' rule), dispatched (its estimate only if it was sent to the provider, else 0), none (0).';
+
+COMMENT ON COLUMN llm.organizations.late_settlement IS 'What a measured settlement of a recovered request does: audit (recorded in late_*, never charged) or true_up (the books move to the measured figures).';
 
 CREATE FUNCTION llm._operational_org(p_organization_id uuid) RETURNS llm.organizations
     LANGUAGE plpgsql STABLE
@@ -324,10 +371,17 @@ CREATE FUNCTION llm._raise_unknown_org(p_organization_id uuid) RETURNS void
 
 COMMENT ON FUNCTION llm._raise_unknown_org(p_organization_id uuid) IS 'Raises LL002 for an organization id that does not exist.';
 
+CREATE FUNCTION llm._rebuild_days(p_now timestamp with time zone) RETURNS date[]
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 a4f8773d15325337d317e31e46750133 $$;
+
+COMMENT ON FUNCTION llm._rebuild_days(p_now timestamp with time zone) IS 'The days of daily usage a pass rebuilds, oldest first: every day since the last complete rebuild (at most 35 days back) and the last settings.reporting_days, up to the pass clock''s day.';
+
 CREATE FUNCTION llm._reconcile_org(p_organization_id uuid, p_now timestamp with time zone, p_batch integer, p_run_id uuid) RETURNS llm.org_sweep
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 240cf0880164077422e080ee6fb07578 $$;
+    AS $$ body in sql/, md5 2bff5c0355ea5f65bf3c73ab4b031b61 $$;
 
 COMMENT ON FUNCTION llm._reconcile_org(p_organization_id uuid, p_now timestamp with time zone, p_batch integer, p_run_id uuid) IS 'Distributed twin of reconcile_org; arguments already checked.';
 
@@ -337,6 +391,13 @@ CREATE FUNCTION llm._record_crossings(p_organization_id uuid, p_period_start dat
     AS $$ body in sql/, md5 e7069aba29e17cc1df57ec4e7c0ef6b5 $$;
 
 COMMENT ON FUNCTION llm._record_crossings(p_organization_id uuid, p_period_start date, p_old_used bigint, p_new_used bigint, p_allowance bigint, p_now timestamp with time zone) IS 'Creates one owed notice per threshold crossed when used credits moved from p_old_used to p_new_used; at most one per (organization, period, threshold).';
+
+CREATE FUNCTION llm._recover_stranded(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone, p_batch integer, p_recovery_charge text, INOUT p_sweep llm.org_sweep) RETURNS llm.org_sweep
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 607aeb7ce19eb9d1358eba970b82a58f $$;
+
+COMMENT ON FUNCTION llm._recover_stranded(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone, p_batch integer, p_recovery_charge text, INOUT p_sweep llm.org_sweep) IS 'Recovers up to p_batch of the organization''s requests unsettled since p_cutoff, oldest first, charged per p_recovery_charge: releases their holds, writes their ledger rows, adds to their tasks, moves their periods and records crossed thresholds; fills the sweep''s figures.';
 
 CREATE FUNCTION llm._refresh_drift(p_organization_id uuid, p_now timestamp with time zone, p_since timestamp with time zone, p_run_id uuid) RETURNS integer
     LANGUAGE plpgsql
@@ -380,17 +441,24 @@ CREATE FUNCTION llm._require_org_id(p_organization_id uuid) RETURNS void
 
 COMMENT ON FUNCTION llm._require_org_id(p_organization_id uuid) IS 'Raises 22023 for a NULL organization id, before any distributed twin is called (Citus crashes on a NULL distribution argument).';
 
-CREATE FUNCTION llm._run_followup(p_run_id uuid, p_token uuid, p_step text, p_now timestamp with time zone) RETURNS boolean
+CREATE FUNCTION llm._run_audit(p_run_id uuid, p_organization_id uuid, p_now timestamp with time zone) RETURNS void
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 41f4bb7858cd2d7e1216ed982477cd1d $$;
+    AS $$ body in sql/, md5 bc14f700449626130c1d22763b1b5611 $$;
 
-COMMENT ON FUNCTION llm._run_followup(p_run_id uuid, p_token uuid, p_step text, p_now timestamp with time zone) IS 'Runs one follow-up step of a pass (rearm_notices or rebuild_daily_usage) under the lease and org_lock_timeout; an error is recorded on the run and does not stop the next step. False only when the lease was lost.';
+COMMENT ON FUNCTION llm._run_audit(p_run_id uuid, p_organization_id uuid, p_now timestamp with time zone) IS 'A step of the pass: audits one organization''s periods when due (llm._audit_org) and counts its findings on the run; an error is recorded on the run and the pass goes on.';
+
+CREATE FUNCTION llm._run_followup(p_run_id uuid, p_token uuid, p_step text, p_now timestamp with time zone, p_day date DEFAULT NULL::date) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 0fc8601209e5ceeafa231af79af597c9 $$;
+
+COMMENT ON FUNCTION llm._run_followup(p_run_id uuid, p_token uuid, p_step text, p_now timestamp with time zone, p_day date) IS 'Runs one follow-up step of a pass (rearm_notices, or rebuild_daily_usage of one day) under the lease and org_lock_timeout; an error is recorded on the run and does not stop the next step. False only when the lease was lost.';
 
 CREATE FUNCTION llm._run_org(p_run_id uuid, p_token uuid, p_organization_id uuid, p_now timestamp with time zone, p_batch integer) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 0df75edc35883b58909b89a77962c6ef $$;
+    AS $$ body in sql/, md5 56cf38e02c17244a1bb91485ce77e688 $$;
 
 COMMENT ON FUNCTION llm._run_org(p_run_id uuid, p_token uuid, p_organization_id uuid, p_now timestamp with time zone, p_batch integer) IS 'Sweeps one organization for a pass (bounded by org_lock_timeout and org_time_budget), adds its figures to the run and renews the lease; an error is recorded on the run and the pass goes on. False when the lease was lost: the pass stops.';
 
@@ -400,6 +468,13 @@ CREATE FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credits bi
     AS $$ body in sql/, md5 74725f79ecc63cab8a65b4a1e4ffe35c $$;
 
 COMMENT ON FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid) IS 'Returns the stored invocation when a retried admission repeats its arguments, else raises LL007.';
+
+CREATE FUNCTION llm._set_recovery_policy(p_organization_id uuid, p_recovery_charge text, p_late_settlement text) RETURNS llm.organizations
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 5537d4f9fde80066f8bc9f1a7b8c5380 $$;
+
+COMMENT ON FUNCTION llm._set_recovery_policy(p_organization_id uuid, p_recovery_charge text, p_late_settlement text) IS 'Distributed twin of set_recovery_policy; arguments already checked.';
 
 CREATE TABLE llm.settings (
     singleton boolean DEFAULT true NOT NULL,
@@ -446,7 +521,7 @@ COMMENT ON FUNCTION llm._settings() IS 'The one settings row.';
 CREATE FUNCTION llm._settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) RETURNS text
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 c5b9ad046ec04836bd63f0a7796a8df2 $$;
+    AS $$ body in sql/, md5 b9a3a5f30b577100e7f321aff490f905 $$;
 
 COMMENT ON FUNCTION llm._settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) IS 'Distributed twin of settle_invocation; arguments already checked.';
 
@@ -466,7 +541,7 @@ COMMENT ON FUNCTION llm._text_ok(p_value text, p_max integer, p_nullable boolean
 CREATE FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) RETURNS llm.organizations
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 a1ccf3fe7d2ef8781175559978ffb558 $$;
+    AS $$ body in sql/, md5 70e396da72c4f73acbb4400436707385 $$;
 
 COMMENT ON FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) IS 'Distributed twin of upsert_organization; arguments already checked.';
 
@@ -480,9 +555,9 @@ COMMENT ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_cred
 CREATE FUNCTION llm.check_invariants() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 7f82edf7939c296a246cb6d147a1ad50 $$;
+    AS $$ body in sql/, md5 a5c18c05d713ce0c01886a014dd71c7d $$;
 
-COMMENT ON FUNCTION llm.check_invariants() IS 'Returns one row per violated invariant of DESIGN.md (held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation); empty when the books are right.';
+COMMENT ON FUNCTION llm.check_invariants() IS 'Returns one row per violated invariant (docs/design.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance); empty when the books are right.';
 
 CREATE TABLE llm.threshold_notices (
     organization_id uuid NOT NULL,
@@ -535,7 +610,7 @@ COMMENT ON FUNCTION llm.declare_task_kind(p_key text, p_description text) IS 'De
 CREATE FUNCTION llm.distribute(p_shard_count integer DEFAULT NULL::integer) RETURNS text
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $_$ body in sql/, md5 22c145be0eff6e3435d99a4ac5c1c554 $_$;
+    AS $_$ body in sql/, md5 962991a43db2c661004b115eec86a7e1 $_$;
 
 COMMENT ON FUNCTION llm.distribute(p_shard_count integer) IS 'Under Citus: reference tables for catalogs, per-organization tables distributed on organization_id co-located with organizations, per-organization twins distributed with force_delegation, the other llm routines propagated to the workers; LL011 without citus.';
 
@@ -577,7 +652,7 @@ COMMENT ON FUNCTION llm.rearm_notices(p_now timestamp with time zone) IS 'Makes 
 CREATE FUNCTION llm.rebuild_daily_usage(p_from date, p_to date) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 ab707f351c43190767b04fc7b26c383b $$;
+    AS $$ body in sql/, md5 275bdc373643bd0bc57e8d82f67bac00 $$;
 
 COMMENT ON FUNCTION llm.rebuild_daily_usage(p_from date, p_to date) IS 'Recomputes daily_usage for days p_from .. p_to (UTC settlement day) from the invocations; idempotent; returns the rows written.';
 
@@ -597,9 +672,9 @@ COMMENT ON FUNCTION llm.reconciliation_health(p_now timestamp with time zone) IS
 
 CREATE PROCEDURE llm.run_reconciliation(IN p_now timestamp with time zone DEFAULT NULL::timestamp with time zone, IN p_batch integer DEFAULT NULL::integer)
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 283faa772a2b21ada3de99ec347b4751 $$;
+    AS $$ body in sql/, md5 91cd786ee6714bcb5f3ae84468f79a21 $$;
 
-COMMENT ON PROCEDURE llm.run_reconciliation(IN p_now timestamp with time zone, IN p_batch integer) IS 'The hourly pass: one at a time under a lease (a concurrent call is recorded as skipped; a dead, cancelled or pooled-away pass is taken over), sweeps every operational organization committing after each, records errors and goes on, then re-arms notices and rebuilds daily usage; one llm.reconciliation_runs row per call.';
+COMMENT ON PROCEDURE llm.run_reconciliation(IN p_now timestamp with time zone, IN p_batch integer) IS 'The hourly pass: one at a time under a lease (a concurrent call is recorded as skipped; a dead, cancelled or pooled-away pass is taken over), sweeps every operational organization committing after each and audits its periods when due, records errors and goes on, then re-arms notices and rebuilds daily usage one day at a time since the last complete rebuild; one llm.reconciliation_runs row per call.';
 
 CREATE FUNCTION llm.schedule_reconciliation(p_schedule text DEFAULT '0 * * * *'::text) RETURNS bigint
     LANGUAGE plpgsql SECURITY DEFINER
@@ -608,12 +683,19 @@ CREATE FUNCTION llm.schedule_reconciliation(p_schedule text DEFAULT '0 * * * *':
 
 COMMENT ON FUNCTION llm.schedule_reconciliation(p_schedule text) IS 'Schedules (or reschedules) the pg_cron job llm-reconciliation running CALL llm.run_reconciliation(); returns its job id; LL010 without pg_cron.';
 
+CREATE FUNCTION llm.set_recovery_policy(p_organization_id uuid, p_recovery_charge text, p_late_settlement text) RETURNS llm.organizations
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 f8a3cd9fdf50bdad800395381f5a0349 $$;
+
+COMMENT ON FUNCTION llm.set_recovery_policy(p_organization_id uuid, p_recovery_charge text, p_late_settlement text) IS 'Sets what recovery charges a stranded request (estimate | dispatched | none) and what a measured settlement arriving after recovery does (audit | true_up); 22023 for another word, LL002 for an unknown organization.';
+
 CREATE FUNCTION llm.settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint DEFAULT NULL::bigint, p_output_tokens bigint DEFAULT NULL::bigint, p_now timestamp with time zone DEFAULT now()) RETURNS text
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
     AS $$ body in sql/, md5 1debcf5a3b15d3a3d82d8bc2c14aa88b $$;
 
-COMMENT ON FUNCTION llm.settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) IS 'Settles a request with measured usage: charges it once, releases its hold, moves its own period, adds to its task and records crossed thresholds. Returns settled, or already_settled / already_recovered / already_failed with nothing charged.';
+COMMENT ON FUNCTION llm.settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) IS 'Settles a request with measured usage: charges it once, releases its hold, moves its own period, adds to its task and records crossed thresholds. Returns settled, or already_settled / already_recovered / already_failed with nothing charged; under late_settlement = true_up the first measured settlement of a recovered request returns trued_up and moves the books by the signed difference.';
 
 CREATE FUNCTION llm.unschedule_reconciliation() RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
@@ -685,12 +767,30 @@ CREATE TABLE llm.ledger (
     invocation_id uuid NOT NULL,
     entry llm.ledger_entry NOT NULL,
     period_start date NOT NULL,
-    credits llm.amount NOT NULL,
-    cents llm.amount,
-    recorded_at timestamp with time zone NOT NULL
+    credits bigint NOT NULL,
+    cents bigint,
+    recorded_at timestamp with time zone NOT NULL,
+    CONSTRAINT ledger_signed_only_adjustments CHECK ((((entry)::text = 'adjustment'::text) OR ((credits >= 0) AND (COALESCE(cents, (0)::bigint) >= 0))))
 );
 
 COMMENT ON TABLE llm.ledger IS 'Append-only credit ledger: one hold, one release and at most one charge row per invocation.';
+
+CREATE TABLE llm.period_findings (
+    organization_id uuid NOT NULL,
+    period_start date NOT NULL,
+    recorded_used_credits bigint NOT NULL,
+    computed_used_credits bigint NOT NULL,
+    recorded_used_cents bigint NOT NULL,
+    computed_used_cents bigint NOT NULL,
+    recorded_held_credits bigint NOT NULL,
+    computed_held_credits bigint NOT NULL,
+    first_seen_at timestamp with time zone NOT NULL,
+    last_seen_at timestamp with time zone NOT NULL,
+    resolved_at timestamp with time zone,
+    last_run_id uuid
+);
+
+COMMENT ON TABLE llm.period_findings IS 'Periods whose counters (used credits, used cents, held credits) disagreed with their requests when the pass audited them; reported, never repaired; resolved_at once they agree again.';
 
 CREATE TABLE llm.periods (
     organization_id uuid NOT NULL,
@@ -704,6 +804,18 @@ CREATE TABLE llm.periods (
 );
 
 COMMENT ON TABLE llm.periods IS 'One calendar month (UTC) of an organization: allowance, used and held credits, used cents.';
+
+CREATE TABLE llm.sweep_totals (
+    organization_id uuid NOT NULL,
+    recovered_requests bigint DEFAULT 0 NOT NULL,
+    recovered_uncharged bigint DEFAULT 0 NOT NULL,
+    past_window_alerts bigint DEFAULT 0 NOT NULL,
+    audited_at timestamp with time zone,
+    audit_due_at timestamp with time zone,
+    updated_at timestamp with time zone
+);
+
+COMMENT ON TABLE llm.sweep_totals IS 'Per organization, written by its sweeps (the pass''s and direct reconcile_org calls alike): monotonic totals of requests recovered, of those charged nothing, and of past-window alerts; and when its periods were last audited and are due again.';
 
 CREATE TABLE llm.task_kinds (
     key text NOT NULL,
@@ -735,6 +847,9 @@ ALTER TABLE ONLY llm.organizations
 ALTER TABLE ONLY llm.pass_lease
     ADD CONSTRAINT pass_lease_pkey PRIMARY KEY (singleton);
 
+ALTER TABLE ONLY llm.period_findings
+    ADD CONSTRAINT period_findings_pkey PRIMARY KEY (organization_id, period_start);
+
 ALTER TABLE ONLY llm.periods
     ADD CONSTRAINT periods_pkey PRIMARY KEY (organization_id, period_start);
 
@@ -743,6 +858,9 @@ ALTER TABLE ONLY llm.reconciliation_runs
 
 ALTER TABLE ONLY llm.settings
     ADD CONSTRAINT settings_pkey PRIMARY KEY (singleton);
+
+ALTER TABLE ONLY llm.sweep_totals
+    ADD CONSTRAINT sweep_totals_pkey PRIMARY KEY (organization_id);
 
 ALTER TABLE ONLY llm.task_kinds
     ADD CONSTRAINT task_kinds_pkey PRIMARY KEY (key);
@@ -765,7 +883,11 @@ CREATE INDEX invocations_execution ON llm.invocations USING btree (organization_
 
 CREATE INDEX invocations_open ON llm.invocations USING btree (organization_id, created_at) WHERE ((status)::text = ANY (ARRAY['reserved'::text, 'dispatched'::text]));
 
+CREATE INDEX invocations_period ON llm.invocations USING btree (organization_id, period_start);
+
 CREATE INDEX invocations_settled_at ON llm.invocations USING btree (settled_at) WHERE (settled_at IS NOT NULL);
+
+CREATE INDEX period_findings_open ON llm.period_findings USING btree (organization_id) WHERE (resolved_at IS NULL);
 
 CREATE INDEX reconciliation_runs_started ON llm.reconciliation_runs USING btree (started_at DESC);
 
@@ -795,6 +917,8 @@ GRANT USAGE ON SCHEMA llm TO llm_app;
 GRANT USAGE ON SCHEMA llm TO llm_operator;
 GRANT USAGE ON SCHEMA llm TO llm_reader;
 
+REVOKE ALL ON FUNCTION llm._abandon_stale_tasks(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone) FROM PUBLIC;
+
 GRANT SELECT ON TABLE llm.invocations TO llm_reader;
 GRANT SELECT ON TABLE llm.invocations TO llm_operator;
 
@@ -802,10 +926,14 @@ REVOKE ALL ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_
 
 REVOKE ALL ON FUNCTION llm._amount_ok(p_value bigint, p_nullable boolean) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._audit_org(p_organization_id uuid, p_now timestamp with time zone, p_run_id uuid) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id uuid, OUT token uuid) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id uuid, OUT token uuid) TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._bound_locks() FROM PUBLIC;
 
@@ -826,7 +954,7 @@ REVOKE ALL ON FUNCTION llm._close_execution(p_organization_id uuid, p_execution_
 
 REVOKE ALL ON FUNCTION llm._complete_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date, p_allowance bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone) FROM PUBLIC;
 
@@ -867,9 +995,14 @@ REVOKE ALL ON FUNCTION llm._raise_unknown_invocation(p_organization_id uuid, p_i
 
 REVOKE ALL ON FUNCTION llm._raise_unknown_org(p_organization_id uuid) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._rebuild_days(p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm._rebuild_days(p_now timestamp with time zone) TO llm_operator;
+
 REVOKE ALL ON FUNCTION llm._reconcile_org(p_organization_id uuid, p_now timestamp with time zone, p_batch integer, p_run_id uuid) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._record_crossings(p_organization_id uuid, p_period_start date, p_old_used bigint, p_new_used bigint, p_allowance bigint, p_now timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._recover_stranded(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone, p_batch integer, p_recovery_charge text, INOUT p_sweep llm.org_sweep) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._refresh_drift(p_organization_id uuid, p_now timestamp with time zone, p_since timestamp with time zone, p_run_id uuid) FROM PUBLIC;
 
@@ -883,13 +1016,18 @@ REVOKE ALL ON FUNCTION llm._require_notice(p_organization_id uuid, p_notice_id u
 
 REVOKE ALL ON FUNCTION llm._require_org_id(p_organization_id uuid) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm._run_followup(p_run_id uuid, p_token uuid, p_step text, p_now timestamp with time zone) FROM PUBLIC;
-GRANT ALL ON FUNCTION llm._run_followup(p_run_id uuid, p_token uuid, p_step text, p_now timestamp with time zone) TO llm_operator;
+REVOKE ALL ON FUNCTION llm._run_audit(p_run_id uuid, p_organization_id uuid, p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm._run_audit(p_run_id uuid, p_organization_id uuid, p_now timestamp with time zone) TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm._run_followup(p_run_id uuid, p_token uuid, p_step text, p_now timestamp with time zone, p_day date) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm._run_followup(p_run_id uuid, p_token uuid, p_step text, p_now timestamp with time zone, p_day date) TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm._run_org(p_run_id uuid, p_token uuid, p_organization_id uuid, p_now timestamp with time zone, p_batch integer) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm._run_org(p_run_id uuid, p_token uuid, p_organization_id uuid, p_now timestamp with time zone, p_batch integer) TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._set_recovery_policy(p_organization_id uuid, p_recovery_charge text, p_late_settlement text) FROM PUBLIC;
 
 GRANT SELECT ON TABLE llm.settings TO llm_reader;
 GRANT SELECT ON TABLE llm.settings TO llm_operator;
@@ -958,6 +1096,9 @@ GRANT ALL ON PROCEDURE llm.run_reconciliation(IN p_now timestamp with time zone,
 REVOKE ALL ON FUNCTION llm.schedule_reconciliation(p_schedule text) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.schedule_reconciliation(p_schedule text) TO llm_operator;
 
+REVOKE ALL ON FUNCTION llm.set_recovery_policy(p_organization_id uuid, p_recovery_charge text, p_late_settlement text) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.set_recovery_policy(p_organization_id uuid, p_recovery_charge text, p_late_settlement text) TO llm_operator;
+
 REVOKE ALL ON FUNCTION llm.settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) TO llm_app;
 
@@ -979,8 +1120,14 @@ GRANT SELECT ON TABLE llm.executions TO llm_operator;
 GRANT SELECT ON TABLE llm.ledger TO llm_reader;
 GRANT SELECT ON TABLE llm.ledger TO llm_operator;
 
+GRANT SELECT ON TABLE llm.period_findings TO llm_reader;
+GRANT SELECT ON TABLE llm.period_findings TO llm_operator;
+
 GRANT SELECT ON TABLE llm.periods TO llm_reader;
 GRANT SELECT ON TABLE llm.periods TO llm_operator;
+
+GRANT SELECT ON TABLE llm.sweep_totals TO llm_reader;
+GRANT SELECT ON TABLE llm.sweep_totals TO llm_operator;
 
 GRANT SELECT ON TABLE llm.task_kinds TO llm_reader;
 GRANT SELECT ON TABLE llm.task_kinds TO llm_operator;

@@ -166,7 +166,10 @@ def migrate(
     url = yoyo_url(dsn)
     with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as conn:
         with conn.transaction():
-            conn.execute("SELECT pg_catalog.pg_advisory_xact_lock(%s)", [MIGRATE_LOCK_KEY])
+            # No parameter, so the simple query protocol: an extended-protocol portal
+            # would keep its snapshot (and this backend's xmin) while the transaction
+            # idles through yoyo's run, and CREATE INDEX CONCURRENTLY waits for it.
+            conn.execute(f"SELECT pg_catalog.pg_advisory_xact_lock({int(MIGRATE_LOCK_KEY)})")  # type: ignore[arg-type]
             applied = _apply_migrations(url, migrations_path, lock_timeout)
             dropped = _apply_sql_files(conn, sql_files)
 

@@ -56,6 +56,7 @@ class Outcome(enum.StrEnum):
 
     SETTLED = "settled"
     FAILED = "failed"
+    TRUED_UP = "trued_up"
     ALREADY_SETTLED = "already_settled"
     ALREADY_RECOVERED = "already_recovered"
     ALREADY_FAILED = "already_failed"
@@ -74,6 +75,8 @@ class Organization(_Row):
     notice_thresholds: tuple[int, ...]
     created_at: datetime
     updated_at: datetime
+    recovery_charge: str
+    late_settlement: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -104,6 +107,8 @@ class Invocation(_Row):
     late_input_tokens: int | None
     late_output_tokens: int | None
     late_reported_at: datetime | None
+    # what recovery charged (kept after a true-up replaced charged_credits)
+    recovered_credits: int | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -146,6 +151,7 @@ class OrgSweep(_Row):
     drift_findings: int
     notices_created: int
     more_pending: bool
+    recovered_uncharged: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -168,6 +174,9 @@ class ReconciliationRun(_Row):
     daily_rows_rebuilt: int
     more_pending_orgs: int
     errors: list[dict[str, Any]]
+    recovered_uncharged: int
+    period_findings: int
+    daily_rebuilt_through: date | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

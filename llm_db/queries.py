@@ -22,6 +22,13 @@ SELECT * FROM llm.upsert_organization(
     p_now => %(now)s::timestamptz)
 """
 
+SET_RECOVERY_POLICY = """
+SELECT * FROM llm.set_recovery_policy(
+    p_organization_id => %(organization_id)s::uuid,
+    p_recovery_charge => %(recovery_charge)s::text,
+    p_late_settlement => %(late_settlement)s::text)
+"""
+
 DECLARE_TASK_KIND = """
 SELECT llm.declare_task_kind(
     p_key => %(key)s::text,

@@ -125,6 +125,20 @@ class _Calls:
         )
 
     @staticmethod
+    def set_recovery_policy(
+        organization_id: UuidLike, recovery_charge: str, late_settlement: str
+    ) -> _Call[Organization]:
+        return _Call(
+            queries.SET_RECOVERY_POLICY,
+            {
+                "organization_id": organization_id,
+                "recovery_charge": recovery_charge,
+                "late_settlement": late_settlement,
+            },
+            _one(Organization),
+        )
+
+    @staticmethod
     def declare_task_kind(key: str, description: str | None) -> _Call[None]:
         return _Call(queries.DECLARE_TASK_KIND, {"key": key, "description": description}, _nothing)
 
@@ -394,6 +408,15 @@ class Llm:
             )
         )
 
+    def set_recovery_policy(
+        self, organization_id: UuidLike, recovery_charge: str, late_settlement: str
+    ) -> Organization:
+        """What recovery charges (estimate | dispatched | none) and what a late measured
+        settlement does (audit | true_up) for this organization."""
+        return self._run(
+            _Calls.set_recovery_policy(organization_id, recovery_charge, late_settlement)
+        )
+
     def declare_task_kind(self, key: str, description: str | None = None) -> None:
         """Declare a task kind; idempotent."""
         return self._run(_Calls.declare_task_kind(key, description))
@@ -432,7 +455,8 @@ class Llm:
         output_tokens: int | None = None,
         now: datetime | None = None,
     ) -> Outcome:
-        """Settle with measured usage; ``Outcome.SETTLED`` or an ``ALREADY_*`` outcome."""
+        """Settle with measured usage; ``Outcome.SETTLED``, ``TRUED_UP`` (a recovered request
+        under ``late_settlement = true_up``) or an ``ALREADY_*`` outcome."""
         return self._run(
             _Calls.settle(
                 organization_id, invocation_id, credits, cents, input_tokens, output_tokens, now
@@ -624,6 +648,15 @@ class AsyncLlm:
             )
         )
 
+    async def set_recovery_policy(
+        self, organization_id: UuidLike, recovery_charge: str, late_settlement: str
+    ) -> Organization:
+        """What recovery charges (estimate | dispatched | none) and what a late measured
+        settlement does (audit | true_up) for this organization."""
+        return await self._run(
+            _Calls.set_recovery_policy(organization_id, recovery_charge, late_settlement)
+        )
+
     async def declare_task_kind(self, key: str, description: str | None = None) -> None:
         """Declare a task kind; idempotent."""
         return await self._run(_Calls.declare_task_kind(key, description))
@@ -662,7 +695,8 @@ class AsyncLlm:
         output_tokens: int | None = None,
         now: datetime | None = None,
     ) -> Outcome:
-        """Settle with measured usage; ``Outcome.SETTLED`` or an ``ALREADY_*`` outcome."""
+        """Settle with measured usage; ``Outcome.SETTLED``, ``TRUED_UP`` (a recovered request
+        under ``late_settlement = true_up``) or an ``ALREADY_*`` outcome."""
         return await self._run(
             _Calls.settle(
                 organization_id, invocation_id, credits, cents, input_tokens, output_tokens, now

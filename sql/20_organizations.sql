@@ -69,10 +69,14 @@ BEGIN
     RETURNING o.* INTO v_org;
 
     IF v_old_allowance IS DISTINCT FROM p_monthly_allowance_credits THEN
-        -- a changed allowance applies to the current period at once
+        -- A changed allowance applies to the current period at once (and to any
+        -- later one a moved clock already opened): invariant 9. A first admission
+        -- of the month creating its period row holds this organization row FOR
+        -- SHARE (_ensure_period), so the row it creates is either visible here or
+        -- created after this transaction commits, with the new allowance.
         UPDATE llm.periods AS p
            SET allowance_credits = p_monthly_allowance_credits
-         WHERE p.organization_id = p_organization_id AND p.period_start = v_period;
+         WHERE p.organization_id = p_organization_id AND p.period_start >= v_period;
     END IF;
     RETURN v_org;
 END
@@ -111,21 +115,82 @@ $$;
 COMMENT ON FUNCTION llm.upsert_organization(uuid, text, bigint, text, integer[], timestamptz) IS
     'Creates or updates an organization; a changed allowance (NULL = unlimited) also applies to the period containing p_now.';
 
-CREATE OR REPLACE FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date, p_allowance bigint)
+CREATE OR REPLACE FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, llm, pg_temp
 AS $$
+DECLARE
+    v_allowance bigint;
 BEGIN
-    -- the caller (admission) has already looked for the row and not found it;
+    -- Invariant 9: the month's first admission reads the allowance under a share
+    -- lock of its organization, so an upsert_organization either committed first
+    -- (its allowance is read here) or waits for this transaction and then moves
+    -- the row created here. Only the first admission of a month pays for it.
+    SELECT o.monthly_allowance_credits INTO v_allowance
+      FROM llm.organizations AS o
+     WHERE o.id = p_organization_id
+       FOR SHARE;
     -- a concurrent first admission of the month may create it first: DO NOTHING
     INSERT INTO llm.periods (organization_id, period_start, period_end, allowance_credits)
-    VALUES (p_organization_id, p_period_start, (p_period_start + interval '1 month')::date, p_allowance)
+    VALUES (p_organization_id, p_period_start, (p_period_start + interval '1 month')::date, v_allowance)
     ON CONFLICT (organization_id, period_start) DO NOTHING;
 END
 $$;
-COMMENT ON FUNCTION llm._ensure_period(uuid, date, bigint) IS
-    'Creates the period row on first use, with the organization''s allowance at that moment.';
+COMMENT ON FUNCTION llm._ensure_period(uuid, date) IS
+    'Creates the period row on first use, with the organization''s allowance read under a share lock of the organization, so a concurrent upsert_organization cannot be lost (invariant 9).';
+
+CREATE OR REPLACE FUNCTION llm._set_recovery_policy(
+    p_organization_id uuid, p_recovery_charge text, p_late_settlement text)
+RETURNS llm.organizations
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_org llm.organizations;
+BEGIN
+    UPDATE llm.organizations AS o
+       SET recovery_charge = p_recovery_charge, late_settlement = p_late_settlement
+     WHERE o.id = p_organization_id
+    RETURNING o.* INTO v_org;
+    IF NOT FOUND THEN
+        PERFORM llm._raise_unknown_org(p_organization_id);
+    END IF;
+    RETURN v_org;
+END
+$$;
+COMMENT ON FUNCTION llm._set_recovery_policy(uuid, text, text) IS
+    'Distributed twin of set_recovery_policy; arguments already checked.';
+
+CREATE OR REPLACE FUNCTION llm.set_recovery_policy(
+    p_organization_id uuid, p_recovery_charge text, p_late_settlement text)
+RETURNS llm.organizations
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_org llm.organizations;
+BEGIN
+    PERFORM llm._require_org_id(p_organization_id);
+    IF p_recovery_charge IS NULL OR p_recovery_charge NOT IN ('estimate', 'dispatched', 'none') THEN
+        RAISE EXCEPTION 'llm: unknown recovery charge %', coalesce(p_recovery_charge, 'NULL')
+            USING ERRCODE = '22023',
+                  DETAIL = 'estimate: every recovered request is charged its estimate; dispatched: only requests sent to the provider are; none: recovery charges nothing.',
+                  HINT = 'Pass estimate, dispatched or none.';
+    END IF;
+    IF p_late_settlement IS NULL OR p_late_settlement NOT IN ('audit', 'true_up') THEN
+        RAISE EXCEPTION 'llm: unknown late settlement policy %', coalesce(p_late_settlement, 'NULL')
+            USING ERRCODE = '22023',
+                  DETAIL = 'audit: a measured settlement after recovery is recorded, never charged; true_up: it replaces the recovery charge.',
+                  HINT = 'Pass audit or true_up.';
+    END IF;
+    SELECT * INTO v_org
+      FROM llm._set_recovery_policy(p_organization_id, p_recovery_charge, p_late_settlement);
+    RETURN v_org;
+END
+$$;
+COMMENT ON FUNCTION llm.set_recovery_policy(uuid, text, text) IS
+    'Sets what recovery charges a stranded request (estimate | dispatched | none) and what a measured settlement arriving after recovery does (audit | true_up); 22023 for another word, LL002 for an unknown organization.';
 
 CREATE OR REPLACE FUNCTION llm.declare_task_kind(p_key text, p_description text DEFAULT NULL)
 RETURNS void

@@ -96,6 +96,53 @@ $$;
 COMMENT ON FUNCTION llm._book_terminal(llm.invocations, timestamptz) IS
     'Books a just-terminated invocation: release and charge ledger rows, task totals, period movement and threshold notices.';
 
+-- A recovered request trued up to its late measured settlement: the signed
+-- difference moves its task, its own period (a closed month too) and the daily
+-- usage of its settlement day, with one 'adjustment' ledger row; the same lock
+-- order as _book_terminal (invocation -> execution -> period -> notices).
+CREATE OR REPLACE FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_credits bigint := p_inv.charged_credits - p_inv.recovered_credits;  -- signed
+    v_cents bigint := coalesce(p_inv.charged_cents, 0);  -- recovery charged no cents
+    v_new_used bigint;
+    v_allowance bigint;
+BEGIN
+    WITH adjustment AS (
+        INSERT INTO llm.ledger (organization_id, invocation_id, entry, period_start, credits, cents, recorded_at)
+        VALUES (p_inv.organization_id, p_inv.id, 'adjustment', p_inv.period_start, v_credits, v_cents, p_now)
+    )
+    UPDATE llm.executions AS x
+       SET credits = x.credits + v_credits, cents = x.cents + v_cents
+     WHERE x.organization_id = p_inv.organization_id AND x.id = p_inv.execution_id;
+
+    UPDATE llm.periods AS p
+       SET used_credits = p.used_credits + v_credits,
+           used_cents = p.used_cents + v_cents
+     WHERE p.organization_id = p_inv.organization_id AND p.period_start = p_inv.period_start
+    RETURNING p.used_credits, p.allowance_credits INTO v_new_used, v_allowance;
+    IF v_credits > 0 AND llm._may_cross(v_new_used - v_credits, v_new_used, v_allowance) THEN
+        PERFORM llm._record_crossings(p_inv.organization_id, p_inv.period_start,
+                                      v_new_used - v_credits, v_new_used, v_allowance, p_now);
+    END IF;
+
+    -- the day's row as a rebuild would give it now (a day not built yet is built by the pass)
+    UPDATE llm.daily_usage AS d
+       SET credits = d.credits + v_credits,
+           cents = d.cents + v_cents,
+           input_tokens = d.input_tokens + coalesce(p_inv.input_tokens, 0),
+           output_tokens = d.output_tokens + coalesce(p_inv.output_tokens, 0)
+     WHERE d.organization_id = p_inv.organization_id
+       AND d.day = (p_inv.settled_at AT TIME ZONE 'UTC')::date
+       AND d.model = p_inv.model;
+END
+$$;
+COMMENT ON FUNCTION llm._book_true_up(llm.invocations, timestamptz) IS
+    'Books a true-up: one adjustment ledger row with the signed difference, the task''s and the period''s totals (crossings when usage rises) and the daily usage of the settlement day, in the settlement''s transaction.';
+
 -- ---------------------------------------------------------------- admission
 
 CREATE OR REPLACE FUNCTION llm._admit_invocation(
@@ -107,13 +154,12 @@ SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_org_status text;
-    v_allowance bigint;
     v_inv llm.invocations;
     v_exec_status text;
     v_period date := llm._period_start(p_now);
     v_period_row llm.periods;
 BEGIN
-    SELECT o.status, o.monthly_allowance_credits INTO v_org_status, v_allowance
+    SELECT o.status INTO v_org_status
       FROM llm.organizations AS o
      WHERE o.id = p_organization_id;
     IF v_org_status IS DISTINCT FROM 'operational' THEN
@@ -148,7 +194,7 @@ BEGIN
     PERFORM FROM llm.periods AS p
      WHERE p.organization_id = p_organization_id AND p.period_start = v_period;
     IF NOT FOUND THEN
-        PERFORM llm._ensure_period(p_organization_id, v_period, v_allowance);
+        PERFORM llm._ensure_period(p_organization_id, v_period);  -- the month's first admission
     END IF;
 
     -- the request and its hold in one statement (the ledger CTE runs once, after
@@ -336,6 +382,7 @@ AS $$
 DECLARE
     v_inv llm.invocations;
     v_outcome text;
+    v_policy text;
 BEGIN
     UPDATE llm.invocations AS i
        SET status = 'settled', settlement_kind = 'measured', settled_at = p_now,
@@ -350,16 +397,33 @@ BEGIN
     END IF;
 
     v_outcome := llm._terminal_outcome(p_organization_id, p_invocation_id);
-    IF v_outcome = 'already_recovered' THEN
-        -- the worker came back after recovery: keep its figures for audit, charge nothing
-        UPDATE llm.invocations AS i
-           SET late_credits = p_credits, late_cents = p_cents,
-               late_input_tokens = p_input_tokens, late_output_tokens = p_output_tokens,
-               late_reported_at = p_now
-         WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id
-           AND i.late_reported_at IS NULL;
+    IF v_outcome <> 'already_recovered' THEN
+        RETURN v_outcome;
     END IF;
-    RETURN v_outcome;
+    -- The worker came back after recovery. The late_settlement policy in force now
+    -- decides; a request whose late figures were already recorded is never trued up.
+    SELECT o.late_settlement INTO v_policy FROM llm.organizations AS o WHERE o.id = p_organization_id;
+    UPDATE llm.invocations AS i
+       SET late_credits = p_credits, late_cents = p_cents,
+           late_input_tokens = p_input_tokens, late_output_tokens = p_output_tokens,
+           late_reported_at = p_now,
+           settlement_kind = CASE WHEN v_policy = 'true_up' THEN 'trued_up' ELSE i.settlement_kind END,
+           charged_credits = CASE WHEN v_policy = 'true_up' THEN p_credits ELSE i.charged_credits END,
+           charged_cents = CASE WHEN v_policy = 'true_up' THEN p_cents ELSE i.charged_cents END,
+           input_tokens = CASE WHEN v_policy = 'true_up' THEN p_input_tokens ELSE i.input_tokens END,
+           output_tokens = CASE WHEN v_policy = 'true_up' THEN p_output_tokens ELSE i.output_tokens END
+     WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id
+       AND i.settlement_kind = 'recovered' AND i.late_reported_at IS NULL
+    RETURNING i.* INTO v_inv;
+    IF NOT FOUND THEN
+        -- recorded before (already_recovered) or trued up by a concurrent call (already_settled)
+        RETURN llm._terminal_outcome(p_organization_id, p_invocation_id);
+    END IF;
+    IF v_policy = 'true_up' THEN
+        PERFORM llm._book_true_up(v_inv, p_now);
+        RETURN 'trued_up';
+    END IF;
+    RETURN 'already_recovered';  -- audit: kept for audit, never charged
 END
 $$;
 COMMENT ON FUNCTION llm._settle_invocation(uuid, uuid, bigint, bigint, bigint, bigint, timestamptz) IS
@@ -394,7 +458,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm.settle_invocation(uuid, uuid, bigint, bigint, bigint, bigint, timestamptz) IS
-    'Settles a request with measured usage: charges it once, releases its hold, moves its own period, adds to its task and records crossed thresholds. Returns settled, or already_settled / already_recovered / already_failed with nothing charged.';
+    'Settles a request with measured usage: charges it once, releases its hold, moves its own period, adds to its task and records crossed thresholds. Returns settled, or already_settled / already_recovered / already_failed with nothing charged; under late_settlement = true_up the first measured settlement of a recovered request returns trued_up and moves the books by the signed difference.';
 
 CREATE OR REPLACE FUNCTION llm._fail_invocation(
     p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint,

@@ -1,7 +1,9 @@
 -- Recovery (WF-PFM-LLM-004, CAP-PFM-LLM-009): one organization's sweep is one
--- transaction. Lock order: abandoned executions, then recovered invocations
--- (SKIP LOCKED: a live settlement wins), their executions, their periods, so
--- the sweep never waits on a row a settlement holds while holding one it needs.
+-- transaction of plain statements in one lock order: abandoned tasks, then the
+-- recovered requests (SKIP LOCKED: a live settlement wins), their tasks, their
+-- periods, their notices, so the sweep never waits on a row a settlement holds
+-- while holding one it needs. What recovery charges follows the organization's
+-- recovery_charge.
 --
 -- No client can stall a sweep: it waits at most settings.org_lock_timeout for
 -- any one lock (55P03) and runs at most settings.org_time_budget, checked
@@ -46,6 +48,133 @@ $$;
 COMMENT ON FUNCTION llm._check_deadline(uuid, timestamptz, text) IS
     'Raises 57014 (column org_time_budget of llm.settings in its diagnostics) when clock_timestamp() is past p_deadline: the bound on one organization''s sweep, checked between its statements.';
 
+CREATE OR REPLACE FUNCTION llm._abandon_stale_tasks(
+    p_organization_id uuid, p_now timestamptz, p_cutoff timestamptz)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_task record;
+    v_count integer := 0;
+BEGIN
+    -- BR-CAP-PFM-LLM-009-05: stale running tasks become abandoned at detection time,
+    -- with no duration and their totals kept; the compare on running loses to a close.
+    FOR v_task IN
+        UPDATE llm.executions AS x
+           SET status = 'abandoned', ended_at = p_now, duration_ms = NULL
+         WHERE x.organization_id = p_organization_id AND x.status = 'running'
+           AND x.started_at <= p_cutoff
+        RETURNING x.id, x.task_key, x.started_at, x.request_count, x.credits, x.cents
+    LOOP
+        RAISE LOG 'llm: abandoned execution % of organization % (task %, started %, requests %, credits %, cents %)',
+            v_task.id, p_organization_id, v_task.task_key, v_task.started_at,
+            v_task.request_count, v_task.credits, v_task.cents;
+        v_count := v_count + 1;
+    END LOOP;
+    RETURN v_count;
+END
+$$;
+COMMENT ON FUNCTION llm._abandon_stale_tasks(uuid, timestamptz, timestamptz) IS
+    'Marks the organization''s tasks running since p_cutoff or earlier abandoned at p_now (no duration, totals kept); returns how many.';
+
+CREATE OR REPLACE FUNCTION llm._recover_stranded(
+    p_organization_id uuid, p_now timestamptz, p_cutoff timestamptz, p_batch integer,
+    p_recovery_charge text, INOUT p_sweep llm.org_sweep)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_ids uuid[];
+    v_period record;
+BEGIN
+    -- BR-CAP-PFM-LLM-009-01/-03/-04/-07. The lock order is the settlement's
+    -- (_book_terminal): requests, then their tasks, then their periods, then notices.
+
+    -- 1. The requests: a bounded batch of the oldest stranded ones, locked and settled
+    --    by recovery in one statement. SKIP LOCKED: a request a live settlement holds is
+    --    left to it. The charge follows the organization's recovery_charge; no cents; the
+    --    past-window alert is stamped once.
+    WITH picked AS (
+        SELECT i.id, i.past_window_alerted_at IS NULL AS first_alert,
+               CASE WHEN p_recovery_charge = 'estimate'
+                         OR (p_recovery_charge = 'dispatched' AND i.dispatched_at IS NOT NULL)
+                    THEN i.estimate_credits ELSE 0 END AS charge
+          FROM llm.invocations AS i
+         WHERE i.organization_id = p_organization_id
+           AND i.status IN ('reserved', 'dispatched')
+           AND i.created_at <= p_cutoff
+         ORDER BY i.created_at, i.id
+         LIMIT p_batch
+           FOR UPDATE SKIP LOCKED
+    ), recovered AS (
+        UPDATE llm.invocations AS i
+           SET status = 'settled', settlement_kind = 'recovered', settled_at = p_now,
+               charged_credits = picked.charge, recovered_credits = picked.charge, charged_cents = NULL,
+               past_window_alerted_at = coalesce(i.past_window_alerted_at, p_now)
+          FROM picked
+         WHERE i.organization_id = p_organization_id AND i.id = picked.id
+           AND i.status IN ('reserved', 'dispatched')
+        RETURNING i.id, i.hold_credits, picked.charge, i.estimate_credits, picked.first_alert
+    )
+    SELECT pg_catalog.array_agg(r.id), count(*),
+           count(*) FILTER (WHERE r.charge = 0 AND r.estimate_credits > 0),
+           coalesce(sum(r.hold_credits), 0), count(*) FILTER (WHERE r.first_alert)
+      INTO v_ids, p_sweep.recovered_requests, p_sweep.recovered_uncharged,
+           p_sweep.released_hold_credits, p_sweep.past_window_alerts
+      FROM recovered AS r;
+    IF p_sweep.recovered_requests = 0 THEN
+        RETURN;
+    END IF;
+
+    -- their ledger rows: the release of each hold, and the charge where there is one
+    INSERT INTO llm.ledger (organization_id, invocation_id, entry, period_start, credits, cents, recorded_at)
+    SELECT i.organization_id, i.id, e.entry, i.period_start,
+           CASE e.entry WHEN 'release' THEN i.hold_credits ELSE i.charged_credits END, NULL, p_now
+      FROM llm.invocations AS i
+     CROSS JOIN (VALUES ('release'), ('charge')) AS e(entry)
+     WHERE i.organization_id = p_organization_id AND i.id = ANY (v_ids)
+       AND (e.entry = 'release' OR i.charged_credits > 0);
+
+    -- 2. Their tasks' totals (also of closed tasks, which never reopen).
+    UPDATE llm.executions AS x
+       SET request_count = x.request_count + t.n, credits = x.credits + t.credits
+      FROM (SELECT i.execution_id, count(*) AS n, sum(i.charged_credits)::bigint AS credits
+              FROM llm.invocations AS i
+             WHERE i.organization_id = p_organization_id AND i.id = ANY (v_ids)
+               AND i.execution_id IS NOT NULL
+             GROUP BY i.execution_id) AS t
+     WHERE x.organization_id = p_organization_id AND x.id = t.execution_id;
+
+    -- 3. Their periods: charge in, hold out; then 4. one owed notice per threshold crossed.
+    p_sweep.notices_created := 0;
+    FOR v_period IN
+        UPDATE llm.periods AS p
+           SET used_credits = p.used_credits + m.credits,
+               held_credits = p.held_credits - m.held
+          FROM (SELECT i.period_start, sum(i.charged_credits)::bigint AS credits,
+                       sum(i.hold_credits)::bigint AS held
+                  FROM llm.invocations AS i
+                 WHERE i.organization_id = p_organization_id AND i.id = ANY (v_ids)
+                 GROUP BY i.period_start) AS m
+         WHERE p.organization_id = p_organization_id AND p.period_start = m.period_start
+        RETURNING p.period_start, p.used_credits - m.credits AS old_used, p.used_credits AS new_used,
+                  p.allowance_credits
+    LOOP
+        p_sweep.notices_created := p_sweep.notices_created
+            + llm._record_crossings(p_organization_id, v_period.period_start, v_period.old_used,
+                                    v_period.new_used, v_period.allowance_credits, p_now);
+    END LOOP;
+
+    IF p_sweep.past_window_alerts > 0 THEN
+        RAISE LOG 'llm: % request(s) of organization % were past the recovery window and were recovered',
+            p_sweep.past_window_alerts, p_organization_id;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION llm._recover_stranded(uuid, timestamptz, timestamptz, integer, text, llm.org_sweep) IS
+    'Recovers up to p_batch of the organization''s requests unsettled since p_cutoff, oldest first, charged per p_recovery_charge: releases their holds, writes their ledger rows, adds to their tasks, moves their periods and records crossed thresholds; fills the sweep''s figures.';
+
 CREATE OR REPLACE FUNCTION llm._reconcile_org(
     p_organization_id uuid, p_now timestamptz, p_batch integer, p_run_id uuid)
 RETURNS llm.org_sweep
@@ -54,116 +183,28 @@ SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_settings llm.settings := llm._settings();
-    v_batch integer := coalesce(p_batch, v_settings.sweep_batch);
     v_cutoff timestamptz := p_now - v_settings.recovery_window;
     v_deadline timestamptz := pg_catalog.clock_timestamp() + v_settings.org_time_budget;
     v_lock_timeout text := llm._bound_locks();
+    v_org llm.organizations;
     v_result llm.org_sweep;
-    v_finding record;
-    v_moved jsonb;
-    v_period record;
 BEGIN
-    PERFORM llm._operational_org(p_organization_id);
+    v_org := llm._operational_org(p_organization_id);
     -- one sweep of an organization at a time (a pass and a tool may overlap)
     PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('llm.reconcile_org'),
                                              pg_catalog.hashtext(p_organization_id::text));
-    v_result.organization_id := p_organization_id;
+    v_result := ROW(p_organization_id, 0, 0, 0, 0, 0, 0, false, 0)::llm.org_sweep;
 
-    -- 1. BR-CAP-PFM-LLM-009-05: stale running tasks become abandoned at detection time,
-    --    with no duration and their totals kept; the compare on running loses to a close.
-    FOR v_finding IN
-        UPDATE llm.executions AS x
-           SET status = 'abandoned', ended_at = p_now, duration_ms = NULL
-         WHERE x.organization_id = p_organization_id AND x.status = 'running'
-           AND x.started_at <= v_cutoff
-        RETURNING x.id, x.task_key, x.started_at, x.request_count, x.credits, x.cents
-    LOOP
-        RAISE LOG 'llm: abandoned execution % of organization % (task %, started %, requests %, credits %, cents %)',
-            v_finding.id, p_organization_id, v_finding.task_key, v_finding.started_at,
-            v_finding.request_count, v_finding.credits, v_finding.cents;
-        v_result.abandoned_executions := coalesce(v_result.abandoned_executions, 0) + 1;
-    END LOOP;
+    -- Lock order of the whole sweep, one statement after the other: stale running
+    -- tasks; then stranded requests, their tasks, their periods, their notices;
+    -- then the organization's totals. A settlement locks request, task, period.
+    v_result.abandoned_executions := llm._abandon_stale_tasks(p_organization_id, p_now, v_cutoff);
     PERFORM llm._check_deadline(p_organization_id, v_deadline, 'abandoning tasks');
 
-    -- 2. BR-CAP-PFM-LLM-009-01/-03/-04/-07: settle a bounded batch of stranded requests at
-    --    their estimate with no money figure, release holds, move periods, stamp the alert
-    --    once and add to task totals in one statement, then record crossed thresholds.
-    WITH picked AS (
-        SELECT i.id, i.past_window_alerted_at IS NULL AS first_alert
-          FROM llm.invocations AS i
-         WHERE i.organization_id = p_organization_id
-           AND i.status IN ('reserved', 'dispatched')
-           AND i.created_at <= v_cutoff
-         ORDER BY i.created_at, i.id
-         LIMIT v_batch
-           FOR UPDATE SKIP LOCKED
-    ), recovered AS (
-        UPDATE llm.invocations AS i
-           SET status = 'settled', settlement_kind = 'recovered', settled_at = p_now,
-               charged_credits = i.estimate_credits, charged_cents = NULL,
-               past_window_alerted_at = coalesce(i.past_window_alerted_at, p_now)
-          FROM picked
-         WHERE i.organization_id = p_organization_id AND i.id = picked.id
-           AND i.status IN ('reserved', 'dispatched')
-        RETURNING i.id, i.period_start, i.execution_id, i.hold_credits, i.charged_credits,
-                  picked.first_alert
-    ), ledger AS (  -- data-modifying CTEs run to completion even when unreferenced
-        INSERT INTO llm.ledger (organization_id, invocation_id, entry, period_start, credits, cents, recorded_at)
-        SELECT p_organization_id, r.id, e.entry, r.period_start,
-               CASE e.entry WHEN 'release' THEN r.hold_credits ELSE r.charged_credits END, NULL, p_now
-          FROM recovered AS r
-         CROSS JOIN (VALUES ('release'), ('charge')) AS e(entry)
-         WHERE e.entry = 'release' OR r.charged_credits > 0
-    ), tasks AS (
-        UPDATE llm.executions AS x
-           SET request_count = x.request_count + t.n, credits = x.credits + t.credits
-          FROM (SELECT r.execution_id, count(*) AS n, sum(r.charged_credits)::bigint AS credits
-                  FROM recovered AS r WHERE r.execution_id IS NOT NULL
-                 GROUP BY r.execution_id) AS t
-         WHERE x.organization_id = p_organization_id AND x.id = t.execution_id
-        RETURNING x.id
-    ), moved AS (
-        -- Periods strictly after executions, the order _book_terminal takes them: the
-        -- sub-statements of a WITH run in no promised order (unreferenced ones last), so
-        -- the gate below reads all of `tasks` before the first period row is locked.
-        -- Without it a late settlement of a sibling request of a closed task (holding
-        -- the task, waiting for the period) deadlocks with this sweep.
-        UPDATE llm.periods AS p
-           SET used_credits = p.used_credits + m.credits,
-               held_credits = p.held_credits - m.held
-          FROM (SELECT r.period_start, sum(r.charged_credits)::bigint AS credits,
-                       sum(r.hold_credits)::bigint AS held
-                  FROM recovered AS r
-                 WHERE (SELECT count(*) FROM tasks) >= 0
-                 GROUP BY r.period_start) AS m
-         WHERE p.organization_id = p_organization_id AND p.period_start = m.period_start
-        RETURNING p.period_start, p.used_credits - m.credits AS old_used, p.used_credits AS new_used,
-                  p.allowance_credits
-    )
-    SELECT (SELECT count(*) FROM recovered)::integer,
-           (SELECT coalesce(sum(r.hold_credits), 0) FROM recovered AS r)::bigint,
-           (SELECT count(*) FROM recovered AS r WHERE r.first_alert)::integer,
-           (SELECT pg_catalog.jsonb_agg(m) FROM moved AS m)
-      INTO v_result.recovered_requests, v_result.released_hold_credits,
-           v_result.past_window_alerts, v_moved;
-
+    v_result := llm._recover_stranded(p_organization_id, p_now, v_cutoff,
+                                      coalesce(p_batch, v_settings.sweep_batch),
+                                      v_org.recovery_charge, v_result);
     PERFORM llm._check_deadline(p_organization_id, v_deadline, 'recovering requests');
-
-    -- the same threshold rule as a settlement: one owed notice per threshold crossed
-    v_result.notices_created := 0;
-    FOR v_period IN
-        SELECT * FROM pg_catalog.jsonb_to_recordset(coalesce(v_moved, '[]'))
-            AS m(period_start date, old_used bigint, new_used bigint, allowance_credits bigint)
-    LOOP
-        v_result.notices_created := v_result.notices_created
-            + llm._record_crossings(p_organization_id, v_period.period_start, v_period.old_used,
-                                    v_period.new_used, v_period.allowance_credits, p_now);
-    END LOOP;
-
-    IF v_result.past_window_alerts > 0 THEN
-        RAISE LOG 'llm: % request(s) of organization % were past the recovery window and were recovered',
-            v_result.past_window_alerts, p_organization_id;
-    END IF;
 
     -- BR-CAP-PFM-LLM-009-04: whatever the batch left waits for the next pass
     v_result.more_pending := EXISTS (
@@ -172,12 +213,25 @@ BEGIN
            AND i.status IN ('reserved', 'dispatched')
            AND i.created_at <= v_cutoff);
 
-    -- 3. BR-CAP-PFM-LLM-009-06: compare recently closed tasks with their terminal requests;
-    --    log and store both figures, change no totals.
+    -- BR-CAP-PFM-LLM-009-06: compare recently closed tasks with their terminal requests;
+    -- log and store both figures, change no totals.
     v_result.drift_findings := llm._refresh_drift(p_organization_id, p_now,
                                                   p_now - v_settings.drift_window, p_run_id);
     PERFORM llm._check_deadline(p_organization_id, v_deadline, 'checking drift');
-    v_result.abandoned_executions := coalesce(v_result.abandoned_executions, 0);
+
+    -- BR-CAP-PFM-LLM-009-07: every recovery and past-window alert is counted where it
+    -- happens, by the pass or by a direct call alike (monotonic totals)
+    IF v_result.recovered_requests > 0 OR v_result.past_window_alerts > 0 THEN
+        INSERT INTO llm.sweep_totals AS t
+               (organization_id, recovered_requests, recovered_uncharged, past_window_alerts, updated_at)
+        VALUES (p_organization_id, v_result.recovered_requests, v_result.recovered_uncharged,
+                v_result.past_window_alerts, p_now)
+        ON CONFLICT (organization_id) DO UPDATE
+           SET recovered_requests = t.recovered_requests + excluded.recovered_requests,
+               recovered_uncharged = t.recovered_uncharged + excluded.recovered_uncharged,
+               past_window_alerts = t.past_window_alerts + excluded.past_window_alerts,
+               updated_at = excluded.updated_at;
+    END IF;
     PERFORM pg_catalog.set_config('lock_timeout', v_lock_timeout, true);  -- the caller's again
     RETURN v_result;
 END

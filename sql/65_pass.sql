@@ -193,7 +193,8 @@ BEGIN
            past_window_alerts = r.past_window_alerts + v_sweep.past_window_alerts,
            executions_abandoned = r.executions_abandoned + v_sweep.abandoned_executions,
            drift_findings = r.drift_findings + v_sweep.drift_findings,
-           more_pending_orgs = r.more_pending_orgs + v_sweep.more_pending::integer
+           more_pending_orgs = r.more_pending_orgs + v_sweep.more_pending::integer,
+           recovered_uncharged = r.recovered_uncharged + v_sweep.recovered_uncharged
      WHERE r.id = p_run_id;
     RETURN llm._renew_lease(p_run_id, p_token);
 END
@@ -201,7 +202,8 @@ $$;
 COMMENT ON FUNCTION llm._run_org(uuid, uuid, uuid, timestamptz, integer) IS
     'Sweeps one organization for a pass (bounded by org_lock_timeout and org_time_budget), adds its figures to the run and renews the lease; an error is recorded on the run and the pass goes on. False when the lease was lost: the pass stops.';
 
-CREATE OR REPLACE FUNCTION llm._run_followup(p_run_id uuid, p_token uuid, p_step text, p_now timestamptz)
+CREATE OR REPLACE FUNCTION llm._run_followup(
+    p_run_id uuid, p_token uuid, p_step text, p_now timestamptz, p_day date DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, llm, pg_temp
@@ -209,7 +211,6 @@ AS $$
 DECLARE
     v_now timestamptz := coalesce(p_now, pg_catalog.now());
     v_count integer;
-    v_today date := (v_now AT TIME ZONE 'UTC')::date;
     v_state text;
     v_message text;
 BEGIN
@@ -223,26 +224,86 @@ BEGIN
         IF p_step = 'rearm_notices' THEN
             v_count := llm.rearm_notices(v_now);
             UPDATE llm.reconciliation_runs AS r SET notices_rearmed = v_count WHERE r.id = p_run_id;
-        ELSIF p_step = 'rebuild_daily_usage' THEN
-            v_count := llm.rebuild_daily_usage(v_today - (llm._settings()).reporting_days + 1, v_today);
-            UPDATE llm.reconciliation_runs AS r SET daily_rows_rebuilt = v_count WHERE r.id = p_run_id;
+        ELSIF p_step = 'rebuild_daily_usage' AND p_day IS NOT NULL THEN
+            v_count := llm.rebuild_daily_usage(p_day, p_day);
+            UPDATE llm.reconciliation_runs AS r
+               SET daily_rows_rebuilt = r.daily_rows_rebuilt + v_count
+             WHERE r.id = p_run_id;
         ELSE
-            RAISE EXCEPTION 'llm: unknown pass step %', p_step USING ERRCODE = '22023';
+            RAISE EXCEPTION 'llm: unknown pass step % (day %)', p_step, p_day USING ERRCODE = '22023';
         END IF;
     EXCEPTION WHEN OTHERS THEN
         GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT;
         RAISE WARNING 'llm: reconciliation step % failed: % (%)', p_step, v_message, v_state;
         UPDATE llm.reconciliation_runs AS r
-           SET errors = r.errors || pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object(
-                   'step', p_step, 'sqlstate', v_state, 'error', v_message))
+           SET errors = r.errors || pg_catalog.jsonb_build_array(pg_catalog.jsonb_strip_nulls(
+                   pg_catalog.jsonb_build_object('step', p_step, 'day', p_day,
+                                                 'sqlstate', v_state, 'error', v_message)))
          WHERE r.id = p_run_id;
         RETURN true;
     END;
     RETURN true;
 END
 $$;
-COMMENT ON FUNCTION llm._run_followup(uuid, uuid, text, timestamptz) IS
-    'Runs one follow-up step of a pass (rearm_notices or rebuild_daily_usage) under the lease and org_lock_timeout; an error is recorded on the run and does not stop the next step. False only when the lease was lost.';
+COMMENT ON FUNCTION llm._run_followup(uuid, uuid, text, timestamptz, date) IS
+    'Runs one follow-up step of a pass (rearm_notices, or rebuild_daily_usage of one day) under the lease and org_lock_timeout; an error is recorded on the run and does not stop the next step. False only when the lease was lost.';
+
+CREATE OR REPLACE FUNCTION llm._rebuild_days(p_now timestamptz)
+RETURNS date[]
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_today date := (coalesce(p_now, pg_catalog.now()) AT TIME ZONE 'UTC')::date;
+    v_recent date := v_today - (llm._settings()).reporting_days + 1;
+    v_through date;
+    v_from date;
+BEGIN
+    -- the last day a pass rebuilt completely (it may have been rebuilt before the day
+    -- ended, so it is rebuilt again), never more than 35 days back
+    SELECT max(r.daily_rebuilt_through) INTO v_through FROM llm.reconciliation_runs AS r;
+    v_from := GREATEST(LEAST(v_recent, coalesce(v_through, v_recent)), v_today - 34);
+    RETURN ARRAY(SELECT d::date FROM pg_catalog.generate_series(v_from, v_today, interval '1 day') AS d);
+END
+$$;
+COMMENT ON FUNCTION llm._rebuild_days(timestamptz) IS
+    'The days of daily usage a pass rebuilds, oldest first: every day since the last complete rebuild (at most 35 days back) and the last settings.reporting_days, up to the pass clock''s day.';
+
+CREATE OR REPLACE FUNCTION llm._run_audit(p_run_id uuid, p_organization_id uuid, p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_found integer;
+    v_state text;
+    v_message text;
+BEGIN
+    -- its own transaction after the organization's sweep: a slow or failed audit
+    -- never rolls back that organization's recovery
+    BEGIN
+        PERFORM llm._bound_locks();
+        SELECT a INTO v_found
+          FROM llm._audit_org(p_organization_id, coalesce(p_now, pg_catalog.now()), p_run_id) AS a;
+    EXCEPTION WHEN OTHERS THEN
+        GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT;
+        RAISE WARNING 'llm: audit of organization % failed: % (%)', p_organization_id, v_message, v_state;
+        UPDATE llm.reconciliation_runs AS r
+           SET errors = r.errors || pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object(
+                   'step', 'audit', 'organization_id', p_organization_id,
+                   'sqlstate', v_state, 'error', v_message))
+         WHERE r.id = p_run_id;
+        RETURN;
+    END;
+    IF v_found > 0 THEN
+        UPDATE llm.reconciliation_runs AS r
+           SET period_findings = r.period_findings + v_found
+         WHERE r.id = p_run_id;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION llm._run_audit(uuid, uuid, timestamptz) IS
+    'A step of the pass: audits one organization''s periods when due (llm._audit_org) and counts its findings on the run; an error is recorded on the run and the pass goes on.';
 
 CREATE OR REPLACE FUNCTION llm._finish_run(p_run_id uuid, p_token uuid)
 RETURNS llm.reconciliation_runs
@@ -262,6 +323,9 @@ BEGIN
      WHERE l.token = p_token;
     UPDATE llm.reconciliation_runs AS r
        SET finished_at = pg_catalog.clock_timestamp(),
+           -- every day it owed rebuilt: the next pass starts from this clock's day
+           daily_rebuilt_through = CASE WHEN NOT r.errors @> '[{"step": "rebuild_daily_usage"}]'
+                                        THEN (r.clock AT TIME ZONE 'UTC')::date END,
            status = CASE
                WHEN pg_catalog.jsonb_array_length(r.errors) = 0 THEN 'succeeded'
                WHEN r.orgs_failed > 0 AND r.orgs_failed = r.orgs_visited THEN 'failed'
@@ -287,6 +351,7 @@ DECLARE
     v_token uuid;
     v_orgs uuid[];
     v_org uuid;
+    v_day date;
 BEGIN
     -- No SET search_path here, so the caller's path resolves this body's operators:
     -- qualify them, or a schema ahead of pg_catalog could supply its own integer <.
@@ -310,23 +375,28 @@ BEGIN
             RETURN;
         END IF;
         COMMIT;
+        PERFORM llm._run_audit(v_run, v_org, p_now);  -- when due; its own transaction
+        COMMIT;
     END LOOP;
     IF NOT llm._run_followup(v_run, v_token, 'rearm_notices', p_now) THEN
         COMMIT;
         RETURN;
     END IF;
     COMMIT;
-    IF NOT llm._run_followup(v_run, v_token, 'rebuild_daily_usage', p_now) THEN
+    -- daily usage, one day per transaction: every day since the last complete rebuild
+    FOREACH v_day IN ARRAY llm._rebuild_days(p_now) LOOP
+        IF NOT llm._run_followup(v_run, v_token, 'rebuild_daily_usage', p_now, v_day) THEN
+            COMMIT;
+            RETURN;
+        END IF;
         COMMIT;
-        RETURN;
-    END IF;
-    COMMIT;
+    END LOOP;
     PERFORM llm._finish_run(v_run, v_token);
     COMMIT;
 END
 $$;
 COMMENT ON PROCEDURE llm.run_reconciliation(timestamptz, integer) IS
-    'The hourly pass: one at a time under a lease (a concurrent call is recorded as skipped; a dead, cancelled or pooled-away pass is taken over), sweeps every operational organization committing after each, records errors and goes on, then re-arms notices and rebuilds daily usage; one llm.reconciliation_runs row per call.';
+    'The hourly pass: one at a time under a lease (a concurrent call is recorded as skipped; a dead, cancelled or pooled-away pass is taken over), sweeps every operational organization committing after each and audits its periods when due, records errors and goes on, then re-arms notices and rebuilds daily usage one day at a time since the last complete rebuild; one llm.reconciliation_runs row per call.';
 
 CREATE OR REPLACE FUNCTION llm.reconciliation_health(p_now timestamptz DEFAULT now())
 RETURNS TABLE (status text, last_success_at timestamptz, last_run_status text, detail text)

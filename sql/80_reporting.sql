@@ -21,7 +21,7 @@ BEGIN
             input_tokens, output_tokens)
     SELECT i.organization_id, (i.settled_at AT TIME ZONE 'UTC')::date, i.model,
            count(*),
-           count(*) FILTER (WHERE i.settlement_kind = 'recovered'),
+           count(*) FILTER (WHERE i.settlement_kind IN ('recovered', 'trued_up')),
            coalesce(sum(i.charged_credits), 0),
            coalesce(sum(i.charged_cents), 0),
            coalesce(sum(i.input_tokens), 0),

@@ -18,7 +18,7 @@ BEGIN
         ON h.organization_id = p.organization_id AND h.period_start = p.period_start
      WHERE p.held_credits <> coalesce(h.held, 0);
 
-    -- 2. used = sum of charges of terminal invocations = sum of ledger charges
+    -- 2. used = sum of charges of terminal invocations = sum of ledger charges and adjustments
     RETURN QUERY
     SELECT 2, p.organization_id, 'period ' || p.period_start,
            pg_catalog.format('used_credits=%s used_cents=%s; invocations %s/%s; ledger %s/%s',
@@ -32,34 +32,44 @@ BEGIN
         ON c.organization_id = p.organization_id AND c.period_start = p.period_start
       LEFT JOIN (SELECT g.organization_id, g.period_start, sum(g.credits) AS credits,
                         sum(coalesce(g.cents, 0)) AS cents
-                   FROM llm.ledger AS g WHERE g.entry = 'charge'
+                   FROM llm.ledger AS g WHERE g.entry IN ('charge', 'adjustment')
                   GROUP BY 1, 2) AS l
         ON l.organization_id = p.organization_id AND l.period_start = p.period_start
      WHERE (p.used_credits, p.used_cents) IS DISTINCT FROM (coalesce(c.credits, 0), coalesce(c.cents, 0))
         OR (p.used_credits, p.used_cents) IS DISTINCT FROM (coalesce(l.credits, 0), coalesce(l.cents, 0));
 
-    -- 3. each invocation: one hold, a release iff terminal, a charge matching its own
+    -- 3. each invocation: one hold, a release iff terminal, at most one charge and at most
+    --    one adjustment (iff trued up, over the recovery charge) adding up to its own charge
     RETURN QUERY
     SELECT 3, i.organization_id, 'invocation ' || i.id,
-           pg_catalog.format('status=%s holds=%s releases=%s charge=%s/%s recorded=%s/%s',
-                             i.status, coalesce(g.holds, 0), coalesce(g.releases, 0),
-                             g.charge_credits, g.charge_cents, i.charged_credits, i.charged_cents)
+           pg_catalog.format('status=%s kind=%s holds=%s releases=%s charge=%s/%s adjustments=%s (%s/%s) recorded=%s/%s recovered=%s',
+                             i.status, i.settlement_kind, coalesce(g.holds, 0), coalesce(g.releases, 0),
+                             g.charge_credits, g.charge_cents, coalesce(g.adjustments, 0),
+                             g.adjustment_credits, g.adjustment_cents, i.charged_credits, i.charged_cents,
+                             i.recovered_credits)
       FROM llm.invocations AS i
       LEFT JOIN (SELECT g.organization_id, g.invocation_id,
                         count(*) FILTER (WHERE g.entry = 'hold') AS holds,
                         count(*) FILTER (WHERE g.entry = 'release') AS releases,
+                        count(*) FILTER (WHERE g.entry = 'adjustment') AS adjustments,
                         sum(g.credits) FILTER (WHERE g.entry = 'hold') AS hold_credits,
                         sum(g.credits) FILTER (WHERE g.entry = 'release') AS release_credits,
                         sum(g.credits) FILTER (WHERE g.entry = 'charge') AS charge_credits,
-                        sum(g.cents) FILTER (WHERE g.entry = 'charge') AS charge_cents
+                        sum(g.cents) FILTER (WHERE g.entry = 'charge') AS charge_cents,
+                        sum(g.credits) FILTER (WHERE g.entry = 'adjustment') AS adjustment_credits,
+                        sum(g.cents) FILTER (WHERE g.entry = 'adjustment') AS adjustment_cents
                    FROM llm.ledger AS g GROUP BY 1, 2) AS g
         ON g.organization_id = i.organization_id AND g.invocation_id = i.id
      WHERE coalesce(g.holds, 0) <> 1
         OR g.hold_credits IS DISTINCT FROM i.hold_credits
         OR coalesce(g.releases, 0) <> (i.status IN ('settled', 'failed'))::integer
         OR (i.status IN ('settled', 'failed') AND g.release_credits IS DISTINCT FROM i.hold_credits)
-        OR coalesce(g.charge_credits, 0) IS DISTINCT FROM coalesce(i.charged_credits, 0)
-        OR coalesce(g.charge_cents, 0) IS DISTINCT FROM coalesce(i.charged_cents, 0);
+        OR coalesce(g.adjustments, 0) <> (i.settlement_kind IS NOT DISTINCT FROM 'trued_up')::integer
+        OR (i.settlement_kind = 'trued_up' AND coalesce(g.charge_credits, 0) <> i.recovered_credits)
+        OR coalesce(g.charge_credits, 0) + coalesce(g.adjustment_credits, 0)
+           IS DISTINCT FROM coalesce(i.charged_credits, 0)
+        OR coalesce(g.charge_cents, 0) + coalesce(g.adjustment_cents, 0)
+           IS DISTINCT FROM coalesce(i.charged_cents, 0);
 
     -- 4. admission never takes used + held over the allowance: holds never exceed what is left
     RETURN QUERY
@@ -81,12 +91,14 @@ BEGIN
                 AND i.status IN ('reserved', 'dispatched')
                 AND i.created_at <= o.updated_at);
 
-    -- 5. past_window_alerted_at only on recovered requests; at most one notice per threshold
-    --    (the unique key guarantees the latter; checked here against a dropped constraint)
+    -- 5. past_window_alerted_at only on recovered requests (a trued-up one was recovered
+    --    first); at most one notice per threshold (the unique key guarantees the latter;
+    --    checked here against a dropped constraint)
     RETURN QUERY
     SELECT 5, i.organization_id, 'invocation ' || i.id, 'past-window alert on a request that was not recovered'
       FROM llm.invocations AS i
-     WHERE i.past_window_alerted_at IS NOT NULL AND i.settlement_kind IS DISTINCT FROM 'recovered';
+     WHERE i.past_window_alerted_at IS NOT NULL
+       AND i.settlement_kind IS DISTINCT FROM 'recovered' AND i.settlement_kind IS DISTINCT FROM 'trued_up';
     RETURN QUERY
     SELECT 5, n.organization_id, 'period ' || n.period_start,
            pg_catalog.format('%s notices for threshold %s', count(*), n.threshold_pct)
@@ -135,7 +147,19 @@ BEGIN
       LEFT JOIN llm.executions AS x
         ON x.organization_id = i.organization_id AND x.id = i.execution_id
      WHERE p.period_start IS NULL OR (i.execution_id IS NOT NULL AND x.id IS NULL);
+
+    -- 9. the current period carries the allowance of the last committed
+    --    upsert_organization: with no clock here, "current" is every period starting
+    --    in or after the month of the organization's last update
+    RETURN QUERY
+    SELECT 9, p.organization_id, 'period ' || p.period_start,
+           pg_catalog.format('allowance_credits=%s, organization allowance=%s (updated %s)',
+                             p.allowance_credits, o.monthly_allowance_credits, o.updated_at)
+      FROM llm.periods AS p
+      JOIN llm.organizations AS o ON o.id = p.organization_id
+     WHERE p.period_start >= llm._period_start(o.updated_at)
+       AND p.allowance_credits IS DISTINCT FROM o.monthly_allowance_credits;
 END
 $$;
 COMMENT ON FUNCTION llm.check_invariants() IS
-    'Returns one row per violated invariant of DESIGN.md (held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation); empty when the books are right.';
+    'Returns one row per violated invariant (docs/design.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance); empty when the books are right.';

@@ -37,7 +37,8 @@ BEGIN
     v_done := pg_catalog.array_append(v_done, 'llm.organizations'::text);
     -- parents before children so co-located foreign keys resolve
     FOREACH v_table IN ARRAY ARRAY['llm.periods', 'llm.executions', 'llm.invocations', 'llm.ledger',
-                                   'llm.threshold_notices', 'llm.daily_usage', 'llm.drift_findings'] LOOP
+                                   'llm.threshold_notices', 'llm.daily_usage', 'llm.drift_findings',
+                                   'llm.period_findings', 'llm.sweep_totals'] LOOP
         EXECUTE pg_catalog.format('SELECT %I($1, $2, colocate_with => $3)', 'create_distributed_table')
           USING v_table, 'organization_id', 'llm.organizations';
         v_done := pg_catalog.array_append(v_done, v_table);
@@ -50,7 +51,8 @@ BEGIN
          WHERE p.pronamespace = 'llm'::regnamespace
            AND p.proname IN ('_upsert_organization', '_admit_invocation', '_mark_dispatched',
                              '_settle_invocation', '_fail_invocation', '_open_execution',
-                             '_close_execution', '_reconcile_org', '_complete_notice', '_fail_notice')
+                             '_close_execution', '_reconcile_org', '_complete_notice', '_fail_notice',
+                             '_set_recovery_policy', '_audit_org')
     LOOP
         EXECUTE pg_catalog.format('SELECT %I($1::regprocedure, $2, colocate_with => $3, force_delegation => true)', 'create_distributed_function')
           USING v_fn::text, 'p_organization_id', 'llm.organizations';

@@ -25,6 +25,7 @@ TO llm_app;
 
 GRANT EXECUTE ON FUNCTION
     llm.upsert_organization(uuid, text, bigint, text, integer[], timestamptz),
+    llm.set_recovery_policy(uuid, text, text),
     llm.declare_task_kind(text, text),
     llm.reconcile_org(uuid, timestamptz, integer, uuid),
     llm.reconciliation_health(timestamptz),
@@ -40,7 +41,9 @@ GRANT EXECUTE ON FUNCTION
     llm._begin_run(timestamptz),
     llm._pass_organizations(),
     llm._run_org(uuid, uuid, uuid, timestamptz, integer),
-    llm._run_followup(uuid, uuid, text, timestamptz),
+    llm._run_followup(uuid, uuid, text, timestamptz, date),
+    llm._rebuild_days(timestamptz),
+    llm._run_audit(uuid, uuid, timestamptz),
     llm._finish_run(uuid, uuid),
     llm._check_clock(timestamptz)
 TO llm_operator;

@@ -39,6 +39,7 @@ OVER_MAX = "1000000000000001::bigint"  # llm._max_amount() + 1
 SIGNATURES = {
     "upsert_organization": "llm.upsert_organization(uuid,text,bigint,text,integer[],timestamp with time zone)",
     "declare_task_kind": "llm.declare_task_kind(text,text)",
+    "set_recovery_policy": "llm.set_recovery_policy(uuid,text,text)",
     "admit_invocation": "llm.admit_invocation(uuid,bigint,text,uuid,uuid,timestamp with time zone)",
     "mark_dispatched": "llm.mark_dispatched(uuid,uuid,timestamp with time zone)",
     "settle_invocation": "llm.settle_invocation(uuid,uuid,bigint,bigint,bigint,bigint,timestamp with time zone)",
@@ -143,6 +144,19 @@ bad("declare_task_kind", "22023",
     ("key 1 MB", "%(huge)s"),
     ("description empty", "'bad.new', ''"),
     ("description 1 MB", "'bad.new', %(huge)s"))  # fmt: skip
+
+bad("set_recovery_policy", "22023",
+    ("organization NULL", "NULL::uuid, 'estimate', 'audit'"),
+    ("recovery charge NULL", "%(org)s, NULL::text, 'audit'"),
+    ("recovery charge empty", "%(org)s, '', 'audit'"),
+    ("recovery charge unknown", "%(org)s, 'half', 'audit'"),
+    ("recovery charge wrong case", "%(org)s, 'Estimate', 'audit'"),
+    ("recovery charge 1 MB", "%(org)s, %(huge)s, 'audit'"),
+    ("late settlement NULL", "%(org)s, 'estimate', NULL::text"),
+    ("late settlement unknown", "%(org)s, 'estimate', 'trueup'"),
+    ("late settlement 1 MB", "%(org)s, 'estimate', %(huge)s"),
+    ("both unknown, organization unknown", "%(unknown)s, 'x', 'y'"))  # fmt: skip
+bad("set_recovery_policy", "LL002", ("unknown organization", "%(unknown)s, 'none', 'true_up'"))
 
 # ---------------------------------------------------------------- requests
 

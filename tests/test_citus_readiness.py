@@ -25,6 +25,8 @@ ORG = "organization_id"
 COORDINATOR_STEPS = {
     "_run_org": "a step of the pass on the coordinator: it records into reconciliation_runs"
     " and calls the public reconcile_org, so it is never distributed",
+    "_run_audit": "a step of the pass on the coordinator: it records into reconciliation_runs"
+    " and calls the distributed twin _audit_org, so it is never distributed",
 }
 
 

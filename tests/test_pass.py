@@ -369,7 +369,12 @@ def test_wf_pfm_llm_004_hop_6_rebuild_failure_does_not_undo_the_rearm(llm_conn, 
     blocker.rollback()
 
     assert run["status"] == "partial"
-    assert [(e["step"], e["sqlstate"]) for e in run["errors"]] == [("rebuild_daily_usage", "55P03")]
+    # one error per day rebuilt (settings.reporting_days = 2), each its own transaction
+    assert [(e["step"], e["sqlstate"], e["day"]) for e in run["errors"]] == [
+        ("rebuild_daily_usage", "55P03", str(T0.date())),
+        ("rebuild_daily_usage", "55P03", str((T0 + 25 * HOUR).date())),
+    ]
+    assert run["daily_rebuilt_through"] is None  # the next pass rebuilds those days again
     assert (run["notices_rearmed"], run["daily_rows_rebuilt"]) == (1, 0)
     assert llm_conn.execute("SELECT status FROM llm.threshold_notices").fetchone()[0] == "owed"
 

@@ -45,6 +45,7 @@ OPERATOR = {
     # tenants and the task catalog (administration)
     "llm.upsert_organization(uuid,text,bigint,text,integer[],timestamp with time zone)",
     "llm.declare_task_kind(text,text)",
+    "llm.set_recovery_policy(uuid,text,text)",
     # recovery, health, schedule
     "llm.reconcile_org(uuid,timestamp with time zone,integer,uuid)",
     "llm.run_reconciliation(timestamp with time zone,integer)",
@@ -62,7 +63,9 @@ OPERATOR = {
     "llm._begin_run(timestamp with time zone)",
     "llm._pass_organizations()",
     "llm._run_org(uuid,uuid,uuid,timestamp with time zone,integer)",
-    "llm._run_followup(uuid,uuid,text,timestamp with time zone)",
+    "llm._run_followup(uuid,uuid,text,timestamp with time zone,date)",
+    "llm._rebuild_days(timestamp with time zone)",
+    "llm._run_audit(uuid,uuid,timestamp with time zone)",
     "llm._finish_run(uuid,uuid)",
     "llm._check_clock(timestamp with time zone)",
 }

@@ -215,7 +215,7 @@ def test_upgrading_a_populated_0_1_0_database_loses_nothing(old_database, llm_se
 
     report = migrate(old_database)
 
-    assert report.applied_migrations and report.applied_migrations[0] == "0004_pass_lease"
+    assert report.applied_migrations[:3] == ("0004_pass_lease", "0005_books", "0006_period_index")
     assert "llm._pass_lock_key()" in report.dropped_routines
     with psycopg.connect(old_database, autocommit=True) as conn:
         after = table_contents(conn, old_columns)
@@ -251,6 +251,8 @@ def exercise_every_public_routine(conn: psycopg.Connection, ids: dict[str, uuid.
         "upsert_organization": lambda: conn.execute(
             "SELECT llm.upsert_organization(%s, 'small', 2000, p_now => %s)", [small, feb]),
         "declare_task_kind": lambda: conn.execute("SELECT llm.declare_task_kind('upgrade.new')"),
+        "set_recovery_policy": lambda: conn.execute(
+            "SELECT llm.set_recovery_policy(%s, 'dispatched', 'true_up')", [unlimited]),
         "admit_invocation": admit,
         "mark_dispatched": lambda: conn.execute(
             "SELECT llm.mark_dispatched(%s, %s, p_now => %s)", [small, state["inv"], feb]),
@@ -298,3 +300,6 @@ def exercise_every_public_routine(conn: psycopg.Connection, ids: dict[str, uuid.
         except Exception as exc:
             raise AssertionError(f"llm.{name} failed after the upgrade: {exc}") from exc
     assert scalar(conn, "SELECT status FROM llm.invocations WHERE id = %s", [state["inv"]]) == "settled"
+    # recorded for audit under 0.1.0: never trued up, whatever the policy now
+    assert scalar(conn, "SELECT llm.settle_invocation(%s, %s, 99, 9, p_now => %s)",
+                  [unlimited, ids["stranded"], feb]) == "already_recovered"  # fmt: skip

@@ -1,0 +1,93 @@
+-- The daily audit of every period counter (docs/design.md, "The daily audit"):
+-- each organization's current and previous period (used credits, used cents,
+-- held credits) recomputed from its requests at least once every 24 hours.
+-- A mismatch is a finding in llm.period_findings, logged and counted, never
+-- repaired; a finding that no longer holds is resolved.
+
+CREATE OR REPLACE FUNCTION llm._audit_org(p_organization_id uuid, p_now timestamptz, p_run_id uuid)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_current date := llm._period_start(p_now);
+    v_due timestamptz;
+    v_period record;
+    v_found integer := 0;
+    v_next timestamptz;
+    v_first timestamptz;
+BEGIN
+    SELECT t.audit_due_at INTO v_due FROM llm.sweep_totals AS t WHERE t.organization_id = p_organization_id;
+    IF v_due > p_now THEN
+        RETURN NULL;  -- audited within the last 23 hours: not due
+    END IF;
+
+    -- Both periods in one statement, so one snapshot: every state change moves a
+    -- request and its period's counters in one transaction, so live traffic cannot
+    -- make a period look wrong here.
+    FOR v_period IN
+        SELECT p.period_start,
+               p.used_credits AS recorded_used, coalesce(c.used, 0) AS computed_used,
+               p.used_cents AS recorded_cents, coalesce(c.cents, 0) AS computed_cents,
+               p.held_credits AS recorded_held, coalesce(c.held, 0) AS computed_held
+          FROM llm.periods AS p
+          LEFT JOIN LATERAL (
+                SELECT sum(i.charged_credits) FILTER (WHERE i.status IN ('settled', 'failed'))::bigint AS used,
+                       sum(coalesce(i.charged_cents, 0)) FILTER (WHERE i.status IN ('settled', 'failed'))::bigint AS cents,
+                       sum(i.hold_credits) FILTER (WHERE i.status IN ('reserved', 'dispatched'))::bigint AS held
+                  FROM llm.invocations AS i
+                 WHERE i.organization_id = p_organization_id AND i.period_start = p.period_start) AS c ON true
+         WHERE p.organization_id = p_organization_id
+           AND p.period_start IN (v_current, (v_current - interval '1 month')::date)
+    LOOP
+        IF (v_period.recorded_used, v_period.recorded_cents, v_period.recorded_held)
+           IS DISTINCT FROM (v_period.computed_used, v_period.computed_cents, v_period.computed_held) THEN
+            v_found := v_found + 1;
+            RAISE WARNING 'llm: period % of organization % disagrees with its requests: used credits % (requests say %), used cents % (%), held credits % (%)',
+                v_period.period_start, p_organization_id, v_period.recorded_used, v_period.computed_used,
+                v_period.recorded_cents, v_period.computed_cents, v_period.recorded_held, v_period.computed_held;
+            INSERT INTO llm.period_findings AS f
+                   (organization_id, period_start, recorded_used_credits, computed_used_credits,
+                    recorded_used_cents, computed_used_cents, recorded_held_credits, computed_held_credits,
+                    first_seen_at, last_seen_at, resolved_at, last_run_id)
+            VALUES (p_organization_id, v_period.period_start, v_period.recorded_used, v_period.computed_used,
+                    v_period.recorded_cents, v_period.computed_cents, v_period.recorded_held,
+                    v_period.computed_held, p_now, p_now, NULL, p_run_id)
+            ON CONFLICT (organization_id, period_start) DO UPDATE
+               SET recorded_used_credits = excluded.recorded_used_credits,
+                   computed_used_credits = excluded.computed_used_credits,
+                   recorded_used_cents = excluded.recorded_used_cents,
+                   computed_used_cents = excluded.computed_used_cents,
+                   recorded_held_credits = excluded.recorded_held_credits,
+                   computed_held_credits = excluded.computed_held_credits,
+                   -- a finding that comes back after it was resolved starts again
+                   first_seen_at = CASE WHEN f.resolved_at IS NULL THEN f.first_seen_at
+                                        ELSE excluded.first_seen_at END,
+                   last_seen_at = excluded.last_seen_at,
+                   resolved_at = NULL,
+                   last_run_id = excluded.last_run_id;
+        ELSE
+            UPDATE llm.period_findings AS f
+               SET resolved_at = p_now, last_run_id = p_run_id
+             WHERE f.organization_id = p_organization_id AND f.period_start = v_period.period_start
+               AND f.resolved_at IS NULL;
+        END IF;
+    END LOOP;
+
+    -- Due again in 23 hours, so hourly passes audit each organization at least once a
+    -- day. Its first audit sets the phase from its id, so audits spread over the day.
+    -- (Times computed first: Citus rejects timestamptz arithmetic on columns in an UPDATE.)
+    v_next := p_now + interval '23 hours';
+    v_first := p_now + pg_catalog.make_interval(
+        hours => 1 + (pg_catalog.hashtext(p_organization_id::text) OPERATOR(pg_catalog.&) 2147483647) % 23);
+    INSERT INTO llm.sweep_totals AS t (organization_id, audited_at, audit_due_at, updated_at)
+    VALUES (p_organization_id, p_now, v_first, p_now)
+    ON CONFLICT (organization_id) DO UPDATE
+       SET audited_at = excluded.audited_at,
+           audit_due_at = CASE WHEN t.audited_at IS NULL THEN v_first ELSE v_next END,
+           updated_at = excluded.updated_at;
+    RETURN v_found;
+END
+$$;
+COMMENT ON FUNCTION llm._audit_org(uuid, timestamptz, uuid) IS
+    'When due (at least daily), recomputes the organization''s current and previous period from their requests in one statement; records, logs and returns the periods that disagree (llm.period_findings), resolves findings that no longer hold; NULL when not due.';

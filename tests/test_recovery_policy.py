@@ -1,0 +1,238 @@
+"""The recovery-charge policy per organization (WF-PFM-LLM-004, "Open Design Questions":
+product must choose recovery charges) and the late true-up.
+
+- ``recovery_charge``: ``estimate`` (the seeds' rule, BR-CAP-PFM-LLM-009-01), ``dispatched``
+  (only requests sent to the provider are charged their estimate), ``none``.
+- ``late_settlement``: ``audit`` (a measured settlement after recovery is recorded, never
+  charged) or ``true_up`` (it replaces the recovery charge: the request's own period, a
+  closed month too, its task and the daily usage of its settlement day move by the signed
+  difference, with one ``adjustment`` ledger row, in one transaction).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+
+import psycopg
+import pytest
+
+from llm_db import Llm, Outcome
+from tests.helpers import T0, fingerprint, invariants, row, rows, scalar
+
+HOUR = timedelta(hours=1)
+LATER = T0 + 25 * HOUR  # past the 24 h recovery window
+TASK = "policy.task"
+
+
+def org_with(llm: Llm, charge: str = "estimate", late: str = "audit", *, allowance: int | None = None,
+             now: datetime = T0) -> uuid.UUID:  # fmt: skip
+    org = uuid.uuid4()
+    llm.upsert_organization(org, "policy org", allowance, now=now)
+    updated = llm.set_recovery_policy(org, charge, late)
+    assert (updated.recovery_charge, updated.late_settlement) == (charge, late)
+    return org
+
+
+def stranded(llm: Llm, org: uuid.UUID, estimate: int, *, dispatched: bool = True,
+             task: uuid.UUID | None = None, now: datetime = T0) -> uuid.UUID:  # fmt: skip
+    inv = llm.admit(org, estimate, "gpt-x", execution_id=task, now=now)
+    if dispatched:
+        llm.mark_dispatched(org, inv.id, now=now)
+    return inv.id
+
+
+def invocation(conn: psycopg.Connection, inv: uuid.UUID) -> dict:
+    found = row(conn, "SELECT * FROM llm.invocations WHERE id = %s", [inv])
+    assert found is not None
+    return found
+
+
+def ledger(conn: psycopg.Connection, inv: uuid.UUID) -> dict[str, tuple]:
+    return {
+        r["entry"]: (r["credits"], r["cents"])
+        for r in rows(conn, "SELECT entry, credits, cents FROM llm.ledger WHERE invocation_id = %s", [inv])
+    }
+
+
+def period(conn: psycopg.Connection, org: uuid.UUID, start) -> dict:
+    found = row(conn, "SELECT * FROM llm.periods WHERE organization_id = %s AND period_start = %s",
+                [org, start])  # fmt: skip
+    assert found is not None
+    return found
+
+
+def test_new_organizations_charge_the_estimate_and_audit_late_settlements(llm_conn):
+    """BR-CAP-PFM-LLM-009-01 stays the default: recovery_charge = estimate, late_settlement = audit."""
+    org = uuid.uuid4()
+    created = Llm(llm_conn).upsert_organization(org, "defaults", 100, now=T0)
+    assert (created.recovery_charge, created.late_settlement) == ("estimate", "audit")
+
+
+@pytest.mark.parametrize(
+    ("policy", "charged_dispatched", "charged_reserved", "uncharged"),
+    [("estimate", 40, 30, 0), ("dispatched", 40, 0, 1), ("none", 0, 0, 2)],
+)
+def test_recovery_charges_follow_the_organizations_policy(
+    llm_conn, policy, charged_dispatched, charged_reserved, uncharged
+):
+    """WF-PFM-LLM-004 Open Design Questions, BR-CAP-PFM-LLM-009-01: a dispatched and a
+    never-dispatched stranded request are recovered under the policy: each hold released,
+    each charged what the policy says (no cents), a charge ledger row only where the charge
+    is not 0; the run and the sweep count the ones charged nothing apart."""
+    llm = Llm(llm_conn)
+    org = org_with(llm, policy, allowance=1000)
+    sent = stranded(llm, org, 40)
+    never_sent = stranded(llm, org, 30, dispatched=False)
+
+    run = llm.run_reconciliation(now=LATER)
+
+    assert run is not None and run.status == "succeeded"
+    assert (run.requests_recovered, run.recovered_uncharged) == (2, uncharged)
+    for inv, charged in ((sent, charged_dispatched), (never_sent, charged_reserved)):
+        got = invocation(llm_conn, inv)
+        assert (got["settlement_kind"], got["charged_credits"], got["charged_cents"]) == (
+            "recovered", charged, None)  # fmt: skip
+        assert got["recovered_credits"] == charged
+        expected = {"hold": (got["hold_credits"], None), "release": (got["hold_credits"], None)}
+        if charged:
+            expected["charge"] = (charged, None)
+        assert ledger(llm_conn, inv) == expected
+    current = period(llm_conn, org, T0.date().replace(day=1))
+    assert (current["used_credits"], current["held_credits"], current["used_cents"]) == (
+        charged_dispatched + charged_reserved, 0, 0)  # fmt: skip
+    totals = row(llm_conn, "SELECT * FROM llm.sweep_totals WHERE organization_id = %s", [org])
+    assert (totals["recovered_requests"], totals["recovered_uncharged"]) == (2, uncharged)
+    assert invariants(llm_conn) == []
+
+
+def test_a_direct_sweep_reports_its_uncharged_requests(llm_conn):
+    """reconcile_org (tooling) applies the policy too and says how many it charged nothing."""
+    llm = Llm(llm_conn)
+    org = org_with(llm, "none")
+    stranded(llm, org, 10)
+    sweep = llm.reconcile_org(org, now=LATER)
+    assert (sweep.recovered_requests, sweep.recovered_uncharged, sweep.released_hold_credits) == (1, 1, 10)
+
+
+# ---------------------------------------------------------------- true-up
+
+
+@pytest.mark.parametrize("month", ["current", "closed"])
+@pytest.mark.parametrize("linked", [False, True], ids=["no task", "task"])
+@pytest.mark.parametrize("late", [65, 20], ids=["above the estimate", "below the estimate"])
+def test_a_late_settlement_trues_up_a_recovered_request_once(llm_conn, month, linked, late):
+    """Under late_settlement = true_up the first measured settlement of a recovered request
+    returns trued_up: the request takes the measured figures (settlement_kind trued_up, the
+    recovery charge kept in recovered_credits), its own period (a closed month too) and its
+    task move by the signed difference, one adjustment ledger row records it, and the daily
+    usage of its settlement day is corrected as a rebuild would. A second late settlement
+    returns already_settled and changes nothing."""
+    llm = Llm(llm_conn)
+    org = org_with(llm, "estimate", "true_up", allowance=None)
+    task = None
+    if linked:
+        llm.declare_task_kind(TASK)
+        task = llm.open_execution(org, TASK, now=T0).execution_id
+    inv = stranded(llm, org, 40, task=task)
+    llm.run_reconciliation(now=LATER)  # recovered at its estimate, 40; the task is abandoned
+    recovery_day = LATER.date()
+    llm.rebuild_daily_usage(recovery_day, recovery_day)
+    at = LATER + HOUR if month == "current" else datetime(2026, 3, 5, 9, 0, tzinfo=T0.tzinfo)
+    january = T0.date().replace(day=1)
+    before = period(llm_conn, org, january)
+
+    assert llm.settle(org, inv, late, 7, input_tokens=900, output_tokens=100, now=at) == Outcome.TRUED_UP
+
+    got = invocation(llm_conn, inv)
+    assert (got["status"], got["settlement_kind"], got["charged_credits"], got["charged_cents"]) == (
+        "settled", "trued_up", late, 7)  # fmt: skip
+    assert (got["recovered_credits"], got["input_tokens"], got["output_tokens"]) == (40, 900, 100)
+    assert got["settled_at"] == LATER and got["past_window_alerted_at"] == LATER
+    assert ledger(llm_conn, inv) == {"hold": (40, None), "release": (40, None), "charge": (40, None),
+                                     "adjustment": (late - 40, 7)}  # fmt: skip
+    after = period(llm_conn, org, january)
+    assert (after["used_credits"] - before["used_credits"], after["used_cents"]) == (late - 40, 7)
+    if linked:
+        totals = row(llm_conn, "SELECT status, request_count, credits, cents FROM llm.executions WHERE id = %s",
+                     [task])  # fmt: skip
+        assert totals == {"status": "abandoned", "request_count": 1, "credits": late, "cents": 7}
+    corrected = rows(llm_conn, "SELECT * FROM llm.daily_usage WHERE organization_id = %s ORDER BY day", [org])
+    llm.rebuild_daily_usage(recovery_day, recovery_day)
+    assert rows(llm_conn, "SELECT * FROM llm.daily_usage WHERE organization_id = %s ORDER BY day", [org]) == corrected
+    assert [(d["day"], d["credits"], d["cents"], d["recovered_requests"]) for d in corrected] == [
+        (recovery_day, late, 7, 1)]  # fmt: skip
+    assert invariants(llm_conn) == []
+
+    snapshot = fingerprint(llm_conn)
+    assert llm.settle(org, inv, late + 5, 9, now=at + HOUR) == Outcome.ALREADY_SETTLED
+    assert llm.fail(org, inv, "late failure", now=at + HOUR) == Outcome.ALREADY_SETTLED
+    assert fingerprint(llm_conn) == snapshot
+
+
+def test_a_true_up_that_raises_usage_records_the_threshold_it_crosses(llm_conn):
+    """Notices: a true-up moving used credits from below to at-or-above a threshold records
+    the owed notice in the same transaction, like any settlement."""
+    llm = Llm(llm_conn)
+    org = org_with(llm, "estimate", "true_up", allowance=100)
+    inv = stranded(llm, org, 50)
+    llm.run_reconciliation(now=LATER)
+    assert scalar(llm_conn, "SELECT count(*) FROM llm.threshold_notices WHERE organization_id = %s", [org]) == 0
+    assert llm.settle(org, inv, 85, 3, now=LATER + HOUR) == Outcome.TRUED_UP
+    assert rows(llm_conn, "SELECT threshold_pct, used_credits FROM llm.threshold_notices"
+                          " WHERE organization_id = %s", [org]) == [{"threshold_pct": 80, "used_credits": 85}]  # fmt: skip
+
+
+def test_a_request_recovered_for_nothing_is_trued_up_to_its_measured_charge(llm_conn):
+    """recovery_charge none, late_settlement true_up: the adjustment is the whole measured
+    charge (there was no charge row)."""
+    llm = Llm(llm_conn)
+    org = org_with(llm, "none", "true_up")
+    inv = stranded(llm, org, 40)
+    llm.run_reconciliation(now=LATER)
+    assert llm.settle(org, inv, 33, 2, now=LATER + HOUR) == Outcome.TRUED_UP
+    assert ledger(llm_conn, inv) == {"hold": (40, None), "release": (40, None), "adjustment": (33, 2)}
+    assert invariants(llm_conn) == []
+
+
+def test_late_figures_recorded_under_audit_are_never_trued_up(llm_conn):
+    """The late_settlement in force when the late settlement arrives decides: recorded under
+    audit (already_recovered, late_* kept, nothing charged), the request is never trued up
+    after the policy changes to true_up; fail_invocation on it changes nothing either."""
+    llm = Llm(llm_conn)
+    org = org_with(llm, "estimate", "audit")
+    inv = stranded(llm, org, 40)
+    llm.run_reconciliation(now=LATER)
+    assert llm.settle(org, inv, 60, 5, now=LATER + HOUR) == Outcome.ALREADY_RECOVERED
+    got = invocation(llm_conn, inv)
+    assert (got["late_credits"], got["late_cents"], got["charged_credits"]) == (60, 5, 40)
+    llm.set_recovery_policy(org, "estimate", "true_up")
+    snapshot = fingerprint(llm_conn)
+    assert llm.settle(org, inv, 70, 6, now=LATER + 2 * HOUR) == Outcome.ALREADY_RECOVERED
+    assert llm.fail(org, inv, "too late", now=LATER + 2 * HOUR) == Outcome.ALREADY_RECOVERED
+    assert fingerprint(llm_conn) == snapshot
+
+
+def test_fail_on_a_recovered_request_under_true_up_changes_nothing(llm_conn):
+    """fail_invocation of a recovered request returns already_recovered and changes nothing,
+    whatever the policy: only a measured settlement trues up."""
+    llm = Llm(llm_conn)
+    org = org_with(llm, "dispatched", "true_up")
+    inv = stranded(llm, org, 40)
+    llm.run_reconciliation(now=LATER)
+    snapshot = fingerprint(llm_conn)
+    assert llm.fail(org, inv, "provider error", credits=10, now=LATER + HOUR) == Outcome.ALREADY_RECOVERED
+    assert fingerprint(llm_conn) == snapshot
+
+
+def test_the_sweep_counters_never_go_down_with_a_true_up(llm_conn):
+    """BR-CAP-PFM-LLM-009-07: recovered requests and past-window alerts are counted by the
+    sweep where it happens; a later true-up does not lower them."""
+    llm = Llm(llm_conn)
+    org = org_with(llm, "estimate", "true_up")
+    inv = stranded(llm, org, 40)
+    llm.reconcile_org(org, now=LATER)
+    counted = "SELECT recovered_requests, past_window_alerts FROM llm.sweep_totals WHERE organization_id = %s"
+    assert row(llm_conn, counted, [org]) == {"recovered_requests": 1, "past_window_alerts": 1}
+    llm.settle(org, inv, 10, 1, now=LATER + HOUR)
+    assert row(llm_conn, counted, [org]) == {"recovered_requests": 1, "past_window_alerts": 1}
