@@ -5,7 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(postgresql-15 postgresql-15-cron postgresql-15-plpgsql-check)
+# prometheus: only for /usr/bin/promtool, which tests/test_metrics_exposition.py runs
+# (`promtool check metrics`); its service is not started by the tests.
+APT_PACKAGES=(postgresql-15 postgresql-15-cron postgresql-15-plpgsql-check prometheus)
 
 log() { printf 'bootstrap: %s\n' "$*" >&2; }
 
