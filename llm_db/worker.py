@@ -47,6 +47,7 @@ import socket
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import IO, Any
@@ -107,6 +108,15 @@ def parse_address(text: str) -> tuple[str, int]:
 
 
 _NEEDS_QUOTES = re.compile(r'[\s="]')
+
+
+def _redacted(url: str) -> str:
+    """``url`` without a password or query string (the log may be read more widely)."""
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc.rpartition("@")[2]
+    if "@" in parts.netloc:
+        netloc = f"{parts.username}:***@{netloc}" if parts.password else f"{parts.username}@{netloc}"
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def _one_line(value: object) -> str:
@@ -227,7 +237,7 @@ class Worker:
             self._connect()
             self._check_claim_timeout()
             self._serve()
-            self.log("started", url=self.config.url, metrics_addr=self.metrics_address,
+            self.log("started", url=_redacted(self.config.url), metrics_addr=self.metrics_address,
                      poll=self.config.poll, limit=self.config.limit,
                      timeout=self.config.timeout, listen_pid=self.listen_pid,
                      secrets=len(self.config.secrets))  # fmt: skip
