@@ -50,7 +50,14 @@ from llm_db.models import (
     Outcome,
     ReconciliationRun,
 )
-from llm_db.notices import DeliverySummary, async_deliver_notices, deliver_notices, verify_signature
+from llm_db.notices import (
+    DeliverySummary,
+    InvalidSecret,
+    async_deliver_notices,
+    deliver_notices,
+    new_secret,
+    verify_webhook,
+)
 from llm_db.requests import AsyncLlm, Llm
 
 __version__ = "0.2.0"
@@ -59,10 +66,11 @@ __all__ = [
     "AllowanceExhausted", "AsyncExecutionContext", "AsyncLlm", "CitusNotInstalled",
     "CronNotInstalled", "CrossOrganizationReference", "DeliverySummary", "Execution",
     "ExecutionContext", "ExecutionResult", "Health", "IdempotencyConflict", "InvalidArgument",
+    "InvalidSecret",
     "InvalidTransition", "InvariantViolation", "Invocation", "Llm", "LlmError",
     "NestedExecution", "Notice", "OrgSweep", "Organization", "OrganizationNotOperational",
     "Outcome", "ReconciliationRun", "UnknownExecution", "UnknownInvocation",
     "UnknownOrganization", "UnknownTaskKind", "__version__", "async_deliver_notices",
-    "async_with_llm_execution", "current_execution", "deliver_notices", "migrate",
-    "verify_signature", "with_llm_execution",
+    "async_with_llm_execution", "current_execution", "deliver_notices", "migrate", "new_secret",
+    "verify_webhook", "with_llm_execution",
 ]

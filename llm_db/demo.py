@@ -64,7 +64,9 @@ RECOVERY_SHIFT = timedelta(hours=25)  # how far past the end of the day the pass
 DAY = timedelta(hours=24)
 TOTAL_ITEMS = 216  # single requests or tasks, shared out between the workers
 DRIFT_CREDITS = 250  # what the injected fault adds to a closed task
-WEBHOOK_SECRET = "demo-secret"
+# the demo's own Standard Webhooks secret (base64 of 32 fixed bytes): a throw-away
+# receiver on 127.0.0.1, never a real one; make real ones with `llm-db notices new-secret`
+WEBHOOK_SECRET = "whsec_bGxtLWRiIGRlbW8gd2ViaG9vaywgbm90IGEgc2VjcmV0IQ=="
 
 
 class DemoError(RuntimeError):
@@ -404,16 +406,22 @@ class _Inbox:
 
 @contextlib.contextmanager
 def _webhook() -> Iterator[tuple[str, _Inbox]]:
-    """A local webhook receiver that checks each notice's signature."""
-    from llm_db.notices import SIGNATURE_HEADER, verify_signature
+    """A local webhook receiver that verifies each notice as Standard Webhooks, with the
+    reference library, as a real receiver would."""
+    import standardwebhooks
 
+    receiver = standardwebhooks.Webhook(WEBHOOK_SECRET)
     inbox = _Inbox()
     lock = threading.Lock()
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            ok = verify_signature(body, self.headers.get(SIGNATURE_HEADER), WEBHOOK_SECRET)
+            try:
+                receiver.verify(body, dict(self.headers.items()))
+                ok = True
+            except standardwebhooks.WebhookVerificationError:
+                ok = False
             with lock:
                 inbox.received += 1
                 inbox.verified += ok
@@ -629,7 +637,7 @@ def _demo(
             delivered = _deliver(llm, pass_clock, out)
         else:
             out("  notices: left owed in your database (deliver them with "
-                "`llm-db notices deliver --url ...`)")  # fmt: skip
+                "`llm-db worker --url ...`)")  # fmt: skip
         violations = [v for v in llm.check_invariants() if v.organization_id in set(ids)]
         verdict = "the books are right" if not violations else "VIOLATED"
         out(f"  check_invariants(): {len(violations)} violations - {verdict}")
@@ -749,9 +757,16 @@ def _before_after(before: dict[str, Any], after: dict[str, Any], injected: bool)
     return table
 
 
-def _deliver(llm: Llm, now: datetime, out: Out) -> int:
+def _deliver(llm: Llm, now: datetime, out: Out) -> int | None:
+    from llm_db._extras import INSTALL_HINT, WORKER_MODULES, MissingExtra, require
     from llm_db.notices import deliver_notices
 
+    try:
+        for name in WORKER_MODULES:
+            require(name)
+    except MissingExtra:
+        out(f"  notices: left owed (delivering them to a local webhook needs {INSTALL_HINT})")
+        return None
     sent = 0
     with _webhook() as (url, inbox):
         while True:

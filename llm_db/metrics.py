@@ -1,26 +1,42 @@
-"""Prometheus exposition of the books' health (``llm-db metrics``).
+"""Prometheus exposition of the books' health (``llm-db metrics``, ``llm-db worker``).
 
 ``collect(conn)`` reads the database once and returns a fresh
 ``prometheus_client.CollectorRegistry`` (never the process-global one, so
-nothing leaks between calls); ``exposition(conn)`` renders it in the text
-format. Run it from the node_exporter textfile collector, a sidecar or cron:
+nothing leaks between calls); ``scrape(connect)`` adds the scrape's own gauges
+and renders the text format, also when the database cannot be read. Run it from
+the node_exporter textfile collector, a sidecar or cron:
 
     llm-db metrics --dsn "$DATABASE_URL" --output /var/lib/node_exporter/llm.prom
 
-Metrics (all gauges, read at the moment of the call):
+or scrape ``llm-db worker``'s ``/metrics``, which serves the same families plus
+its delivery counters. Needs the ``worker`` extra (``prometheus_client``).
 
+Metrics (gauges read at the moment of the scrape, unless said otherwise):
+
+- ``llm_up``: 1 when this scrape read the database, 0 when it could not (then
+  only ``llm_up`` and ``llm_scrape_duration_seconds`` are present, and
+  ``--output`` still replaces the file, so a stale file never says "ok");
+- ``llm_scrape_duration_seconds``: how long the scrape took;
 - ``llm_reconciliation_health{status}``: 1 for the current status of
   ``llm.reconciliation_health()`` (ok, late, never, failing), 0 for the others;
-- ``llm_reconciliation_last_success_timestamp_seconds``;
+- ``llm_reconciliation_last_success_timestamp_seconds``: when the last
+  completed pass finished; 0 when none ever did;
 - ``llm_reconciliation_last_run_*``: the newest finished pass that was not
   skipped: its figures, status (one series per status), duration and age
-  (``..._age_seconds``, on the pass's clock, as health computes it);
+  (``..._age_seconds``, on the pass's clock, as health computes it). Before the
+  first pass every one of them is present and 0: ``..._timestamp_seconds 0``,
+  ``..._age_seconds 0``, every figure 0, and ``..._status{status}`` 0 for
+  every status (alert on ``llm_reconciliation_health{status="never"} == 1``
+  or ``llm_reconciliation_last_run_timestamp_seconds == 0``);
 - ``llm_open_requests`` / ``llm_open_hold_credits``: requests still holding
   credits; ``llm_stale_open_requests`` / ``llm_stale_open_hold_credits``: those
   older than the recovery window, which the next pass recovers (they should be
   0 right after a pass);
 - ``llm_running_tasks``, ``llm_stale_running_tasks``, ``llm_drift_findings``;
 - ``llm_notices{status}``: owed and sending threshold notices.
+
+``llm-db worker`` adds the counter ``llm_notice_deliveries_total{outcome}``
+(sent, failed, released) for its own process.
 
 A pass that stopped running shows as a growing
 ``llm_reconciliation_last_run_age_seconds`` and
@@ -29,7 +45,12 @@ A pass that stopped running shows as a growing
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Iterable
 from datetime import datetime
+from typing import Any
 
 import psycopg
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
@@ -37,7 +58,15 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from llm_db.report import books_snapshot, last_run, server_clock
 from llm_db.requests import Llm
 
-__all__ = ["HEALTH_STATUSES", "RUN_FIGURES", "RUN_STATUSES", "collect", "exposition"]
+__all__ = [
+    "HEALTH_STATUSES",
+    "RUN_FIGURES",
+    "RUN_STATUSES",
+    "Scrape",
+    "collect",
+    "exposition",
+    "scrape",
+]
 
 HEALTH_STATUSES = ("ok", "late", "never", "failing")
 RUN_STATUSES = ("succeeded", "partial", "failed")
@@ -55,6 +84,12 @@ RUN_FIGURES = {
     "daily_rows_rebuilt": "llm.daily_usage rows the last pass rebuilt.",
     "more_pending_orgs": "Organizations with more stranded requests than the last pass's batch.",
 }
+
+#: what ``last_run`` would say of a pass before the first one
+_NO_RUN: dict[str, Any] = {
+    "finished_at": None, "age_seconds": 0, "duration_seconds": 0, "status": None, "errors": [],
+    **{column: 0 for column in RUN_FIGURES},
+}  # fmt: skip
 
 SNAPSHOT_GAUGES = {
     "open_requests": ("llm_open_requests", "Requests admitted and not yet settled or failed."),
@@ -76,11 +111,17 @@ SNAPSHOT_GAUGES = {
 }
 
 
-def collect(conn: psycopg.Connection, *, now: datetime | None = None) -> CollectorRegistry:
-    """A fresh registry holding every llm-db gauge, read from ``conn`` at ``now``
-    (the server's clock by default)."""
+def collect(
+    conn: psycopg.Connection,
+    *,
+    now: datetime | None = None,
+    registry: CollectorRegistry | None = None,
+) -> CollectorRegistry:
+    """Every llm-db gauge, read from ``conn`` at ``now`` (the server's clock by
+    default), in ``registry`` (default: a fresh one)."""
     clock = server_clock(conn, now)
-    registry = CollectorRegistry(auto_describe=True)
+    if registry is None:
+        registry = CollectorRegistry(auto_describe=True)
 
     health = Llm(conn).health(now=clock)
     gauge = Gauge(
@@ -91,45 +132,44 @@ def collect(conn: psycopg.Connection, *, now: datetime | None = None) -> Collect
     )
     for status in HEALTH_STATUSES:
         gauge.labels(status=status).set(1 if health.status == status else 0)
-    if health.last_success_at is not None:
-        Gauge(
-            "llm_reconciliation_last_success_timestamp_seconds",
-            "When the last completed pass finished (on its own clock), Unix seconds.",
-            registry=registry,
-        ).set(health.last_success_at.timestamp())
+    Gauge(
+        "llm_reconciliation_last_success_timestamp_seconds",
+        "When the last completed pass finished (on its own clock), Unix seconds; 0: never.",
+        registry=registry,
+    ).set(0 if health.last_success_at is None else health.last_success_at.timestamp())
 
-    run = last_run(conn, now=clock)
-    if run is not None:
-        Gauge(
-            "llm_reconciliation_last_run_timestamp_seconds",
-            "When the last (not skipped) pass finished, Unix seconds.",
-            registry=registry,
-        ).set(run["finished_at"].timestamp())
-        Gauge(
-            "llm_reconciliation_last_run_age_seconds",
-            "Seconds since the last (not skipped) pass finished, on the pass's clock.",
-            registry=registry,
-        ).set(run["age_seconds"])
-        Gauge(
-            "llm_reconciliation_last_run_duration_seconds",
-            "How long the last pass took.",
-            registry=registry,
-        ).set(run["duration_seconds"])
-        status_gauge = Gauge(
-            "llm_reconciliation_last_run_status",
-            "1 for the status of the last (not skipped) pass.",
-            ["status"],
-            registry=registry,
-        )
-        for status in RUN_STATUSES:
-            status_gauge.labels(status=status).set(1 if run["status"] == status else 0)
-        Gauge(
-            "llm_reconciliation_last_run_errors",
-            "Errors the last pass recorded (organizations and follow-up steps).",
-            registry=registry,
-        ).set(len(run["errors"]))
-        for column, doc in RUN_FIGURES.items():
-            Gauge(f"llm_reconciliation_last_run_{column}", doc, registry=registry).set(run[column])
+    # before the first pass every series is present, at 0 (documented above)
+    run = last_run(conn, now=clock) or _NO_RUN
+    Gauge(
+        "llm_reconciliation_last_run_timestamp_seconds",
+        "When the last (not skipped) pass finished, Unix seconds; 0: no pass yet.",
+        registry=registry,
+    ).set(0 if run["finished_at"] is None else run["finished_at"].timestamp())
+    Gauge(
+        "llm_reconciliation_last_run_age_seconds",
+        "Seconds since the last (not skipped) pass finished, on the pass's clock; 0: no pass yet.",
+        registry=registry,
+    ).set(run["age_seconds"])
+    Gauge(
+        "llm_reconciliation_last_run_duration_seconds",
+        "How long the last pass took; 0: no pass yet.",
+        registry=registry,
+    ).set(run["duration_seconds"])
+    status_gauge = Gauge(
+        "llm_reconciliation_last_run_status",
+        "1 for the status of the last (not skipped) pass; all 0: no pass yet.",
+        ["status"],
+        registry=registry,
+    )
+    for status in RUN_STATUSES:
+        status_gauge.labels(status=status).set(1 if run["status"] == status else 0)
+    Gauge(
+        "llm_reconciliation_last_run_errors",
+        "Errors the last pass recorded (organizations and follow-up steps).",
+        registry=registry,
+    ).set(len(run["errors"]))
+    for column, doc in RUN_FIGURES.items():
+        Gauge(f"llm_reconciliation_last_run_{column}", doc, registry=registry).set(run[column])
 
     books = books_snapshot(conn, now=clock)
     for column, (name, doc) in SNAPSHOT_GAUGES.items():
@@ -143,6 +183,55 @@ def collect(conn: psycopg.Connection, *, now: datetime | None = None) -> Collect
     return registry
 
 
+def _scrape_gauges(registry: CollectorRegistry, *, up: bool, seconds: float) -> None:
+    Gauge(
+        "llm_up", "1 when this scrape read the llm database, 0 when it could not.",
+        registry=registry,
+    ).set(1 if up else 0)  # fmt: skip
+    Gauge(
+        "llm_scrape_duration_seconds", "How long this scrape of the llm database took.",
+        registry=registry,
+    ).set(seconds)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Scrape:
+    """One scrape: the exposition (always renderable) and the error that made it
+    ``llm_up 0`` (None when the database was read)."""
+
+    text: bytes
+    error: BaseException | None
+
+    @property
+    def up(self) -> bool:
+        return self.error is None
+
+
+def scrape(
+    connect: Callable[[], contextlib.AbstractContextManager[psycopg.Connection]],
+    *,
+    now: datetime | None = None,
+    extra: Iterable[Any] = (),
+    catch: tuple[type[BaseException], ...] = (psycopg.Error,),
+) -> Scrape:
+    """Connect with ``connect()``, collect, and render with ``llm_up`` and the scrape's
+    duration; an exception of ``catch`` gives ``llm_up 0`` instead (and is returned).
+    ``extra``: more collectors to render with it (the worker's counters)."""
+    started = time.monotonic()
+    registry = CollectorRegistry(auto_describe=True)
+    error: BaseException | None = None
+    try:
+        with connect() as conn:
+            collect(conn, now=now, registry=registry)
+    except catch as exc:
+        error = exc
+        registry = CollectorRegistry(auto_describe=True)  # nothing half-read
+    _scrape_gauges(registry, up=error is None, seconds=time.monotonic() - started)
+    for collector in extra:
+        registry.register(collector)
+    return Scrape(generate_latest(registry), error)
+
+
 def exposition(conn: psycopg.Connection, *, now: datetime | None = None) -> bytes:
-    """The Prometheus text exposition of ``collect(conn, now=now)``."""
-    return generate_latest(collect(conn, now=now))
+    """The Prometheus text exposition of ``collect(conn, now=now)`` with ``llm_up 1``."""
+    return scrape(lambda: contextlib.nullcontext(conn), now=now, catch=()).text

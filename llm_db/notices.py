@@ -1,4 +1,4 @@
-"""Webhook delivery of threshold notices.
+"""Webhook delivery of threshold notices, signed as Standard Webhooks.
 
 ``deliver_notices`` claims due notices (owed -> sending), POSTs each as JSON to
 one URL and records the answer: a 2xx completes the notice (sending -> sent);
@@ -7,59 +7,105 @@ to owed with the error and a backoff computed in SQL (``llm.fail_notice``).
 Nothing is lost while the endpoint is down: the notice stays owed and a later
 run delivers it. If the deliverer itself dies mid-run, its claimed notices are
 re-armed by ``llm.rearm_notices`` (the hourly pass) once the claim expires.
+``llm-db worker`` (``llm_db.worker``) runs the same delivery continuously.
 
 Delivery is at least once: a receiver that answered too slowly, or a claim
 that expired while the POST was under way, can see a notice again. Receivers
-deduplicate on ``notice_id`` (one notice per organization, period and
-threshold).
+deduplicate on the ``webhook-id`` header (the notice id: one notice per
+organization, period and threshold, the same on every retry).
 
-The request:
+The request follows the Standard Webhooks specification (standardwebhooks.com),
+so any of its libraries verifies it:
 
     POST <url>
     Content-Type: application/json
-    X-LLM-Signature: sha256=<hex HMAC-SHA256 of the raw body with the secret>
-    X-LLM-Timestamp: <unix seconds when sent>
+    webhook-id: <notice id>
+    webhook-timestamp: <unix seconds when sent>
+    webhook-signature: v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}"> [v1,<...> ...]
 
-    {"allowance_credits": 100, "attempts": 1, "crossed_at": "2030-01-10T12:00:00+00:00",
-     "notice_id": "...", "organization_id": "...", "period_start": "2030-01-01",
-     "threshold_pct": 80, "used_credits": 85}
+    {"data": {"allowance_credits": 100, "attempts": 1,
+              "crossed_at": "2030-01-10T12:00:00+00:00", "notice_id": "...",
+              "organization_id": "...", "period_start": "2030-01-01",
+              "threshold_pct": 80, "used_credits": 85},
+     "timestamp": "2030-01-10T12:00:00+00:00", "type": "llm.threshold_crossed"}
 
-A receiver checks the signature over the raw body with ``verify_signature``.
+Secrets have the Standard Webhooks form ``whsec_<base64 of 24 to 64 random
+bytes>`` (``new_secret()``, ``llm-db notices new-secret``). To rotate, give
+several secrets separated by spaces: each delivery carries one signature per
+secret, and a receiver that knows any one of them verifies it.
+
+A receiver verifies with ``standardwebhooks.Webhook(secret).verify(body,
+headers)``, or with ``verify_webhook`` here, which also accepts several secrets
+and a tolerance other than five minutes.
+
+Signing, verifying and delivering need the ``worker`` extra (``httpx``,
+``standardwebhooks``): ``pip install 'llm-db[worker]'``. They are imported when
+first used, so ``import llm_db`` works without them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import dataclasses
-import hashlib
-import hmac
-import http.client
 import json
+import secrets as _random
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
-from datetime import datetime
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
+from llm_db._extras import require
 from llm_db.models import Notice
 from llm_db.requests import AsyncLlm, Llm
 
+if TYPE_CHECKING:
+    import httpx
+
 __all__ = [
+    "DEFAULT_TOLERANCE",
+    "EVENT_TYPE",
+    "ID_HEADER",
+    "SECRET_PREFIX",
     "SIGNATURE_HEADER",
     "TIMESTAMP_HEADER",
     "DeliverySummary",
+    "InvalidSecret",
     "async_deliver_notices",
     "deliver_notices",
+    "new_secret",
     "notice_body",
-    "sign",
-    "verify_signature",
+    "parse_secrets",
+    "verify_webhook",
+    "webhook_headers",
 ]
 
-SIGNATURE_HEADER = "X-LLM-Signature"
-TIMESTAMP_HEADER = "X-LLM-Timestamp"
+ID_HEADER = "webhook-id"
+TIMESTAMP_HEADER = "webhook-timestamp"
+SIGNATURE_HEADER = "webhook-signature"
+SECRET_PREFIX = "whsec_"
+#: the ``type`` of the JSON body
+EVENT_TYPE = "llm.threshold_crossed"
+#: seconds a ``webhook-timestamp`` may differ from the receiver's clock (the spec's five minutes)
+DEFAULT_TOLERANCE = 300
+#: the Standard Webhooks range for a secret's random bytes
+SECRET_BYTES = range(24, 65)
 
 #: the longest error text ``fail_notice`` accepts
 MAX_ERROR_CHARS = 4000
+USER_AGENT = "llm-db notices"
+
+HOW_TO_MAKE_A_SECRET = (
+    "a secret is whsec_ followed by the base64 of 24 to 64 random bytes "
+    "(Standard Webhooks); make one with `llm-db notices new-secret`"
+)
+
+
+class InvalidSecret(ValueError):
+    """A webhook secret that is not ``whsec_<base64 of 24 to 64 bytes>``; the message says
+    how to make one."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -72,9 +118,50 @@ class DeliverySummary:
     last_error: str | None = None
 
 
+# ----------------------------------------------------------- secrets, body, signature
+
+
+def new_secret(nbytes: int = 32) -> str:
+    """A fresh random secret in the Standard Webhooks form ``whsec_<base64>``."""
+    if nbytes not in SECRET_BYTES:
+        raise ValueError(f"a secret has 24 to 64 random bytes, not {nbytes}")
+    return SECRET_PREFIX + base64.b64encode(_random.token_bytes(nbytes)).decode()
+
+
+def _secret_bytes(secret: str) -> bytes:
+    if not secret.startswith(SECRET_PREFIX):
+        raise InvalidSecret(f"webhook secret does not start with {SECRET_PREFIX}: "
+                            f"{HOW_TO_MAKE_A_SECRET}")  # fmt: skip
+    encoded = secret[len(SECRET_PREFIX) :]
+    try:
+        key = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidSecret(
+            f"webhook secret {SECRET_PREFIX}... is not valid base64: {HOW_TO_MAKE_A_SECRET}"
+        ) from None
+    if len(key) not in SECRET_BYTES:
+        raise InvalidSecret(
+            f"webhook secret {SECRET_PREFIX}... holds {len(key)} bytes: {HOW_TO_MAKE_A_SECRET}"
+        )
+    return key
+
+
+def parse_secrets(value: str | Iterable[str]) -> list[str]:
+    """The secrets in ``value`` (one string, several separated by whitespace, or a list),
+    each checked to be ``whsec_<base64 of 24 to 64 bytes>`` (``InvalidSecret`` otherwise)."""
+    words = value.split() if isinstance(value, str) else [w for v in value for w in v.split()]
+    if not words:
+        raise InvalidSecret(f"no webhook secret given: {HOW_TO_MAKE_A_SECRET}")
+    for word in words:
+        _secret_bytes(word)
+    return words
+
+
 def notice_body(notice: Notice) -> bytes:
-    """The JSON body POSTed for a notice (compact, keys sorted)."""
-    payload = {
+    """The JSON body POSTed for a notice (compact, keys sorted): the Standard Webhooks
+    envelope ``{"type", "timestamp", "data"}``; ``timestamp`` is when the threshold was
+    crossed."""
+    data = {
         "organization_id": str(notice.organization_id),
         "notice_id": str(notice.id),
         "period_start": notice.period_start.isoformat(),
@@ -84,49 +171,87 @@ def notice_body(notice: Notice) -> bytes:
         "crossed_at": notice.crossed_at.isoformat(),
         "attempts": notice.attempts,
     }
+    payload = {"type": EVENT_TYPE, "timestamp": notice.crossed_at.isoformat(), "data": data}
     return json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
 
 
-def _key(secret: str | bytes) -> bytes:
-    return secret.encode() if isinstance(secret, str) else secret
+def _signatures(msg_id: str, timestamp: int, body: bytes, keys: Sequence[str]) -> list[str]:
+    webhooks = require("standardwebhooks")
+    moment = datetime.fromtimestamp(timestamp, tz=UTC)
+    text = body.decode()
+    return [webhooks.Webhook(key).sign(msg_id, moment, text) for key in keys]
 
 
-def sign(body: bytes, secret: str | bytes) -> str:
-    """The ``X-LLM-Signature`` value for a body: ``sha256=<hex hmac>``."""
-    return "sha256=" + hmac.new(_key(secret), body, hashlib.sha256).hexdigest()
+def webhook_headers(
+    msg_id: str, body: bytes, secrets: str | Iterable[str], *, timestamp: int | None = None
+) -> dict[str, str]:
+    """The Standard Webhooks headers for ``body``: ``webhook-id``, ``webhook-timestamp``
+    (``timestamp``, default now) and ``webhook-signature`` with one ``v1,`` signature per
+    secret."""
+    keys = parse_secrets(secrets)
+    when = int(time.time()) if timestamp is None else int(timestamp)
+    return {
+        ID_HEADER: msg_id,
+        TIMESTAMP_HEADER: str(when),
+        SIGNATURE_HEADER: " ".join(_signatures(msg_id, when, body, keys)),
+    }
 
 
-def verify_signature(body: bytes, header: str | None, secret: str | bytes) -> bool:
-    """True when ``header`` (the ``X-LLM-Signature`` value) signs the raw ``body``.
+def verify_webhook(
+    body: bytes | str,
+    headers: Mapping[str, str],
+    secrets: str | Iterable[str],
+    *,
+    tolerance: float = DEFAULT_TOLERANCE,
+    now: float | None = None,
+) -> Any:
+    """Check a delivery as a receiver: returns the parsed JSON body, or raises
+    ``standardwebhooks.WebhookVerificationError``.
 
-    Compares in constant time; a missing or malformed header is False.
+    Rejects missing headers, a ``webhook-timestamp`` more than ``tolerance``
+    seconds from ``now`` (default: this machine's clock) either way, and a body,
+    id or timestamp that no ``v1`` signature signs with any of ``secrets``
+    (several secrets: during a rotation). Header names are case-insensitive.
     """
-    if not header:
-        return False
-    return hmac.compare_digest(sign(body, secret).encode(), header.strip().encode())
+    webhooks = require("standardwebhooks")
+    keys = parse_secrets(secrets)
+    data = body if isinstance(body, str) else body.decode()
+    lower = {k.lower(): v for k, v in headers.items()}
+    msg_id = lower.get(ID_HEADER)
+    stamp = lower.get(TIMESTAMP_HEADER)
+    signature = lower.get(SIGNATURE_HEADER)
+    if not (msg_id and stamp and signature):
+        raise webhooks.WebhookVerificationError("Missing required headers")
+    try:
+        sent_at = int(stamp)
+    except ValueError:
+        raise webhooks.WebhookVerificationError("Invalid Signature Headers") from None
+    clock = time.time() if now is None else now
+    if sent_at < clock - tolerance:
+        raise webhooks.WebhookVerificationError("Message timestamp too old")
+    if sent_at > clock + tolerance:
+        raise webhooks.WebhookVerificationError("Message timestamp too new")
+    expected = [s.encode() for s in _signatures(msg_id, sent_at, data.encode(), keys)]
+    given = [s.encode() for s in signature.split() if s.startswith("v1,")]
+    if not any(_random.compare_digest(e, g) for e in expected for g in given):
+        raise webhooks.WebhookVerificationError("No matching signature found")
+    return json.loads(data)
 
 
 # ----------------------------------------------------------- one POST
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class _Attempt:
-    error: str | None  # None: delivered (2xx)
+class Attempt:
+    """How one POST went: ``error`` None when delivered (2xx)."""
+
+    error: str | None
     retry: bool = False  # worth another attempt in this run
     unreachable: bool = False  # no HTTP answer at all (refused, timeout, reset)
+    status: int | None = None  # the HTTP status, when there was an answer
 
 
-_DELIVERED = _Attempt(None)
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect is an answer, not a delivery: report it instead of following it."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        return None
-
-
-_opener = urllib.request.build_opener(_NoRedirect)
+_NOT_ATTEMPTED = "not attempted: the endpoint was unreachable earlier in this run"
 
 
 def _check_url(url: str) -> None:
@@ -135,55 +260,150 @@ def _check_url(url: str) -> None:
         raise ValueError(f"llm: notice webhook URL must be http or https, not {url!r}")
 
 
-def _post(url: str, body: bytes, secret: str | bytes, timeout: float) -> _Attempt:
-    request = urllib.request.Request(
-        url,
-        data=body,
-        method="POST",
-        headers={
-            "Content-Type": "application/json",
-            "User-Agent": "llm-db notices",
-            SIGNATURE_HEADER: sign(body, secret),
-            TIMESTAMP_HEADER: str(int(time.time())),
-        },
-    )
-    try:
-        with _opener.open(request, timeout=timeout) as response:
-            response.read(64 * 1024)
-            status = response.status
-    except urllib.error.HTTPError as exc:  # an answer other than 2xx (redirects included)
-        snippet = ""
-        try:
-            snippet = exc.read(300).decode("utf-8", "replace").strip()
-        except (OSError, http.client.HTTPException):
-            pass
-        retry = exc.code >= 500 or exc.code in (408, 429)
-        text = f"HTTP {exc.code} {exc.reason}" + (f": {snippet}" if snippet else "")
-        return _Attempt(text, retry=retry)
-    except TimeoutError:
-        return _Attempt(f"timeout after {timeout:g}s", retry=True, unreachable=True)
-    except urllib.error.URLError as exc:
-        if isinstance(exc.reason, TimeoutError):
-            return _Attempt(f"timeout after {timeout:g}s", retry=True, unreachable=True)
-        return _Attempt(f"connection failed: {exc.reason}", retry=True, unreachable=True)
-    except (OSError, http.client.HTTPException) as exc:
-        return _Attempt(f"connection failed: {exc!r}", retry=True, unreachable=True)
+def _answer(status: int, reason: str, snippet: bytes) -> Attempt:
     if 200 <= status < 300:
-        return _DELIVERED
-    return _Attempt(f"HTTP {status}", retry=status >= 500)
+        return Attempt(None, status=status)
+    text = f"HTTP {status} {reason}".rstrip()
+    shown = snippet.decode("utf-8", "replace").strip()
+    if shown:
+        text += f": {shown}"
+    return Attempt(text, retry=status >= 500 or status in (408, 429), status=status)
 
 
-def _give_up_text(unreachable: str) -> str:
-    return f"not attempted: the endpoint was unreachable earlier in this run ({unreachable})"
+def _no_answer(exc: Exception, timeout: float) -> Attempt:
+    httpx = require("httpx")
+    if isinstance(exc, httpx.TimeoutException):
+        return Attempt(f"timeout after {timeout:g}s", retry=True, unreachable=True)
+    return Attempt(f"connection failed: {exc or type(exc).__name__}", retry=True,
+                   unreachable=True)  # fmt: skip
+
+
+def http_client(timeout: float) -> httpx.Client:
+    """The httpx client deliveries use: ``timeout`` for the connect and for each read
+    and write, no redirects followed (a redirect is an answer, not a delivery)."""
+    httpx = require("httpx")
+    return httpx.Client(
+        timeout=timeout, follow_redirects=False, headers={"User-Agent": USER_AGENT}
+    )
+
+
+def post_notice(
+    http: httpx.Client, url: str, notice: Notice, secrets: Sequence[str], timeout: float
+) -> Attempt:
+    """POST one notice, freshly signed (``webhook-timestamp`` is the moment of sending)."""
+    httpx = require("httpx")
+    body = notice_body(notice)
+    headers = {"Content-Type": "application/json", **webhook_headers(str(notice.id), body, secrets)}
+    try:
+        with http.stream("POST", url, content=body, headers=headers) as response:
+            snippet = b""
+            if not response.is_success:
+                for chunk in response.iter_bytes():
+                    snippet += chunk
+                    if len(snippet) >= 300:
+                        break
+            return _answer(response.status_code, response.reason_phrase, snippet[:300])
+    except httpx.HTTPError as exc:
+        return _no_answer(exc, timeout)
+
+
+async def _apost_notice(
+    http: httpx.AsyncClient, url: str, notice: Notice, secrets: Sequence[str], timeout: float
+) -> Attempt:
+    httpx = require("httpx")
+    body = notice_body(notice)
+    headers = {"Content-Type": "application/json", **webhook_headers(str(notice.id), body, secrets)}
+    try:
+        async with http.stream("POST", url, content=body, headers=headers) as response:
+            snippet = b""
+            if not response.is_success:
+                async for chunk in response.aiter_bytes():
+                    snippet += chunk
+                    if len(snippet) >= 300:
+                        break
+            return _answer(response.status_code, response.reason_phrase, snippet[:300])
+    except httpx.HTTPError as exc:
+        return _no_answer(exc, timeout)
 
 
 # ----------------------------------------------------------- runs
 
 
+@dataclasses.dataclass
+class _Tally:
+    """A run's counts, and whether the endpoint already proved unreachable in it."""
+
+    claimed: int
+    sent: int = 0
+    failed: int = 0
+    last_error: str | None = None
+    unreachable: str | None = None
+
+    def summary(self) -> DeliverySummary:
+        return DeliverySummary(self.claimed, self.sent, self.failed, self.last_error)
+
+
+#: ``on_result(notice, attempt, seconds)`` after each notice was completed or failed
+ResultHook = Callable[[Notice, Attempt, float], None]
+
+
+def deliver_claimed(
+    client: Llm,
+    http: httpx.Client,
+    url: str,
+    secrets: Sequence[str],
+    notices: Sequence[Notice],
+    *,
+    timeout: float,
+    max_attempts_per_run: int = 3,
+    pause: float = 0.5,
+    now: datetime | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    on_result: ResultHook | None = None,
+) -> tuple[DeliverySummary, list[Notice]]:
+    """Deliver notices already claimed, one after another; returns the summary and the
+    notices not started because ``should_stop()`` turned true (still ``sending``: the
+    caller releases them)."""
+    tally = _Tally(len(notices))
+    for index, notice in enumerate(notices):
+        if should_stop is not None and should_stop():
+            return tally.summary(), list(notices[index:])
+        started = time.monotonic()
+        if tally.unreachable is not None:
+            attempt = Attempt(f"{_NOT_ATTEMPTED} ({tally.unreachable})")
+        else:
+            for n in range(max(1, max_attempts_per_run)):
+                if n and pause > 0:
+                    time.sleep(pause)
+                attempt = post_notice(http, url, notice, secrets, timeout)
+                if attempt.error is None or not attempt.retry:
+                    break
+                if should_stop is not None and should_stop():
+                    break
+            if attempt.unreachable:
+                tally.unreachable = attempt.error
+        _record(tally, attempt)
+        if attempt.error is None:
+            client.complete_notice(notice.organization_id, notice.id, now=now)
+        else:
+            client.fail_notice(notice.organization_id, notice.id, tally.last_error, now=now)
+        if on_result is not None:
+            on_result(notice, attempt, time.monotonic() - started)
+    return tally.summary(), []
+
+
+def _record(tally: _Tally, attempt: Attempt) -> None:
+    if attempt.error is None:
+        tally.sent += 1
+    else:
+        tally.failed += 1
+        tally.last_error = attempt.error[:MAX_ERROR_CHARS]
+
+
 def deliver_notices(
     client: Llm,
     url: str,
-    secret: str | bytes,
+    secrets: str | Iterable[str],
     *,
     limit: int = 50,
     timeout: float = 5.0,
@@ -193,45 +413,31 @@ def deliver_notices(
 ) -> DeliverySummary:
     """Claim up to ``limit`` due notices and POST each to ``url``; one run.
 
+    ``secrets``: one ``whsec_`` secret, or several (a list, or separated by
+    spaces) during a rotation: each POST carries one signature per secret.
     Each notice gets up to ``max_attempts_per_run`` POSTs in this run, ``pause``
     seconds apart (a 4xx other than 408/429 is not retried); ``timeout`` bounds
-    each connect and each read. When a notice got no HTTP answer at all, the
-    rest of this run's notices are failed without a POST, so a dead endpoint
+    the connect and each read and write. When a notice got no HTTP answer at all,
+    the rest of this run's notices are failed without a POST, so a dead endpoint
     costs one notice's attempts, not all of them. ``now`` is the clock for
-    claim, completion and backoff.
+    claim, completion and backoff (the signature's timestamp is always the real
+    time of sending).
     """
     _check_url(url)
-    notices = client.claim_notices(limit=limit, now=now)
-    sent = failed = 0
-    last_error: str | None = None
-    unreachable: str | None = None
-    for notice in notices:
-        if unreachable is not None:
-            attempt = _Attempt(_give_up_text(unreachable))
-        else:
-            body = notice_body(notice)
-            for n in range(max(1, max_attempts_per_run)):
-                if n and pause > 0:
-                    time.sleep(pause)
-                attempt = _post(url, body, secret, timeout)
-                if attempt.error is None or not attempt.retry:
-                    break
-            if attempt.unreachable:
-                unreachable = attempt.error
-        if attempt.error is None:
-            client.complete_notice(notice.organization_id, notice.id, now=now)
-            sent += 1
-        else:
-            last_error = attempt.error[:MAX_ERROR_CHARS]
-            client.fail_notice(notice.organization_id, notice.id, last_error, now=now)
-            failed += 1
-    return DeliverySummary(len(notices), sent, failed, last_error)
+    keys = parse_secrets(secrets)
+    with http_client(timeout) as http:
+        notices = client.claim_notices(limit=limit, now=now)
+        summary, _ = deliver_claimed(
+            client, http, url, keys, notices, timeout=timeout,
+            max_attempts_per_run=max_attempts_per_run, pause=pause, now=now,
+        )  # fmt: skip
+    return summary
 
 
 async def async_deliver_notices(
     client: AsyncLlm,
     url: str,
-    secret: str | bytes,
+    secrets: str | Iterable[str],
     *,
     limit: int = 50,
     timeout: float = 5.0,
@@ -239,30 +445,32 @@ async def async_deliver_notices(
     pause: float = 0.5,
     now: datetime | None = None,
 ) -> DeliverySummary:
-    """``deliver_notices`` for asyncio: the POSTs run in a worker thread."""
+    """``deliver_notices`` for asyncio, over ``httpx.AsyncClient``."""
+    httpx = require("httpx")
     _check_url(url)
-    notices = await client.claim_notices(limit=limit, now=now)
-    sent = failed = 0
-    last_error: str | None = None
-    unreachable: str | None = None
-    for notice in notices:
-        if unreachable is not None:
-            attempt = _Attempt(_give_up_text(unreachable))
-        else:
-            body = notice_body(notice)
-            for n in range(max(1, max_attempts_per_run)):
-                if n and pause > 0:
-                    await asyncio.sleep(pause)
-                attempt = await asyncio.to_thread(_post, url, body, secret, timeout)
-                if attempt.error is None or not attempt.retry:
-                    break
-            if attempt.unreachable:
-                unreachable = attempt.error
-        if attempt.error is None:
-            await client.complete_notice(notice.organization_id, notice.id, now=now)
-            sent += 1
-        else:
-            last_error = attempt.error[:MAX_ERROR_CHARS]
-            await client.fail_notice(notice.organization_id, notice.id, last_error, now=now)
-            failed += 1
-    return DeliverySummary(len(notices), sent, failed, last_error)
+    keys = parse_secrets(secrets)
+    async with httpx.AsyncClient(
+        timeout=timeout, follow_redirects=False, headers={"User-Agent": USER_AGENT}
+    ) as http:
+        notices = await client.claim_notices(limit=limit, now=now)
+        tally = _Tally(len(notices))
+        for notice in notices:
+            if tally.unreachable is not None:
+                attempt = Attempt(f"{_NOT_ATTEMPTED} ({tally.unreachable})")
+            else:
+                for n in range(max(1, max_attempts_per_run)):
+                    if n and pause > 0:
+                        await asyncio.sleep(pause)
+                    attempt = await _apost_notice(http, url, notice, keys, timeout)
+                    if attempt.error is None or not attempt.retry:
+                        break
+                if attempt.unreachable:
+                    tally.unreachable = attempt.error
+            _record(tally, attempt)
+            if attempt.error is None:
+                await client.complete_notice(notice.organization_id, notice.id, now=now)
+            else:
+                await client.fail_notice(
+                    notice.organization_id, notice.id, tally.last_error, now=now
+                )
+    return tally.summary()

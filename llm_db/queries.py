@@ -158,8 +158,28 @@ SELECT llm.fail_notice(
     p_now => %(now)s::timestamptz) AS done
 """
 
+RELEASE_NOTICE = """
+SELECT llm.release_notice(
+    p_organization_id => %(organization_id)s::uuid,
+    p_notice_id => %(notice_id)s::uuid,
+    p_now => %(now)s::timestamptz) AS released
+"""
+
 REARM_NOTICES = """
 SELECT llm.rearm_notices(p_now => %(now)s::timestamptz) AS rearmed
+"""
+
+# The worker sleeps until the next owed notice is due (or a NOTIFY, or --poll):
+# seconds from the server's now(), NULL when nothing is owed. The partial index
+# threshold_notices_owed answers it.
+NEXT_NOTICE_DUE = """
+SELECT GREATEST(0, EXTRACT(EPOCH FROM min(n.next_attempt_at) - pg_catalog.now()))::float8 AS seconds
+  FROM llm.threshold_notices AS n
+ WHERE n.status = 'owed'
+"""
+
+NOTICE_CLAIM_TIMEOUT = """
+SELECT EXTRACT(EPOCH FROM s.notice_claim_timeout)::float8 AS seconds FROM llm.settings AS s
 """
 
 # ----------------------------------------------------------- reporting and checks

@@ -309,6 +309,16 @@ class _Calls:
         )
 
     @staticmethod
+    def release_notice(
+        organization_id: UuidLike, notice_id: UuidLike, now: datetime | None
+    ) -> _Call[bool]:
+        return _Call(
+            queries.RELEASE_NOTICE,
+            {"organization_id": organization_id, "notice_id": notice_id, "now": now},
+            _value("released", bool),
+        )
+
+    @staticmethod
     def rearm_notices(now: datetime | None) -> _Call[int]:
         return _Call(queries.REARM_NOTICES, {"now": now}, _value("rearmed", int))
 
@@ -576,6 +586,13 @@ class Llm:
         """Return a claimed notice to owed with its error and a backoff."""
         return self._run(_Calls.fail_notice(organization_id, notice_id, error, now))
 
+    def release_notice(
+        self, organization_id: UuidLike, notice_id: UuidLike, *, now: datetime | None = None
+    ) -> bool:
+        """Give a claimed notice back unsent (owed, due at once, no attempt counted);
+        False when it was not being sent."""
+        return self._run(_Calls.release_notice(organization_id, notice_id, now))
+
     def rearm_notices(self, *, now: datetime | None = None) -> int:
         """Make notices owed again whose claim expired; how many."""
         return self._run(_Calls.rearm_notices(now))
@@ -816,6 +833,13 @@ class AsyncLlm:
     ) -> bool:
         """Return a claimed notice to owed with its error and a backoff."""
         return await self._run(_Calls.fail_notice(organization_id, notice_id, error, now))
+
+    async def release_notice(
+        self, organization_id: UuidLike, notice_id: UuidLike, *, now: datetime | None = None
+    ) -> bool:
+        """Give a claimed notice back unsent (owed, due at once, no attempt counted);
+        False when it was not being sent."""
+        return await self._run(_Calls.release_notice(organization_id, notice_id, now))
 
     async def rearm_notices(self, *, now: datetime | None = None) -> int:
         """Make notices owed again whose claim expired; how many."""

@@ -45,11 +45,14 @@ BEGIN
        AND p_new_used::numeric * 100 >= t.pct::numeric * p_allowance
     ON CONFLICT (organization_id, period_start, threshold_pct) DO NOTHING;
     GET DIAGNOSTICS v_created = ROW_COUNT;
+    IF v_created > 0 THEN
+        PERFORM llm._notify_notices_owed('created');  -- delivered at commit (llm-db worker)
+    END IF;
     RETURN v_created;
 END
 $$;
 COMMENT ON FUNCTION llm._record_crossings(uuid, date, bigint, bigint, bigint, timestamptz) IS
-    'Creates one owed notice per threshold crossed when used credits moved from p_old_used to p_new_used; at most one per (organization, period, threshold).';
+    'Creates one owed notice per threshold crossed when used credits moved from p_old_used to p_new_used; at most one per (organization, period, threshold); NOTIFY llm_notices at commit when it created one.';
 
 -- The one place an invocation becomes terminal: status, ledger, task totals,
 -- period movement and notices, in that lock order. The caller has locked the

@@ -1,6 +1,22 @@
 -- Threshold notices: created owed in the crossing transaction (_record_crossings),
 -- claimed by compare-and-set per notice (works sharded), completed or failed
--- with exponential backoff, re-armed when a claim was abandoned.
+-- with exponential backoff, released by a worker shutting down, re-armed when a
+-- claim was abandoned. Whenever a notice becomes owed the transaction does
+-- NOTIFY llm_notices (sent at commit), which wakes `llm-db worker`.
+
+CREATE OR REPLACE FUNCTION llm._notify_notices_owed(p_reason text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+BEGIN
+    -- PostgreSQL folds identical notifications of one transaction into one, so a
+    -- transaction that makes many notices owed wakes each listener once.
+    PERFORM pg_catalog.pg_notify('llm_notices', p_reason);
+END
+$$;
+COMMENT ON FUNCTION llm._notify_notices_owed(text) IS
+    'NOTIFY llm_notices with the reason (created, retry, released, rearmed): sent when the calling transaction commits, never if it rolls back.';
 
 CREATE OR REPLACE FUNCTION llm.claim_notices(p_limit integer DEFAULT 50, p_now timestamptz DEFAULT now())
 RETURNS SETOF llm.threshold_notices
@@ -121,6 +137,8 @@ BEGIN
                    v_settings.notice_backoff_max,
                    v_settings.notice_backoff_base * pg_catalog.power(2, LEAST(v_attempts, 30) - 1))
          WHERE n.organization_id = p_organization_id AND n.id = p_notice_id;
+        -- owed again (after its backoff): a listener wakes and learns when it is due
+        PERFORM llm._notify_notices_owed('retry');
         RETURN true;
     END IF;
     PERFORM llm._require_notice(p_organization_id, p_notice_id);
@@ -151,7 +169,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm.fail_notice(uuid, uuid, text, timestamptz) IS
-    'Returns a claimed notice to owed with its error and an exponential backoff (base * 2^(attempts-1), capped by settings); false when it was not being sent.';
+    'Returns a claimed notice to owed with its error and an exponential backoff (base * 2^(attempts-1), capped by settings; NOTIFY llm_notices); false when it was not being sent.';
 
 CREATE OR REPLACE FUNCTION llm.rearm_notices(p_now timestamptz DEFAULT now())
 RETURNS integer
@@ -170,8 +188,56 @@ BEGIN
            last_error = coalesce(n.last_error, 'claim expired without completion')
      WHERE n.status = 'sending' AND n.claimed_at <= v_now - v_timeout;
     GET DIAGNOSTICS v_count = ROW_COUNT;
+    IF v_count > 0 THEN
+        PERFORM llm._notify_notices_owed('rearmed');
+    END IF;
     RETURN v_count;
 END
 $$;
 COMMENT ON FUNCTION llm.rearm_notices(timestamptz) IS
-    'Makes notices owed again whose claim is older than settings.notice_claim_timeout without completion; returns how many. Failed notices are already owed with their backoff.';
+    'Makes notices owed again whose claim is older than settings.notice_claim_timeout without completion, due at once (NOTIFY llm_notices); returns how many. Failed notices are already owed with their backoff.';
+
+CREATE OR REPLACE FUNCTION llm._release_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+BEGIN
+    -- the claim is given back unused: due at once, and the attempt claim_notices
+    -- counted is taken back (it never reached the webhook)
+    UPDATE llm.threshold_notices AS n
+       SET status = 'owed', claimed_at = NULL, next_attempt_at = p_now,
+           attempts = GREATEST(n.attempts - 1, 0)
+     WHERE n.organization_id = p_organization_id AND n.id = p_notice_id AND n.status = 'sending';
+    IF FOUND THEN
+        PERFORM llm._notify_notices_owed('released');
+        RETURN true;
+    END IF;
+    PERFORM llm._require_notice(p_organization_id, p_notice_id);
+    RETURN false;
+END
+$$;
+COMMENT ON FUNCTION llm._release_notice(uuid, uuid, timestamptz) IS
+    'Distributed twin of release_notice; arguments already checked.';
+
+CREATE OR REPLACE FUNCTION llm.release_notice(
+    p_organization_id uuid, p_notice_id uuid, p_now timestamptz DEFAULT now())
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_done boolean;
+BEGIN
+    PERFORM llm._require_org_id(p_organization_id);
+    PERFORM llm._check_clock(p_now);
+    IF p_notice_id IS NULL THEN
+        RAISE EXCEPTION 'llm: notice id must not be NULL' USING ERRCODE = '22023';
+    END IF;
+    SELECT r INTO v_done
+      FROM llm._release_notice(p_organization_id, p_notice_id, coalesce(p_now, pg_catalog.now())) AS r;
+    RETURN v_done;
+END
+$$;
+COMMENT ON FUNCTION llm.release_notice(uuid, uuid, timestamptz) IS
+    'Gives a claimed notice back unsent (sending -> owed, due at p_now, no attempt counted, NOTIFY llm_notices): a worker shutting down; false when it was not being sent.';

@@ -34,6 +34,7 @@ GRANT EXECUTE ON FUNCTION
     llm.claim_notices(integer, timestamptz),
     llm.complete_notice(uuid, uuid, timestamptz),
     llm.fail_notice(uuid, uuid, text, timestamptz),
+    llm.release_notice(uuid, uuid, timestamptz),
     llm.rearm_notices(timestamptz),
     llm.rebuild_daily_usage(date, date),
     llm.check_invariants(),

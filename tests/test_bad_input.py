@@ -52,6 +52,7 @@ SIGNATURES = {
     "claim_notices": "llm.claim_notices(integer,timestamp with time zone)",
     "complete_notice": "llm.complete_notice(uuid,uuid,timestamp with time zone)",
     "fail_notice": "llm.fail_notice(uuid,uuid,text,timestamp with time zone)",
+    "release_notice": "llm.release_notice(uuid,uuid,timestamp with time zone)",
     "rearm_notices": "llm.rearm_notices(timestamp with time zone)",
     "rebuild_daily_usage": "llm.rebuild_daily_usage(date,date)",
     "schedule_reconciliation": "llm.schedule_reconciliation(text)",
@@ -364,6 +365,16 @@ bad("fail_notice", "22023",
     ("unknown notice", "%(org)s, %(unknown)s, 'down'"),
     ("notice of another organization", "%(other)s, %(notice)s, 'down'"))  # fmt: skip
 clocks("fail_notice", "%(org)s, %(notice)s, 'down', {now}")
+
+bad("release_notice", "22023",
+    ("organization NULL", "NULL::uuid, %(notice)s"),
+    ("notice NULL", "%(org)s, NULL::uuid"),
+    ("unknown notice", "%(org)s, %(unknown)s"),
+    ("notice of another organization", "%(other)s, %(notice)s"),
+    ("unknown organization", "%(unknown)s, %(notice)s"))  # fmt: skip
+clocks("release_notice", "%(org)s, %(notice)s, {now}")
+# the world's notice is owed, not being sent: false, and nothing changes
+bad("release_notice", None, ("notice not being sent", "%(org)s, %(notice)s"))
 
 clocks("rearm_notices", "{now}")
 bad("rearm_notices", None, ("p_now NULL reads the clock", "NULL::timestamptz"))

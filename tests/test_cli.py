@@ -8,6 +8,7 @@ The clock is moved with ``--now`` (the driver's ``now=``), never by sleeping.
 
 from __future__ import annotations
 
+import base64
 import http.server
 import json
 import os
@@ -23,14 +24,15 @@ import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from llm_db.notices import SIGNATURE_HEADER, verify_signature
+from llm_db.notices import verify_webhook
 from llm_db.requests import Llm
 from tests.helpers import T0, row, scalar, wait_blocked
 
 SUBCOMMANDS = ["migrate", "reconcile", "health", "schedule", "unschedule", "notices deliver",
-               "report", "metrics", "distribute", "demo"]  # fmt: skip
-NEEDS_DSN = [c for c in SUBCOMMANDS if c != "demo"]
-SECRET = "cli-test-secret"
+               "notices new-secret", "worker", "report", "metrics", "distribute", "demo"]  # fmt: skip
+NEEDS_DSN = [c for c in SUBCOMMANDS if c not in ("demo", "notices new-secret")]
+SECRET = "whsec_bGxtLWRiIENMSSB0ZXN0IHNlY3JldCwgMzIgYnl0ZXM="  # a fixed test secret
+WEBHOOK_ARGS = ("notices deliver", "worker")  # the subcommands that take --url and --secret-env
 SECRET_ENV = "LLM_DB_TEST_WEBHOOK_SECRET"
 JOB_NAME = "llm-reconciliation"
 
@@ -113,7 +115,7 @@ def test_the_console_script_and_python_dash_m_are_the_same_program():
 
 @pytest.mark.parametrize("command", NEEDS_DSN)
 def test_no_dsn_and_no_database_url_is_a_clear_usage_error_exit_2(command):
-    extra = ["--url", "http://127.0.0.1:9/", "--secret-env", SECRET_ENV] if "notices" in command else []
+    extra = ["--url", "http://127.0.0.1:9/", "--secret-env", SECRET_ENV] if command in WEBHOOK_ARGS else []
     proc = llm_db(*command.split(), *extra, env={SECRET_ENV: SECRET})
     assert proc.returncode == 2, proc.stderr
     assert "no database given: pass --dsn DSN or set DATABASE_URL" in proc.stderr
@@ -392,12 +394,12 @@ class Webhook:
     def __init__(self, status: int = 204) -> None:
         hook = self
         self.status = status
-        self.bodies: list[tuple[bytes, str | None]] = []
+        self.bodies: list[tuple[bytes, dict[str, str]]] = []
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                hook.bodies.append((body, self.headers.get(SIGNATURE_HEADER)))
+                hook.bodies.append((body, dict(self.headers.items())))
                 self.send_response(hook.status)
                 self.end_headers()
 
@@ -436,9 +438,8 @@ def test_notices_deliver_posts_signed_notices_from_the_secret_env(llm_dsn, llm_c
                   env={SECRET_ENV: SECRET})  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "claimed 1, sent 1, failed 0"
-    ((body, signature),) = webhook.bodies
-    assert verify_signature(body, signature, SECRET)
-    assert json.loads(body)["threshold_pct"] == 80
+    ((body, headers),) = webhook.bodies
+    assert verify_webhook(body, headers, SECRET)["data"]["threshold_pct"] == 80
     status = scalar(llm_conn, "SELECT status FROM llm.threshold_notices WHERE organization_id = %s",
                     [org])  # fmt: skip
     assert status == "sent"
@@ -474,6 +475,37 @@ def test_notices_deliver_needs_the_secret_in_the_environment_exit_2(llm_dsn, web
     proc = llm_db("notices", "deliver", "--secret", SECRET, "--url", webhook.url, dsn=llm_dsn)
     assert proc.returncode == 2  # there is no option that takes the secret itself
     assert "No such option" in proc.stderr
+
+
+@pytest.mark.parametrize("command", WEBHOOK_ARGS)
+@pytest.mark.parametrize("secret", ["cli-test-secret", "whsec_???", f"{SECRET} old-plain-secret"])
+def test_a_secret_without_whsec_makes_deliver_and_worker_exit_2_saying_how_to_make_one(
+    llm_dsn, webhook, command, secret
+):
+    """Issue #13: a secret that is not whsec_<base64> (Standard Webhooks) is refused before
+    anything is claimed or served, with the command that makes one."""
+    proc = llm_db(*command.split(), "--url", webhook.url, "--secret-env", SECRET_ENV,
+                  "--metrics-addr", "127.0.0.1:0", dsn=llm_dsn, env={SECRET_ENV: secret},
+                  ) if command == "worker" else llm_db(
+                  *command.split(), "--url", webhook.url, "--secret-env", SECRET_ENV,
+                  dsn=llm_dsn, env={SECRET_ENV: secret})  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert_one_line_error(proc, command, "whsec_", "llm-db notices new-secret")
+    assert webhook.bodies == []
+
+
+def test_notices_new_secret_prints_a_fresh_valid_secret():
+    first, second = llm_db("notices", "new-secret"), llm_db("notices", "new-secret", "--bytes", "24")
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    made = [first.stdout.strip(), second.stdout.strip()]
+    assert all(m.startswith("whsec_") for m in made) and made[0] != made[1]
+    from llm_db.notices import parse_secrets
+
+    assert parse_secrets(" ".join(made)) == made
+    assert [len(base64.b64decode(m[6:])) for m in made] == [32, 24]
+    import standardwebhooks
+
+    standardwebhooks.Webhook(made[0])  # the reference library takes it
 
 
 def test_notices_deliver_rejects_a_non_http_url_exit_2(llm_dsn):
@@ -557,7 +589,14 @@ def test_metrics_parse_and_show_stale_requests_then_the_pass(llm_dsn, llm_conn, 
     assert m[("llm_reconciliation_health", (("status", "ok"),))] == 0
     assert m[("llm_stale_open_requests", ())] == 1
     assert m[("llm_stale_open_hold_credits", ())] == 30
-    assert ("llm_reconciliation_last_run_age_seconds", ()) not in m  # no pass yet
+    assert m[("llm_up", ())] == 1
+    # no pass yet: the run series are present, at their documented 0
+    assert m[("llm_reconciliation_last_run_age_seconds", ())] == 0
+    assert m[("llm_reconciliation_last_run_timestamp_seconds", ())] == 0
+    assert m[("llm_reconciliation_last_success_timestamp_seconds", ())] == 0
+    assert m[("llm_reconciliation_last_run_requests_recovered", ())] == 0
+    assert [m[("llm_reconciliation_last_run_status", (("status", s),))]
+            for s in ("succeeded", "partial", "failed")] == [0, 0, 0]  # fmt: skip
 
     assert llm_db("reconcile", "--now", iso(later), dsn=llm_dsn).returncode == 0
     after = parse_metrics(
@@ -571,6 +610,28 @@ def test_metrics_parse_and_show_stale_requests_then_the_pass(llm_dsn, llm_conn, 
     assert after[("llm_reconciliation_last_run_status", (("status", "succeeded"),))] == 1
     assert 590 < after[("llm_reconciliation_last_run_age_seconds", ())] <= 600  # minus its duration
     assert after[("llm_notices", (("status", "owed"),))] == 0
+
+
+def test_metrics_output_with_the_database_down_writes_llm_up_0_and_exits_4(tmp_path):
+    """Issue #13: a failed scrape must not leave the last good file saying all is well: --output
+    is replaced by llm_up 0 (and the scrape's duration), and the exit code is 4."""
+    target = tmp_path / "llm.prom"
+    target.write_text('llm_up 1\nllm_reconciliation_health{status="ok"} 1\n')  # a stale "ok"
+    proc = llm_db("metrics", "--output", str(target),
+                  "--dsn", "host=127.0.0.1 port=1 dbname=nowhere connect_timeout=3")  # fmt: skip
+    assert proc.returncode == 4
+    assert_one_line_error(proc, "metrics", "cannot connect")
+    samples = parse_metrics(target.read_text())
+    assert samples[("llm_up", ())] == 0
+    assert samples[("llm_scrape_duration_seconds", ())] >= 0
+    assert not any(name.startswith("llm_reconciliation") for name, _ in samples)
+    assert [p.name for p in tmp_path.iterdir()] == ["llm.prom"]
+    # on stdout too, for a sidecar that pipes it
+    piped = llm_db("metrics", "--dsn", "host=127.0.0.1 port=1 dbname=nowhere connect_timeout=3")
+    assert piped.returncode == 4
+    stdout = parse_metrics(piped.stdout)
+    assert set(stdout) == {("llm_up", ()), ("llm_scrape_duration_seconds", ())}
+    assert stdout[("llm_up", ())] == 0
 
 
 def test_metrics_output_file_is_written_whole(llm_dsn, tmp_path):

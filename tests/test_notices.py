@@ -252,3 +252,123 @@ def test_rearm_notices_rearms_claims_older_than_fifteen_minutes(llm_conn):
     [reclaimed] = claim(llm_conn, now=now)
     assert (reclaimed["id"], reclaimed["attempts"]) == (old["id"], 2)
     assert llm_conn.execute("SELECT llm.rearm_notices(%s)", [now]).fetchone()[0] == 0
+
+
+# ---------------------------------------------------------------- release (a worker shutting down)
+
+
+def release(conn: psycopg.Connection, notice: dict[str, Any], now: datetime = T0) -> bool:
+    return conn.execute("SELECT llm.release_notice(%s, %s, p_now => %s)",
+                        [notice["organization_id"], notice["id"], now]).fetchone()[0]
+
+
+def test_release_notice_gives_a_claim_back_due_at_once_with_no_attempt_counted(llm_conn):
+    """release_notice (issue #13: a worker shutting down releases what it claimed but did not
+    send): sending -> owed, next_attempt_at = p_now, claimed_at cleared, the attempt claim_notices
+    counted taken back, last_error kept; true. The next claim gets it at once."""
+    org_with_notices(llm_conn, [50])
+    [claimed] = claim(llm_conn, now=T0)
+    fail(llm_conn, claimed, T0, error="webhook 503")  # one real attempt, backoff 1 min
+    [again] = claim(llm_conn, now=T0 + MINUTE)
+    assert again["attempts"] == 2
+    at = T0 + MINUTE + timedelta(seconds=5)
+    assert release(llm_conn, again, now=at) is True
+    row = notice(llm_conn, again["id"])
+    assert (row["status"], row["claimed_at"], row["next_attempt_at"], row["attempts"], row["last_error"]) == (
+        "owed", None, at, 1, "webhook 503")
+    [reclaimed] = claim(llm_conn, now=at)
+    assert (reclaimed["id"], reclaimed["attempts"]) == (again["id"], 2)
+
+
+def test_release_notice_of_a_notice_not_being_sent_returns_false_and_changes_nothing(llm_conn):
+    """Only a claimed notice is released: an owed or a sent one answers false, unchanged; an unknown
+    notice (or another organization's) is 22023, like complete_notice."""
+    org = org_with_notices(llm_conn, [50, 80])
+    owed = rows(llm_conn, "SELECT * FROM llm.threshold_notices ORDER BY threshold_pct")[0]
+    assert release(llm_conn, owed) is False
+    assert notice(llm_conn, owed["id"]) == owed
+    [claimed] = claim(llm_conn, limit=1)
+    complete(llm_conn, claimed, now=T0)
+    sent = notice(llm_conn, claimed["id"])
+    assert release(llm_conn, claimed, now=T0 + MINUTE) is False
+    assert notice(llm_conn, claimed["id"]) == sent
+    other = org_with_notices(llm_conn, [90], used=10)
+    for target in ({"organization_id": org, "id": uuid.uuid4()}, {"organization_id": other, "id": claimed["id"]}):
+        with pytest.raises(psycopg.Error) as raised:
+            release(llm_conn, target)
+        assert raised.value.sqlstate == "22023"
+
+
+# ---------------------------------------------------------------- NOTIFY llm_notices
+
+
+def listener(llm_connect) -> psycopg.Connection:
+    conn = llm_connect()
+    conn.execute("LISTEN llm_notices")
+    return conn
+
+
+def heard(conn: psycopg.Connection) -> list[str]:
+    """Payloads of the llm_notices notifications delivered to ``conn`` so far."""
+    return [n.payload for n in conn.notifies(timeout=0.5) if n.channel == "llm_notices"]
+
+
+def test_a_notice_becoming_owed_notifies_llm_notices_at_commit(llm_conn, llm_connect):
+    """Issue #13: the settling transaction that creates notices does NOTIFY llm_notices, once per
+    transaction (PostgreSQL folds identical payloads), and only when it commits; a settlement that
+    crosses nothing notifies nothing."""
+    ear = listener(llm_connect)
+    org = uuid.uuid4()
+    llm_conn.execute("SELECT llm.upsert_organization(%s, 'n', 100, p_notice_thresholds => '{50,80}', p_now => %s)",
+                     [org, T0])
+    first, second, third = (
+        llm_conn.execute("SELECT (llm.admit_invocation(%s, 10, 'model-a', p_now => %s)).id", [org, T0]).fetchone()[0]
+        for _ in range(3))
+    llm_conn.execute("SELECT llm.settle_invocation(%s, %s, 10, 0, p_now => %s)", [org, first, T0])
+    assert heard(ear) == []  # 10 % crosses nothing
+
+    writer = llm_connect(autocommit=False)
+    writer.execute("SELECT llm.settle_invocation(%s, %s, 75, 0, p_now => %s)", [org, second, T0])
+    assert heard(ear) == []  # not before the commit
+    writer.rollback()
+    assert heard(ear) == []  # nor after a rollback
+    writer.execute("SELECT llm.settle_invocation(%s, %s, 75, 0, p_now => %s)", [org, second, T0])
+    writer.commit()  # 85 %: crosses 50 and 80, one notification
+    assert heard(ear) == ["created"]
+    assert llm_conn.execute("SELECT count(*) FROM llm.threshold_notices").fetchone()[0] == 2
+    llm_conn.execute("SELECT llm.settle_invocation(%s, %s, 1, 0, p_now => %s)", [org, third, T0])
+    assert heard(ear) == []  # nothing new crossed
+
+
+def test_retry_release_and_rearm_notify_llm_notices(llm_conn, llm_connect):
+    """Every way a notice becomes owed again notifies: fail_notice (owed after its backoff),
+    release_notice, rearm_notices when it re-armed any; claim and complete do not."""
+    org_with_notices(llm_conn, [50, 80])
+    ear = listener(llm_connect)
+    first, second = claim(llm_conn)
+    assert heard(ear) == []
+    fail(llm_conn, first, T0)
+    assert heard(ear) == ["retry"]
+    release(llm_conn, second)
+    assert heard(ear) == ["released"]
+    assert len(claim(llm_conn, now=T0)) == 1  # the released one
+    assert llm_conn.execute("SELECT llm.rearm_notices(%s)", [T0 + MINUTE]).fetchone()[0] == 0
+    assert heard(ear) == []
+    assert llm_conn.execute("SELECT llm.rearm_notices(%s)", [T0 + 15 * MINUTE]).fetchone()[0] == 1
+    assert heard(ear) == ["rearmed"]
+    for last in claim(llm_conn, now=T0 + 15 * MINUTE):
+        complete(llm_conn, last, now=T0 + 15 * MINUTE)
+    assert heard(ear) == []
+
+
+def test_recovery_crossing_a_threshold_notifies_llm_notices(llm_conn, llm_connect):
+    """A threshold crossed by the pass's recovery (the stored estimate charged) creates the notice
+    through the same rule, so it notifies too."""
+    org = uuid.uuid4()
+    llm_conn.execute("SELECT llm.upsert_organization(%s, 'r', 100, p_notice_thresholds => '{80}', p_now => %s)",
+                     [org, T0])
+    llm_conn.execute("SELECT llm.admit_invocation(%s, 90, 'model-a', p_now => %s)", [org, T0])
+    ear = listener(llm_connect)
+    swept = rows(llm_conn, "SELECT * FROM llm.reconcile_org(%s, %s)", [org, T0 + timedelta(hours=25)])[0]
+    assert swept["recovered_requests"] == 1
+    assert heard(ear) == ["created"]

@@ -33,6 +33,7 @@ OPERATOR_ROUTINES = {
     "claim_notices",
     "complete_notice",
     "fail_notice",
+    "release_notice",
     "rearm_notices",
     "rebuild_daily_usage",
 }

@@ -56,6 +56,7 @@ OPERATOR = {
     "llm.claim_notices(integer,timestamp with time zone)",
     "llm.complete_notice(uuid,uuid,timestamp with time zone)",
     "llm.fail_notice(uuid,uuid,text,timestamp with time zone)",
+    "llm.release_notice(uuid,uuid,timestamp with time zone)",
     "llm.rearm_notices(timestamp with time zone)",
     "llm.rebuild_daily_usage(date,date)",
     "llm.check_invariants()",
@@ -287,6 +288,8 @@ CREATE FUNCTION evil.cardinality(a anyarray) RETURNS integer LANGUAGE plpgsql
     AS $$ BEGIN PERFORM evil.note('cardinality'); RETURN pg_catalog.cardinality(a); END $$;
 CREATE FUNCTION evil.pg_try_advisory_lock(k bigint) RETURNS boolean LANGUAGE plpgsql
     AS $$ BEGIN PERFORM evil.note('pg_try_advisory_lock'); RETURN pg_catalog.pg_try_advisory_lock(k); END $$;
+CREATE FUNCTION evil.pg_notify(c text, p text) RETURNS void LANGUAGE plpgsql
+    AS $$ BEGIN PERFORM evil.note('pg_notify'); PERFORM pg_catalog.pg_notify(c, p); END $$;
 CREATE FUNCTION evil.isfinite(t timestamptz) RETURNS boolean LANGUAGE plpgsql
     AS $$ BEGIN PERFORM evil.note('isfinite'); RETURN pg_catalog.isfinite(t); END $$;
 
@@ -398,6 +401,8 @@ def test_no_call_can_be_hijacked_through_the_search_path(llm_conn, evil_conn):
     e.execute("SELECT * FROM llm.reconcile_org(%(org)s, %(later)s, 5)", q)
     e.execute("CALL llm.run_reconciliation(p_now => %(later)s, p_batch => 10)", q)
     e.execute("CALL llm.run_reconciliation(%(later)s)", q)
+    for notice_org, notice in e.execute("SELECT organization_id, id FROM llm.claim_notices(10, %(later)s)", q).fetchall():
+        assert e.execute("SELECT llm.release_notice(%s, %s, %s)", [notice_org, notice, T0 + timedelta(hours=30)]).fetchone() == (True,)
     for notice_org, notice in e.execute("SELECT organization_id, id FROM llm.claim_notices(10, %(later)s)", q).fetchall():
         e.execute("SELECT llm.complete_notice(%s, %s, %s)", [notice_org, notice, T0 + timedelta(hours=31)])
     e.execute("SELECT llm.rearm_notices(%(later)s)", q)

@@ -1,17 +1,22 @@
 """Threshold notice delivery (``llm_db.notices``) against a real HTTP server on
-127.0.0.1 run in a thread: delivered and signed, endpoint down (connection
-refused, then up), endpoint slow (timeout), non-2xx answers. Nothing is lost:
-every notice that was not delivered is owed again with its error and a backoff
-in the future, and a later run at a later ``now`` delivers it.
+127.0.0.1 run in a thread that verifies every delivery with the
+``standardwebhooks`` package (issue #13: Standard Webhooks): delivered and
+signed, endpoint down (connection refused, then up), endpoint slow (timeout),
+non-2xx answers. Nothing is lost: every notice that was not delivered is owed
+again with its error and a backoff in the future, and a later run at a later
+``now`` delivers it. Then the package's own verifier: replays outside the
+tolerance, other secrets, rotation with two secrets, secrets without whsec_.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import http.server
 import json
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -19,22 +24,37 @@ from typing import Any
 
 import psycopg
 import pytest
+import standardwebhooks
 from psycopg.rows import dict_row
 
+import llm_db
 from llm_db.notices import (
+    ID_HEADER,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
     DeliverySummary,
+    InvalidSecret,
     async_deliver_notices,
     deliver_notices,
-    sign,
-    verify_signature,
+    parse_secrets,
+    verify_webhook,
 )
 from llm_db.requests import AsyncLlm, Llm
 
 T0 = datetime(2030, 1, 10, 12, 0, tzinfo=UTC)
 MINUTE = timedelta(minutes=1)
-SECRET = "s3cret"
+# fixed test secrets (base64 of 32 bytes each), never used anywhere real
+SECRET = "whsec_" + base64.b64encode(b"llm-db test secret, thirty-two b.").decode()
+OTHER_SECRET = "whsec_" + base64.b64encode(b"llm-db other secret, 32 bytes ok").decode()
+
+
+def standard_verify(body: bytes, headers: dict[str, str], secret: str = SECRET) -> bool:
+    """What a receiver using the standardwebhooks package decides."""
+    try:
+        standardwebhooks.Webhook(secret).verify(body, headers)
+    except standardwebhooks.WebhookVerificationError:
+        return False
+    return True
 
 
 @dataclasses.dataclass
@@ -61,13 +81,9 @@ class Endpoint:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - the http.server protocol
                 body = self.rfile.read(int(self.headers["Content-Length"]))
+                headers = {k.lower(): v for k, v in self.headers.items()}
                 endpoint.received.append(
-                    Received(
-                        self.path,
-                        body,
-                        {k.lower(): v for k, v in self.headers.items()},
-                        verify_signature(body, self.headers.get(SIGNATURE_HEADER), SECRET),
-                    )
+                    Received(self.path, body, headers, standard_verify(body, headers))
                 )
                 if endpoint.delay:
                     endpoint.release.wait(endpoint.delay)
@@ -152,8 +168,10 @@ def test_notices_are_delivered_signed_and_marked_sent(
 
     assert [r.signature_ok for r in endpoint.received] == [True, True]
     assert {r.path for r in endpoint.received} == {"/hooks/llm"}
-    payloads = sorted((json.loads(r.body) for r in endpoint.received),
-                      key=lambda p: p["threshold_pct"])
+    envelopes = [json.loads(r.body) for r in endpoint.received]
+    assert {(e["type"], e["timestamp"]) for e in envelopes} == {
+        ("llm.threshold_crossed", T0.isoformat()), ("llm.threshold_crossed", (T0 + MINUTE).isoformat())}
+    payloads = sorted((e["data"] for e in envelopes), key=lambda p: p["threshold_pct"])
     stored = notices(llm_conn, org)
     assert payloads == [
         {
@@ -171,24 +189,17 @@ def test_notices_are_delivered_signed_and_marked_sent(
     assert [(p["threshold_pct"], p["used_credits"]) for p in payloads] == [(80, 85), (100, 105)]
     for received in endpoint.received:
         assert received.headers["content-type"] == "application/json"
-        assert received.headers[SIGNATURE_HEADER.lower()] == sign(received.body, SECRET)
-        assert int(received.headers[TIMESTAMP_HEADER.lower()]) > 0
+        # Standard Webhooks: the notice id, the unix time of sending, one v1 signature
+        assert received.headers[ID_HEADER] == json.loads(received.body)["data"]["notice_id"]
+        assert abs(int(received.headers[TIMESTAMP_HEADER]) - time.time()) < 60
+        assert received.headers[SIGNATURE_HEADER].startswith("v1,")
+        assert len(received.headers[SIGNATURE_HEADER].split()) == 1
+        assert not standard_verify(received.body, received.headers, OTHER_SECRET)
     assert [(n["status"], n["sent_at"], n["last_error"]) for n in stored] == [
         ("sent", at, None), ("sent", at, None),
     ]
     # nothing owed any more
     assert deliver_notices(llm, endpoint.url, SECRET, now=at + MINUTE).claimed == 0
-
-
-def test_verify_signature_rejects_a_changed_body_a_wrong_secret_and_a_missing_header() -> None:
-    body = b'{"threshold_pct":80}'
-    header = sign(body, SECRET)
-    assert header.startswith("sha256=") and verify_signature(body, header, SECRET)
-    assert verify_signature(body, header, SECRET.encode())
-    assert not verify_signature(body + b" ", header, SECRET)
-    assert not verify_signature(body, header, "other")
-    assert not verify_signature(body, None, SECRET)
-    assert not verify_signature(body, "sha256=00", SECRET)
 
 
 def test_endpoint_down_leaves_notices_owed_with_backoff_then_a_later_run_delivers(
@@ -219,7 +230,9 @@ def test_endpoint_down_leaves_notices_owed_with_backoff_then_a_later_run_deliver
     assert [(n["status"], n["attempts"], n["sent_at"]) for n in delivered] == [
         ("sent", 2, later), ("sent", 2, later),
     ]
-    assert sorted(json.loads(r.body)["attempts"] for r in endpoint.received) == [2, 2]
+    assert sorted(json.loads(r.body)["data"]["attempts"] for r in endpoint.received) == [2, 2]
+    # the id receivers deduplicate on is the notice id, the same on every retry
+    assert {r.headers[ID_HEADER] for r in endpoint.received} == {str(n["id"]) for n in delivered}
 
 
 def test_endpoint_slower_than_the_timeout_fails_the_notice_and_loses_nothing(
@@ -305,3 +318,101 @@ def test_async_deliverer_sends_and_recovers_from_a_down_endpoint(
     assert (down.claimed, down.failed, up.claimed, up.sent) == (2, 2, 2, 2)
     assert all(r.signature_ok for r in endpoint.received)
     assert [n["status"] for n in notices(llm_conn, org)] == ["sent", "sent"]
+
+
+# ---------------------------------------------------------------- the verifier, rotation, secrets
+
+
+def one_delivery(llm: Llm, endpoint: Endpoint, secrets: str | list[str]) -> Received:
+    crossing_80_and_100(llm)
+    endpoint.up()
+    assert deliver_notices(llm, endpoint.url, secrets, limit=1, now=T0 + 2 * MINUTE).sent == 1
+    (received,) = endpoint.received
+    return received
+
+
+def test_a_replay_outside_the_tolerance_is_rejected_by_the_verifier(
+    llm: Llm, endpoint: Endpoint
+) -> None:
+    """Issue #13: the timestamp is signed, so a captured delivery replayed later is refused: as
+    it was sent, once its webhook-timestamp is more than 5 minutes (the default tolerance) from
+    the receiver's clock either way; and with a fresh timestamp the signature no longer
+    matches."""
+    got = one_delivery(llm, endpoint, SECRET)
+    sent_at = int(got.headers[TIMESTAMP_HEADER])
+    payload = verify_webhook(got.body, got.headers, SECRET, now=sent_at + 299)
+    assert payload["data"]["threshold_pct"] == 80
+    assert verify_webhook(got.body, got.headers, SECRET, now=sent_at - 299) == payload
+    for later, why in ((sent_at + 301, "too old"), (sent_at - 301, "too new"),
+                       (sent_at + 7 * 86400, "too old")):  # fmt: skip
+        with pytest.raises(standardwebhooks.WebhookVerificationError, match=why):
+            verify_webhook(got.body, got.headers, SECRET, now=later)
+    # a wider tolerance is the receiver's choice
+    assert verify_webhook(got.body, got.headers, SECRET, now=sent_at + 3600, tolerance=7200)
+    # re-POSTed 7 days later with a fresh timestamp: the old signature does not sign it
+    fresh = {**got.headers, TIMESTAMP_HEADER: str(sent_at + 7 * 86400)}
+    with pytest.raises(standardwebhooks.WebhookVerificationError, match="No matching signature"):
+        verify_webhook(got.body, fresh, SECRET, now=sent_at + 7 * 86400)
+    # the same with the reference library: a timestamp changed by one second breaks the signature
+    assert not standard_verify(got.body, {**got.headers, TIMESTAMP_HEADER: str(sent_at + 1)})
+
+
+def test_the_verifier_rejects_another_secret_a_changed_body_id_or_missing_headers(
+    llm: Llm, endpoint: Endpoint
+) -> None:
+    got = one_delivery(llm, endpoint, SECRET)
+    assert verify_webhook(got.body, got.headers, SECRET)
+    nope = standardwebhooks.WebhookVerificationError
+    with pytest.raises(nope, match="No matching signature"):
+        verify_webhook(got.body, got.headers, OTHER_SECRET)
+    with pytest.raises(nope, match="No matching signature"):
+        verify_webhook(got.body.replace(b'"threshold_pct":80', b'"threshold_pct":10'),
+                       got.headers, SECRET)  # fmt: skip
+    with pytest.raises(nope, match="No matching signature"):
+        verify_webhook(got.body, {**got.headers, ID_HEADER: str(uuid.uuid4())}, SECRET)
+    for missing in (ID_HEADER, TIMESTAMP_HEADER, SIGNATURE_HEADER):
+        headers = {k: v for k, v in got.headers.items() if k != missing}
+        with pytest.raises(nope, match="Missing required headers"):
+            verify_webhook(got.body, headers, SECRET)
+    with pytest.raises(nope):
+        verify_webhook(got.body, {**got.headers, SIGNATURE_HEADER: "v1,AAAA garbage"}, SECRET)
+    # header names are case-insensitive
+    assert verify_webhook(got.body, {k.title(): v for k, v in got.headers.items()}, SECRET)
+
+
+def test_rotation_with_two_secrets_signs_each_delivery_with_each(
+    llm: Llm, endpoint: Endpoint
+) -> None:
+    """Issue #13, rotation: the secret variable holds two secrets separated by a space; each
+    delivery carries one v1 signature per secret, so a receiver that knows either one (and only
+    one) verifies with the standardwebhooks package; a third secret does not."""
+    third = llm_db.new_secret()
+    got = one_delivery(llm, endpoint, f"{SECRET} {OTHER_SECRET}")
+    signatures = got.headers[SIGNATURE_HEADER].split(" ")
+    assert len(signatures) == 2 and all(s.startswith("v1,") for s in signatures)
+    assert standard_verify(got.body, got.headers, SECRET)
+    assert standard_verify(got.body, got.headers, OTHER_SECRET)
+    assert not standard_verify(got.body, got.headers, third)
+    assert verify_webhook(got.body, got.headers, [third, OTHER_SECRET])  # the receiver's side
+    with pytest.raises(standardwebhooks.WebhookVerificationError):
+        verify_webhook(got.body, got.headers, third)
+
+
+@pytest.mark.parametrize(
+    "secret",
+    ["s3cret", "", "   ", "whsec_", "whsec_not base64!", "whsec_" + base64.b64encode(b"short").decode(),
+     "whsec_" + base64.b64encode(bytes(65)).decode(), f"{SECRET} s3cret"],
+)
+def test_a_secret_that_is_not_whsec_base64_is_refused_with_how_to_make_one(secret: str) -> None:
+    with pytest.raises(InvalidSecret, match="llm-db notices new-secret"):
+        parse_secrets(secret)
+
+
+def test_new_secret_is_a_valid_standard_webhooks_secret() -> None:
+    made = {llm_db.new_secret() for _ in range(5)}
+    assert len(made) == 5 and all(s.startswith("whsec_") for s in made)
+    assert all(len(base64.b64decode(s[6:])) == 32 for s in made)
+    assert parse_secrets(" ".join(made)) == sorted(made, key=" ".join(made).index)
+    assert len(base64.b64decode(llm_db.new_secret(24)[6:])) == 24
+    for secret in made:
+        standardwebhooks.Webhook(secret)  # the reference library accepts it

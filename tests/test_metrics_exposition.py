@@ -1,0 +1,83 @@
+"""The Prometheus exposition (``llm_db.metrics``, ``llm-db metrics``) is what Prometheus'
+own tools accept (issue #13): ``promtool check metrics`` (Debian's prometheus package, which
+scripts/bootstrap.sh installs) passes on it before any pass, after a pass and when the
+database is down; the text parses with prometheus_client's parser; before the first pass
+the run series are present with their documented values.
+
+Skipped only when promtool is missing outside CI; in CI (``CI`` set) a missing promtool
+fails, so the check cannot go quiet there.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from llm_db.metrics import RUN_FIGURES, RUN_STATUSES
+from tests.helpers import T0
+
+DOWN_DSN = "host=127.0.0.1 port=1 dbname=nowhere connect_timeout=3"
+
+
+def promtool() -> str:
+    found = shutil.which("promtool")
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail("promtool is missing in CI: scripts/bootstrap.sh installs prometheus")
+        pytest.skip("promtool not installed (apt-get install prometheus)")
+    return found
+
+
+def metrics(*args: str) -> subprocess.CompletedProcess[bytes]:
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    return subprocess.run([sys.executable, "-m", "llm_db.cli", "metrics", *args],
+                          capture_output=True, env=env, timeout=60)  # fmt: skip
+
+
+def check(exposition: bytes) -> None:
+    proc = subprocess.run([promtool(), "check", "metrics"], input=exposition,
+                          capture_output=True, timeout=30)  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout + proc.stderr).decode()
+
+
+def test_promtool_accepts_the_exposition_before_a_pass_after_one_and_with_the_database_down(
+    llm_dsn, llm_conn
+):
+    before = metrics("--dsn", llm_dsn, "--now", T0.isoformat())
+    assert before.returncode == 0, before.stderr
+    check(before.stdout)
+    llm_conn.execute("CALL llm.run_reconciliation(p_now => %s)", [T0])
+    after = metrics("--dsn", llm_dsn, "--now", (T0 + timedelta(minutes=5)).isoformat())
+    assert after.returncode == 0, after.stderr
+    check(after.stdout)
+    down = metrics("--dsn", DOWN_DSN)
+    assert down.returncode == 4
+    check(down.stdout)
+
+
+def test_before_the_first_pass_every_run_series_is_present_at_its_documented_value(llm_dsn):
+    """Issue #13: no pass yet is not an absent series: timestamps, age, duration and every
+    figure are 0, and the status series are all 0 (llm_db.metrics, docs/operations.md)."""
+    proc = metrics("--dsn", llm_dsn, "--now", T0.isoformat())
+    assert proc.returncode == 0, proc.stderr
+    families = {f.name: f for f in text_string_to_metric_families(proc.stdout.decode())}
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in families.values() for s in f.samples}  # fmt: skip
+    zero = ["llm_reconciliation_last_success_timestamp_seconds",
+            "llm_reconciliation_last_run_timestamp_seconds",
+            "llm_reconciliation_last_run_age_seconds",
+            "llm_reconciliation_last_run_duration_seconds",
+            "llm_reconciliation_last_run_errors",
+            *(f"llm_reconciliation_last_run_{c}" for c in RUN_FIGURES)]  # fmt: skip
+    assert {name: samples[(name, ())] for name in zero} == dict.fromkeys(zero, 0)
+    assert [samples[("llm_reconciliation_last_run_status", (("status", s),))]
+            for s in RUN_STATUSES] == [0] * len(RUN_STATUSES)  # fmt: skip
+    assert samples[("llm_reconciliation_health", (("status", "never"),))] == 1
+    assert samples[("llm_up", ())] == 1
+    assert all(f.type == "gauge" for f in families.values())
