@@ -214,7 +214,7 @@ COMMENT ON FUNCTION llm._fail_invocation(p_organization_id uuid, p_invocation_id
 CREATE FUNCTION llm._fail_notice(p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamp with time zone) RETURNS boolean
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 c5c30b0a5a4bd659384114264e57aa3f $$;
+    AS $$ body in sql/, md5 f6797b103cf21118544142ea9835e52b $$;
 
 COMMENT ON FUNCTION llm._fail_notice(p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamp with time zone) IS 'Distributed twin of fail_notice; arguments already checked.';
 
@@ -298,6 +298,13 @@ CREATE FUNCTION llm._may_cross(p_old_used bigint, p_new_used bigint, p_allowance
     AS $$ body in sql/, md5 4a1310f3a5666cdc8f3c763522f8d470 $$;
 
 COMMENT ON FUNCTION llm._may_cross(p_old_used bigint, p_new_used bigint, p_allowance bigint) IS 'False when moving used credits from p_old_used to p_new_used cannot have crossed any whole-percent threshold of p_allowance (NULL when unlimited).';
+
+CREATE FUNCTION llm._notify_notices_owed(p_reason text) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 383f959d37614f37be90c35ee6871c51 $$;
+
+COMMENT ON FUNCTION llm._notify_notices_owed(p_reason text) IS 'NOTIFY llm_notices with the reason (created, retry, released, rearmed): sent when the calling transaction commits, never if it rolls back.';
 
 CREATE FUNCTION llm._open_execution(p_organization_id uuid, p_task_key text, p_subject_type text, p_subject_id text, p_replay_key text, p_now timestamp with time zone) RETURNS TABLE(execution_id uuid, status text, replayed boolean)
     LANGUAGE plpgsql
@@ -388,9 +395,9 @@ COMMENT ON FUNCTION llm._reconcile_org(p_organization_id uuid, p_now timestamp w
 CREATE FUNCTION llm._record_crossings(p_organization_id uuid, p_period_start date, p_old_used bigint, p_new_used bigint, p_allowance bigint, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 e7069aba29e17cc1df57ec4e7c0ef6b5 $$;
+    AS $$ body in sql/, md5 74815c2d525f18377afae1d1e73fea69 $$;
 
-COMMENT ON FUNCTION llm._record_crossings(p_organization_id uuid, p_period_start date, p_old_used bigint, p_new_used bigint, p_allowance bigint, p_now timestamp with time zone) IS 'Creates one owed notice per threshold crossed when used credits moved from p_old_used to p_new_used; at most one per (organization, period, threshold).';
+COMMENT ON FUNCTION llm._record_crossings(p_organization_id uuid, p_period_start date, p_old_used bigint, p_new_used bigint, p_allowance bigint, p_now timestamp with time zone) IS 'Creates one owed notice per threshold crossed when used credits moved from p_old_used to p_new_used; at most one per (organization, period, threshold); NOTIFY llm_notices at commit when it created one.';
 
 CREATE FUNCTION llm._recover_stranded(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone, p_batch integer, p_recovery_charge text, INOUT p_sweep llm.org_sweep) RETURNS llm.org_sweep
     LANGUAGE plpgsql
@@ -405,6 +412,13 @@ CREATE FUNCTION llm._refresh_drift(p_organization_id uuid, p_now timestamp with 
     AS $$ body in sql/, md5 b9159555d304bec3004a70471c441b61 $$;
 
 COMMENT ON FUNCTION llm._refresh_drift(p_organization_id uuid, p_now timestamp with time zone, p_since timestamp with time zone, p_run_id uuid) IS 'Compares tasks closed since p_since with their terminal requests; stores and logs each disagreement, drops findings that no longer disagree, changes no totals.';
+
+CREATE FUNCTION llm._release_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 c6e98660b9a99be7acc8e281866ebe67 $$;
+
+COMMENT ON FUNCTION llm._release_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) IS 'Distributed twin of release_notice; arguments already checked.';
 
 CREATE FUNCTION llm._renew_lease(p_run_id uuid, p_token uuid) RETURNS boolean
     LANGUAGE plpgsql
@@ -610,7 +624,7 @@ COMMENT ON FUNCTION llm.declare_task_kind(p_key text, p_description text) IS 'De
 CREATE FUNCTION llm.distribute(p_shard_count integer DEFAULT NULL::integer) RETURNS text
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $_$ body in sql/, md5 962991a43db2c661004b115eec86a7e1 $_$;
+    AS $_$ body in sql/, md5 2591a068a9531a07c7faed38de9c9891 $_$;
 
 COMMENT ON FUNCTION llm.distribute(p_shard_count integer) IS 'Under Citus: reference tables for catalogs, per-organization tables distributed on organization_id co-located with organizations, per-organization twins distributed with force_delegation, the other llm routines propagated to the workers; LL011 without citus.';
 
@@ -626,7 +640,7 @@ CREATE FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_erro
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
     AS $$ body in sql/, md5 88c25b24b7c489a4ba16aa6d7e18a107 $$;
 
-COMMENT ON FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamp with time zone) IS 'Returns a claimed notice to owed with its error and an exponential backoff (base * 2^(attempts-1), capped by settings); false when it was not being sent.';
+COMMENT ON FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamp with time zone) IS 'Returns a claimed notice to owed with its error and an exponential backoff (base * 2^(attempts-1), capped by settings; NOTIFY llm_notices); false when it was not being sent.';
 
 CREATE FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone DEFAULT now()) RETURNS llm.invocations
     LANGUAGE plpgsql SECURITY DEFINER
@@ -645,9 +659,9 @@ COMMENT ON FUNCTION llm.open_execution(p_organization_id uuid, p_task_key text, 
 CREATE FUNCTION llm.rearm_notices(p_now timestamp with time zone DEFAULT now()) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 d9ca7cd1f2e69e94a2c7b56dc284d2e2 $$;
+    AS $$ body in sql/, md5 de3bae8d69f7c1a43f9dfec95f2883a1 $$;
 
-COMMENT ON FUNCTION llm.rearm_notices(p_now timestamp with time zone) IS 'Makes notices owed again whose claim is older than settings.notice_claim_timeout without completion; returns how many. Failed notices are already owed with their backoff.';
+COMMENT ON FUNCTION llm.rearm_notices(p_now timestamp with time zone) IS 'Makes notices owed again whose claim is older than settings.notice_claim_timeout without completion, due at once (NOTIFY llm_notices); returns how many. Failed notices are already owed with their backoff.';
 
 CREATE FUNCTION llm.rebuild_daily_usage(p_from date, p_to date) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
@@ -669,6 +683,13 @@ CREATE FUNCTION llm.reconciliation_health(p_now timestamp with time zone DEFAULT
     AS $$ body in sql/, md5 91ced1260c4d9c9fc5159acd44eec5c5 $$;
 
 COMMENT ON FUNCTION llm.reconciliation_health(p_now timestamp with time zone) IS 'The missing-run alarm: ok, late (no completed pass within settings.health_max_age), never (no pass ever ran), or failing (the last pass recorded errors, or every pass so far failed).';
+
+CREATE FUNCTION llm.release_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone DEFAULT now()) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 e1ae655b341c741e885575244d46eb8c $$;
+
+COMMENT ON FUNCTION llm.release_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) IS 'Gives a claimed notice back unsent (sending -> owed, due at p_now, no attempt counted, NOTIFY llm_notices): a worker shutting down; false when it was not being sent.';
 
 CREATE PROCEDURE llm.run_reconciliation(IN p_now timestamp with time zone DEFAULT NULL::timestamp with time zone, IN p_batch integer DEFAULT NULL::integer)
     LANGUAGE plpgsql
@@ -977,6 +998,8 @@ REVOKE ALL ON FUNCTION llm._max_amount() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._may_cross(p_old_used bigint, p_new_used bigint, p_allowance bigint) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._notify_notices_owed(p_reason text) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._open_execution(p_organization_id uuid, p_task_key text, p_subject_type text, p_subject_id text, p_replay_key text, p_now timestamp with time zone) FROM PUBLIC;
 
 GRANT SELECT ON TABLE llm.organizations TO llm_reader;
@@ -1005,6 +1028,8 @@ REVOKE ALL ON FUNCTION llm._record_crossings(p_organization_id uuid, p_period_st
 REVOKE ALL ON FUNCTION llm._recover_stranded(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone, p_batch integer, p_recovery_charge text, INOUT p_sweep llm.org_sweep) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._refresh_drift(p_organization_id uuid, p_now timestamp with time zone, p_since timestamp with time zone, p_run_id uuid) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._release_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._renew_lease(p_run_id uuid, p_token uuid) FROM PUBLIC;
 
@@ -1089,6 +1114,9 @@ GRANT ALL ON FUNCTION llm.reconcile_org(p_organization_id uuid, p_now timestamp 
 
 REVOKE ALL ON FUNCTION llm.reconciliation_health(p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.reconciliation_health(p_now timestamp with time zone) TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm.release_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.release_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) TO llm_operator;
 
 REVOKE ALL ON PROCEDURE llm.run_reconciliation(IN p_now timestamp with time zone, IN p_batch integer) FROM PUBLIC;
 GRANT ALL ON PROCEDURE llm.run_reconciliation(IN p_now timestamp with time zone, IN p_batch integer) TO llm_operator;

@@ -29,10 +29,22 @@ Metrics (gauges read at the moment of the scrape, unless said otherwise):
   every status (alert on ``llm_reconciliation_health{status="never"} == 1``
   or ``llm_reconciliation_last_run_timestamp_seconds == 0``);
 - ``llm_open_requests`` / ``llm_open_hold_credits``: requests still holding
-  credits; ``llm_stale_open_requests`` / ``llm_stale_open_hold_credits``: those
-  older than the recovery window, which the next pass recovers (they should be
-  0 right after a pass);
+  credits; ``llm_stale_open_requests{organization_status}`` /
+  ``llm_stale_open_hold_credits{organization_status}``: those older than the
+  recovery window, by their organization's status. ``operational``: the next
+  pass recovers them (0 right after a pass, unless a blocked organization or a
+  batch left some); ``suspended`` and ``closed``: no pass visits those
+  organizations, so their holds stay until the organization is operational
+  again. Every status is present, 0 when none;
 - ``llm_running_tasks``, ``llm_stale_running_tasks``, ``llm_drift_findings``;
+- ``llm_period_findings``: periods whose counters disagreed with their requests
+  at their last audit and still do (``llm.period_findings``, unresolved);
+- counters kept by the sweeps themselves (``llm.sweep_totals``), the pass's and
+  direct ``reconcile_org`` calls alike, never lowered (a true-up does not undo
+  a recovery): ``llm_recovered_requests_total``,
+  ``llm_recovered_uncharged_requests_total`` (recovered and charged nothing,
+  per the organization's ``recovery_charge``) and
+  ``llm_past_window_alerts_total`` (BR-CAP-PFM-LLM-009-07);
 - ``llm_notices{status}``: owed and sending threshold notices.
 
 ``llm-db worker`` adds the counter ``llm_notice_deliveries_total{outcome}``
@@ -55,7 +67,13 @@ from typing import Any
 import psycopg
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-from llm_db.report import books_snapshot, last_run, server_clock
+from llm_db.report import (
+    books_snapshot,
+    last_run,
+    server_clock,
+    stale_by_organization_status,
+    sweep_totals,
+)
 from llm_db.requests import Llm
 
 __all__ = [
@@ -83,6 +101,25 @@ RUN_FIGURES = {
     "notices_rearmed": "Threshold notices the last pass made owed again.",
     "daily_rows_rebuilt": "llm.daily_usage rows the last pass rebuilt.",
     "more_pending_orgs": "Organizations with more stranded requests than the last pass's batch.",
+    "recovered_uncharged": "Requests the last pass recovered and charged nothing (recovery_charge).",
+    "period_findings": "Periods whose counters disagreed with their requests in the last pass's audit.",
+}
+ORGANIZATION_STATUSES = ("operational", "suspended", "closed")
+STALE_HELP = (
+    "by the status of their organization: operational ones the next pass recovers; suspended"
+    " and closed ones no pass visits, so their holds stay until the organization is operational."
+)
+#: llm.sweep_totals sum -> (counter name without _total, what it counts)
+SWEEP_COUNTERS = {
+    "recovered_requests": ("llm_recovered_requests", "Requests recovery settled, by any sweep, ever."),
+    "recovered_uncharged": (
+        "llm_recovered_uncharged_requests",
+        "Requests recovery settled and charged nothing (recovery_charge dispatched or none), ever.",
+    ),
+    "past_window_alerts": (
+        "llm_past_window_alerts",
+        "Requests found past the recovery window, each alerted once, by any sweep, ever.",
+    ),
 }
 
 #: what ``last_run`` would say of a pass before the first one
@@ -94,14 +131,6 @@ _NO_RUN: dict[str, Any] = {
 SNAPSHOT_GAUGES = {
     "open_requests": ("llm_open_requests", "Requests admitted and not yet settled or failed."),
     "held_credits": ("llm_open_hold_credits", "Credits held by open requests."),
-    "stale_open_requests": (
-        "llm_stale_open_requests",
-        "Open requests older than the recovery window (the next pass recovers them).",
-    ),
-    "stale_held_credits": (
-        "llm_stale_open_hold_credits",
-        "Credits held by open requests older than the recovery window.",
-    ),
     "running_tasks": ("llm_running_tasks", "Tasks running."),
     "stale_running_tasks": (
         "llm_stale_running_tasks",
@@ -180,7 +209,38 @@ def collect(
     )  # fmt: skip
     notices.labels(status="owed").set(books["notices_owed"])
     notices.labels(status="sending").set(books["notices_sending"])
+
+    stale = stale_by_organization_status(conn, now=clock)
+    requests = Gauge("llm_stale_open_requests", "Open requests older than the recovery window, "
+                     + STALE_HELP, ["organization_status"], registry=registry)  # fmt: skip
+    credits = Gauge("llm_stale_open_hold_credits", "Credits held by open requests older than the"
+                    " recovery window, " + STALE_HELP, ["organization_status"], registry=registry)  # fmt: skip
+    for status in ORGANIZATION_STATUSES:
+        found = stale.get(status, {})
+        requests.labels(organization_status=status).set(found.get("stale_open_requests", 0))
+        credits.labels(organization_status=status).set(found.get("stale_held_credits", 0))
+
+    totals = sweep_totals(conn)
+    Gauge("llm_period_findings", "Periods whose counters disagree with their requests (unresolved"
+          " rows of llm.period_findings).", registry=registry).set(totals["period_findings"])  # fmt: skip
+    registry.register(_SweepCounters(totals))
     return registry
+
+
+class _SweepCounters:
+    """The sweeps' own monotonic totals (llm.sweep_totals), exposed as counters."""
+
+    def __init__(self, totals: dict[str, Any]) -> None:
+        self.totals = totals
+
+    def collect(self) -> Iterable[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        for column, (name, doc) in SWEEP_COUNTERS.items():
+            yield CounterMetricFamily(name, doc, value=self.totals[column])
+
+    def describe(self) -> Iterable[Any]:
+        return self.collect()
 
 
 def _scrape_gauges(registry: CollectorRegistry, *, up: bool, seconds: float) -> None:

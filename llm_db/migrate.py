@@ -14,7 +14,8 @@
 Both phases are serialized across processes by one transaction-level
 advisory lock, held by a transaction of ``migrate``'s own connection that
 spans yoyo's run (on its own connection; yoyo's lock table cannot cover its
-own creation) and then applies the function files. Concurrent ``migrate``
+own creation) and then applies the function files; a second run polls for it
+(``_begin_locked``). Concurrent ``migrate``
 runs against one database are safe and the second finds nothing left to do.
 Nothing outlives that transaction, so this also holds behind a transaction
 pooler such as PgBouncer, where a session lock could stay behind on a pooled
@@ -35,6 +36,7 @@ overridden per call (``migrations_dir=``, ``sql_dir=``).
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,13 +167,15 @@ def migrate(
 
     url = yoyo_url(dsn)
     with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as conn:
-        with conn.transaction():
-            # No parameter, so the simple query protocol: an extended-protocol portal
-            # would keep its snapshot (and this backend's xmin) while the transaction
-            # idles through yoyo's run, and CREATE INDEX CONCURRENTLY waits for it.
-            conn.execute(f"SELECT pg_catalog.pg_advisory_xact_lock({int(MIGRATE_LOCK_KEY)})")  # type: ignore[arg-type]
+        _begin_locked(conn)
+        try:
             applied = _apply_migrations(url, migrations_path, lock_timeout)
             dropped = _apply_sql_files(conn, sql_files)
+        except BaseException:
+            if not conn.closed and not conn.broken:
+                conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
 
     return MigrationReport(
         applied_migrations=tuple(applied),
@@ -180,6 +184,25 @@ def migrate(
         sql_dir=sql_path,
         dropped_routines=tuple(dropped),
     )
+
+
+def _begin_locked(conn: psycopg.Connection) -> None:
+    """Open a transaction on ``conn`` that holds the migrate lock (transaction-level).
+
+    A waiting run polls with ``pg_try_advisory_xact_lock`` between short transactions
+    instead of waiting inside one: a backend that waits inside a statement keeps a
+    snapshot, and ``CREATE INDEX CONCURRENTLY`` in the holder's migrations (on yoyo's
+    connection) would wait for that snapshot while the waiter waits for the holder.
+    No parameters, so the simple query protocol: no portal keeps a snapshot either.
+    """
+    pause = 0.02
+    while True:
+        conn.execute("BEGIN")
+        if conn.execute(f"SELECT pg_catalog.pg_try_advisory_xact_lock({int(MIGRATE_LOCK_KEY)})").fetchone()[0]:  # type: ignore[arg-type,index]
+            return
+        conn.execute("ROLLBACK")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.5)
 
 
 def _apply_migrations(url: str, migrations_dir: Path, lock_timeout: float) -> list[str]:

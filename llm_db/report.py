@@ -146,6 +146,28 @@ SELECT
         AS notices_sending
 """
 
+# The stale open requests by their organization's status, what every sweep ever
+# recovered (the totals the sweeps keep, llm.sweep_totals: one row per organization)
+# and the open period findings: the rest of what `llm-db metrics` reads at a scrape.
+STALE_BY_ORGANIZATION_STATUS = """
+SELECT o.status AS organization_status, count(*) AS stale_open_requests,
+       coalesce(sum(i.hold_credits), 0)::bigint AS stale_held_credits
+  FROM llm.invocations AS i
+  JOIN llm.organizations AS o ON o.id = i.organization_id
+ CROSS JOIN llm.settings AS s
+ WHERE i.status IN ('reserved', 'dispatched')
+   AND i.created_at <= %(now)s::timestamptz - s.recovery_window
+ GROUP BY o.status
+"""
+
+SWEEP_TOTALS = """
+SELECT coalesce(sum(t.recovered_requests), 0)::bigint AS recovered_requests,
+       coalesce(sum(t.recovered_uncharged), 0)::bigint AS recovered_uncharged,
+       coalesce(sum(t.past_window_alerts), 0)::bigint AS past_window_alerts,
+       (SELECT count(*) FROM llm.period_findings AS f WHERE f.resolved_at IS NULL) AS period_findings
+  FROM llm.sweep_totals AS t
+"""
+
 # What passes have done to some organizations, over their whole history: requests
 # recovered, past-window alerts, tasks abandoned, notices sent. These scan the
 # organizations' rows, so only the demo (a handful of organizations) reads them.
@@ -243,6 +265,20 @@ def books_snapshot(
         else [str(i) for i in organization_ids],
     }
     return _rows(conn, BOOKS_SNAPSHOT, params)[0]
+
+
+def stale_by_organization_status(conn: psycopg.Connection, *, now: datetime | None = None) -> dict[str, Row]:
+    """Open requests older than the recovery window, and their holds, by the status of
+    their organization (operational ones the next pass recovers; the others it never
+    visits)."""
+    found = _rows(conn, STALE_BY_ORGANIZATION_STATUS, {"now": server_clock(conn, now)})
+    return {r["organization_status"]: r for r in found}
+
+
+def sweep_totals(conn: psycopg.Connection) -> Row:
+    """Requests recovered (and of them, charged nothing) and past-window alerts, ever, as
+    the sweeps counted them, and the period findings still open."""
+    return _rows(conn, SWEEP_TOTALS, {})[0]
 
 
 def books_history(conn: psycopg.Connection, organization_ids: Sequence[UUID | str]) -> Row:

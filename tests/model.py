@@ -43,6 +43,8 @@ class Org:
     status: str
     allowance: int | None  # None: unlimited
     thresholds: tuple[int, ...]
+    recovery_charge: str = "estimate"  # estimate | dispatched | none
+    late_settlement: str = "audit"  # audit | true_up
 
 
 @dataclass
@@ -63,14 +65,15 @@ class Invocation:
     estimate: int
     created_at: datetime
     status: str = "reserved"
-    kind: str | None = None  # settlement_kind: measured | recovered
+    kind: str | None = None  # settlement_kind: measured | recovered | trued_up
     charged: int | None = None
     cents: int | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None
     settled_at: datetime | None = None
     alerted: bool = False  # past_window_alerted_at is set
-    late: bool = False  # a late measured settlement was recorded for audit
+    late: bool = False  # a late measured settlement was recorded (audit) or trued up
+    recovered: int | None = None  # what recovery charged (kept after a true-up)
 
 
 @dataclass
@@ -107,6 +110,7 @@ class Books:
     notices: dict[tuple[uuid.UUID, date, int], Notice] = field(default_factory=dict)
     daily: dict[tuple[uuid.UUID, date, str], tuple[int, ...]] = field(default_factory=dict)
     passes: int = 0
+    rebuilt_through: date | None = None  # the day of the last pass that rebuilt every day it owed
 
     # ------------------------------------------------------------ organizations
 
@@ -114,12 +118,26 @@ class Books:
         self, org: uuid.UUID, allowance: int | None, status: str, thresholds: tuple[int, ...], now: datetime
     ) -> None:
         old = self.orgs.get(org)
-        self.orgs[org] = Org(org, status, allowance, tuple(sorted(set(thresholds))))
+        row = Org(org, status, allowance, tuple(sorted(set(thresholds))))
+        if old is not None:
+            row.recovery_charge, row.late_settlement = old.recovery_charge, old.late_settlement
+        self.orgs[org] = row
         if old is not None and old.allowance != allowance:
-            # a changed allowance applies to the current period at once
-            current = self.periods.get((org, period_of(now)))
-            if current is not None:
-                current.allowance = allowance
+            # a changed allowance applies to the current period at once (and to any later
+            # one a moved clock opened): invariant 9
+            for (tenant, start), period in self.periods.items():
+                if tenant == org and start >= period_of(now):
+                    period.allowance = allowance
+
+    def set_recovery_policy(self, org: uuid.UUID, recovery_charge: str, late_settlement: str) -> None:
+        if recovery_charge not in ("estimate", "dispatched", "none"):
+            raise Rejected("22023")
+        if late_settlement not in ("audit", "true_up"):
+            raise Rejected("22023")
+        if org not in self.orgs:
+            raise Rejected("LL002")
+        self.orgs[org].recovery_charge = recovery_charge
+        self.orgs[org].late_settlement = late_settlement
 
     def _operational(self, org: uuid.UUID) -> Org:
         if org not in self.orgs:
@@ -168,6 +186,29 @@ class Books:
             raise Rejected("LL009")
         return row
 
+    def _true_up(self, row: Invocation, credits: int, cents: int, input_tokens: int | None,
+                 output_tokens: int | None, now: datetime) -> None:  # fmt: skip
+        """The books move to the measured figures by the signed difference: the request's
+        own period (a closed month too), its task, and its settlement day's daily usage."""
+        diff = credits - row.recovered
+        row.kind, row.charged, row.cents = "trued_up", credits, cents
+        row.input_tokens, row.output_tokens = input_tokens, output_tokens
+        if row.execution is not None:
+            task = self.executions[(row.org, row.execution)]
+            task.credits += diff
+            task.cents += cents
+        period = self.periods[(row.org, row.period)]
+        old = period.used
+        period.used += diff
+        period.cents += cents
+        if diff > 0:
+            self._crossings(row.org, row.period, old, period.used, now)
+        key = (row.org, row.settled_at.date(), row.model)
+        if key in self.daily:  # a day not built yet is built by a later pass
+            n, recovered, day_credits, day_cents, tokens_in, tokens_out = self.daily[key]
+            self.daily[key] = (n, recovered, day_credits + diff, day_cents + cents,
+                               tokens_in + (input_tokens or 0), tokens_out + (output_tokens or 0))  # fmt: skip
+
     def _already(self, row: Invocation) -> str:
         if row.status == "failed":
             return "already_failed"
@@ -180,9 +221,13 @@ class Books:
         row = self._invocation(org, inv)
         if row.status not in OPEN:
             outcome = self._already(row)
-            if outcome == "already_recovered":
-                row.late = True  # recorded for audit, never charged
-            return outcome
+            if outcome != "already_recovered" or row.late:
+                return outcome  # a late figure is recorded once: never trued up later
+            row.late = True
+            if self.orgs[org].late_settlement == "audit":
+                return outcome  # recorded for audit, never charged
+            self._true_up(row, credits, cents, input_tokens, output_tokens, now)
+            return "trued_up"
         row.status, row.kind = "settled", "measured"
         row.input_tokens, row.output_tokens = input_tokens, output_tokens
         self._book_terminal(row, credits, cents, now)
@@ -265,16 +310,19 @@ class Books:
             if row.org == org and row.status in OPEN and row.created_at <= cutoff
         ]  # fmt: skip
         moved: dict[date, int] = {}
+        policy = self.orgs[org].recovery_charge
         for row in stranded:
+            charge = row.estimate if policy == "estimate" or (
+                policy == "dispatched" and row.status == "dispatched") else 0  # fmt: skip
             row.status, row.kind, row.alerted = "settled", "recovered", True
-            row.charged, row.cents, row.settled_at = row.estimate, None, now
+            row.charged, row.cents, row.settled_at, row.recovered = charge, None, now, charge
             if row.execution is not None:
                 task = self.executions[(org, row.execution)]
                 task.requests += 1
-                task.credits += row.estimate
+                task.credits += charge
             period = self.periods[(org, row.period)]
             moved.setdefault(row.period, period.used)
-            period.used += row.estimate
+            period.used += charge
             period.held -= row.estimate
         for start, old in moved.items():  # one movement per period, one crossing check
             self._crossings(org, start, old, self.periods[(org, start)].used, now)
@@ -285,8 +333,12 @@ class Books:
             if self.orgs[org].status == "operational":
                 self.reconcile_org(org, now)
         self.rearm_notices(now)
+        # every day since the last complete rebuild (at most 35 back) and the reporting days
         today = now.date()
-        self.rebuild_daily_usage(today - timedelta(days=REPORTING_DAYS - 1), today)
+        recent = today - timedelta(days=REPORTING_DAYS - 1)
+        first = max(min(recent, self.rebuilt_through or recent), today - timedelta(days=34))
+        self.rebuild_daily_usage(first, today)
+        self.rebuilt_through = today
         self.passes += 1
 
     # ------------------------------------------------------------ notices and reporting
@@ -335,7 +387,7 @@ class Books:
             n, recovered, credits, cents, tokens_in, tokens_out = self.daily.get(key, (0,) * 6)
             self.daily[key] = (
                 n + 1,
-                recovered + (row.kind == "recovered"),
+                recovered + (row.kind in ("recovered", "trued_up")),
                 credits + row.charged,
                 cents + (row.cents or 0),
                 tokens_in + (row.input_tokens or 0),
@@ -349,7 +401,8 @@ class Books:
 
     def expected_invocations(self) -> dict:
         return {
-            k: (r.status, r.kind, r.charged, r.cents, r.period, r.execution, r.alerted, r.late)
+            k: (r.status, r.kind, r.charged, r.cents, r.period, r.execution, r.alerted, r.late,
+                r.recovered)
             for k, r in self.invocations.items()
         }
 

@@ -570,10 +570,15 @@ def test_report_on_an_empty_database(llm_dsn):
 # ---------------------------------------------------------------- metrics
 
 
+COUNTERS = {"llm_recovered_requests", "llm_recovered_uncharged_requests", "llm_past_window_alerts",
+            "llm_notice_deliveries"}  # fmt: skip
+OPERATIONAL = (("organization_status", "operational"),)
+
+
 def parse_metrics(text: str) -> dict[tuple[str, tuple], float]:
     samples = {}
     for family in text_string_to_metric_families(text):
-        assert family.type == "gauge", family.name
+        assert family.type == ("counter" if family.name in COUNTERS else "gauge"), family.name
         for sample in family.samples:
             samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return samples
@@ -587,8 +592,10 @@ def test_metrics_parse_and_show_stale_requests_then_the_pass(llm_dsn, llm_conn, 
     m = parse_metrics(before.stdout)
     assert m[("llm_reconciliation_health", (("status", "never"),))] == 1
     assert m[("llm_reconciliation_health", (("status", "ok"),))] == 0
-    assert m[("llm_stale_open_requests", ())] == 1
-    assert m[("llm_stale_open_hold_credits", ())] == 30
+    assert m[("llm_stale_open_requests", OPERATIONAL)] == 1
+    assert m[("llm_stale_open_hold_credits", OPERATIONAL)] == 30
+    assert m[("llm_stale_open_requests", (("organization_status", "suspended"),))] == 0
+    assert m[("llm_recovered_requests_total", ())] == 0
     assert m[("llm_up", ())] == 1
     # no pass yet: the run series are present, at their documented 0
     assert m[("llm_reconciliation_last_run_age_seconds", ())] == 0
@@ -603,13 +610,42 @@ def test_metrics_parse_and_show_stale_requests_then_the_pass(llm_dsn, llm_conn, 
         llm_db("metrics", "--now", iso(later + timedelta(minutes=10)), dsn=llm_dsn).stdout
     )
     assert after[("llm_reconciliation_health", (("status", "ok"),))] == 1
-    assert after[("llm_stale_open_requests", ())] == 0
+    assert after[("llm_stale_open_requests", OPERATIONAL)] == 0
+    assert after[("llm_recovered_requests_total", ())] == 1
+    assert after[("llm_past_window_alerts_total", ())] == 1
     assert after[("llm_open_requests", ())] == 0
     assert after[("llm_reconciliation_last_run_requests_recovered", ())] == 1
     assert after[("llm_reconciliation_last_run_released_hold_credits", ())] == 30
     assert after[("llm_reconciliation_last_run_status", (("status", "succeeded"),))] == 1
     assert 590 < after[("llm_reconciliation_last_run_age_seconds", ())] <= 600  # minus its duration
     assert after[("llm_notices", (("status", "owed"),))] == 0
+
+
+def test_metrics_count_direct_sweeps_and_split_stale_holds_by_organization_status(
+    llm_dsn, llm_conn, org
+):
+    """BR-CAP-PFM-LLM-009-07: recoveries and past-window alerts of a direct
+    ``llm-db reconcile --org`` (reconcile_org) are counted like the pass's; a suspended
+    organization's stale holds, which no pass recovers, show under their own label."""
+    llm = Llm(llm_conn)
+    strand_a_request(llm_conn, org, estimate=30)
+    paused = uuid.uuid4()
+    llm.upsert_organization(paused, "paused", 100, now=T0)
+    strand_a_request(llm_conn, paused, estimate=12)
+    llm.upsert_organization(paused, "paused", 100, status="suspended", now=T0)
+    later = T0 + timedelta(hours=25)
+
+    swept = llm_db("reconcile", "--org", str(org), "--now", iso(later), dsn=llm_dsn)
+    assert swept.returncode == 0, swept.stderr
+    m = parse_metrics(llm_db("metrics", "--now", iso(later), dsn=llm_dsn).stdout)
+
+    assert m[("llm_recovered_requests_total", ())] == 1
+    assert m[("llm_past_window_alerts_total", ())] == 1
+    assert m[("llm_recovered_uncharged_requests_total", ())] == 0
+    assert m[("llm_stale_open_requests", OPERATIONAL)] == 0
+    assert m[("llm_stale_open_requests", (("organization_status", "suspended"),))] == 1
+    assert m[("llm_stale_open_hold_credits", (("organization_status", "suspended"),))] == 12
+    assert m[("llm_period_findings", ())] == 0
 
 
 def test_metrics_output_with_the_database_down_writes_llm_up_0_and_exits_4(tmp_path):

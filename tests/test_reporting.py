@@ -17,7 +17,7 @@ HOUR = timedelta(hours=1)
 DIRECT_AGGREGATE = """
     SELECT i.organization_id, (i.settled_at AT TIME ZONE 'UTC')::date AS day, i.model,
            count(*) AS requests,
-           count(*) FILTER (WHERE i.settlement_kind = 'recovered') AS recovered_requests,
+           count(*) FILTER (WHERE i.settlement_kind IN ('recovered', 'trued_up')) AS recovered_requests,
            coalesce(sum(i.charged_credits), 0) AS credits,
            coalesce(sum(i.charged_cents), 0) AS cents,
            coalesce(sum(i.input_tokens), 0) AS input_tokens,
@@ -163,3 +163,47 @@ def test_rebuild_daily_usage_rejects_a_bad_range_22023(llm_conn, start, end):
     with pytest.raises(psycopg.Error) as raised:
         rebuild(llm_conn, start, end)
     assert raised.value.sqlstate == "22023"
+
+
+# ---------------------------------------------------------------- healing after an outage
+
+
+def test_daily_usage_heals_after_a_three_day_outage(llm_conn):
+    """WF-PFM-LLM-004 hop 6 ("stale daily totals await later passes"): the pass was down for
+    three days. The first pass after it rebuilds every day since the last complete rebuild
+    (each day its own transaction), not only settings.reporting_days: the day of the last
+    pass before the outage, whose later settlements that pass never saw, is counted too."""
+    org = new_org(llm_conn)
+    last_before = T0 + 2 * HOUR
+    llm_conn.execute("CALL llm.run_reconciliation(p_now => %s)", [last_before])
+    rebuilt = llm_conn.execute("SELECT daily_rebuilt_through FROM llm.reconciliation_runs").fetchone()[0]
+    assert rebuilt == T0.date()
+    for day in range(4):  # T0's day after its last pass, then the three days of the outage
+        settled(llm_conn, org, "model-a", T0 + timedelta(days=day, hours=6))
+    after = T0 + timedelta(days=3, hours=9)
+
+    llm_conn.execute("CALL llm.run_reconciliation(p_now => %s)", [after])
+
+    run = llm_conn.execute("SELECT daily_rows_rebuilt, daily_rebuilt_through, status FROM"
+                           " llm.reconciliation_runs ORDER BY started_at DESC LIMIT 1").fetchone()  # fmt: skip
+    assert run == (4, after.date(), "succeeded")
+    days = [r[0] for r in llm_conn.execute("SELECT day FROM llm.daily_usage ORDER BY day")]
+    assert days == [(T0 + timedelta(days=d)).date() for d in range(4)]
+    assert daily(llm_conn) == direct(llm_conn, T0.date(), after.date())
+
+
+def test_the_healing_reaches_back_at_most_35_days(llm_conn):
+    """After a longer outage the pass rebuilds the last 35 days (today included), no more."""
+    new_org(llm_conn)
+    llm_conn.execute("CALL llm.run_reconciliation(p_now => %s)", [T0])
+    later = T0 + timedelta(days=50)
+    llm_conn.execute("CALL llm.run_reconciliation(p_now => %s)", [later])
+    days = llm_conn.execute("SELECT array_length(llm._rebuild_days(%s), 1)", [later + HOUR]).fetchone()[0]
+    assert days == 2  # just rebuilt: the next pass owes only the reporting days
+    errors = llm_conn.execute("SELECT errors FROM llm.reconciliation_runs ORDER BY started_at DESC"
+                              " LIMIT 1").fetchone()[0]  # fmt: skip
+    assert errors == []
+    first, last = llm_conn.execute(
+        "SELECT min(d), max(d) FROM unnest(llm._rebuild_days(%s)) AS d", [later + timedelta(days=40)]
+    ).fetchone()
+    assert (first, last) == ((later + timedelta(days=6)).date(), (later + timedelta(days=40)).date())

@@ -25,8 +25,11 @@ foreign-key order: much faster than a clone per example). Examples: 500, or
 from __future__ import annotations
 
 import os
+import threading
+import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -40,6 +43,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 from model import Books, Rejected
+from model import period_of as model_period_of
 
 EXAMPLES = int(os.environ.get("LLM_DB_SIM_EXAMPLES", "500"))
 STEPS = 15
@@ -59,6 +63,8 @@ START = datetime(2031, 1, 30, 20, 0, tzinfo=UTC)  # close to a month boundary
 # Children before parents; the catalogs (task_kinds, settings) stay.
 CLEAN = [
     "DELETE FROM llm.ledger",
+    "DELETE FROM llm.period_findings",
+    "DELETE FROM llm.sweep_totals",
     "DELETE FROM llm.drift_findings",
     "DELETE FROM llm.threshold_notices",
     "DELETE FROM llm.daily_usage",
@@ -78,6 +84,8 @@ rare = st.integers(min_value=0, max_value=7).map(lambda n: n == 0)  # true one t
 
 class BooksMachine(RuleBasedStateMachine):
     conn: psycopg.Connection  # set by the test
+    connect: Callable[..., psycopg.Connection]  # more connections (llm_connect), for races
+    other: psycopg.Connection | None = None
     steps_run = 0
     examples_run = 0
     outcomes: Counter = Counter()  # SQLSTATE (or ok) of every call, for the summary
@@ -295,6 +303,93 @@ class BooksMachine(RuleBasedStateMachine):
         BooksMachine.steps_run += 1
         self._upsert(ORG_SMALL, allowance, "operational", SETUP[ORG_SMALL][1])
 
+    @rule(allowance=st.sampled_from([40, 100, 160]), estimate=estimates,
+          next_month=st.booleans())  # fmt: skip
+    def change_allowance_racing_an_admission(self, allowance, estimate, next_month):
+        """Invariant 9: an upsert_organization is open (uncommitted) on another connection
+        when an admission of the small organization starts (often the first of a new
+        month, which creates the period); the upsert commits while the admission waits.
+        The books equal the model's: the upsert first, then the admission."""
+        if next_month:  # the first admission of the next month
+            self.now = datetime(self.now.year + self.now.month // 12, self.now.month % 12 + 1, 1, 0, 5,
+                                tzinfo=UTC)  # fmt: skip
+        BooksMachine.tally["allowance races"] += 1
+        if BooksMachine.other is None or BooksMachine.other.closed:
+            BooksMachine.other = BooksMachine.connect(autocommit=False)
+        other = BooksMachine.other
+        other.execute(
+            "SELECT llm.upsert_organization(%s, %s, %s::bigint, 'operational', %s::int[], %s)",
+            [ORG_SMALL, f"org {ORG_SMALL}", allowance, list(SETUP[ORG_SMALL][1]), self.now],
+        )
+        self.counter += 1
+        inv = uuid.UUID(int=(1 << 96) + self.counter)
+        outcome: dict[str, object] = {}
+
+        def admit() -> None:
+            try:
+                outcome["row"] = self._one(
+                    "SELECT (llm.admit_invocation(%s, %s::bigint, 'm-1', NULL, %s::uuid, %s)).id",
+                    [ORG_SMALL, estimate, inv, self.now])  # fmt: skip
+            except psycopg.Error as exc:
+                outcome["code"] = exc.sqlstate
+
+        worker = threading.Thread(target=admit)
+        worker.start()
+        pid = self.conn.info.backend_pid
+        deadline = time.monotonic() + 10
+        while worker.is_alive() and time.monotonic() < deadline:
+            with BooksMachine.connect() as observer:
+                if observer.execute("SELECT cardinality(pg_blocking_pids(%s)) > 0", [pid]).fetchone()[0]:
+                    BooksMachine.tally["admissions that waited"] += 1
+                    break
+            time.sleep(0.005)
+        other.commit()
+        worker.join(30)
+        assert not worker.is_alive()
+        # The order the two serialize in (READ COMMITTED): the month's first admission waits
+        # for the upsert (its organization row) and admits under the new allowance. Into an
+        # existing period, an admission that fits the committed allowance waits for the
+        # upsert's lock on the period row and is checked again under the new one; one that
+        # does not fit is refused at once, before the upsert.
+        period = self.books.periods.get((ORG_SMALL, model_period_of(self.now)))
+        waits = period is None or period.allowance is None or (
+            period.used + period.held + estimate <= period.allowance)  # fmt: skip
+
+        def upsert_in_model() -> None:
+            self.books.upsert_organization(ORG_SMALL, allowance, "operational", SETUP[ORG_SMALL][1], self.now)
+
+        if waits:
+            upsert_in_model()
+        self._both(lambda: outcome.get("row") if "code" not in outcome else _raise(outcome["code"]),
+                   lambda _: self.books.admit(ORG_SMALL, estimate, "m-1", None, inv, self.now))  # fmt: skip
+        if not waits:
+            upsert_in_model()
+
+    @rule(o=st.integers(0, 2), charge=st.sampled_from(["estimate", "dispatched", "none", "half"]),
+          late=st.sampled_from(["audit", "true_up", "true_up", "later"]))  # fmt: skip
+    def set_recovery_policy(self, o, charge, late):
+        """What recovery charges and what a late settlement does (22023 for another word)."""
+        org = ORGS[o]
+        self._both(
+            lambda: self._one("SELECT (llm.set_recovery_policy(%s, %s, %s)).id", [org, charge, late]),
+            lambda _: self.books.set_recovery_policy(org, charge, late),
+        )
+
+    @precondition(lambda self: any(r.kind == "recovered" for r in self.books.invocations.values()))
+    @rule(p=picks, credits=charges, cents=st.integers(0, 30), tokens=st.none() | st.integers(0, 5000))
+    def settle_late(self, p, credits, cents, tokens):
+        """A worker comes back after recovery: audited or trued up, per the policy in force."""
+        recovered = sorted(k for k, r in self.books.invocations.items() if r.kind == "recovered")
+        org, inv = self._pick(recovered, p)
+        db, expected = self._both(
+            lambda: self._one(
+                "SELECT llm.settle_invocation(%s, %s, %s::bigint, %s::bigint, %s::bigint, %s::bigint, %s)",
+                [org, inv, credits, cents, tokens, tokens, self.now],
+            ),
+            lambda _: self.books.settle(org, inv, credits, cents, tokens, tokens, self.now),
+        )
+        assert db is None or db[0] == expected
+
     # ------------------------------------------------------------ notices
 
     def _notice_id(self, key) -> uuid.UUID:
@@ -338,7 +433,9 @@ class BooksMachine(RuleBasedStateMachine):
         books = self.books
         tally = BooksMachine.tally
         tally["invocations"] += len(books.invocations)
-        tally["recovered"] += sum(r.kind == "recovered" for r in books.invocations.values())
+        tally["recovered"] += sum(r.kind in ("recovered", "trued_up") for r in books.invocations.values())
+        tally["recovered uncharged"] += sum(r.recovered == 0 and r.estimate > 0 for r in books.invocations.values())
+        tally["trued up"] += sum(r.kind == "trued_up" for r in books.invocations.values())
         tally["late settlements"] += sum(r.late for r in books.invocations.values())
         tally["tasks"] += len(books.executions)
         tally["abandoned"] += sum(e.status == "abandoned" for e in books.executions.values())
@@ -363,7 +460,8 @@ class BooksMachine(RuleBasedStateMachine):
             (o, i): tuple(rest)
             for o, i, *rest in q(
                 "SELECT organization_id, id, status, settlement_kind, charged_credits, charged_cents, period_start,"
-                " execution_id, past_window_alerted_at IS NOT NULL, late_reported_at IS NOT NULL FROM llm.invocations"
+                " execution_id, past_window_alerted_at IS NOT NULL, late_reported_at IS NOT NULL,"
+                " recovered_credits FROM llm.invocations"
             )
         }
         assert invocations == self.books.expected_invocations()
@@ -391,14 +489,25 @@ class BooksMachine(RuleBasedStateMachine):
         }
         assert daily == self.books.daily
         assert q("SELECT count(*) FROM llm.drift_findings").fetchone() == (0,)
+        assert q("SELECT count(*) FROM llm.period_findings").fetchone() == (0,)
         assert q("SELECT * FROM llm.check_invariants()").fetchall() == []
 
 
-def test_random_interleavings_keep_the_books_equal_to_the_model(llm_conn, capsys):
-    """Invariants 1-8 and the model after every step of random interleavings
-    (CAP-PFM-LLM-007 admission, WF-PFM-LLM-002 tasks, WF-PFM-LLM-004 recovery)."""
+def _raise(sqlstate: str) -> None:
+    """Re-raise a SQLSTATE caught in another thread, for ``_both``."""
+    error = psycopg.Error(sqlstate)
+    error.sqlstate = sqlstate  # type: ignore[misc]
+    raise error
+
+
+def test_random_interleavings_keep_the_books_equal_to_the_model(llm_conn, llm_connect, capsys):
+    """Invariants 1-9 and the model after every step of random interleavings
+    (CAP-PFM-LLM-007 admission, WF-PFM-LLM-002 tasks, WF-PFM-LLM-004 recovery with its
+    recovery-charge policy and late true-ups, allowance changes racing admissions)."""
     llm_conn.execute("SET lock_timeout = '5s'")
     BooksMachine.conn = llm_conn
+    BooksMachine.connect = llm_connect
+    BooksMachine.other = None
     BooksMachine.steps_run = BooksMachine.examples_run = 0
     BooksMachine.outcomes = Counter()
     BooksMachine.tally = Counter()

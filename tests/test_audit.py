@@ -1,0 +1,168 @@
+"""The daily audit of every period counter: each hourly pass audits a share of the
+organizations, so that every organization's current and previous period (used credits,
+used cents, held credits) is recomputed from its requests at least once every 24 hours.
+A disagreement is a finding (``llm.period_findings``), logged and counted on the run,
+never repaired; it is resolved once the counter is right again.
+
+The counters are corrupted behind the functions' back (a plain UPDATE as the owner), the
+only way they can go wrong, and the clock moves an hour per pass.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from llm_db import Llm
+from tests.helpers import T0, row, rows, scalar
+
+HOUR = timedelta(hours=1)
+JANUARY = "2026-01-01"
+
+
+def busy_org(llm: Llm) -> uuid.UUID:
+    """An organization with settled, failed and open requests in January."""
+    org = uuid.uuid4()
+    llm.upsert_organization(org, "audited", 10_000, now=T0)
+    for credits in (30, 45):
+        inv = llm.admit(org, 50, "gpt-x", now=T0)
+        llm.settle(org, inv.id, credits, 2, now=T0)
+    llm.fail(org, llm.admit(org, 20, "gpt-x", now=T0).id, "boom", credits=5, now=T0)
+    llm.admit(org, 60, "gpt-x", now=T0 + 100 * HOUR)  # open (too recent to recover) in every pass below
+    return org
+
+
+def hourly_passes(llm: Llm, start, hours: int) -> list:
+    return [llm.run_reconciliation(now=start + h * HOUR) for h in range(hours)]
+
+
+def finding(conn: psycopg.Connection, org: uuid.UUID) -> dict | None:
+    return row(conn, "SELECT * FROM llm.period_findings WHERE organization_id = %s", [org])
+
+
+@pytest.mark.parametrize(
+    ("column", "delta"), [("used_credits", 7), ("used_cents", 3), ("held_credits", 11)]
+)
+def test_a_corrupted_counter_is_found_within_24_passes_and_resolved_when_right(llm_conn, column, delta):
+    """The audit finds a period counter changed behind the functions' back within 24 hourly
+    passes: one finding with both figures, counted on that pass's run, and the counter is
+    left as it is. Once the counter is right again the finding is resolved within 24 more."""
+    llm = Llm(llm_conn)
+    org = busy_org(llm)
+    start = T0 + 31 * HOUR
+    hourly_passes(llm, start, 1)  # the organization's first audit: clean
+    assert finding(llm_conn, org) is None
+    llm_conn.execute(f"UPDATE llm.periods SET {column} = {column} + %s WHERE organization_id = %s",
+                     [delta, org])  # fmt: skip
+    recorded = scalar(llm_conn, f"SELECT {column} FROM llm.periods WHERE organization_id = %s", [org])
+
+    runs = hourly_passes(llm, start + HOUR, 24)
+
+    found = finding(llm_conn, org)
+    assert found is not None and found["resolved_at"] is None
+    short = {"used_credits": "used_credits", "used_cents": "used_cents", "held_credits": "held_credits"}[column]
+    assert found[f"recorded_{short}"] == recorded
+    assert found[f"computed_{short}"] == recorded - delta
+    # counted on the run of every pass whose audit saw it (once or twice in 24 passes)
+    found_by = [r for r in runs if r.period_findings == 1]
+    assert 1 <= len(found_by) <= 2 and sum(r.period_findings for r in runs) == len(found_by)
+    assert found["first_seen_at"] == found_by[0].clock
+    assert (found["last_run_id"], found["last_seen_at"]) == (found_by[-1].id, found_by[-1].clock)
+    assert scalar(llm_conn, f"SELECT {column} FROM llm.periods WHERE organization_id = %s", [org]) == recorded
+
+    llm_conn.execute(f"UPDATE llm.periods SET {column} = {column} - %s WHERE organization_id = %s",
+                     [delta, org])  # fmt: skip
+    later = hourly_passes(llm, start + 25 * HOUR, 24)
+    resolved = finding(llm_conn, org)
+    assert resolved["resolved_at"] is not None
+    assert sum(r.period_findings for r in later) == 0
+    assert rows(llm_conn, "SELECT * FROM llm.check_invariants()") == []
+
+
+def test_every_organization_is_audited_at_least_once_in_any_24_hourly_passes(llm_conn):
+    """A share per pass, spread over the day: after each organization's first audit, any 24
+    consecutive hourly passes audit it at least once, and no pass audits them all again."""
+    llm = Llm(llm_conn)
+    orgs = []
+    for n in range(30):
+        org = uuid.uuid4()
+        llm.upsert_organization(org, f"org {n}", None, now=T0)
+        orgs.append(org)
+    first = T0 + HOUR
+    llm.run_reconciliation(now=first)  # every organization's first audit
+    audits: dict[uuid.UUID, list] = {org: [] for org in orgs}
+    per_pass = []
+    for h in range(1, 49):
+        now = first + h * HOUR
+        llm.run_reconciliation(now=now)
+        audited = rows(llm_conn, "SELECT organization_id FROM llm.sweep_totals WHERE audited_at = %s", [now])
+        per_pass.append(len(audited))
+        for r in audited:
+            audits[r["organization_id"]].append(h)
+    for org, hours in audits.items():
+        gaps = [b - a for a, b in zip([0, *hours], [*hours, 49], strict=True)]
+        assert max(gaps) <= 24, (org, hours)
+    assert max(per_pass) < len(orgs) / 2, per_pass
+
+
+def test_an_audit_that_fails_never_rolls_back_the_organizations_recovery(llm_conn, llm_connect):
+    """The audit is its own step after the organization's sweep: when it cannot finish (here
+    its finding row is locked elsewhere past org_lock_timeout) it is recorded on the run as
+    the 'audit' step of that organization, and the sweep's recovery stays committed."""
+    llm = Llm(llm_conn)
+    org = busy_org(llm)
+    llm_conn.execute("UPDATE llm.periods SET used_credits = used_credits + 1 WHERE organization_id = %s", [org])
+    llm.run_reconciliation(now=T0 + 31 * HOUR)  # finds it
+    assert finding(llm_conn, org) is not None
+    stranded = llm.admit(org, 10, "gpt-x", now=T0 + 31 * HOUR)
+    llm_conn.execute("UPDATE llm.sweep_totals SET audit_due_at = NULL WHERE organization_id = %s", [org])
+    llm_conn.execute("UPDATE llm.settings SET org_lock_timeout = '200ms'")
+    blocker = llm_connect(autocommit=False)
+    blocker.execute("SELECT 1 FROM llm.period_findings WHERE organization_id = %s FOR UPDATE", [org])
+
+    run = llm.run_reconciliation(now=T0 + 56 * HOUR)
+    blocker.rollback()
+
+    assert run is not None and run.status == "partial"
+    assert [(e["step"], e["organization_id"], e["sqlstate"]) for e in run.errors] == [
+        ("audit", str(org), "55P03")]  # fmt: skip
+    assert run.requests_recovered >= 1
+    assert scalar(llm_conn, "SELECT status FROM llm.invocations WHERE id = %s", [stranded.id]) == "settled"
+
+
+def test_live_traffic_never_makes_a_period_look_wrong_to_the_audit(llm_conn, llm_connect):
+    """Each period is audited in one statement and every request moves its period in one
+    transaction: admissions and settlements running during forced audits give no finding."""
+    llm = Llm(llm_conn)
+    org = busy_org(llm)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def traffic() -> None:
+        client = Llm(llm_connect())
+        try:
+            while not stop.is_set():
+                inv = client.admit(org, 10, "gpt-x", now=T0 + 40 * HOUR)
+                client.settle(org, inv.id, 8, 1, now=T0 + 40 * HOUR)
+        except BaseException as exc:  # asserted empty below
+            errors.append(exc)
+
+    workers = [threading.Thread(target=traffic) for _ in range(3)]
+    for w in workers:
+        w.start()
+    try:
+        auditor = llm_connect()
+        for _ in range(40):
+            auditor.execute("SELECT llm._audit_org(%s, %s, NULL)", [org, T0 + 40 * HOUR])
+            auditor.execute("UPDATE llm.sweep_totals SET audit_due_at = NULL WHERE organization_id = %s", [org])
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(30)
+    assert errors == []
+    assert scalar(llm_conn, "SELECT count(*) FROM llm.invocations WHERE organization_id = %s", [org]) > 10
+    assert finding(llm_conn, org) is None
