@@ -59,12 +59,12 @@ HISTORY_CLEAR = "TRUNCATE bench_history"
 
 # Request g (first <= g < last) is settled at `end - g * step` seconds (so a
 # longer history reaches further back at the same request rate), belongs to
-# task g / per_task of organization (g / per_task) %% orgs + 1; one in fifty
-# failed with nothing charged.
+# organization (g / per_task) %% orgs + 1 and, with `tasks`, to its task
+# g / per_task; one in fifty failed with nothing charged.
 HISTORY_FILL = """
 INSERT INTO bench_history
 SELECT md5('bench-org-' || ((g / %(per_task)s) %% %(orgs)s + 1))::uuid,
-       md5(%(task_prefix)s::text || (g / %(per_task)s))::uuid,
+       CASE WHEN %(tasks)s::boolean THEN md5(%(task_prefix)s::text || (g / %(per_task)s))::uuid END,
        gen_random_uuid(),
        date_trunc('month', c.t AT TIME ZONE 'UTC')::date,
        (ARRAY['model-a', 'model-b', 'model-c'])[g %% 3 + 1],
@@ -99,6 +99,7 @@ SELECT h.organization_id, h.execution_id, 'bench', 'completed',
        (extract(epoch FROM max(h.settled_at) - min(h.created_at)) * 1000)::bigint + 2000,
        count(*), sum(h.charged), sum(h.cents)
   FROM bench_history AS h
+ WHERE h.execution_id IS NOT NULL
  GROUP BY h.organization_id, h.execution_id
 """
 
@@ -207,6 +208,16 @@ UPDATE llm.invocations AS i
 # ------------------------------------------------------------- the pass
 
 RUN_PASS = "CALL llm.run_reconciliation(p_now => %(now)s::timestamptz)"
+
+# Every organization due for its audit at the next pass (as after an upgrade).
+AUDIT_EVERYONE = "UPDATE llm.sweep_totals SET audit_due_at = NULL"
+
+# The audit's outcome: findings (none expected: the loads keep the books right) and how
+# many organizations have been audited.
+AUDIT_STATE = """
+SELECT (SELECT count(*) FROM llm.period_findings) AS findings,
+       (SELECT count(*) FROM llm.sweep_totals WHERE audited_at >= %(clock)s::timestamptz) AS audited
+"""
 
 LAST_RUN = """
 SELECT r.status, r.orgs_visited, r.orgs_failed, r.requests_recovered, r.executions_abandoned,

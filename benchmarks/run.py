@@ -65,6 +65,7 @@ class Sizes:
     tasks_per_history_task: int = 10
     drift_tasks: int = 100_000
     drift_requests_per_task: int = 2
+    busy_month: int = 1_000_000  # requests settled in the current period (the audit's worst month)
     pass_repeats: int = 7
     cpu_cycles: int = 3000
     warmup_seconds: int = 10
@@ -81,6 +82,7 @@ QUICK = Sizes(
     history_steps=(50_000, 100_000, 150_000, 200_000),
     history_small=100_000,
     drift_tasks=10_000,
+    busy_month=100_000,
     pass_repeats=2,
     cpu_cycles=1000,
     warmup_seconds=3,
@@ -466,7 +468,7 @@ def _cpu_delta(pid: int, before: float | None) -> float | None:
 
 
 def load_history(target: Target, sizes: Sizes, first: int, last: int, *, prefix: str, per_task: int,
-                 end: dt.datetime, step: float, fast: bool) -> float:  # fmt: skip
+                 end: dt.datetime, step: float, fast: bool, tasks: bool = True) -> float:  # fmt: skip
     """Settled requests [first, last) into the pass database, in chunks; returns seconds."""
     start = time.perf_counter()
     for lo in range(first, last, sizes.history_chunk):
@@ -477,7 +479,7 @@ def load_history(target: Target, sizes: Sizes, first: int, last: int, *, prefix:
             conn.execute(q.HISTORY_STAGE)
             conn.execute(q.HISTORY_CLEAR)
             params = {"first": lo, "last": hi, "per_task": per_task, "orgs": sizes.pass_orgs,
-                      "task_prefix": prefix, "end": end, "step": step}  # fmt: skip
+                      "task_prefix": prefix, "end": end, "step": step, "tasks": tasks}  # fmt: skip
             for stmt in (q.HISTORY_FILL, q.HISTORY_PERIODS, q.HISTORY_TASKS, q.HISTORY_INVOCATIONS,
                          q.HISTORY_LEDGER):  # fmt: skip
                 conn.execute(stmt, params)
@@ -485,11 +487,12 @@ def load_history(target: Target, sizes: Sizes, first: int, last: int, *, prefix:
     return time.perf_counter() - start
 
 
-def _one_pass(conn: psycopg.Connection, pid: int) -> tuple[float, float | None, int]:
-    """One idle pass: wall clock of the CALL, CPU of the backend that ran it, WAL bytes."""
+def _one_pass(conn: psycopg.Connection, pid: int, clock: dt.datetime) -> tuple[float, float | None, int]:
+    """One idle pass at ``clock``: wall clock of the CALL, CPU of the backend that ran it,
+    WAL bytes."""
     lsn = conn.execute(q.WAL_LSN).fetchone()[0]
     cpu_before = cpu.cpu_seconds(pid)
-    seconds, _ = timed(lambda: conn.execute(q.RUN_PASS, {"now": None}))
+    seconds, _ = timed(lambda: conn.execute(q.RUN_PASS, {"now": clock}))
     cpu_used = _cpu_delta(pid, cpu_before)
     wal = conn.execute(q.WAL_BYTES_SINCE, {"lsn": lsn}).fetchone()[0]
     run = conn.execute(q.LAST_RUN).fetchone()
@@ -498,12 +501,31 @@ def _one_pass(conn: psycopg.Connection, pid: int) -> tuple[float, float | None, 
     return seconds, cpu_used, wal
 
 
-def time_passes(target: Target, repeats: int, name: str = "pass") -> dict[str, list[float]]:
+class PassClock:
+    """The pass clocks of each database: the hourly pass, one hour apart. Each
+    pass audits the organizations due (each at least once a day, so about one in
+    23 per hourly pass); passes run back to back on the real clock would audit
+    none after the first."""
+
+    def __init__(self, start: dt.datetime) -> None:
+        self.start = start
+        self.hours: dict[str, int] = {}
+
+    def next(self, name: str) -> dt.datetime:
+        self.hours[name] = self.hours.get(name, -1) + 1
+        return self.start + dt.timedelta(hours=self.hours[name])
+
+    def copy(self, source: str, target: str) -> None:
+        self.hours[target] = self.hours.get(source, -1)
+
+
+def time_passes(target: Target, repeats: int, clock: PassClock, name: str = "pass") -> dict[str, list[float]]:
     """One warm-up pass, then ``repeats`` timed passes."""
-    return interleaved_passes(target, [name], repeats)[name]
+    return interleaved_passes(target, [name], repeats, clock)[name]
 
 
-def interleaved_passes(target: Target, names: Sequence[str], repeats: int) -> dict[str, dict[str, list[float]]]:
+def interleaved_passes(target: Target, names: Sequence[str], repeats: int,
+                       clock: PassClock) -> dict[str, dict[str, list[float]]]:  # fmt: skip
     """A warm-up pass on each database, then ``repeats`` rounds of one pass on each,
     alternating, so a change in the machine's load hits every database alike."""
     out: dict[str, dict[str, list[float]]] = {n: {"times": [], "cpu": [], "wal_bytes": []} for n in names}
@@ -512,7 +534,7 @@ def interleaved_passes(target: Target, names: Sequence[str], repeats: int) -> di
         pids = {n: c.execute("SELECT pg_backend_pid()").fetchone()[0] for n, c in conns.items()}
         for k in range(repeats + 1):
             for n in names:
-                seconds, cpu_used, wal = _one_pass(conns[n], pids[n])
+                seconds, cpu_used, wal = _one_pass(conns[n], pids[n], clock.next(n))
                 if k:
                     out[n]["times"].append(seconds)
                     out[n]["wal_bytes"].append(wal)
@@ -527,16 +549,23 @@ def interleaved_passes(target: Target, names: Sequence[str], repeats: int) -> di
 def bench_pass(target: Target, sizes: Sizes, fast: bool) -> tuple[list[Row], dict[str, Any]]:
     log(f"idle pass: {sizes.pass_orgs:,} operational organizations")
     new_llm_database(target, "pass")
-    clock = now()
+    # The passes' clock: the 15th of this month, an hour later each pass (PassClock), so
+    # a busy current month can be loaded before it and the passes stay inside it.
+    clock = now().replace(day=15, hour=12, minute=0, second=0, microsecond=0)
+    passes = PassClock(clock)
     with target.connect("pass") as conn:
         conn.execute(q.INSERT_ORGS, {"orgs": sizes.pass_orgs, "allowance": 10**9, "now": clock})
-    # constant request rate: a larger history reaches further back, beyond the
-    # drift window (7 days) and the reporting days (2), as an older deployment's does
+    # Constant request rate: a larger history reaches further back. All of it lies in
+    # months before the previous one, so neither the daily audit (current and previous
+    # period), the drift window (7 days) nor the reporting days (2) read it, as in an
+    # older deployment; the 2 M / 1 M ratio then shows that nothing the pass does grows
+    # with the history.
     rate_step = 30 * 86400 / sizes.history_small
-    history_end = clock - dt.timedelta(days=8)
+    previous_month = (clock.replace(day=1) - dt.timedelta(days=1)).replace(day=1)
+    history_end = previous_month - dt.timedelta(days=1)
     points: list[dict[str, Any]] = []
     checkpoint(target, "pass")
-    points.append({"history": 0} | time_passes(target, sizes.pass_repeats))
+    points.append({"history": 0} | time_passes(target, sizes.pass_repeats, passes))
     log(f"  history 0: pass {min(points[-1]['times']):.2f} s")
     loaded, checked = 0, None
     for size in sizes.history_steps:
@@ -548,13 +577,14 @@ def bench_pass(target: Target, sizes: Sizes, fast: bool) -> tuple[list[Row], dic
         checkpoint(target, "pass")
         if checked is None:
             checked = {"history": size, "violations": invariant_violations(target, "pass")[0]}
-        measured = time_passes(target, sizes.pass_repeats)
+        measured = time_passes(target, sizes.pass_repeats, passes)
         points.append({"history": size, "load_seconds": seconds} | measured)
         log(f"  history {size:,}: load {seconds:.1f} s, pass {min(measured['times']):.2f} s (best of "
             f"{len(measured['times'])}), backend CPU {min(measured['cpu'], default=0):.2f} s, "
             f"WAL {min(measured['wal_bytes']) / 1e6:.1f} MB")  # fmt: skip
         if size == sizes.history_small:  # kept to compare with the largest history side by side
             target.create_database("pass_small", template="pass")
+            passes.copy("pass", "pass_small")
 
     # The ratio: passes alternating between the copy at history_small and the
     # full database. Each 2 M pass is compared with the 1 M pass just before it,
@@ -563,7 +593,7 @@ def bench_pass(target: Target, sizes: Sizes, fast: bool) -> tuple[list[Row], dic
     # best-of-N on each side compared two lucky moments (1.09 and 1.35 in two runs).
     log(f"  interleaved passes: history {sizes.history_small:,} (copy) and {sizes.history_steps[-1]:,}")
     checkpoint(target, "pass_small")
-    side_by_side = interleaved_passes(target, ["pass_small", "pass"], sizes.pass_repeats)
+    side_by_side = interleaved_passes(target, ["pass_small", "pass"], sizes.pass_repeats, passes)
     target.drop_database("pass_small")
     small, large = (statistics.median(side_by_side[n]["times"]) for n in ("pass_small", "pass"))
     pair_ratio = statistics.median(b / a for a, b in zip(side_by_side["pass_small"]["times"],
@@ -584,11 +614,33 @@ def bench_pass(target: Target, sizes: Sizes, fast: bool) -> tuple[list[Row], dic
         target, sizes, 0, drift_requests, prefix="bench-dexec-", per_task=sizes.drift_requests_per_task,
         end=clock - dt.timedelta(days=2.5), step=4 * 86400 / drift_requests, fast=fast)  # fmt: skip
     checkpoint(target, "pass")
-    drift_measured = time_passes(target, sizes.pass_repeats)
+    drift_measured = time_passes(target, sizes.pass_repeats, passes)
     drift_times = drift_measured["times"]
     drift = statistics.median(drift_times)
     log(f"  pass with {sizes.drift_tasks:,} closed tasks in the window: {drift:.2f} s")
     plan = explain_drift(target, clock)
+
+    # The audit's worst month: the current period holds busy_month settled requests
+    # (spread over the organizations, settled between the 1st and the passes' clock).
+    # An hourly pass audits the organizations due (about one in 23); the last row is a
+    # pass that audits every organization at once (all due, as after an upgrade).
+    log(f"busy month: loading {sizes.busy_month:,} requests into the current period")
+    month_start = clock.replace(day=1, hour=0)
+    # no tasks: the month's closed tasks would put the drift check in this row too
+    busy_seconds = load_history(
+        target, sizes, 0, sizes.busy_month, prefix="bench-mexec-", per_task=sizes.tasks_per_history_task,
+        end=clock - dt.timedelta(hours=1), step=(clock - month_start).total_seconds() * 0.9 / sizes.busy_month,
+        fast=fast, tasks=False)  # fmt: skip
+    checkpoint(target, "pass")
+    busy_measured = time_passes(target, sizes.pass_repeats, passes)
+    busy = statistics.median(busy_measured["times"])
+    with target.connect("pass") as conn:
+        conn.execute(q.AUDIT_EVERYONE)
+        pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        full, _, _ = _one_pass(conn, pid, passes.next("pass"))  # it audits every organization
+        audit_check = conn.execute(q.AUDIT_STATE, {"clock": passes.start}).fetchone()
+    log(f"  hourly pass in the busy month {busy:.2f} s; a pass auditing every organization "
+        f"{full or 0:.2f} s; findings {audit_check[0]}, audited {audit_check[1]:,}")
 
     with target.connect("pass") as conn:
         sizes_rows = conn.execute(q.TABLE_SIZES).fetchall()
@@ -598,6 +650,10 @@ def bench_pass(target: Target, sizes: Sizes, fast: bool) -> tuple[list[Row], dic
         "drift_tasks": sizes.drift_tasks, "drift_requests": drift_requests, "drift_load_seconds": drift_seconds,
         "drift_times": drift_times, "drift_cpu": drift_measured["cpu"],
         "drift_wal_bytes": drift_measured["wal_bytes"], "drift_plan": plan,
+        "busy_month_requests": sizes.busy_month, "busy_month_load_seconds": busy_seconds,
+        "busy_times": busy_measured["times"], "busy_cpu": busy_measured["cpu"],
+        "full_audit_seconds": full, "period_findings": audit_check[0],
+        "organizations_audited": audit_check[1],
         "tables": [{"table": r[0], "rows": r[1], "bytes": r[2]} for r in sizes_rows],
     }  # fmt: skip
     label_small, label_large = _millions(sizes.history_small), _millions(sizes.history_steps[-1])
@@ -619,6 +675,12 @@ def bench_pass(target: Target, sizes: Sizes, fast: bool) -> tuple[list[Row], dic
             f"(history {label_large})", drift, "s per pass", large, "idle pass", ratio(drift, large), "report",
             {"times": drift_times, "cpu": drift_cpu, "index_scan_on_window": plan["window_index"],
              "executions_read": plan["executions_read"], "buffers": plan["buffers"]}),
+        Row("pass_busy_month", f"hourly pass, {_millions(sizes.busy_month)} requests in the current period "
+            "(the audit reads its due share)", busy, "s per pass", large, "idle pass", ratio(busy, large),
+            "report", {"times": busy_measured["times"], "cpu": busy_measured["cpu"]}),
+        Row("pass_full_audit", f"a pass auditing all {sizes.pass_orgs:,} organizations in that month",
+            full, "s per pass", large, "idle pass", ratio(full, large), "report",
+            {"findings": audit_check[0]}),
     ]  # fmt: skip
     return rows, detail
 

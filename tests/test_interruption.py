@@ -264,8 +264,8 @@ def lock_execution(b: psycopg.Connection, ctx: dict) -> None:
 
 
 def lock_organization(b: psycopg.Connection, ctx: dict) -> None:
-    # FOR UPDATE (an upsert_organization in flight) blocks the KEY SHARE lock of
-    # a foreign-key check: A inserts its row, then waits in the check.
+    # FOR UPDATE (an upsert_organization in flight) blocks the share lock the month's
+    # first admission takes on its organization before it creates the period row.
     b.execute("SELECT FROM llm.organizations WHERE id = %s FOR UPDATE", [ORG])
 
 
@@ -481,15 +481,6 @@ CASES = [
         ],
     ),
     Case(
-        "admit_invocation: first use of the month, period row written, waiting in its foreign-key check",
-        prep_admit_first_use, lock_organization, call_admit, ("periods",),
-        lambda ctx: [
-            Probe("A must have inserted the period row (uncommitted)",
-                  "INSERT INTO llm.periods (organization_id, period_start, period_end) VALUES (%s, %s, %s)",
-                  [ORG, PERIOD, date(2030, 4, 1)]),
-        ],
-    ),
-    Case(
         "settle_invocation: settled and ledger written, waiting for the period",
         prep_settle, lock_period(), call_settle, ("invocations", "ledger"),
         lambda ctx: [invocation_locked(ctx), ledger_row(ctx["inv"], "release"), ledger_row(ctx["inv"], "charge")],
@@ -638,4 +629,30 @@ def test_run_reconciliation_killed_mid_pass_keeps_each_organization_whole(llm_co
         "SELECT count(*) FROM llm.invocations WHERE status IN ('reserved', 'dispatched')"
     ).fetchone()
     assert open_requests == 0
+    assert invariant_violations(llm_conn) == []
+
+
+def test_the_months_first_admission_waits_for_its_organization_before_it_writes(llm_conn, llm_connect):
+    """Invariant 9: the month's first admission creates its period row under a share lock of
+    the organization, so with an upsert_organization in flight (the row locked FOR UPDATE)
+    it waits before writing anything; terminated there, it leaves nothing, and the
+    upsert's allowance is the one the month gets."""
+    ctx = prep_admit_first_use(llm_conn)
+    before = fingerprint(llm_conn, None)
+    blocker = llm_connect(autocommit=False)
+    victim_conn = llm_connect()
+    lock_organization(blocker, ctx)
+    victim = Victim(victim_conn, lambda: call_admit(victim_conn, ctx))
+    victim.start()
+    pid = victim_conn.info.backend_pid
+    try:
+        wait_for(lambda: lock_wait(llm_conn, pid)[0] == "Lock", "A to wait for the organization")
+        xid = llm_conn.execute("SELECT backend_xid FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone()[0]
+        assert xid is None, "A wrote before it took the organization's share lock"
+        assert llm_conn.execute("SELECT pg_terminate_backend(%s)", [pid]).fetchone()[0]
+        victim.join(10)
+        assert isinstance(victim.error, psycopg.OperationalError)
+    finally:
+        blocker.rollback()
+    assert changed_tables(before, fingerprint(llm_conn, None)) == []
     assert invariant_violations(llm_conn) == []

@@ -80,4 +80,7 @@ def test_before_the_first_pass_every_run_series_is_present_at_its_documented_val
             for s in RUN_STATUSES] == [0] * len(RUN_STATUSES)  # fmt: skip
     assert samples[("llm_reconciliation_health", (("status", "never"),))] == 1
     assert samples[("llm_up", ())] == 1
-    assert all(f.type == "gauge" for f in families.values())
+    # every family a gauge, but the sweeps' own totals, which are counters (0 before any pass)
+    counters = {"llm_recovered_requests", "llm_recovered_uncharged_requests", "llm_past_window_alerts"}
+    assert {name for name, f in families.items() if f.type != "gauge"} == counters
+    assert all(samples[(f"{name}_total", ())] == 0 for name in counters)

@@ -4,7 +4,9 @@ after every step the two must agree and ``llm.check_invariants()`` must be
 empty (invariants 1-8 of DESIGN.md).
 
 Three organizations: a small allowance (whose allowance is raised and
-lowered), an unlimited one, and one that gets suspended and reactivated. The
+lowered, also while an admission waits for it), an unlimited one, and one that
+gets suspended and reactivated; each starts with its own recovery-charge and
+late-settlement policy, which the steps change. The
 steps: admit (with or without a task, a retried id, a foreign task), dispatch,
 settle (also late, after recovery, and for the wrong organization), fail,
 open (with replay keys, unknown task kinds) and close tasks, reconcile one
@@ -57,6 +59,11 @@ SETUP = {  # allowance, thresholds
     ORG_UNLIMITED: (None, (80, 100)),
     ORG_SUSPENDED: (1000, (80, 100)),
 }
+POLICIES = {  # recovery_charge, late_settlement at the start (set_recovery_policy changes them)
+    ORG_SMALL: ("estimate", "true_up"),
+    ORG_UNLIMITED: ("dispatched", "true_up"),
+    ORG_SUSPENDED: ("none", "audit"),
+}
 TASK_KINDS = ("sim.summarize", "sim.translate")
 START = datetime(2031, 1, 30, 20, 0, tzinfo=UTC)  # close to a month boundary
 
@@ -102,6 +109,8 @@ class BooksMachine(RuleBasedStateMachine):
         self.books = Books(task_kinds=set(TASK_KINDS))
         for org, (allowance, thresholds) in SETUP.items():
             self._upsert(org, allowance, "operational", thresholds)
+            self._one("SELECT llm.set_recovery_policy(%s, %s, %s)", [org, *POLICIES[org]])
+            self.books.set_recovery_policy(org, *POLICIES[org])
         BooksMachine.examples_run += 1
 
     # ------------------------------------------------------------ plumbing

@@ -279,6 +279,9 @@ def exercise_every_public_routine(conn: psycopg.Connection, ids: dict[str, uuid.
         "fail_notice": lambda: conn.execute(
             "SELECT llm.fail_notice(%s, (SELECT id FROM llm.threshold_notices WHERE status = 'sent'"
             " LIMIT 1), 'x', %s)", [small, feb + 2 * HOUR]),
+        "release_notice": lambda: conn.execute(
+            "SELECT llm.release_notice(%s, (SELECT id FROM llm.threshold_notices WHERE status = 'sent'"
+            " LIMIT 1), %s)", [small, feb + 2 * HOUR]),
         "rearm_notices": lambda: conn.execute("SELECT llm.rearm_notices(%s)", [feb + 3 * HOUR]),
         "rebuild_daily_usage": lambda: conn.execute(
             "SELECT llm.rebuild_daily_usage('2025-12-01', '2026-02-28')"),
