@@ -114,6 +114,13 @@ CREATE FUNCTION llm._audit_org(p_organization_id uuid, p_now timestamp with time
 
 COMMENT ON FUNCTION llm._audit_org(p_organization_id uuid, p_now timestamp with time zone, p_run_id uuid) IS 'When due (at least daily), recomputes the organization''s current and previous period from their requests in one statement; records, logs and returns the periods that disagree (llm.period_findings), resolves findings that no longer hold; NULL when not due.';
 
+CREATE FUNCTION llm._audits_due(p_now timestamp with time zone) RETURNS uuid[]
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 5b2b87e6f7a902c47af534d341fa658b $$;
+
+COMMENT ON FUNCTION llm._audits_due(p_now timestamp with time zone) IS 'The operational organizations whose periods are due for their daily audit at p_now, in id order.';
+
 CREATE FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id uuid, OUT token uuid) RETURNS record
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -693,7 +700,7 @@ COMMENT ON FUNCTION llm.release_notice(p_organization_id uuid, p_notice_id uuid,
 
 CREATE PROCEDURE llm.run_reconciliation(IN p_now timestamp with time zone DEFAULT NULL::timestamp with time zone, IN p_batch integer DEFAULT NULL::integer)
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 91cd786ee6714bcb5f3ae84468f79a21 $$;
+    AS $$ body in sql/, md5 98f96ae454a8e5bb593256c8a72231a7 $$;
 
 COMMENT ON PROCEDURE llm.run_reconciliation(IN p_now timestamp with time zone, IN p_batch integer) IS 'The hourly pass: one at a time under a lease (a concurrent call is recorded as skipped; a dead, cancelled or pooled-away pass is taken over), sweeps every operational organization committing after each and audits its periods when due, records errors and goes on, then re-arms notices and rebuilds daily usage one day at a time since the last complete rebuild; one llm.reconciliation_runs row per call.';
 
@@ -948,6 +955,9 @@ REVOKE ALL ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_
 REVOKE ALL ON FUNCTION llm._amount_ok(p_value bigint, p_nullable boolean) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._audit_org(p_organization_id uuid, p_now timestamp with time zone, p_run_id uuid) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._audits_due(p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm._audits_due(p_now timestamp with time zone) TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id uuid, OUT token uuid) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id uuid, OUT token uuid) TO llm_operator;

@@ -152,6 +152,26 @@ END
 $$;
 COMMENT ON FUNCTION llm._pass_organizations() IS 'The operational organizations a pass visits, in id order.';
 
+CREATE OR REPLACE FUNCTION llm._audits_due(p_now timestamptz)
+RETURNS uuid[]
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_ids uuid[];
+BEGIN
+    -- due: never audited, or audited 23 hours ago or more (llm._audit_org sets the time)
+    SELECT coalesce(pg_catalog.array_agg(o.id ORDER BY o.id), '{}') INTO v_ids
+      FROM llm.organizations AS o
+      LEFT JOIN llm.sweep_totals AS t ON t.organization_id = o.id
+     WHERE o.status = 'operational'
+       AND (t.audit_due_at IS NULL OR t.audit_due_at <= coalesce(p_now, pg_catalog.now()));
+    RETURN v_ids;
+END
+$$;
+COMMENT ON FUNCTION llm._audits_due(timestamptz) IS
+    'The operational organizations whose periods are due for their daily audit at p_now, in id order.';
+
 CREATE OR REPLACE FUNCTION llm._run_org(
     p_run_id uuid, p_token uuid, p_organization_id uuid, p_now timestamptz, p_batch integer)
 RETURNS boolean
@@ -350,6 +370,7 @@ DECLARE
     v_run uuid;
     v_token uuid;
     v_orgs uuid[];
+    v_due uuid[];
     v_org uuid;
     v_day date;
 BEGIN
@@ -368,6 +389,7 @@ BEGIN
         RETURN;
     END IF;
     v_orgs := llm._pass_organizations();
+    v_due := llm._audits_due(p_now);
     -- every step returns false once the lease was taken over: stop at once
     FOREACH v_org IN ARRAY v_orgs LOOP
         IF NOT llm._run_org(v_run, v_token, v_org, p_now, p_batch) THEN
@@ -375,8 +397,10 @@ BEGIN
             RETURN;
         END IF;
         COMMIT;
-        PERFORM llm._run_audit(v_run, v_org, p_now);  -- when due; its own transaction
-        COMMIT;
+        IF v_org OPERATOR(pg_catalog.=) ANY (v_due) THEN
+            PERFORM llm._run_audit(v_run, v_org, p_now);  -- its own transaction
+            COMMIT;
+        END IF;
     END LOOP;
     IF NOT llm._run_followup(v_run, v_token, 'rearm_notices', p_now) THEN
         COMMIT;

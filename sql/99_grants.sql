@@ -41,6 +41,7 @@ GRANT EXECUTE ON FUNCTION
     -- the steps run_reconciliation (a committing procedure, so SECURITY INVOKER) calls
     llm._begin_run(timestamptz),
     llm._pass_organizations(),
+    llm._audits_due(timestamptz),
     llm._run_org(uuid, uuid, uuid, timestamptz, integer),
     llm._run_followup(uuid, uuid, text, timestamptz, date),
     llm._rebuild_days(timestamptz),

@@ -63,6 +63,7 @@ OPERATOR = {
     # the SECURITY DEFINER steps run_reconciliation (SECURITY INVOKER: it commits) calls
     "llm._begin_run(timestamp with time zone)",
     "llm._pass_organizations()",
+    "llm._audits_due(timestamp with time zone)",
     "llm._run_org(uuid,uuid,uuid,timestamp with time zone,integer)",
     "llm._run_followup(uuid,uuid,text,timestamp with time zone,date)",
     "llm._rebuild_days(timestamp with time zone)",
