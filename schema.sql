@@ -43,6 +43,11 @@ CREATE DOMAIN llm.settlement_kind AS text
 
 COMMENT ON DOMAIN llm.settlement_kind IS 'How a settled invocation was charged: measured usage, recovered by the pass (per its organization''s recovery_charge), or trued_up to a measured settlement that arrived after recovery.';
 
+CREATE DOMAIN llm.stripe AS smallint
+	CONSTRAINT stripe_check CHECK (((VALUE >= 0) AND (VALUE <= 63)));
+
+COMMENT ON DOMAIN llm.stripe IS 'A stripe of a period''s counters: 0 to 63.';
+
 CREATE FUNCTION llm._abandon_stale_tasks(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -75,6 +80,7 @@ CREATE TABLE llm.invocations (
     late_output_tokens bigint,
     late_reported_at timestamp with time zone,
     recovered_credits llm.amount,
+    stripe smallint DEFAULT 0 NOT NULL,
     CONSTRAINT invocations_check CHECK ((((status)::text = ANY (ARRAY['settled'::text, 'failed'::text])) = (settled_at IS NOT NULL))),
     CONSTRAINT invocations_check1 CHECK ((((status)::text = 'settled'::text) = (settlement_kind IS NOT NULL))),
     CONSTRAINT invocations_check2 CHECK ((((status)::text = ANY (ARRAY['settled'::text, 'failed'::text])) OR (charged_credits IS NULL))),
@@ -94,10 +100,12 @@ COMMENT ON COLUMN llm.invocations.late_credits IS 'A measured settlement reporte
 
 COMMENT ON COLUMN llm.invocations.recovered_credits IS 'What recovery charged this request (its estimate, or 0 under its organization''s recovery_charge); kept after a true-up.';
 
+COMMENT ON COLUMN llm.invocations.stripe IS 'The stripe of its period that holds this request''s hold (and takes its charge).';
+
 CREATE FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone) RETURNS llm.invocations
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 9c2c2991d49ea3415c30ec8cd9b2f662 $$;
+    AS $$ body in sql/, md5 6f8a45d705e586ad0fedcc2d570deb87 $$;
 
 COMMENT ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone) IS 'Distributed twin of admit_invocation; arguments already checked.';
 
@@ -131,16 +139,16 @@ COMMENT ON FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id uu
 CREATE FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamp with time zone) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 0606cf51635b23fbb8b35683ea3c0736 $$;
+    AS $$ body in sql/, md5 edc40b900aa702f887000a92565ab00d $$;
 
-COMMENT ON FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamp with time zone) IS 'Books a just-terminated invocation: release and charge ledger rows, task totals, period movement and threshold notices.';
+COMMENT ON FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamp with time zone) IS 'Books a just-terminated invocation: its task''s totals, then its stripe''s movement (charge in, hold out) and the threshold notices the period crosses.';
 
 CREATE FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamp with time zone) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 0a5a44c099839bf6ac9a013025c5033e $$;
+    AS $$ body in sql/, md5 a0ca4bb6b656a649a4ac52ac8ed1f47b $$;
 
-COMMENT ON FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamp with time zone) IS 'Books a true-up: one adjustment ledger row with the signed difference, the task''s and the period''s totals (crossings when usage rises) and the daily usage of the settlement day, in the settlement''s transaction.';
+COMMENT ON FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamp with time zone) IS 'Books a true-up by the signed difference (the request''s adjustment ledger row): the task''s totals, the stripe of the request''s period (crossings when usage rises) and the daily usage of its settlement day, in the settlement''s transaction.';
 
 CREATE FUNCTION llm._bound_locks() RETURNS text
     LANGUAGE plpgsql
@@ -207,9 +215,9 @@ COMMENT ON FUNCTION llm._complete_notice(p_organization_id uuid, p_notice_id uui
 CREATE FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 c4df5d70a0b9c73115be1cff2dd7be69 $$;
+    AS $$ body in sql/, md5 e62ee815076d03ef87649cf556eed278 $$;
 
-COMMENT ON FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date) IS 'Creates the period row on first use, with the organization''s allowance read under a share lock of the organization, so a concurrent upsert_organization cannot be lost (invariant 9).';
+COMMENT ON FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date) IS 'Creates the period (its head, with the organization''s allowance read under a share lock of the organization, so a concurrent upsert_organization cannot be lost: invariant 9, and its stripes) on first use.';
 
 CREATE FUNCTION llm._fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone) RETURNS text
     LANGUAGE plpgsql
@@ -287,6 +295,23 @@ CREATE FUNCTION llm._lease_holder_running(p_lease llm.pass_lease) RETURNS boolea
 
 COMMENT ON FUNCTION llm._lease_holder_running(p_lease llm.pass_lease) IS 'True while the lease holder''s backend (same pid and start time) is still running the statement that took the lease; a session this role cannot inspect counts as running.';
 
+CREATE TABLE llm.period_heads (
+    organization_id uuid NOT NULL,
+    period_start date NOT NULL,
+    period_end date NOT NULL,
+    allowance_credits llm.amount,
+    CONSTRAINT periods_check CHECK ((period_end > period_start))
+);
+
+COMMENT ON TABLE llm.period_heads IS 'One calendar month (UTC) of an organization: its bounds and allowance. Its counters are the sums of its llm.period_stripes rows (the view llm.periods).';
+
+CREATE FUNCTION llm._lock_period(p_organization_id uuid, p_period_start date) RETURNS llm.period_heads
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 b99e9a78888c375d2e0b70d0302d272e $$;
+
+COMMENT ON FUNCTION llm._lock_period(p_organization_id uuid, p_period_start date) IS 'Locks a period for an exact decision (every stripe, in stripe order) and returns its head (NULL fields when the period does not exist yet).';
+
 CREATE FUNCTION llm._mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) RETURNS llm.invocations
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -305,6 +330,20 @@ CREATE FUNCTION llm._may_cross(p_old_used bigint, p_new_used bigint, p_allowance
     AS $$ body in sql/, md5 4a1310f3a5666cdc8f3c763522f8d470 $$;
 
 COMMENT ON FUNCTION llm._may_cross(p_old_used bigint, p_new_used bigint, p_allowance bigint) IS 'False when moving used credits from p_old_used to p_new_used cannot have crossed any whole-percent threshold of p_allowance (NULL when unlimited).';
+
+CREATE FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_now timestamp with time zone, p_admission boolean DEFAULT false) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 dfc240591a2bd87abb260a9b72c81535 $$;
+
+COMMENT ON FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_now timestamp with time zone, p_admission boolean) IS 'Moves one stripe''s counters (used + p_used, held + p_held, cents + p_cents): in one row when it fits the stripe''s rooms, else under the period''s lock, refusing an admission that does not fit the whole period (LL001), recording the thresholds the period''s total crosses and spreading the rooms again.';
+
+CREATE FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint) RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 7a3866aff3f922078b9886eb543b8fae $$;
+
+COMMENT ON FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint) IS 'Moves one stripe''s counters in one row when the movement fits its rooms; false (nothing moved) otherwise, or when the stripe does not exist.';
 
 CREATE FUNCTION llm._notify_notices_owed(p_reason text) RETURNS void
     LANGUAGE plpgsql
@@ -330,8 +369,10 @@ CREATE TABLE llm.organizations (
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     recovery_charge text DEFAULT 'estimate'::text NOT NULL,
     late_settlement text DEFAULT 'audit'::text NOT NULL,
+    period_stripes integer DEFAULT 1 NOT NULL,
     CONSTRAINT organizations_late_settlement_check CHECK ((late_settlement = ANY (ARRAY['audit'::text, 'true_up'::text]))),
     CONSTRAINT organizations_monthly_allowance_credits_check CHECK ((monthly_allowance_credits >= 0)),
+    CONSTRAINT organizations_period_stripes_check CHECK (((period_stripes >= 1) AND (period_stripes <= 64))),
     CONSTRAINT organizations_recovery_charge_check CHECK ((recovery_charge = ANY (ARRAY['estimate'::text, 'dispatched'::text, 'none'::text]))),
     CONSTRAINT organizations_status_check CHECK ((status = ANY (ARRAY['operational'::text, 'suspended'::text, 'closed'::text])))
 );
@@ -343,6 +384,8 @@ COMMENT ON COLUMN llm.organizations.id IS 'The organization id: the distribution
 COMMENT ON COLUMN llm.organizations.recovery_charge IS 'What recovery charges a stranded request: estimate (the seeds'' rule), dispatched (its estimate only if it was sent to the provider, else 0), none (0).';
 
 COMMENT ON COLUMN llm.organizations.late_settlement IS 'What a measured settlement of a recovered request does: audit (recorded in late_*, never charged) or true_up (the books move to the measured figures).';
+
+COMMENT ON COLUMN llm.organizations.period_stripes IS 'How many stripe rows the organization''s period counters are spread over (1 to 64, llm.set_period_stripes): admissions of different sessions take their holds from different stripes.';
 
 CREATE FUNCTION llm._operational_org(p_organization_id uuid) RETURNS llm.organizations
     LANGUAGE plpgsql STABLE
@@ -409,9 +452,9 @@ COMMENT ON FUNCTION llm._record_crossings(p_organization_id uuid, p_period_start
 CREATE FUNCTION llm._recover_stranded(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone, p_batch integer, p_recovery_charge text, INOUT p_sweep llm.org_sweep) RETURNS llm.org_sweep
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 607aeb7ce19eb9d1358eba970b82a58f $$;
+    AS $$ body in sql/, md5 f4e81ace145f7488f099067f22b3532b $$;
 
-COMMENT ON FUNCTION llm._recover_stranded(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone, p_batch integer, p_recovery_charge text, INOUT p_sweep llm.org_sweep) IS 'Recovers up to p_batch of the organization''s requests unsettled since p_cutoff, oldest first, charged per p_recovery_charge: releases their holds, writes their ledger rows, adds to their tasks, moves their periods and records crossed thresholds; fills the sweep''s figures.';
+COMMENT ON FUNCTION llm._recover_stranded(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone, p_batch integer, p_recovery_charge text, INOUT p_sweep llm.org_sweep) IS 'Recovers up to p_batch of the organization''s requests unsettled since p_cutoff, oldest first, charged per p_recovery_charge: releases their holds, adds to their tasks, moves their periods'' stripes (each period locked) and records crossed thresholds; fills the sweep''s figures.';
 
 CREATE FUNCTION llm._refresh_drift(p_organization_id uuid, p_now timestamp with time zone, p_since timestamp with time zone, p_run_id uuid) RETURNS integer
     LANGUAGE plpgsql
@@ -490,6 +533,13 @@ CREATE FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credits bi
 
 COMMENT ON FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid) IS 'Returns the stored invocation when a retried admission repeats its arguments, else raises LL007.';
 
+CREATE FUNCTION llm._set_period_stripes(p_organization_id uuid, p_stripes integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 3a3e3ea290c5231af1c863ff655afa67 $$;
+
+COMMENT ON FUNCTION llm._set_period_stripes(p_organization_id uuid, p_stripes integer) IS 'Distributed twin of set_period_stripes; arguments already checked.';
+
 CREATE FUNCTION llm._set_recovery_policy(p_organization_id uuid, p_recovery_charge text, p_late_settlement text) RETURNS llm.organizations
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -546,6 +596,13 @@ CREATE FUNCTION llm._settle_invocation(p_organization_id uuid, p_invocation_id u
 
 COMMENT ON FUNCTION llm._settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) IS 'Distributed twin of settle_invocation; arguments already checked.';
 
+CREATE FUNCTION llm._spread_rooms(p_organization_id uuid, p_period_start date, p_allowance bigint) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 1944ee91837580839e708fab2c0240e2 $$;
+
+COMMENT ON FUNCTION llm._spread_rooms(p_organization_id uuid, p_period_start date, p_allowance bigint) IS 'With the period locked: creates the stripes its organization uses now and gives each an even share of what the period has left (admit_room) and of the usage before its next threshold (notice_room).';
+
 CREATE FUNCTION llm._terminal_outcome(p_organization_id uuid, p_invocation_id uuid) RETURNS text
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -562,7 +619,7 @@ COMMENT ON FUNCTION llm._text_ok(p_value text, p_max integer, p_nullable boolean
 CREATE FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) RETURNS llm.organizations
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 70e396da72c4f73acbb4400436707385 $$;
+    AS $$ body in sql/, md5 cc220eb5a835d5f9c8b7dffaed9d0952 $$;
 
 COMMENT ON FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) IS 'Distributed twin of upsert_organization; arguments already checked.';
 
@@ -576,7 +633,7 @@ COMMENT ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_cred
 CREATE FUNCTION llm.check_invariants() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 a5c18c05d713ce0c01886a014dd71c7d $$;
+    AS $$ body in sql/, md5 7b4b7e7394b37d250a85819f1082a1f2 $$;
 
 COMMENT ON FUNCTION llm.check_invariants() IS 'Returns one row per violated invariant (docs/design.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance); empty when the books are right.';
 
@@ -631,7 +688,7 @@ COMMENT ON FUNCTION llm.declare_task_kind(p_key text, p_description text) IS 'De
 CREATE FUNCTION llm.distribute(p_shard_count integer DEFAULT NULL::integer) RETURNS text
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $_$ body in sql/, md5 2591a068a9531a07c7faed38de9c9891 $_$;
+    AS $_$ body in sql/, md5 59bcbf37067b0772bc296e9d1d373b82 $_$;
 
 COMMENT ON FUNCTION llm.distribute(p_shard_count integer) IS 'Under Citus: reference tables for catalogs, per-organization tables distributed on organization_id co-located with organizations, per-organization twins distributed with force_delegation, the other llm routines propagated to the workers; LL011 without citus.';
 
@@ -710,6 +767,13 @@ CREATE FUNCTION llm.schedule_reconciliation(p_schedule text DEFAULT '0 * * * *':
     AS $_$ body in sql/, md5 4c01e9612fc84496acbc93deb852b1c8 $_$;
 
 COMMENT ON FUNCTION llm.schedule_reconciliation(p_schedule text) IS 'Schedules (or reschedules) the pg_cron job llm-reconciliation running CALL llm.run_reconciliation(); returns its job id; LL010 without pg_cron.';
+
+CREATE FUNCTION llm.set_period_stripes(p_organization_id uuid, p_stripes integer) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 b6e81246bfe486d501210b0b1d16a8f1 $$;
+
+COMMENT ON FUNCTION llm.set_period_stripes(p_organization_id uuid, p_stripes integer) IS 'Spreads the organization''s period counters over p_stripes rows (1 to 64; 22023 otherwise, LL002 for an unknown organization) from its next admission on; returns the new count. Admission stays exact and no threshold crossing is missed.';
 
 CREATE FUNCTION llm.set_recovery_policy(p_organization_id uuid, p_recovery_charge text, p_late_settlement text) RETURNS llm.organizations
     LANGUAGE plpgsql SECURITY DEFINER
@@ -790,18 +854,23 @@ CREATE TABLE llm.executions (
 
 COMMENT ON TABLE llm.executions IS 'Tasks grouping invocations: running -> completed | failed | abandoned; totals grow with every terminal invocation.';
 
-CREATE TABLE llm.ledger (
-    organization_id uuid NOT NULL,
-    invocation_id uuid NOT NULL,
-    entry llm.ledger_entry NOT NULL,
-    period_start date NOT NULL,
-    credits bigint NOT NULL,
-    cents bigint,
-    recorded_at timestamp with time zone NOT NULL,
-    CONSTRAINT ledger_signed_only_adjustments CHECK ((((entry)::text = 'adjustment'::text) OR ((credits >= 0) AND (COALESCE(cents, (0)::bigint) >= 0))))
-);
+CREATE VIEW llm.ledger AS
+ SELECT i.organization_id,
+    i.id AS invocation_id,
+    (e.entry)::llm.ledger_entry AS entry,
+    i.period_start,
+    e.credits,
+    e.cents,
+    e.recorded_at
+   FROM (llm.invocations i
+     CROSS JOIN LATERAL ( VALUES ('hold'::text,(i.hold_credits)::bigint,NULL::bigint,i.created_at,true), ('release'::text,(i.hold_credits)::bigint,NULL::bigint,i.settled_at,(i.settled_at IS NOT NULL)), ('charge'::text,(COALESCE(i.recovered_credits, i.charged_credits))::bigint,
+                CASE
+                    WHEN (i.recovered_credits IS NULL) THEN (i.charged_cents)::bigint
+                    ELSE NULL::bigint
+                END,i.settled_at,((i.settled_at IS NOT NULL) AND (((COALESCE(i.recovered_credits, i.charged_credits))::bigint > 0) OR ((i.recovered_credits IS NULL) AND (COALESCE((i.charged_cents)::bigint, (0)::bigint) > 0))))), ('adjustment'::text,((i.charged_credits)::bigint - (i.recovered_credits)::bigint),(i.charged_cents)::bigint,i.late_reported_at,(NOT ((i.settlement_kind)::text IS DISTINCT FROM 'trued_up'::text)))) e(entry, credits, cents, recorded_at, present))
+  WHERE e.present;
 
-COMMENT ON TABLE llm.ledger IS 'Append-only credit ledger: one hold, one release and at most one charge row per invocation.';
+COMMENT ON VIEW llm.ledger IS 'The credit ledger, derived from the requests: one hold, one release, at most one charge and at most one adjustment (a true-up, signed) per request, with amounts and times.';
 
 CREATE TABLE llm.period_findings (
     organization_id uuid NOT NULL,
@@ -820,18 +889,34 @@ CREATE TABLE llm.period_findings (
 
 COMMENT ON TABLE llm.period_findings IS 'Periods whose counters (used credits, used cents, held credits) disagreed with their requests when the pass audited them; reported, never repaired; resolved_at once they agree again.';
 
-CREATE TABLE llm.periods (
+CREATE TABLE llm.period_stripes (
     organization_id uuid NOT NULL,
     period_start date NOT NULL,
-    period_end date NOT NULL,
-    allowance_credits llm.amount,
+    stripe llm.stripe NOT NULL,
     used_credits llm.amount DEFAULT 0 NOT NULL,
     held_credits llm.amount DEFAULT 0 NOT NULL,
     used_cents llm.amount DEFAULT 0 NOT NULL,
-    CONSTRAINT periods_check CHECK ((period_end > period_start))
+    admit_room llm.amount,
+    notice_room llm.amount
 );
 
-COMMENT ON TABLE llm.periods IS 'One calendar month (UTC) of an organization: allowance, used and held credits, used cents.';
+COMMENT ON TABLE llm.period_stripes IS 'A period''s counters, spread over stripes: used and held credits and used cents of the requests whose hold is on the stripe, and its escrow: admit_room (credits it may hold without the other stripes; NULL: unlimited) and notice_room (usage it may add before the period could reach its next threshold; NULL: no threshold ahead).';
+
+COMMENT ON COLUMN llm.period_stripes.admit_room IS 'Credits this stripe may still hold on its own; the stripes'' rooms never add up to more than the period has left (NULL: unlimited allowance).';
+
+COMMENT ON COLUMN llm.period_stripes.notice_room IS 'Usage this stripe may still add on its own before the period could reach its next threshold (NULL: none ahead); a movement that does not fit decides on the exact totals.';
+
+CREATE VIEW llm.periods AS
+SELECT
+    NULL::uuid AS organization_id,
+    NULL::date AS period_start,
+    NULL::date AS period_end,
+    NULL::llm.amount AS allowance_credits,
+    NULL::bigint AS used_credits,
+    NULL::bigint AS held_credits,
+    NULL::bigint AS used_cents;
+
+COMMENT ON VIEW llm.periods IS 'One calendar month (UTC) of an organization: allowance, used and held credits, used cents (the sums of its stripes).';
 
 CREATE TABLE llm.sweep_totals (
     organization_id uuid NOT NULL,
@@ -866,9 +951,6 @@ ALTER TABLE ONLY llm.executions
 ALTER TABLE ONLY llm.invocations
     ADD CONSTRAINT invocations_pkey PRIMARY KEY (organization_id, id);
 
-ALTER TABLE ONLY llm.ledger
-    ADD CONSTRAINT ledger_pkey PRIMARY KEY (organization_id, invocation_id, entry);
-
 ALTER TABLE ONLY llm.organizations
     ADD CONSTRAINT organizations_pkey PRIMARY KEY (id);
 
@@ -878,7 +960,10 @@ ALTER TABLE ONLY llm.pass_lease
 ALTER TABLE ONLY llm.period_findings
     ADD CONSTRAINT period_findings_pkey PRIMARY KEY (organization_id, period_start);
 
-ALTER TABLE ONLY llm.periods
+ALTER TABLE ONLY llm.period_stripes
+    ADD CONSTRAINT period_stripes_pkey PRIMARY KEY (organization_id, period_start, stripe);
+
+ALTER TABLE ONLY llm.period_heads
     ADD CONSTRAINT periods_pkey PRIMARY KEY (organization_id, period_start);
 
 ALTER TABLE ONLY llm.reconciliation_runs
@@ -923,6 +1008,18 @@ CREATE INDEX threshold_notices_owed ON llm.threshold_notices USING btree (next_a
 
 CREATE INDEX threshold_notices_sending ON llm.threshold_notices USING btree (claimed_at) WHERE (status = 'sending'::text);
 
+CREATE OR REPLACE VIEW llm.periods AS
+ SELECT h.organization_id,
+    h.period_start,
+    h.period_end,
+    h.allowance_credits,
+    (sum((s.used_credits)::bigint))::bigint AS used_credits,
+    (sum((s.held_credits)::bigint))::bigint AS held_credits,
+    (sum((s.used_cents)::bigint))::bigint AS used_cents
+   FROM (llm.period_heads h
+     JOIN llm.period_stripes s ON (((s.organization_id = h.organization_id) AND (s.period_start = h.period_start))))
+  GROUP BY h.organization_id, h.period_start;
+
 ALTER TABLE ONLY llm.drift_findings
     ADD CONSTRAINT drift_findings_organization_id_execution_id_fkey FOREIGN KEY (organization_id, execution_id) REFERENCES llm.executions(organization_id, id);
 
@@ -932,14 +1029,14 @@ ALTER TABLE ONLY llm.executions
 ALTER TABLE ONLY llm.executions
     ADD CONSTRAINT executions_task_key_fkey FOREIGN KEY (task_key) REFERENCES llm.task_kinds(key);
 
-ALTER TABLE ONLY llm.ledger
-    ADD CONSTRAINT ledger_organization_id_invocation_id_fkey FOREIGN KEY (organization_id, invocation_id) REFERENCES llm.invocations(organization_id, id);
+ALTER TABLE ONLY llm.period_stripes
+    ADD CONSTRAINT period_stripes_organization_id_period_start_fkey FOREIGN KEY (organization_id, period_start) REFERENCES llm.period_heads(organization_id, period_start);
 
-ALTER TABLE ONLY llm.periods
+ALTER TABLE ONLY llm.period_heads
     ADD CONSTRAINT periods_organization_id_fkey FOREIGN KEY (organization_id) REFERENCES llm.organizations(id);
 
 ALTER TABLE ONLY llm.threshold_notices
-    ADD CONSTRAINT threshold_notices_organization_id_period_start_fkey FOREIGN KEY (organization_id, period_start) REFERENCES llm.periods(organization_id, period_start);
+    ADD CONSTRAINT threshold_notices_organization_id_period_start_fkey FOREIGN KEY (organization_id, period_start) REFERENCES llm.period_heads(organization_id, period_start);
 
 GRANT USAGE ON SCHEMA llm TO llm_app;
 GRANT USAGE ON SCHEMA llm TO llm_operator;
@@ -1002,11 +1099,20 @@ GRANT SELECT ON TABLE llm.pass_lease TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm._lease_holder_running(p_lease llm.pass_lease) FROM PUBLIC;
 
+GRANT SELECT ON TABLE llm.period_heads TO llm_reader;
+GRANT SELECT ON TABLE llm.period_heads TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm._lock_period(p_organization_id uuid, p_period_start date) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._max_amount() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._may_cross(p_old_used bigint, p_new_used bigint, p_allowance bigint) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_now timestamp with time zone, p_admission boolean) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._notify_notices_owed(p_reason text) FROM PUBLIC;
 
@@ -1062,6 +1168,8 @@ GRANT ALL ON FUNCTION llm._run_org(p_run_id uuid, p_token uuid, p_organization_i
 
 REVOKE ALL ON FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._set_period_stripes(p_organization_id uuid, p_stripes integer) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._set_recovery_policy(p_organization_id uuid, p_recovery_charge text, p_late_settlement text) FROM PUBLIC;
 
 GRANT SELECT ON TABLE llm.settings TO llm_reader;
@@ -1071,6 +1179,8 @@ GRANT SELECT ON TABLE llm.settings TO llm_app;
 REVOKE ALL ON FUNCTION llm._settings() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._spread_rooms(p_organization_id uuid, p_period_start date, p_allowance bigint) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._terminal_outcome(p_organization_id uuid, p_invocation_id uuid) FROM PUBLIC;
 
@@ -1134,6 +1244,9 @@ GRANT ALL ON PROCEDURE llm.run_reconciliation(IN p_now timestamp with time zone,
 REVOKE ALL ON FUNCTION llm.schedule_reconciliation(p_schedule text) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.schedule_reconciliation(p_schedule text) TO llm_operator;
 
+REVOKE ALL ON FUNCTION llm.set_period_stripes(p_organization_id uuid, p_stripes integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.set_period_stripes(p_organization_id uuid, p_stripes integer) TO llm_operator;
+
 REVOKE ALL ON FUNCTION llm.set_recovery_policy(p_organization_id uuid, p_recovery_charge text, p_late_settlement text) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.set_recovery_policy(p_organization_id uuid, p_recovery_charge text, p_late_settlement text) TO llm_operator;
 
@@ -1160,6 +1273,9 @@ GRANT SELECT ON TABLE llm.ledger TO llm_operator;
 
 GRANT SELECT ON TABLE llm.period_findings TO llm_reader;
 GRANT SELECT ON TABLE llm.period_findings TO llm_operator;
+
+GRANT SELECT ON TABLE llm.period_stripes TO llm_reader;
+GRANT SELECT ON TABLE llm.period_stripes TO llm_operator;
 
 GRANT SELECT ON TABLE llm.periods TO llm_reader;
 GRANT SELECT ON TABLE llm.periods TO llm_operator;

@@ -63,8 +63,9 @@ _SETTLE = "SELECT llm.settle_invocation(%(org)s::uuid, %(id)s::uuid, 80, 3, 1200
 def _one_cycle(client: Any, conn: psycopg.Connection, n: int) -> None:
     org, task, inv = org_id(n), exec_id(n), uuid.uuid4()
     if client is not None:
-        admitted = client.admit(org, 100, "bench-model", execution_id=task, invocation_id=inv)
-        client.settle(org, admitted.id, 80, 3, input_tokens=1200, output_tokens=300)
+        # only the id back, as the SQL-level cycle (scripts/cycle.sql) reads it
+        admitted = client.admit_id(org, 100, "bench-model", execution_id=task, invocation_id=inv)
+        client.settle(org, admitted, 80, 3, input_tokens=1200, output_tokens=300)
     else:
         conn.execute(_ADMIT, {"org": org, "task": task, "id": inv})
         conn.execute(_SETTLE, {"org": org, "id": inv})
@@ -73,8 +74,8 @@ def _one_cycle(client: Any, conn: psycopg.Connection, n: int) -> None:
 async def _one_cycle_async(client: Any, conn: psycopg.AsyncConnection, n: int) -> None:
     org, task, inv = org_id(n), exec_id(n), uuid.uuid4()
     if client is not None:
-        admitted = await client.admit(org, 100, "bench-model", execution_id=task, invocation_id=inv)
-        await client.settle(org, admitted.id, 80, 3, input_tokens=1200, output_tokens=300)
+        admitted = await client.admit_id(org, 100, "bench-model", execution_id=task, invocation_id=inv)
+        await client.settle(org, admitted, 80, 3, input_tokens=1200, output_tokens=300)
     else:
         await conn.execute(_ADMIT, {"org": org, "task": task, "id": inv})
         await conn.execute(_SETTLE, {"org": org, "id": inv})

@@ -79,16 +79,27 @@ SELECT md5('bench-org-' || ((g / %(per_task)s) %% %(orgs)s + 1))::uuid,
                                                    * interval '1 second' AS t) AS c
 """
 
+# A period is its head (allowance) and its stripes (counters); the loads put every
+# counter on stripe 0, rooms 0 (the next movement spreads them), as schema 0007
+# converts an existing period.
 HISTORY_PERIODS = """
-INSERT INTO llm.periods AS p (organization_id, period_start, period_end, allowance_credits,
-                              used_credits, held_credits, used_cents)
-SELECT h.organization_id, h.period_start, (h.period_start + interval '1 month')::date,
-       o.monthly_allowance_credits, sum(h.charged), 0, sum(h.cents)
+WITH heads AS (
+    INSERT INTO llm.period_heads AS p (organization_id, period_start, period_end, allowance_credits)
+    SELECT DISTINCT h.organization_id, h.period_start, (h.period_start + interval '1 month')::date,
+           o.monthly_allowance_credits
+      FROM bench_history AS h JOIN llm.organizations AS o ON o.id = h.organization_id
+    ON CONFLICT (organization_id, period_start) DO NOTHING
+)
+INSERT INTO llm.period_stripes AS s (organization_id, period_start, stripe, used_credits, used_cents,
+                                     admit_room, notice_room)
+SELECT h.organization_id, h.period_start, 0, sum(h.charged), sum(h.cents),
+       CASE WHEN o.monthly_allowance_credits IS NOT NULL THEN 0 END,
+       CASE WHEN o.monthly_allowance_credits IS NOT NULL THEN 0 END
   FROM bench_history AS h JOIN llm.organizations AS o ON o.id = h.organization_id
  GROUP BY h.organization_id, h.period_start, o.monthly_allowance_credits
-ON CONFLICT (organization_id, period_start) DO UPDATE
-   SET used_credits = p.used_credits + excluded.used_credits,
-       used_cents = p.used_cents + excluded.used_cents
+ON CONFLICT (organization_id, period_start, stripe) DO UPDATE
+   SET used_credits = s.used_credits + excluded.used_credits,
+       used_cents = s.used_cents + excluded.used_cents
 """
 
 HISTORY_TASKS = """
@@ -116,18 +127,6 @@ SELECT h.organization_id, h.id, h.period_start, h.execution_id, h.model, h.statu
        CASE h.status WHEN 'failed' THEN 'bench: provider error' END
   FROM bench_history AS h
  ORDER BY h.organization_id, h.id
-"""
-
-HISTORY_LEDGER = """
-INSERT INTO llm.ledger (organization_id, invocation_id, entry, period_start, credits, cents, recorded_at)
-SELECT h.organization_id, h.id, e.entry, h.period_start,
-       CASE e.entry WHEN 'charge' THEN h.charged ELSE h.estimate END,
-       CASE e.entry WHEN 'charge' THEN h.cents END,
-       CASE e.entry WHEN 'hold' THEN h.created_at ELSE h.settled_at END
-  FROM bench_history AS h
- CROSS JOIN (VALUES ('hold'), ('release'), ('charge')) AS e(entry)
- WHERE e.entry <> 'charge' OR h.charged > 0 OR h.cents > 0
- ORDER BY h.organization_id, h.id, e.entry
 """
 
 # ------------------------------------------------------------- stranded requests
@@ -166,9 +165,16 @@ SELECT md5('bench-org-' || (g %% %(orgs)s + 1))::uuid AS organization_id,
 """
 
 STRANDED_PERIODS = """
-INSERT INTO llm.periods (organization_id, period_start, period_end, allowance_credits, held_credits)
-SELECT s.organization_id, s.period_start, (s.period_start + interval '1 month')::date,
-       o.monthly_allowance_credits, sum(s.estimate)
+WITH heads AS (
+    INSERT INTO llm.period_heads (organization_id, period_start, period_end, allowance_credits)
+    SELECT DISTINCT s.organization_id, s.period_start, (s.period_start + interval '1 month')::date,
+           o.monthly_allowance_credits
+      FROM bench_stranded AS s JOIN llm.organizations AS o ON o.id = s.organization_id
+)
+INSERT INTO llm.period_stripes (organization_id, period_start, stripe, held_credits, admit_room, notice_room)
+SELECT s.organization_id, s.period_start, 0, sum(s.estimate),
+       CASE WHEN o.monthly_allowance_credits IS NOT NULL THEN 0 END,
+       CASE WHEN o.monthly_allowance_credits IS NOT NULL THEN 0 END
   FROM bench_stranded AS s JOIN llm.organizations AS o ON o.id = s.organization_id
  GROUP BY s.organization_id, s.period_start, o.monthly_allowance_credits
 """
@@ -179,12 +185,6 @@ INSERT INTO llm.invocations (organization_id, id, period_start, execution_id, mo
 SELECT s.organization_id, s.id, s.period_start, s.execution_id, 'model-a', s.status,
        s.estimate, s.estimate, s.created_at,
        CASE s.status WHEN 'dispatched' THEN s.created_at + interval '10 milliseconds' END
-  FROM bench_stranded AS s
-"""
-
-STRANDED_LEDGER = """
-INSERT INTO llm.ledger (organization_id, invocation_id, entry, period_start, credits, recorded_at)
-SELECT s.organization_id, s.id, 'hold', s.period_start, s.estimate, s.created_at
   FROM bench_stranded AS s
 """
 

@@ -378,7 +378,7 @@ def bench_recovery(target: Target, sizes: Sizes, profiler: Profiler) -> tuple[li
     load_start = time.perf_counter()
     with target.connect("recovery", autocommit=False) as conn:
         for stmt in (q.STRANDED_ORGS, q.STRANDED_TASKS, q.STRANDED_STAGE, q.STRANDED_PERIODS,
-                     q.STRANDED_INVOCATIONS, q.STRANDED_LEDGER):  # fmt: skip
+                     q.STRANDED_INVOCATIONS):  # fmt: skip
             conn.execute(stmt, params)
         conn.commit()
     load_seconds = time.perf_counter() - load_start
@@ -480,8 +480,7 @@ def load_history(target: Target, sizes: Sizes, first: int, last: int, *, prefix:
             conn.execute(q.HISTORY_CLEAR)
             params = {"first": lo, "last": hi, "per_task": per_task, "orgs": sizes.pass_orgs,
                       "task_prefix": prefix, "end": end, "step": step, "tasks": tasks}  # fmt: skip
-            for stmt in (q.HISTORY_FILL, q.HISTORY_PERIODS, q.HISTORY_TASKS, q.HISTORY_INVOCATIONS,
-                         q.HISTORY_LEDGER):  # fmt: skip
+            for stmt in (q.HISTORY_FILL, q.HISTORY_PERIODS, q.HISTORY_TASKS, q.HISTORY_INVOCATIONS):
                 conn.execute(stmt, params)
             conn.commit()
     return time.perf_counter() - start

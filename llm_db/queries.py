@@ -47,6 +47,18 @@ SELECT * FROM llm.admit_invocation(
     p_now => %(now)s::timestamptz)
 """
 
+# The same call when the caller needs only the request's id: one column back
+# instead of the 22 of llm.invocations.
+ADMIT_ID = """
+SELECT i.id FROM llm.admit_invocation(
+    p_organization_id => %(organization_id)s::uuid,
+    p_estimate_credits => %(estimate_credits)s::bigint,
+    p_model => %(model)s::text,
+    p_execution_id => %(execution_id)s::uuid,
+    p_invocation_id => %(invocation_id)s::uuid,
+    p_now => %(now)s::timestamptz) AS i
+"""
+
 MARK_DISPATCHED = """
 SELECT * FROM llm.mark_dispatched(
     p_organization_id => %(organization_id)s::uuid,

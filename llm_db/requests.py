@@ -165,6 +165,28 @@ class _Calls:
         )
 
     @staticmethod
+    def admit_id(
+        organization_id: UuidLike,
+        estimate_credits: int,
+        model: str,
+        execution_id: UuidLike | None,
+        invocation_id: UuidLike | None,
+        now: datetime | None,
+    ) -> _Call[UUID]:
+        return _Call(
+            queries.ADMIT_ID,
+            {
+                "organization_id": organization_id,
+                "estimate_credits": estimate_credits,
+                "model": model,
+                "execution_id": execution_id,
+                "invocation_id": invocation_id,
+                "now": now,
+            },
+            _value("id"),
+        )
+
+    @staticmethod
     def mark_dispatched(
         organization_id: UuidLike, invocation_id: UuidLike, now: datetime | None
     ) -> _Call[Invocation]:
@@ -448,6 +470,21 @@ class Llm:
             _Calls.admit(organization_id, estimate_credits, model, execution_id, invocation_id, now)
         )
 
+    def admit_id(
+        self,
+        organization_id: UuidLike,
+        estimate_credits: int,
+        model: str,
+        *,
+        execution_id: UuidLike | None = None,
+        invocation_id: UuidLike | None = None,
+        now: datetime | None = None,
+    ) -> UUID:
+        """``admit``, returning only the request's id (one column instead of a whole row)."""
+        return self._run(
+            _Calls.admit_id(organization_id, estimate_credits, model, execution_id, invocation_id, now)
+        )
+
     def mark_dispatched(
         self, organization_id: UuidLike, invocation_id: UuidLike, *, now: datetime | None = None
     ) -> Invocation:
@@ -693,6 +730,21 @@ class AsyncLlm:
         """Admit a request and place its hold (``AllowanceExhausted`` when it does not fit)."""
         return await self._run(
             _Calls.admit(organization_id, estimate_credits, model, execution_id, invocation_id, now)
+        )
+
+    async def admit_id(
+        self,
+        organization_id: UuidLike,
+        estimate_credits: int,
+        model: str,
+        *,
+        execution_id: UuidLike | None = None,
+        invocation_id: UuidLike | None = None,
+        now: datetime | None = None,
+    ) -> UUID:
+        """``admit``, returning only the request's id (one column instead of a whole row)."""
+        return await self._run(
+            _Calls.admit_id(organization_id, estimate_credits, model, execution_id, invocation_id, now)
         )
 
     async def mark_dispatched(

@@ -41,9 +41,11 @@ AS $$
 DECLARE
     v_org llm.organizations;
     v_old_allowance bigint;
+    v_old_thresholds integer[];
     v_period date := llm._period_start(p_now);
+    v_start date;
 BEGIN
-    SELECT o.monthly_allowance_credits INTO v_old_allowance
+    SELECT o.monthly_allowance_credits, o.notice_thresholds INTO v_old_allowance, v_old_thresholds
       FROM llm.organizations AS o WHERE o.id = p_organization_id FOR UPDATE;
     IF NOT FOUND THEN
         INSERT INTO llm.organizations AS o
@@ -55,7 +57,7 @@ BEGIN
             RETURN v_org;
         END IF;
         -- created concurrently: lock it and update as below
-        SELECT o.monthly_allowance_credits INTO v_old_allowance
+        SELECT o.monthly_allowance_credits, o.notice_thresholds INTO v_old_allowance, v_old_thresholds
           FROM llm.organizations AS o WHERE o.id = p_organization_id FOR UPDATE;
     END IF;
 
@@ -68,15 +70,25 @@ BEGIN
      WHERE o.id = p_organization_id
     RETURNING o.* INTO v_org;
 
-    IF v_old_allowance IS DISTINCT FROM p_monthly_allowance_credits THEN
+    IF v_old_allowance IS DISTINCT FROM p_monthly_allowance_credits
+       OR v_old_thresholds IS DISTINCT FROM p_notice_thresholds THEN
         -- A changed allowance applies to the current period at once (and to any
         -- later one a moved clock already opened): invariant 9. A first admission
         -- of the month creating its period row holds this organization row FOR
         -- SHARE (_ensure_period), so the row it creates is either visible here or
-        -- created after this transaction commits, with the new allowance.
-        UPDATE llm.periods AS p
-           SET allowance_credits = p_monthly_allowance_credits
-         WHERE p.organization_id = p_organization_id AND p.period_start >= v_period;
+        -- created after this transaction commits, with the new allowance. Each
+        -- period's rooms are spread again for the new allowance and thresholds.
+        FOR v_start IN
+            SELECT h.period_start FROM llm.period_heads AS h
+             WHERE h.organization_id = p_organization_id AND h.period_start >= v_period
+             ORDER BY h.period_start
+        LOOP
+            PERFORM llm._lock_period(p_organization_id, v_start);
+            UPDATE llm.period_heads AS h
+               SET allowance_credits = p_monthly_allowance_credits
+             WHERE h.organization_id = p_organization_id AND h.period_start = v_start;
+            PERFORM llm._spread_rooms(p_organization_id, v_start, p_monthly_allowance_credits);
+        END LOOP;
     END IF;
     RETURN v_org;
 END
@@ -132,13 +144,66 @@ BEGIN
      WHERE o.id = p_organization_id
        FOR SHARE;
     -- a concurrent first admission of the month may create it first: DO NOTHING
-    INSERT INTO llm.periods (organization_id, period_start, period_end, allowance_credits)
+    INSERT INTO llm.period_heads (organization_id, period_start, period_end, allowance_credits)
     VALUES (p_organization_id, p_period_start, (p_period_start + interval '1 month')::date, v_allowance)
     ON CONFLICT (organization_id, period_start) DO NOTHING;
+    -- its stripes: the caller locks the period and spreads the rooms
+    INSERT INTO llm.period_stripes (organization_id, period_start, stripe)
+    SELECT p_organization_id, p_period_start, g
+      FROM llm.organizations AS o
+     CROSS JOIN LATERAL pg_catalog.generate_series(0, o.period_stripes - 1) AS g
+     WHERE o.id = p_organization_id
+    ON CONFLICT (organization_id, period_start, stripe) DO NOTHING;
 END
 $$;
 COMMENT ON FUNCTION llm._ensure_period(uuid, date) IS
-    'Creates the period row on first use, with the organization''s allowance read under a share lock of the organization, so a concurrent upsert_organization cannot be lost (invariant 9).';
+    'Creates the period (its head, with the organization''s allowance read under a share lock of the organization, so a concurrent upsert_organization cannot be lost: invariant 9, and its stripes) on first use.';
+
+CREATE OR REPLACE FUNCTION llm._set_period_stripes(p_organization_id uuid, p_stripes integer)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_stripes integer;
+BEGIN
+    UPDATE llm.organizations AS o
+       SET period_stripes = p_stripes
+     WHERE o.id = p_organization_id
+    RETURNING o.period_stripes INTO v_stripes;
+    IF NOT FOUND THEN
+        PERFORM llm._raise_unknown_org(p_organization_id);
+    END IF;
+    -- From the next admission on: a session takes its hold from stripe pid % N; the
+    -- first hold that does not fit its stripe's room (or finds no stripe yet) spreads
+    -- the period's rooms over the new N. Holds on stripes beyond it stay where they are.
+    RETURN v_stripes;
+END
+$$;
+COMMENT ON FUNCTION llm._set_period_stripes(uuid, integer) IS
+    'Distributed twin of set_period_stripes; arguments already checked.';
+
+CREATE OR REPLACE FUNCTION llm.set_period_stripes(p_organization_id uuid, p_stripes integer)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_stripes integer;
+BEGIN
+    PERFORM llm._require_org_id(p_organization_id);
+    IF p_stripes IS NULL OR p_stripes < 1 OR p_stripes > 64 THEN
+        RAISE EXCEPTION 'llm: % stripes is out of range', coalesce(p_stripes::text, 'NULL')
+            USING ERRCODE = '22023',
+                  DETAIL = 'A period''s counters are spread over 1 to 64 stripe rows.',
+                  HINT = 'Use 1 for a small organization; about the number of its concurrent sessions (up to 64) for a busy one.';
+    END IF;
+    SELECT n INTO v_stripes FROM llm._set_period_stripes(p_organization_id, p_stripes) AS n;
+    RETURN v_stripes;
+END
+$$;
+COMMENT ON FUNCTION llm.set_period_stripes(uuid, integer) IS
+    'Spreads the organization''s period counters over p_stripes rows (1 to 64; 22023 otherwise, LL002 for an unknown organization) from its next admission on; returns the new count. Admission stays exact and no threshold crossing is missed.';
 
 CREATE OR REPLACE FUNCTION llm._set_recovery_policy(
     p_organization_id uuid, p_recovery_charge text, p_late_settlement text)

@@ -54,54 +54,37 @@ $$;
 COMMENT ON FUNCTION llm._record_crossings(uuid, date, bigint, bigint, bigint, timestamptz) IS
     'Creates one owed notice per threshold crossed when used credits moved from p_old_used to p_new_used; at most one per (organization, period, threshold); NOTIFY llm_notices at commit when it created one.';
 
--- The one place an invocation becomes terminal: status, ledger, task totals,
--- period movement and notices, in that lock order. The caller has locked the
--- invocation row (UPDATE ... WHERE status IN ('reserved','dispatched')).
+-- The one place an invocation becomes terminal: status, task totals, then its
+-- stripe of the period (and, on the exact path, the period's notices), in that
+-- lock order. The caller has locked the invocation row (UPDATE ... WHERE status
+-- IN ('reserved','dispatched')). Its ledger rows are derived (llm.ledger).
 CREATE OR REPLACE FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
-    v_new_used bigint;
-    v_allowance bigint;
     v_charge bigint := p_inv.charged_credits;
     v_cents bigint := coalesce(p_inv.charged_cents, 0);
 BEGIN
-    -- the ledger rows ride on the task statement (a data-modifying CTE always runs
-    -- once, whether or not the request belongs to a task): one statement, not two
-    WITH ledger_rows AS (
-        INSERT INTO llm.ledger (organization_id, invocation_id, entry, period_start, credits, cents, recorded_at)
-        SELECT p_inv.organization_id, p_inv.id, e.entry, p_inv.period_start, e.credits, e.cents, p_now
-          FROM (VALUES ('release', p_inv.hold_credits, NULL::bigint),
-                       ('charge', v_charge, p_inv.charged_cents)) AS e(entry, credits, cents)
-         WHERE e.entry = 'release' OR v_charge > 0 OR v_cents > 0
-    )
-    UPDATE llm.executions AS x
-       SET request_count = x.request_count + 1,
-           credits = x.credits + v_charge,
-           cents = x.cents + v_cents
-     WHERE x.organization_id = p_inv.organization_id AND x.id = p_inv.execution_id;
-
-    UPDATE llm.periods AS p
-       SET used_credits = p.used_credits + v_charge,
-           used_cents = p.used_cents + v_cents,
-           held_credits = p.held_credits - p_inv.hold_credits
-     WHERE p.organization_id = p_inv.organization_id AND p.period_start = p_inv.period_start
-    RETURNING p.used_credits, p.allowance_credits INTO v_new_used, v_allowance;
-
-    IF llm._may_cross(v_new_used - v_charge, v_new_used, v_allowance) THEN
-        PERFORM llm._record_crossings(p_inv.organization_id, p_inv.period_start,
-                                      v_new_used - v_charge, v_new_used, v_allowance, p_now);
+    IF p_inv.execution_id IS NOT NULL THEN
+        UPDATE llm.executions AS x
+           SET request_count = x.request_count + 1,
+               credits = x.credits + v_charge,
+               cents = x.cents + v_cents
+         WHERE x.organization_id = p_inv.organization_id AND x.id = p_inv.execution_id;
     END IF;
+    -- charge in, hold out; crossed thresholds recorded on the exact path
+    PERFORM llm._move_stripe(p_inv.organization_id, p_inv.period_start, p_inv.stripe,
+                             v_charge, -p_inv.hold_credits, v_cents, p_now);
 END
 $$;
 COMMENT ON FUNCTION llm._book_terminal(llm.invocations, timestamptz) IS
-    'Books a just-terminated invocation: release and charge ledger rows, task totals, period movement and threshold notices.';
+    'Books a just-terminated invocation: its task''s totals, then its stripe''s movement (charge in, hold out) and the threshold notices the period crosses.';
 
 -- A recovered request trued up to its late measured settlement: the signed
 -- difference moves its task, its own period (a closed month too) and the daily
--- usage of its settlement day, with one 'adjustment' ledger row; the same lock
+-- usage of its settlement day (its 'adjustment' ledger row is derived); the same lock
 -- order as _book_terminal (invocation -> execution -> period -> notices).
 CREATE OR REPLACE FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamptz)
 RETURNS void
@@ -111,26 +94,16 @@ AS $$
 DECLARE
     v_credits bigint := p_inv.charged_credits - p_inv.recovered_credits;  -- signed
     v_cents bigint := coalesce(p_inv.charged_cents, 0);  -- recovery charged no cents
-    v_new_used bigint;
-    v_allowance bigint;
 BEGIN
-    WITH adjustment AS (
-        INSERT INTO llm.ledger (organization_id, invocation_id, entry, period_start, credits, cents, recorded_at)
-        VALUES (p_inv.organization_id, p_inv.id, 'adjustment', p_inv.period_start, v_credits, v_cents, p_now)
-    )
-    UPDATE llm.executions AS x
-       SET credits = x.credits + v_credits, cents = x.cents + v_cents
-     WHERE x.organization_id = p_inv.organization_id AND x.id = p_inv.execution_id;
-
-    UPDATE llm.periods AS p
-       SET used_credits = p.used_credits + v_credits,
-           used_cents = p.used_cents + v_cents
-     WHERE p.organization_id = p_inv.organization_id AND p.period_start = p_inv.period_start
-    RETURNING p.used_credits, p.allowance_credits INTO v_new_used, v_allowance;
-    IF v_credits > 0 AND llm._may_cross(v_new_used - v_credits, v_new_used, v_allowance) THEN
-        PERFORM llm._record_crossings(p_inv.organization_id, p_inv.period_start,
-                                      v_new_used - v_credits, v_new_used, v_allowance, p_now);
+    -- its adjustment ledger row is derived from the request (llm.ledger)
+    IF p_inv.execution_id IS NOT NULL THEN
+        UPDATE llm.executions AS x
+           SET credits = x.credits + v_credits, cents = x.cents + v_cents
+         WHERE x.organization_id = p_inv.organization_id AND x.id = p_inv.execution_id;
     END IF;
+    -- its own period's stripe (a closed month too); a rise records the thresholds it crosses
+    PERFORM llm._move_stripe(p_inv.organization_id, p_inv.period_start, p_inv.stripe,
+                             v_credits, 0, v_cents, p_now);
 
     -- the day's row as a rebuild would give it now (a day not built yet is built by the pass)
     UPDATE llm.daily_usage AS d
@@ -144,7 +117,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm._book_true_up(llm.invocations, timestamptz) IS
-    'Books a true-up: one adjustment ledger row with the signed difference, the task''s and the period''s totals (crossings when usage rises) and the daily usage of the settlement day, in the settlement''s transaction.';
+    'Books a true-up by the signed difference (the request''s adjustment ledger row): the task''s totals, the stripe of the request''s period (crossings when usage rises) and the daily usage of its settlement day, in the settlement''s transaction.';
 
 -- ---------------------------------------------------------------- admission
 
@@ -157,12 +130,13 @@ SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_org_status text;
+    v_stripes integer;
+    v_stripe smallint;
     v_inv llm.invocations;
     v_exec_status text;
     v_period date := llm._period_start(p_now);
-    v_period_row llm.periods;
 BEGIN
-    SELECT o.status INTO v_org_status
+    SELECT o.status, o.period_stripes INTO v_org_status, v_stripes
       FROM llm.organizations AS o
      WHERE o.id = p_organization_id;
     IF v_org_status IS DISTINCT FROM 'operational' THEN
@@ -194,28 +168,16 @@ BEGIN
                   HINT = 'Open a new execution for new work.';
     END IF;
 
-    PERFORM FROM llm.periods AS p
-     WHERE p.organization_id = p_organization_id AND p.period_start = v_period;
-    IF NOT FOUND THEN
-        PERFORM llm._ensure_period(p_organization_id, v_period);  -- the month's first admission
-    END IF;
-
-    -- the request and its hold in one statement (the ledger CTE runs once, after
-    -- the insert, and writes nothing when the insert found a concurrent twin)
-    WITH admitted AS (
-        INSERT INTO llm.invocations AS i
-               (organization_id, id, period_start, execution_id, model, status,
-                estimate_credits, hold_credits, created_at)
-        VALUES (p_organization_id, coalesce(p_invocation_id, pg_catalog.gen_random_uuid()), v_period,
-                p_execution_id, p_model, 'reserved', p_estimate_credits, p_estimate_credits, p_now)
-        ON CONFLICT (organization_id, id) DO NOTHING
-        RETURNING i.*
-    ), hold AS (
-        INSERT INTO llm.ledger (organization_id, invocation_id, entry, period_start, credits, recorded_at)
-        SELECT a.organization_id, a.id, 'hold', a.period_start, a.hold_credits, p_now
-          FROM admitted AS a
-    )
-    SELECT * INTO v_inv FROM admitted;
+    -- This session's stripe: concurrent sessions of one organization hold on
+    -- different rows (a session keeps its stripe, and its cache lines, between calls).
+    v_stripe := pg_catalog.mod(pg_catalog.pg_backend_pid(), v_stripes)::smallint;
+    INSERT INTO llm.invocations AS i
+           (organization_id, id, period_start, execution_id, model, status,
+            estimate_credits, hold_credits, created_at, stripe)
+    VALUES (p_organization_id, coalesce(p_invocation_id, pg_catalog.gen_random_uuid()), v_period,
+            p_execution_id, p_model, 'reserved', p_estimate_credits, p_estimate_credits, p_now, v_stripe)
+    ON CONFLICT (organization_id, id) DO NOTHING
+    RETURNING i.* INTO v_inv;
     IF NOT FOUND THEN
         -- the same id was admitted concurrently and has committed
         SELECT * INTO STRICT v_inv FROM llm.invocations AS i
@@ -223,22 +185,10 @@ BEGIN
         RETURN llm._same_admission(v_inv, p_estimate_credits, p_model, p_execution_id);
     END IF;
 
-    -- the hot row last: admit iff used + held + estimate <= allowance
-    UPDATE llm.periods AS p
-       SET held_credits = p.held_credits + p_estimate_credits
-     WHERE p.organization_id = p_organization_id AND p.period_start = v_period
-       AND (p.allowance_credits IS NULL
-            OR p.used_credits + p.held_credits + p_estimate_credits <= p.allowance_credits);
-    IF NOT FOUND THEN
-        SELECT * INTO STRICT v_period_row FROM llm.periods AS p
-         WHERE p.organization_id = p_organization_id AND p.period_start = v_period;
-        RAISE EXCEPTION 'llm: allowance exhausted for organization %', p_organization_id
-            USING ERRCODE = 'LL001',
-                  DETAIL = pg_catalog.format('allowance=%s used=%s held=%s estimate=%s period=%s',
-                                             v_period_row.allowance_credits, v_period_row.used_credits,
-                                             v_period_row.held_credits, p_estimate_credits, v_period),
-                  HINT = 'Wait for holds to settle, lower the estimate, or raise the allowance with llm.upsert_organization.';
-    END IF;
+    -- The hot row last: the hold from this stripe's room, in one row; else the exact
+    -- path (the period locked, LL001 unless used + held + estimate <= allowance, the
+    -- period created on its month's first admission).
+    PERFORM llm._move_stripe(p_organization_id, v_period, v_stripe, 0, p_estimate_credits, 0, p_now, true);
     RETURN v_inv;
 END
 $$;

@@ -87,9 +87,13 @@ AS $$
 DECLARE
     v_ids uuid[];
     v_period record;
+    v_head llm.period_heads;
+    v_old_used bigint;
+    v_new_used bigint;
 BEGIN
     -- BR-CAP-PFM-LLM-009-01/-03/-04/-07. The lock order is the settlement's
     -- (_book_terminal): requests, then their tasks, then their periods, then notices.
+    -- Their ledger rows are derived from them (llm.ledger).
 
     -- 1. The requests: a bounded batch of the oldest stranded ones, locked and settled
     --    by recovery in one statement. SKIP LOCKED: a request a live settlement holds is
@@ -127,15 +131,6 @@ BEGIN
         RETURN;
     END IF;
 
-    -- their ledger rows: the release of each hold, and the charge where there is one
-    INSERT INTO llm.ledger (organization_id, invocation_id, entry, period_start, credits, cents, recorded_at)
-    SELECT i.organization_id, i.id, e.entry, i.period_start,
-           CASE e.entry WHEN 'release' THEN i.hold_credits ELSE i.charged_credits END, NULL, p_now
-      FROM llm.invocations AS i
-     CROSS JOIN (VALUES ('release'), ('charge')) AS e(entry)
-     WHERE i.organization_id = p_organization_id AND i.id = ANY (v_ids)
-       AND (e.entry = 'release' OR i.charged_credits > 0);
-
     -- 2. Their tasks' totals (also of closed tasks, which never reopen).
     UPDATE llm.executions AS x
        SET request_count = x.request_count + t.n, credits = x.credits + t.credits
@@ -146,24 +141,39 @@ BEGIN
              GROUP BY i.execution_id) AS t
      WHERE x.organization_id = p_organization_id AND x.id = t.execution_id;
 
-    -- 3. Their periods: charge in, hold out; then 4. one owed notice per threshold crossed.
+    -- 3. Their periods, in period order, each locked for an exact decision (head, then
+    --    its stripes in order): charge in, hold out on each request's stripe; then
+    --    4. one owed notice per threshold the period's total crossed; then the rooms.
     p_sweep.notices_created := 0;
     FOR v_period IN
-        UPDATE llm.periods AS p
-           SET used_credits = p.used_credits + m.credits,
-               held_credits = p.held_credits - m.held
-          FROM (SELECT i.period_start, sum(i.charged_credits)::bigint AS credits,
-                       sum(i.hold_credits)::bigint AS held
-                  FROM llm.invocations AS i
-                 WHERE i.organization_id = p_organization_id AND i.id = ANY (v_ids)
-                 GROUP BY i.period_start) AS m
-         WHERE p.organization_id = p_organization_id AND p.period_start = m.period_start
-        RETURNING p.period_start, p.used_credits - m.credits AS old_used, p.used_credits AS new_used,
-                  p.allowance_credits
+        SELECT DISTINCT i.period_start
+          FROM llm.invocations AS i
+         WHERE i.organization_id = p_organization_id AND i.id = ANY (v_ids)
+         ORDER BY i.period_start
     LOOP
+        v_head := llm._lock_period(p_organization_id, v_period.period_start);
+        SELECT sum(s.used_credits) INTO v_old_used
+          FROM llm.period_stripes AS s
+         WHERE s.organization_id = p_organization_id AND s.period_start = v_period.period_start;
+        WITH moved AS (
+            UPDATE llm.period_stripes AS s
+               SET used_credits = s.used_credits + m.credits,
+                   held_credits = s.held_credits - m.held
+              FROM (SELECT i.stripe, sum(i.charged_credits)::bigint AS credits,
+                           sum(i.hold_credits)::bigint AS held
+                      FROM llm.invocations AS i
+                     WHERE i.organization_id = p_organization_id AND i.id = ANY (v_ids)
+                       AND i.period_start = v_period.period_start
+                     GROUP BY i.stripe) AS m
+             WHERE s.organization_id = p_organization_id AND s.period_start = v_period.period_start
+               AND s.stripe = m.stripe
+            RETURNING m.credits
+        )
+        SELECT v_old_used + coalesce(sum(moved.credits), 0) INTO v_new_used FROM moved;
         p_sweep.notices_created := p_sweep.notices_created
-            + llm._record_crossings(p_organization_id, v_period.period_start, v_period.old_used,
-                                    v_period.new_used, v_period.allowance_credits, p_now);
+            + llm._record_crossings(p_organization_id, v_period.period_start, v_old_used, v_new_used,
+                                    v_head.allowance_credits, p_now);
+        PERFORM llm._spread_rooms(p_organization_id, v_period.period_start, v_head.allowance_credits);
     END LOOP;
 
     IF p_sweep.past_window_alerts > 0 THEN
@@ -173,7 +183,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm._recover_stranded(uuid, timestamptz, timestamptz, integer, text, llm.org_sweep) IS
-    'Recovers up to p_batch of the organization''s requests unsettled since p_cutoff, oldest first, charged per p_recovery_charge: releases their holds, writes their ledger rows, adds to their tasks, moves their periods and records crossed thresholds; fills the sweep''s figures.';
+    'Recovers up to p_batch of the organization''s requests unsettled since p_cutoff, oldest first, charged per p_recovery_charge: releases their holds, adds to their tasks, moves their periods'' stripes (each period locked) and records crossed thresholds; fills the sweep''s figures.';
 
 CREATE OR REPLACE FUNCTION llm._reconcile_org(
     p_organization_id uuid, p_now timestamptz, p_batch integer, p_run_id uuid)

@@ -7,16 +7,30 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
-    -- 1. held = sum of holds of open invocations
+    -- 1. held = sum of holds of open invocations, for every stripe of a period (so for
+    --    the period too)
     RETURN QUERY
-    SELECT 1, p.organization_id, 'period ' || p.period_start,
-           pg_catalog.format('held_credits=%s, open holds=%s', p.held_credits, coalesce(h.held, 0))
-      FROM llm.periods AS p
-      LEFT JOIN (SELECT i.organization_id, i.period_start, sum(i.hold_credits) AS held
+    SELECT 1, s.organization_id, 'period ' || s.period_start || ' stripe ' || s.stripe,
+           pg_catalog.format('held_credits=%s, open holds=%s', s.held_credits, coalesce(h.held, 0))
+      FROM llm.period_stripes AS s
+      LEFT JOIN (SELECT i.organization_id, i.period_start, i.stripe, sum(i.hold_credits) AS held
                    FROM llm.invocations AS i WHERE i.status IN ('reserved', 'dispatched')
-                  GROUP BY 1, 2) AS h
-        ON h.organization_id = p.organization_id AND h.period_start = p.period_start
-     WHERE p.held_credits <> coalesce(h.held, 0);
+                  GROUP BY 1, 2, 3) AS h
+        ON h.organization_id = s.organization_id AND h.period_start = s.period_start AND h.stripe = s.stripe
+     WHERE s.held_credits <> coalesce(h.held, 0);
+
+    -- 2b. the same for used credits and cents, stripe by stripe
+    RETURN QUERY
+    SELECT 2, s.organization_id, 'period ' || s.period_start || ' stripe ' || s.stripe,
+           pg_catalog.format('used_credits=%s used_cents=%s; invocations %s/%s',
+                             s.used_credits, s.used_cents, coalesce(c.credits, 0), coalesce(c.cents, 0))
+      FROM llm.period_stripes AS s
+      LEFT JOIN (SELECT i.organization_id, i.period_start, i.stripe, sum(i.charged_credits) AS credits,
+                        sum(coalesce(i.charged_cents, 0)) AS cents
+                   FROM llm.invocations AS i WHERE i.status IN ('settled', 'failed')
+                  GROUP BY 1, 2, 3) AS c
+        ON c.organization_id = s.organization_id AND c.period_start = s.period_start AND c.stripe = s.stripe
+     WHERE (s.used_credits, s.used_cents) IS DISTINCT FROM (coalesce(c.credits, 0), coalesce(c.cents, 0));
 
     -- 2. used = sum of charges of terminal invocations = sum of ledger charges and adjustments
     RETURN QUERY
@@ -91,6 +105,45 @@ BEGIN
                 AND i.status IN ('reserved', 'dispatched')
                 AND i.created_at <= o.updated_at);
 
+    -- 4b. the stripes' escrow never promises more than the period has left: each
+    --     stripe's admit_room is set (NULL only when unlimited), and together they are at
+    --     most allowance - used - held (0 when the period is already over)
+    RETURN QUERY
+    SELECT 4, p.organization_id, 'period ' || p.period_start,
+           pg_catalog.format('allowance=%s used=%s held=%s, stripes'' admit_room: sum %s, unset %s',
+                             p.allowance_credits, p.used_credits, p.held_credits, r.rooms, r.unset)
+      FROM llm.periods AS p
+      JOIN (SELECT s.organization_id, s.period_start, coalesce(sum(s.admit_room), 0) AS rooms,
+                   count(*) FILTER (WHERE s.admit_room IS NULL) AS unset, count(*) AS stripes
+              FROM llm.period_stripes AS s GROUP BY 1, 2) AS r
+        ON r.organization_id = p.organization_id AND r.period_start = p.period_start
+     WHERE (p.allowance_credits IS NULL AND r.unset <> r.stripes)
+        OR (p.allowance_credits IS NOT NULL
+            AND (r.unset > 0 OR r.rooms > GREATEST(0, p.allowance_credits - p.used_credits - p.held_credits)));
+
+    -- 5b. no threshold crossing can be missed: while a threshold of the organization is
+    --     ahead and not notified, each stripe's notice_room is set and together they are
+    --     less than the usage that reaches it (so a movement within them cannot cross it)
+    RETURN QUERY
+    SELECT 5, p.organization_id, 'period ' || p.period_start,
+           pg_catalog.format('used=%s, next threshold %s%% of %s needs %s more; stripes'' notice_room: sum %s, unset %s',
+                             p.used_credits, n.next_pct, p.allowance_credits, n.need, r.rooms, r.unset)
+      FROM llm.periods AS p
+      JOIN llm.organizations AS o ON o.id = p.organization_id
+      CROSS JOIN LATERAL (
+            SELECT min(t.pct) AS next_pct,
+                   pg_catalog.ceil(min(t.pct)::numeric * p.allowance_credits / 100)::bigint - p.used_credits AS need
+              FROM pg_catalog.unnest(o.notice_thresholds) AS t(pct)
+             WHERE p.used_credits::numeric * 100 < t.pct::numeric * p.allowance_credits
+               AND NOT EXISTS (SELECT FROM llm.threshold_notices AS tn
+                                WHERE tn.organization_id = p.organization_id
+                                  AND tn.period_start = p.period_start AND tn.threshold_pct = t.pct)) AS n
+      JOIN (SELECT s.organization_id, s.period_start, coalesce(sum(s.notice_room), 0) AS rooms,
+                   count(*) FILTER (WHERE s.notice_room IS NULL) AS unset
+              FROM llm.period_stripes AS s GROUP BY 1, 2) AS r
+        ON r.organization_id = p.organization_id AND r.period_start = p.period_start
+     WHERE n.next_pct IS NOT NULL AND (r.unset > 0 OR r.rooms > n.need);
+
     -- 5. past_window_alerted_at only on recovered requests (a trued-up one was recovered
     --    first); at most one notice per threshold (the unique key guarantees the latter;
     --    checked here against a dropped constraint)
@@ -132,21 +185,22 @@ BEGIN
         OR (x.status = 'abandoned' AND x.duration_ms IS NOT NULL)
         OR (x.status = 'completed' AND x.duration_ms IS NULL);
 
-    -- 8. every invocation belongs to a period and (when linked) a task of its own
-    --    organization (enforced by the functions, not by foreign keys: schema 0003)
+    -- 8. every invocation belongs to a period (and a stripe of it) and, when linked, a
+    --    task of its own organization (enforced by the functions, not by foreign keys:
+    --    schema 0003)
     RETURN QUERY
     SELECT 8, i.organization_id, 'invocation ' || i.id,
-           pg_catalog.format('period %s %s, execution %s %s', i.period_start,
-                             CASE WHEN p.period_start IS NULL THEN 'missing' ELSE 'found' END,
+           pg_catalog.format('period %s stripe %s %s, execution %s %s', i.period_start, i.stripe,
+                             CASE WHEN s.period_start IS NULL THEN 'missing' ELSE 'found' END,
                              i.execution_id,
                              CASE WHEN i.execution_id IS NULL THEN 'not linked'
                                   WHEN x.id IS NULL THEN 'missing' ELSE 'found' END)
       FROM llm.invocations AS i
-      LEFT JOIN llm.periods AS p
-        ON p.organization_id = i.organization_id AND p.period_start = i.period_start
+      LEFT JOIN llm.period_stripes AS s
+        ON s.organization_id = i.organization_id AND s.period_start = i.period_start AND s.stripe = i.stripe
       LEFT JOIN llm.executions AS x
         ON x.organization_id = i.organization_id AND x.id = i.execution_id
-     WHERE p.period_start IS NULL OR (i.execution_id IS NOT NULL AND x.id IS NULL);
+     WHERE s.period_start IS NULL OR (i.execution_id IS NOT NULL AND x.id IS NULL);
 
     -- 9. the current period carries the allowance of the last committed
     --    upsert_organization: with no clock here, "current" is every period starting

@@ -36,9 +36,9 @@ BEGIN
     EXECUTE pg_catalog.format('SELECT %I($1, $2)', 'create_distributed_table') USING 'llm.organizations', 'id';
     v_done := pg_catalog.array_append(v_done, 'llm.organizations'::text);
     -- parents before children so co-located foreign keys resolve
-    FOREACH v_table IN ARRAY ARRAY['llm.periods', 'llm.executions', 'llm.invocations', 'llm.ledger',
-                                   'llm.threshold_notices', 'llm.daily_usage', 'llm.drift_findings',
-                                   'llm.period_findings', 'llm.sweep_totals'] LOOP
+    FOREACH v_table IN ARRAY ARRAY['llm.period_heads', 'llm.period_stripes', 'llm.executions',
+                                   'llm.invocations', 'llm.threshold_notices', 'llm.daily_usage',
+                                   'llm.drift_findings', 'llm.period_findings', 'llm.sweep_totals'] LOOP
         EXECUTE pg_catalog.format('SELECT %I($1, $2, colocate_with => $3)', 'create_distributed_table')
           USING v_table, 'organization_id', 'llm.organizations';
         v_done := pg_catalog.array_append(v_done, v_table);
@@ -52,7 +52,8 @@ BEGIN
            AND p.proname IN ('_upsert_organization', '_admit_invocation', '_mark_dispatched',
                              '_settle_invocation', '_fail_invocation', '_open_execution',
                              '_close_execution', '_reconcile_org', '_complete_notice', '_fail_notice',
-                             '_set_recovery_policy', '_audit_org', '_release_notice')
+                             '_set_recovery_policy', '_audit_org', '_release_notice',
+                             '_set_period_stripes')
     LOOP
         EXECUTE pg_catalog.format('SELECT %I($1::regprocedure, $2, colocate_with => $3, force_delegation => true)', 'create_distributed_function')
           USING v_fn::text, 'p_organization_id', 'llm.organizations';

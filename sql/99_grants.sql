@@ -26,6 +26,7 @@ TO llm_app;
 GRANT EXECUTE ON FUNCTION
     llm.upsert_organization(uuid, text, bigint, text, integer[], timestamptz),
     llm.set_recovery_policy(uuid, text, text),
+    llm.set_period_stripes(uuid, integer),
     llm.declare_task_kind(text, text),
     llm.reconcile_org(uuid, timestamptz, integer, uuid),
     llm.reconciliation_health(timestamptz),

@@ -71,6 +71,28 @@ def wait_blocked(observer: psycopg.Connection, pid: int, timeout: float = 10.0) 
     raise AssertionError(f"backend {pid} never blocked")
 
 
+def lock_period_rows(conn: psycopg.Connection, org_id: uuid.UUID) -> None:
+    """Lock every row of the organization's periods, head and stripes (FOR UPDATE), in
+    ``conn``'s open transaction: as a session stuck in the middle of a settlement would."""
+    conn.execute(
+        "SELECT 1 FROM llm.period_heads AS h JOIN llm.period_stripes AS s"
+        " USING (organization_id, period_start) WHERE h.organization_id = %s FOR UPDATE",
+        [org_id],
+    )
+
+
+def corrupt_period(conn: psycopg.Connection, org_id: uuid.UUID, column: str, delta: int) -> None:
+    """Change a period counter behind the functions' back (stripe 0 of every period of
+    the organization): what only a manual UPDATE or a bug can do."""
+    assert column in ("used_credits", "held_credits", "used_cents")
+    conn.execute(
+        sql.SQL("UPDATE llm.period_stripes SET {c} = {c} + %s WHERE organization_id = %s AND stripe = 0").format(
+            c=sql.Identifier(column)
+        ),
+        [delta, org_id],
+    )
+
+
 def llm_tables(conn: psycopg.Connection) -> list[str]:
     """Names of every table in schema llm, sorted."""
     return [

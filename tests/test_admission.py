@@ -29,6 +29,7 @@ from helpers import (
     open_task,
     period,
     reconcile,
+    scalar,
     settle,
 )
 
@@ -289,11 +290,12 @@ def test_check_invariants_reports_holds_over_the_allowance_invariant_4(llm_conn)
     admit(llm_conn, org, 100, now=T0)
     assert invariants(llm_conn) == []
     llm_conn.execute(
-        "UPDATE llm.periods SET allowance_credits = 50 WHERE organization_id = %(org)s::uuid",
+        "UPDATE llm.period_heads SET allowance_credits = 50 WHERE organization_id = %(org)s::uuid",
         {"org": org},
     )
     # the same corruption also leaves the current period off its organization's allowance
-    assert [r["invariant"] for r in invariants(llm_conn)] == [4, 9]
+    # (9), and its stripes' notice budgets beyond the 80 % of the new allowance (5)
+    assert [r["invariant"] for r in invariants(llm_conn)] == [4, 5, 9]
 
 
 def test_invocations_carry_no_foreign_key_to_the_hot_period_and_task_rows(llm_conn):
@@ -308,7 +310,8 @@ def test_invocations_carry_no_foreign_key_to_the_hot_period_and_task_rows(llm_co
         )]  # fmt: skip
 
     assert parents("llm.invocations") == []
-    assert parents("llm.ledger") == ["llm.invocations"]
+    # the ledger is derived from the requests (schema 0008): a view, no rows of its own
+    assert scalar(llm_conn, "SELECT relkind FROM pg_class WHERE oid = 'llm.ledger'::regclass") == "v"
 
 
 def test_check_invariants_reports_an_invocation_without_its_period_invariant_8(llm_conn):
@@ -316,7 +319,8 @@ def test_check_invariants_reports_an_invocation_without_its_period_invariant_8(l
     org = new_org(llm_conn, 1000)
     inv = admit(llm_conn, org, 10)
     assert invariants(llm_conn) == []
-    llm_conn.execute("DELETE FROM llm.periods WHERE organization_id = %s", [org])
+    llm_conn.execute("DELETE FROM llm.period_stripes WHERE organization_id = %s", [org])
+    llm_conn.execute("DELETE FROM llm.period_heads WHERE organization_id = %s", [org])
     found = [(r["invariant"], r["subject"]) for r in invariants(llm_conn)]
     assert found == [(8, f"invocation {inv['id']}")]
 

@@ -125,7 +125,7 @@ def test_check_invariants_reports_a_period_left_on_an_old_allowance_invariant_9(
     llm.upsert_organization(org, "race", 500, now=FEBRUARY_NOW)  # February: 500
     llm.admit(org, 10, "gpt-x", now=FEBRUARY_NOW)
     assert invariants(llm_conn) == []  # January kept 1000: a closed month, before the change
-    llm_conn.execute("UPDATE llm.periods SET allowance_credits = 1000 WHERE organization_id = %s"
+    llm_conn.execute("UPDATE llm.period_heads SET allowance_credits = 1000 WHERE organization_id = %s"
                      " AND period_start = '2026-02-01'", [org])  # fmt: skip
     assert [(r["invariant"], r["subject"]) for r in invariants(llm_conn)] == [(9, "period 2026-02-01")]
 

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from llm_db import Llm
-from tests.helpers import T0, row, rows, scalar
+from tests.helpers import T0, corrupt_period, row, rows, scalar
 
 HOUR = timedelta(hours=1)
 JANUARY = "2026-01-01"
@@ -56,8 +56,7 @@ def test_a_corrupted_counter_is_found_within_24_passes_and_resolved_when_right(l
     start = T0 + 31 * HOUR
     hourly_passes(llm, start, 1)  # the organization's first audit: clean
     assert finding(llm_conn, org) is None
-    llm_conn.execute(f"UPDATE llm.periods SET {column} = {column} + %s WHERE organization_id = %s",
-                     [delta, org])  # fmt: skip
+    corrupt_period(llm_conn, org, column, delta)
     recorded = scalar(llm_conn, f"SELECT {column} FROM llm.periods WHERE organization_id = %s", [org])
 
     runs = hourly_passes(llm, start + HOUR, 24)
@@ -74,8 +73,7 @@ def test_a_corrupted_counter_is_found_within_24_passes_and_resolved_when_right(l
     assert (found["last_run_id"], found["last_seen_at"]) == (found_by[-1].id, found_by[-1].clock)
     assert scalar(llm_conn, f"SELECT {column} FROM llm.periods WHERE organization_id = %s", [org]) == recorded
 
-    llm_conn.execute(f"UPDATE llm.periods SET {column} = {column} - %s WHERE organization_id = %s",
-                     [delta, org])  # fmt: skip
+    corrupt_period(llm_conn, org, column, -delta)
     later = hourly_passes(llm, start + 25 * HOUR, 24)
     resolved = finding(llm_conn, org)
     assert resolved["resolved_at"] is not None
@@ -115,7 +113,7 @@ def test_an_audit_that_fails_never_rolls_back_the_organizations_recovery(llm_con
     the 'audit' step of that organization, and the sweep's recovery stays committed."""
     llm = Llm(llm_conn)
     org = busy_org(llm)
-    llm_conn.execute("UPDATE llm.periods SET used_credits = used_credits + 1 WHERE organization_id = %s", [org])
+    corrupt_period(llm_conn, org, "used_credits", 1)
     llm.run_reconciliation(now=T0 + 31 * HOUR)  # finds it
     assert finding(llm_conn, org) is not None
     stranded = llm.admit(org, 10, "gpt-x", now=T0 + 31 * HOUR)

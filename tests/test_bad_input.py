@@ -40,6 +40,7 @@ SIGNATURES = {
     "upsert_organization": "llm.upsert_organization(uuid,text,bigint,text,integer[],timestamp with time zone)",
     "declare_task_kind": "llm.declare_task_kind(text,text)",
     "set_recovery_policy": "llm.set_recovery_policy(uuid,text,text)",
+    "set_period_stripes": "llm.set_period_stripes(uuid,integer)",
     "admit_invocation": "llm.admit_invocation(uuid,bigint,text,uuid,uuid,timestamp with time zone)",
     "mark_dispatched": "llm.mark_dispatched(uuid,uuid,timestamp with time zone)",
     "settle_invocation": "llm.settle_invocation(uuid,uuid,bigint,bigint,bigint,bigint,timestamp with time zone)",
@@ -158,6 +159,16 @@ bad("set_recovery_policy", "22023",
     ("late settlement 1 MB", "%(org)s, 'estimate', %(huge)s"),
     ("both unknown, organization unknown", "%(unknown)s, 'x', 'y'"))  # fmt: skip
 bad("set_recovery_policy", "LL002", ("unknown organization", "%(unknown)s, 'none', 'true_up'"))
+
+bad("set_period_stripes", "22023",
+    ("organization NULL", "NULL::uuid, 8"),
+    ("stripes NULL", "%(org)s, NULL::integer"),
+    ("stripes zero", "%(org)s, 0"),
+    ("stripes negative", "%(org)s, -1"),
+    ("stripes 65", "%(org)s, 65"),
+    ("stripes max int", "%(org)s, 2147483647"),
+    ("stripes out of range, organization unknown", "%(unknown)s, 0"))  # fmt: skip
+bad("set_period_stripes", "LL002", ("unknown organization", "%(unknown)s, 8"))
 
 # ---------------------------------------------------------------- requests
 

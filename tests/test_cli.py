@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llm_db.notices import verify_webhook
 from llm_db.requests import Llm
-from tests.helpers import T0, row, scalar, wait_blocked
+from tests.helpers import T0, lock_period_rows, row, scalar, wait_blocked
 
 SUBCOMMANDS = ["migrate", "reconcile", "health", "schedule", "unschedule", "notices deliver",
                "notices new-secret", "worker", "report", "metrics", "distribute", "demo"]  # fmt: skip
@@ -284,7 +284,7 @@ def test_reconcile_skipped_while_another_pass_is_running_exit_1(llm_dsn, llm_con
     strand_a_request(llm_conn, org_id)
     llm_conn.execute("UPDATE llm.settings SET org_lock_timeout = '60s'")
     blocker = llm_connect(autocommit=False)
-    blocker.execute("SELECT 1 FROM llm.periods WHERE organization_id = %s FOR UPDATE", [org_id])
+    lock_period_rows(blocker, org_id)
     holder = llm_connect()
     running = threading.Thread(
         target=holder.execute,

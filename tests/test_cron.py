@@ -15,6 +15,8 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
+from tests.helpers import lock_period_rows
+
 JOB_NAME = "llm-reconciliation"
 FIRE_TIMEOUT_S = 90.0
 
@@ -48,7 +50,7 @@ def test_wf_pfm_llm_004_hop_1_schedule_is_idempotent_fires_and_unschedules(cron_
                       [org])  # fmt: skip  (stranded: the cron pass will recover it)
     cron_conn.execute("UPDATE llm.settings SET org_lock_timeout = '100s'")
     blocker = psycopg.connect(llm_cron_dsn)
-    blocker.execute("SELECT 1 FROM llm.periods WHERE organization_id = %s FOR UPDATE", [org])
+    lock_period_rows(blocker, org)
     try:
         scheduled_at = cron_conn.execute("SELECT now()").fetchone()[0]
         first = cron_conn.execute("SELECT llm.schedule_reconciliation('* * * * *')").fetchone()[0]

@@ -296,7 +296,7 @@ def test_check_invariants_returns_typed_violations(
 ) -> None:
     org = new_org(llm)
     llm.admit(org, 10, "model-a", now=T0)
-    llm_conn.execute("UPDATE llm.periods SET held_credits = held_credits + 1")
+    llm_conn.execute("UPDATE llm.period_stripes SET held_credits = held_credits + 1")
     violations = llm.check_invariants()
     assert violations and all(isinstance(v, InvariantViolation) for v in violations)
     assert violations[0].invariant == 1 and violations[0].organization_id == org

@@ -249,7 +249,8 @@ def lock_period(org: uuid.UUID = ORG, period: date = PERIOD) -> Callable[[psycop
     # KEY SHARE locks foreign-key checks take, so A gets past its inserts first.
     def block(b: psycopg.Connection, ctx: dict) -> None:
         b.execute(
-            "SELECT FROM llm.periods WHERE organization_id = %s AND period_start = %s FOR NO KEY UPDATE",
+            "SELECT FROM llm.period_heads AS h JOIN llm.period_stripes AS s USING (organization_id, period_start)"
+            " WHERE h.organization_id = %s AND h.period_start = %s FOR NO KEY UPDATE",
             [org, period],
         )
 
@@ -291,15 +292,6 @@ def row_locked(table: str, key: str, *values: Any) -> Probe:
         f"A must hold the {table} row it updated",
         f"SELECT FROM llm.{table} WHERE {key} FOR SHARE NOWAIT",
         list(values),
-    )
-
-
-def ledger_row(inv: uuid.UUID, entry: str, org: uuid.UUID = ORG) -> Probe:
-    return Probe(
-        f"A must have inserted the {entry} ledger row (uncommitted)",
-        """INSERT INTO llm.ledger (organization_id, invocation_id, entry, period_start, credits, recorded_at)
-           VALUES (%s, %s, %s, %s, 1, %s)""",
-        [org, inv, entry, PERIOD, T0],
     )
 
 
@@ -470,45 +462,54 @@ def call_rebuild(a: psycopg.Connection, ctx: dict) -> Any:
 
 CASES = [
     Case(
-        "admit_invocation: hold and invocation written, waiting for the period",
-        prep_admit, lock_period(), call_admit, ("invocations", "ledger"),
+        "admit_invocation: invocation written, waiting for its stripe of the period",
+        prep_admit, lock_period(), call_admit, ("invocations",),
         lambda ctx: [
             Probe("A must have inserted the invocation (uncommitted)",
                   """INSERT INTO llm.invocations (organization_id, id, period_start, model,
                                                   estimate_credits, hold_credits, created_at)
                      VALUES (%s, %s, %s, 'x', 1, 1, %s)""", [ORG, ctx["inv"], PERIOD, T0]),
-            ledger_row(ctx["inv"], "hold"),
         ],
     ),
     Case(
-        "settle_invocation: settled and ledger written, waiting for the period",
-        prep_settle, lock_period(), call_settle, ("invocations", "ledger"),
-        lambda ctx: [invocation_locked(ctx), ledger_row(ctx["inv"], "release"), ledger_row(ctx["inv"], "charge")],
+        "admit_invocation: the month's first, invocation written, waiting for its organization"
+        " (an upsert_organization in flight) to create the period (invariant 9)",
+        prep_admit_first_use, lock_organization, call_admit, ("invocations",),
+        lambda ctx: [
+            Probe("A must have inserted the invocation (uncommitted)",
+                  """INSERT INTO llm.invocations (organization_id, id, period_start, model,
+                                                  estimate_credits, hold_credits, created_at)
+                     VALUES (%s, %s, %s, 'x', 1, 1, %s)""", [ORG, ctx["inv"], PERIOD, T0]),
+        ],
     ),
     Case(
-        "settle_invocation: settled, waiting for its task (its ledger rows are written by the same statement, after the task row)",
+        "settle_invocation: settled, waiting for its stripe of the period",
+        prep_settle, lock_period(), call_settle, ("invocations",),
+        lambda ctx: [invocation_locked(ctx)],
+    ),
+    Case(
+        "settle_invocation: settled, waiting for its task",
         lambda c: prep_settle(c, with_task=True), lock_execution, call_settle, ("invocations",),
         lambda ctx: [invocation_locked(ctx)],
     ),
     Case(
         "settle_invocation: everything but the second threshold notice written",
         lambda c: prep_settle(c, with_task=True), insert_notice(80), call_settle,
-        ("invocations", "ledger", "executions", "periods", "threshold_notices"),
+        ("invocations", "executions", "period_stripes", "threshold_notices"),
         lambda ctx: [
             invocation_locked(ctx),
-            ledger_row(ctx["inv"], "charge"),
             row_locked("executions", "organization_id = %s AND id = %s", ORG, ctx["execution"]),
-            row_locked("periods", "organization_id = %s AND period_start = %s", ORG, PERIOD),
+            row_locked("period_stripes", "organization_id = %s AND period_start = %s", ORG, PERIOD),
             notice_row(50),
         ],
     ),
     Case(
-        "fail_invocation: failed and ledger written, waiting for the period",
-        prep_settle, lock_period(), call_fail, ("invocations", "ledger"),
-        lambda ctx: [invocation_locked(ctx), ledger_row(ctx["inv"], "release"), ledger_row(ctx["inv"], "charge")],
+        "fail_invocation: failed, waiting for its stripe of the period",
+        prep_settle, lock_period(), call_fail, ("invocations",),
+        lambda ctx: [invocation_locked(ctx)],
     ),
     Case(
-        "fail_invocation: failed, waiting for its task (its ledger rows are written by the same statement, after the task row)",
+        "fail_invocation: failed, waiting for its task",
         lambda c: prep_settle(c, with_task=True), lock_execution, call_fail, ("invocations",),
         lambda ctx: [invocation_locked(ctx)],
     ),
@@ -523,11 +524,11 @@ CASES = [
     Case(
         "reconcile_org: recovery, period movement and notices written, waiting on the drift finding",
         lambda c: prep_reconcile(c, drift=True), lock_drift_finding, call_reconcile,
-        ("executions", "invocations", "ledger", "periods", "threshold_notices"),
+        ("executions", "invocations", "period_stripes", "threshold_notices"),
         lambda ctx: [
             row_locked("executions", "organization_id = %s AND id = %s", ORG, ctx["stale_task"]),
-            invocation_locked(ctx), ledger_row(ctx["inv"], "release"), ledger_row(ctx["inv2"], "charge"),
-            row_locked("periods", "organization_id = %s AND period_start = %s", ORG, PERIOD),
+            invocation_locked(ctx),
+            row_locked("period_stripes", "organization_id = %s AND period_start = %s", ORG, PERIOD),
             notice_row(80),
         ],
     ),
@@ -631,28 +632,3 @@ def test_run_reconciliation_killed_mid_pass_keeps_each_organization_whole(llm_co
     assert open_requests == 0
     assert invariant_violations(llm_conn) == []
 
-
-def test_the_months_first_admission_waits_for_its_organization_before_it_writes(llm_conn, llm_connect):
-    """Invariant 9: the month's first admission creates its period row under a share lock of
-    the organization, so with an upsert_organization in flight (the row locked FOR UPDATE)
-    it waits before writing anything; terminated there, it leaves nothing, and the
-    upsert's allowance is the one the month gets."""
-    ctx = prep_admit_first_use(llm_conn)
-    before = fingerprint(llm_conn, None)
-    blocker = llm_connect(autocommit=False)
-    victim_conn = llm_connect()
-    lock_organization(blocker, ctx)
-    victim = Victim(victim_conn, lambda: call_admit(victim_conn, ctx))
-    victim.start()
-    pid = victim_conn.info.backend_pid
-    try:
-        wait_for(lambda: lock_wait(llm_conn, pid)[0] == "Lock", "A to wait for the organization")
-        xid = llm_conn.execute("SELECT backend_xid FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone()[0]
-        assert xid is None, "A wrote before it took the organization's share lock"
-        assert llm_conn.execute("SELECT pg_terminate_backend(%s)", [pid]).fetchone()[0]
-        victim.join(10)
-        assert isinstance(victim.error, psycopg.OperationalError)
-    finally:
-        blocker.rollback()
-    assert changed_tables(before, fingerprint(llm_conn, None)) == []
-    assert invariant_violations(llm_conn) == []

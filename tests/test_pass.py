@@ -19,6 +19,8 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
+from tests.helpers import lock_period_rows
+
 T0 = datetime(2030, 1, 10, 12, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
 TASK = "report.generate"
@@ -110,7 +112,7 @@ def wait_blocked(observer: psycopg.Connection, pid: int, timeout: float = 5.0) -
 
 
 def lock_period(blocker: psycopg.Connection, org: uuid.UUID) -> None:
-    blocker.execute("SELECT 1 FROM llm.periods WHERE organization_id = %s FOR UPDATE", [org])
+    lock_period_rows(blocker, org)
 
 
 def assert_books_right(conn: psycopg.Connection) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 
 from llm_db import Llm
-from tests.helpers import T0, new_org, row, rows, scalar, wait_blocked
+from tests.helpers import T0, lock_period_rows, new_org, row, rows, scalar, wait_blocked
 
 LATER = T0 + timedelta(hours=25)  # past the 24 h recovery window
 
@@ -164,7 +164,7 @@ def test_a_direct_sweep_is_bounded_too_and_restores_the_callers_lock_timeout(llm
     org = new_org(llm_conn, None)
     strand(llm_conn, org)
     blocker = llm_connect(autocommit=False)
-    blocker.execute("SELECT 1 FROM llm.periods WHERE organization_id = %s FOR UPDATE", [org])
+    lock_period_rows(blocker, org)
     tool = llm_connect()
     tool.execute("SET lock_timeout = '7s'")
     try:
@@ -190,7 +190,7 @@ def test_a_pass_whose_backend_is_terminated_mid_run_is_taken_over_at_once(llm_co
     org = new_org(llm_conn, None)
     inv = strand(llm_conn, org)
     blocker = llm_connect(autocommit=False)
-    blocker.execute("SELECT 1 FROM llm.periods WHERE organization_id = %s FOR UPDATE", [org])
+    lock_period_rows(blocker, org)
     doomed_conn = llm_connect()
     doomed = PassInBackground(doomed_conn, LATER)
     wait_blocked(llm_conn, doomed_conn.info.backend_pid)
@@ -217,7 +217,7 @@ def test_a_lapsed_lease_is_taken_over_and_the_old_pass_stops_at_once(llm_conn, l
     strand(llm_conn, stuck_org)
     strand(llm_conn, other_org)
     blocker = llm_connect(autocommit=False)
-    blocker.execute("SELECT 1 FROM llm.periods WHERE organization_id = %s FOR UPDATE", [stuck_org])
+    lock_period_rows(blocker, stuck_org)
     old_conn = llm_connect()
     old = PassInBackground(old_conn, LATER)
     wait_blocked(llm_conn, old_conn.info.backend_pid)
@@ -249,7 +249,7 @@ def test_a_skipped_pass_names_a_holder_that_is_really_running(llm_conn, llm_conn
     org = new_org(llm_conn, None)
     strand(llm_conn, org)
     blocker = llm_connect(autocommit=False)
-    blocker.execute("SELECT 1 FROM llm.periods WHERE organization_id = %s FOR UPDATE", [org])
+    lock_period_rows(blocker, org)
     holder_conn = llm_connect(application_name="hourly pass")
     holder = PassInBackground(holder_conn, LATER)
     wait_blocked(llm_conn, holder_conn.info.backend_pid)

@@ -24,7 +24,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from llm_db import AsyncLlm, Llm, async_with_llm_execution, with_llm_execution
-from tests.helpers import T0, new_org, row, rows, scalar, wait_blocked
+from tests.helpers import T0, lock_period_rows, new_org, row, rows, scalar, wait_blocked
 
 CLIENTS = 8
 CYCLES = 200
@@ -266,7 +266,7 @@ def test_a_pass_cancelled_through_the_pooler_never_blocks_the_next(
     llm.mark_dispatched(org, inv.id, now=T0)
     llm_conn.execute("UPDATE llm.settings SET org_lock_timeout = '60s'")  # wait until cancelled
     blocker = llm_connect(autocommit=False)
-    blocker.execute("SELECT 1 FROM llm.periods WHERE organization_id = %s FOR UPDATE", [org])
+    lock_period_rows(blocker, org)
 
     client = psycopg.connect(llm_pgbouncer_dsn, autocommit=True)
     outcome: dict[str, BaseException] = {}

@@ -15,6 +15,8 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
+from tests.helpers import lock_period_rows
+
 T0 = datetime(2030, 1, 10, 12, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
 TASK = "report.generate"
@@ -485,9 +487,9 @@ def test_br_cap_pfm_llm_009_07_missing_run_alarm_never_ok_late_failing(llm_conn,
     admit(llm_conn, org, 10, now=T0)
     new_org(llm_conn)
     blocker = llm_connect(autocommit=False)
-    blocker.execute("SELECT 1 FROM llm.periods WHERE organization_id = %s FOR UPDATE", [org])
+    lock_period_rows(blocker, org)
     pass_conn = llm_connect()
-    pass_conn.execute("SET lock_timeout = '500ms'")
+    pass_conn.execute("UPDATE llm.settings SET org_lock_timeout = '500ms'")
     partial = run_pass(pass_conn, T0 + 25 * HOUR)
     blocker.rollback()
     assert partial["status"] == "partial"

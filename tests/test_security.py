@@ -46,6 +46,7 @@ OPERATOR = {
     "llm.upsert_organization(uuid,text,bigint,text,integer[],timestamp with time zone)",
     "llm.declare_task_kind(text,text)",
     "llm.set_recovery_policy(uuid,text,text)",
+    "llm.set_period_stripes(uuid,integer)",
     # recovery, health, schedule
     "llm.reconcile_org(uuid,timestamp with time zone,integer,uuid)",
     "llm.run_reconciliation(timestamp with time zone,integer)",
@@ -213,7 +214,7 @@ REFUSED = {
         "SELECT llm.upsert_organization(%(org)s, 'x', 1::bigint)",
         "SELECT * FROM llm.check_invariants()",
         "SELECT count(*) FROM llm.invocations",
-        "UPDATE llm.periods SET used_credits = 0",
+        "UPDATE llm.period_stripes SET used_credits = 0",
         "INSERT INTO llm.task_kinds (key) VALUES ('app.own')",
         "SELECT llm._admit_invocation(%(org)s, 1::bigint, 'm', NULL::uuid, NULL::uuid, %(now)s)",
         "SELECT llm._book_terminal(NULL::llm.invocations, %(now)s)",
@@ -221,8 +222,8 @@ REFUSED = {
     "llm_operator": [
         "SELECT llm.admit_invocation(%(org)s, 1::bigint, 'm')",
         "SELECT llm.settle_invocation(%(org)s, %(inv)s, 1::bigint, 0::bigint)",
-        "UPDATE llm.periods SET used_credits = 0",
-        "DELETE FROM llm.ledger",
+        "UPDATE llm.period_stripes SET used_credits = 0",
+        "DELETE FROM llm.period_heads",
         "TRUNCATE llm.threshold_notices",
         "SELECT llm.distribute()",
         "SELECT llm._reconcile_org(%(org)s, %(now)s, 10, NULL::uuid)",
@@ -234,7 +235,7 @@ REFUSED = {
         "CALL llm.run_reconciliation()",
         "SELECT * FROM llm.check_invariants()",
         "DELETE FROM llm.invocations",
-        "INSERT INTO llm.ledger DEFAULT VALUES",
+        "INSERT INTO llm.period_findings DEFAULT VALUES",
     ],
     "plain": [
         "SELECT count(*) FROM llm.organizations",

@@ -69,7 +69,6 @@ START = datetime(2031, 1, 30, 20, 0, tzinfo=UTC)  # close to a month boundary
 
 # Children before parents; the catalogs (task_kinds, settings) stay.
 CLEAN = [
-    "DELETE FROM llm.ledger",
     "DELETE FROM llm.period_findings",
     "DELETE FROM llm.sweep_totals",
     "DELETE FROM llm.drift_findings",
@@ -77,7 +76,8 @@ CLEAN = [
     "DELETE FROM llm.daily_usage",
     "DELETE FROM llm.invocations",
     "DELETE FROM llm.executions",
-    "DELETE FROM llm.periods",
+    "DELETE FROM llm.period_stripes",
+    "DELETE FROM llm.period_heads",
     "DELETE FROM llm.organizations",
     "DELETE FROM llm.reconciliation_runs",
 ]
@@ -89,10 +89,14 @@ charges = st.sampled_from([0, 10, 20, 30, 50, 80]) | st.integers(0, 120)
 rare = st.integers(min_value=0, max_value=7).map(lambda n: n == 0)  # true one time in eight
 
 
+SESSIONS = range(3)  # more sessions that admit, so striped holds land on several stripes
+
+
 class BooksMachine(RuleBasedStateMachine):
     conn: psycopg.Connection  # set by the test
     connect: Callable[..., psycopg.Connection]  # more connections (llm_connect), for races
     other: psycopg.Connection | None = None
+    sessions: list[psycopg.Connection] = []
     steps_run = 0
     examples_run = 0
     outcomes: Counter = Counter()  # SQLSTATE (or ok) of every call, for the summary
@@ -178,6 +182,21 @@ class BooksMachine(RuleBasedStateMachine):
     def admit_small(self, estimate, p):
         """More admissions for the small allowance: LL001 and overage are reached often."""
         self.admit(0, estimate, with_task=p % 2 == 0, p=p, foreign=False, model="m-1")
+
+    @rule(o=st.integers(0, 2), estimate=estimates, session=st.integers(0, len(SESSIONS) - 1))
+    def admit_from_another_session(self, o, estimate, session):
+        """An admission from another session (another backend), so a striped organization's
+        holds land on other stripes (a session holds on stripe pid % N)."""
+        org = ORGS[o]
+        conn = BooksMachine.sessions[session]
+        self.counter += 1
+        inv = uuid.UUID(int=(1 << 96) + self.counter)
+        self._both(
+            lambda: conn.execute(
+                "SELECT (llm.admit_invocation(%s, %s::bigint, 'm-2', NULL::uuid, %s::uuid, %s)).id",
+                [org, estimate, inv, self.now]).fetchone(),  # fmt: skip
+            lambda _: self.books.admit(org, estimate, "m-2", None, inv, self.now),
+        )
 
     @precondition(lambda self: self.books.invocations)
     @rule(p=picks, same=st.booleans())
@@ -384,6 +403,18 @@ class BooksMachine(RuleBasedStateMachine):
             lambda _: self.books.set_recovery_policy(org, charge, late),
         )
 
+    @rule(o=st.integers(0, 2), stripes=st.sampled_from([1, 2, 3, 8, 64, 0, 65]))
+    def set_period_stripes(self, o, stripes):
+        """The period counters spread over 1 to 64 rows (22023 outside): from the next
+        admission on, with every hold kept; the books stay exact."""
+        org = ORGS[o]
+        db, expected = self._both(
+            lambda: self._one("SELECT llm.set_period_stripes(%s, %s)", [org, stripes]),
+            lambda _: self.books.set_period_stripes(org, stripes),
+        )
+        assert db is None or db[0] == expected
+        BooksMachine.tally["stripe changes"] += db is not None
+
     @precondition(lambda self: any(r.kind == "recovered" for r in self.books.invocations.values()))
     @rule(p=picks, credits=charges, cents=st.integers(0, 30), tokens=st.none() | st.integers(0, 5000))
     def settle_late(self, p, credits, cents, tokens):
@@ -450,6 +481,8 @@ class BooksMachine(RuleBasedStateMachine):
         tally["abandoned"] += sum(e.status == "abandoned" for e in books.executions.values())
         tally["notices"] += len(books.notices)
         tally["periods"] += len(books.periods)
+        tally["stripes used"] += self.conn.execute(
+            "SELECT count(DISTINCT (organization_id, period_start, stripe)) FROM llm.invocations").fetchone()[0]
         tally["passes"] += books.passes
 
     # ------------------------------------------------------------ after every step
@@ -517,6 +550,7 @@ def test_random_interleavings_keep_the_books_equal_to_the_model(llm_conn, llm_co
     BooksMachine.conn = llm_conn
     BooksMachine.connect = llm_connect
     BooksMachine.other = None
+    BooksMachine.sessions = [llm_connect() for _ in SESSIONS]
     BooksMachine.steps_run = BooksMachine.examples_run = 0
     BooksMachine.outcomes = Counter()
     BooksMachine.tally = Counter()

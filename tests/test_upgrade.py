@@ -253,6 +253,7 @@ def exercise_every_public_routine(conn: psycopg.Connection, ids: dict[str, uuid.
         "declare_task_kind": lambda: conn.execute("SELECT llm.declare_task_kind('upgrade.new')"),
         "set_recovery_policy": lambda: conn.execute(
             "SELECT llm.set_recovery_policy(%s, 'dispatched', 'true_up')", [unlimited]),
+        "set_period_stripes": lambda: conn.execute("SELECT llm.set_period_stripes(%s, 4)", [small]),
         "admit_invocation": admit,
         "mark_dispatched": lambda: conn.execute(
             "SELECT llm.mark_dispatched(%s, %s, p_now => %s)", [small, state["inv"], feb]),

@@ -1,0 +1,205 @@
+-- A period's counters spread over stripes (schema 0007), and the escrow that
+-- keeps admission exact and threshold notices complete while the requests of one
+-- organization update different rows (docs/design.md, "Striped periods").
+--
+-- Each stripe row carries its share of the counters and two rooms:
+--   admit_room  credits it may still hold on its own; the rooms of a period's
+--               stripes never add up to more than the period has left
+--               (allowance - used - held), so a hold that fits its stripe's room
+--               fits the period (NULL: unlimited);
+--   notice_room usage it may still add on its own; the rooms never add up to more
+--               than the period's used credits can grow before reaching its next
+--               threshold not notified yet, so a movement that fits cannot cross
+--               one (NULL: none ahead).
+-- A movement that fits its stripe's rooms updates that one row (fast). One that
+-- does not takes the exact path: every stripe of the period is locked in stripe
+-- order (the one lock order of every exact decision), the decision is made on the
+-- totals (LL001, threshold notices), and the rooms are spread again.
+--
+-- Why a fast movement off stripe 0 runs in a subtransaction: an UPDATE that
+-- waited for a row and then found it no longer matching keeps that row locked.
+-- A transaction holding stripe k > 0 that way and then taking the exact path
+-- would wait for stripes below k while holding k, against the order; rolling the
+-- subtransaction back releases the row. Stripe 0, the first of the order, is safe
+-- to hold, so an unstriped organization (every request on stripe 0) pays nothing.
+
+CREATE OR REPLACE FUNCTION llm._lock_period(p_organization_id uuid, p_period_start date)
+RETURNS llm.period_heads
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_head llm.period_heads;
+BEGIN
+    -- The head is read, not locked: it changes only under the stripes' locks
+    -- (upsert_organization locks them before it moves the allowance).
+    SELECT * INTO v_head FROM llm.period_heads AS h
+     WHERE h.organization_id = p_organization_id AND h.period_start = p_period_start;
+    IF NOT FOUND THEN
+        -- no stripe locked without its head: the caller creates the period first, and
+        -- that waits for its organization (_ensure_period), which an upsert_organization
+        -- holds while it waits for these stripes
+        RETURN v_head;
+    END IF;
+    PERFORM FROM llm.period_stripes AS s
+     WHERE s.organization_id = p_organization_id AND s.period_start = p_period_start
+     ORDER BY s.stripe
+       FOR UPDATE;
+    RETURN v_head;
+END
+$$;
+COMMENT ON FUNCTION llm._lock_period(uuid, date) IS
+    'Locks a period for an exact decision (every stripe, in stripe order) and returns its head (NULL fields when the period does not exist yet).';
+
+CREATE OR REPLACE FUNCTION llm._spread_rooms(p_organization_id uuid, p_period_start date, p_allowance bigint)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_stripes integer;
+    v_thresholds integer[];
+    v_used bigint;
+    v_held bigint;
+    v_free bigint;
+    v_next integer;
+    v_need bigint;
+BEGIN
+    -- the caller holds the period (_lock_period)
+    SELECT o.period_stripes, o.notice_thresholds INTO v_stripes, v_thresholds
+      FROM llm.organizations AS o WHERE o.id = p_organization_id;
+    -- the stripes admissions use now (more after set_period_stripes raised them)
+    INSERT INTO llm.period_stripes (organization_id, period_start, stripe)
+    SELECT p_organization_id, p_period_start, g
+      FROM pg_catalog.generate_series(0, v_stripes - 1) AS g
+    ON CONFLICT (organization_id, period_start, stripe) DO NOTHING;
+    SELECT sum(s.used_credits), sum(s.held_credits) INTO v_used, v_held
+      FROM llm.period_stripes AS s
+     WHERE s.organization_id = p_organization_id AND s.period_start = p_period_start;
+
+    IF p_allowance IS NOT NULL THEN
+        v_free := GREATEST(0, p_allowance - v_used - v_held);
+        -- the next threshold not reached yet and not notified (usage that fell back below
+        -- a notified one makes no second notice), and how much usage reaches it
+        SELECT min(t.pct) INTO v_next
+          FROM pg_catalog.unnest(v_thresholds) AS t(pct)
+         WHERE v_used::numeric * 100 < t.pct::numeric * p_allowance
+           AND NOT EXISTS (SELECT FROM llm.threshold_notices AS n
+                            WHERE n.organization_id = p_organization_id
+                              AND n.period_start = p_period_start AND n.threshold_pct = t.pct);
+        IF v_next IS NOT NULL THEN
+            v_need := pg_catalog.ceil(v_next::numeric * p_allowance / 100)::bigint - v_used;
+        END IF;
+    END IF;
+    -- an even share for each stripe in use (the remainder to the first ones), nothing
+    -- for stripes beyond them, which only settle the holds they still carry
+    UPDATE llm.period_stripes AS s
+       SET admit_room = CASE WHEN v_free IS NULL THEN NULL
+                             WHEN s.stripe >= v_stripes THEN 0
+                             ELSE v_free / v_stripes + (s.stripe < v_free % v_stripes)::integer END,
+           notice_room = CASE WHEN v_need IS NULL THEN NULL
+                              WHEN s.stripe >= v_stripes THEN 0
+                              ELSE v_need / v_stripes + (s.stripe < v_need % v_stripes)::integer END
+     WHERE s.organization_id = p_organization_id AND s.period_start = p_period_start;
+END
+$$;
+COMMENT ON FUNCTION llm._spread_rooms(uuid, date, bigint) IS
+    'With the period locked: creates the stripes its organization uses now and gives each an even share of what the period has left (admit_room) and of the usage before its next threshold (notice_room).';
+
+CREATE OR REPLACE FUNCTION llm._move_within_rooms(
+    p_organization_id uuid, p_period_start date, p_stripe smallint,
+    p_used bigint, p_held bigint, p_cents bigint)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+BEGIN
+    -- used grows by p_used (a charge), held by p_held (a hold, or minus a release):
+    -- what is left shrinks by their sum, which must fit this stripe's admit_room; used
+    -- growing must stay within its notice_room
+    UPDATE llm.period_stripes AS s
+       SET used_credits = s.used_credits + p_used,
+           held_credits = s.held_credits + p_held,
+           used_cents = s.used_cents + p_cents,
+           admit_room = s.admit_room - (p_used + p_held),
+           notice_room = s.notice_room - p_used
+     WHERE s.organization_id = p_organization_id AND s.period_start = p_period_start
+       AND s.stripe = p_stripe
+       AND (s.admit_room IS NULL OR p_used + p_held <= 0 OR s.admit_room >= p_used + p_held)
+       AND (s.notice_room IS NULL OR p_used <= 0 OR s.notice_room > p_used);
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION llm._move_within_rooms(uuid, date, smallint, bigint, bigint, bigint) IS
+    'Moves one stripe''s counters in one row when the movement fits its rooms; false (nothing moved) otherwise, or when the stripe does not exist.';
+
+CREATE OR REPLACE FUNCTION llm._move_stripe(
+    p_organization_id uuid, p_period_start date, p_stripe smallint,
+    p_used bigint, p_held bigint, p_cents bigint, p_now timestamptz, p_admission boolean DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_moved boolean;
+    v_head llm.period_heads;
+    v_used bigint;
+    v_held bigint;
+BEGIN
+    -- fast: within the stripe's rooms (off stripe 0 in a subtransaction: see the top)
+    IF p_stripe = 0 THEN
+        v_moved := llm._move_within_rooms(p_organization_id, p_period_start, p_stripe, p_used, p_held, p_cents);
+    ELSE
+        BEGIN
+            IF NOT llm._move_within_rooms(p_organization_id, p_period_start, p_stripe,
+                                          p_used, p_held, p_cents) THEN
+                -- internal: only rolls this subtransaction back, never leaves the function
+                RAISE EXCEPTION 'llm: not within the stripe''s rooms' USING ERRCODE = 'LL099';
+            END IF;
+            v_moved := true;
+        EXCEPTION WHEN SQLSTATE 'LL099' THEN
+            v_moved := false;
+        END;
+    END IF;
+    IF v_moved THEN
+        RETURN;
+    END IF;
+
+    -- Exact: the movement does not fit its stripe's rooms (a hold beyond them, a measured
+    -- overage) or could take the period across a threshold; or the period, or this
+    -- stripe, does not exist yet (the month's first admission, a raised stripe count).
+    v_head := llm._lock_period(p_organization_id, p_period_start);
+    IF v_head.organization_id IS NULL THEN
+        PERFORM llm._ensure_period(p_organization_id, p_period_start);
+        v_head := llm._lock_period(p_organization_id, p_period_start);
+    END IF;
+    INSERT INTO llm.period_stripes (organization_id, period_start, stripe)
+    VALUES (p_organization_id, p_period_start, p_stripe)
+    ON CONFLICT (organization_id, period_start, stripe) DO NOTHING;
+    SELECT sum(s.used_credits), sum(s.held_credits) INTO v_used, v_held
+      FROM llm.period_stripes AS s
+     WHERE s.organization_id = p_organization_id AND s.period_start = p_period_start;
+    -- CAP-PFM-LLM-007: admit iff used + held + estimate <= allowance over the whole period
+    IF p_admission AND v_head.allowance_credits IS NOT NULL
+       AND v_used + v_held + p_held > v_head.allowance_credits THEN
+        RAISE EXCEPTION 'llm: allowance exhausted for organization %', p_organization_id
+            USING ERRCODE = 'LL001',
+                  DETAIL = pg_catalog.format('allowance=%s used=%s held=%s estimate=%s period=%s',
+                                             v_head.allowance_credits, v_used, v_held, p_held, p_period_start),
+                  HINT = 'Wait for holds to settle, lower the estimate, or raise the allowance with llm.upsert_organization.';
+    END IF;
+    UPDATE llm.period_stripes AS s
+       SET used_credits = s.used_credits + p_used,
+           held_credits = s.held_credits + p_held,
+           used_cents = s.used_cents + p_cents
+     WHERE s.organization_id = p_organization_id AND s.period_start = p_period_start
+       AND s.stripe = p_stripe;
+    IF p_used > 0 THEN
+        PERFORM llm._record_crossings(p_organization_id, p_period_start, v_used, v_used + p_used,
+                                      v_head.allowance_credits, p_now);
+    END IF;
+    PERFORM llm._spread_rooms(p_organization_id, p_period_start, v_head.allowance_credits);
+END
+$$;
+COMMENT ON FUNCTION llm._move_stripe(uuid, date, smallint, bigint, bigint, bigint, timestamptz, boolean) IS
+    'Moves one stripe''s counters (used + p_used, held + p_held, cents + p_cents): in one row when it fits the stripe''s rooms, else under the period''s lock, refusing an admission that does not fit the whole period (LL001), recording the thresholds the period''s total crosses and spreading the rooms again.';
