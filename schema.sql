@@ -308,7 +308,7 @@ COMMENT ON TABLE llm.period_heads IS 'One calendar month (UTC) of an organizatio
 CREATE FUNCTION llm._lock_period(p_organization_id uuid, p_period_start date) RETURNS llm.period_heads
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 b99e9a78888c375d2e0b70d0302d272e $$;
+    AS $$ body in sql/, md5 45d8f479edd929563a7134e8bf6f81a5 $$;
 
 COMMENT ON FUNCTION llm._lock_period(p_organization_id uuid, p_period_start date) IS 'Locks a period for an exact decision (every stripe, in stripe order) and returns its head (NULL fields when the period does not exist yet).';
 
@@ -341,7 +341,7 @@ COMMENT ON FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date
 CREATE FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint) RETURNS boolean
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 7a3866aff3f922078b9886eb543b8fae $$;
+    AS $$ body in sql/, md5 cd589eaf7c945e2a1e13744c33064523 $$;
 
 COMMENT ON FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint) IS 'Moves one stripe''s counters in one row when the movement fits its rooms; false (nothing moved) otherwise, or when the stripe does not exist.';
 

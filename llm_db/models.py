@@ -109,6 +109,8 @@ class Invocation(_Row):
     late_reported_at: datetime | None
     # what recovery charged (kept after a true-up replaced charged_credits)
     recovered_credits: int | None
+    # the stripe of its period that holds its hold (llm.set_period_stripes)
+    stripe: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -29,6 +29,12 @@ SELECT * FROM llm.set_recovery_policy(
     p_late_settlement => %(late_settlement)s::text)
 """
 
+SET_PERIOD_STRIPES = """
+SELECT llm.set_period_stripes(
+    p_organization_id => %(organization_id)s::uuid,
+    p_stripes => %(stripes)s::integer) AS stripes
+"""
+
 DECLARE_TASK_KIND = """
 SELECT llm.declare_task_kind(
     p_key => %(key)s::text,

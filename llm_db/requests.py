@@ -139,6 +139,14 @@ class _Calls:
         )
 
     @staticmethod
+    def set_period_stripes(organization_id: UuidLike, stripes: int) -> _Call[int]:
+        return _Call(
+            queries.SET_PERIOD_STRIPES,
+            {"organization_id": organization_id, "stripes": stripes},
+            _value("stripes", int),
+        )
+
+    @staticmethod
     def declare_task_kind(key: str, description: str | None) -> _Call[None]:
         return _Call(queries.DECLARE_TASK_KIND, {"key": key, "description": description}, _nothing)
 
@@ -449,6 +457,10 @@ class Llm:
             _Calls.set_recovery_policy(organization_id, recovery_charge, late_settlement)
         )
 
+    def set_period_stripes(self, organization_id: UuidLike, stripes: int) -> int:
+        """Spread the organization's period counters over ``stripes`` rows (1-64)."""
+        return self._run(_Calls.set_period_stripes(organization_id, stripes))
+
     def declare_task_kind(self, key: str, description: str | None = None) -> None:
         """Declare a task kind; idempotent."""
         return self._run(_Calls.declare_task_kind(key, description))
@@ -710,6 +722,10 @@ class AsyncLlm:
         return await self._run(
             _Calls.set_recovery_policy(organization_id, recovery_charge, late_settlement)
         )
+
+    async def set_period_stripes(self, organization_id: UuidLike, stripes: int) -> int:
+        """Spread the organization's period counters over ``stripes`` rows (1-64)."""
+        return await self._run(_Calls.set_period_stripes(organization_id, stripes))
 
     async def declare_task_kind(self, key: str, description: str | None = None) -> None:
         """Declare a task kind; idempotent."""

@@ -31,9 +31,7 @@ AS $$
 DECLARE
     v_head llm.period_heads;
 BEGIN
-    -- The head is read, not locked: it changes only under the stripes' locks
-    -- (upsert_organization locks them before it moves the allowance).
-    SELECT * INTO v_head FROM llm.period_heads AS h
+    PERFORM FROM llm.period_heads AS h
      WHERE h.organization_id = p_organization_id AND h.period_start = p_period_start;
     IF NOT FOUND THEN
         -- no stripe locked without its head: the caller creates the period first, and
@@ -45,6 +43,11 @@ BEGIN
      WHERE s.organization_id = p_organization_id AND s.period_start = p_period_start
      ORDER BY s.stripe
        FOR UPDATE;
+    -- The head is read after the stripes are locked, not locked itself: its allowance
+    -- changes only under the stripes' locks (upsert_organization), so a read now, after
+    -- waiting for them, sees the last committed one.
+    SELECT * INTO v_head FROM llm.period_heads AS h
+     WHERE h.organization_id = p_organization_id AND h.period_start = p_period_start;
     RETURN v_head;
 END
 $$;
@@ -114,19 +117,24 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
-    -- used grows by p_used (a charge), held by p_held (a hold, or minus a release):
-    -- what is left shrinks by their sum, which must fit this stripe's admit_room; used
-    -- growing must stay within its notice_room
+    -- Used grows by p_used (a charge), held by p_held (a hold, or minus a release). What
+    -- the period has left shrinks by their sum, which must fit this stripe's admit_room;
+    -- used growing must stay within its notice_room. The rooms never grow here: credits a
+    -- release frees go back to the rooms at the next spread (a period already over its
+    -- allowance has less left than a release frees), and usage that falls (a true-up
+    -- below the recovery charge) takes the exact path, since it can bring a threshold
+    -- passed without a notice back ahead.
     UPDATE llm.period_stripes AS s
        SET used_credits = s.used_credits + p_used,
            held_credits = s.held_credits + p_held,
            used_cents = s.used_cents + p_cents,
-           admit_room = s.admit_room - (p_used + p_held),
+           admit_room = s.admit_room - GREATEST(0, p_used + p_held),
            notice_room = s.notice_room - p_used
      WHERE s.organization_id = p_organization_id AND s.period_start = p_period_start
        AND s.stripe = p_stripe
-       AND (s.admit_room IS NULL OR p_used + p_held <= 0 OR s.admit_room >= p_used + p_held)
-       AND (s.notice_room IS NULL OR p_used <= 0 OR s.notice_room > p_used);
+       AND p_used >= 0
+       AND (s.admit_room IS NULL OR s.admit_room >= p_used + p_held)
+       AND (s.notice_room IS NULL OR p_used = 0 OR s.notice_room > p_used);
     RETURN FOUND;
 END
 $$;

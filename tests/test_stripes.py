@@ -1,0 +1,245 @@
+"""Striped period counters (schema 0007, ``llm.set_period_stripes``): one organization's
+period spread over N rows so its requests do not queue on one row, while admission stays
+exact (CAP-PFM-LLM-007: admitted iff used + held + estimate <= allowance over the whole
+period, never rejecting one that fits, never overspending) and no threshold crossing is
+missed.
+
+A session takes its holds from stripe ``pg_backend_pid() % N``; the tests pick sessions
+by their backend pid to put requests on the stripes they need. Races use real
+connections and a barrier; every test ends with ``check_invariants()`` empty, which also
+checks the escrow (the stripes never promise more room than the period has left, nor more
+usage than its next threshold allows).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from llm_db import AllowanceExhausted, Llm
+from tests.helpers import T0, invariants, row, rows, scalar
+
+HOUR = timedelta(hours=1)
+
+
+def striped_org(llm: Llm, allowance: int | None, stripes: int, *, thresholds=(80, 100)) -> uuid.UUID:
+    org = uuid.uuid4()
+    llm.upsert_organization(org, "hot tenant", allowance, notice_thresholds=thresholds, now=T0)
+    assert llm.set_period_stripes(org, stripes) == stripes
+    return org
+
+
+def sessions_on_stripes(connect, stripes: int, wanted: list[int]) -> list[psycopg.Connection]:
+    """One connection per wanted stripe, each a backend whose pid % stripes is that stripe."""
+    found: dict[int, psycopg.Connection] = {}
+    for _ in range(200):
+        conn = connect()
+        stripe = conn.info.backend_pid % stripes
+        if stripe in wanted and stripe not in found:
+            found[stripe] = conn
+        else:
+            conn.close()
+        if len(found) == len(wanted):
+            return [found[s] for s in wanted]
+    pytest.skip("could not get backends on every wanted stripe")
+
+
+def stripes_of(conn: psycopg.Connection, org: uuid.UUID) -> dict[int, dict]:
+    return {r["stripe"]: r for r in rows(
+        conn, "SELECT * FROM llm.period_stripes WHERE organization_id = %s ORDER BY period_start, stripe", [org])}  # fmt: skip
+
+
+def period(conn: psycopg.Connection, org: uuid.UUID) -> dict:
+    found = row(conn, "SELECT * FROM llm.periods WHERE organization_id = %s", [org])
+    assert found is not None
+    return found
+
+
+def run_together(conns: list[psycopg.Connection], work) -> list[BaseException]:
+    barrier = threading.Barrier(len(conns))
+    errors: list[BaseException] = []
+
+    def run(i: int, conn: psycopg.Connection) -> None:
+        try:
+            barrier.wait(10)
+            work(i, conn)
+        except BaseException as exc:  # asserted empty by the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(conns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return errors
+
+
+def test_set_period_stripes_returns_the_new_count_and_stores_it(llm_conn):
+    llm = Llm(llm_conn)
+    org = striped_org(llm, 100, 8)
+    assert scalar(llm_conn, "SELECT period_stripes FROM llm.organizations WHERE id = %s", [org]) == 8
+    assert llm.set_period_stripes(org, 1) == 1
+
+
+def test_eight_sessions_admitting_on_one_striped_organization_never_pass_its_allowance(llm_conn, llm_connect):
+    """CAP-PFM-LLM-007 / invariant 4 on 8 stripes: 8 sessions x 200 admissions of 1..50
+    credits against an allowance of 20,000. The only refusal is LL001, holds never pass the
+    allowance, and no refusal happened while its estimate still fitted (room only shrinks)."""
+    llm = Llm(llm_conn)
+    org = striped_org(llm, 20_000, 8)
+    estimates = [[(i * 37 + k * 11) % 50 + 1 for k in range(200)] for i in range(8)]
+    admitted: list[list[int]] = [[] for _ in range(8)]
+    refused: list[list[int]] = [[] for _ in range(8)]
+    conns = [llm_connect() for _ in range(8)]
+
+    def work(i: int, conn: psycopg.Connection) -> None:
+        client = Llm(conn)
+        for estimate in estimates[i]:
+            try:
+                client.admit(org, estimate, "gpt-x", now=T0)
+                admitted[i].append(estimate)
+            except AllowanceExhausted:
+                refused[i].append(estimate)
+
+    assert run_together(conns, work) == []
+    held = sum(map(sum, admitted))
+    p = period(llm_conn, org)
+    assert p["held_credits"] == held <= p["allowance_credits"] == 20_000
+    every_refusal = [e for r in refused for e in r]
+    assert every_refusal, "the workload must exhaust the allowance to prove anything"
+    assert 20_000 - held < min(every_refusal)
+    assert len({s for s in stripes_of(llm_conn, org) if stripes_of(llm_conn, org)[s]["held_credits"]}) > 1
+    assert invariants(llm_conn) == []
+
+
+def test_a_request_that_fits_only_across_stripes_is_admitted(llm_conn):
+    """Exactness: allowance 100 over 4 stripes gives each stripe a room of 25; a request of
+    60 does not fit its stripe's room but fits the period, so it is admitted (the rooms are
+    spread again); one of 41 more then is refused."""
+    llm = Llm(llm_conn)
+    org = striped_org(llm, 100, 4)
+    llm.admit(org, 1, "gpt-x", now=T0)  # creates the period and spreads the rooms
+    assert sorted(s["admit_room"] for s in stripes_of(llm_conn, org).values()) == [24, 25, 25, 25]
+    inv = llm.admit(org, 60, "gpt-x", now=T0)
+    assert period(llm_conn, org)["held_credits"] == 61
+    assert sum(s["admit_room"] for s in stripes_of(llm_conn, org).values()) == 39
+    with pytest.raises(AllowanceExhausted) as refused:
+        llm.admit(org, 40, "gpt-x", now=T0)
+    assert "held=61" in (refused.value.detail or "")
+    assert llm.admit(org, 39, "gpt-x", now=T0).hold_credits == 39
+    assert inv.stripe == scalar(llm_conn, "SELECT stripe FROM llm.invocations WHERE id = %s", [inv.id])
+    assert invariants(llm_conn) == []
+
+
+def test_settlement_failure_recovery_and_true_up_move_the_stripe_holding_the_request(llm_conn, llm_connect):
+    """Each movement lands on the stripe that holds the request's hold: a settlement on
+    stripe 1, a failure on stripe 2, a recovery and then a true-up on stripe 3; the other
+    stripes do not move."""
+    llm = Llm(llm_conn)
+    org = striped_org(llm, 10_000, 4)
+    llm.set_recovery_policy(org, "estimate", "true_up")
+    one, two, three = sessions_on_stripes(llm_connect, 4, [1, 2, 3])
+    settled = Llm(one).admit(org, 100, "gpt-x", now=T0)
+    failed = Llm(two).admit(org, 50, "gpt-x", now=T0)
+    stranded = Llm(three).admit(org, 70, "gpt-x", now=T0)
+    assert (settled.stripe, failed.stripe, stranded.stripe) == (1, 2, 3)
+
+    llm.settle(org, settled.id, 90, 4, now=T0 + HOUR)
+    llm.fail(org, failed.id, "provider error", credits=5, now=T0 + HOUR)
+    llm.reconcile_org(org, now=T0 + 25 * HOUR)
+    after_recovery = stripes_of(llm_conn, org)
+    assert llm.settle(org, stranded.id, 40, 2, now=T0 + 26 * HOUR) == "trued_up"
+
+    s = stripes_of(llm_conn, org)
+    assert {k: (v["used_credits"], v["held_credits"], v["used_cents"]) for k, v in s.items()} == {
+        0: (0, 0, 0), 1: (90, 0, 4), 2: (5, 0, 0), 3: (40, 0, 2)}  # fmt: skip
+    assert after_recovery[3]["used_credits"] == 70
+    assert invariants(llm_conn) == []
+
+
+def test_changing_the_stripe_count_with_requests_open_keeps_every_hold(llm_conn, llm_connect):
+    """Holds placed on 8 stripes stay on them when the organization goes to 2 stripes, then
+    to 16: each settles on its own stripe, new holds land on the new stripes, and the period's
+    totals never move but by the requests themselves."""
+    llm = Llm(llm_conn)
+    org = striped_org(llm, 100_000, 8)
+    first = sessions_on_stripes(llm_connect, 8, [5, 6, 7])
+    opened = [Llm(c).admit(org, 100, "gpt-x", now=T0) for c in first]
+    assert [i.stripe for i in opened] == [5, 6, 7]
+    llm.set_period_stripes(org, 2)
+    later = [Llm(c).admit(org, 10, "gpt-x", now=T0) for c in first]
+    assert {i.stripe for i in later} <= {0, 1}
+    assert period(llm_conn, org)["held_credits"] == 330
+    llm.set_period_stripes(org, 16)
+    more = Llm(first[0]).admit(org, 1, "gpt-x", now=T0)
+    assert more.stripe == first[0].info.backend_pid % 16
+    assert invariants(llm_conn) == []
+    for inv in opened + later + [more]:
+        llm.settle(org, inv.id, inv.hold_credits, 0, now=T0 + HOUR)
+    assert (period(llm_conn, org)["held_credits"], period(llm_conn, org)["used_credits"]) == (0, 331)
+    assert invariants(llm_conn) == []
+
+
+def test_a_new_month_gets_its_own_stripes_and_the_old_month_settles_on_its_own(llm_conn, llm_connect):
+    """Month rollover: January's holds settle on January's stripes after February began;
+    February's first admission creates February's period with the organization's stripes."""
+    llm = Llm(llm_conn)
+    org = striped_org(llm, 1000, 4)
+    (conn,) = sessions_on_stripes(llm_connect, 4, [2])
+    january = Llm(conn).admit(org, 100, "gpt-x", now=T0)
+    february_now = T0 + timedelta(days=20)
+    february = Llm(conn).admit(org, 300, "gpt-x", now=february_now)
+    assert (january.period_start.month, february.period_start.month) == (1, 2)
+    llm.settle(org, january.id, 80, 1, now=february_now)
+    periods = {r["period_start"].month: r for r in rows(
+        llm_conn, "SELECT * FROM llm.periods WHERE organization_id = %s", [org])}  # fmt: skip
+    assert (periods[1]["used_credits"], periods[1]["held_credits"]) == (80, 0)
+    assert (periods[2]["used_credits"], periods[2]["held_credits"]) == (0, 300)
+    feb_stripes = rows(llm_conn, "SELECT stripe FROM llm.period_stripes WHERE organization_id = %s"
+                                 " AND period_start = %s ORDER BY 1", [org, february.period_start])  # fmt: skip
+    assert [r["stripe"] for r in feb_stripes] == [0, 1, 2, 3]
+    assert invariants(llm_conn) == []
+
+
+def test_eight_settlers_on_eight_stripes_crossing_80_percent_together_leave_one_notice(llm_conn, llm_connect):
+    """No threshold crossing is missed, nor recorded twice: 8 requests of 100 on 8 stripes
+    (allowance 1000) settle at the same moment, together taking the period from 0 to 800
+    credits, across 80 %. Exactly one owed notice for 80 %, recorded by the settlement whose
+    movement crossed it, with the total at that moment."""
+    llm = Llm(llm_conn)
+    org = striped_org(llm, 1000, 8, thresholds=(80, 100))
+    conns = sessions_on_stripes(llm_connect, 8, list(range(8)))
+    invs = [Llm(c).admit(org, 100, "gpt-x", now=T0) for c in conns]
+    assert sorted(i.stripe for i in invs) == list(range(8))
+
+    outcomes: list[str] = []
+    errors = run_together(conns, lambda i, c: outcomes.append(
+        Llm(c).settle(org, invs[i].id, 100, 1, now=T0 + HOUR)))  # fmt: skip
+
+    assert errors == [] and sorted(outcomes) == ["settled"] * 8
+    notices = rows(llm_conn, "SELECT threshold_pct, used_credits, status FROM llm.threshold_notices"
+                             " WHERE organization_id = %s", [org])  # fmt: skip
+    assert notices == [{"threshold_pct": 80, "used_credits": 800, "status": "owed"}]
+    assert period(llm_conn, org)["used_credits"] == 800
+    assert invariants(llm_conn) == []
+
+
+def test_recovery_across_stripes_records_each_crossing_once(llm_conn, llm_connect):
+    """The sweep moves each recovered request's stripe under the period's lock and records
+    each threshold the total crosses once: 4 stranded requests of 25 on 4 stripes (allowance
+    100) take the period to 100, across 80 % and 100 %, in one sweep."""
+    llm = Llm(llm_conn)
+    org = striped_org(llm, 100, 4)
+    for conn in sessions_on_stripes(llm_connect, 4, [0, 1, 2, 3]):
+        Llm(conn).admit(org, 25, "gpt-x", now=T0)
+    sweep = llm.reconcile_org(org, now=T0 + 25 * HOUR)
+    assert (sweep.recovered_requests, sweep.notices_created) == (4, 2)
+    notices = rows(llm_conn, "SELECT threshold_pct, used_credits FROM llm.threshold_notices"
+                             " WHERE organization_id = %s ORDER BY 1", [org])  # fmt: skip
+    assert notices == [{"threshold_pct": 80, "used_credits": 100}, {"threshold_pct": 100, "used_credits": 100}]
+    assert {k: v["used_credits"] for k, v in stripes_of(llm_conn, org).items()} == {0: 25, 1: 25, 2: 25, 3: 25}
+    assert invariants(llm_conn) == []
