@@ -157,3 +157,71 @@ def run_asyncio(dsn: str, *, workers: int, seconds: float, orgs: int) -> DriverR
             await _one_cycle_async(client, conn, rng.randint(1, orgs))
 
     return asyncio.run(main())
+
+
+@dataclass
+class Exhaustion:
+    """What 8 clients looping admit -> settle on one organization left when each was refused."""
+
+    allowance: int
+    estimate: int
+    stripes: int
+    cycles: int
+    used: int
+    held: int
+    refusals: int
+    errors: int
+    seconds: float
+
+    @property
+    def overspend(self) -> int:
+        return max(0, self.used - self.allowance)
+
+    @property
+    def fitted_but_refused(self) -> bool:
+        """A request of ``estimate`` would still fit once everything settled."""
+        return self.used + self.estimate <= self.allowance
+
+
+def run_exhaustion(dsn: str, *, allowance: int, estimate: int, stripes: int, workers: int) -> Exhaustion:
+    """An organization with ``stripes`` stripes and ``allowance`` credits; ``workers``
+    threads each loop admit(estimate) -> settle(estimate) until they get LL001 (the last
+    one to stop is refused with nothing else held, so the allowance really was used up)."""
+    from llm_db import AllowanceExhausted
+
+    org = uuid.uuid4()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        llm = Llm(conn)
+        llm.upsert_organization(org, "bench exhaustion", allowance)
+        llm.set_period_stripes(org, stripes)
+    cycles = [0] * workers
+    errors = [0] * workers
+    ready = threading.Barrier(workers)
+
+    def work(k: int) -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            client = Llm(conn)
+            ready.wait()
+            while True:
+                try:
+                    inv = client.admit_id(org, estimate, "bench-model")
+                except AllowanceExhausted:
+                    return
+                except Exception:  # counted and reported
+                    errors[k] += 1
+                    continue
+                client.settle(org, inv, estimate, 1)
+                cycles[k] += 1
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - start
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        used, held = conn.execute(
+            "SELECT used_credits, held_credits FROM llm.periods WHERE organization_id = %s", [org]
+        ).fetchone()
+    return Exhaustion(allowance, estimate, stripes, sum(cycles), used, held, workers, sum(errors), seconds)

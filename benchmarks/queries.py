@@ -37,6 +37,9 @@ SELECT {ORG_ID.format(n="n")}, {EXEC_ID.format(n="n")}, 'bench', 'running',
   FROM generate_series(1, %(orgs)s::integer) AS n
 """
 
+# Organization n's period counters spread over this many stripes.
+SET_STRIPES = f"SELECT llm.set_period_stripes({ORG_ID.format(n='%(n)s::integer')}, %(stripes)s::integer)"
+
 # Organizations straight into the table (thousands of them).
 INSERT_ORGS = f"""
 INSERT INTO llm.organizations (id, name, status, monthly_allowance_credits, created_at, updated_at)
