@@ -105,7 +105,7 @@ COMMENT ON COLUMN llm.invocations.stripe IS 'The stripe of its period that holds
 CREATE FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone) RETURNS llm.invocations
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 6f8a45d705e586ad0fedcc2d570deb87 $$;
+    AS $$ body in sql/, md5 dbf56e6251b38f39d0e978e7a5e77ce1 $$;
 
 COMMENT ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone) IS 'Distributed twin of admit_invocation; arguments already checked.';
 

@@ -56,7 +56,7 @@ def cycle_step(orgs: int) -> Callable[[psycopg.Connection, random.Random], None]
         org, inv = org_id(k), uuid.uuid4()
         conn.execute(
             "SELECT i.id FROM llm.admit_invocation(%s::uuid, 100, 'bench-model', %s::uuid, %s::uuid) AS i",
-            [org, exec_id(k), inv],
+            [org, exec_id(k, 0), inv],
         )
         conn.execute("SELECT llm.settle_invocation(%s::uuid, %s::uuid, 80, 3, 1200, 300)", [org, inv])
 

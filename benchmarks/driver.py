@@ -28,6 +28,7 @@ except ImportError:  # pragma: no cover - only before the driver existed
     VIA = "psycopg, calling the SQL functions directly (llm_db.requests not importable)"
 
 WARMUP_CYCLES = 20
+SLOTS = 8  # running tasks per organization (queries.OPEN_TASKS: one per client slot)
 
 
 def org_id(n: int) -> uuid.UUID:
@@ -35,9 +36,10 @@ def org_id(n: int) -> uuid.UUID:
     return uuid.UUID(hashlib.md5(f"bench-org-{n}".encode()).hexdigest())
 
 
-def exec_id(n: int) -> uuid.UUID:
-    """Organization n's running task, as ``md5('bench-exec-' || n)::uuid``."""
-    return uuid.UUID(hashlib.md5(f"bench-exec-{n}".encode()).hexdigest())
+def exec_id(n: int, slot: int = 0) -> uuid.UUID:
+    """Organization n's running task of client slot ``slot``, as
+    ``md5('bench-exec-' || n || '-' || slot)::uuid`` (queries.OPEN_TASKS)."""
+    return uuid.UUID(hashlib.md5(f"bench-exec-{n}-{slot}".encode()).hexdigest())
 
 
 @dataclass
@@ -60,8 +62,8 @@ _ADMIT = (
 _SETTLE = "SELECT llm.settle_invocation(%(org)s::uuid, %(id)s::uuid, 80, 3, 1200, 300)"
 
 
-def _one_cycle(client: Any, conn: psycopg.Connection, n: int) -> None:
-    org, task, inv = org_id(n), exec_id(n), uuid.uuid4()
+def _one_cycle(client: Any, conn: psycopg.Connection, n: int, slot: int) -> None:
+    org, task, inv = org_id(n), exec_id(n, slot), uuid.uuid4()
     if client is not None:
         # only the id back, as the SQL-level cycle (scripts/cycle.sql) reads it
         admitted = client.admit_id(org, 100, "bench-model", execution_id=task, invocation_id=inv)
@@ -71,8 +73,8 @@ def _one_cycle(client: Any, conn: psycopg.Connection, n: int) -> None:
         conn.execute(_SETTLE, {"org": org, "id": inv})
 
 
-async def _one_cycle_async(client: Any, conn: psycopg.AsyncConnection, n: int) -> None:
-    org, task, inv = org_id(n), exec_id(n), uuid.uuid4()
+async def _one_cycle_async(client: Any, conn: psycopg.AsyncConnection, n: int, slot: int) -> None:
+    org, task, inv = org_id(n), exec_id(n, slot), uuid.uuid4()
     if client is not None:
         admitted = await client.admit_id(org, 100, "bench-model", execution_id=task, invocation_id=inv)
         await client.settle(org, admitted, 80, 3, input_tokens=1200, output_tokens=300)
@@ -99,12 +101,12 @@ def run_threads(
         with psycopg.connect(dsn, autocommit=True) as conn:
             client = Llm(conn, prepare=prepare) if Llm is not None and not bare else None
             for _ in range(WARMUP_CYCLES):
-                _one_cycle(client, conn, rng.randint(1, orgs))
+                _one_cycle(client, conn, rng.randint(1, orgs), k % SLOTS)
             ready.wait()
             deadline = start_at[0] + seconds
             while time.perf_counter() < deadline:
                 try:
-                    _one_cycle(client, conn, rng.randint(1, orgs))
+                    _one_cycle(client, conn, rng.randint(1, orgs), k % SLOTS)
                     counts[k] += 1
                 except Exception:  # counted and reported; the run goes on
                     errors[k] += 1
@@ -140,7 +142,7 @@ def run_asyncio(dsn: str, *, workers: int, seconds: float, orgs: int) -> DriverR
             async def loop(k: int) -> None:
                 while time.perf_counter() < deadline:
                     try:
-                        await _one_cycle_async(clients[k], conns[k], rngs[k].randint(1, orgs))
+                        await _one_cycle_async(clients[k], conns[k], rngs[k].randint(1, orgs), k % SLOTS)
                         counts[k] += 1
                     except Exception:  # counted and reported; the run goes on
                         errors[k] += 1
@@ -154,7 +156,7 @@ def run_asyncio(dsn: str, *, workers: int, seconds: float, orgs: int) -> DriverR
 
     async def _warm(client: Any, conn: psycopg.AsyncConnection, rng: random.Random) -> None:
         for _ in range(WARMUP_CYCLES):
-            await _one_cycle_async(client, conn, rng.randint(1, orgs))
+            await _one_cycle_async(client, conn, rng.randint(1, orgs), 0)
 
     return asyncio.run(main())
 

@@ -28,13 +28,16 @@ SELECT count(*) FROM generate_series(1, %(orgs)s::integer) AS n,
                                        %(allowance)s::bigint) AS o
 """
 
-# One running task per organization, as open_execution leaves it (a direct
-# insert so the id is the deterministic EXEC_ID the clients compute).
+# Running tasks of each organization, one per client slot (0..slots-1), as
+# open_execution leaves them (a direct insert so the id is the deterministic
+# md5('bench-exec-' || n || '-' || slot) the clients compute): a tenant's agents
+# each run their own task, so one organization's clients do not queue on one task row.
+TASK_ID = "md5('bench-exec-' || {n} || '-' || {slot})::uuid"
 OPEN_TASKS = f"""
 INSERT INTO llm.executions (organization_id, id, task_key, status, started_at)
-SELECT {ORG_ID.format(n="n")}, {EXEC_ID.format(n="n")}, 'bench', 'running',
+SELECT {ORG_ID.format(n="n")}, {TASK_ID.format(n="n", slot="c")}, 'bench', 'running',
        %(started_at)s::timestamptz
-  FROM generate_series(1, %(orgs)s::integer) AS n
+  FROM generate_series(1, %(orgs)s::integer) AS n, generate_series(0, %(slots)s::integer - 1) AS c
 """
 
 # Organization n's period counters spread over this many stripes.

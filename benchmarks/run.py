@@ -269,7 +269,7 @@ def bench_throughput(target: Target, sizes: Sizes, profiler: Profiler) -> tuple[
     new_llm_database(target, "cycle")
     with target.connect("cycle") as conn:
         conn.execute(q.UPSERT_ORGS, {"orgs": sizes.cycle_orgs, "allowance": 10**12})
-        conn.execute(q.OPEN_TASKS, {"orgs": sizes.cycle_orgs, "started_at": now()})
+        conn.execute(q.OPEN_TASKS, {"orgs": sizes.cycle_orgs, "slots": sizes.clients, "started_at": now()})
     violations_loaded, _ = invariant_violations(target, "cycle")
 
     # The baseline runs last: simple-update writes gigabytes of WAL in its run,

@@ -152,16 +152,15 @@ BEGIN
         END IF;
     END IF;
 
-    -- a retried id with the same arguments returns the first admission
-    IF p_invocation_id IS NOT NULL THEN
-        SELECT * INTO v_inv FROM llm.invocations AS i
-         WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
-        IF FOUND THEN
-            RETURN llm._same_admission(v_inv, p_estimate_credits, p_model, p_execution_id);
-        END IF;
-    END IF;
-
     IF v_exec_status IS DISTINCT FROM 'running' AND p_execution_id IS NOT NULL THEN
+        -- a retry of a request admitted while its task ran still returns it
+        IF p_invocation_id IS NOT NULL THEN
+            SELECT * INTO v_inv FROM llm.invocations AS i
+             WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
+            IF FOUND THEN
+                RETURN llm._same_admission(v_inv, p_estimate_credits, p_model, p_execution_id);
+            END IF;
+        END IF;
         RAISE EXCEPTION 'llm: execution % is %', p_execution_id, v_exec_status
             USING ERRCODE = 'LL009',
                   DETAIL = 'Only a running execution admits new requests.',
@@ -179,7 +178,8 @@ BEGIN
     ON CONFLICT (organization_id, id) DO NOTHING
     RETURNING i.* INTO v_inv;
     IF NOT FOUND THEN
-        -- the same id was admitted concurrently and has committed
+        -- A retried id (admitted before, or concurrently and committed since): the same
+        -- arguments return the first admission and place no second hold; others LL007.
         SELECT * INTO STRICT v_inv FROM llm.invocations AS i
          WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
         RETURN llm._same_admission(v_inv, p_estimate_credits, p_model, p_execution_id);
