@@ -87,10 +87,10 @@ def run_threads(
     dsn: str, *, workers: int, seconds: float, orgs: int, bare: bool = False, prepare: bool = False
 ) -> DriverRun:
     """``workers`` threads, one connection each, for ``seconds``. ``bare``: the same two
-    statements through psycopg alone (no llm_db layer, psycopg's defaults, so prepared after
-    five executions), the floor of any Python client. ``prepare``: the driver built with
-    ``Llm(conn, prepare=True)`` (server-side prepared statements, not for transaction
-    pooling) instead of its default."""
+    statements through psycopg alone (no llm_db layer), prepared on the server after five
+    executions (psycopg's default) with ``prepare``, never without it: the floor of any
+    Python client in either mode. Otherwise the driver, ``Llm(conn, prepare=prepare)``
+    (``prepare=True``: server-side prepared statements, not for transaction pooling)."""
     counts = [0] * workers
     errors = [0] * workers
     ready = threading.Barrier(workers + 1)
@@ -99,6 +99,8 @@ def run_threads(
     def work(k: int) -> None:
         rng = random.Random(k)
         with psycopg.connect(dsn, autocommit=True) as conn:
+            if bare and not prepare:
+                conn.prepare_threshold = None
             client = Llm(conn, prepare=prepare) if Llm is not None and not bare else None
             for _ in range(WARMUP_CYCLES):
                 _one_cycle(client, conn, rng.randint(1, orgs), k % SLOTS)
@@ -119,7 +121,7 @@ def run_threads(
     for t in threads:
         t.join()
     elapsed = max(time.perf_counter() - start_at[0], 1e-9)
-    mode = "threads, bare psycopg" if bare else "threads, prepare=True" if prepare else "threads"
+    mode = ("threads, bare psycopg" if bare else "threads") + (", prepared" if prepare else "")
     return DriverRun(mode, workers, elapsed, sum(counts), sum(errors))
 
 

@@ -50,7 +50,7 @@ def stripes(path: Path, counts: Sequence[int], rates: Sequence[float], *, spread
     """Requests/s of one hot organization against its stripe count, with reference lines."""
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     ax.plot(counts, rates, marker="o", label=f"one organization, {clients} clients")
-    ax.axhline(spread, color="tab:green", linestyle="--", label="request cycle over 100 organizations")
+    ax.axhline(spread, color="tab:green", linestyle="--", label="request cycle over 100 organizations (mean of two runs)")
     ax.axhline(simple_update, color="tab:gray", linestyle=":", label="pgbench simple-update (transactions/s)")
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(counts), [str(c) for c in counts])
