@@ -308,7 +308,7 @@ COMMENT ON TABLE llm.period_heads IS 'One calendar month (UTC) of an organizatio
 CREATE FUNCTION llm._lock_period(p_organization_id uuid, p_period_start date) RETURNS llm.period_heads
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 45d8f479edd929563a7134e8bf6f81a5 $$;
+    AS $$ body in sql/, md5 54d4b6be255069f00718f0ddd5996338 $$;
 
 COMMENT ON FUNCTION llm._lock_period(p_organization_id uuid, p_period_start date) IS 'Locks a period for an exact decision (every stripe, in stripe order) and returns its head (NULL fields when the period does not exist yet).';
 

@@ -255,7 +255,7 @@ SELECT x.id, x.request_count, x.credits, x.cents, s.n, s.credits, s.cents
 
 # ------------------------------------------------------------- checks
 
-INVARIANT_VIOLATIONS = "SELECT count(*) FROM llm.check_invariants()"
+INVARIANTS = "SELECT * FROM llm.check_invariants()"
 
 TABLE_SIZES = """
 SELECT c.relname, c.reltuples::bigint AS rows, pg_total_relation_size(c.oid) AS bytes

@@ -155,9 +155,13 @@ def settle(target: Target, name: str, sizes: Sizes) -> None:
 
 
 def invariant_violations(target: Target, name: str) -> tuple[int, float]:
+    """How many violations ``llm.check_invariants()`` reports (each one logged), and the
+    seconds the check took."""
     with target.connect(name) as conn:
-        seconds, row = timed(lambda: conn.execute(q.INVARIANT_VIOLATIONS).fetchone())
-    return int(row[0]), seconds
+        seconds, rows = timed(lambda: conn.execute(q.INVARIANTS).fetchall())
+    for row in rows:
+        log(f"  INVARIANT VIOLATED in {name}: {row}")
+    return len(rows), seconds
 
 
 def new_llm_database(target: Target, name: str) -> str:

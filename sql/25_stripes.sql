@@ -39,6 +39,16 @@ BEGIN
         -- holds while it waits for these stripes
         RETURN v_head;
     END IF;
+    -- Stripe 0 first, on its own: every stripe is created under its lock (a raised
+    -- stripe count spreads the rooms over new stripes on the exact path), or with the
+    -- period itself. The statement that then locks them all takes its snapshot while
+    -- this transaction holds stripe 0, so it sees every stripe there is. One statement
+    -- for both would lock only the stripes its snapshot saw before it waited, and a
+    -- stripe created meanwhile would move under a decision that assumes it cannot.
+    PERFORM FROM llm.period_stripes AS s
+     WHERE s.organization_id = p_organization_id AND s.period_start = p_period_start
+       AND s.stripe = 0
+       FOR UPDATE;
     PERFORM FROM llm.period_stripes AS s
      WHERE s.organization_id = p_organization_id AND s.period_start = p_period_start
      ORDER BY s.stripe

@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 from llm_db import AllowanceExhausted, Llm
-from tests.helpers import T0, invariants, row, rows, scalar
+from tests.helpers import T0, invariants, row, rows, scalar, wait_blocked
 
 HOUR = timedelta(hours=1)
 
@@ -181,6 +181,48 @@ def test_changing_the_stripe_count_with_requests_open_keeps_every_hold(llm_conn,
     for inv in opened + later + [more]:
         llm.settle(org, inv.id, inv.hold_credits, 0, now=T0 + HOUR)
     assert (period(llm_conn, org)["held_credits"], period(llm_conn, org)["used_credits"]) == (0, 331)
+    assert invariants(llm_conn) == []
+
+
+def test_an_exact_decision_locks_the_stripes_created_while_it_waited(llm_conn, llm_connect):
+    """Scripted race. X holds the period and spreads it over a new third stripe (a raised
+    count). B, the first admission on a fourth stripe that does not exist yet, takes the
+    exact path and waits for the period meanwhile. When X commits, B must hold the third
+    stripe too before it decides: otherwise a settlement on it could move usage between
+    B's reading of the totals and its spreading of the rooms, and the rooms would promise
+    more than the next threshold allows (invariant 5b). Z's uncommitted insert of the
+    fourth stripe pauses B once it has locked the period, so the probe can see B's locks."""
+    llm = Llm(llm_conn)
+    org = striped_org(llm, 1_000_000, 2)
+    first = llm.admit(org, 10, "gpt-x", now=T0)
+    llm.settle(org, first.id, 10, 0, now=T0)
+    month = first.period_start
+
+    llm.set_period_stripes(org, 3)
+    x = llm_connect(autocommit=False)
+    x.execute("SELECT llm._lock_period(%s, %s)", [org, month])
+    x.execute("SELECT llm._spread_rooms(%s, %s, 1000000)", [org, month])  # creates stripe 2
+    llm.set_period_stripes(org, 4)
+    z = llm_connect(autocommit=False)
+    z.execute("INSERT INTO llm.period_stripes (organization_id, period_start, stripe) VALUES (%s, %s, 3)",
+              [org, month])  # fmt: skip
+
+    (b,) = sessions_on_stripes(llm_connect, 4, [3])
+    admitted: list = []
+    waiter = threading.Thread(target=lambda: admitted.append(Llm(b).admit(org, 100, "gpt-x", now=T0)))
+    waiter.start()
+    wait_blocked(llm_conn, b.info.backend_pid)  # on stripe 0, held by X
+    x.commit()
+    wait_blocked(llm_conn, b.info.backend_pid)  # on Z's stripe 3, with the period locked
+
+    probe = llm_connect()
+    with pytest.raises(psycopg.errors.LockNotAvailable):
+        probe.execute("SELECT FROM llm.period_stripes WHERE organization_id = %s AND stripe = 2 FOR UPDATE NOWAIT",
+                      [org])  # fmt: skip
+    z.rollback()
+    waiter.join()
+    assert admitted[0].stripe == 3
+    assert period(llm_conn, org)["held_credits"] == 100
     assert invariants(llm_conn) == []
 
 
