@@ -47,13 +47,13 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 from uuid import UUID
 
 from llm_db.errors import NestedExecution
-from llm_db.models import Invocation, Outcome
+from llm_db.operations import Operations, Scoped, scoped_method
 from llm_db.requests import AsyncLlm, Llm, UuidLike
 
 __all__ = [
@@ -123,6 +123,21 @@ def _reject_nesting(task_key: str) -> None:
 class _ContextBase:
     __slots__ = ("client", "organization_id", "execution_id", "task_key", "clock")
 
+    _asynchronous = False
+
+    # the request helpers: these operations of the table, scoped to the task
+    admit = Scoped(Operations.admit)
+    admit_id = Scoped(Operations.admit_id)
+    mark_dispatched = Scoped(Operations.mark_dispatched)
+    settle = Scoped(Operations.settle)
+    fail = Scoped(Operations.fail)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name, value in vars(_ContextBase).items():  # plain methods: no descriptor per call
+            if isinstance(value, Scoped):
+                setattr(cls, name, scoped_method(value, cls._asynchronous))
+
     def __init__(
         self,
         client: Any,
@@ -151,147 +166,21 @@ class ExecutionContext(_ContextBase):
     """The body's handle on its task (WF-PFM-LLM-002 hop 3).
 
     ``organization_id``, ``execution_id``, ``task_key``, ``client``; request
-    helpers that pass the organization and link each request to this task.
-    They default ``now`` to the wrapper's clock.
+    helpers (``admit``, ``admit_id``, ``mark_dispatched``, ``settle``, ``fail``:
+    the client's, from the table of operations) that pass the organization and
+    link each request to this task. They default ``now`` to the wrapper's clock.
     """
 
     __slots__ = ()
     client: Llm
-
-    def admit(
-        self,
-        estimate_credits: int,
-        model: str,
-        *,
-        invocation_id: UuidLike | None = None,
-        now: datetime | None = None,
-    ) -> Invocation:
-        """Admit a request of this task's organization, linked to this task."""
-        return self.client.admit(
-            self.organization_id,
-            estimate_credits,
-            model,
-            execution_id=self.execution_id,
-            invocation_id=invocation_id,
-            now=self._now(now),
-        )
-
-    def mark_dispatched(self, invocation_id: UuidLike, *, now: datetime | None = None) -> Invocation:
-        """Mark a request of this task as sent to the provider."""
-        return self.client.mark_dispatched(self.organization_id, invocation_id, now=self._now(now))
-
-    def settle(
-        self,
-        invocation_id: UuidLike,
-        credits: int,
-        cents: int,
-        *,
-        input_tokens: int | None = None,
-        output_tokens: int | None = None,
-        now: datetime | None = None,
-    ) -> Outcome:
-        """Settle a request with measured usage; it adds to this task's totals."""
-        return self.client.settle(
-            self.organization_id,
-            invocation_id,
-            credits,
-            cents,
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            now=self._now(now),
-        )
-
-    def fail(
-        self,
-        invocation_id: UuidLike,
-        error: str,
-        *,
-        credits: int = 0,
-        cents: int = 0,
-        now: datetime | None = None,
-    ) -> Outcome:
-        """Fail a request; its partial charge (if any) adds to this task's totals."""
-        return self.client.fail(
-            self.organization_id,
-            invocation_id,
-            error,
-            credits=credits,
-            cents=cents,
-            now=self._now(now),
-        )
 
 
 class AsyncExecutionContext(_ContextBase):
     """``ExecutionContext`` for ``AsyncLlm``: the same helpers, awaited."""
 
     __slots__ = ()
+    _asynchronous = True
     client: AsyncLlm
-
-    async def admit(
-        self,
-        estimate_credits: int,
-        model: str,
-        *,
-        invocation_id: UuidLike | None = None,
-        now: datetime | None = None,
-    ) -> Invocation:
-        """Admit a request of this task's organization, linked to this task."""
-        return await self.client.admit(
-            self.organization_id,
-            estimate_credits,
-            model,
-            execution_id=self.execution_id,
-            invocation_id=invocation_id,
-            now=self._now(now),
-        )
-
-    async def mark_dispatched(
-        self, invocation_id: UuidLike, *, now: datetime | None = None
-    ) -> Invocation:
-        """Mark a request of this task as sent to the provider."""
-        return await self.client.mark_dispatched(
-            self.organization_id, invocation_id, now=self._now(now)
-        )
-
-    async def settle(
-        self,
-        invocation_id: UuidLike,
-        credits: int,
-        cents: int,
-        *,
-        input_tokens: int | None = None,
-        output_tokens: int | None = None,
-        now: datetime | None = None,
-    ) -> Outcome:
-        """Settle a request with measured usage; it adds to this task's totals."""
-        return await self.client.settle(
-            self.organization_id,
-            invocation_id,
-            credits,
-            cents,
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            now=self._now(now),
-        )
-
-    async def fail(
-        self,
-        invocation_id: UuidLike,
-        error: str,
-        *,
-        credits: int = 0,
-        cents: int = 0,
-        now: datetime | None = None,
-    ) -> Outcome:
-        """Fail a request; its partial charge (if any) adds to this task's totals."""
-        return await self.client.fail(
-            self.organization_id,
-            invocation_id,
-            error,
-            credits=credits,
-            cents=cents,
-            now=self._now(now),
-        )
 
 
 def _log_close_failure(execution_id: UUID, close_error: BaseException) -> None:
@@ -313,6 +202,72 @@ def _log_not_running(execution_id: UUID, outcome: str) -> None:
     )
 
 
+# The wrapper's hops, written once for both clients: a generator that yields each step
+# (a zero-argument call: open the task, run the body, close the task) and receives its
+# result, or ``_Raised`` with what it raised. The sync and asyncio runners only perform
+# the steps, calling or awaiting them.
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Raised:
+    exc: BaseException
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Done:
+    result: ExecutionResult[Any]
+
+
+def _hops(
+    client: Any, organization_id: UuidLike, task_key: str, body: Callable[[Any], Any],
+    context: type[_ContextBase], options: dict[str, Any], now: Clock,
+) -> Generator[Callable[[], Any], Any, ExecutionResult[Any]]:  # fmt: skip
+    _reject_nesting(task_key)  # hop 1: nothing is written
+    opened = yield lambda: client.open_execution(  # hop 2: committed before the body runs
+        organization_id, task_key, now=_read_clock(now), **options
+    )
+    if isinstance(opened, _Raised):
+        raise opened.exc  # the body does not run
+    if opened.replayed:  # branch: the earlier execution, without running the body
+        return ExecutionResult(opened.execution_id, True, None, opened.status)
+
+    def close(outcome: str, error: str | None = None) -> Callable[[], Any]:
+        return lambda: client.close_execution(
+            organization_id, opened.execution_id, outcome, error=error, now=_read_clock(now)
+        )
+
+    ctx = context(client, organization_id, opened.execution_id, task_key, now)
+    token = _current.set(ctx)
+    try:
+        value = yield lambda: body(ctx)  # hop 3
+    finally:
+        _current.reset(token)
+    if isinstance(value, _Raised):  # hop 4, running -> failed; the body's error propagates
+        closed = yield close("failed", _error_text(value.exc))
+        if isinstance(closed, _Raised) and not isinstance(closed.exc, Exception):
+            raise closed.exc
+        if isinstance(closed, _Raised):
+            _log_close_failure(opened.execution_id, closed.exc)
+        elif not closed:
+            _log_not_running(opened.execution_id, "failed")
+        raise value.exc
+
+    closed = yield close("completed")  # hop 4, running -> completed
+    if isinstance(closed, _Raised):
+        raise closed.exc  # a close error reaches the caller
+    if not closed:
+        _log_not_running(opened.execution_id, "completed")
+    return ExecutionResult(opened.execution_id, False, value, "completed" if closed else None)
+
+
+def _advance(hops: Generator[Callable[[], Any], Any, ExecutionResult[Any]], result: Any) -> Any:
+    """The next step of the hops, or ``_Done`` with the wrapper's result."""
+    try:
+        return hops.send(result)
+    except StopIteration as done:
+        return _Done(done.value)
+
+
 def with_llm_execution(
     client: Llm,
     organization_id: UuidLike,
@@ -331,42 +286,16 @@ def with_llm_execution(
     connection must not be inside a transaction of the caller's: each client
     call then commits on its own, so the open is committed before the body.
     """
-    _reject_nesting(task_key)  # hop 1: nothing is written
-    opened = client.open_execution(  # hop 2: committed before the body runs
-        organization_id,
-        task_key,
-        subject_type=subject_type,
-        subject_id=subject_id,
-        replay_key=replay_key,
-        now=_read_clock(now),
-    )
-    if opened.replayed:  # branch: the earlier execution, without running the body
-        return ExecutionResult(opened.execution_id, True, None, opened.status)
-
-    ctx = ExecutionContext(client, organization_id, opened.execution_id, task_key, now)
-    token = _current.set(ctx)
-    try:
-        value = body(ctx)  # hop 3
-    except BaseException as exc:
-        try:  # hop 4, running -> failed
-            if not client.close_execution(
-                organization_id, opened.execution_id, "failed",
-                error=_error_text(exc), now=_read_clock(now),
-            ):
-                _log_not_running(opened.execution_id, "failed")
-        except Exception as close_error:
-            _log_close_failure(opened.execution_id, close_error)
-        raise
-    finally:
-        _current.reset(token)
-
-    # hop 4, running -> completed: a close error reaches the caller
-    closed = client.close_execution(
-        organization_id, opened.execution_id, "completed", now=_read_clock(now)
-    )
-    if not closed:
-        _log_not_running(opened.execution_id, "completed")
-    return ExecutionResult(opened.execution_id, False, value, "completed" if closed else None)
+    options = {"subject_type": subject_type, "subject_id": subject_id, "replay_key": replay_key}
+    hops = _hops(client, organization_id, task_key, body, ExecutionContext, options, now)
+    step = _advance(hops, None)
+    while not isinstance(step, _Done):
+        try:
+            result = step()
+        except BaseException as exc:  # sent back into the hops, which decide
+            result = _Raised(exc)
+        step = _advance(hops, result)
+    return step.result
 
 
 async def async_with_llm_execution(
@@ -386,38 +315,13 @@ async def async_with_llm_execution(
     context and keep the task association (WF-PFM-LLM-002 hop 3); a cancelled
     body closes the task ``failed`` and the cancellation propagates.
     """
-    _reject_nesting(task_key)
-    opened = await client.open_execution(
-        organization_id,
-        task_key,
-        subject_type=subject_type,
-        subject_id=subject_id,
-        replay_key=replay_key,
-        now=_read_clock(now),
-    )
-    if opened.replayed:
-        return ExecutionResult(opened.execution_id, True, None, opened.status)
-
-    ctx = AsyncExecutionContext(client, organization_id, opened.execution_id, task_key, now)
-    token = _current.set(ctx)
-    try:
-        value = await body(ctx)
-    except BaseException as exc:
+    options = {"subject_type": subject_type, "subject_id": subject_id, "replay_key": replay_key}
+    hops = _hops(client, organization_id, task_key, body, AsyncExecutionContext, options, now)
+    step = _advance(hops, None)
+    while not isinstance(step, _Done):
         try:
-            if not await client.close_execution(
-                organization_id, opened.execution_id, "failed",
-                error=_error_text(exc), now=_read_clock(now),
-            ):
-                _log_not_running(opened.execution_id, "failed")
-        except Exception as close_error:
-            _log_close_failure(opened.execution_id, close_error)
-        raise
-    finally:
-        _current.reset(token)
-
-    closed = await client.close_execution(
-        organization_id, opened.execution_id, "completed", now=_read_clock(now)
-    )
-    if not closed:
-        _log_not_running(opened.execution_id, "completed")
-    return ExecutionResult(opened.execution_id, False, value, "completed" if closed else None)
+            result = await step()
+        except BaseException as exc:
+            result = _Raised(exc)
+        step = _advance(hops, result)
+    return step.result

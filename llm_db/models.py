@@ -16,15 +16,25 @@ from typing import Any, Self
 from uuid import UUID
 
 __all__ = [
+    "CloseOutcome",
     "Execution",
+    "ExecutionStatus",
     "Health",
+    "HealthStatus",
     "InvariantViolation",
     "Invocation",
+    "InvocationStatus",
+    "LateSettlement",
     "Notice",
+    "NoticeStatus",
     "Organization",
+    "OrganizationStatus",
     "OrgSweep",
     "Outcome",
     "ReconciliationRun",
+    "RecoveryCharge",
+    "RunStatus",
+    "SettlementKind",
 ]
 
 
@@ -35,6 +45,8 @@ class _Row:
 
     # columns whose SQL array value is stored as a tuple (frozen, hashable)
     _tuples: tuple[str, ...] = ()
+    # columns whose text value is one of a fixed set: stored as that enum's member
+    _enums: Mapping[str, type[enum.StrEnum]] = {}
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Self:
@@ -45,10 +57,87 @@ class _Row:
         for name in cls._tuples:
             if values[name] is not None:
                 values[name] = tuple(values[name])
+        for name, kind in cls._enums.items():
+            if values[name] is not None:
+                values[name] = kind(values[name])
         return cls(**values)
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+# The fixed sets of text values (docs/design.md, "Schema"). Each member compares equal
+# to its SQL text, so ``inv.status == "settled"`` holds as well as
+# ``inv.status is InvocationStatus.SETTLED``.
+
+
+class OrganizationStatus(enum.StrEnum):
+    OPERATIONAL = "operational"
+    SUSPENDED = "suspended"
+    CLOSED = "closed"
+
+
+class RecoveryCharge(enum.StrEnum):
+    """What the pass charges a request it recovers."""
+
+    ESTIMATE = "estimate"
+    DISPATCHED = "dispatched"  # the estimate if it was dispatched, else nothing
+    NONE = "none"
+
+
+class LateSettlement(enum.StrEnum):
+    """What a measured settlement reported after recovery does."""
+
+    AUDIT = "audit"  # recorded beside the recovery charge, never charged
+    TRUE_UP = "true_up"  # replaces the recovery charge by the measured one
+
+
+class InvocationStatus(enum.StrEnum):
+    RESERVED = "reserved"
+    DISPATCHED = "dispatched"
+    SETTLED = "settled"
+    FAILED = "failed"
+
+
+class SettlementKind(enum.StrEnum):
+    MEASURED = "measured"
+    RECOVERED = "recovered"
+    TRUED_UP = "trued_up"
+
+
+class ExecutionStatus(enum.StrEnum):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    ABANDONED = "abandoned"
+
+
+class CloseOutcome(enum.StrEnum):
+    """How ``close_execution`` ends a running task."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class NoticeStatus(enum.StrEnum):
+    OWED = "owed"
+    SENDING = "sending"
+    SENT = "sent"
+
+
+class RunStatus(enum.StrEnum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    PARTIAL = "partial"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+class HealthStatus(enum.StrEnum):
+    OK = "ok"
+    LATE = "late"
+    NEVER = "never"
+    FAILING = "failing"
 
 
 class Outcome(enum.StrEnum):
@@ -67,35 +156,39 @@ class Organization(_Row):
     """A row of ``llm.organizations``; ``monthly_allowance_credits`` None is unlimited."""
 
     _tuples = ("notice_thresholds",)
+    _enums = {"status": OrganizationStatus, "recovery_charge": RecoveryCharge,
+              "late_settlement": LateSettlement}  # fmt: skip
 
     id: UUID
     name: str
-    status: str
+    status: OrganizationStatus
     monthly_allowance_credits: int | None
     notice_thresholds: tuple[int, ...]
     created_at: datetime
     updated_at: datetime
-    recovery_charge: str
-    late_settlement: str
+    recovery_charge: RecoveryCharge
+    late_settlement: LateSettlement
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Invocation(_Row):
     """A row of ``llm.invocations``: one model request and its hold."""
 
+    _enums = {"status": InvocationStatus, "settlement_kind": SettlementKind}
+
     organization_id: UUID
     id: UUID
     period_start: date
     execution_id: UUID | None
     model: str
-    status: str
+    status: InvocationStatus
     estimate_credits: int
     hold_credits: int
     charged_credits: int | None
     charged_cents: int | None
     input_tokens: int | None
     output_tokens: int | None
-    settlement_kind: str | None
+    settlement_kind: SettlementKind | None
     created_at: datetime
     dispatched_at: datetime | None
     settled_at: datetime | None
@@ -117,14 +210,18 @@ class Invocation(_Row):
 class Execution(_Row):
     """What ``open_execution`` returned: the task, and whether a replay key found it."""
 
+    _enums = {"status": ExecutionStatus}
+
     execution_id: UUID
-    status: str
+    status: ExecutionStatus
     replayed: bool
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Notice(_Row):
     """A row of ``llm.threshold_notices``: a crossed threshold owed to the webhook."""
+
+    _enums = {"status": NoticeStatus}
 
     organization_id: UUID
     id: UUID
@@ -133,7 +230,7 @@ class Notice(_Row):
     crossed_at: datetime
     used_credits: int
     allowance_credits: int
-    status: str
+    status: NoticeStatus
     attempts: int
     last_error: str | None
     next_attempt_at: datetime
@@ -160,11 +257,13 @@ class OrgSweep(_Row):
 class ReconciliationRun(_Row):
     """A row of ``llm.reconciliation_runs``: one pass."""
 
+    _enums = {"status": RunStatus}
+
     id: UUID
     started_at: datetime
     finished_at: datetime | None
     clock: datetime
-    status: str
+    status: RunStatus
     orgs_visited: int
     orgs_failed: int
     requests_recovered: int
@@ -185,9 +284,11 @@ class ReconciliationRun(_Row):
 class Health(_Row):
     """``llm.reconciliation_health``: ok, late, never or failing, and why."""
 
-    status: str
+    _enums = {"status": HealthStatus, "last_run_status": RunStatus}
+
+    status: HealthStatus
     last_success_at: datetime | None
-    last_run_status: str | None
+    last_run_status: RunStatus | None
     detail: str
 
     @property

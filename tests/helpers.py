@@ -2,8 +2,11 @@
 assert SQLSTATEs with a "nothing was written" check.
 
 Every helper takes an autocommit psycopg connection (``llm_conn`` or one from
-``llm_connect()``), passes arguments by name with explicit casts, and moves
-the clock through ``p_now`` (``None`` means the function's own ``now()``).
+``llm_connect()``) and runs the statements of the driver's table of operations
+(``llm_db.operations``: ``call``, ``sql_of``, ``params``), so a test sees the raw
+rows and psycopg's SQLSTATEs of exactly what the driver sends. The clock moves
+through ``now`` (``None`` means the function's own ``now()``); ``T0`` is the one
+instant every test starts from.
 """
 
 from __future__ import annotations
@@ -17,6 +20,10 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
+
+from llm_db.operations import operations
+
+OPERATIONS = operations()
 
 # A quiet mid-month instant; tests move the clock relative to it.
 T0 = datetime(2026, 1, 15, 12, 0, tzinfo=UTC)
@@ -167,6 +174,25 @@ def assert_sqlstate(
 # ---------------------------------------------------------------- writing
 
 
+def call(conn: psycopg.Connection, operation: str, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+    """Run one operation of the driver's table (``llm_db.operations``) on ``conn``, with
+    the driver's signature, and return its rows as dicts: the raw rows, and psycopg's
+    own errors with their SQLSTATE (the driver would map them to ``llm_db.errors``)."""
+    bound = OPERATIONS[operation].bind(args, kwargs)
+    return rows(conn, bound.sql, bound.params)
+
+
+def sql_of(operation: str) -> str:
+    """The statement of one operation of the driver's table; its parameters are named as
+    the operation's (``params(operation, ...)``)."""
+    return OPERATIONS[operation].sql
+
+
+def params(operation: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """The named parameters of ``sql_of(operation)`` for these arguments."""
+    return dict(OPERATIONS[operation].bind(args, kwargs).params)
+
+
 def new_org(
     conn: psycopg.Connection,
     allowance: int | None = 1000,
@@ -179,23 +205,8 @@ def new_org(
 ) -> uuid.UUID:
     """Create (or update) an organization through llm.upsert_organization; returns its id."""
     org_id = org_id or uuid.uuid4()
-    conn.execute(
-        """
-        SELECT llm.upsert_organization(
-            p_organization_id => %(org)s::uuid, p_name => %(name)s::text,
-            p_monthly_allowance_credits => %(allowance)s::bigint, p_status => %(status)s::text,
-            p_notice_thresholds => coalesce(%(thresholds)s::integer[], '{80,100}'),
-            p_now => %(now)s::timestamptz)
-        """,
-        {
-            "org": org_id,
-            "name": name or f"org {org_id.hex[:8]}",
-            "allowance": allowance,
-            "status": status,
-            "thresholds": thresholds,
-            "now": now,
-        },
-    )
+    call(conn, "upsert_organization", org_id, name or f"org {org_id.hex[:8]}", allowance,
+         status=status, notice_thresholds=(80, 100) if thresholds is None else thresholds, now=now)
     return org_id
 
 
@@ -209,28 +220,11 @@ def set_org(
     now: datetime | None = T0,
 ) -> dict[str, Any]:
     """Update an organization; returns the llm.organizations row."""
-    result = row(
-        conn,
-        """
-        SELECT * FROM llm.upsert_organization(
-            p_organization_id => %(org)s::uuid, p_name => 'updated',
-            p_monthly_allowance_credits => %(allowance)s::bigint, p_status => %(status)s::text,
-            p_notice_thresholds => coalesce(%(thresholds)s::integer[], '{80,100}'),
-            p_now => %(now)s::timestamptz)
-        """,
-        {"org": org_id, "allowance": allowance, "status": status, "thresholds": thresholds,
-         "now": now},
-    )
-    assert result is not None
-    return result
+    return call(conn, "upsert_organization", org_id, "updated", allowance, status=status,
+                notice_thresholds=(80, 100) if thresholds is None else thresholds, now=now)[0]
 
 
-ADMIT_SQL = """
-SELECT * FROM llm.admit_invocation(
-    p_organization_id => %(org)s::uuid, p_estimate_credits => %(estimate)s::bigint,
-    p_model => %(model)s::text, p_execution_id => %(execution)s::uuid,
-    p_invocation_id => %(invocation)s::uuid, p_now => %(now)s::timestamptz)
-"""
+ADMIT_SQL = sql_of("admit")
 
 
 def admit(
@@ -244,10 +238,8 @@ def admit(
     now: datetime | None = T0,
 ) -> dict[str, Any]:
     """llm.admit_invocation; returns the llm.invocations row."""
-    result = row(conn, ADMIT_SQL, admit_params(org_id, estimate, model, execution_id=execution_id,
-                                               invocation_id=invocation_id, now=now))
-    assert result is not None
-    return result
+    return call(conn, "admit", org_id, estimate, model, execution_id=execution_id,
+                invocation_id=invocation_id, now=now)[0]
 
 
 def admit_params(
@@ -260,15 +252,11 @@ def admit_params(
     now: datetime | None = T0,
 ) -> dict[str, Any]:
     """The parameters of ADMIT_SQL."""
-    return {"org": org_id, "estimate": estimate, "model": model, "execution": execution_id,
-            "invocation": invocation_id, "now": now}
+    return params("admit", org_id, estimate, model, execution_id=execution_id,
+                  invocation_id=invocation_id, now=now)
 
 
-DISPATCH_SQL = """
-SELECT * FROM llm.mark_dispatched(
-    p_organization_id => %(org)s::uuid, p_invocation_id => %(invocation)s::uuid,
-    p_now => %(now)s::timestamptz)
-"""
+DISPATCH_SQL = sql_of("mark_dispatched")
 
 
 def dispatch(
@@ -276,18 +264,10 @@ def dispatch(
     now: datetime | None = T0,
 ) -> dict[str, Any]:
     """llm.mark_dispatched; returns the llm.invocations row."""
-    result = row(conn, DISPATCH_SQL, {"org": org_id, "invocation": invocation_id, "now": now})
-    assert result is not None
-    return result
+    return call(conn, "mark_dispatched", org_id, invocation_id, now=now)[0]
 
 
-SETTLE_SQL = """
-SELECT llm.settle_invocation(
-    p_organization_id => %(org)s::uuid, p_invocation_id => %(invocation)s::uuid,
-    p_credits => %(credits)s::bigint, p_cents => %(cents)s::bigint,
-    p_input_tokens => %(input_tokens)s::bigint, p_output_tokens => %(output_tokens)s::bigint,
-    p_now => %(now)s::timestamptz)
-"""
+SETTLE_SQL = sql_of("settle")
 
 
 def settle_params(
@@ -301,8 +281,8 @@ def settle_params(
     now: datetime | None = T0,
 ) -> dict[str, Any]:
     """The parameters of SETTLE_SQL."""
-    return {"org": org_id, "invocation": invocation_id, "credits": credits, "cents": cents,
-            "input_tokens": input_tokens, "output_tokens": output_tokens, "now": now}
+    return params("settle", org_id, invocation_id, credits, cents, input_tokens=input_tokens,
+                  output_tokens=output_tokens, now=now)
 
 
 def settle(
@@ -317,17 +297,11 @@ def settle(
     now: datetime | None = T0,
 ) -> str:
     """llm.settle_invocation; returns its outcome text."""
-    return scalar(conn, SETTLE_SQL, settle_params(org_id, invocation_id, credits, cents,
-                                                  input_tokens=input_tokens,
-                                                  output_tokens=output_tokens, now=now))
+    return call(conn, "settle", org_id, invocation_id, credits, cents, input_tokens=input_tokens,
+                output_tokens=output_tokens, now=now)[0]["value"]
 
 
-FAIL_SQL = """
-SELECT llm.fail_invocation(
-    p_organization_id => %(org)s::uuid, p_invocation_id => %(invocation)s::uuid,
-    p_error => %(error)s::text, p_credits => %(credits)s::bigint, p_cents => %(cents)s::bigint,
-    p_now => %(now)s::timestamptz)
-"""
+FAIL_SQL = sql_of("fail")
 
 
 def fail_params(
@@ -340,8 +314,7 @@ def fail_params(
     now: datetime | None = T0,
 ) -> dict[str, Any]:
     """The parameters of FAIL_SQL."""
-    return {"org": org_id, "invocation": invocation_id, "error": error, "credits": credits,
-            "cents": cents, "now": now}
+    return params("fail", org_id, invocation_id, error, credits=credits, cents=cents, now=now)
 
 
 def fail(
@@ -355,63 +328,39 @@ def fail(
     now: datetime | None = T0,
 ) -> str:
     """llm.fail_invocation; returns its outcome text."""
-    return scalar(conn, FAIL_SQL, fail_params(org_id, invocation_id, error, credits, cents,
-                                              now=now))
+    return call(conn, "fail", org_id, invocation_id, error, credits=credits, cents=cents,
+                now=now)[0]["value"]
 
 
 def declare_task(conn: psycopg.Connection, key: str = "summarize",
                  description: str | None = None) -> str:
     """llm.declare_task_kind; returns the key."""
-    conn.execute(
-        "SELECT llm.declare_task_kind(p_key => %(key)s::text, p_description => %(d)s::text)",
-        {"key": key, "d": description},
-    )
+    call(conn, "declare_task_kind", key, description)
     return key
 
 
 def open_task(
     conn: psycopg.Connection, org_id: uuid.UUID, task_key: str = "summarize", *,
-    now: datetime | None = T0,
+    now: datetime | None = T0, **options: Any,
 ) -> uuid.UUID:
-    """Declare the task kind and open a running execution; returns its id."""
+    """Declare the task kind and open a running execution (``options``: subject_type,
+    subject_id, replay_key); returns its id."""
     declare_task(conn, task_key)
-    return scalar(
-        conn,
-        """
-        SELECT execution_id FROM llm.open_execution(
-            p_organization_id => %(org)s::uuid, p_task_key => %(key)s::text,
-            p_now => %(now)s::timestamptz)
-        """,
-        {"org": org_id, "key": task_key, "now": now},
-    )
+    return call(conn, "open_execution", org_id, task_key, now=now, **options)[0]["execution_id"]
 
 
 def close_task(
     conn: psycopg.Connection, org_id: uuid.UUID, execution_id: uuid.UUID,
-    outcome: str = "completed", *, now: datetime | None = T0,
+    outcome: str = "completed", *, now: datetime | None = T0, error: str | None = None,
 ) -> bool:
     """llm.close_execution; returns whether it closed."""
-    return scalar(
-        conn,
-        """
-        SELECT llm.close_execution(
-            p_organization_id => %(org)s::uuid, p_execution_id => %(x)s::uuid,
-            p_outcome => %(outcome)s::text, p_now => %(now)s::timestamptz)
-        """,
-        {"org": org_id, "x": execution_id, "outcome": outcome, "now": now},
-    )
+    return call(conn, "close_execution", org_id, execution_id, outcome, error=error, now=now)[0]["value"]
 
 
-def reconcile(conn: psycopg.Connection, org_id: uuid.UUID, *, now: datetime) -> dict[str, Any]:
+def reconcile(conn: psycopg.Connection, org_id: uuid.UUID, *, now: datetime,
+              batch: int | None = None) -> dict[str, Any]:
     """llm.reconcile_org at ``now``; returns the llm.org_sweep figures."""
-    result = row(
-        conn,
-        "SELECT * FROM llm.reconcile_org(p_organization_id => %(org)s::uuid,"
-        " p_now => %(now)s::timestamptz)",
-        {"org": org_id, "now": now},
-    )
-    assert result is not None
-    return result
+    return call(conn, "reconcile_org", org_id, now=now, batch=batch)[0]
 
 
 # ---------------------------------------------------------------- looking up

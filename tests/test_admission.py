@@ -187,13 +187,13 @@ def test_readmitting_the_same_id_with_different_arguments_raises_LL007(llm_conn,
     admit(llm_conn, org, 100, execution_id=first_execution, invocation_id=given)
     params = admit_params(org, 100, execution_id=first_execution, invocation_id=given)
     if "estimate" in change:
-        params["estimate"] = change["estimate"]
+        params["estimate_credits"] = change["estimate"]
     if "model" in change:
         params["model"] = change["model"]
     if change.get("execution") == "other":
-        params["execution"] = other_execution
+        params["execution_id"] = other_execution
     if change.get("execution") == "none":
-        params["execution"] = None
+        params["execution_id"] = None
     err = assert_sqlstate(llm_conn, "LL007", ADMIT_SQL, params)
     assert "stored:" in err.diag.message_detail
 
@@ -255,10 +255,10 @@ def test_admission_linked_to_an_abandoned_execution_raises_LL009(llm_conn):
 
 
 INVALID_ADMISSIONS = {
-    "null organization": {"org": None},
-    "null estimate": {"estimate": None},
-    "negative estimate": {"estimate": -1},
-    "estimate over 10^15": {"estimate": MAX_AMOUNT + 1},
+    "null organization": {"organization_id": None},
+    "null estimate": {"estimate_credits": None},
+    "negative estimate": {"estimate_credits": -1},
+    "estimate over 10^15": {"estimate_credits": MAX_AMOUNT + 1},
     "null model": {"model": None},
     "empty model": {"model": ""},
     "blank model": {"model": "  "},
@@ -378,20 +378,20 @@ def test_mark_dispatched_repeat_is_idempotent(llm_conn):
 def test_mark_dispatched_of_an_unknown_invocation_raises_LL005(llm_conn):
     org = new_org(llm_conn)
     assert_sqlstate(llm_conn, "LL005", DISPATCH_SQL,
-                    {"org": org, "invocation": uuid.uuid4(), "now": T0})
+                    {"organization_id": org, "invocation_id": uuid.uuid4(), "now": T0})
 
 
 def test_mark_dispatched_of_another_organizations_invocation_raises_LL005(llm_conn):
     mine, theirs = new_org(llm_conn), new_org(llm_conn)
     their_inv = admit(llm_conn, theirs, 10)
     assert_sqlstate(llm_conn, "LL005", DISPATCH_SQL,
-                    {"org": mine, "invocation": their_inv["id"], "now": T0})
+                    {"organization_id": mine, "invocation_id": their_inv["id"], "now": T0})
     assert invocation(llm_conn, theirs, their_inv["id"])["status"] == "reserved"
 
 
 def test_mark_dispatched_for_an_unknown_organization_raises_LL002(llm_conn):
     assert_sqlstate(llm_conn, "LL002", DISPATCH_SQL,
-                    {"org": uuid.uuid4(), "invocation": uuid.uuid4(), "now": T0})
+                    {"organization_id": uuid.uuid4(), "invocation_id": uuid.uuid4(), "now": T0})
 
 
 @pytest.mark.parametrize("end", ["settled", "failed", "recovered"])
@@ -405,7 +405,7 @@ def test_mark_dispatched_of_a_terminal_invocation_raises_LL009(llm_conn, end):
     else:
         reconcile(llm_conn, org, now=T0 + timedelta(hours=25))
     err = assert_sqlstate(llm_conn, "LL009", DISPATCH_SQL,
-                          {"org": org, "invocation": inv["id"], "now": T0 + timedelta(days=2)})
+                          {"organization_id": org, "invocation_id": inv["id"], "now": T0 + timedelta(days=2)})
     assert err.diag.message_hint
 
 
@@ -413,8 +413,8 @@ def test_mark_dispatched_of_a_terminal_invocation_raises_LL009(llm_conn, end):
 def test_mark_dispatched_with_a_null_id_raises_22023(llm_conn, which):
     org = new_org(llm_conn)
     inv = admit(llm_conn, org, 10)
-    params = {"org": org, "invocation": inv["id"], "now": T0}
-    params["org" if which == "organization" else "invocation"] = None
+    params = {"organization_id": org, "invocation_id": inv["id"], "now": T0}
+    params["organization_id" if which == "organization" else "invocation_id"] = None
     assert_sqlstate(llm_conn, "22023", DISPATCH_SQL, params)
 
 

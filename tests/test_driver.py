@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
+import re
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
@@ -42,12 +44,16 @@ from llm_db.models import (
     Health,
     InvariantViolation,
     Invocation,
+    InvocationStatus,
     Notice,
     Organization,
+    OrganizationStatus,
     OrgSweep,
     Outcome,
     ReconciliationRun,
+    RecoveryCharge,
 )
+from llm_db.operations import operations
 from llm_db.requests import AsyncLlm, Llm
 
 T0 = datetime(2030, 1, 10, 12, 0, tzinfo=UTC)
@@ -436,3 +442,97 @@ def test_async_client_on_a_non_autocommit_connection_commits_each_call(
     assert observer.execute(
         "SELECT count(*) FROM llm.invocations WHERE id = %(id)s::uuid", {"id": inv_id}
     ).fetchone() == (1,)
+
+
+# ---------------------------------------------------------------- the table of operations
+
+
+def test_every_public_routine_has_an_operation_and_every_operation_a_routine(
+    llm_conn: psycopg.Connection,
+) -> None:
+    """Each routine of schema llm whose name does not start with ``_`` (procedures
+    included) is reachable from the driver, and no operation names a routine that is gone."""
+    routines = {
+        name
+        for (name,) in llm_conn.execute(
+            "SELECT p.proname FROM pg_catalog.pg_proc AS p"
+            " JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace"
+            " WHERE n.nspname = 'llm' AND left(p.proname, 1) <> '_'"
+        )
+    }
+    table = {op.routine for op in operations().values()}
+    assert routines - table == set(), "public routines without a driver operation"
+    assert table - routines == set(), "operations naming no routine"
+
+
+def test_each_operation_passes_only_parameters_its_routine_has_and_all_it_requires(
+    llm_conn: psycopg.Connection,
+) -> None:
+    """The statement built from each entry names the routine's own parameters (and every
+    one without a default), with the routine's types: a renamed SQL parameter fails here."""
+    signatures = {}
+    for name, arg_names, modes, arg_types, defaults in llm_conn.execute(
+        """SELECT p.proname, p.proargnames, p.proargmodes::text[],
+                  ARRAY(SELECT format_type(t, NULL) FROM unnest(p.proargtypes) AS t), p.pronargdefaults
+             FROM pg_catalog.pg_proc AS p JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace
+            WHERE n.nspname = 'llm' AND left(p.proname, 1) <> '_'"""
+    ):
+        inputs = [a for a, m in zip(arg_names or [], modes or ["i"] * len(arg_names or []), strict=True)
+                  if m in ("i", "b", "v")]  # fmt: skip
+        signatures[name] = dict(zip(inputs, arg_types, strict=True)) | {
+            "_required": inputs[: len(inputs) - defaults]
+        }
+    for op in operations().values():
+        routine = signatures[op.routine]
+        passed = dict(re.findall(r"(p_\w+) => %\(\w+\)s::([\w\[\] ]+)", op.sql))
+        assert set(passed) <= set(routine) - {"_required"}, op.name
+        assert set(routine["_required"]) <= set(passed), op.name
+        for name, sql_type in passed.items():
+            assert _same_type(sql_type, routine[name]), (op.name, name, sql_type, routine[name])
+
+
+def _same_type(cast: str, declared: str) -> bool:
+    aliases = {"timestamptz": "timestamp with time zone", "integer[]": "integer[]"}
+    return aliases.get(cast, cast) == declared or declared.startswith("llm.")  # a domain over the cast type
+
+
+def test_clients_and_task_contexts_take_their_methods_from_the_table() -> None:
+    """One entry, four classes: the sync and asyncio clients and task contexts have the
+    entry's signature and documentation, the asyncio ones as coroutine functions."""
+    from llm_db.executions import AsyncExecutionContext, ExecutionContext
+
+    for op in operations().values():
+        for cls, asynchronous in ((Llm, False), (AsyncLlm, True)):
+            method = getattr(cls, op.name)
+            assert inspect.iscoroutinefunction(method) is asynchronous
+            assert str(inspect.signature(method)).replace("self, /, ", "").replace("(self, /)", "()") == str(
+                op.signature
+            )
+            assert method.__doc__ == op.doc
+    for name in ("admit", "admit_id", "mark_dispatched", "settle", "fail"):
+        for cls, asynchronous in ((ExecutionContext, False), (AsyncExecutionContext, True)):
+            method = getattr(cls, name)
+            assert inspect.iscoroutinefunction(method) is asynchronous
+            hidden = {"organization_id", "execution_id"}
+            assert hidden.isdisjoint(inspect.signature(method).parameters)
+
+
+def test_wrong_arguments_raise_TypeError_before_any_statement(llm: Llm) -> None:
+    with pytest.raises(TypeError, match="unexpected keyword argument 'estimate'"):
+        llm.admit(uuid.uuid4(), 1, "m", estimate=3)
+    with pytest.raises(TypeError, match="missing required arguments: model"):
+        llm.admit(uuid.uuid4(), 1)
+    with pytest.raises(TypeError, match="takes 3 positional arguments"):
+        llm.admit(uuid.uuid4(), 1, "m", uuid.uuid4())
+    with pytest.raises(TypeError, match="multiple values for argument 'model'"):
+        llm.admit(uuid.uuid4(), 1, "m", model="n")
+
+
+def test_statuses_are_enums_that_compare_equal_to_their_sql_text(llm: Llm) -> None:
+    org = uuid.uuid4()
+    made = llm.upsert_organization(org, "enums", 100, now=T0)
+    assert made.status is OrganizationStatus.OPERATIONAL and made.status == "operational"
+    assert made.recovery_charge is RecoveryCharge.ESTIMATE
+    inv = llm.admit(org, 10, "m", now=T0)
+    assert inv.status is InvocationStatus.RESERVED
+    assert llm.settle(org, inv.id, 5, 0, now=T0) is Outcome.SETTLED

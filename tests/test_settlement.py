@@ -196,8 +196,8 @@ def test_settlement_for_an_unknown_organization_raises_LL002(llm_conn):
 
 
 INVALID_SETTLEMENTS = {
-    "null organization": {"org": None},
-    "null invocation": {"invocation": None},
+    "null organization": {"organization_id": None},
+    "null invocation": {"invocation_id": None},
     "null credits": {"credits": None},
     "negative credits": {"credits": -1},
     "credits over 10^15": {"credits": MAX_AMOUNT + 1},
@@ -303,8 +303,8 @@ def test_failure_for_an_unknown_organization_raises_LL002(llm_conn):
 
 
 INVALID_FAILURES = {
-    "null organization": {"org": None},
-    "null invocation": {"invocation": None},
+    "null organization": {"organization_id": None},
+    "null invocation": {"invocation_id": None},
     "null error text": {"error": None},
     "blank error text": {"error": " "},
     "error text over 4000 characters": {"error": "e" * 4001},
