@@ -381,7 +381,7 @@ COMMENT ON TABLE llm.organizations IS 'Tenants. monthly_allowance_credits NULL m
 
 COMMENT ON COLUMN llm.organizations.id IS 'The organization id: the distribution column under Citus.';
 
-COMMENT ON COLUMN llm.organizations.recovery_charge IS 'What recovery charges a stranded request: estimate (the seeds'' rule), dispatched (its estimate only if it was sent to the provider, else 0), none (0).';
+COMMENT ON COLUMN llm.organizations.recovery_charge IS 'What recovery charges a stranded request: estimate (rule BR-CAP-PFM-LLM-009-01), dispatched (its estimate only if it was sent to the provider, else 0), none (0).';
 
 COMMENT ON COLUMN llm.organizations.late_settlement IS 'What a measured settlement of a recovered request does: audit (recorded in late_*, never charged) or true_up (the books move to the measured figures).';
 
@@ -459,7 +459,7 @@ COMMENT ON FUNCTION llm._recover_stranded(p_organization_id uuid, p_now timestam
 CREATE FUNCTION llm._refresh_drift(p_organization_id uuid, p_now timestamp with time zone, p_since timestamp with time zone, p_run_id uuid) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 b9159555d304bec3004a70471c441b61 $$;
+    AS $$ body in sql/, md5 f3d31ac198f86e1634a27c19b00d79c3 $$;
 
 COMMENT ON FUNCTION llm._refresh_drift(p_organization_id uuid, p_now timestamp with time zone, p_since timestamp with time zone, p_run_id uuid) IS 'Compares tasks closed since p_since with their terminal requests; stores and logs each disagreement, drops findings that no longer disagree, changes no totals.';
 

@@ -1,6 +1,6 @@
-"""SQLSTATE -> exception classes (DESIGN.md "Errors").
+"""SQLSTATE -> exception classes (docs/design.md "Errors").
 
-Every error the `llm` schema raises carries an SQLSTATE from DESIGN.md; the
+Every error the `llm` schema raises carries an SQLSTATE from docs/design.md; the
 driver maps that code, and only that code, to a class below. Message, DETAIL
 and HINT are kept as attributes for people to read; no code should parse them.
 

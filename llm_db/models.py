@@ -298,7 +298,7 @@ class Health(_Row):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class InvariantViolation(_Row):
-    """A row of ``llm.check_invariants()``: which invariant (DESIGN.md 1-8) broke, where."""
+    """A row of ``llm.check_invariants()``: which invariant broke, where (docs/design.md)."""
 
     invariant: int
     organization_id: UUID | None

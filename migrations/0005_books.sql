@@ -26,7 +26,7 @@ ALTER TABLE llm.organizations
     ADD COLUMN late_settlement text NOT NULL DEFAULT 'audit'
         CHECK (late_settlement IN ('audit', 'true_up'));
 COMMENT ON COLUMN llm.organizations.recovery_charge IS
-    'What recovery charges a stranded request: estimate (the seeds'' rule), dispatched (its estimate only if it was sent to the provider, else 0), none (0).';
+    'What recovery charges a stranded request: estimate (rule BR-CAP-PFM-LLM-009-01), dispatched (its estimate only if it was sent to the provider, else 0), none (0).';
 COMMENT ON COLUMN llm.organizations.late_settlement IS
     'What a measured settlement of a recovered request does: audit (recorded in late_*, never charged) or true_up (the books move to the measured figures).';
 

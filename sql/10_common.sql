@@ -2,8 +2,8 @@
 -- Private helpers start with `_`; none is granted to any role.
 
 -- No SET clause on purpose: it would stop PostgreSQL from inlining this pure,
--- fully qualified expression into the admission query (about 4 % of a request's
--- CPU, docs/benchmarks.md); nothing in it resolves through search_path.
+-- fully qualified expression into the admission query (a measurable share of a
+-- request's CPU, docs/benchmarks.md); nothing in it resolves through search_path.
 CREATE OR REPLACE FUNCTION llm._period_start(p_at timestamptz)
 RETURNS date
 LANGUAGE sql IMMUTABLE PARALLEL SAFE

@@ -262,8 +262,8 @@ DECLARE
 BEGIN
     -- Most organizations, most hours, closed no task inside the window: for them
     -- this probe (the executions_closed index) is all the drift check costs; the
-    -- per-task query below is planned afresh on every call, which was half the
-    -- CPU of an idle pass (docs/benchmarks.md).
+    -- per-task query below is planned afresh on every call, which was a large
+    -- part of an idle pass's CPU (docs/benchmarks.md).
     PERFORM FROM llm.executions AS x
      WHERE x.organization_id = p_organization_id AND x.status <> 'running' AND x.ended_at >= p_since
      LIMIT 1;

@@ -1,5 +1,5 @@
--- The invariants of DESIGN.md as one query each; check_invariants() returns
--- every violation and nothing when the books are right.
+-- The invariants (docs/design.md "Invariants") as one query each:
+-- check_invariants() returns every violation, and nothing when the books are right.
 
 CREATE OR REPLACE FUNCTION llm.check_invariants()
 RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)

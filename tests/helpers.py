@@ -31,7 +31,7 @@ JANUARY = date(2026, 1, 1)
 FEBRUARY = date(2026, 2, 1)
 MAX_AMOUNT = 10**15  # llm._max_amount()
 
-# The functions granted to llm_app (DESIGN.md "Roles"): the request and task calls.
+# The functions granted to llm_app (docs/design.md "Roles and grants"): the request and task calls.
 APP_FUNCTIONS = frozenset(
     {
         "admit_invocation",
@@ -130,7 +130,7 @@ def _primary_key(conn: psycopg.Connection, table: str) -> list[str]:
 def fingerprint(conn: psycopg.Connection) -> dict[str, list[str]]:
     """Every llm table's full content, each row as text, ordered by primary key.
 
-    Compare two fingerprints to prove a call wrote nothing (DESIGN.md: "A
+    Compare two fingerprints to prove a call wrote nothing (docs/design.md "Errors": "A
     rejected call writes nothing")."""
     result: dict[str, list[str]] = {}
     for table in llm_tables(conn):

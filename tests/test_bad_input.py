@@ -1,5 +1,5 @@
 """Bad input: every public routine of schema ``llm`` rejects what it must, with
-the SQLSTATE of DESIGN.md ("Errors"), and a rejected call writes nothing.
+the SQLSTATE of docs/design.md ("Errors"), and a rejected call writes nothing.
 
 The catalogue below names every public function and procedure (its identity
 from ``pg_proc``); ``test_the_catalogue_covers_every_public_routine`` fails

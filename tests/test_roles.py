@@ -1,4 +1,4 @@
-"""Roles and function hygiene (DESIGN.md "Roles", STYLE.md 2): tables are
+"""Roles and function hygiene (docs/design.md "Roles and grants", "Conventions" 2): tables are
 written only through functions, PUBLIC has nothing, llm_app runs exactly the
 request and task calls, llm_reader reads and runs nothing, every SECURITY
 DEFINER function pins its search_path and every routine has a COMMENT."""
@@ -23,7 +23,7 @@ from helpers import (
 ROLES = ("llm_app", "llm_operator", "llm_reader")
 PINNED_SEARCH_PATH = "search_path=pg_catalog, llm, pg_temp"
 
-# What DESIGN.md gives llm_operator: reconcile, health, schedule, notices, rebuild.
+# What docs/design.md "Roles and grants" gives llm_operator: reconcile, health, schedule, notices, rebuild.
 OPERATOR_ROUTINES = {
     "reconcile_org",
     "run_reconciliation",
@@ -72,7 +72,7 @@ def executable_by(conn: psycopg.Connection, role: str) -> set[str]:
 
 
 def test_no_role_can_write_any_llm_table(llm_conn):
-    """Writes go through functions (STYLE.md 4): no llm table is writable by the roles."""
+    """Writes go through functions (docs/design.md "Conventions" 4): no llm table is writable by the roles."""
     tables = llm_tables(llm_conn)
     assert len(tables) >= 10
     writable = [
@@ -194,7 +194,7 @@ def test_every_security_definer_function_pins_its_search_path(llm_conn):
 
 
 def test_every_function_pins_its_search_path_except_the_committing_procedure(llm_conn):
-    """STYLE.md 2. A procedure that COMMITs may carry no SET clause (PostgreSQL), so
+    """docs/design.md "Conventions" 2. A procedure that COMMITs may carry no SET clause (PostgreSQL), so
     run_reconciliation is an exception; it is SECURITY INVOKER and calls only
     schema-qualified steps. The others are the pure SQL predicates and constants of
     the request path: a SET clause stops PostgreSQL from inlining an SQL function,
