@@ -1,10 +1,16 @@
-"""The optional libraries of the ``worker`` extra, imported when first needed.
+"""The optional libraries of llm-db's extras, imported when first needed.
 
-``import llm_db`` and the driver (``Llm``, ``AsyncLlm``) need only psycopg.
-Webhook delivery and verification (``httpx``, ``standardwebhooks``) and the
-Prometheus exposition (``prometheus_client``) come with
-``pip install 'llm-db[worker]'``; code that needs one calls ``require(name)``,
-which raises ``MissingExtra`` (an ``ImportError``) saying so.
+``import llm_db`` and the driver (``Llm``, ``AsyncLlm``, ``migrate``) need only
+psycopg and yoyo, the core install. Everything else comes with an extra:
+
+* ``cli``: the ``llm-db`` command (``click``);
+* ``testing``: the throw-away PostgreSQL of the pytest fixtures
+  (``llm_db.testing``) and of ``llm-db demo`` (``testing.postgresql``);
+* ``worker``: webhook delivery and verification (``httpx``, ``standardwebhooks``)
+  and the Prometheus exposition (``prometheus_client``).
+
+Code that needs one calls ``require(name)``, which raises ``MissingExtra`` (an
+``ImportError``) naming the pip line of the extra.
 """
 
 from __future__ import annotations
@@ -12,24 +18,63 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-__all__ = ["INSTALL_HINT", "WORKER_MODULES", "MissingExtra", "require"]
+__all__ = [
+    "EXTRAS",
+    "INSTALL_HINT",
+    "WORKER_MODULES",
+    "MissingExtra",
+    "install_hint",
+    "missing",
+    "require",
+]
 
+_WORKER = "webhook delivery, the worker and the metrics need"
+#: import name -> (the extra that installs it, what needs it)
+EXTRAS: dict[str, tuple[str, str]] = {
+    "httpx": ("worker", _WORKER),
+    "standardwebhooks": ("worker", _WORKER),
+    "prometheus_client": ("worker", _WORKER),
+    "click": ("cli", "the llm-db command needs"),
+    "testing.postgresql": (
+        "testing",
+        "the throw-away PostgreSQL (the llm_db.testing fixtures, llm-db demo without --dsn) needs",
+    ),
+}
 #: the import names the ``worker`` extra provides
-WORKER_MODULES = ("httpx", "standardwebhooks", "prometheus_client")
-INSTALL_HINT = "pip install 'llm-db[worker]'"
+WORKER_MODULES = tuple(name for name, (extra, _) in EXTRAS.items() if extra == "worker")
+
+
+def install_hint(extra: str) -> str:
+    """``pip install 'llm-db[extra]'``"""
+    return f"pip install 'llm-db[{extra}]'"
+
+
+INSTALL_HINT = install_hint("worker")
 
 
 class MissingExtra(ImportError):
-    """A library of the ``worker`` extra is not installed; the message names the pip line."""
+    """A library of an extra is not installed; the message names the pip line.
+
+    ``extra`` is the extra's name (``cli``, ``testing``, ``worker``)."""
+
+    def __init__(self, message: str, *, name: str, extra: str) -> None:
+        super().__init__(message, name=name)
+        self.extra = extra
+
+
+def missing(name: str) -> MissingExtra:
+    """The ``MissingExtra`` for ``name`` (a key of ``EXTRAS``), to raise."""
+    extra, needed_by = EXTRAS[name]
+    return MissingExtra(
+        f"{name} is not installed: {needed_by} the {extra} extra ({install_hint(extra)})",
+        name=name,
+        extra=extra,
+    )
 
 
 def require(name: str) -> ModuleType:
-    """Import ``name`` (one of ``WORKER_MODULES``), or raise ``MissingExtra``."""
+    """Import ``name`` (a key of ``EXTRAS``), or raise ``MissingExtra``."""
     try:
         return importlib.import_module(name)
     except ImportError as exc:
-        raise MissingExtra(
-            f"{name} is not installed: webhook delivery, the worker and the metrics need the "
-            f"worker extra ({INSTALL_HINT})",
-            name=name,
-        ) from exc
+        raise missing(name) from exc

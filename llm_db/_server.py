@@ -1,6 +1,7 @@
 """An ephemeral PostgreSQL 15 server for tests, benchmarks and the demo.
 
-Built on ``testing.postgresql``; this module adds what llm-db needs on top:
+Built on ``testing.postgresql`` (the ``testing`` extra, imported by ``start()``
+only: see ``llm_db._postgresql``); llm-db adds what it needs on top:
 
 * pg_cron preloaded (``cron.database_name = llm_cron``, background workers),
   settings for fast throw-away clusters (fsync off), 200 connections;
@@ -23,19 +24,20 @@ import atexit
 import os
 import pwd
 import shutil
+import socket
 import stat
-import subprocess
 import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
-from testing.common.database import get_unused_port
-from testing.postgresql import Postgresql
+
+if TYPE_CHECKING:
+    from llm_db._postgresql import ServerProcess
 
 __all__ = [
     "CRON_DATABASE",
@@ -101,7 +103,9 @@ def check_installation(bin_dir: Path = BIN_DIR, share_dir: Path = SHARE_DIR) -> 
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    return int(get_unused_port())
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def run_as_kwargs(run_as: pwd.struct_passwd | None, cwd: str) -> dict[str, Any]:
@@ -128,118 +132,15 @@ def _traversable_by_others(path: Path) -> bool:
     return True
 
 
-class _Postgresql(Postgresql):
-    """testing.postgresql.Postgresql that drops privileges when run as root.
+def _server_process() -> type[ServerProcess]:
+    """The class running the server: testing.postgresql underneath, imported here so
+    that this module loads without the ``testing`` extra (``MissingExtra`` without it)."""
+    from llm_db._extras import require
 
-    Settings beyond testing.postgresql's own: ``run_as`` (a pwd entry or None),
-    ``server_settings`` (dict of -c options) and ``bin_dir``.
-    """
+    require("testing.postgresql")
+    from llm_db._postgresql import ServerProcess
 
-    def initialize(self) -> None:
-        bin_dir = Path(self.settings.pop("bin_dir"))
-        self.settings["initdb"] = str(bin_dir / "initdb")
-        self.settings["postgres"] = str(bin_dir / "postgres")
-        self.run_as = self.settings.pop("run_as")
-        self.server_settings = self.settings.pop("server_settings")
-        super().initialize()
-
-    # --- privileges ---------------------------------------------------------
-
-    def _popen_kwargs(self) -> dict[str, Any]:
-        return run_as_kwargs(self.run_as, self.base_dir)
-
-    def _give_away(self, path: str) -> None:
-        if self.run_as is not None:
-            os.chown(path, self.run_as.pw_uid, self.run_as.pw_gid)
-
-    # --- testing.postgresql hooks -------------------------------------------
-
-    def initialize_database(self) -> None:
-        data = os.path.join(self.base_dir, "data")
-        if os.path.exists(os.path.join(data, "PG_VERSION")):
-            return
-        self._give_away(self.base_dir)
-        for sub in self.subdirectories:
-            self._give_away(os.path.join(self.base_dir, sub))
-        args = [
-            self.initdb, "-D", data, "-U", SUPERUSER, "-A", "trust",
-            "-E", "UTF8", "--locale=C", "--lc-messages=C", "--no-sync",
-        ]  # fmt: skip
-        proc = subprocess.run(args, capture_output=True, text=True, **self._popen_kwargs())
-        if proc.returncode != 0:
-            raise ServerSetupError(
-                f"initdb failed ({proc.returncode}):\n{proc.stderr or proc.stdout}"
-            )
-
-    def get_server_commandline(self) -> list[str]:
-        cmd = [
-            self.postgres,
-            "-D", os.path.join(self.base_dir, "data"),
-            "-p", str(self.settings["port"]),
-            "-c", f"unix_socket_directories={os.path.join(self.base_dir, 'tmp')}",
-        ]  # fmt: skip
-        for key, value in self.server_settings.items():
-            cmd += ["-c", f"{key}={value}"]
-        return cmd
-
-    def start(self) -> None:
-        # testing.common's start(), with our Popen arguments: the server runs as
-        # run_as, in its own session (a terminal's Ctrl-C goes to the caller only).
-        if self.child_process:
-            return
-        self.prestart()
-        log_path = os.path.join(self.base_dir, f"{self.name}.log")
-        with open(log_path, "w") as log:
-            try:
-                self.child_process = subprocess.Popen(
-                    self.get_server_commandline(),
-                    stdout=log,
-                    stderr=log,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                    **self._popen_kwargs(),
-                )
-            except OSError as exc:
-                raise ServerSetupError(f"failed to launch postgres: {exc!r}") from exc
-        try:
-            self.wait_booting()
-            self.poststart()
-        except BaseException:
-            self.stop()
-            raise
-
-    def is_server_available(self) -> bool:
-        try:
-            with psycopg.connect(**self.dsn(database="postgres"), connect_timeout=2):
-                return True
-        except psycopg.Error:
-            return False
-
-    def dsn(self, **kwargs: Any) -> dict[str, Any]:
-        params = dict(kwargs)
-        params.setdefault("port", self.settings["port"])
-        params.setdefault("host", "127.0.0.1")
-        params.setdefault("user", SUPERUSER)
-        params.setdefault("dbname", params.pop("database", "postgres"))
-        return params
-
-    def poststart(self) -> None:
-        # The pg_cron launcher connects to cron.database_name: create it at once,
-        # so the launcher does not restart in a loop looking for it.
-        cron_db = self.server_settings.get("cron.database_name")
-        if not cron_db:
-            return
-        with psycopg.connect(**self.dsn(database="postgres"), autocommit=True) as conn:
-            exists = conn.execute(
-                "SELECT 1 FROM pg_database WHERE datname = %s", [cron_db]
-            ).fetchone()
-            if not exists:
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(cron_db)))
-
-    def cleanup(self) -> None:
-        if self.child_process is not None:
-            return
-        shutil.rmtree(self.base_dir, ignore_errors=True)
+    return ServerProcess
 
 
 class EphemeralServer:
@@ -265,7 +166,7 @@ class EphemeralServer:
         self.boot_timeout = boot_timeout
         self.superuser = SUPERUSER
         self.host = "127.0.0.1"
-        self._pg: _Postgresql | None = None
+        self._pg: ServerProcess | None = None
         self._admin_conn: psycopg.Connection | None = None
         self._admin_lock = threading.Lock()
 
@@ -274,13 +175,14 @@ class EphemeralServer:
     def start(self) -> EphemeralServer:
         if self._pg is not None:
             return self
+        process = _server_process()
         check_installation(self.bin_dir, self.share_dir)
         run_as = pwd.getpwnam(OS_USER_WHEN_ROOT) if os.geteuid() == 0 else None
         last_error: Exception | None = None
         for _attempt in range(3):  # a free port can be taken between probe and bind
             base_dir = self._make_base_dir(run_as)
             try:
-                self._pg = _Postgresql(
+                self._pg = process(
                     base_dir=base_dir,
                     port=free_port(),
                     bin_dir=self.bin_dir,
@@ -327,7 +229,7 @@ class EphemeralServer:
     # --- addresses -------------------------------------------------------------
 
     @property
-    def _running(self) -> _Postgresql:
+    def _running(self) -> ServerProcess:
         if self._pg is None:
             raise RuntimeError("EphemeralServer is not running; call start() first")
         return self._pg

@@ -6,7 +6,10 @@ Errors are one line on stderr (SQLSTATE, message, DETAIL, HINT), never a
 traceback, and the exit code says what happened (see ``EXIT_*``), so each
 subcommand can run as it is from cron or a monitoring check.
 
-``python -m llm_db.cli`` is the same program as the ``llm-db`` script.
+``python -m llm_db.cli`` is the same program as the ``llm-db`` script (whose
+entry point is ``llm_db.__main__``). It is built on click, which comes with the
+``cli`` extra: without it, importing this module raises ``MissingExtra`` and
+``llm-db`` prints one line naming ``pip install 'llm-db[cli]'`` (exit 2).
 """
 
 from __future__ import annotations
@@ -25,12 +28,22 @@ from pathlib import Path
 from typing import Any, NoReturn
 from uuid import UUID
 
-import click
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
 from llm_db import errors
+from llm_db._extras import missing
+
+try:
+    import click
+except ModuleNotFoundError as exc:  # the cli extra is not installed
+    if exc.name != "click":
+        raise
+    if __name__ == "__main__":  # python -m llm_db.cli: one line, as llm-db says it
+        print(f"llm-db: error: {missing('click')}", file=sys.stderr)
+        sys.exit(2)
+    raise missing("click") from exc
 
 __all__ = [
     "EXIT_ERROR",

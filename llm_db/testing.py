@@ -6,6 +6,12 @@ any project that installs llm-db gets these fixtures; llm-db's own
 ``tests/conftest.py`` also lists it in ``pytest_plugins`` (pytest registers a
 plugin name once).
 
+The plugin loads in every install, since the entry point is registered by
+every install; the throw-away server needs the ``testing`` extra
+(``testing.postgresql``), imported when a fixture first starts the server. Without
+it, the tests that use these fixtures fail with one line naming
+``pip install 'llm-db[testing]'``.
+
 Fixtures (scope):
 
 ``llm_server`` (session)
@@ -59,6 +65,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from llm_db._extras import MissingExtra
 from llm_db._pgbouncer import PgBouncer
 from llm_db._server import CRON_DATABASE, EphemeralServer, ServerSetupError, check_installation
 from llm_db.migrate import migrate
@@ -163,13 +170,30 @@ def _connect(
     return conn
 
 
+@contextmanager
+def _started(server: EphemeralServer) -> Iterator[EphemeralServer]:
+    """``server`` started (a missing ``testing`` extra fails the test in one line) and
+    stopped at the end."""
+    missing: MissingExtra | None = None
+    try:
+        server.start()
+    except MissingExtra as exc:
+        missing = exc
+    if missing is not None:  # outside the except: the report is this line, not a chain
+        pytest.fail(f"llm_server: {missing}", pytrace=False)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 # ---------------------------------------------------------------- fixtures
 
 
 @pytest.fixture(scope="session")
 def llm_server() -> Iterator[EphemeralServer]:
     """The session's ephemeral PostgreSQL 15 server (pg_cron preloaded)."""
-    with _sigterm_as_interrupt(), EphemeralServer() as server:
+    with _sigterm_as_interrupt(), _started(EphemeralServer()) as server:
         yield server
 
 

@@ -346,7 +346,7 @@ def test_wheel_carries_sql_migrations_and_entry_points(wheel):
     assert {f"llm_db/_sql/{n}" for n in REPO_SQL} <= names
     assert {f"llm_db/_migrations/{n}" for n in REPO_MIGRATIONS} <= names
     assert REPO_SQL and REPO_MIGRATIONS
-    assert "llm-db = llm_db.cli:main" in entry_text
+    assert "llm-db = llm_db.__main__:main" in entry_text
     assert "llm_db.testing = llm_db.testing" in entry_text
 
 
