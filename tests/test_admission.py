@@ -8,7 +8,8 @@ import uuid
 from datetime import timedelta, timezone
 
 import pytest
-from helpers import (
+
+from tests.helpers import (
     ADMIT_SQL,
     DISPATCH_SQL,
     FEBRUARY,

@@ -7,8 +7,9 @@ from __future__ import annotations
 import re
 
 import psycopg
-from helpers import assert_sqlstate, llm_tables, params, rows, scalar, sql_of
 from psycopg import sql
+
+from tests.helpers import assert_sqlstate, llm_tables, params, rows, scalar, sql_of
 
 # Tables whose keys need not include organization_id, and why.
 NOT_SHARDED = {

@@ -17,7 +17,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers import (
+
+from tests.helpers import (
     ADMIT_SQL,
     FAIL_SQL,
     SETTLE_SQL,

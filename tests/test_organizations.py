@@ -8,7 +8,8 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from helpers import (
+
+from tests.helpers import (
     FEBRUARY,
     JANUARY,
     MAX_AMOUNT,

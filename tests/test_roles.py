@@ -9,7 +9,8 @@ import uuid
 
 import psycopg
 import pytest
-from helpers import (
+
+from tests.helpers import (
     ADMIT_SQL,
     APP_FUNCTIONS,
     T0,

@@ -9,7 +9,8 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from helpers import (
+
+from tests.helpers import (
     FAIL_SQL,
     FEBRUARY,
     JANUARY,
