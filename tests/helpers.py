@@ -11,9 +11,12 @@ instant every test starts from.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
-from datetime import UTC, date, datetime
+from collections.abc import Callable
+from datetime import UTC, date, datetime, timedelta
+from datetime import time as clock_time
 from typing import Any
 
 import psycopg
@@ -27,8 +30,9 @@ OPERATIONS = operations()
 
 # A quiet mid-month instant; tests move the clock relative to it.
 T0 = datetime(2026, 1, 15, 12, 0, tzinfo=UTC)
-JANUARY = date(2026, 1, 1)
-FEBRUARY = date(2026, 2, 1)
+JANUARY = T0.date().replace(day=1)  # T0's month
+FEBRUARY = (JANUARY + timedelta(days=31)).replace(day=1)  # the next one
+NEW_MONTH = datetime.combine(FEBRUARY, clock_time(), UTC)  # its first instant: January is over
 MAX_AMOUNT = 10**15  # llm._max_amount()
 
 # The functions granted to llm_app (docs/design.md "Roles and grants"): the request and task calls.
@@ -48,10 +52,10 @@ APP_FUNCTIONS = frozenset(
 
 
 def rows(conn: psycopg.Connection, query: str, params: Any = None) -> list[dict[str, Any]]:
-    """All rows of ``query`` as dicts."""
+    """All rows of ``query`` as dicts (none for a statement that returns no rows, a ``CALL``)."""
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(query, params)
-        return cur.fetchall()
+        return cur.fetchall() if cur.description is not None else []
 
 
 def row(conn: psycopg.Connection, query: str, params: Any = None) -> dict[str, Any] | None:
@@ -68,14 +72,49 @@ def scalar(conn: psycopg.Connection, query: str, params: Any = None) -> Any:
     return result[0]
 
 
+def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
+    """Poll ``predicate`` until it returns something true, and return that."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
 def wait_blocked(observer: psycopg.Connection, pid: int, timeout: float = 10.0) -> None:
     """Poll until backend ``pid`` waits on a lock another backend holds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if observer.execute("SELECT cardinality(pg_blocking_pids(%s)) > 0", [pid]).fetchone()[0]:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"backend {pid} never blocked")
+    wait_for(lambda: observer.execute("SELECT cardinality(pg_blocking_pids(%s)) > 0", [pid]).fetchone()[0],
+             f"backend {pid} to block", timeout)
+
+
+class InThread:
+    """Run ``fn`` in a thread at once; ``join()`` waits for it, ``result()`` also re-raises
+    what it raised or returns what it returned."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(fn,))
+        self.thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self.value = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to result()
+            self.error = exc
+
+    def join(self, timeout: float = 30) -> None:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the thread did not return"
+
+    def result(self) -> Any:
+        self.join()
+        if self.error is not None:
+            raise self.error
+        return self.value
 
 
 def lock_period_rows(conn: psycopg.Connection, org_id: uuid.UUID) -> None:
@@ -146,7 +185,7 @@ def fingerprint(conn: psycopg.Connection) -> dict[str, list[str]]:
 
 def invariants(conn: psycopg.Connection) -> list[dict[str, Any]]:
     """The rows of ``llm.check_invariants()``: empty when the books are right."""
-    return rows(conn, "SELECT * FROM llm.check_invariants()")
+    return call(conn, "check_invariants")
 
 
 def assert_sqlstate(
@@ -227,21 +266,6 @@ def set_org(
 ADMIT_SQL = sql_of("admit")
 
 
-def admit(
-    conn: psycopg.Connection,
-    org_id: uuid.UUID | None,
-    estimate: int | None,
-    model: str | None = "model-a",
-    *,
-    execution_id: uuid.UUID | None = None,
-    invocation_id: uuid.UUID | None = None,
-    now: datetime | None = T0,
-) -> dict[str, Any]:
-    """llm.admit_invocation; returns the llm.invocations row."""
-    return call(conn, "admit", org_id, estimate, model, execution_id=execution_id,
-                invocation_id=invocation_id, now=now)[0]
-
-
 def admit_params(
     org_id: uuid.UUID | None,
     estimate: int | None,
@@ -254,6 +278,19 @@ def admit_params(
     """The parameters of ADMIT_SQL."""
     return params("admit", org_id, estimate, model, execution_id=execution_id,
                   invocation_id=invocation_id, now=now)
+
+
+def admit(conn: psycopg.Connection, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """llm.admit_invocation with ``admit_params``' arguments; returns the llm.invocations row."""
+    return rows(conn, ADMIT_SQL, admit_params(*args, **kwargs))[0]
+
+
+def admit_dispatched(conn: psycopg.Connection, org_id: uuid.UUID, estimate: int, *,
+                     execution_id: uuid.UUID | None = None, now: datetime | None = T0) -> uuid.UUID:
+    """Admit a request and mark it dispatched at ``now``; returns its id."""
+    inv = admit(conn, org_id, estimate, execution_id=execution_id, now=now)["id"]
+    dispatch(conn, org_id, inv, now=now)
+    return inv
 
 
 DISPATCH_SQL = sql_of("mark_dispatched")
@@ -285,20 +322,9 @@ def settle_params(
                   output_tokens=output_tokens, now=now)
 
 
-def settle(
-    conn: psycopg.Connection,
-    org_id: uuid.UUID,
-    invocation_id: uuid.UUID,
-    credits: int,
-    cents: int = 0,
-    *,
-    input_tokens: int | None = None,
-    output_tokens: int | None = None,
-    now: datetime | None = T0,
-) -> str:
-    """llm.settle_invocation; returns its outcome text."""
-    return call(conn, "settle", org_id, invocation_id, credits, cents, input_tokens=input_tokens,
-                output_tokens=output_tokens, now=now)[0]["value"]
+def settle(conn: psycopg.Connection, *args: Any, **kwargs: Any) -> str:
+    """llm.settle_invocation with ``settle_params``' arguments; returns its outcome text."""
+    return rows(conn, SETTLE_SQL, settle_params(*args, **kwargs))[0]["value"]
 
 
 FAIL_SQL = sql_of("fail")
@@ -317,19 +343,9 @@ def fail_params(
     return params("fail", org_id, invocation_id, error, credits=credits, cents=cents, now=now)
 
 
-def fail(
-    conn: psycopg.Connection,
-    org_id: uuid.UUID,
-    invocation_id: uuid.UUID,
-    error: str = "provider error",
-    credits: int = 0,
-    cents: int = 0,
-    *,
-    now: datetime | None = T0,
-) -> str:
-    """llm.fail_invocation; returns its outcome text."""
-    return call(conn, "fail", org_id, invocation_id, error, credits=credits, cents=cents,
-                now=now)[0]["value"]
+def fail(conn: psycopg.Connection, *args: Any, **kwargs: Any) -> str:
+    """llm.fail_invocation with ``fail_params``' arguments; returns its outcome text."""
+    return rows(conn, FAIL_SQL, fail_params(*args, **kwargs))[0]["value"]
 
 
 def declare_task(conn: psycopg.Connection, key: str = "summarize",
@@ -363,7 +379,38 @@ def reconcile(conn: psycopg.Connection, org_id: uuid.UUID, *, now: datetime,
     return call(conn, "reconcile_org", org_id, now=now, batch=batch)[0]
 
 
+def call_pass(conn: psycopg.Connection, now: datetime | None, batch: int | None = None) -> None:
+    """``CALL llm.run_reconciliation`` at ``now`` (on an idle autocommit connection)."""
+    call(conn, "run_reconciliation", now=now, batch=batch)
+
+
+def run_pass(conn: psycopg.Connection, now: datetime | None, batch: int | None = None) -> dict[str, Any]:
+    """One pass at ``now``; returns the newest llm.reconciliation_runs row that is not 'skipped'."""
+    call_pass(conn, now, batch)
+    return row(conn, "SELECT * FROM llm.reconciliation_runs WHERE status <> 'skipped'"
+                     " ORDER BY started_at DESC LIMIT 1")
+
+
+def health(conn: psycopg.Connection, now: datetime | None) -> dict[str, Any]:
+    """The row of llm.reconciliation_health at ``now``."""
+    return call(conn, "health", now=now)[0]
+
+
+def assert_books_right(conn: psycopg.Connection) -> None:
+    """llm.check_invariants() finds nothing."""
+    assert invariants(conn) == []
+
+
 # ---------------------------------------------------------------- looking up
+
+
+CRON_JOB = "llm-reconciliation"  # the pg_cron job schedule_reconciliation makes
+
+
+def cron_jobs(conn: psycopg.Connection) -> list[tuple]:
+    """(jobid, schedule, command, database) of the llm-reconciliation pg_cron job(s)."""
+    return conn.execute("SELECT jobid, schedule, command, database FROM cron.job WHERE jobname = %s",
+                        [CRON_JOB]).fetchall()
 
 
 def period(conn: psycopg.Connection, org_id: uuid.UUID, start: date = JANUARY) -> dict[str, Any] | None:
@@ -376,14 +423,15 @@ def period(conn: psycopg.Connection, org_id: uuid.UUID, start: date = JANUARY) -
     )
 
 
+def _by_id(conn: psycopg.Connection, table: str, org_id: uuid.UUID, key: uuid.UUID) -> dict[str, Any] | None:
+    return row(conn, sql.SQL("SELECT * FROM {} WHERE organization_id = %(org)s::uuid AND id = %(id)s::uuid").format(
+        sql.Identifier("llm", table)), {"org": org_id, "id": key})
+
+
 def invocation(conn: psycopg.Connection, org_id: uuid.UUID,
                invocation_id: uuid.UUID) -> dict[str, Any] | None:
     """The llm.invocations row, or None."""
-    return row(
-        conn,
-        "SELECT * FROM llm.invocations WHERE organization_id = %(org)s::uuid AND id = %(id)s::uuid",
-        {"org": org_id, "id": invocation_id},
-    )
+    return _by_id(conn, "invocations", org_id, invocation_id)
 
 
 def ledger(conn: psycopg.Connection, org_id: uuid.UUID,
@@ -413,8 +461,4 @@ def notices(conn: psycopg.Connection, org_id: uuid.UUID) -> list[dict[str, Any]]
 def execution(conn: psycopg.Connection, org_id: uuid.UUID,
               execution_id: uuid.UUID) -> dict[str, Any] | None:
     """The llm.executions row, or None."""
-    return row(
-        conn,
-        "SELECT * FROM llm.executions WHERE organization_id = %(org)s::uuid AND id = %(id)s::uuid",
-        {"org": org_id, "id": execution_id},
-    )
+    return _by_id(conn, "executions", org_id, execution_id)

@@ -1,9 +1,12 @@
-"""A webhook receiver on 127.0.0.1 for the worker tests: verifies every POST the way a real
-receiver would, with the ``standardwebhooks`` package, and keeps what it got.
+"""A webhook receiver on 127.0.0.1 for the delivery, CLI and worker tests: verifies every
+POST the way a real receiver would, with the ``standardwebhooks`` package, and keeps what it
+got.
 
 Bound at once but listening only after ``up()`` (until then a connection is refused, as
-from a receiver that is down). ``delay`` slows each answer; clearing ``block`` holds every
-answer until it is set again (a worker stays mid-POST).
+from a receiver that is down). ``status`` and ``headers_out`` choose the answer (401 when
+the signature does not verify); ``delay`` slows each answer (released early at ``close()``);
+clearing ``block`` holds every answer until it is set again (a worker stays mid-POST). A
+context manager: ``with Receiver(secret) as hook`` closes it at the end.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ class Receiver:
         self.webhook = standardwebhooks.Webhook(secret)
         self.status = status
         self.delay = 0.0
+        self.headers_out: dict[str, str] = {}
+        self.release = threading.Event()  # set at close: a delayed answer goes at once
         self.block = threading.Event()
         self.block.set()
         self.received: list[Received] = []
@@ -57,9 +62,11 @@ class Receiver:
                     receiver._arrivals.notify_all()
                 receiver.block.wait(timeout=60)
                 if receiver.delay:
-                    time.sleep(receiver.delay)
+                    receiver.release.wait(receiver.delay)
                 try:
                     self.send_response(receiver.status if verified else 401)
+                    for name, value in receiver.headers_out.items():
+                        self.send_header(name, value)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                 except OSError:
@@ -96,7 +103,14 @@ class Receiver:
                 self._arrivals.wait(remaining)
             return self.received[:count]
 
+    def __enter__(self) -> Receiver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
+        self.release.set()
         self.block.set()
         if self.thread is not None:
             self.server.shutdown()

@@ -5,15 +5,17 @@ nothing written, idempotent retries (LL007), and invariant 4."""
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta, timezone
 
 import pytest
-from helpers import (
+
+from tests.helpers import (
     ADMIT_SQL,
     DISPATCH_SQL,
     FEBRUARY,
     JANUARY,
     MAX_AMOUNT,
+    NEW_MONTH,
     T0,
     admit,
     admit_params,
@@ -61,9 +63,10 @@ def test_admission_places_the_hold_on_the_current_period_CAP_PFM_LLM_007(llm_con
 def test_admission_period_is_the_utc_calendar_month(llm_conn):
     org = new_org(llm_conn, 1000)
     # 23:30 on 31 January in New York is 04:30 on 1 February UTC
-    late_evening = datetime.fromisoformat("2026-01-31T23:30:00-05:00")
+    late_evening = (NEW_MONTH + timedelta(hours=4, minutes=30)).astimezone(timezone(timedelta(hours=-5)))
+    assert late_evening.day == 31
     assert admit(llm_conn, org, 1, now=late_evening)["period_start"] == FEBRUARY
-    assert admit(llm_conn, org, 1, now=datetime(2026, 1, 31, 23, 59, 59, tzinfo=UTC))[
+    assert admit(llm_conn, org, 1, now=NEW_MONTH - timedelta(seconds=1))[
         "period_start"
     ] == JANUARY
 

@@ -13,7 +13,6 @@ checked with ``pg_blocking_pids``: no sleeps, no timing.
 
 from __future__ import annotations
 
-import threading
 import uuid
 from datetime import timedelta
 
@@ -21,37 +20,14 @@ import psycopg
 import pytest
 
 from llm_db import AllowanceExhausted, Llm
-from tests.helpers import T0, invariants, row, scalar, wait_blocked
+from tests.helpers import FEBRUARY, T0, InThread, invariants, row, scalar, wait_blocked
 
 FEBRUARY_NOW = T0 + timedelta(days=20)  # the organization's first request of February
 
 
 def period_allowance(conn: psycopg.Connection, org: uuid.UUID) -> int | None:
     return scalar(conn, "SELECT allowance_credits FROM llm.periods WHERE organization_id = %s"
-                        " AND period_start = '2026-02-01'", [org])  # fmt: skip
-
-
-class InThread:
-    """Run ``fn`` in a thread; ``result()`` joins and re-raises."""
-
-    def __init__(self, fn) -> None:
-        self.value = None
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(fn,))
-        self.thread.start()
-
-    def _run(self, fn) -> None:
-        try:
-            self.value = fn()
-        except BaseException as exc:
-            self.error = exc
-
-    def result(self):
-        self.thread.join(30)
-        assert not self.thread.is_alive()
-        if self.error is not None:
-            raise self.error
-        return self.value
+                        " AND period_start = %s", [org, FEBRUARY])  # fmt: skip
 
 
 @pytest.fixture
@@ -82,7 +58,7 @@ def test_an_allowance_lowered_while_the_first_admission_runs_applies_to_the_mont
     assert "allowance=100 " in (refused.value.detail or "")  # it saw the committed allowance
     # the refused admission wrote nothing, its period row included
     assert scalar(llm_conn, "SELECT count(*) FROM llm.periods WHERE organization_id = %s"
-                            " AND period_start = '2026-02-01'", [org]) == 0  # fmt: skip
+                            " AND period_start = %s", [org, FEBRUARY]) == 0  # fmt: skip
     assert Llm(llm_conn).admit(org, 50, "gpt-x", now=FEBRUARY_NOW).hold_credits == 50
     assert period_allowance(llm_conn, org) == 100
     with pytest.raises(AllowanceExhausted):
@@ -108,7 +84,7 @@ def test_an_allowance_lowered_after_the_first_admission_created_the_period_moves
 
     assert upsert.result().monthly_allowance_credits == 100
     period = row(llm_conn, "SELECT allowance_credits, held_credits FROM llm.periods"
-                           " WHERE organization_id = %s AND period_start = '2026-02-01'", [org])  # fmt: skip
+                           " WHERE organization_id = %s AND period_start = %s", [org, FEBRUARY])  # fmt: skip
     assert period == {"allowance_credits": 100, "held_credits": admitted.hold_credits}
     with pytest.raises(AllowanceExhausted):
         Llm(llm_conn).admit(org, 50, "gpt-x", now=FEBRUARY_NOW)
@@ -126,8 +102,8 @@ def test_check_invariants_reports_a_period_left_on_an_old_allowance_invariant_9(
     llm.admit(org, 10, "gpt-x", now=FEBRUARY_NOW)
     assert invariants(llm_conn) == []  # January kept 1000: a closed month, before the change
     llm_conn.execute("UPDATE llm.period_heads SET allowance_credits = 1000 WHERE organization_id = %s"
-                     " AND period_start = '2026-02-01'", [org])  # fmt: skip
-    assert [(r["invariant"], r["subject"]) for r in invariants(llm_conn)] == [(9, "period 2026-02-01")]
+                     " AND period_start = %s", [org, FEBRUARY])  # fmt: skip
+    assert [(r["invariant"], r["subject"]) for r in invariants(llm_conn)] == [(9, f"period {FEBRUARY}")]
 
 
 def test_an_upsert_with_an_earlier_clock_moves_every_later_period_too(llm_conn, org):

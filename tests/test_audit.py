@@ -18,10 +18,9 @@ import psycopg
 import pytest
 
 from llm_db import Llm
-from tests.helpers import T0, corrupt_period, row, rows, scalar
+from tests.helpers import T0, assert_books_right, corrupt_period, row, rows, scalar
 
 HOUR = timedelta(hours=1)
-JANUARY = "2026-01-01"
 
 
 def busy_org(llm: Llm) -> uuid.UUID:
@@ -78,7 +77,7 @@ def test_a_corrupted_counter_is_found_within_24_passes_and_resolved_when_right(l
     resolved = finding(llm_conn, org)
     assert resolved["resolved_at"] is not None
     assert sum(r.period_findings for r in later) == 0
-    assert rows(llm_conn, "SELECT * FROM llm.check_invariants()") == []
+    assert_books_right(llm_conn)
 
 
 def test_every_organization_is_audited_at_least_once_in_any_24_hourly_passes(llm_conn):

@@ -7,8 +7,9 @@ from __future__ import annotations
 import re
 
 import psycopg
-from helpers import assert_sqlstate, llm_tables, rows, scalar
 from psycopg import sql
+
+from tests.helpers import assert_sqlstate, llm_tables, params, rows, scalar, sql_of
 
 # Tables whose keys need not include organization_id, and why.
 NOT_SHARDED = {
@@ -294,5 +295,5 @@ def test_distribute_covers_every_table_but_the_coordinator_one(llm_conn):
 
 
 def test_distribute_without_citus_raises_LL011_and_writes_nothing(llm_conn):
-    err = assert_sqlstate(llm_conn, "LL011", "SELECT llm.distribute()")
+    err = assert_sqlstate(llm_conn, "LL011", sql_of("distribute"), params("distribute"))
     assert "distribute" in err.diag.message_hint

@@ -9,12 +9,10 @@ The clock is moved with ``--now`` (the driver's ``now=``), never by sleeping.
 from __future__ import annotations
 
 import base64
-import http.server
 import json
 import os
 import subprocess
 import sys
-import threading
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -26,7 +24,19 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llm_db.notices import verify_webhook
 from llm_db.requests import Llm
-from tests.helpers import T0, lock_period_rows, row, scalar, wait_blocked
+from tests.helpers import (
+    CRON_JOB,
+    JANUARY,
+    T0,
+    InThread,
+    call_pass,
+    cron_jobs,
+    lock_period_rows,
+    row,
+    scalar,
+    wait_blocked,
+)
+from tests.receiver import Receiver
 
 SUBCOMMANDS = ["migrate", "reconcile", "health", "schedule", "unschedule", "notices deliver",
                "notices new-secret", "worker", "report", "metrics", "distribute", "demo"]  # fmt: skip
@@ -34,7 +44,6 @@ NEEDS_DSN = [c for c in SUBCOMMANDS if c not in ("demo", "notices new-secret")]
 SECRET = "whsec_bGxtLWRiIENMSSB0ZXN0IHNlY3JldCwgMzIgYnl0ZXM="  # a fixed test secret
 WEBHOOK_ARGS = ("notices deliver", "worker")  # the subcommands that take --url and --secret-env
 SECRET_ENV = "LLM_DB_TEST_WEBHOOK_SECRET"
-JOB_NAME = "llm-reconciliation"
 
 
 def llm_db(*args: str, dsn: str | None = None, env: dict[str, str] | None = None,
@@ -286,17 +295,13 @@ def test_reconcile_skipped_while_another_pass_is_running_exit_1(llm_dsn, llm_con
     blocker = llm_connect(autocommit=False)
     lock_period_rows(blocker, org_id)
     holder = llm_connect()
-    running = threading.Thread(
-        target=holder.execute,
-        args=("CALL llm.run_reconciliation(p_now => %s)", [T0 + timedelta(hours=25)]),
-    )
-    running.start()
+    running = InThread(lambda: call_pass(holder, T0 + timedelta(hours=25)))
     try:
         wait_blocked(llm_conn, holder.info.backend_pid)
         proc = llm_db("reconcile", "--now", iso(T0 + timedelta(hours=25)), dsn=llm_dsn)
     finally:
         blocker.rollback()
-        running.join(30)
+        running.result()
     assert proc.returncode == 1, proc.stderr
     assert " skipped in " in proc.stdout.splitlines()[0]
     assert "another reconciliation pass is running" in proc.stdout
@@ -319,25 +324,6 @@ def test_schedule_without_pg_cron_is_ll010_with_the_hint_exit_3(llm_dsn, llm_con
     assert_one_line_error(proc, "unschedule", "LL010")
 
 
-@pytest.fixture
-def cron_conn(llm_cron_dsn: str) -> Iterator[psycopg.Connection]:
-    """The pg_cron database; every llm-reconciliation job is removed before and after."""
-    with psycopg.connect(llm_cron_dsn, autocommit=True) as conn:
-        conn.execute("SELECT cron.unschedule(jobid) FROM cron.job WHERE jobname = %s", [JOB_NAME])
-        try:
-            yield conn
-        finally:
-            conn.execute(
-                "SELECT cron.unschedule(jobid) FROM cron.job WHERE jobname = %s", [JOB_NAME]
-            )
-
-
-def cron_jobs(conn: psycopg.Connection) -> list[tuple]:
-    return conn.execute(
-        "SELECT jobid, schedule, command, database FROM cron.job WHERE jobname = %s", [JOB_NAME]
-    ).fetchall()
-
-
 def test_schedule_and_unschedule_in_the_pg_cron_database(llm_cron_dsn, cron_conn):
     """WF-PFM-LLM-004 hop 1 through the CLI, where pg_cron lives with llm."""
     proc = llm_db("schedule", "--schedule", "17 3 1 1 *", dsn=llm_cron_dsn)
@@ -351,10 +337,10 @@ def test_schedule_and_unschedule_in_the_pg_cron_database(llm_cron_dsn, cron_conn
     assert [j[:2] for j in cron_jobs(cron_conn)] == [(job_id, "18 3 1 1 *")]
 
     removed = llm_db("unschedule", dsn=llm_cron_dsn)
-    assert (removed.returncode, removed.stdout.strip()) == (0, f"removed pg_cron job {JOB_NAME}")
+    assert (removed.returncode, removed.stdout.strip()) == (0, f"removed pg_cron job {CRON_JOB}")
     assert cron_jobs(cron_conn) == []
     nothing = llm_db("unschedule", dsn=llm_cron_dsn)
-    assert (nothing.returncode, nothing.stdout.strip()) == (0, f"no pg_cron job {JOB_NAME}")
+    assert (nothing.returncode, nothing.stdout.strip()) == (0, f"no pg_cron job {CRON_JOB}")
 
 
 def test_schedule_with_cron_dsn_schedules_in_the_cron_database_for_this_one(
@@ -374,7 +360,7 @@ def test_schedule_with_cron_dsn_schedules_in_the_cron_database_for_this_one(
 
     proc = llm_db("unschedule", "--cron-dsn", llm_cron_dsn, dsn=llm_dsn)
     assert proc.returncode == 0
-    assert proc.stdout.strip() == f"removed pg_cron job {JOB_NAME} for database {dbname}"
+    assert proc.stdout.strip() == f"removed pg_cron job {CRON_JOB} for database {dbname}"
     assert cron_jobs(cron_conn) == []
 
 
@@ -388,41 +374,11 @@ def test_schedule_with_a_cron_dsn_without_pg_cron_exit_3(llm_dsn):
 # ---------------------------------------------------------------- notices deliver
 
 
-class Webhook:
-    """A receiver on 127.0.0.1 answering ``status``; keeps what it got."""
-
-    def __init__(self, status: int = 204) -> None:
-        hook = self
-        self.status = status
-        self.bodies: list[tuple[bytes, dict[str, str]]] = []
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                hook.bodies.append((body, dict(self.headers.items())))
-                self.send_response(hook.status)
-                self.end_headers()
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
-def webhook() -> Iterator[Webhook]:
-    hook = Webhook()
-    try:
+def webhook() -> Iterator[Receiver]:
+    with Receiver(SECRET) as hook:
+        hook.up()
         yield hook
-    finally:
-        hook.close()
 
 
 def cross_80_percent(conn: psycopg.Connection, org_id: uuid.UUID) -> None:
@@ -438,7 +394,8 @@ def test_notices_deliver_posts_signed_notices_from_the_secret_env(llm_dsn, llm_c
                   env={SECRET_ENV: SECRET})  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "claimed 1, sent 1, failed 0"
-    ((body, headers),) = webhook.bodies
+    (got,) = webhook.received
+    body, headers = got.body, got.headers
     assert verify_webhook(body, headers, SECRET)["data"]["threshold_pct"] == 80
     status = scalar(llm_conn, "SELECT status FROM llm.threshold_notices WHERE organization_id = %s",
                     [org])  # fmt: skip
@@ -471,7 +428,7 @@ def test_notices_deliver_needs_the_secret_in_the_environment_exit_2(llm_dsn, web
                   dsn=llm_dsn)  # fmt: skip
     assert proc.returncode == 2
     assert f"environment variable {SECRET_ENV} is not set" in proc.stderr
-    assert webhook.bodies == []
+    assert webhook.received == []
     proc = llm_db("notices", "deliver", "--secret", SECRET, "--url", webhook.url, dsn=llm_dsn)
     assert proc.returncode == 2  # there is no option that takes the secret itself
     assert "No such option" in proc.stderr
@@ -491,7 +448,7 @@ def test_a_secret_without_whsec_makes_deliver_and_worker_exit_2_saying_how_to_ma
                   dsn=llm_dsn, env={SECRET_ENV: secret})  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert_one_line_error(proc, command, "whsec_", "llm-db notices new-secret")
-    assert webhook.bodies == []
+    assert webhook.received == []
 
 
 def test_notices_new_secret_prints_a_fresh_valid_secret():
@@ -532,14 +489,14 @@ def test_report_json_parses_and_holds_periods_daily_usage_holds_and_tasks(llm_ds
                   dsn=llm_dsn)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    assert (report["since"], report["until"]) == ("2026-01-14", "2026-01-16")
+    assert (report["since"], report["until"]) == (str(T0.date() - timedelta(days=1)), str(T0.date() + timedelta(days=1)))
     (period,) = report["periods"]
     assert (period["name"], period["period_start"], period["allowance_credits"],
             period["used_credits"], period["held_credits"], period["used_cents"]) == (
-        "CLI Org", "2026-01-01", 100, 15, 30, 4)  # fmt: skip
+        "CLI Org", str(JANUARY), 100, 15, 30, 4)  # fmt: skip
     (daily,) = report["daily_usage"]
     assert (daily["day"], daily["model"], daily["requests"], daily["credits"],
-            daily["input_tokens"]) == ("2026-01-15", "gpt-x", 1, 15, 100)  # fmt: skip
+            daily["input_tokens"]) == (str(T0.date()), "gpt-x", 1, 15, 100)  # fmt: skip
     (holds,) = report["open_holds"]
     assert (holds["open_requests"], holds["held_credits"], holds["past_window"]) == (1, 30, 1)
     (tasks,) = report["tasks"]

@@ -17,7 +17,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers import (
+
+from tests.helpers import (
     ADMIT_SQL,
     FAIL_SQL,
     SETTLE_SQL,
@@ -32,12 +33,17 @@ from helpers import (
     ledger,
     new_org,
     notices,
+    params,
     period,
     row,
     scalar,
     settle,
     settle_params,
+    sql_of,
 )
+
+# the sweep's recovered requests, one column (interleave() reads the first)
+SWEEP_SQL = f"SELECT s.recovered_requests FROM ({sql_of('reconcile_org')}) AS s"
 
 THREADS = 8
 ATTEMPTS = 200
@@ -278,10 +284,7 @@ def test_recovery_skips_an_invocation_being_settled_and_the_live_settlement_wins
     """BR-CAP-PFM-LLM-009-01 with a live worker: recovery does not wait for nor take a request
     whose settlement is in progress (SKIP LOCKED); the measured settlement is charged."""
     org, inv = open_invocation
-    sweep = (
-        "SELECT (llm.reconcile_org(%(org)s::uuid, %(now)s::timestamptz)).recovered_requests",
-        {"org": org, "now": RECOVERY_CLOCK},
-    )
+    sweep = (SWEEP_SQL, params("reconcile_org", org, now=RECOVERY_CLOCK))
     a_result, b_result = interleave(
         llm_conn, llm_connect, (SETTLE_SQL, settle_params(org, inv, 60, 6, now=RECOVERY_CLOCK)),
         sweep, second_blocks=False,
@@ -298,10 +301,7 @@ def test_settlement_waiting_on_recovery_answers_already_recovered(
     llm_conn, llm_connect, open_invocation
 ):
     org, inv = open_invocation
-    sweep = (
-        "SELECT (llm.reconcile_org(%(org)s::uuid, %(now)s::timestamptz)).recovered_requests",
-        {"org": org, "now": RECOVERY_CLOCK},
-    )
+    sweep = (SWEEP_SQL, params("reconcile_org", org, now=RECOVERY_CLOCK))
     a_result, b_result = interleave(
         llm_conn, llm_connect, sweep, (SETTLE_SQL, settle_params(org, inv, 60, 6, now=RECOVERY_CLOCK))
     )

@@ -12,11 +12,18 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
-from psycopg.rows import dict_row
-
-T0 = datetime(2026, 3, 10, 9, 0, tzinfo=UTC)
+from tests.helpers import (
+    T0,
+    assert_books_right,
+    declare_task,
+    execution,
+    invocation,
+    new_org,
+    period,
+    run_pass,
+)
 
 WORKER = textwrap.dedent(
     """
@@ -37,12 +44,8 @@ WORKER = textwrap.dedent(
 
 
 def test_sc_cap_pfm_llm_009_01_killed_worker_hold_released_by_the_pass_25h_later(llm_conn, llm_dsn):
-    org = uuid.uuid4()
-    llm_conn.execute(
-        "SELECT llm.upsert_organization(%(org)s::uuid, 'crashy', 1000::bigint, p_now => %(now)s::timestamptz)",
-        {"org": org, "now": T0},
-    )
-    llm_conn.execute("SELECT llm.declare_task_kind('crash.demo')")
+    org = new_org(llm_conn, 1000, name="crashy")
+    declare_task(llm_conn, "crash.demo")
 
     worker = subprocess.Popen(
         [sys.executable, "-c", WORKER, llm_dsn, str(org), T0.isoformat()],
@@ -57,29 +60,21 @@ def test_sc_cap_pfm_llm_009_01_killed_worker_hold_released_by_the_pass_25h_later
         worker.wait(timeout=30)
     assert worker.returncode == -signal.SIGKILL
 
-    cur = llm_conn.cursor(row_factory=dict_row)
-    period = "SELECT * FROM llm.periods WHERE organization_id = %s"
-    assert cur.execute(period, [org]).fetchone()["held_credits"] == 300
-    status = "SELECT status FROM llm.invocations WHERE organization_id = %s AND id = %s"
-    assert cur.execute(status, [org, inv]).fetchone()["status"] == "dispatched"
+    assert period(llm_conn, org)["held_credits"] == 300
+    assert invocation(llm_conn, org, inv)["status"] == "dispatched"
 
     swept_at = T0 + timedelta(hours=25)
-    llm_conn.execute("CALL llm.run_reconciliation(p_now => %s)", [swept_at])
+    run = run_pass(llm_conn, swept_at)
 
-    row = cur.execute(period, [org]).fetchone()
-    assert (row["held_credits"], row["used_credits"], row["used_cents"]) == (0, 300, 0)
-    got = cur.execute(
-        "SELECT * FROM llm.invocations WHERE organization_id = %s AND id = %s", [org, inv]
-    ).fetchone()
+    held = period(llm_conn, org)
+    assert (held["held_credits"], held["used_credits"], held["used_cents"]) == (0, 300, 0)
+    got = invocation(llm_conn, org, inv)
     assert (got["status"], got["settlement_kind"], got["charged_credits"], got["charged_cents"]) == (
         "settled", "recovered", 300, None)
     assert got["past_window_alerted_at"] == swept_at
-    x = cur.execute(
-        "SELECT * FROM llm.executions WHERE organization_id = %s AND id = %s", [org, task]
-    ).fetchone()
+    x = execution(llm_conn, org, task)
     assert (x["status"], x["ended_at"], x["duration_ms"]) == ("abandoned", swept_at, None)
     assert (x["request_count"], x["credits"]) == (1, 300)
-    run = cur.execute("SELECT * FROM llm.reconciliation_runs ORDER BY started_at DESC LIMIT 1").fetchone()
     assert (run["status"], run["requests_recovered"], run["released_hold_credits"],
             run["past_window_alerts"], run["executions_abandoned"]) == ("succeeded", 1, 300, 1, 1)
-    assert cur.execute("SELECT * FROM llm.check_invariants()").fetchall() == []
+    assert_books_right(llm_conn)

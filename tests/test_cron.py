@@ -9,32 +9,13 @@ schedules by the minute.
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Iterator
 
 import psycopg
 import pytest
 
-from tests.helpers import lock_period_rows
+from tests.helpers import admit, call, call_pass, cron_jobs, lock_period_rows, new_org, scalar
 
-JOB_NAME = "llm-reconciliation"
 FIRE_TIMEOUT_S = 90.0
-
-
-@pytest.fixture
-def cron_conn(llm_cron_dsn: str) -> Iterator[psycopg.Connection]:
-    """Autocommit connection to the pg_cron database; the job is removed before and after."""
-    with psycopg.connect(llm_cron_dsn, autocommit=True) as conn:
-        conn.execute("SELECT cron.unschedule(jobid) FROM cron.job WHERE jobname = %s", [JOB_NAME])
-        try:
-            yield conn
-        finally:
-            conn.execute("SELECT cron.unschedule(jobid) FROM cron.job WHERE jobname = %s", [JOB_NAME])
-
-
-def jobs(conn: psycopg.Connection) -> list[tuple]:
-    return conn.execute("SELECT jobid, schedule, command, database FROM cron.job WHERE jobname = %s",
-                        [JOB_NAME]).fetchall()
 
 
 def test_wf_pfm_llm_004_hop_1_schedule_is_idempotent_fires_and_unschedules(cron_conn, llm_cron_dsn):
@@ -44,25 +25,24 @@ def test_wf_pfm_llm_004_hop_1_schedule_is_idempotent_fires_and_unschedules(cron_
     fired pass is held inside an organization's sweep, the lease knows pg_cron's background
     worker is running it: a pass started by hand is skipped and names that worker. Then the
     cron pass finishes 'succeeded'; unschedule returns true, then false."""
-    org = uuid.uuid4()
-    cron_conn.execute("SELECT llm.upsert_organization(%s, 'cron org', NULL)", [org])
-    cron_conn.execute("SELECT llm.admit_invocation(%s, 10, 'gpt-x', p_now => now() - interval '2 days')",
-                      [org])  # fmt: skip  (stranded: the cron pass will recover it)
+    # at the real time: pg_cron fires the pass with the server's clock
+    org = new_org(cron_conn, None, name="cron org", now=None)
+    admit(cron_conn, org, 10, "gpt-x", now=scalar(cron_conn, "SELECT now() - interval '2 days'"))  # stranded
     cron_conn.execute("UPDATE llm.settings SET org_lock_timeout = '100s'")
     blocker = psycopg.connect(llm_cron_dsn)
     lock_period_rows(blocker, org)
     try:
         scheduled_at = cron_conn.execute("SELECT now()").fetchone()[0]
-        first = cron_conn.execute("SELECT llm.schedule_reconciliation('* * * * *')").fetchone()[0]
-        second = cron_conn.execute("SELECT llm.schedule_reconciliation('* * * * *')").fetchone()[0]
+        first = schedule(cron_conn, "* * * * *")
+        second = schedule(cron_conn, "* * * * *")
         assert first == second
         dbname = cron_conn.info.dbname
-        assert jobs(cron_conn) == [(first, "* * * * *", "CALL llm.run_reconciliation()", dbname)]
+        assert cron_jobs(cron_conn) == [(first, "* * * * *", "CALL llm.run_reconciliation()", dbname)]
 
         cron_pid = wait_for(cron_conn, "SELECT pid FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
                                        " AND query = 'CALL llm.run_reconciliation()'"
                                        " AND wait_event_type = 'Lock'")  # fmt: skip
-        cron_conn.execute("CALL llm.run_reconciliation()")  # by hand, while pg_cron's pass runs
+        call_pass(cron_conn, None)  # by hand, while pg_cron's pass runs
         skipped = cron_conn.execute(
             "SELECT errors->0->>'holder_pid' FROM llm.reconciliation_runs"
             " WHERE status = 'skipped' AND started_at >= %s", [scheduled_at]).fetchall()
@@ -79,9 +59,14 @@ def test_wf_pfm_llm_004_hop_1_schedule_is_idempotent_fires_and_unschedules(cron_
         [first]).fetchall()
     assert run == "succeeded", details
 
-    assert cron_conn.execute("SELECT llm.unschedule_reconciliation()").fetchone()[0] is True
-    assert jobs(cron_conn) == []
-    assert cron_conn.execute("SELECT llm.unschedule_reconciliation()").fetchone()[0] is False
+    assert call(cron_conn, "unschedule_reconciliation")[0]["value"] is True
+    assert cron_jobs(cron_conn) == []
+    assert call(cron_conn, "unschedule_reconciliation")[0]["value"] is False
+
+
+def schedule(conn: psycopg.Connection, *cron: str) -> int:
+    """llm.schedule_reconciliation (``cron``: the schedule, or its default); the job id."""
+    return call(conn, "schedule_reconciliation", *cron)[0]["value"]
 
 
 def wait_for(conn: psycopg.Connection, query: str, params: list | None = None) -> object:
@@ -100,31 +85,31 @@ def wait_for(conn: psycopg.Connection, query: str, params: list | None = None) -
 def test_schedule_reconciliation_replaces_the_schedule_of_the_one_job(cron_conn):
     """WF-PFM-LLM-004 hop 1: scheduling again with another cron expression reschedules the same
     job instead of adding a second one."""
-    hourly = cron_conn.execute("SELECT llm.schedule_reconciliation()").fetchone()[0]
-    assert jobs(cron_conn)[0][:2] == (hourly, "0 * * * *")
-    again = cron_conn.execute("SELECT llm.schedule_reconciliation('15 * * * *')").fetchone()[0]
+    hourly = schedule(cron_conn)
+    assert cron_jobs(cron_conn)[0][:2] == (hourly, "0 * * * *")
+    again = schedule(cron_conn, "15 * * * *")
     assert again == hourly
-    assert [j[:2] for j in jobs(cron_conn)] == [(hourly, "15 * * * *")]
+    assert [j[:2] for j in cron_jobs(cron_conn)] == [(hourly, "15 * * * *")]
 
 
 def test_schedule_reconciliation_rejects_a_bad_cron_expression_22023(cron_conn):
     """schedule_reconciliation turns pg_cron's refusal of a malformed schedule into 22023 with a
     HINT, and schedules nothing."""
     with pytest.raises(psycopg.Error) as raised:
-        cron_conn.execute("SELECT llm.schedule_reconciliation('every hour please')")
+        schedule(cron_conn, "every hour please")
     assert raised.value.sqlstate == "22023"
     assert raised.value.diag.message_hint
-    assert jobs(cron_conn) == []
+    assert cron_jobs(cron_conn) == []
 
 
-@pytest.mark.parametrize("call", ["SELECT llm.schedule_reconciliation('0 * * * *')",
-                                  "SELECT llm.unschedule_reconciliation()"])
-def test_schedule_without_pg_cron_raises_ll010_with_schedule_in_database_hint(llm_conn, call):
+@pytest.mark.parametrize("operation", [("schedule_reconciliation", "0 * * * *"), ("unschedule_reconciliation",)],
+                         ids=["schedule", "unschedule"])
+def test_schedule_without_pg_cron_raises_ll010_with_schedule_in_database_hint(llm_conn, operation):
     """WF-PFM-LLM-004 hop 1: in a database without the pg_cron extension, scheduling raises
     LL010; since pg_cron lives in another database (cron.database_name), the HINT gives the
     cron.schedule_in_database call to run there."""
     with pytest.raises(psycopg.Error) as raised:
-        llm_conn.execute(call)
+        call(llm_conn, *operation)
     assert raised.value.sqlstate == "LL010"
     hint = raised.value.diag.message_hint or ""
     cron_db = llm_conn.execute("SELECT current_setting('cron.database_name')").fetchone()[0]

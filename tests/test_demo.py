@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from llm_db.demo import _organizations, plan_traffic
-from tests.helpers import row, rows, scalar
+from tests.helpers import assert_books_right, health, row, rows, scalar
 
 DEMO_BUDGET_S = 60.0
 
@@ -143,10 +143,8 @@ def test_demo_with_dsn_prints_figures_that_match_the_database(llm_dsn, llm_conn)
     assert scalar(llm_conn, "SELECT count(*) FROM llm.invocations WHERE status IN"
                             " ('reserved', 'dispatched')") == after["open_requests"] == 0  # fmt: skip
     assert result["notices_delivered"] is None  # never delivered from someone else's database
-    assert rows(llm_conn, "SELECT * FROM llm.check_invariants()") == []
-    health = row(llm_conn, "SELECT status FROM llm.reconciliation_health(%s)",
-                 [result["clock"]["pass"]])  # fmt: skip
-    assert health == {"status": after["health"]}
+    assert_books_right(llm_conn)
+    assert health(llm_conn, result["clock"]["pass"])["status"] == after["health"]
 
 
 def test_demo_with_dsn_into_a_database_without_llm_db_says_to_migrate(llm_server):

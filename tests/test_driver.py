@@ -14,49 +14,18 @@ import inspect
 import re
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, date, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
 
-from llm_db import errors
-from llm_db.errors import (
-    AllowanceExhausted,
-    CitusNotInstalled,
-    CronNotInstalled,
-    CrossOrganizationReference,
-    IdempotencyConflict,
-    InvalidArgument,
-    InvalidTransition,
-    LlmError,
-    OrganizationNotOperational,
-    UnknownExecution,
-    UnknownInvocation,
-    UnknownOrganization,
-    UnknownTaskKind,
-    mapped_errors,
-    translate,
-)
-from llm_db.models import (
-    Execution,
-    Health,
-    InvariantViolation,
-    Invocation,
-    InvocationStatus,
-    Notice,
-    Organization,
-    OrganizationStatus,
-    OrgSweep,
-    Outcome,
-    ReconciliationRun,
-    RecoveryCharge,
-)
+from llm_db import errors, models
 from llm_db.operations import operations
 from llm_db.requests import AsyncLlm, Llm
+from tests.helpers import JANUARY, T0
 
-T0 = datetime(2030, 1, 10, 12, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
 TASK = "driver.task"
 
@@ -81,8 +50,8 @@ def count(conn: psycopg.Connection, table: str) -> int:
 
 
 def assert_mapped(
-    caught: pytest.ExceptionInfo[LlmError], cls: type[LlmError], sqlstate: str
-) -> LlmError:
+    caught: pytest.ExceptionInfo[errors.LlmError], cls: type[errors.LlmError], sqlstate: str
+) -> errors.LlmError:
     error = caught.value
     assert type(error) is cls
     assert error.sqlstate == sqlstate == cls.code
@@ -96,109 +65,109 @@ def assert_mapped(
 
 def test_LL001_allowance_exhausted_maps_to_AllowanceExhausted_with_detail(llm: Llm) -> None:
     org = new_org(llm, 100)
-    with pytest.raises(AllowanceExhausted) as caught:
+    with pytest.raises(errors.AllowanceExhausted) as caught:
         llm.admit(org, 101, "model-a", now=T0)
-    error = assert_mapped(caught, AllowanceExhausted, "LL001")
+    error = assert_mapped(caught, errors.AllowanceExhausted, "LL001")
     assert error.detail is not None and error.hint is not None
     assert "DETAIL: " in str(error)
 
 
 def test_LL002_unknown_organization_maps_to_UnknownOrganization(llm: Llm) -> None:
-    with pytest.raises(UnknownOrganization) as caught:
+    with pytest.raises(errors.UnknownOrganization) as caught:
         llm.admit(uuid.uuid4(), 1, "model-a", now=T0)
-    assert_mapped(caught, UnknownOrganization, "LL002")
+    assert_mapped(caught, errors.UnknownOrganization, "LL002")
 
 
 def test_LL003_suspended_organization_maps_to_OrganizationNotOperational(llm: Llm) -> None:
     org = new_org(llm, 100, status="suspended")
-    with pytest.raises(OrganizationNotOperational) as caught:
+    with pytest.raises(errors.OrganizationNotOperational) as caught:
         llm.admit(org, 1, "model-a", now=T0)
-    assert_mapped(caught, OrganizationNotOperational, "LL003")
+    assert_mapped(caught, errors.OrganizationNotOperational, "LL003")
 
 
 def test_LL004_undeclared_task_maps_to_UnknownTaskKind(llm: Llm) -> None:
     org = new_org(llm)
-    with pytest.raises(UnknownTaskKind) as caught:
+    with pytest.raises(errors.UnknownTaskKind) as caught:
         llm.open_execution(org, "never.declared", now=T0)
-    assert_mapped(caught, UnknownTaskKind, "LL004")
+    assert_mapped(caught, errors.UnknownTaskKind, "LL004")
 
 
 def test_LL005_unknown_invocation_maps_to_UnknownInvocation(llm: Llm) -> None:
     org = new_org(llm)
-    with pytest.raises(UnknownInvocation) as caught:
+    with pytest.raises(errors.UnknownInvocation) as caught:
         llm.mark_dispatched(org, uuid.uuid4(), now=T0)
-    assert_mapped(caught, UnknownInvocation, "LL005")
+    assert_mapped(caught, errors.UnknownInvocation, "LL005")
 
 
 def test_LL006_unknown_execution_maps_to_UnknownExecution(llm: Llm) -> None:
     org = new_org(llm)
-    with pytest.raises(UnknownExecution) as caught:
+    with pytest.raises(errors.UnknownExecution) as caught:
         llm.close_execution(org, uuid.uuid4(), "completed", now=T0)
-    assert_mapped(caught, UnknownExecution, "LL006")
+    assert_mapped(caught, errors.UnknownExecution, "LL006")
 
 
 def test_LL007_reused_invocation_id_maps_to_IdempotencyConflict(llm: Llm) -> None:
     org = new_org(llm)
     inv = llm.admit(org, 10, "model-a", now=T0)
     assert llm.admit(org, 10, "model-a", invocation_id=inv.id, now=T0) == inv
-    with pytest.raises(IdempotencyConflict) as caught:
+    with pytest.raises(errors.IdempotencyConflict) as caught:
         llm.admit(org, 11, "model-a", invocation_id=inv.id, now=T0)
-    assert_mapped(caught, IdempotencyConflict, "LL007")
+    assert_mapped(caught, errors.IdempotencyConflict, "LL007")
 
 
 def test_LL008_execution_of_another_org_maps_to_CrossOrganizationReference(llm: Llm) -> None:
     org, other = new_org(llm), new_org(llm)
     llm.declare_task_kind(TASK)
     foreign = llm.open_execution(other, TASK, now=T0)
-    with pytest.raises(CrossOrganizationReference) as caught:
+    with pytest.raises(errors.CrossOrganizationReference) as caught:
         llm.admit(org, 1, "model-a", execution_id=foreign.execution_id, now=T0)
-    assert_mapped(caught, CrossOrganizationReference, "LL008")
+    assert_mapped(caught, errors.CrossOrganizationReference, "LL008")
 
 
 def test_LL009_close_as_abandoned_maps_to_InvalidTransition(llm: Llm) -> None:
     org = new_org(llm)
     llm.declare_task_kind(TASK)
     opened = llm.open_execution(org, TASK, now=T0)
-    with pytest.raises(InvalidTransition) as caught:
+    with pytest.raises(errors.InvalidTransition) as caught:
         llm.close_execution(org, opened.execution_id, "abandoned", now=T0)
-    assert_mapped(caught, InvalidTransition, "LL009")
+    assert_mapped(caught, errors.InvalidTransition, "LL009")
 
 
 def test_LL010_schedule_without_pg_cron_maps_to_CronNotInstalled(llm: Llm) -> None:
-    with pytest.raises(CronNotInstalled) as caught:
+    with pytest.raises(errors.CronNotInstalled) as caught:
         llm.schedule_reconciliation()
-    error = assert_mapped(caught, CronNotInstalled, "LL010")
+    error = assert_mapped(caught, errors.CronNotInstalled, "LL010")
     assert error.hint
 
 
 def test_LL011_distribute_without_citus_maps_to_CitusNotInstalled(llm: Llm) -> None:
-    with pytest.raises(CitusNotInstalled) as caught:
+    with pytest.raises(errors.CitusNotInstalled) as caught:
         llm.distribute()
-    assert_mapped(caught, CitusNotInstalled, "LL011")
+    assert_mapped(caught, errors.CitusNotInstalled, "LL011")
 
 
 def test_22023_negative_estimate_maps_to_InvalidArgument_and_writes_nothing(
     llm: Llm, llm_conn: psycopg.Connection
 ) -> None:
     org = new_org(llm)
-    with pytest.raises(InvalidArgument) as caught:
+    with pytest.raises(errors.InvalidArgument) as caught:
         llm.admit(org, -1, "model-a", now=T0)
-    assert_mapped(caught, InvalidArgument, "22023")
+    assert_mapped(caught, errors.InvalidArgument, "22023")
     assert count(llm_conn, "invocations") == 0
 
 
 def test_unknown_LL_code_maps_to_LlmError_and_other_errors_pass_unchanged(
     llm_conn: psycopg.Connection,
 ) -> None:
-    with pytest.raises(LlmError) as caught, mapped_errors():
+    with pytest.raises(errors.LlmError) as caught, errors.mapped_errors():
         llm_conn.execute(
             "DO $$ BEGIN RAISE EXCEPTION 'future' USING ERRCODE = 'LL099'; END $$"
         )
-    assert type(caught.value) is LlmError and caught.value.sqlstate == "LL099"
+    assert type(caught.value) is errors.LlmError and caught.value.sqlstate == "LL099"
 
-    with pytest.raises(psycopg.errors.DivisionByZero) as raw, mapped_errors():
+    with pytest.raises(psycopg.errors.DivisionByZero) as raw, errors.mapped_errors():
         llm_conn.execute("SELECT 1 / 0")
-    assert translate(raw.value) is raw.value
+    assert errors.translate(raw.value) is raw.value
 
 
 def test_every_contract_sqlstate_has_its_own_class() -> None:
@@ -217,8 +186,8 @@ def test_every_contract_sqlstate_has_its_own_class() -> None:
         "22023": errors.InvalidArgument,
     }
     for code, cls in codes.items():
-        assert cls.code == code and issubclass(cls, LlmError)
-    assert issubclass(errors.NestedExecution, LlmError) and errors.NestedExecution.code is None
+        assert cls.code == code and issubclass(cls, errors.LlmError)
+    assert issubclass(errors.NestedExecution, errors.LlmError) and errors.NestedExecution.code is None
 
 
 # ---------------------------------------------------------------- typed results
@@ -229,32 +198,32 @@ def test_request_helpers_return_typed_results_through_the_lifecycle(
 ) -> None:
     org_id = uuid.uuid4()
     org = llm.upsert_organization(org_id, "acme", 1000, notice_thresholds=[50, 90], now=T0)
-    assert isinstance(org, Organization)
+    assert isinstance(org, models.Organization)
     assert (org.id, org.name, org.status, org.monthly_allowance_credits) == (
         org_id, "acme", "operational", 1000,
     )
     assert org.notice_thresholds == (50, 90)
 
     inv = llm.admit(org_id, 200, "model-a", now=T0)
-    assert isinstance(inv, Invocation)
-    assert (inv.status, inv.hold_credits, inv.period_start) == ("reserved", 200, date(2030, 1, 1))
+    assert isinstance(inv, models.Invocation)
+    assert (inv.status, inv.hold_credits, inv.period_start) == ("reserved", 200, JANUARY)
     assert isinstance(inv.id, uuid.UUID)
 
     dispatched = llm.mark_dispatched(org_id, inv.id, now=T0 + timedelta(seconds=1))
     assert dispatched.status == "dispatched" and dispatched.dispatched_at is not None
 
     outcome = llm.settle(org_id, inv.id, 600, 42, input_tokens=10, output_tokens=20, now=T0)
-    assert outcome is Outcome.SETTLED and outcome == "settled"
-    assert llm.settle(org_id, inv.id, 600, 42, now=T0) is Outcome.ALREADY_SETTLED
-    assert llm.fail(org_id, inv.id, "late", now=T0) is Outcome.ALREADY_SETTLED
+    assert outcome is models.Outcome.SETTLED and outcome == "settled"
+    assert llm.settle(org_id, inv.id, 600, 42, now=T0) is models.Outcome.ALREADY_SETTLED
+    assert llm.fail(org_id, inv.id, "late", now=T0) is models.Outcome.ALREADY_SETTLED
 
     second = llm.admit(org_id, 50, "model-b", now=T0)
-    assert llm.fail(org_id, second.id, "provider 500", credits=5, now=T0) is Outcome.FAILED
-    assert llm.settle(org_id, second.id, 1, 1, now=T0) is Outcome.ALREADY_FAILED
+    assert llm.fail(org_id, second.id, "provider 500", credits=5, now=T0) is models.Outcome.FAILED
+    assert llm.settle(org_id, second.id, 1, 1, now=T0) is models.Outcome.ALREADY_FAILED
 
     # 605 of 1000 crossed 50 %: one notice, claimed as a typed row
     claimed = llm.claim_notices(limit=10, now=T0)
-    assert [type(n) for n in claimed] == [Notice]
+    assert [type(n) for n in claimed] == [models.Notice]
     assert (claimed[0].threshold_pct, claimed[0].status, claimed[0].attempts) == (50, "sending", 1)
     assert llm.release_notice(org_id, claimed[0].id, now=T0) is True
     assert llm.release_notice(org_id, claimed[0].id, now=T0) is False
@@ -263,7 +232,7 @@ def test_request_helpers_return_typed_results_through_the_lifecycle(
     assert llm.complete_notice(org_id, claimed[0].id, now=T0) is True
     assert llm.complete_notice(org_id, claimed[0].id, now=T0) is False
     assert llm.rearm_notices(now=T0) == 0
-    assert llm.rebuild_daily_usage(date(2030, 1, 10), date(2030, 1, 10)) == 2
+    assert llm.rebuild_daily_usage(T0.date(), T0.date()) == 2
     assert llm.check_invariants() == []
 
 
@@ -276,24 +245,24 @@ def test_tasks_recovery_and_health_return_typed_results(llm: Llm) -> None:
 
     opened = llm.open_execution(org, TASK, subject_type="doc", subject_id="7",
                                 replay_key="k1", now=T0)
-    assert opened == Execution(opened.execution_id, "running", False)
+    assert opened == models.Execution(opened.execution_id, "running", False)
     again = llm.open_execution(org, TASK, subject_type="doc", subject_id="7",
                                replay_key="k1", now=T0)
-    assert again == Execution(opened.execution_id, "running", True)
+    assert again == models.Execution(opened.execution_id, "running", True)
     llm.admit(org, 30, "model-a", execution_id=opened.execution_id, now=T0)
 
     sweep = llm.reconcile_org(org, now=T0 + 25 * HOUR)
-    assert isinstance(sweep, OrgSweep)
+    assert isinstance(sweep, models.OrgSweep)
     assert (sweep.organization_id, sweep.recovered_requests, sweep.released_hold_credits,
             sweep.abandoned_executions, sweep.more_pending) == (org, 1, 30, 1, False)
     assert llm.close_execution(org, opened.execution_id, "completed", now=T0) is False
 
     run = llm.run_reconciliation(now=T0 + 26 * HOUR)
-    assert isinstance(run, ReconciliationRun)
+    assert isinstance(run, models.ReconciliationRun)
     assert (run.status, run.orgs_visited, run.orgs_failed, run.errors) == ("succeeded", 1, 0, [])
 
     health = llm.health(now=T0 + 27 * HOUR)
-    assert isinstance(health, Health) and health.ok and health.last_run_status == "succeeded"
+    assert isinstance(health, models.Health) and health.ok and health.last_run_status == "succeeded"
     assert llm.health(now=T0 + 30 * HOUR).status == "late"
 
 
@@ -304,7 +273,7 @@ def test_check_invariants_returns_typed_violations(
     llm.admit(org, 10, "model-a", now=T0)
     llm_conn.execute("UPDATE llm.period_stripes SET held_credits = held_credits + 1")
     violations = llm.check_invariants()
-    assert violations and all(isinstance(v, InvariantViolation) for v in violations)
+    assert violations and all(isinstance(v, models.InvariantViolation) for v in violations)
     assert violations[0].invariant == 1 and violations[0].organization_id == org
 
 
@@ -326,10 +295,10 @@ def test_each_call_commits_on_a_non_autocommit_connection(
         assert seen == ("reserved",)
 
         # a failed call rolls back its own transaction and leaves the connection usable
-        with pytest.raises(AllowanceExhausted):
+        with pytest.raises(errors.AllowanceExhausted):
             llm.admit(org, 10_000, "model-a", now=T0)
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-        assert llm.settle(org, inv.id, 5, 0, now=T0) is Outcome.SETTLED
+        assert llm.settle(org, inv.id, 5, 0, now=T0) is models.Outcome.SETTLED
 
         # the procedure commits per organization: it runs on the same connection
         run = llm.run_reconciliation(now=T0)
@@ -355,7 +324,7 @@ def test_a_pool_like_source_lends_one_connection_per_call(llm_connect: Any) -> N
     llm = Llm(pool)
     org = new_org(llm)
     inv = llm.admit(org, 10, "model-a", now=T0)
-    assert llm.settle(org, inv.id, 10, 1, now=T0) is Outcome.SETTLED
+    assert llm.settle(org, inv.id, 10, 1, now=T0) is models.Outcome.SETTLED
     assert pool.borrowed == 3
 
 
@@ -384,18 +353,18 @@ def test_async_client_maps_errors_and_returns_the_same_types(llm_dsn: str) -> No
             llm = AsyncLlm(conn)
             org_id = uuid.uuid4()
             org = await llm.upsert_organization(org_id, "async", 100, now=T0)
-            assert isinstance(org, Organization)
+            assert isinstance(org, models.Organization)
 
             inv = await llm.admit(org_id, 60, "model-a", now=T0)
-            assert isinstance(inv, Invocation)
+            assert isinstance(inv, models.Invocation)
             assert (await llm.mark_dispatched(org_id, inv.id, now=T0)).status == "dispatched"
-            with pytest.raises(AllowanceExhausted) as caught:
+            with pytest.raises(errors.AllowanceExhausted) as caught:
                 await llm.admit(org_id, 50, "model-a", now=T0)
             assert isinstance(caught.value.__cause__, psycopg.Error)
-            assert await llm.settle(org_id, inv.id, 85, 3, now=T0) is Outcome.SETTLED
+            assert await llm.settle(org_id, inv.id, 85, 3, now=T0) is models.Outcome.SETTLED
 
             other = await llm.admit(org_id, 5, "model-a", now=T0)
-            assert await llm.fail(org_id, other.id, "boom", now=T0) is Outcome.FAILED
+            assert await llm.fail(org_id, other.id, "boom", now=T0) is models.Outcome.FAILED
 
             await llm.declare_task_kind(TASK)
             opened = await llm.open_execution(org_id, TASK, now=T0)
@@ -409,14 +378,14 @@ def test_async_client_maps_errors_and_returns_the_same_types(llm_dsn: str) -> No
             assert await llm.rearm_notices(now=T0) == 0
 
             sweep = await llm.reconcile_org(org_id, now=T0)
-            assert isinstance(sweep, OrgSweep) and sweep.recovered_requests == 0
+            assert isinstance(sweep, models.OrgSweep) and sweep.recovered_requests == 0
             run = await llm.run_reconciliation(now=T0)
             assert run is not None and run.status == "succeeded"
             assert conn.autocommit is True
             assert (await llm.health(now=T0 + HOUR)).ok
-            assert await llm.rebuild_daily_usage(date(2030, 1, 1), date(2030, 1, 31)) == 1
+            assert await llm.rebuild_daily_usage(JANUARY, JANUARY.replace(day=31)) == 1
             assert await llm.check_invariants() == []
-            with pytest.raises(CronNotInstalled):
+            with pytest.raises(errors.CronNotInstalled):
                 await llm.unschedule_reconciliation()
 
     asyncio.run(scenario())
@@ -531,8 +500,8 @@ def test_wrong_arguments_raise_TypeError_before_any_statement(llm: Llm) -> None:
 def test_statuses_are_enums_that_compare_equal_to_their_sql_text(llm: Llm) -> None:
     org = uuid.uuid4()
     made = llm.upsert_organization(org, "enums", 100, now=T0)
-    assert made.status is OrganizationStatus.OPERATIONAL and made.status == "operational"
-    assert made.recovery_charge is RecoveryCharge.ESTIMATE
+    assert made.status is models.OrganizationStatus.OPERATIONAL and made.status == "operational"
+    assert made.recovery_charge is models.RecoveryCharge.ESTIMATE
     inv = llm.admit(org, 10, "m", now=T0)
-    assert inv.status is InvocationStatus.RESERVED
-    assert llm.settle(org, inv.id, 5, 0, now=T0) is Outcome.SETTLED
+    assert inv.status is models.InvocationStatus.RESERVED
+    assert llm.settle(org, inv.id, 5, 0, now=T0) is models.Outcome.SETTLED

@@ -11,114 +11,56 @@ commits.
 
 from __future__ import annotations
 
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg.rows import dict_row
 
-T0 = datetime(2030, 1, 10, 12, 0, tzinfo=UTC)
+from tests.helpers import (
+    T0,
+    admit,
+    assert_books_right,
+    call,
+    close_task,
+    declare_task,
+    execution,
+    fail,
+    new_org,
+    reconcile,
+    settle,
+    wait_blocked,
+)
+
 HOUR = timedelta(hours=1)
 TASK = "report.generate"
+ALLOWANCE = 1_000_000
 
 
 # ---------------------------------------------------------------- local helpers
 
 
-def one(conn: psycopg.Connection, query: str, params: Any = None) -> dict[str, Any] | None:
-    return conn.cursor(row_factory=dict_row).execute(query, params).fetchone()
-
-
-def new_org(conn: psycopg.Connection, *, allowance: int | None = 1_000_000, status: str = "operational") -> uuid.UUID:
-    org = uuid.uuid4()
-    conn.execute(
-        "SELECT llm.upsert_organization(%(org)s::uuid, %(name)s::text, %(allowance)s::bigint,"
-        " p_status => %(status)s::text, p_now => %(now)s::timestamptz)",
-        {"org": org, "name": f"org {org}", "allowance": allowance, "status": status, "now": T0},
-    )
-    return org
-
-
 def declare(conn: psycopg.Connection, key: str = TASK) -> str:
-    conn.execute("SELECT llm.declare_task_kind(%(key)s::text, 'a test task')", {"key": key})
-    return key
+    return declare_task(conn, key, "a test task")
 
 
 def open_exec(conn: psycopg.Connection, org: uuid.UUID, *, key: str = TASK, replay_key: str | None = None,
               subject: tuple[str | None, str | None] = (None, None), now: datetime = T0) -> dict[str, Any]:
-    return one(
-        conn,
-        "SELECT * FROM llm.open_execution(%(org)s::uuid, %(key)s::text, %(st)s::text, %(sid)s::text,"
-        " %(replay)s::text, p_now => %(now)s::timestamptz)",
-        {"org": org, "key": key, "st": subject[0], "sid": subject[1], "replay": replay_key, "now": now},
-    )
-
-
-def close_exec(conn: psycopg.Connection, org: uuid.UUID, execution_id: uuid.UUID, outcome: str,
-               *, error: str | None = None, now: datetime = T0 + HOUR) -> bool:
-    row = conn.execute(
-        "SELECT llm.close_execution(%(org)s::uuid, %(x)s::uuid, %(outcome)s::text, %(error)s::text,"
-        " p_now => %(now)s::timestamptz)",
-        {"org": org, "x": execution_id, "outcome": outcome, "error": error, "now": now},
-    ).fetchone()
-    return row[0]
-
-
-def admit(conn: psycopg.Connection, org: uuid.UUID, estimate: int, *, execution: uuid.UUID | None = None,
-          now: datetime = T0) -> uuid.UUID:
-    row = one(
-        conn,
-        "SELECT (llm.admit_invocation(%(org)s::uuid, %(est)s::bigint, 'model-a', %(x)s::uuid,"
-        " p_now => %(now)s::timestamptz)).id",
-        {"org": org, "est": estimate, "x": execution, "now": now},
-    )
-    return row["id"]
-
-
-def settle(conn: psycopg.Connection, org: uuid.UUID, inv: uuid.UUID, credits: int, cents: int,
-           *, now: datetime) -> str:
-    return conn.execute(
-        "SELECT llm.settle_invocation(%(org)s::uuid, %(inv)s::uuid, %(credits)s::bigint, %(cents)s::bigint,"
-        " p_now => %(now)s::timestamptz)",
-        {"org": org, "inv": inv, "credits": credits, "cents": cents, "now": now},
-    ).fetchone()[0]
-
-
-def execution(conn: psycopg.Connection, org: uuid.UUID, execution_id: uuid.UUID) -> dict[str, Any]:
-    return one(conn, "SELECT * FROM llm.executions WHERE organization_id = %s AND id = %s", [org, execution_id])
+    """llm.open_execution; returns its row (execution_id, status, replayed)."""
+    return call(conn, "open_execution", org, key, subject_type=subject[0], subject_id=subject[1],
+                replay_key=replay_key, now=now)[0]
 
 
 def count_executions(conn: psycopg.Connection) -> int:
     return conn.execute("SELECT count(*) FROM llm.executions").fetchone()[0]
 
 
-def reconcile(conn: psycopg.Connection, org: uuid.UUID, now: datetime) -> dict[str, Any]:
-    return one(conn, "SELECT * FROM llm.reconcile_org(%(org)s::uuid, p_now => %(now)s::timestamptz)",
-               {"org": org, "now": now})
-
-
-def wait_blocked(observer: psycopg.Connection, pid: int, timeout: float = 5.0) -> None:
-    """Poll until backend ``pid`` waits on a lock another backend holds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if observer.execute("SELECT cardinality(pg_blocking_pids(%s)) > 0", [pid]).fetchone()[0]:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"backend {pid} never blocked")
-
-
-def assert_books_right(conn: psycopg.Connection) -> None:
-    assert conn.execute("SELECT * FROM llm.check_invariants()").fetchall() == []
-
-
 @pytest.fixture
 def org(llm_conn: psycopg.Connection) -> uuid.UUID:
     declare(llm_conn)
-    return new_org(llm_conn)
+    return new_org(llm_conn, ALLOWANCE)
 
 
 # ---------------------------------------------------------------- transitions
@@ -141,10 +83,10 @@ def test_running_to_completed_stamps_end_and_duration(llm_conn, org):
     """STATE-PFM-LLM-002 running→completed; WF-PFM-LLM-002 hop 4: a completed close stamps
     ended_at and duration_ms and keeps the totals."""
     x = open_exec(llm_conn, org)["execution_id"]
-    inv = admit(llm_conn, org, 10, execution=x, now=T0 + timedelta(seconds=1))
+    inv = admit(llm_conn, org, 10, execution_id=x, now=T0 + timedelta(seconds=1))["id"]
     settle(llm_conn, org, inv, 7, 3, now=T0 + timedelta(seconds=30))
     ended = T0 + timedelta(seconds=90, milliseconds=500)
-    assert close_exec(llm_conn, org, x, "completed", now=ended) is True
+    assert close_task(llm_conn, org, x, "completed", now=ended) is True
     row = execution(llm_conn, org, x)
     assert row["status"] == "completed"
     assert row["ended_at"] == ended and row["duration_ms"] == 90_500
@@ -158,10 +100,10 @@ def test_running_to_failed_keeps_totals_and_error(llm_conn, org):
     accumulated charges and records the body's error."""
     x = open_exec(llm_conn, org)["execution_id"]
     for credits in (4, 6):
-        inv = admit(llm_conn, org, 10, execution=x)
+        inv = admit(llm_conn, org, 10, execution_id=x)["id"]
         settle(llm_conn, org, inv, credits, credits * 2, now=T0 + timedelta(minutes=1))
     ended = T0 + timedelta(minutes=2)
-    assert close_exec(llm_conn, org, x, "failed", error="body raised ValueError", now=ended) is True
+    assert close_task(llm_conn, org, x, "failed", error="body raised ValueError", now=ended) is True
     row = execution(llm_conn, org, x)
     assert row["status"] == "failed"
     assert row["error"] == "body raised ValueError"
@@ -175,10 +117,10 @@ def test_running_to_abandoned_at_detection_time_without_duration(llm_conn, org):
     still running after the recovery window is abandoned by reconcile_org with ended_at =
     detection time, duration_ms NULL and its totals kept."""
     x = open_exec(llm_conn, org)["execution_id"]
-    inv = admit(llm_conn, org, 10, execution=x)
+    inv = admit(llm_conn, org, 10, execution_id=x)["id"]
     settle(llm_conn, org, inv, 8, 5, now=T0 + HOUR)
     detected = T0 + 25 * HOUR
-    sweep = reconcile(llm_conn, org, detected)
+    sweep = reconcile(llm_conn, org, now=detected)
     assert sweep["abandoned_executions"] == 1
     row = execution(llm_conn, org, x)
     assert row["status"] == "abandoned"
@@ -191,7 +133,7 @@ def test_running_task_inside_the_window_is_not_abandoned(llm_conn, org):
     """STATE-PFM-LLM-002 running→abandoned guard: a task running for less than the recovery
     window (23 h) stays running."""
     x = open_exec(llm_conn, org)["execution_id"]
-    assert reconcile(llm_conn, org, T0 + 23 * HOUR)["abandoned_executions"] == 0
+    assert reconcile(llm_conn, org, now=T0 + 23 * HOUR)["abandoned_executions"] == 0
     assert execution(llm_conn, org, x)["status"] == "running"
 
 
@@ -200,9 +142,9 @@ def test_completed_to_completed_late_settlement_increments_totals_without_reopen
     its task completed adds to request_count, credits and cents; status, ended_at and
     duration stay."""
     x = open_exec(llm_conn, org)["execution_id"]
-    inv = admit(llm_conn, org, 10, execution=x)
+    inv = admit(llm_conn, org, 10, execution_id=x)["id"]
     ended = T0 + timedelta(minutes=5)
-    assert close_exec(llm_conn, org, x, "completed", now=ended)
+    assert close_task(llm_conn, org, x, "completed", now=ended)
     before = execution(llm_conn, org, x)
     assert settle(llm_conn, org, inv, 9, 4, now=T0 + timedelta(minutes=6)) == "settled"
     after = execution(llm_conn, org, x)
@@ -219,13 +161,13 @@ def test_late_settlement_after_close_increments_totals_and_leaves_status(llm_con
     status never changes."""
     x = open_exec(llm_conn, org)["execution_id"]
     # admitted two hours in: the sweep at +25 h abandons the task but not this request
-    settled_early = admit(llm_conn, org, 10, execution=x, now=T0 + HOUR)
+    settled_early = admit(llm_conn, org, 10, execution_id=x, now=T0 + HOUR)["id"]
     settle(llm_conn, org, settled_early, 3, 1, now=T0 + HOUR)
-    late = admit(llm_conn, org, 10, execution=x, now=T0 + 2 * HOUR)
+    late = admit(llm_conn, org, 10, execution_id=x, now=T0 + 2 * HOUR)["id"]
     if closed_as == "abandoned":
-        assert reconcile(llm_conn, org, T0 + 25 * HOUR)["abandoned_executions"] == 1
+        assert reconcile(llm_conn, org, now=T0 + 25 * HOUR)["abandoned_executions"] == 1
     else:
-        assert close_exec(llm_conn, org, x, closed_as, error="boom" if closed_as == "failed" else None,
+        assert close_task(llm_conn, org, x, closed_as, error="boom" if closed_as == "failed" else None,
                           now=T0 + 3 * HOUR)
     before = execution(llm_conn, org, x)
     assert settle(llm_conn, org, late, 6, 2, now=T0 + 25 * HOUR + timedelta(minutes=1)) == "settled"
@@ -241,10 +183,8 @@ def test_failed_request_adds_its_partial_charge_to_the_task(llm_conn, org):
     """WF-PFM-LLM-002 hop 3: a failed request follows its own accounting path and still counts
     once in the task totals with its partial charge."""
     x = open_exec(llm_conn, org)["execution_id"]
-    inv = admit(llm_conn, org, 10, execution=x)
-    assert llm_conn.execute(
-        "SELECT llm.fail_invocation(%s, %s, 'provider 500', 2, 1, p_now => %s)", [org, inv, T0 + HOUR]
-    ).fetchone()[0] == "failed"
+    inv = admit(llm_conn, org, 10, execution_id=x)["id"]
+    assert fail(llm_conn, org, inv, "provider 500", 2, 1, now=T0 + HOUR) == "failed"
     row = execution(llm_conn, org, x)
     assert (row["request_count"], row["credits"], row["cents"]) == (1, 2, 1)
     assert_books_right(llm_conn)
@@ -257,13 +197,13 @@ def test_completed_to_running_is_invalid_close_returns_false_and_admit_raises_ll
     """STATE-PFM-LLM-002 invalid completed→running: a closed task is never reopened — a second
     close returns false and leaves it as it was, and a new request into it raises LL009."""
     x = open_exec(llm_conn, org)["execution_id"]
-    assert close_exec(llm_conn, org, x, "completed", now=T0 + HOUR)
+    assert close_task(llm_conn, org, x, "completed", now=T0 + HOUR)
     before = execution(llm_conn, org, x)
-    assert close_exec(llm_conn, org, x, "completed", now=T0 + 2 * HOUR) is False
-    assert close_exec(llm_conn, org, x, "failed", error="late", now=T0 + 2 * HOUR) is False
+    assert close_task(llm_conn, org, x, "completed", now=T0 + 2 * HOUR) is False
+    assert close_task(llm_conn, org, x, "failed", error="late", now=T0 + 2 * HOUR) is False
     assert execution(llm_conn, org, x) == before
     with pytest.raises(psycopg.Error) as raised:
-        admit(llm_conn, org, 5, execution=x, now=T0 + 2 * HOUR)
+        admit(llm_conn, org, 5, execution_id=x, now=T0 + 2 * HOUR)
     assert raised.value.sqlstate == "LL009"
     assert llm_conn.execute("SELECT count(*) FROM llm.invocations").fetchone()[0] == 0
     assert execution(llm_conn, org, x) == before
@@ -273,9 +213,9 @@ def test_failed_to_completed_is_invalid_close_returns_false(llm_conn, org):
     """STATE-PFM-LLM-002 invalid failed→completed: a later successful close cannot replace a
     failed close; close returns false and the status stays failed."""
     x = open_exec(llm_conn, org)["execution_id"]
-    assert close_exec(llm_conn, org, x, "failed", error="boom", now=T0 + HOUR)
+    assert close_task(llm_conn, org, x, "failed", error="boom", now=T0 + HOUR)
     before = execution(llm_conn, org, x)
-    assert close_exec(llm_conn, org, x, "completed", now=T0 + 2 * HOUR) is False
+    assert close_task(llm_conn, org, x, "completed", now=T0 + 2 * HOUR) is False
     after = execution(llm_conn, org, x)
     assert after["status"] == "failed" and after == before
 
@@ -284,10 +224,10 @@ def test_abandoned_to_completed_is_invalid_close_returns_false(llm_conn, org):
     """STATE-PFM-LLM-002 invalid abandoned→completed: an abandoned status prevents a late
     completed close."""
     x = open_exec(llm_conn, org)["execution_id"]
-    reconcile(llm_conn, org, T0 + 25 * HOUR)
+    reconcile(llm_conn, org, now=T0 + 25 * HOUR)
     before = execution(llm_conn, org, x)
     assert before["status"] == "abandoned"
-    assert close_exec(llm_conn, org, x, "completed", now=T0 + 26 * HOUR) is False
+    assert close_task(llm_conn, org, x, "completed", now=T0 + 26 * HOUR) is False
     after = execution(llm_conn, org, x)
     assert after == before and after["duration_ms"] is None
 
@@ -299,7 +239,7 @@ def test_running_to_running_replay_key_returns_the_earlier_task(llm_conn, org, s
     creates no new row."""
     first = open_exec(llm_conn, org, replay_key="job-42", subject=("doc", "7"))
     if status_before_replay == "completed":
-        close_exec(llm_conn, org, first["execution_id"], "completed")
+        close_task(llm_conn, org, first["execution_id"], "completed", now=T0 + HOUR)
     again = open_exec(llm_conn, org, replay_key="job-42", subject=("doc", "7"), now=T0 + 2 * HOUR)
     assert again["execution_id"] == first["execution_id"]
     assert again["replayed"] is True
@@ -319,7 +259,7 @@ def test_unkeyed_opens_create_a_new_task_each_time(llm_conn, org):
 def test_replay_key_is_unique_per_organization_not_globally(llm_conn, org):
     """WF-PFM-LLM-002 hop 2: a replay key is unique within the organization; another
     organization may use the same key for its own task."""
-    other = new_org(llm_conn)
+    other = new_org(llm_conn, ALLOWANCE)
     a = open_exec(llm_conn, org, replay_key="shared")
     b = open_exec(llm_conn, other, replay_key="shared")
     assert a["execution_id"] != b["execution_id"]
@@ -356,7 +296,7 @@ def test_open_rejects_null_organization_22023(llm_conn):
     """WF-PFM-LLM-002 hop 1: a missing organization is rejected (22023) before anything is written."""
     declare(llm_conn)
     with pytest.raises(psycopg.Error) as raised:
-        llm_conn.execute("SELECT * FROM llm.open_execution(NULL::uuid, %s)", [TASK])
+        call(llm_conn, "open_execution", None, TASK)
     assert raised.value.sqlstate == "22023"
     assert count_executions(llm_conn) == 0
 
@@ -366,7 +306,7 @@ def test_open_rejects_non_operational_organization_ll003_and_writes_nothing(llm_
     """WF-PFM-LLM-002 hop 1: a suspended or closed organization cannot open tasks (LL003);
     no task is created."""
     declare(llm_conn)
-    org = new_org(llm_conn, status=status)
+    org = new_org(llm_conn, ALLOWANCE, status=status)
     with pytest.raises(psycopg.Error) as raised:
         open_exec(llm_conn, org, replay_key="k")
     assert raised.value.sqlstate == "LL003"
@@ -388,7 +328,7 @@ def test_close_with_an_outcome_other_than_completed_or_failed_raises_ll009(llm_c
     outcome) raises LL009 and the task stays running."""
     x = open_exec(llm_conn, org)["execution_id"]
     with pytest.raises(psycopg.Error) as raised:
-        close_exec(llm_conn, org, x, outcome)
+        close_task(llm_conn, org, x, outcome, now=T0 + HOUR)
     assert raised.value.sqlstate == "LL009"
     assert execution(llm_conn, org, x)["status"] == "running"
 
@@ -397,13 +337,13 @@ def test_close_of_another_organizations_execution_raises_ll006(llm_conn, org):
     """WF-PFM-LLM-002 hop 4: an execution of another organization is unknown here (LL006) and
     stays running."""
     x = open_exec(llm_conn, org)["execution_id"]
-    other = new_org(llm_conn)
+    other = new_org(llm_conn, ALLOWANCE)
     with pytest.raises(psycopg.Error) as raised:
-        close_exec(llm_conn, other, x, "completed")
+        close_task(llm_conn, other, x, "completed", now=T0 + HOUR)
     assert raised.value.sqlstate == "LL006"
     assert execution(llm_conn, org, x)["status"] == "running"
     with pytest.raises(psycopg.Error) as raised:
-        close_exec(llm_conn, org, uuid.uuid4(), "completed")
+        close_task(llm_conn, org, uuid.uuid4(), "completed", now=T0 + HOUR)
     assert raised.value.sqlstate == "LL006"
 
 
@@ -435,9 +375,9 @@ def test_close_racing_abandonment_close_wins_and_sweep_abandons_nothing(llm_conn
     x = open_exec(llm_conn, org)["execution_id"]
     a = llm_connect(autocommit=False)
     b = llm_connect()
-    assert close_exec(a, org, x, "completed", now=T0 + 24 * HOUR + timedelta(minutes=59)) is True
+    assert close_task(a, org, x, "completed", now=T0 + 24 * HOUR + timedelta(minutes=59)) is True
     with ThreadPoolExecutor(max_workers=1) as pool:
-        sweep = pool.submit(reconcile, b, org, T0 + 25 * HOUR)
+        sweep = pool.submit(reconcile, b, org, now=T0 + 25 * HOUR)
         wait_blocked(llm_conn, b.info.backend_pid)
         a.commit()
         result = sweep.result(timeout=10)
@@ -455,9 +395,9 @@ def test_abandonment_racing_close_sweep_wins_and_close_returns_false(llm_conn, l
     a = llm_connect()
     b = llm_connect(autocommit=False)
     detected = T0 + 25 * HOUR
-    assert reconcile(b, org, detected)["abandoned_executions"] == 1  # uncommitted
+    assert reconcile(b, org, now=detected)["abandoned_executions"] == 1  # uncommitted
     with ThreadPoolExecutor(max_workers=1) as pool:
-        closing = pool.submit(close_exec, a, org, x, "completed", now=detected + timedelta(seconds=1))
+        closing = pool.submit(close_task, a, org, x, "completed", now=detected + timedelta(seconds=1))
         wait_blocked(llm_conn, a.info.backend_pid)
         b.commit()
         closed = closing.result(timeout=10)

@@ -31,21 +31,22 @@ movement will not be selected again".
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
 from fingerprint import changed_tables, fingerprint
 
+from tests import helpers
+from tests.helpers import T0, call, call_pass, invariants, reconcile, settle, wait_for
+
 ORG = uuid.UUID("00000000-0000-4000-8000-0000000000a1")
 ORG2 = uuid.UUID("00000000-0000-4000-8000-0000000000a2")
-T0 = datetime(2030, 3, 10, 12, 0, tzinfo=UTC)
-PERIOD = date(2030, 3, 1)
+PERIOD = T0.date().replace(day=1)
 LATER = T0 + timedelta(hours=25)  # past the 24 h recovery window
 TASK = "reliability.interrupt"
 MODEL = "model-i"
@@ -55,11 +56,8 @@ MODEL = "model-i"
 
 
 def make_org(conn: psycopg.Connection, org: uuid.UUID = ORG, allowance: int | None = 100) -> None:
-    conn.execute(
-        "SELECT llm.upsert_organization(%s, %s, %s::bigint, 'operational', %s::int[], %s)",
-        [org, f"org {org}", allowance, [50, 80, 100], T0 - timedelta(days=40)],
-    )
-    conn.execute("SELECT llm.declare_task_kind(%s, 'interruption tests')", [TASK])
+    helpers.new_org(conn, allowance, org_id=org, thresholds=[50, 80, 100], now=T0 - timedelta(days=40))
+    helpers.declare_task(conn, TASK, "interruption tests")
 
 
 def admit(
@@ -71,28 +69,16 @@ def admit(
     at: datetime = T0,
     dispatch: bool = True,
 ) -> uuid.UUID:
-    inv = uuid.uuid4()
-    conn.execute(
-        "SELECT llm.admit_invocation(%s, %s::bigint, %s, %s::uuid, %s::uuid, %s)",
-        [org, credits, MODEL, execution, inv, at],
-    )
+    inv = helpers.admit(conn, org, credits, MODEL, execution_id=execution, now=at)["id"]
     if dispatch:
-        conn.execute("SELECT llm.mark_dispatched(%s, %s, %s)", [org, inv, at])
+        helpers.dispatch(conn, org, inv, now=at)
     return inv
 
 
 def open_task(
     conn: psycopg.Connection, *, org: uuid.UUID = ORG, at: datetime = T0, replay: str | None = None
 ) -> uuid.UUID:
-    (execution,) = conn.execute(
-        "SELECT execution_id FROM llm.open_execution(%s, %s, p_replay_key => %s::text, p_now => %s)",
-        [org, TASK, replay, at],
-    ).fetchone()
-    return execution
-
-
-def invariant_violations(conn: psycopg.Connection) -> list[tuple]:
-    return conn.execute("SELECT * FROM llm.check_invariants()").fetchall()
+    return call(conn, "open_execution", org, TASK, replay_key=replay, now=at)[0]["execution_id"]
 
 
 # ---------------------------------------------------------------- the machinery
@@ -136,17 +122,6 @@ class Victim(threading.Thread):
             self.error = exc
 
 
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
 def lock_wait(observer: psycopg.Connection, pid: int) -> tuple[str | None, str | None, list[int]]:
     row = observer.execute(
         "SELECT wait_event_type, wait_event, pg_blocking_pids(pid) FROM pg_stat_activity WHERE pid = %s",
@@ -181,7 +156,7 @@ def probe_outcome(observer: psycopg.Connection, probe: Probe) -> str:
 
 def run_interrupted(llm_conn: psycopg.Connection, llm_connect: Callable[..., psycopg.Connection], case: Case) -> dict[str, Any]:
     ctx = case.prepare(llm_conn)
-    assert invariant_violations(llm_conn) == [], "the prepared books must be right"
+    assert invariants(llm_conn) == [], "the prepared books must be right"
     before = fingerprint(llm_conn, case.scope)
 
     blocker = llm_connect(autocommit=False)
@@ -237,7 +212,7 @@ def run_interrupted(llm_conn: psycopg.Connection, llm_connect: Callable[..., psy
     assert changed_tables(before, after) == [], (
         f"{case.name}: rows written by the terminated call remain in {changed_tables(before, after)}"
     )
-    assert invariant_violations(llm_conn) == []
+    assert invariants(llm_conn) == []
     return ctx
 
 
@@ -306,6 +281,16 @@ def notice_row(threshold: int) -> Probe:
     )
 
 
+def invocation_inserted(ctx: dict) -> Probe:
+    return Probe(
+        "A must have inserted the invocation (uncommitted)",
+        """INSERT INTO llm.invocations (organization_id, id, period_start, model,
+                                        estimate_credits, hold_credits, created_at)
+           VALUES (%s, %s, %s, 'x', 1, 1, %s)""",
+        [ORG, ctx["inv"], PERIOD, T0],
+    )
+
+
 def invocation_locked(ctx: dict, name: str = "inv", org: uuid.UUID = ORG) -> Probe:
     return row_locked("invocations", "organization_id = %s AND id = %s", org, ctx[name])
 
@@ -320,10 +305,7 @@ def prep_admit(conn: psycopg.Connection) -> dict:
 
 
 def call_admit(a: psycopg.Connection, ctx: dict) -> Any:
-    return a.execute(
-        "SELECT llm.admit_invocation(%s, 40::bigint, %s, NULL::uuid, %s::uuid, %s)",
-        [ORG, MODEL, ctx["inv"], T0],
-    ).fetchone()
+    return helpers.admit(a, ORG, 40, MODEL, invocation_id=ctx["inv"], now=T0)
 
 
 def prep_admit_first_use(conn: psycopg.Connection) -> dict:
@@ -341,17 +323,12 @@ def prep_settle(conn: psycopg.Connection, *, with_task: bool = False) -> dict:
 
 def call_settle(a: psycopg.Connection, ctx: dict) -> Any:
     # 5 settled below + 90 = 95: crosses the 50% and 80% thresholds of 100
-    return a.execute(
-        "SELECT llm.settle_invocation(%s, %s, 90::bigint, 12::bigint, 1000::bigint, 200::bigint, %s)",
-        [ORG, ctx["inv"], T0 + timedelta(minutes=1)],
-    ).fetchone()
+    return settle(a, ORG, ctx["inv"], 90, 12, input_tokens=1000, output_tokens=200,
+                  now=T0 + timedelta(minutes=1))
 
 
 def call_fail(a: psycopg.Connection, ctx: dict) -> Any:
-    return a.execute(
-        "SELECT llm.fail_invocation(%s, %s, 'provider timeout', 85::bigint, 3::bigint, %s)",
-        [ORG, ctx["inv"], T0 + timedelta(minutes=1)],
-    ).fetchone()
+    return helpers.fail(a, ORG, ctx["inv"], "provider timeout", 85, 3, now=T0 + timedelta(minutes=1))
 
 
 def prep_reconcile(conn: psycopg.Connection, *, drift: bool = False) -> dict:
@@ -364,26 +341,20 @@ def prep_reconcile(conn: psycopg.Connection, *, drift: bool = False) -> dict:
         # a task closed recently whose totals disagree with its requests: a finding exists
         closed = open_task(conn, at=T0 + timedelta(hours=2))
         inv = admit(conn, 1, execution=closed, at=T0 + timedelta(hours=2))
-        conn.execute(
-            "SELECT llm.settle_invocation(%s, %s, 1::bigint, 1::bigint, p_now => %s)",
-            [ORG, inv, T0 + timedelta(hours=2)],
-        )
-        conn.execute(
-            "SELECT llm.close_execution(%s, %s, 'completed', p_now => %s)",
-            [ORG, closed, T0 + timedelta(hours=3)],
-        )
+        settle(conn, ORG, inv, 1, 1, now=T0 + timedelta(hours=2))
+        helpers.close_task(conn, ORG, closed, now=T0 + timedelta(hours=3))
         conn.execute(
             "UPDATE llm.executions SET credits = credits + 7 WHERE organization_id = %s AND id = %s",
             [ORG, closed],
         )
-        conn.execute("SELECT llm.reconcile_org(%s, %s)", [ORG, T0 + timedelta(hours=4)])
+        reconcile(conn, ORG, now=T0 + timedelta(hours=4))
         assert conn.execute("SELECT count(*) FROM llm.drift_findings").fetchone() == (1,)
         ctx["drifting"] = closed
     return ctx
 
 
 def call_reconcile(a: psycopg.Connection, ctx: dict) -> Any:
-    return a.execute("SELECT * FROM llm.reconcile_org(%s, %s)", [ORG, LATER]).fetchone()
+    return reconcile(a, ORG, now=LATER)
 
 
 def lock_drift_finding(b: psycopg.Connection, ctx: dict) -> None:
@@ -395,24 +366,18 @@ def lock_drift_finding(b: psycopg.Connection, ctx: dict) -> None:
 
 def call_upsert(a: psycopg.Connection, ctx: dict) -> Any:
     # a changed allowance applies to the current period: organization row, then period row
-    return a.execute(
-        "SELECT llm.upsert_organization(%s, 'renamed', 500::bigint, 'operational', '{50,80,100}'::int[], %s)",
-        [ORG, T0],
-    ).fetchone()
+    return call(a, "upsert_organization", ORG, "renamed", 500, notice_thresholds=[50, 80, 100], now=T0)
 
 
 def call_open(a: psycopg.Connection, ctx: dict) -> Any:
-    return a.execute(
-        "SELECT * FROM llm.open_execution(%s, %s, 'invoice', '42', 'replay-1', %s)", [ORG, TASK, T0]
-    ).fetchone()
+    return call(a, "open_execution", ORG, TASK, subject_type="invoice", subject_id="42",
+                replay_key="replay-1", now=T0)
 
 
 def prep_claim(conn: psycopg.Connection) -> dict:
     make_org(conn)
     inv = admit(conn, 10)
-    conn.execute(
-        "SELECT llm.settle_invocation(%s, %s, 100::bigint, 0::bigint, p_now => %s)", [ORG, inv, T0]
-    )
+    settle(conn, ORG, inv, 100, 0, now=T0)
     rows = conn.execute(
         "SELECT id FROM llm.threshold_notices ORDER BY crossed_at, organization_id, id"
     ).fetchall()
@@ -428,7 +393,7 @@ def lock_last_notice(b: psycopg.Connection, ctx: dict) -> None:
 
 
 def call_claim(a: psycopg.Connection, ctx: dict) -> Any:
-    return a.execute("SELECT * FROM llm.claim_notices(10, %s)", [T0]).fetchall()
+    return call(a, "claim_notices", limit=10, now=T0)
 
 
 def prep_rebuild(conn: psycopg.Connection) -> dict:
@@ -436,14 +401,11 @@ def prep_rebuild(conn: psycopg.Connection) -> dict:
     for day in range(3):
         at = T0 + timedelta(days=day)
         inv = admit(conn, 3, at=at)
-        conn.execute("SELECT llm.settle_invocation(%s, %s, 3::bigint, 1::bigint, p_now => %s)", [ORG, inv, at])
-    conn.execute("SELECT llm.rebuild_daily_usage(%s, %s)", [T0.date(), T0.date() + timedelta(days=2)])
+        settle(conn, ORG, inv, 3, 1, now=at)
+    call_rebuild(conn, {})
     # a later measurement changes the last day, so a rebuild has work to do
     inv = admit(conn, 3, at=T0 + timedelta(days=2))
-    conn.execute(
-        "SELECT llm.settle_invocation(%s, %s, 3::bigint, 1::bigint, p_now => %s)",
-        [ORG, inv, T0 + timedelta(days=2)],
-    )
+    settle(conn, ORG, inv, 3, 1, now=T0 + timedelta(days=2))
     return {}
 
 
@@ -455,43 +417,34 @@ def lock_last_day(b: psycopg.Connection, ctx: dict) -> None:
 
 
 def call_rebuild(a: psycopg.Connection, ctx: dict) -> Any:
-    return a.execute(
-        "SELECT llm.rebuild_daily_usage(%s, %s)", [T0.date(), T0.date() + timedelta(days=2)]
-    ).fetchone()
+    return call(a, "rebuild_daily_usage", T0.date(), T0.date() + timedelta(days=2))
+
+
+def request_written_then_waiting(routine: str, done: str, call: Callable) -> list[Case]:
+    """The request's row written (``done``), then waiting for its stripe of the period; and,
+    for a request of a task, waiting for its task."""
+    return [
+        Case(f"{routine}: {done}, waiting for its stripe of the period",
+             prep_settle, lock_period(), call, ("invocations",), lambda ctx: [invocation_locked(ctx)]),
+        Case(f"{routine}: {done}, waiting for its task",
+             lambda c: prep_settle(c, with_task=True), lock_execution, call, ("invocations",),
+             lambda ctx: [invocation_locked(ctx)]),
+    ]
 
 
 CASES = [
     Case(
         "admit_invocation: invocation written, waiting for its stripe of the period",
         prep_admit, lock_period(), call_admit, ("invocations",),
-        lambda ctx: [
-            Probe("A must have inserted the invocation (uncommitted)",
-                  """INSERT INTO llm.invocations (organization_id, id, period_start, model,
-                                                  estimate_credits, hold_credits, created_at)
-                     VALUES (%s, %s, %s, 'x', 1, 1, %s)""", [ORG, ctx["inv"], PERIOD, T0]),
-        ],
+        lambda ctx: [invocation_inserted(ctx)],
     ),
     Case(
         "admit_invocation: the month's first, invocation written, waiting for its organization"
         " (an upsert_organization in flight) to create the period (invariant 9)",
         prep_admit_first_use, lock_organization, call_admit, ("invocations",),
-        lambda ctx: [
-            Probe("A must have inserted the invocation (uncommitted)",
-                  """INSERT INTO llm.invocations (organization_id, id, period_start, model,
-                                                  estimate_credits, hold_credits, created_at)
-                     VALUES (%s, %s, %s, 'x', 1, 1, %s)""", [ORG, ctx["inv"], PERIOD, T0]),
-        ],
+        lambda ctx: [invocation_inserted(ctx)],
     ),
-    Case(
-        "settle_invocation: settled, waiting for its stripe of the period",
-        prep_settle, lock_period(), call_settle, ("invocations",),
-        lambda ctx: [invocation_locked(ctx)],
-    ),
-    Case(
-        "settle_invocation: settled, waiting for its task",
-        lambda c: prep_settle(c, with_task=True), lock_execution, call_settle, ("invocations",),
-        lambda ctx: [invocation_locked(ctx)],
-    ),
+    *request_written_then_waiting("settle_invocation", "settled", call_settle),
     Case(
         "settle_invocation: everything but the second threshold notice written",
         lambda c: prep_settle(c, with_task=True), insert_notice(80), call_settle,
@@ -503,16 +456,7 @@ CASES = [
             notice_row(50),
         ],
     ),
-    Case(
-        "fail_invocation: failed, waiting for its stripe of the period",
-        prep_settle, lock_period(), call_fail, ("invocations",),
-        lambda ctx: [invocation_locked(ctx)],
-    ),
-    Case(
-        "fail_invocation: failed, waiting for its task",
-        lambda c: prep_settle(c, with_task=True), lock_execution, call_fail, ("invocations",),
-        lambda ctx: [invocation_locked(ctx)],
-    ),
+    *request_written_then_waiting("fail_invocation", "failed", call_fail),
     Case(
         "reconcile_org: task abandoned and requests recovered, waiting for the period",
         prep_reconcile, lock_period(), call_reconcile, ("executions", "invocations"),
@@ -564,7 +508,7 @@ def test_a_call_terminated_between_its_writes_leaves_nothing(llm_conn, llm_conne
     # the worker retries the same call; it completes once and the books stay right
     retry = llm_connect()
     case.call(retry, ctx)
-    assert invariant_violations(llm_conn) == []
+    assert invariants(llm_conn) == []
 
 
 def test_settlement_retried_after_a_kill_charges_once(llm_conn, llm_connect):
@@ -573,8 +517,8 @@ def test_settlement_retried_after_a_kill_charges_once(llm_conn, llm_connect):
     case = CASES[2]
     ctx = run_interrupted(llm_conn, llm_connect, case)
     retry = llm_connect()
-    assert case.call(retry, ctx) == ("settled",)
-    assert case.call(retry, ctx) == ("already_settled",)
+    assert case.call(retry, ctx) == "settled"
+    assert case.call(retry, ctx) == "already_settled"
     used, held = llm_conn.execute(
         "SELECT used_credits, held_credits FROM llm.periods WHERE organization_id = %s", [ORG]
     ).fetchone()
@@ -601,11 +545,8 @@ def test_run_reconciliation_killed_mid_pass_keeps_each_organization_whole(llm_co
         ctx["org1_before"] = fingerprint(conn, ORG)
         return ctx
 
-    def call(a: psycopg.Connection, ctx: dict) -> Any:
-        a.execute("CALL llm.run_reconciliation(p_now => %s)", [LATER])
-
     case = Case(
-        "run_reconciliation", prepare, lock_period(ORG2), call, ("invocations",),
+        "run_reconciliation", prepare, lock_period(ORG2), lambda a, ctx: call_pass(a, LATER), ("invocations",),
         lambda ctx: [invocation_locked({"inv": ctx[ORG2][0]}, org=ORG2)],
         scope=ORG2,
     )
@@ -621,7 +562,7 @@ def test_run_reconciliation_killed_mid_pass_keeps_each_organization_whole(llm_co
     assert runs == [("running", 1, 2)]
 
     # the next pass marks the dead one failed and finishes the work
-    llm_conn.execute("CALL llm.run_reconciliation(p_now => %s)", [LATER + timedelta(hours=1)])
+    call_pass(llm_conn, LATER + timedelta(hours=1))
     runs = llm_conn.execute(
         "SELECT status, errors::text LIKE '%abandoned%' FROM llm.reconciliation_runs ORDER BY started_at"
     ).fetchall()
@@ -630,5 +571,5 @@ def test_run_reconciliation_killed_mid_pass_keeps_each_organization_whole(llm_co
         "SELECT count(*) FROM llm.invocations WHERE status IN ('reserved', 'dispatched')"
     ).fetchone()
     assert open_requests == 0
-    assert invariant_violations(llm_conn) == []
+    assert invariants(llm_conn) == []
 

@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from llm_db.metrics import RUN_FIGURES, RUN_STATUSES
-from tests.helpers import T0
+from tests.helpers import T0, call_pass
 
 DOWN_DSN = "host=127.0.0.1 port=1 dbname=nowhere connect_timeout=3"
 
@@ -52,7 +52,7 @@ def test_promtool_accepts_the_exposition_before_a_pass_after_one_and_with_the_da
     before = metrics("--dsn", llm_dsn, "--now", T0.isoformat())
     assert before.returncode == 0, before.stderr
     check(before.stdout)
-    llm_conn.execute("CALL llm.run_reconciliation(p_now => %s)", [T0])
+    call_pass(llm_conn, T0)
     after = metrics("--dsn", llm_dsn, "--now", (T0 + timedelta(minutes=5)).isoformat())
     assert after.returncode == 0, after.stderr
     check(after.stdout)

@@ -7,67 +7,49 @@ owed notices; the pass-level step is in test_pass.py.
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg.rows import dict_row
 
-T0 = datetime(2030, 1, 10, 12, 0, tzinfo=UTC)
+from tests.helpers import T0, admit, call, new_org, reconcile, rows, settle, wait_blocked
+
 MINUTE = timedelta(minutes=1)
 
 
 # ---------------------------------------------------------------- local helpers
 
 
-def rows(conn: psycopg.Connection, query: str, params: Any = None) -> list[dict[str, Any]]:
-    return conn.cursor(row_factory=dict_row).execute(query, params).fetchall()
-
-
 def org_with_notices(conn: psycopg.Connection, thresholds: list[int], *, used: int = 100,
                      now: datetime = T0) -> uuid.UUID:
     """An organization (allowance 100) whose settlement of ``used`` credits crossed ``thresholds``."""
-    org = uuid.uuid4()
-    conn.execute("SELECT llm.upsert_organization(%s, %s, 100, p_notice_thresholds => %s, p_now => %s)",
-                 [org, f"org {org}", thresholds, now])
-    inv = conn.execute("SELECT (llm.admit_invocation(%s, %s, 'model-a', p_now => %s)).id",
-                       [org, used, now]).fetchone()[0]
-    assert conn.execute("SELECT llm.settle_invocation(%s, %s, %s, 0, p_now => %s)",
-                        [org, inv, used, now]).fetchone()[0] == "settled"
+    org = new_org(conn, 100, thresholds=thresholds, now=now)
+    inv = admit(conn, org, used, now=now)["id"]
+    assert settle(conn, org, inv, used, 0, now=now) == "settled"
     return org
 
 
 def claim(conn: psycopg.Connection, limit: int = 50, now: datetime = T0) -> list[dict[str, Any]]:
-    return rows(conn, "SELECT * FROM llm.claim_notices(%(limit)s::integer, %(now)s::timestamptz)",
-                {"limit": limit, "now": now})
+    return call(conn, "claim_notices", limit=limit, now=now)
 
 
 def complete(conn: psycopg.Connection, notice: dict[str, Any], now: datetime = T0) -> bool:
-    return conn.execute("SELECT llm.complete_notice(%s, %s, p_now => %s)",
-                        [notice["organization_id"], notice["id"], now]).fetchone()[0]
+    return call(conn, "complete_notice", notice["organization_id"], notice["id"], now=now)[0]["value"]
 
 
 def fail(conn: psycopg.Connection, notice: dict[str, Any], now: datetime, error: str = "webhook 503") -> bool:
-    return conn.execute("SELECT llm.fail_notice(%s, %s, %s, p_now => %s)",
-                        [notice["organization_id"], notice["id"], error, now]).fetchone()[0]
+    return call(conn, "fail_notice", notice["organization_id"], notice["id"], error, now=now)[0]["value"]
+
+
+def rearm(conn: psycopg.Connection, now: datetime) -> int:
+    return call(conn, "rearm_notices", now=now)[0]["value"]
 
 
 def notice(conn: psycopg.Connection, notice_id: uuid.UUID) -> dict[str, Any]:
     return rows(conn, "SELECT * FROM llm.threshold_notices WHERE id = %s", [notice_id])[0]
-
-
-def wait_blocked(observer: psycopg.Connection, pid: int, timeout: float = 5.0) -> None:
-    """Poll until backend ``pid`` waits on a lock another backend holds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if observer.execute("SELECT cardinality(pg_blocking_pids(%s)) > 0", [pid]).fetchone()[0]:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"backend {pid} never blocked")
 
 
 # ---------------------------------------------------------------- creation
@@ -81,9 +63,8 @@ def test_crossing_thresholds_creates_one_owed_notice_per_threshold(llm_conn):
     owed = rows(llm_conn, "SELECT * FROM llm.threshold_notices ORDER BY threshold_pct")
     assert [(n["threshold_pct"], n["status"], n["attempts"]) for n in owed] == [(50, "owed", 0), (80, "owed", 0)]
     assert all(n["next_attempt_at"] == T0 and n["crossed_at"] == T0 for n in owed)
-    inv = llm_conn.execute("SELECT (llm.admit_invocation(%s, 10, 'model-a', p_now => %s)).id",
-                           [org, T0 + MINUTE]).fetchone()[0]
-    llm_conn.execute("SELECT llm.settle_invocation(%s, %s, 20, 0, p_now => %s)", [org, inv, T0 + MINUTE])
+    inv = admit(llm_conn, org, 10, now=T0 + MINUTE)["id"]
+    settle(llm_conn, org, inv, 20, 0, now=T0 + MINUTE)
     thresholds = [r[0] for r in llm_conn.execute(
         "SELECT threshold_pct FROM llm.threshold_notices ORDER BY 1").fetchall()]
     assert thresholds == [50, 80, 100]
@@ -243,7 +224,7 @@ def test_rearm_notices_rearms_claims_older_than_fifteen_minutes(llm_conn):
     [old] = claim(llm_conn, limit=1, now=T0)
     [young] = claim(llm_conn, limit=1, now=T0 + 5 * MINUTE)
     now = T0 + 15 * MINUTE
-    assert llm_conn.execute("SELECT llm.rearm_notices(%s)", [now]).fetchone()[0] == 1
+    assert rearm(llm_conn, now) == 1
     row = notice(llm_conn, old["id"])
     assert (row["status"], row["claimed_at"], row["next_attempt_at"]) == ("owed", None, now)
     assert row["last_error"] == "claim expired without completion"
@@ -251,15 +232,14 @@ def test_rearm_notices_rearms_claims_older_than_fifteen_minutes(llm_conn):
     assert complete(llm_conn, old, now=now) is False
     [reclaimed] = claim(llm_conn, now=now)
     assert (reclaimed["id"], reclaimed["attempts"]) == (old["id"], 2)
-    assert llm_conn.execute("SELECT llm.rearm_notices(%s)", [now]).fetchone()[0] == 0
+    assert rearm(llm_conn, now) == 0
 
 
 # ---------------------------------------------------------------- release (a worker shutting down)
 
 
 def release(conn: psycopg.Connection, notice: dict[str, Any], now: datetime = T0) -> bool:
-    return conn.execute("SELECT llm.release_notice(%s, %s, p_now => %s)",
-                        [notice["organization_id"], notice["id"], now]).fetchone()[0]
+    return call(conn, "release_notice", notice["organization_id"], notice["id"], now=now)[0]["value"]
 
 
 def test_release_notice_gives_a_claim_back_due_at_once_with_no_attempt_counted(llm_conn):
@@ -318,25 +298,21 @@ def test_a_notice_becoming_owed_notifies_llm_notices_at_commit(llm_conn, llm_con
     transaction (PostgreSQL folds identical payloads), and only when it commits; a settlement that
     crosses nothing notifies nothing."""
     ear = listener(llm_connect)
-    org = uuid.uuid4()
-    llm_conn.execute("SELECT llm.upsert_organization(%s, 'n', 100, p_notice_thresholds => '{50,80}', p_now => %s)",
-                     [org, T0])
-    first, second, third = (
-        llm_conn.execute("SELECT (llm.admit_invocation(%s, 10, 'model-a', p_now => %s)).id", [org, T0]).fetchone()[0]
-        for _ in range(3))
-    llm_conn.execute("SELECT llm.settle_invocation(%s, %s, 10, 0, p_now => %s)", [org, first, T0])
+    org = new_org(llm_conn, 100, thresholds=[50, 80])
+    first, second, third = (admit(llm_conn, org, 10)["id"] for _ in range(3))
+    settle(llm_conn, org, first, 10, 0)
     assert heard(ear) == []  # 10 % crosses nothing
 
     writer = llm_connect(autocommit=False)
-    writer.execute("SELECT llm.settle_invocation(%s, %s, 75, 0, p_now => %s)", [org, second, T0])
+    settle(writer, org, second, 75, 0)
     assert heard(ear) == []  # not before the commit
     writer.rollback()
     assert heard(ear) == []  # nor after a rollback
-    writer.execute("SELECT llm.settle_invocation(%s, %s, 75, 0, p_now => %s)", [org, second, T0])
+    settle(writer, org, second, 75, 0)
     writer.commit()  # 85 %: crosses 50 and 80, one notification
     assert heard(ear) == ["created"]
     assert llm_conn.execute("SELECT count(*) FROM llm.threshold_notices").fetchone()[0] == 2
-    llm_conn.execute("SELECT llm.settle_invocation(%s, %s, 1, 0, p_now => %s)", [org, third, T0])
+    settle(llm_conn, org, third, 1, 0)
     assert heard(ear) == []  # nothing new crossed
 
 
@@ -352,9 +328,9 @@ def test_retry_release_and_rearm_notify_llm_notices(llm_conn, llm_connect):
     release(llm_conn, second)
     assert heard(ear) == ["released"]
     assert len(claim(llm_conn, now=T0)) == 1  # the released one
-    assert llm_conn.execute("SELECT llm.rearm_notices(%s)", [T0 + MINUTE]).fetchone()[0] == 0
+    assert rearm(llm_conn, T0 + MINUTE) == 0
     assert heard(ear) == []
-    assert llm_conn.execute("SELECT llm.rearm_notices(%s)", [T0 + 15 * MINUTE]).fetchone()[0] == 1
+    assert rearm(llm_conn, T0 + 15 * MINUTE) == 1
     assert heard(ear) == ["rearmed"]
     for last in claim(llm_conn, now=T0 + 15 * MINUTE):
         complete(llm_conn, last, now=T0 + 15 * MINUTE)
@@ -364,11 +340,9 @@ def test_retry_release_and_rearm_notify_llm_notices(llm_conn, llm_connect):
 def test_recovery_crossing_a_threshold_notifies_llm_notices(llm_conn, llm_connect):
     """A threshold crossed by the pass's recovery (the stored estimate charged) creates the notice
     through the same rule, so it notifies too."""
-    org = uuid.uuid4()
-    llm_conn.execute("SELECT llm.upsert_organization(%s, 'r', 100, p_notice_thresholds => '{80}', p_now => %s)",
-                     [org, T0])
-    llm_conn.execute("SELECT llm.admit_invocation(%s, 90, 'model-a', p_now => %s)", [org, T0])
+    org = new_org(llm_conn, 100, thresholds=[80])
+    admit(llm_conn, org, 90)
     ear = listener(llm_connect)
-    swept = rows(llm_conn, "SELECT * FROM llm.reconcile_org(%s, %s)", [org, T0 + timedelta(hours=25)])[0]
+    swept = reconcile(llm_conn, org, now=T0 + timedelta(hours=25))
     assert swept["recovered_requests"] == 1
     assert heard(ear) == ["created"]

@@ -8,35 +8,34 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from helpers import (
+
+from tests.helpers import (
     FEBRUARY,
     JANUARY,
     MAX_AMOUNT,
     T0,
     admit,
     assert_sqlstate,
+    declare_task,
     fingerprint,
     invariants,
     new_org,
+    params,
     period,
     row,
     rows,
     set_org,
+    sql_of,
 )
 
-UPSERT_SQL = """
-SELECT * FROM llm.upsert_organization(
-    p_organization_id => %(org)s::uuid, p_name => %(name)s::text,
-    p_monthly_allowance_credits => %(allowance)s::bigint, p_status => %(status)s::text,
-    p_notice_thresholds => %(thresholds)s::integer[], p_now => %(now)s::timestamptz)
-"""
+UPSERT_SQL = sql_of("upsert_organization")
 
 
 def upsert_params(org, **overrides):
-    params = {"org": org, "name": "Acme", "allowance": 1000, "status": "operational",
-              "thresholds": "{80,100}", "now": T0}
-    params.update(overrides)
-    return params
+    """The parameters of UPSERT_SQL: Acme, 1000 credits, operational, 80 and 100 %, at T0."""
+    arguments = {"organization_id": org, "name": "Acme", "monthly_allowance_credits": 1000,
+                 "status": "operational", "notice_thresholds": [80, 100], "now": T0}
+    return params("upsert_organization", **(arguments | overrides))
 
 
 # ---------------------------------------------------------------- upsert_organization
@@ -44,6 +43,8 @@ def upsert_params(org, **overrides):
 
 def test_upsert_organization_creates_an_operational_organization_with_default_thresholds(llm_conn):
     org = uuid.uuid4()
+    # the SQL function's own defaults (status, thresholds, clock): the driver passes every
+    # parameter, so only a call without them reaches these
     created = row(
         llm_conn,
         "SELECT * FROM llm.upsert_organization(%(org)s::uuid, 'Acme', 5000::bigint)",
@@ -64,8 +65,8 @@ def test_upsert_organization_updates_every_field_and_keeps_created_at(llm_conn):
     second = row(
         llm_conn,
         UPSERT_SQL,
-        upsert_params(org, name="Acme Ltd", allowance=None, status="suspended",
-                      thresholds="{50,90}", now=later),
+        upsert_params(org, name="Acme Ltd", monthly_allowance_credits=None, status="suspended",
+                      notice_thresholds=[50, 90], now=later),
     )
     assert second["name"] == "Acme Ltd"
     assert second["monthly_allowance_credits"] is None
@@ -78,38 +79,38 @@ def test_upsert_organization_updates_every_field_and_keeps_created_at(llm_conn):
 
 def test_upsert_organization_stores_thresholds_sorted_and_accepts_an_empty_list(llm_conn):
     org = uuid.uuid4()
-    assert row(llm_conn, UPSERT_SQL, upsert_params(org, thresholds="{100,50,1000,1}"))[
+    assert row(llm_conn, UPSERT_SQL, upsert_params(org, notice_thresholds=[100, 50, 1000, 1]))[
         "notice_thresholds"
     ] == [1, 50, 100, 1000]
-    assert row(llm_conn, UPSERT_SQL, upsert_params(org, thresholds="{}"))["notice_thresholds"] == []
+    assert row(llm_conn, UPSERT_SQL, upsert_params(org, notice_thresholds=[]))["notice_thresholds"] == []
 
 
 @pytest.mark.parametrize("allowance", [0, MAX_AMOUNT, None])
 def test_upsert_organization_accepts_allowance_bounds_and_null_for_unlimited(llm_conn, allowance):
     org = uuid.uuid4()
-    assert row(llm_conn, UPSERT_SQL, upsert_params(org, allowance=allowance))[
+    assert row(llm_conn, UPSERT_SQL, upsert_params(org, monthly_allowance_credits=allowance))[
         "monthly_allowance_credits"
     ] == allowance
 
 
 INVALID_UPSERTS = {
-    "null organization id": {"org": None},
+    "null organization id": {"organization_id": None},
     "null name": {"name": None},
     "empty name": {"name": ""},
     "blank name": {"name": "   "},
     "name over 200 characters": {"name": "x" * 201},
-    "negative allowance": {"allowance": -1},
-    "allowance over 10^15": {"allowance": MAX_AMOUNT + 1},
+    "negative allowance": {"monthly_allowance_credits": -1},
+    "allowance over 10^15": {"monthly_allowance_credits": MAX_AMOUNT + 1},
     "unknown status": {"status": "active"},
     "null status": {"status": None},
-    "null threshold list": {"thresholds": None},
-    "null threshold element": {"thresholds": "{80,NULL}"},
-    "duplicate thresholds": {"thresholds": "{80,80,100}"},
-    "threshold 0": {"thresholds": "{0,100}"},
-    "threshold 1001": {"thresholds": "{80,1001}"},
-    "negative threshold": {"thresholds": "{-5}"},
-    "two-dimensional thresholds": {"thresholds": "{{80,100},{90,95}}"},
-    "more than 20 thresholds": {"thresholds": "{" + ",".join(str(i) for i in range(1, 22)) + "}"},
+    "null threshold list": {"notice_thresholds": None},
+    "null threshold element": {"notice_thresholds": [80, None]},
+    "duplicate thresholds": {"notice_thresholds": [80, 80, 100]},
+    "threshold 0": {"notice_thresholds": [0, 100]},
+    "threshold 1001": {"notice_thresholds": [80, 1001]},
+    "negative threshold": {"notice_thresholds": [-5]},
+    "two-dimensional thresholds": {"notice_thresholds": [[80, 100], [90, 95]]},
+    "more than 20 thresholds": {"notice_thresholds": list(range(1, 22))},
 }
 
 
@@ -118,14 +119,12 @@ def test_upsert_organization_rejects_invalid_argument_with_22023_and_writes_noth
     llm_conn, overrides
 ):
     org = new_org(llm_conn, 1000)  # an existing organization, so the update path is covered too
-    params = upsert_params(org)
-    params.update(overrides)
-    assert_sqlstate(llm_conn, "22023", UPSERT_SQL, params)
+    assert_sqlstate(llm_conn, "22023", UPSERT_SQL, upsert_params(org, **overrides))
 
 
 @pytest.mark.parametrize(
     "overrides",
-    [{"name": ""}, {"allowance": -1}, {"thresholds": "{80,NULL}"}],
+    [{"name": ""}, {"monthly_allowance_credits": -1}, {"notice_thresholds": [80, None]}],
     ids=["blank name", "negative allowance", "null threshold"],
 )
 def test_upsert_organization_rejects_a_new_organization_without_creating_it(llm_conn, overrides):
@@ -136,7 +135,7 @@ def test_upsert_organization_rejects_a_new_organization_without_creating_it(llm_
 
 def test_invalid_thresholds_error_explains_the_accepted_list(llm_conn):
     err = assert_sqlstate(llm_conn, "22023", UPSERT_SQL,
-                          upsert_params(uuid.uuid4(), thresholds="{0}"))
+                          upsert_params(uuid.uuid4(), notice_thresholds=[0]))
     assert "between 1 and 1000" in err.diag.message_detail
     assert err.diag.message_hint
 
@@ -151,9 +150,7 @@ def test_allowance_raised_mid_month_applies_to_the_current_period_at_once(llm_co
     admit(llm_conn, org, 80, now=T0)
     refused = assert_sqlstate(
         llm_conn, "LL001",
-        "SELECT llm.admit_invocation(%(org)s::uuid, 50::bigint, 'model-a',"
-        " p_now => %(now)s::timestamptz)",
-        {"org": org, "now": T0 + timedelta(hours=1)},
+        sql_of("admit"), params("admit", org, 50, "model-a", now=T0 + timedelta(hours=1)),
     )
     assert "allowance=100" in refused.diag.message_detail
 
@@ -173,9 +170,7 @@ def test_allowance_lowered_mid_month_applies_at_once_and_refuses_new_holds(llm_c
     assert period(llm_conn, org, JANUARY)["allowance_credits"] == 200
     assert_sqlstate(
         llm_conn, "LL001",
-        "SELECT llm.admit_invocation(%(org)s::uuid, 1::bigint, 'model-a',"
-        " p_now => %(now)s::timestamptz)",
-        {"org": org, "now": T0 + timedelta(hours=2)},
+        sql_of("admit"), params("admit", org, 1, "model-a", now=T0 + timedelta(hours=2)),
     )
     # the hold admitted before the change stands: invariant 4 allows a lowered allowance
     assert invariants(llm_conn) == []
@@ -211,44 +206,44 @@ def test_allowance_set_to_unlimited_applies_to_the_current_period(llm_conn):
 
 # ---------------------------------------------------------------- declare_task_kind
 
-DECLARE_SQL = "SELECT llm.declare_task_kind(p_key => %(key)s::text, p_description => %(d)s::text)"
+DECLARE_SQL = sql_of("declare_task_kind")
 
 
 def test_declare_task_kind_creates_the_catalog_entry(llm_conn):
-    llm_conn.execute(DECLARE_SQL, {"key": "summarize", "d": "Summarize a document"})
+    declare_task(llm_conn, "summarize", "Summarize a document")
     assert rows(llm_conn, "SELECT key, description FROM llm.task_kinds") == [
         {"key": "summarize", "description": "Summarize a document"}
     ]
 
 
 def test_declare_task_kind_is_idempotent(llm_conn):
-    llm_conn.execute(DECLARE_SQL, {"key": "summarize", "d": "Summarize"})
+    declare_task(llm_conn, "summarize", "Summarize")
     before = fingerprint(llm_conn)
-    llm_conn.execute(DECLARE_SQL, {"key": "summarize", "d": "Summarize"})
-    llm_conn.execute(DECLARE_SQL, {"key": "summarize", "d": None})  # NULL keeps the description
+    declare_task(llm_conn, "summarize", "Summarize")
+    declare_task(llm_conn, "summarize", None)  # NULL keeps the description
     assert fingerprint(llm_conn) == before
 
 
 def test_declare_task_kind_repeat_with_new_description_updates_it(llm_conn):
-    llm_conn.execute(DECLARE_SQL, {"key": "summarize", "d": "old"})
-    llm_conn.execute(DECLARE_SQL, {"key": "summarize", "d": "new"})
+    declare_task(llm_conn, "summarize", "old")
+    declare_task(llm_conn, "summarize", "new")
     assert rows(llm_conn, "SELECT key, description FROM llm.task_kinds") == [
         {"key": "summarize", "description": "new"}
     ]
 
 
 INVALID_DECLARES = {
-    "null key": {"key": None, "d": None},
-    "empty key": {"key": "", "d": None},
-    "blank key": {"key": "  ", "d": None},
-    "key over 200 characters": {"key": "k" * 201, "d": None},
-    "blank description": {"key": "summarize", "d": " "},
-    "description over 2000 characters": {"key": "summarize", "d": "d" * 2001},
+    "null key": {"key": None, "description": None},
+    "empty key": {"key": "", "description": None},
+    "blank key": {"key": "  ", "description": None},
+    "key over 200 characters": {"key": "k" * 201, "description": None},
+    "blank description": {"key": "summarize", "description": " "},
+    "description over 2000 characters": {"key": "summarize", "description": "d" * 2001},
 }
 
 
-@pytest.mark.parametrize("params", INVALID_DECLARES.values(), ids=INVALID_DECLARES.keys())
+@pytest.mark.parametrize("arguments", INVALID_DECLARES.values(), ids=INVALID_DECLARES.keys())
 def test_declare_task_kind_rejects_invalid_argument_with_22023_and_writes_nothing(
-    llm_conn, params
+    llm_conn, arguments
 ):
-    assert_sqlstate(llm_conn, "22023", DECLARE_SQL, params)
+    assert_sqlstate(llm_conn, "22023", DECLARE_SQL, params("declare_task_kind", **arguments))

@@ -11,69 +11,42 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg.rows import dict_row
 
-from tests.helpers import lock_period_rows
+from tests.helpers import (
+    T0,
+    admit_dispatched,
+    assert_books_right,
+    call,
+    call_pass,
+    close_task,
+    health,
+    lock_period_rows,
+    new_org,
+    open_task,
+    row,
+    rows,
+    run_pass,
+    settle,
+    wait_blocked,
+)
 
-T0 = datetime(2030, 1, 10, 12, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
 TASK = "report.generate"
+ALLOWANCE = 1_000_000
 
 
 # ---------------------------------------------------------------- local helpers
 
 
-def one(conn: psycopg.Connection, query: str, params: Any = None) -> dict[str, Any] | None:
-    return conn.cursor(row_factory=dict_row).execute(query, params).fetchone()
-
-
-def rows(conn: psycopg.Connection, query: str, params: Any = None) -> list[dict[str, Any]]:
-    return conn.cursor(row_factory=dict_row).execute(query, params).fetchall()
-
-
-def new_org(conn: psycopg.Connection, *, allowance: int | None = 1_000_000) -> uuid.UUID:
-    org = uuid.uuid4()
-    conn.execute("SELECT llm.upsert_organization(%s, %s, %s, p_now => %s)", [org, f"org {org}", allowance, T0])
-    return org
-
-
-def admit(conn: psycopg.Connection, org: uuid.UUID, estimate: int, *, execution: uuid.UUID | None = None,
-          now: datetime = T0) -> uuid.UUID:
-    inv = conn.execute("SELECT (llm.admit_invocation(%s, %s, 'model-a', %s, p_now => %s)).id",
-                       [org, estimate, execution, now]).fetchone()[0]
-    conn.execute("SELECT llm.mark_dispatched(%s, %s, p_now => %s)", [org, inv, now])
-    return inv
-
-
-def settle(conn: psycopg.Connection, org: uuid.UUID, inv: uuid.UUID, credits: int, cents: int,
-           *, now: datetime) -> None:
-    conn.execute("SELECT llm.settle_invocation(%s, %s, %s, %s, p_now => %s)", [org, inv, credits, cents, now])
-
-
-def open_exec(conn: psycopg.Connection, org: uuid.UUID, *, now: datetime = T0) -> uuid.UUID:
-    conn.execute("SELECT llm.declare_task_kind(%s)", [TASK])
-    return conn.execute("SELECT execution_id FROM llm.open_execution(%s, %s, p_now => %s)",
-                        [org, TASK, now]).fetchone()[0]
-
-
-def call_pass(conn: psycopg.Connection, now: datetime | None, batch: int | None = None) -> None:
-    conn.execute("CALL llm.run_reconciliation(p_now => %(now)s::timestamptz, p_batch => %(batch)s::integer)",
-                 {"now": now, "batch": batch})
-
-
 def runs(conn: psycopg.Connection) -> list[dict[str, Any]]:
     return rows(conn, "SELECT * FROM llm.reconciliation_runs ORDER BY started_at, id")
-
-
-def run_pass(conn: psycopg.Connection, now: datetime, batch: int | None = None) -> dict[str, Any]:
-    call_pass(conn, now, batch)
-    return one(conn, "SELECT * FROM llm.reconciliation_runs WHERE status <> 'skipped' ORDER BY started_at DESC LIMIT 1")
 
 
 def bound_lock_waits(conn: psycopg.Connection, timeout: str = "500ms") -> None:
@@ -81,11 +54,25 @@ def bound_lock_waits(conn: psycopg.Connection, timeout: str = "500ms") -> None:
     conn.execute("UPDATE llm.settings SET org_lock_timeout = %s::interval", [timeout])
 
 
+def pass_while_locked(llm_connect: Callable[..., psycopg.Connection],
+                      lock: Callable[[psycopg.Connection], Any], now: datetime) -> dict[str, Any]:
+    """One pass at ``now`` (lock waits bounded to 500 ms) while another session holds what
+    ``lock`` locks in its open transaction; that session rolls back after the pass."""
+    blocker = llm_connect(autocommit=False)
+    lock(blocker)
+    pass_conn = llm_connect()
+    bound_lock_waits(pass_conn)
+    try:
+        return run_pass(pass_conn, now)
+    finally:
+        blocker.rollback()
+
+
 def owed_notice_claimed_at(conn: psycopg.Connection, org: uuid.UUID, claimed_at: datetime) -> uuid.UUID:
     """Cross 80 % of a 100-credit allowance and claim the notice at ``claimed_at`` (sending)."""
-    inv = admit(conn, org, 90, now=claimed_at - timedelta(minutes=1))
+    inv = admit_dispatched(conn, org, 90, now=claimed_at - timedelta(minutes=1))
     settle(conn, org, inv, 90, 5, now=claimed_at - timedelta(minutes=1))
-    claimed = rows(conn, "SELECT * FROM llm.claim_notices(10, %s)", [claimed_at])
+    claimed = call(conn, "claim_notices", limit=10, now=claimed_at)
     assert [n["status"] for n in claimed] == ["sending"]
     return claimed[0]["id"]
 
@@ -101,40 +88,22 @@ def expected_daily_rows(conn: psycopg.Connection, now: datetime) -> int:
         {"now": now}).fetchone()[0]
 
 
-def wait_blocked(observer: psycopg.Connection, pid: int, timeout: float = 5.0) -> None:
-    """Poll until backend ``pid`` waits on a lock another backend holds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if observer.execute("SELECT cardinality(pg_blocking_pids(%s)) > 0", [pid]).fetchone()[0]:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"backend {pid} never blocked")
-
-
-def lock_period(blocker: psycopg.Connection, org: uuid.UUID) -> None:
-    lock_period_rows(blocker, org)
-
-
-def assert_books_right(conn: psycopg.Connection) -> None:
-    assert conn.execute("SELECT * FROM llm.check_invariants()").fetchall() == []
-
-
 # ---------------------------------------------------------------- one recorded run
 
 
 def test_wf_pfm_llm_004_pass_records_one_run_with_its_figures(llm_conn):
     """WF-PFM-LLM-004 hops 2-6: one CALL records exactly one llm.reconciliation_runs row whose
     figures add up what the sweeps and follow-up steps did."""
-    a, b = new_org(llm_conn), new_org(llm_conn, allowance=100)
-    admit(llm_conn, a, 10)
-    admit(llm_conn, a, 20, now=T0 + timedelta(minutes=5))
-    admit(llm_conn, b, 30)
-    admit(llm_conn, a, 99, now=T0 + 20 * HOUR)  # inside the window: stays
-    open_exec(llm_conn, a)  # stale: abandoned
-    drifting = open_exec(llm_conn, b, now=T0 + HOUR)
-    llm_conn.execute("SELECT llm.close_execution(%s, %s, 'completed', p_now => %s)", [b, drifting, T0 + 2 * HOUR])
+    a, b = new_org(llm_conn, ALLOWANCE), new_org(llm_conn, 100)
+    admit_dispatched(llm_conn, a, 10)
+    admit_dispatched(llm_conn, a, 20, now=T0 + timedelta(minutes=5))
+    admit_dispatched(llm_conn, b, 30)
+    admit_dispatched(llm_conn, a, 99, now=T0 + 20 * HOUR)  # inside the window: stays
+    open_task(llm_conn, a, TASK)  # stale: abandoned
+    drifting = open_task(llm_conn, b, TASK, now=T0 + HOUR)
+    close_task(llm_conn, b, drifting, now=T0 + 2 * HOUR)
     llm_conn.execute("UPDATE llm.executions SET request_count = 3 WHERE id = %s", [drifting])
-    c = new_org(llm_conn, allowance=100)
+    c = new_org(llm_conn, 100)
     owed_notice_claimed_at(llm_conn, c, T0 + 3 * HOUR)  # claimed, never completed: re-armed
 
     now = T0 + 25 * HOUR
@@ -165,8 +134,8 @@ def test_pass_rejects_a_bad_batch_and_records_nothing(llm_conn):
 def test_br_cap_pfm_llm_009_03_running_the_pass_twice_adds_no_charge_alert_or_notice(llm_conn):
     """BR-CAP-PFM-LLM-009-03 through the pass: a second pass at a later clock finds nothing to
     recover; ledger, periods, alert stamps and notices are unchanged; two runs recorded."""
-    org = new_org(llm_conn, allowance=100)
-    admit(llm_conn, org, 85)
+    org = new_org(llm_conn, 100)
+    admit_dispatched(llm_conn, org, 85)
     first = run_pass(llm_conn, T0 + 25 * HOUR)
     assert (first["requests_recovered"], first["past_window_alerts"]) == (1, 1)
 
@@ -195,16 +164,11 @@ def test_wf_pfm_llm_004_hop_2_one_failing_organization_is_recorded_and_the_pass_
     whose sweep fails for real — its period row is locked by another session and
     org_lock_timeout is 500ms — is recorded in errors with its id and SQLSTATE 55P03, rolled back
     whole; the other organizations are recovered; the run is 'partial'."""
-    orgs = sorted([new_org(llm_conn) for _ in range(3)])
+    orgs = sorted([new_org(llm_conn, ALLOWANCE) for _ in range(3)])
     bad = orgs[1]  # visited in id order: one before, one after
-    invs = {org: admit(llm_conn, org, 10) for org in orgs}
-    blocker = llm_connect(autocommit=False)
-    lock_period(blocker, bad)
-    pass_conn = llm_connect()
-    bound_lock_waits(pass_conn)
+    invs = {org: admit_dispatched(llm_conn, org, 10) for org in orgs}
 
-    run = run_pass(pass_conn, T0 + 25 * HOUR)
-    blocker.rollback()
+    run = pass_while_locked(llm_connect, lambda blocker: lock_period_rows(blocker, bad), T0 + 25 * HOUR)
 
     assert run["status"] == "partial"
     assert (run["orgs_visited"], run["orgs_failed"], run["requests_recovered"]) == (3, 1, 2)
@@ -225,28 +189,23 @@ def test_wf_pfm_llm_004_hop_2_one_failing_organization_is_recorded_and_the_pass_
 def test_pass_where_every_organization_fails_is_failed(llm_conn, llm_connect):
     """WF-PFM-LLM-004 hop 2: when every visited organization fails the run is 'failed' (and the
     missing-run alarm reports it)."""
-    org = new_org(llm_conn)
-    admit(llm_conn, org, 10)
-    blocker = llm_connect(autocommit=False)
-    lock_period(blocker, org)
-    pass_conn = llm_connect()
-    bound_lock_waits(pass_conn)
-    run = run_pass(pass_conn, T0 + 25 * HOUR)
-    blocker.rollback()
+    org = new_org(llm_conn, ALLOWANCE)
+    admit_dispatched(llm_conn, org, 10)
+    run = pass_while_locked(llm_connect, lambda blocker: lock_period_rows(blocker, org), T0 + 25 * HOUR)
     assert run["status"] == "failed" and (run["orgs_visited"], run["orgs_failed"]) == (1, 1)
-    health = one(llm_conn, "SELECT * FROM llm.reconciliation_health(%s)", [T0 + 25 * HOUR])
+    alarm = health(llm_conn, T0 + 25 * HOUR)
     # passes ran but none completed: failing, not never (never is for "no pass ever ran")
-    assert health["status"] == "failing" and health["last_run_status"] == "failed"
+    assert alarm["status"] == "failing" and alarm["last_run_status"] == "failed"
 
 
 def test_wf_pfm_llm_004_one_pass_at_a_time_second_is_skipped_and_returns_at_once(llm_conn, llm_connect):
     """WF-PFM-LLM-004 concurrency (one execution slot): while a pass is running (blocked on a
     period row lock), a second CALL returns at once and is recorded 'skipped', touching
     nothing; the first pass then finishes normally."""
-    org = new_org(llm_conn)
-    inv = admit(llm_conn, org, 10)
+    org = new_org(llm_conn, ALLOWANCE)
+    inv = admit_dispatched(llm_conn, org, 10)
     blocker = llm_connect(autocommit=False)
-    lock_period(blocker, org)
+    lock_period_rows(blocker, org)
     first_conn, second_conn = llm_connect(), llm_connect()
     with ThreadPoolExecutor(max_workers=1) as pool:
         first = pool.submit(call_pass, first_conn, T0 + 25 * HOUR)
@@ -254,7 +213,7 @@ def test_wf_pfm_llm_004_one_pass_at_a_time_second_is_skipped_and_returns_at_once
         started = time.monotonic()
         call_pass(second_conn, T0 + 25 * HOUR)
         elapsed = time.monotonic() - started
-        skipped = one(llm_conn, "SELECT * FROM llm.reconciliation_runs WHERE status = 'skipped'")
+        skipped = row(llm_conn, "SELECT * FROM llm.reconciliation_runs WHERE status = 'skipped'")
         assert llm_conn.execute("SELECT status FROM llm.invocations WHERE id = %s", [inv]).fetchone()[0] == "dispatched"
         blocker.commit()
         first.result(timeout=10)
@@ -275,12 +234,12 @@ def test_a_session_that_took_the_lease_and_went_idle_does_not_block_the_next_pas
     holder = llm_connect()
     abandoned = holder.execute("SELECT run_id FROM llm._begin_run(%s)", [T0]).fetchone()[0]
     assert abandoned is not None
-    admit(llm_conn, new_org(llm_conn), 10)
+    admit_dispatched(llm_conn, new_org(llm_conn, ALLOWANCE), 10)
     run = run_pass(llm_conn, T0 + 25 * HOUR)
     assert (run["status"], run["requests_recovered"]) == ("succeeded", 1)
-    old = one(llm_conn, "SELECT * FROM llm.reconciliation_runs WHERE id = %s", [abandoned])
+    old = row(llm_conn, "SELECT * FROM llm.reconciliation_runs WHERE id = %s", [abandoned])
     assert old["status"] == "failed" and "abandoned" in old["errors"][-1]["error"]
-    assert one(llm_conn, "SELECT * FROM llm.pass_lease")["token"] is None
+    assert row(llm_conn, "SELECT * FROM llm.pass_lease")["token"] is None
 
 
 def test_pass_left_running_by_a_killed_backend_is_marked_failed_by_the_next(llm_conn, llm_connect):
@@ -290,12 +249,12 @@ def test_pass_left_running_by_a_killed_backend_is_marked_failed_by_the_next(llm_
     doomed = llm_connect()
     interrupted = doomed.execute("SELECT run_id FROM llm._begin_run(%s)", [T0 + 24 * HOUR]).fetchone()[0]
     assert llm_conn.execute("SELECT pg_terminate_backend(%s, 5000)", [doomed.info.backend_pid]).fetchone()[0]
-    org = new_org(llm_conn)
-    admit(llm_conn, org, 10)
+    org = new_org(llm_conn, ALLOWANCE)
+    admit_dispatched(llm_conn, org, 10)
 
     run = run_pass(llm_conn, T0 + 25 * HOUR)
 
-    old = one(llm_conn, "SELECT * FROM llm.reconciliation_runs WHERE id = %s", [interrupted])
+    old = row(llm_conn, "SELECT * FROM llm.reconciliation_runs WHERE id = %s", [interrupted])
     assert old["status"] == "failed" and old["finished_at"] is not None
     assert old["errors"][-1]["step"] == "pass"
     assert (run["status"], run["requests_recovered"]) == ("succeeded", 1)
@@ -306,10 +265,10 @@ def test_pass_cancelled_in_a_long_lived_session_leaves_nothing_behind(llm_conn, 
     successful later pass): a pass cancelled by statement_timeout in a session that lives on
     (a pooled connection) keeps no lock: another session's pass runs at once, is not skipped,
     marks the cancelled run failed and does the work."""
-    org = new_org(llm_conn)
-    admit(llm_conn, org, 10)
+    org = new_org(llm_conn, ALLOWANCE)
+    admit_dispatched(llm_conn, org, 10)
     blocker = llm_connect(autocommit=False)
-    lock_period(blocker, org)
+    lock_period_rows(blocker, org)
     pooled = llm_connect()  # e.g. a pooled application connection that survives the cancel
     pooled.execute("SET statement_timeout = '500ms'")
     with pytest.raises(psycopg.Error) as raised:
@@ -336,17 +295,16 @@ def test_wf_pfm_llm_004_hop_6_rearm_failure_does_not_stop_the_rebuild(llm_conn, 
     """WF-PFM-LLM-004 hop 6 (follow-up steps are independent): rearm_notices fails for real (the
     expired claim's row is locked elsewhere, org_lock_timeout 500ms) and is recorded with its step
     and SQLSTATE; rebuild_daily_usage still runs and counts its rows; the run is 'partial'."""
-    org = new_org(llm_conn, allowance=100)
+    org = new_org(llm_conn, 100)
     notice = owed_notice_claimed_at(llm_conn, org, T0 + HOUR)
-    admit(llm_conn, org, 5)
-    blocker = llm_connect(autocommit=False)
-    blocker.execute("SELECT 1 FROM llm.threshold_notices WHERE id = %s FOR UPDATE", [notice])
-    pass_conn = llm_connect()
-    bound_lock_waits(pass_conn)
+    admit_dispatched(llm_conn, org, 5)
     now = T0 + 25 * HOUR
 
-    run = run_pass(pass_conn, now)
-    blocker.rollback()
+    run = pass_while_locked(
+        llm_connect,
+        lambda blocker: blocker.execute("SELECT 1 FROM llm.threshold_notices WHERE id = %s FOR UPDATE", [notice]),
+        now,
+    )
 
     assert run["status"] == "partial"
     assert (run["orgs_visited"], run["orgs_failed"], run["requests_recovered"]) == (1, 0, 1)
@@ -360,15 +318,12 @@ def test_wf_pfm_llm_004_hop_6_rebuild_failure_does_not_undo_the_rearm(llm_conn, 
     """WF-PFM-LLM-004 hop 6, the other order: rearm_notices succeeds and commits, then
     rebuild_daily_usage fails for real (daily_usage locked elsewhere) and is recorded; the
     re-armed notice stays owed."""
-    org = new_org(llm_conn, allowance=100)
+    org = new_org(llm_conn, 100)
     owed_notice_claimed_at(llm_conn, org, T0 + HOUR)
-    blocker = llm_connect(autocommit=False)
-    blocker.execute("LOCK TABLE llm.daily_usage IN EXCLUSIVE MODE")
-    pass_conn = llm_connect()
-    bound_lock_waits(pass_conn)
 
-    run = run_pass(pass_conn, T0 + 25 * HOUR)
-    blocker.rollback()
+    run = pass_while_locked(
+        llm_connect, lambda blocker: blocker.execute("LOCK TABLE llm.daily_usage IN EXCLUSIVE MODE"), T0 + 25 * HOUR
+    )
 
     assert run["status"] == "partial"
     # one error per day rebuilt (settings.reporting_days = 2), each its own transaction
@@ -384,10 +339,10 @@ def test_wf_pfm_llm_004_hop_6_rebuild_failure_does_not_undo_the_rearm(llm_conn, 
 def test_wf_pfm_llm_004_hop_6_rebuild_daily_usage_runs_over_the_reporting_days(llm_conn):
     """WF-PFM-LLM-004 hop 6: the pass rebuilds settings.reporting_days (2) UTC days up to its
     clock: yesterday's and today's settlements are counted, older days are left alone."""
-    org = new_org(llm_conn)
+    org = new_org(llm_conn, ALLOWANCE)
     now = T0 + 3 * 24 * HOUR
     for day_offset in (0, 1, 2, 3):  # settled on T0, T0+1d, T0+2d, T0+3d
-        inv = admit(llm_conn, org, 10, now=T0 + day_offset * 24 * HOUR)
+        inv = admit_dispatched(llm_conn, org, 10, now=T0 + day_offset * 24 * HOUR)
         settle(llm_conn, org, inv, 4, 1, now=T0 + day_offset * 24 * HOUR + HOUR)
     run = run_pass(llm_conn, now + 2 * HOUR)
     assert run["daily_rows_rebuilt"] == 2

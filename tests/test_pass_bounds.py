@@ -13,7 +13,6 @@ Real blockers, never mocks: a second session holds the rows in an open transacti
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from datetime import timedelta
@@ -22,7 +21,21 @@ from typing import Any
 import psycopg
 
 from llm_db import Llm
-from tests.helpers import T0, lock_period_rows, new_org, row, rows, scalar, wait_blocked
+from tests.helpers import (
+    T0,
+    InThread,
+    assert_books_right,
+    call_pass,
+    declare_task,
+    health,
+    lock_period_rows,
+    new_org,
+    reconcile,
+    row,
+    rows,
+    scalar,
+    wait_blocked,
+)
 
 LATER = T0 + timedelta(hours=25)  # past the 24 h recovery window
 
@@ -53,24 +66,9 @@ def status_of(conn: psycopg.Connection, inv: uuid.UUID) -> str:
     return scalar(conn, "SELECT status FROM llm.invocations WHERE id = %s", [inv])
 
 
-class PassInBackground:
+def pass_in_background(conn: psycopg.Connection, now) -> InThread:
     """``CALL llm.run_reconciliation`` on its own connection, in a thread."""
-
-    def __init__(self, conn: psycopg.Connection, now) -> None:
-        self.conn = conn
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(now,))
-        self.thread.start()
-
-    def _run(self, now) -> None:
-        try:
-            self.conn.execute("CALL llm.run_reconciliation(p_now => %s)", [now])
-        except BaseException as exc:
-            self.error = exc
-
-    def join(self) -> None:
-        self.thread.join(30)
-        assert not self.thread.is_alive(), "the pass did not return"
+    return InThread(lambda: call_pass(conn, now))
 
 
 # ---------------------------------------------------------------- stuck consumer sessions
@@ -99,14 +97,14 @@ def test_an_admission_left_open_in_a_transaction_costs_only_its_organization(llm
     assert (error["organization_id"], error["sqlstate"]) == (str(stuck_org), "55P03")
     assert elapsed < 20  # bounded by the lock timeout, not by the stuck session
     assert [status_of(llm_conn, stranded[o]) for o in orgs] == ["settled", "dispatched", "settled"]
-    health = row(llm_conn, "SELECT * FROM llm.reconciliation_health(%s)", [LATER])
-    assert health["status"] == "failing" and health["last_run_status"] == "partial"
+    alarm = health(llm_conn, LATER)
+    assert alarm["status"] == "failing" and alarm["last_run_status"] == "partial"
 
     stuck.commit()  # the consumer's unit of work ends
     again = Llm(llm_conn).run_reconciliation(now=LATER + timedelta(hours=1))
     assert again is not None and (again.status, again.requests_recovered) == ("succeeded", 1)
     assert status_of(llm_conn, stranded[stuck_org]) == "settled"
-    assert rows(llm_conn, "SELECT * FROM llm.check_invariants()") == []
+    assert_books_right(llm_conn)
 
 
 def test_a_session_holding_a_stale_running_task_costs_only_its_organization(llm_conn, llm_connect):
@@ -115,7 +113,7 @@ def test_a_session_holding_a_stale_running_task_costs_only_its_organization(llm_
     organization is recorded with 55P03 and the others are swept; once the session ends the
     next pass abandons the task."""
     set_bounds(llm_conn, lock="300ms")
-    llm_conn.execute("SELECT llm.declare_task_kind('stuck.task')")
+    declare_task(llm_conn, "stuck.task")
     blocked_org, free_org = new_org(llm_conn, None), new_org(llm_conn, None)
     tasks = {
         org: Llm(llm_conn).open_execution(org, "stuck.task", now=T0).execution_id
@@ -168,14 +166,14 @@ def test_a_direct_sweep_is_bounded_too_and_restores_the_callers_lock_timeout(llm
     tool = llm_connect()
     tool.execute("SET lock_timeout = '7s'")
     try:
-        tool.execute("SELECT llm.reconcile_org(%s, %s)", [org, LATER])
+        reconcile(tool, org, now=LATER)
     except psycopg.errors.LockNotAvailable:
         pass
     else:
         raise AssertionError("the blocked sweep did not give up")
     blocker.rollback()
     with tool.transaction():
-        tool.execute("SELECT llm.reconcile_org(%s, %s)", [org, LATER])
+        reconcile(tool, org, now=LATER)
         assert scalar(tool, "SHOW lock_timeout") == "7s"  # inside the caller's transaction
     assert scalar(tool, "SELECT status FROM llm.invocations WHERE organization_id = %s", [org]) == "settled"
 
@@ -192,7 +190,7 @@ def test_a_pass_whose_backend_is_terminated_mid_run_is_taken_over_at_once(llm_co
     blocker = llm_connect(autocommit=False)
     lock_period_rows(blocker, org)
     doomed_conn = llm_connect()
-    doomed = PassInBackground(doomed_conn, LATER)
+    doomed = pass_in_background(doomed_conn, LATER)
     wait_blocked(llm_conn, doomed_conn.info.backend_pid)
     assert scalar(llm_conn, "SELECT pg_terminate_backend(%s, 5000)", [doomed_conn.info.backend_pid])
     doomed.join()
@@ -219,7 +217,7 @@ def test_a_lapsed_lease_is_taken_over_and_the_old_pass_stops_at_once(llm_conn, l
     blocker = llm_connect(autocommit=False)
     lock_period_rows(blocker, stuck_org)
     old_conn = llm_connect()
-    old = PassInBackground(old_conn, LATER)
+    old = pass_in_background(old_conn, LATER)
     wait_blocked(llm_conn, old_conn.info.backend_pid)
     old_run = scalar(llm_conn, "SELECT run_id FROM llm.pass_lease")
     # the old pass is alive but its lease lapsed (as if it had been stuck for pass_lease)
@@ -228,9 +226,8 @@ def test_a_lapsed_lease_is_taken_over_and_the_old_pass_stops_at_once(llm_conn, l
 
     new = Llm(llm_connect()).run_reconciliation(now=LATER)
     blocker.rollback()
-    old.join()
+    old.result()  # returned without an error
 
-    assert old.error is None
     assert new is not None and new.status == "partial"  # stuck_org was still locked for it
     assert new.requests_recovered == 1
     old_row = row(llm_conn, "SELECT * FROM llm.reconciliation_runs WHERE id = %s", [old_run])
@@ -239,7 +236,7 @@ def test_a_lapsed_lease_is_taken_over_and_the_old_pass_stops_at_once(llm_conn, l
     assert any("expired" in e for e in errors) and any("lease lost" in e for e in errors)
     assert (old_row["notices_rearmed"], old_row["daily_rows_rebuilt"]) == (0, 0)
     assert scalar(llm_conn, "SELECT token FROM llm.pass_lease") is None
-    assert rows(llm_conn, "SELECT * FROM llm.check_invariants()") == []
+    assert_books_right(llm_conn)
 
 
 def test_a_skipped_pass_names_a_holder_that_is_really_running(llm_conn, llm_connect):
@@ -251,7 +248,7 @@ def test_a_skipped_pass_names_a_holder_that_is_really_running(llm_conn, llm_conn
     blocker = llm_connect(autocommit=False)
     lock_period_rows(blocker, org)
     holder_conn = llm_connect(application_name="hourly pass")
-    holder = PassInBackground(holder_conn, LATER)
+    holder = pass_in_background(holder_conn, LATER)
     wait_blocked(llm_conn, holder_conn.info.backend_pid)
 
     Llm(llm_connect()).run_reconciliation(now=LATER)

@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -24,7 +23,20 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from llm_db import AsyncLlm, Llm, async_with_llm_execution, with_llm_execution
-from tests.helpers import T0, lock_period_rows, new_org, row, rows, scalar, wait_blocked
+from tests.helpers import (
+    T0,
+    InThread,
+    assert_books_right,
+    call_pass,
+    declare_task,
+    lock_period_rows,
+    new_org,
+    row,
+    rows,
+    scalar,
+    wait_blocked,
+    wait_for,
+)
 
 CLIENTS = 8
 CYCLES = 200
@@ -43,13 +55,15 @@ def assert_books_closed(conn: psycopg.Connection, org: uuid.UUID, cycles: int) -
     period = row(conn, "SELECT * FROM llm.periods WHERE organization_id = %s", [org])
     assert period is not None
     assert (period["held_credits"], period["used_credits"]) == (0, 7 * cycles)
-    assert rows(conn, "SELECT * FROM llm.check_invariants()") == []
+    assert_books_right(conn)
 
 
-def cycle(llm: Llm, org: uuid.UUID) -> None:
-    inv = llm.admit(org, 10, "gpt-x")
-    llm.mark_dispatched(org, inv.id)
-    assert llm.settle(org, inv.id, 7, 1, input_tokens=100, output_tokens=20) == "settled"
+def cycles(llm: Llm, org: uuid.UUID, count: int = CYCLES) -> None:
+    """``count`` admit -> dispatch -> settle cycles."""
+    for _ in range(count):
+        inv = llm.admit(org, 10, "gpt-x")
+        llm.mark_dispatched(org, inv.id)
+        assert llm.settle(org, inv.id, 7, 1, input_tokens=100, output_tokens=20) == "settled"
 
 
 async def async_cycle(llm: AsyncLlm, org: uuid.UUID) -> None:
@@ -88,9 +102,7 @@ def test_sync_clients_with_psycopg_defaults_work_through_transaction_pooling(
 
     def client() -> None:
         with psycopg.connect(llm_pgbouncer_dsn, autocommit=True) as conn:
-            llm = Llm(conn)
-            for _ in range(CYCLES):
-                cycle(llm, org)
+            cycles(Llm(conn), org)
 
     assert run_threads(client) == []
     assert_books_closed(llm_conn, org, CLIENTS * CYCLES)
@@ -103,13 +115,7 @@ def test_a_connection_pool_with_defaults_works_through_transaction_pooling(
     autocommit): 8 threads x 200 cycles, no error, books closed."""
     org = new_org(llm_conn, None)
     with ConnectionPool(llm_pgbouncer_dsn, min_size=CLIENTS, max_size=CLIENTS, open=True) as pool:
-        llm = Llm(pool)
-
-        def client() -> None:
-            for _ in range(CYCLES):
-                cycle(llm, org)
-
-        assert run_threads(client) == []
+        assert run_threads(lambda: cycles(Llm(pool), org)) == []
     assert_books_closed(llm_conn, org, CLIENTS * CYCLES)
 
 
@@ -152,8 +158,8 @@ def test_the_driver_prepares_nothing_unless_asked(llm_conn, llm_connect):
     org = new_org(llm_conn, None)
     plain, preparing = llm_connect(), llm_connect()
     for _ in range(8):
-        cycle(Llm(plain), org)
-        cycle(Llm(preparing, prepare=True), org)
+        cycles(Llm(plain), org, 1)
+        cycles(Llm(preparing, prepare=True), org, 1)
     assert scalar(plain, "SELECT count(*) FROM pg_prepared_statements") == 0
     assert scalar(preparing, "SELECT count(*) FROM pg_prepared_statements") >= 3
 
@@ -163,7 +169,7 @@ def test_the_task_wrapper_works_through_transaction_pooling(llm_conn, llm_pgboun
     defaults, behind the pooler: the open commits before the body, the body's requests are
     linked, the task closes completed with their totals."""
     org = new_org(llm_conn, None)
-    llm_conn.execute("SELECT llm.declare_task_kind('pooled.task')")
+    declare_task(llm_conn, "pooled.task")
 
     def body(ctx) -> str:
         for _ in range(6):
@@ -199,7 +205,7 @@ def test_the_task_wrapper_works_through_transaction_pooling(llm_conn, llm_pgboun
         {"replay_key": "async", "status": "completed", "request_count": 6, "credits": 42},
         {"replay_key": "sync", "status": "completed", "request_count": 6, "credits": 42},
     ]
-    assert rows(llm_conn, "SELECT * FROM llm.check_invariants()") == []
+    assert_books_right(llm_conn)
 
 
 # ---------------------------------------------------------------- the CLI and the demo
@@ -237,7 +243,7 @@ def test_the_cli_works_through_transaction_pooling(llm_conn, llm_pgbouncer_dsn):
     metrics = llm_db_cli("metrics", "--now", later, dsn=llm_pgbouncer_dsn)
     assert metrics.returncode == 0, metrics.stderr
     assert 'llm_reconciliation_health{status="ok"} 1.0' in metrics.stdout
-    assert rows(llm_conn, "SELECT * FROM llm.check_invariants()") == []
+    assert_books_right(llm_conn)
 
 
 def test_the_demo_with_dsn_works_through_transaction_pooling(llm_pgbouncer_dsn):
@@ -269,21 +275,12 @@ def test_a_pass_cancelled_through_the_pooler_never_blocks_the_next(
     lock_period_rows(blocker, org)
 
     client = psycopg.connect(llm_pgbouncer_dsn, autocommit=True)
-    outcome: dict[str, BaseException] = {}
-
-    def run_pass() -> None:
-        try:
-            client.execute("CALL llm.run_reconciliation(p_now => %s)", [LATER])
-        except BaseException as exc:
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=run_pass)
-    thread.start()
+    cancelled = InThread(lambda: call_pass(client, LATER))
     pid = wait_for_pass_backend(llm_conn)
     wait_blocked(llm_conn, pid)
     client.cancel_safe()
-    thread.join(20)
-    assert isinstance(outcome.get("error"), psycopg.errors.QueryCanceled)
+    cancelled.join(20)
+    assert isinstance(cancelled.error, psycopg.errors.QueryCanceled)
     client.close()
     blocker.rollback()
     # the server connection that ran the cancelled pass is still there, idle in the pool
@@ -299,16 +296,11 @@ def test_a_pass_cancelled_through_the_pooler_never_blocks_the_next(
 
 def wait_for_pass_backend(observer: psycopg.Connection, timeout: float = 10.0) -> int:
     """The pid of the backend running CALL llm.run_reconciliation."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = observer.execute(
-            "SELECT pid FROM pg_stat_activity WHERE query ILIKE 'CALL llm.run_reconciliation%%'"
-            " AND state = 'active' AND pid <> pg_backend_pid()"
-        ).fetchone()
-        if found:
-            return found[0]
-        time.sleep(0.01)
-    raise AssertionError("no backend runs the pass")
+    return wait_for(
+        lambda: scalar(observer, "SELECT max(pid) FROM pg_stat_activity WHERE query ILIKE 'CALL llm.run_reconciliation%%'"
+                                 " AND state = 'active' AND pid <> pg_backend_pid()"),
+        "a backend running the pass", timeout,
+    )
 
 
 def test_the_driver_works_through_session_pooling(llm_server, llm_conn, llm_dsn):
@@ -321,8 +313,8 @@ def test_the_driver_works_through_session_pooling(llm_server, llm_conn, llm_dsn)
     with PgBouncer(llm_server, pool_mode="session", pool_size=4) as bouncer:
         with psycopg.connect(bouncer.dsn(dbname), autocommit=True) as conn:
             for _ in range(10):
-                cycle(Llm(conn), org)
-                cycle(Llm(conn, prepare=True), org)
+                cycles(Llm(conn), org, 1)
+                cycles(Llm(conn, prepare=True), org, 1)
     assert_books_closed(llm_conn, org, 20)
 
 

@@ -138,7 +138,7 @@ def test_a_late_settlement_trues_up_a_recovered_request_once(llm_conn, month, li
     llm.run_reconciliation(now=LATER)  # recovered at its estimate, 40; the task is abandoned
     recovery_day = LATER.date()
     llm.rebuild_daily_usage(recovery_day, recovery_day)
-    at = LATER + HOUR if month == "current" else datetime(2026, 3, 5, 9, 0, tzinfo=T0.tzinfo)
+    at = LATER + HOUR if month == "current" else T0 + timedelta(days=49)  # in March
     january = T0.date().replace(day=1)
     before = period(llm_conn, org, january)
 

@@ -5,13 +5,16 @@ test_pass.py for the pass step)."""
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
 
-T0 = datetime(2030, 1, 10, 12, 0, tzinfo=UTC)
+from tests.helpers import JANUARY, T0, admit, call, call_pass, fail, reconcile, settle
+from tests.helpers import new_org as _new_org
+
+DAY = timedelta(days=1)
 HOUR = timedelta(hours=1)
 
 DIRECT_AGGREGATE = """
@@ -38,27 +41,24 @@ DAILY_USAGE = """
 
 
 def new_org(conn: psycopg.Connection) -> uuid.UUID:
-    org = uuid.uuid4()
-    conn.execute("SELECT llm.upsert_organization(%s, %s, NULL, p_now => %s)", [org, f"org {org}", T0])
-    return org
+    """An organization without an allowance."""
+    return _new_org(conn, None)
 
 
-def admit(conn: psycopg.Connection, org: uuid.UUID, estimate: int, model: str, now: datetime) -> uuid.UUID:
-    return conn.execute("SELECT (llm.admit_invocation(%s, %s, %s, p_now => %s)).id",
-                        [org, estimate, model, now]).fetchone()[0]
+def admitted(conn: psycopg.Connection, org: uuid.UUID, estimate: int, model: str, now: datetime) -> uuid.UUID:
+    return admit(conn, org, estimate, model, now=now)["id"]
 
 
 def settled(conn: psycopg.Connection, org: uuid.UUID, model: str, at: datetime, credits: int = 10,
             cents: int = 3, tokens: tuple[int, int] = (100, 20)) -> uuid.UUID:
-    inv = admit(conn, org, credits, model, at - HOUR)
-    assert conn.execute("SELECT llm.settle_invocation(%s, %s, %s, %s, %s, %s, p_now => %s)",
-                        [org, inv, credits, cents, tokens[0], tokens[1], at]).fetchone()[0] == "settled"
+    inv = admitted(conn, org, credits, model, at - HOUR)
+    assert settle(conn, org, inv, credits, cents, input_tokens=tokens[0], output_tokens=tokens[1],
+                  now=at) == "settled"
     return inv
 
 
 def rebuild(conn: psycopg.Connection, start: date, end: date) -> int:
-    return conn.execute("SELECT llm.rebuild_daily_usage(%(from)s::date, %(to)s::date)",
-                        {"from": start, "to": end}).fetchone()[0]
+    return call(conn, "rebuild_daily_usage", start, end)[0]["value"]
 
 
 def daily(conn: psycopg.Connection) -> list[tuple[Any, ...]]:
@@ -78,13 +78,13 @@ def mixed_history(conn: psycopg.Connection) -> tuple[uuid.UUID, uuid.UUID]:
         settled(conn, a, "model-a", at, credits=10 + day, cents=day)
         settled(conn, a, "model-b", at + HOUR, credits=5, cents=1, tokens=(7, 3))
         settled(conn, b, "model-a", at + 2 * HOUR, credits=1, cents=0)
-    partial = admit(conn, a, 9, "model-a", T0)
-    conn.execute("SELECT llm.fail_invocation(%s, %s, 'cut off', 4, 2, p_now => %s)", [a, partial, T0 + HOUR])
-    free = admit(conn, b, 9, "model-b", T0)
-    conn.execute("SELECT llm.fail_invocation(%s, %s, 'refused', p_now => %s)", [b, free, T0 + HOUR])
-    admit(conn, b, 33, "model-a", T0)  # stranded: recovered at T0 + 25 h (day 2)
-    conn.execute("SELECT llm.reconcile_org(%s, p_now => %s)", [b, T0 + 25 * HOUR])
-    admit(conn, a, 50, "model-a", T0 + HOUR)  # still open: never reported
+    partial = admitted(conn, a, 9, "model-a", T0)
+    fail(conn, a, partial, "cut off", 4, 2, now=T0 + HOUR)
+    free = admitted(conn, b, 9, "model-b", T0)
+    fail(conn, b, free, "refused", now=T0 + HOUR)
+    admitted(conn, b, 33, "model-a", T0)  # stranded: recovered at T0 + 25 h (day 2)
+    reconcile(conn, b, now=T0 + 25 * HOUR)
+    admitted(conn, a, 50, "model-a", T0 + HOUR)  # still open: never reported
     return a, b
 
 
@@ -126,18 +126,19 @@ def test_settlements_at_235959_and_000001_utc_land_on_different_days(llm_conn):
     """A settlement at 23:59:59 UTC and one at 00:00:01 UTC the next day land on different
     days, whatever the session time zone."""
     org = new_org(llm_conn)
-    before_midnight = datetime(2030, 1, 10, 23, 59, 59, tzinfo=UTC)
-    after_midnight = datetime(2030, 1, 11, 0, 0, 1, tzinfo=UTC)
+    first_day, second_day = T0.date(), T0.date() + DAY
+    before_midnight = T0.replace(hour=23, minute=59, second=59)
+    after_midnight = before_midnight + timedelta(seconds=2)
     settled(llm_conn, org, "model-a", before_midnight, credits=7)
     settled(llm_conn, org, "model-a", after_midnight, credits=11)
     llm_conn.execute("SET TIME ZONE 'America/Los_Angeles'")  # 15:59:59 and 16:00:01 the same local day
-    assert rebuild(llm_conn, date(2030, 1, 10), date(2030, 1, 11)) == 2
+    assert rebuild(llm_conn, first_day, second_day) == 2
     assert llm_conn.execute("SELECT day, requests, credits FROM llm.daily_usage ORDER BY day").fetchall() == [
-        (date(2030, 1, 10), 1, 7), (date(2030, 1, 11), 1, 11)]
+        (first_day, 1, 7), (second_day, 1, 11)]
     llm_conn.execute("SET TIME ZONE 'Asia/Tokyo'")
-    assert rebuild(llm_conn, date(2030, 1, 11), date(2030, 1, 11)) == 1
+    assert rebuild(llm_conn, second_day, second_day) == 1
     assert llm_conn.execute("SELECT day, credits FROM llm.daily_usage ORDER BY day").fetchall() == [
-        (date(2030, 1, 10), 7), (date(2030, 1, 11), 11)]
+        (first_day, 7), (second_day, 11)]
 
 
 def test_rebuild_touches_only_the_requested_days(llm_conn):
@@ -155,8 +156,8 @@ def test_rebuild_touches_only_the_requested_days(llm_conn):
         (T0.date(), "model-a", 999), ((T0 + 24 * HOUR).date(), "model-a", 10)]
 
 
-@pytest.mark.parametrize("start, end", [(date(2030, 1, 2), date(2030, 1, 1)), (None, date(2030, 1, 1)),
-                                        (date(2030, 1, 1), None), (date(2000, 1, 1), date(2030, 1, 1))])
+@pytest.mark.parametrize("start, end", [(JANUARY + DAY, JANUARY), (None, JANUARY), (JANUARY, None),
+                                        (JANUARY.replace(year=JANUARY.year - 30), JANUARY)])
 def test_rebuild_daily_usage_rejects_a_bad_range_22023(llm_conn, start, end):
     """rebuild_daily_usage raises 22023 for a NULL bound, p_to before p_from or a range over ten
     years."""
@@ -175,14 +176,14 @@ def test_daily_usage_heals_after_a_three_day_outage(llm_conn):
     pass before the outage, whose later settlements that pass never saw, is counted too."""
     org = new_org(llm_conn)
     last_before = T0 + 2 * HOUR
-    llm_conn.execute("CALL llm.run_reconciliation(p_now => %s)", [last_before])
+    call_pass(llm_conn, last_before)
     rebuilt = llm_conn.execute("SELECT daily_rebuilt_through FROM llm.reconciliation_runs").fetchone()[0]
     assert rebuilt == T0.date()
     for day in range(4):  # T0's day after its last pass, then the three days of the outage
         settled(llm_conn, org, "model-a", T0 + timedelta(days=day, hours=6))
     after = T0 + timedelta(days=3, hours=9)
 
-    llm_conn.execute("CALL llm.run_reconciliation(p_now => %s)", [after])
+    call_pass(llm_conn, after)
 
     run = llm_conn.execute("SELECT daily_rows_rebuilt, daily_rebuilt_through, status FROM"
                            " llm.reconciliation_runs ORDER BY started_at DESC LIMIT 1").fetchone()  # fmt: skip
@@ -195,9 +196,9 @@ def test_daily_usage_heals_after_a_three_day_outage(llm_conn):
 def test_the_healing_reaches_back_at_most_35_days(llm_conn):
     """After a longer outage the pass rebuilds the last 35 days (today included), no more."""
     new_org(llm_conn)
-    llm_conn.execute("CALL llm.run_reconciliation(p_now => %s)", [T0])
+    call_pass(llm_conn, T0)
     later = T0 + timedelta(days=50)
-    llm_conn.execute("CALL llm.run_reconciliation(p_now => %s)", [later])
+    call_pass(llm_conn, later)
     days = llm_conn.execute("SELECT array_length(llm._rebuild_days(%s), 1)", [later + HOUR]).fetchone()[0]
     assert days == 2  # just rebuilt: the next pass owes only the reporting days
     errors = llm_conn.execute("SELECT errors FROM llm.reconciliation_runs ORDER BY started_at DESC"

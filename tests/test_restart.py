@@ -39,7 +39,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ from testing.common.database import get_unused_port
 
 from llm_db._server import BIN_DIR, SUPERUSER, check_installation
 from llm_db.migrate import migrate
+from tests.helpers import T0, call, call_pass, declare_task, invariants, new_org, reconcile, scalar
 
 INTERRUPTIONS = int(os.environ.get("LLM_DB_INTERRUPTIONS", "200"))
 SEED = int(os.environ.get("LLM_DB_SEED", "20300101"))
@@ -58,11 +59,12 @@ ORG_UNLIMITED = uuid.UUID("00000000-0000-4000-8000-00000000c002")
 ORG_TOGGLED = uuid.UUID("00000000-0000-4000-8000-00000000c003")  # suspended and reactivated
 ORGS = (ORG_LIMITED, ORG_UNLIMITED, ORG_TOGGLED)
 TASK = "reliability.restart"
-START = datetime(2031, 1, 5, 0, 0, tzinfo=UTC)
+START = T0
 CYCLE = timedelta(hours=26)  # each cycle's traffic starts after the previous completion pass
 TRAFFIC_SPAN = timedelta(minutes=50)  # the traffic clock runs from Tc to Tc + 50 min
 COMPLETION = timedelta(hours=25)  # the completing pass runs at Tc + 25 h
 WINDOW = timedelta(hours=24)
+THRESHOLDS = [50, 80, 100]
 
 # Errors the contract raises for legitimate races of the traffic (allowance
 # exhausted, suspended organization, closed/abandoned task, replay conflicts…).
@@ -168,12 +170,9 @@ def restart_dsn() -> Any:
         dsn = server.dsn("llm")
         migrate(dsn)
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("SELECT llm.declare_task_kind(%s, 'restart suite')", [TASK])
+            declare_task(conn, TASK, "restart suite")
             for org, allowance in zip(ORGS, (60000, None, 20000), strict=True):
-                conn.execute(
-                    "SELECT llm.upsert_organization(%s, %s, %s::bigint, 'operational', '{50,80,100}'::int[], %s)",
-                    [org, f"org {org}", allowance, START - timedelta(days=1)],
-                )
+                new_org(conn, allowance, org_id=org, thresholds=THRESHOLDS, now=START - timedelta(days=1))
         yield server, dsn
     finally:
         server.destroy()
@@ -259,54 +258,45 @@ def request_worker(seed: int, clock: Callable[[], datetime], report: Report) -> 
             tasks = [t for o, t in open_tasks if o == org]
             execution = rng.choice(tasks) if tasks and rng.random() < 0.5 else None
             inv = uuid.uuid4()
-            conn.execute(
-                "SELECT llm.admit_invocation(%s, %s::bigint, %s, %s::uuid, %s::uuid, %s)",
-                [org, rng.randint(1, 300), rng.choice(["m-small", "m-large"]), execution, inv, clock()],
-            )
+            call(conn, "admit_id", org, rng.randint(1, 300), rng.choice(["m-small", "m-large"]),
+                 execution_id=execution, invocation_id=inv, now=clock())
             open_invs.append((org, inv))
             report.add("admitted", (org, inv))
         elif op == "dispatch":
             org, inv = rng.choice(open_invs)
-            conn.execute("SELECT llm.mark_dispatched(%s, %s, %s)", [org, inv, clock()])
+            call(conn, "mark_dispatched", org, inv, now=clock())
         elif op == "settle":
             org, inv = open_invs.pop(rng.randrange(len(open_invs)))
-            (outcome,) = conn.execute(
-                "SELECT llm.settle_invocation(%s, %s, %s::bigint, %s::bigint, %s::bigint, %s::bigint, %s)",
-                [org, inv, rng.randint(0, 400), rng.randint(0, 40), rng.randint(0, 9000), rng.randint(0, 900), clock()],
-            ).fetchone()
+            outcome = call(conn, "settle", org, inv, rng.randint(0, 400), rng.randint(0, 40),
+                           input_tokens=rng.randint(0, 9000), output_tokens=rng.randint(0, 900),
+                           now=clock())[0]["value"]
             if outcome in ("settled", "already_settled", "already_recovered", "already_failed"):
                 report.add("terminal", (org, inv))
         elif op == "fail":
             org, inv = open_invs.pop(rng.randrange(len(open_invs)))
-            conn.execute(
-                "SELECT llm.fail_invocation(%s, %s, 'provider error', %s::bigint, %s::bigint, %s)",
-                [org, inv, rng.choice([0, 0, rng.randint(1, 50)]), rng.randint(0, 3), clock()],
-            )
+            call(conn, "fail", org, inv, "provider error", credits=rng.choice([0, 0, rng.randint(1, 50)]),
+                 cents=rng.randint(0, 3), now=clock())
             report.add("terminal", (org, inv))
         elif op == "open":
             org = rng.choice(ORGS)
             replay = f"r-{rng.randint(0, 10**9)}" if rng.random() < 0.5 else None
-            (execution,) = conn.execute(
-                "SELECT execution_id FROM llm.open_execution(%s, %s, p_replay_key => %s::text, p_now => %s)",
-                [org, TASK, replay, clock()],
-            ).fetchone()
+            execution = call(conn, "open_execution", org, TASK, replay_key=replay, now=clock())[0]["execution_id"]
             open_tasks.append((org, execution))
         elif op == "close":
             org, execution = open_tasks.pop(rng.randrange(len(open_tasks)))
-            (closed,) = conn.execute(
-                "SELECT llm.close_execution(%s, %s, %s, p_now => %s)",
-                [org, execution, rng.choice(["completed", "failed"]), clock()],
-            ).fetchone()
+            closed = call(conn, "close_execution", org, execution, rng.choice(["completed", "failed"]),
+                          now=clock())[0]["value"]
             if closed:
                 report.add("closed", (org, execution))
         else:  # suspend or reactivate the third organization (its allowance unchanged)
-            status = rng.choice(["suspended", "operational", "operational"])
-            conn.execute(
-                "SELECT llm.upsert_organization(%s, %s, 20000::bigint, %s, '{50,80,100}'::int[], %s)",
-                [ORG_TOGGLED, f"org {ORG_TOGGLED}", status, clock()],
-            )
+            set_toggled(conn, rng.choice(["suspended", "operational", "operational"]), clock())
 
     return step
+
+
+def set_toggled(conn: psycopg.Connection, status: str, at: datetime) -> None:
+    """Suspend or reactivate the third organization (its allowance unchanged)."""
+    new_org(conn, 20000, org_id=ORG_TOGGLED, status=status, thresholds=THRESHOLDS, now=at)
 
 
 def operator_worker(seed: int, clock: Callable[[], datetime]) -> Callable[[psycopg.Connection], None]:
@@ -316,22 +306,19 @@ def operator_worker(seed: int, clock: Callable[[], datetime]) -> Callable[[psyco
         time.sleep(rng.uniform(0.005, 0.04))
         op = rng.choices(["pass", "pass_late", "reconcile_org", "notices"], weights=[4, 1, 3, 3])[0]
         if op == "pass":
-            conn.execute("CALL llm.run_reconciliation(p_now => %s)", [clock() + timedelta(hours=1)])
+            call_pass(conn, clock() + timedelta(hours=1))
         elif op == "pass_late":  # recovery racing live settlements
-            conn.execute("CALL llm.run_reconciliation(p_now => %s)", [clock() + timedelta(hours=25)])
+            call_pass(conn, clock() + timedelta(hours=25))
         elif op == "reconcile_org":
-            conn.execute(
-                "SELECT * FROM llm.reconcile_org(%s, %s, %s)",
-                [rng.choice(ORGS), clock() + rng.choice([timedelta(hours=1), timedelta(hours=25)]), rng.choice([None, 3])],
-            )
+            reconcile(conn, rng.choice(ORGS), now=clock() + rng.choice([timedelta(hours=1), timedelta(hours=25)]),
+                      batch=rng.choice([None, 3]))
         else:
-            for org, notice in conn.execute(
-                "SELECT organization_id, id FROM llm.claim_notices(3, %s)", [clock()]
-            ).fetchall():
+            for notice in call(conn, "claim_notices", limit=3, now=clock()):
+                org, notice_id = notice["organization_id"], notice["id"]
                 if rng.random() < 0.7:
-                    conn.execute("SELECT llm.complete_notice(%s, %s, %s)", [org, notice, clock()])
+                    call(conn, "complete_notice", org, notice_id, now=clock())
                 else:
-                    conn.execute("SELECT llm.fail_notice(%s, %s, 'webhook down', %s)", [org, notice, clock()])
+                    call(conn, "fail_notice", org, notice_id, "webhook down", now=clock())
 
     return step
 
@@ -372,14 +359,21 @@ def assert_acknowledged_calls_survived(conn: psycopg.Connection, report: Report,
 def complete_the_books(conn: psycopg.Connection, at: datetime, where: str) -> int:
     """Run the pass at ``at`` until nothing is pending; check the books are complete.
     Returns how many interrupted pass rows it marked failed."""
-    (dead_runs,) = conn.execute(
-        "SELECT count(*) FROM llm.reconciliation_runs WHERE status = 'running'"
-    ).fetchone()
-    (failed_before,) = conn.execute(
-        "SELECT count(*) FROM llm.reconciliation_runs WHERE status = 'failed'"
-    ).fetchone()
+    def runs(status: str) -> int:
+        return scalar(conn, "SELECT count(*) FROM llm.reconciliation_runs WHERE status = %s", [status])
+
+    def still_open(table: str, started: str, open_status: str) -> int:
+        """Rows of ``table`` still open (``open_status``) from before the window, of operational organizations."""
+        return scalar(
+            conn,
+            f"SELECT count(*) FROM llm.{table} AS t JOIN llm.organizations AS o ON o.id = t.organization_id"
+            f" WHERE t.status IN ({open_status}) AND t.{started} <= %s AND o.status = 'operational'",
+            [at - WINDOW],
+        )
+
+    dead_runs, failed_before = runs("running"), runs("failed")
     for _ in range(20):
-        conn.execute("CALL llm.run_reconciliation(p_now => %s)", [at])
+        call_pass(conn, at)
         status, more = conn.execute(
             "SELECT status, more_pending_orgs FROM llm.reconciliation_runs"
             " WHERE status <> 'skipped' ORDER BY started_at DESC LIMIT 1"
@@ -390,40 +384,23 @@ def complete_the_books(conn: psycopg.Connection, at: datetime, where: str) -> in
     else:
         raise AssertionError(f"{where}: the pass never caught up")
 
-    cutoff = at - WINDOW
-    (stale_requests,) = conn.execute(
-        "SELECT count(*) FROM llm.invocations AS i JOIN llm.organizations AS o ON o.id = i.organization_id"
-        " WHERE i.status IN ('reserved', 'dispatched') AND i.created_at <= %s AND o.status = 'operational'",
-        [cutoff],
-    ).fetchone()
+    stale_requests = still_open("invocations", "created_at", "'reserved', 'dispatched'")
     assert stale_requests == 0, f"{where}: {stale_requests} requests older than the window are still open"
-    (stale_tasks,) = conn.execute(
-        "SELECT count(*) FROM llm.executions AS x JOIN llm.organizations AS o ON o.id = x.organization_id"
-        " WHERE x.status = 'running' AND x.started_at <= %s AND o.status = 'operational'",
-        [cutoff],
-    ).fetchone()
+    stale_tasks = still_open("executions", "started_at", "'running'")
     assert stale_tasks == 0, f"{where}: {stale_tasks} tasks older than the window are still running"
-    (running,) = conn.execute(
-        "SELECT count(*) FROM llm.reconciliation_runs WHERE status = 'running'"
-    ).fetchone()
-    assert running == 0, f"{where}: a pass row is still running"
-    (failed_after,) = conn.execute(
-        "SELECT count(*) FROM llm.reconciliation_runs WHERE status = 'failed'"
-    ).fetchone()
+    assert runs("running") == 0, f"{where}: a pass row is still running"
+    failed_after = runs("failed")
     assert failed_after - failed_before == dead_runs, (
         f"{where}: {dead_runs} passes died in the crash but {failed_after - failed_before} were marked failed"
     )
-    violations = conn.execute("SELECT * FROM llm.check_invariants()").fetchall()
+    violations = invariants(conn)
     assert violations == [], f"{where}: after the completing pass: {violations}"
     return dead_runs
 
 
 def reactivate(conn: psycopg.Connection, at: datetime) -> None:
     """The suspended organization is not swept; reactivate it so its books complete too."""
-    conn.execute(
-        "SELECT llm.upsert_organization(%s, %s, 20000::bigint, 'operational', '{50,80,100}'::int[], %s)",
-        [ORG_TOGGLED, f"org {ORG_TOGGLED}", at],
-    )
+    set_toggled(conn, "operational", at)
 
 
 # ---------------------------------------------------------------- the test
@@ -464,7 +441,7 @@ def test_immediate_stops_during_mixed_traffic_keep_the_books(restart_dsn, capsys
 
         restart_seconds.append(server.start())
         with connect_after_restart(dsn) as conn:
-            violations = conn.execute("SELECT * FROM llm.check_invariants()").fetchall()
+            violations = invariants(conn)
             assert violations == [], f"{where}: right after the restart: {violations}"
             assert_acknowledged_calls_survived(conn, report, where)
             reactivate(conn, tc + COMPLETION - timedelta(minutes=1))

@@ -5,13 +5,17 @@ DEFINER function pins its search_path and every routine has a COMMENT."""
 
 from __future__ import annotations
 
+import uuid
+
 import psycopg
 import pytest
-from helpers import (
+
+from tests.helpers import (
     ADMIT_SQL,
     APP_FUNCTIONS,
     T0,
     admit_params,
+    call,
     declare_task,
     llm_tables,
     new_org,
@@ -160,19 +164,24 @@ def test_llm_app_admits_and_settles_through_security_definer_functions(llm_conn,
 @pytest.mark.parametrize(
     "query",
     [
-        "SELECT llm.upsert_organization(gen_random_uuid(), 'x', 1::bigint)",
-        "SELECT llm.declare_task_kind('x')",
-        "SELECT llm.reconcile_org(gen_random_uuid())",
-        "SELECT * FROM llm.check_invariants()",
-        "CALL llm.run_reconciliation()",
+        ("upsert_organization", uuid.uuid4(), "x", 1),
+        ("declare_task_kind", "x"),
+        ("reconcile_org", uuid.uuid4()),
+        ("check_invariants",),
+        ("run_reconciliation",),
         "SELECT * FROM llm.invocations",
         "SELECT * FROM llm.periods",
     ],
+    ids=lambda q: q[0] if isinstance(q, tuple) else q,
 )
 def test_llm_app_cannot_run_operator_calls_nor_read_the_books(llm_conn, llm_role_conn, query):
+    """An operation of the driver's table (a tuple) or a read of a table (SQL)."""
     app = llm_role_conn("llm_app")
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
-        app.execute(query)
+        if isinstance(query, tuple):
+            call(app, *query)
+        else:
+            app.execute(query)
 
 
 def test_llm_reader_cannot_admit(llm_conn, llm_role_conn):

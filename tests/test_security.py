@@ -24,13 +24,15 @@ nothing more, and no routine can be hijacked through the caller's search_path.
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import psycopg
 import pytest
 from psycopg import sql
 
-T0 = datetime(2030, 9, 10, 12, 0, tzinfo=UTC)
+from tests.helpers import JANUARY, T0, admit, call, declare_task, invariants, new_org, settle
+
+MONTH = {"first": JANUARY, "last": JANUARY.replace(day=31)}  # the days rebuild_daily_usage covers
 ROLES = ("llm_app", "llm_operator", "llm_reader", "plain")
 
 APP = {
@@ -170,18 +172,15 @@ ORG = uuid.UUID("00000000-0000-4000-8000-00000000e001")
 
 
 def setup_books(conn: psycopg.Connection) -> dict:
-    conn.execute(
-        "SELECT llm.upsert_organization(%s, 'sec', 1000::bigint, 'operational', '{50}'::int[], %s)",
-        [ORG, T0 - timedelta(days=1)],
-    )
-    conn.execute("SELECT llm.declare_task_kind('sec.task')")
-    (inv,) = conn.execute(
-        "SELECT (llm.admit_invocation(%s, 600::bigint, 'm', NULL::uuid, NULL::uuid, %s)).id", [ORG, T0]
-    ).fetchone()
-    conn.execute("SELECT llm.settle_invocation(%s, %s, 600::bigint, 1::bigint, p_now => %s)", [ORG, inv, T0])
-    return {"org": ORG, "inv": inv, "now": T0}
+    new_org(conn, 1000, org_id=ORG, name="sec", thresholds=[50], now=T0 - timedelta(days=1))
+    declare_task(conn, "sec.task")
+    inv = admit(conn, ORG, 600, "m")["id"]
+    settle(conn, ORG, inv, 600, 1)
+    return {"org": ORG, "inv": inv, "now": T0, **MONTH}
 
 
+# The grant matrix is the raw SQL surface per role (positional and defaulted forms, private
+# routines, tables), not the driver's statements: raw SQL on purpose.
 ALLOWED = {
     "llm_app": [
         "SELECT llm.admit_invocation(%(org)s, 1::bigint, 'm', p_now => %(now)s)",
@@ -195,7 +194,7 @@ ALLOWED = {
         "CALL llm.run_reconciliation(p_now => %(now)s)",
         "SELECT * FROM llm.reconciliation_health(%(now)s)",
         "SELECT * FROM llm.claim_notices(5, %(now)s)",
-        "SELECT llm.rebuild_daily_usage('2030-09-01', '2030-09-30')",
+        "SELECT llm.rebuild_daily_usage(%(first)s, %(last)s)",
         "SELECT * FROM llm.check_invariants()",
         "SELECT count(*) FROM llm.invocations",
         "SELECT count(*) FROM llm.ledger",
@@ -257,7 +256,7 @@ def test_each_role_can_call_what_it_is_granted_and_nothing_else(llm_conn, llm_ro
     for statement in REFUSED[role]:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute(statement, ids)
-    assert llm_conn.execute("SELECT * FROM llm.check_invariants()").fetchall() == []
+    assert invariants(llm_conn) == []
 
 
 # ---------------------------------------------------------------- 3. search_path hijacking
@@ -270,50 +269,42 @@ GRANT USAGE ON SCHEMA evil TO PUBLIC;
 CREATE FUNCTION evil.note(p text) RETURNS void LANGUAGE sql
     AS $$ INSERT INTO evil.calls (name) VALUES (p) $$;
 
-CREATE FUNCTION evil.now() RETURNS timestamptz LANGUAGE plpgsql
-    AS $$ BEGIN PERFORM evil.note('now'); RETURN pg_catalog.now(); END $$;
-CREATE FUNCTION evil.clock_timestamp() RETURNS timestamptz LANGUAGE plpgsql
-    AS $$ BEGIN PERFORM evil.note('clock_timestamp'); RETURN pg_catalog.clock_timestamp(); END $$;
-CREATE FUNCTION evil.gen_random_uuid() RETURNS uuid LANGUAGE plpgsql
-    AS $$ BEGIN PERFORM evil.note('gen_random_uuid'); RETURN pg_catalog.gen_random_uuid(); END $$;
 CREATE FUNCTION evil.format(f text, VARIADIC a text[]) RETURNS text LANGUAGE plpgsql
     AS $$ BEGIN PERFORM evil.note('format'); RETURN f; END $$;
-CREATE FUNCTION evil.hashtext(t text) RETURNS integer LANGUAGE plpgsql
-    AS $$ BEGIN PERFORM evil.note('hashtext'); RETURN pg_catalog.hashtext(t); END $$;
-CREATE FUNCTION evil.date_trunc(f text, t timestamptz) RETURNS timestamptz LANGUAGE plpgsql
-    AS $$ BEGIN PERFORM evil.note('date_trunc'); RETURN pg_catalog.date_trunc(f, t); END $$;
-CREATE FUNCTION evil.length(t text) RETURNS integer LANGUAGE plpgsql
-    AS $$ BEGIN PERFORM evil.note('length'); RETURN pg_catalog.length(t); END $$;
-CREATE FUNCTION evil.btrim(t text) RETURNS text LANGUAGE plpgsql
-    AS $$ BEGIN PERFORM evil.note('btrim'); RETURN pg_catalog.btrim(t); END $$;
-CREATE FUNCTION evil.cardinality(a anyarray) RETURNS integer LANGUAGE plpgsql
-    AS $$ BEGIN PERFORM evil.note('cardinality'); RETURN pg_catalog.cardinality(a); END $$;
-CREATE FUNCTION evil.pg_try_advisory_lock(k bigint) RETURNS boolean LANGUAGE plpgsql
-    AS $$ BEGIN PERFORM evil.note('pg_try_advisory_lock'); RETURN pg_catalog.pg_try_advisory_lock(k); END $$;
 CREATE FUNCTION evil.pg_notify(c text, p text) RETURNS void LANGUAGE plpgsql
     AS $$ BEGIN PERFORM evil.note('pg_notify'); PERFORM pg_catalog.pg_notify(c, p); END $$;
-CREATE FUNCTION evil.isfinite(t timestamptz) RETURNS boolean LANGUAGE plpgsql
-    AS $$ BEGIN PERFORM evil.note('isfinite'); RETURN pg_catalog.isfinite(t); END $$;
-
-CREATE FUNCTION evil.uuid_eq(a uuid, b uuid) RETURNS boolean LANGUAGE plpgsql
-    AS $$ BEGIN PERFORM evil.note('uuid ='); RETURN pg_catalog.uuid_eq(a, b); END $$;
-CREATE OPERATOR evil.= (LEFTARG = uuid, RIGHTARG = uuid, FUNCTION = evil.uuid_eq);
-CREATE FUNCTION evil.int4lt(a integer, b integer) RETURNS boolean LANGUAGE plpgsql
-    AS $$ BEGIN PERFORM evil.note('integer <'); RETURN pg_catalog.int4lt(a, b); END $$;
-CREATE OPERATOR evil.< (LEFTARG = integer, RIGHTARG = integer, FUNCTION = evil.int4lt);
-CREATE FUNCTION evil.int4gt(a integer, b integer) RETURNS boolean LANGUAGE plpgsql
-    AS $$ BEGIN PERFORM evil.note('integer >'); RETURN pg_catalog.int4gt(a, b); END $$;
-CREATE OPERATOR evil.> (LEFTARG = integer, RIGHTARG = integer, FUNCTION = evil.int4gt);
-CREATE FUNCTION evil.int8pl(a bigint, b bigint) RETURNS bigint LANGUAGE plpgsql
-    AS $$ BEGIN PERFORM evil.note('bigint +'); RETURN pg_catalog.int8pl(a, b); END $$;
-CREATE OPERATOR evil.+ (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = evil.int8pl);
-CREATE FUNCTION evil.tsle(a timestamptz, b timestamptz) RETURNS boolean LANGUAGE plpgsql
-    AS $$ BEGIN PERFORM evil.note('timestamptz <='); RETURN pg_catalog.timestamptz_le(a, b); END $$;
-CREATE OPERATOR evil.<= (LEFTARG = timestamptz, RIGHTARG = timestamptz, FUNCTION = evil.tsle);
-CREATE FUNCTION evil.tsmi(a timestamptz, b interval) RETURNS timestamptz LANGUAGE plpgsql
-    AS $$ BEGIN PERFORM evil.note('timestamptz -'); RETURN pg_catalog.timestamptz_mi_interval(a, b); END $$;
-CREATE OPERATOR evil.- (LEFTARG = timestamptz, RIGHTARG = interval, FUNCTION = evil.tsmi);
 """
+# More functions of the same name in the caller's schema, each noting its use and then
+# returning what pg_catalog's returns, by result type.
+SHADOW_FUNCTIONS = {
+    "timestamptz": ["now()", "clock_timestamp()", "date_trunc(f text, t timestamptz)"],
+    "uuid": ["gen_random_uuid()"],
+    "integer": ["hashtext(t text)", "length(t text)", "cardinality(a anyarray)"],
+    "text": ["btrim(t text)"],
+    "boolean": ["pg_try_advisory_lock(k bigint)", "isfinite(t timestamptz)"],
+}
+for result, functions in SHADOW_FUNCTIONS.items():
+    for function in functions:
+        name, args = function.rstrip(")").split("(")
+        passed = ", ".join(arg.split()[0] for arg in args.split(", ") if arg)
+        SHADOWS += (f"CREATE FUNCTION evil.{function} RETURNS {result} LANGUAGE plpgsql\n"
+                    f"    AS $$ BEGIN PERFORM evil.note('{name}'); RETURN pg_catalog.{name}({passed}); END $$;\n")
+# An operator of the same name in the caller's schema, noting its use: (operator, left, right,
+# result, the function behind pg_catalog's operator, a name for the shadow's function).
+SHADOW_OPERATORS = [
+    ("=", "uuid", "uuid", "boolean", "uuid_eq", "uuid_eq"),
+    ("<", "integer", "integer", "boolean", "int4lt", "int4lt"),
+    (">", "integer", "integer", "boolean", "int4gt", "int4gt"),
+    ("+", "bigint", "bigint", "bigint", "int8pl", "int8pl"),
+    ("<=", "timestamptz", "timestamptz", "boolean", "timestamptz_le", "tsle"),
+    ("-", "timestamptz", "interval", "timestamptz", "timestamptz_mi_interval", "tsmi"),
+]
+SHADOWS += "".join(
+    f"CREATE FUNCTION evil.{name}(a {left}, b {right}) RETURNS {result} LANGUAGE plpgsql\n"
+    f"    AS $$ BEGIN PERFORM evil.note('{left} {op}'); RETURN pg_catalog.{target}(a, b); END $$;\n"
+    f"CREATE OPERATOR evil.{op} (LEFTARG = {left}, RIGHTARG = {right}, FUNCTION = evil.{name});\n"
+    for op, left, right, result, target, name in SHADOW_OPERATORS
+)
 
 # The shadows must win for the role's own SQL, or the test proves nothing.
 CONTROL = [
@@ -370,49 +361,34 @@ def test_no_call_can_be_hijacked_through_the_search_path(llm_conn, evil_conn):
     run_reconciliation (a committing procedure, so it cannot) calls only qualified
     steps and qualified operators. None of the shadows runs."""
     org = uuid.UUID("00000000-0000-4000-8000-00000000e0e1")
-    llm_conn.execute(
-        "SELECT llm.upsert_organization(%s, 'victim', 100::bigint, 'operational', '{50,80}'::int[], %s)",
-        [org, T0 - timedelta(days=1)],
-    )
-    llm_conn.execute("SELECT llm.declare_task_kind('sec.task')")
-    e = evil_conn
-    q = {"org": org, "now": T0, "later": T0 + timedelta(hours=30)}
-    (task,) = e.execute(
-        "SELECT execution_id FROM llm.open_execution(%(org)s, 'sec.task', 'doc', '1', 'replay-9', %(now)s)", q
-    ).fetchone()
-    q["task"] = task
-    e.execute("SELECT * FROM llm.open_execution(%(org)s, 'sec.task', 'doc', '1', 'replay-9', %(now)s)", q)
-    invs = []
-    for estimate in (30, 20, 10):
-        (inv,) = e.execute(
-            "SELECT (llm.admit_invocation(%(org)s, %(est)s::bigint, 'm', %(task)s, NULL::uuid, %(now)s)).id",
-            {**q, "est": estimate},
-        ).fetchone()
-        invs.append(inv)
-    e.execute("SELECT llm.mark_dispatched(%s, %s, %s)", [org, invs[0], T0])
-    assert e.execute(
-        "SELECT llm.settle_invocation(%s, %s, 70::bigint, 9::bigint, 100::bigint, 20::bigint, %s)",
-        [org, invs[0], T0],
-    ).fetchone() == ("settled",)
-    assert e.execute("SELECT llm.fail_invocation(%s, %s, 'boom', 1::bigint, 0::bigint, %s)",
-                     [org, invs[1], T0]).fetchone() == ("failed",)  # fmt: skip
-    assert e.execute("SELECT llm.close_execution(%s, %s, 'completed', NULL, %s)", [org, task, T0]).fetchone() == (True,)
+    new_org(llm_conn, 100, org_id=org, name="victim", thresholds=[50, 80], now=T0 - timedelta(days=1))
+    declare_task(llm_conn, "sec.task")
+    e = evil_conn  # every call through the driver's statements, as that role
+    later = T0 + timedelta(hours=30)
+    opened = {"subject_type": "doc", "subject_id": "1", "replay_key": "replay-9", "now": T0}
+    task = call(e, "open_execution", org, "sec.task", **opened)[0]["execution_id"]
+    assert call(e, "open_execution", org, "sec.task", **opened)[0]["replayed"]
+    invs = [call(e, "admit_id", org, estimate, "m", execution_id=task, now=T0)[0]["value"] for estimate in (30, 20, 10)]
+    call(e, "mark_dispatched", org, invs[0], now=T0)
+    assert settle(e, org, invs[0], 70, 9, input_tokens=100, output_tokens=20, now=T0) == "settled"
+    assert call(e, "fail", org, invs[1], "boom", credits=1, now=T0)[0]["value"] == "failed"
+    assert call(e, "close_execution", org, task, "completed", now=T0)[0]["value"] is True
     with pytest.raises(psycopg.Error) as refused:
-        e.execute("SELECT llm.admit_invocation(%s, 500::bigint, 'm', p_now => %s)", [org, T0])
+        admit(e, org, 500, "m", now=T0)
     assert refused.value.sqlstate == "LL001"
-    e.execute("SELECT * FROM llm.reconcile_org(%(org)s, %(later)s, 5)", q)
-    e.execute("CALL llm.run_reconciliation(p_now => %(later)s, p_batch => 10)", q)
-    e.execute("CALL llm.run_reconciliation(%(later)s)", q)
-    for notice_org, notice in e.execute("SELECT organization_id, id FROM llm.claim_notices(10, %(later)s)", q).fetchall():
-        assert e.execute("SELECT llm.release_notice(%s, %s, %s)", [notice_org, notice, T0 + timedelta(hours=30)]).fetchone() == (True,)
-    for notice_org, notice in e.execute("SELECT organization_id, id FROM llm.claim_notices(10, %(later)s)", q).fetchall():
-        e.execute("SELECT llm.complete_notice(%s, %s, %s)", [notice_org, notice, T0 + timedelta(hours=31)])
-    e.execute("SELECT llm.rearm_notices(%(later)s)", q)
-    e.execute("SELECT * FROM llm.reconciliation_health(%(later)s)", q)
-    e.execute("SELECT llm.rebuild_daily_usage('2030-09-01', '2030-09-30')")
-    e.execute("SELECT llm.upsert_organization(%(org)s, 'victim', 200::bigint, 'operational', '{50,80}'::int[], %(later)s)", q)
-    e.execute("SELECT llm.declare_task_kind('sec.other', 'declared by the evil role')")
-    assert e.execute("SELECT count(*) FROM llm.check_invariants()").fetchone() == (0,)
+    call(e, "reconcile_org", org, now=later, batch=5)
+    call(e, "run_reconciliation", now=later, batch=10)
+    call(e, "run_reconciliation", now=later)
+    for notice in call(e, "claim_notices", limit=10, now=later):
+        assert call(e, "release_notice", notice["organization_id"], notice["id"], now=later)[0]["value"] is True
+    for notice in call(e, "claim_notices", limit=10, now=later):
+        call(e, "complete_notice", notice["organization_id"], notice["id"], now=T0 + timedelta(hours=31))
+    call(e, "rearm_notices", now=later)
+    call(e, "health", now=later)
+    call(e, "rebuild_daily_usage", MONTH["first"], MONTH["last"])
+    call(e, "upsert_organization", org, "victim", 200, notice_thresholds=[50, 80], now=later)
+    call(e, "declare_task_kind", "sec.other", "declared by the evil role")
+    assert invariants(e) == []
 
     assert shadow_calls(e) == [], "a shadow in the caller's search_path ran inside an llm routine"
     # and the calls did their work

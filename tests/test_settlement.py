@@ -6,14 +6,16 @@ crossing, and an invocation is charged to its own period across a month end."""
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
-from helpers import (
+
+from tests.helpers import (
     FAIL_SQL,
     FEBRUARY,
     JANUARY,
     MAX_AMOUNT,
+    NEW_MONTH,
     SETTLE_SQL,
     T0,
     admit,
@@ -39,6 +41,8 @@ LATER = T0 + timedelta(minutes=1)
 RECOVERY_CLOCK = T0 + timedelta(hours=25)  # past the 24 h recovery window
 
 # ---------------------------------------------------------------- settle: normal path
+
+EARLY_JANUARY = T0 - timedelta(days=13)  # the 2nd, 12:00
 
 
 def test_settlement_charges_measured_usage_and_releases_the_hold(llm_conn):
@@ -233,11 +237,7 @@ def test_invalid_settlement_of_a_settled_invocation_is_still_22023(llm_conn):
 def test_failure_releases_the_hold_and_charges_nothing_by_default(llm_conn):
     org = new_org(llm_conn)
     inv = admit(llm_conn, org, 100, now=T0)
-    outcome = llm_conn.execute(
-        "SELECT llm.fail_invocation(%(org)s::uuid, %(inv)s::uuid, 'provider 500',"
-        " p_now => %(now)s::timestamptz)",
-        {"org": org, "inv": inv["id"], "now": LATER},
-    ).fetchone()[0]
+    outcome = fail(llm_conn, org, inv["id"], "provider 500", now=LATER)
     assert outcome == "failed"
     got = invocation(llm_conn, org, inv["id"])
     assert (got["status"], got["error"], got["settled_at"]) == ("failed", "provider 500", LATER)
@@ -402,7 +402,7 @@ def test_settlement_in_a_new_month_notifies_on_the_new_period(llm_conn):
     org = new_org(llm_conn, 100)
     jan = admit(llm_conn, org, 90, now=T0)
     settle(llm_conn, org, jan["id"], 90, now=T0)
-    feb_clock = datetime(2026, 2, 10, tzinfo=UTC)
+    feb_clock = NEW_MONTH + timedelta(days=9)
     feb = admit(llm_conn, org, 90, now=feb_clock)
     settle(llm_conn, org, feb["id"], 90, now=feb_clock)
     assert [(n["period_start"], n["threshold_pct"]) for n in notices(llm_conn, org)] == [
@@ -415,9 +415,9 @@ def test_settlement_in_a_new_month_notifies_on_the_new_period(llm_conn):
 
 
 def test_invocation_admitted_on_the_last_second_of_a_month_charges_its_own_period(llm_conn):
-    org = new_org(llm_conn, 1000, now=datetime(2026, 1, 2, tzinfo=UTC))
-    last_second = datetime(2026, 1, 31, 23, 59, 59, tzinfo=UTC)
-    next_month = datetime(2026, 2, 1, 0, 0, 5, tzinfo=UTC)
+    org = new_org(llm_conn, 1000, now=EARLY_JANUARY)
+    last_second = NEW_MONTH - timedelta(seconds=1)
+    next_month = NEW_MONTH + timedelta(seconds=5)
     inv = admit(llm_conn, org, 900, now=last_second)
     february_inv = admit(llm_conn, org, 40, now=next_month)  # opens February's period
 
@@ -437,10 +437,10 @@ def test_invocation_admitted_on_the_last_second_of_a_month_charges_its_own_perio
 
 
 def test_a_new_month_starts_with_the_full_allowance(llm_conn):
-    org = new_org(llm_conn, 100, now=datetime(2026, 1, 2, tzinfo=UTC))
-    jan = admit(llm_conn, org, 100, now=datetime(2026, 1, 31, 23, 59, 59, tzinfo=UTC))
+    org = new_org(llm_conn, 100, now=EARLY_JANUARY)
+    jan = admit(llm_conn, org, 100, now=NEW_MONTH - timedelta(seconds=1))
     assert jan["period_start"] == JANUARY
-    feb = admit(llm_conn, org, 100, now=datetime(2026, 2, 1, tzinfo=UTC))
+    feb = admit(llm_conn, org, 100, now=NEW_MONTH)
     assert feb["period_start"] == FEBRUARY
     assert period(llm_conn, org, JANUARY)["held_credits"] == 100
     assert period(llm_conn, org, FEBRUARY)["held_credits"] == 100

@@ -48,6 +48,8 @@ from hypothesis.stateful import (
 )
 from model import Books, Rejected
 
+from tests.helpers import T0, call, call_pass, declare_task, invariants
+
 EXAMPLES = int(os.environ.get("LLM_DB_SIM_EXAMPLES", "500"))
 STEPS = 15
 
@@ -67,7 +69,7 @@ POLICIES = {  # recovery_charge, late_settlement at the start (set_recovery_poli
     ORG_SUSPENDED: ("none", "audit"),
 }
 TASK_KINDS = ("sim.summarize", "sim.translate")
-START = datetime(2031, 1, 30, 20, 0, tzinfo=UTC)  # close to a month boundary
+START = T0 + timedelta(days=15, hours=8)  # the 30th, 20:00: close to a month boundary
 
 # Children before parents; the catalogs (task_kinds, settings) stay.
 CLEAN = [
@@ -109,15 +111,15 @@ class BooksMachine(RuleBasedStateMachine):
         for statement in CLEAN:
             self.conn.execute(statement)
         for key in TASK_KINDS:
-            self.conn.execute("SELECT llm.declare_task_kind(%s)", [key])
+            declare_task(self.conn, key)
         self.now = START
         self.counter = 0
         self.books = Books(task_kinds=set(TASK_KINDS))
         for org, (allowance, thresholds) in SETUP.items():
             self._upsert(org, allowance, "operational", thresholds)
-            self._one("SELECT llm.set_recovery_policy(%s, %s, %s)", [org, *POLICIES[org]])
+            self._call("set_recovery_policy", org, *POLICIES[org])
             self.books.set_recovery_policy(org, *POLICIES[org])
-            self._one("SELECT llm.set_period_stripes(%s, %s)", [org, STRIPES[org]])
+            self._call("set_period_stripes", org, STRIPES[org])
         BooksMachine.examples_run += 1
 
     # ------------------------------------------------------------ plumbing
@@ -139,15 +141,36 @@ class BooksMachine(RuleBasedStateMachine):
         BooksMachine.outcomes[code or "ok"] += 1
         return answer, expected
 
-    def _one(self, query: str, params: list) -> tuple:
-        return self.conn.execute(query, params).fetchone()
+    def _call(self, operation: str, *args, conn: psycopg.Connection | None = None, **kwargs) -> dict:
+        """The first row of one operation of the driver's table, on ``conn`` (default: ours)."""
+        return call(conn or self.conn, operation, *args, **kwargs)[0]
+
+    def _value(self, operation: str, *args, **kwargs):
+        return self._call(operation, *args, **kwargs)["value"]
+
+    def _db_upsert(self, org, allowance, status, thresholds, conn: psycopg.Connection | None = None) -> None:
+        self._call("upsert_organization", org, f"org {org}", allowance, status=status,
+                   notice_thresholds=list(thresholds), now=self.now, conn=conn)
 
     def _upsert(self, org, allowance, status, thresholds) -> None:
-        self._one(
-            "SELECT llm.upsert_organization(%s, %s, %s::bigint, %s, %s::int[], %s)",
-            [org, f"org {org}", allowance, status, list(thresholds), self.now],
-        )
+        self._db_upsert(org, allowance, status, thresholds)
         self.books.upsert_organization(org, allowance, status, thresholds, self.now)
+
+    def _admit(self, org, estimate, model, execution, inv, conn: psycopg.Connection | None = None):
+        """Admit on the database and the model; the database's answer is the request's id."""
+        self._both(
+            lambda: self._value("admit_id", org, estimate, model, execution_id=execution, invocation_id=inv,
+                                now=self.now, conn=conn),
+            lambda _: self.books.admit(org, estimate, model, execution, inv, self.now),
+        )
+
+    def _settle(self, org, inv, credits, cents, tokens) -> None:
+        db, expected = self._both(
+            lambda: self._value("settle", org, inv, credits, cents, input_tokens=tokens, output_tokens=tokens,
+                                now=self.now),
+            lambda _: self.books.settle(org, inv, credits, cents, tokens, tokens, self.now),
+        )
+        assert db is None or db == expected
 
     def _pick(self, items: list, pick: int):
         return items[pick % len(items)] if items else None
@@ -172,14 +195,7 @@ class BooksMachine(RuleBasedStateMachine):
             chosen = self._pick(tasks, p)
             execution = chosen[1] if chosen else None
         self.counter += 1
-        inv = uuid.UUID(int=(1 << 96) + self.counter)
-        self._both(
-            lambda: self._one(
-                "SELECT (llm.admit_invocation(%s, %s::bigint, %s, %s::uuid, %s::uuid, %s)).id",
-                [org, estimate, model, execution, inv, self.now],
-            ),
-            lambda _: self.books.admit(org, estimate, model, execution, inv, self.now),
-        )
+        self._admit(org, estimate, model, execution, uuid.UUID(int=(1 << 96) + self.counter))
 
     @rule(estimate=estimates, p=picks)
     def admit_small(self, estimate, p):
@@ -190,16 +206,9 @@ class BooksMachine(RuleBasedStateMachine):
     def admit_from_another_session(self, o, estimate, session):
         """An admission from another session (another backend), so a striped organization's
         holds land on other stripes (a session holds on stripe pid % N)."""
-        org = ORGS[o]
-        conn = BooksMachine.sessions[session]
         self.counter += 1
-        inv = uuid.UUID(int=(1 << 96) + self.counter)
-        self._both(
-            lambda: conn.execute(
-                "SELECT (llm.admit_invocation(%s, %s::bigint, 'm-2', NULL::uuid, %s::uuid, %s)).id",
-                [org, estimate, inv, self.now]).fetchone(),  # fmt: skip
-            lambda _: self.books.admit(org, estimate, "m-2", None, inv, self.now),
-        )
+        self._admit(ORGS[o], estimate, "m-2", None, uuid.UUID(int=(1 << 96) + self.counter),
+                    conn=BooksMachine.sessions[session])
 
     @precondition(lambda self: self.books.invocations)
     @rule(p=picks, same=st.booleans())
@@ -208,20 +217,14 @@ class BooksMachine(RuleBasedStateMachine):
         org, inv = self._pick(self._invocations(), p)
         row = self.books.invocations[(org, inv)]
         estimate = row.estimate if same else row.estimate + 1
-        self._both(
-            lambda: self._one(
-                "SELECT (llm.admit_invocation(%s, %s::bigint, %s, %s::uuid, %s::uuid, %s)).id",
-                [org, estimate, row.model, row.execution, inv, self.now],
-            ),
-            lambda _: self.books.admit(org, estimate, row.model, row.execution, inv, self.now),
-        )
+        self._admit(org, estimate, row.model, row.execution, inv)
 
     @precondition(lambda self: self.books.invocations)
     @rule(p=picks)
     def dispatch(self, p):
         org, inv = self._pick(self._invocations(), p)
         self._both(
-            lambda: self._one("SELECT (llm.mark_dispatched(%s, %s, %s)).status", [org, inv, self.now]),
+            lambda: self._call("mark_dispatched", org, inv, now=self.now),
             lambda _: self.books.mark_dispatched(org, inv, self.now),
         )
 
@@ -232,27 +235,17 @@ class BooksMachine(RuleBasedStateMachine):
         org, inv = self._pick(self._invocations(), p)
         if foreign:  # another organization's request is unknown here: LL005
             org = ORGS[(ORGS.index(org) + 1) % len(ORGS)]
-        db, expected = self._both(
-            lambda: self._one(
-                "SELECT llm.settle_invocation(%s, %s, %s::bigint, %s::bigint, %s::bigint, %s::bigint, %s)",
-                [org, inv, credits, cents, tokens, tokens, self.now],
-            ),
-            lambda _: self.books.settle(org, inv, credits, cents, tokens, tokens, self.now),
-        )
-        assert db is None or db[0] == expected
+        self._settle(org, inv, credits, cents, tokens)
 
     @precondition(lambda self: self.books.invocations)
     @rule(p=picks, credits=st.sampled_from([0, 0, 3, 40]), cents=st.integers(0, 5))
     def fail(self, p, credits, cents):
         org, inv = self._pick(self._invocations(), p)
         db, expected = self._both(
-            lambda: self._one(
-                "SELECT llm.fail_invocation(%s, %s, 'provider error', %s::bigint, %s::bigint, %s)",
-                [org, inv, credits, cents, self.now],
-            ),
+            lambda: self._value("fail", org, inv, "provider error", credits=credits, cents=cents, now=self.now),
             lambda _: self.books.fail(org, inv, credits, cents, self.now),
         )
-        assert db is None or db[0] == expected
+        assert db is None or db == expected
 
     # ------------------------------------------------------------ tasks
 
@@ -260,11 +253,13 @@ class BooksMachine(RuleBasedStateMachine):
           subject=st.sampled_from([None, "doc-1"]), replay=st.sampled_from([None, None, "r-1", "r-2"]))  # fmt: skip
     def open_task(self, o, task, subject, replay):
         org = ORGS[o]
+        def open_execution() -> tuple:
+            r = self._call("open_execution", org, task, subject_type="document", subject_id=subject,
+                           replay_key=replay, now=self.now)
+            return r["execution_id"], r["status"], r["replayed"]
+
         db, expected = self._both(
-            lambda: self._one(
-                "SELECT execution_id, status, replayed FROM llm.open_execution(%s, %s, 'document', %s::text, %s::text, %s)",
-                [org, task, subject, replay, self.now],
-            ),
+            open_execution,
             lambda db: self.books.open_execution(
                 org, task, subject, replay, self.now, db[0] if db and not db[2] else None
             ),
@@ -278,12 +273,10 @@ class BooksMachine(RuleBasedStateMachine):
         if foreign:
             org = ORGS[(ORGS.index(org) + 1) % len(ORGS)]
         db, expected = self._both(
-            lambda: self._one(
-                "SELECT llm.close_execution(%s, %s, %s, NULL, %s)", [org, execution, outcome, self.now]
-            ),
+            lambda: self._value("close_execution", org, execution, outcome, now=self.now),
             lambda _: self.books.close_execution(org, execution, outcome, self.now),
         )
-        assert db is None or db[0] == expected
+        assert db is None or db == expected
 
     # ------------------------------------------------------------ recovery, clock, tenants
 
@@ -291,23 +284,21 @@ class BooksMachine(RuleBasedStateMachine):
     def reconcile_org(self, o):
         org = ORGS[o]
         db, expected = self._both(
-            lambda: self._one(
-                "SELECT recovered_requests, abandoned_executions, more_pending FROM llm.reconcile_org(%s, %s)",
-                [org, self.now],
-            ),
+            lambda: self._call("reconcile_org", org, now=self.now),
             lambda _: self.books.reconcile_org(org, self.now),
         )
-        assert db is None or tuple(db) == (*expected, False)
+        assert db is None or (db["recovered_requests"], db["abandoned_executions"], db["more_pending"]) == (
+            *expected, False)
 
     @rule()
     def run_pass(self):
         self._both(
-            lambda: self.conn.execute("CALL llm.run_reconciliation(p_now => %s)", [self.now]),
+            lambda: call_pass(self.conn, self.now),
             lambda _: self.books.run_reconciliation(self.now),
         )
-        status, errors = self._one(
-            "SELECT status, errors FROM llm.reconciliation_runs ORDER BY started_at DESC LIMIT 1", []
-        )
+        status, errors = self.conn.execute(
+            "SELECT status, errors FROM llm.reconciliation_runs ORDER BY started_at DESC LIMIT 1"
+        ).fetchone()
         assert (status, errors) == ("succeeded", [])
 
     @rule()
@@ -348,19 +339,15 @@ class BooksMachine(RuleBasedStateMachine):
         if BooksMachine.other is None or BooksMachine.other.closed:
             BooksMachine.other = BooksMachine.connect(autocommit=False)
         other = BooksMachine.other
-        other.execute(
-            "SELECT llm.upsert_organization(%s, %s, %s::bigint, 'operational', %s::int[], %s)",
-            [ORG_SMALL, f"org {ORG_SMALL}", allowance, list(SETUP[ORG_SMALL][1]), self.now],
-        )
+        self._db_upsert(ORG_SMALL, allowance, "operational", SETUP[ORG_SMALL][1], conn=other)
         self.counter += 1
         inv = uuid.UUID(int=(1 << 96) + self.counter)
         outcome: dict[str, object] = {}
 
         def admit() -> None:
             try:
-                outcome["row"] = self._one(
-                    "SELECT (llm.admit_invocation(%s, %s::bigint, 'm-1', NULL, %s::uuid, %s)).id",
-                    [ORG_SMALL, estimate, inv, self.now])  # fmt: skip
+                outcome["row"] = self._value("admit_id", ORG_SMALL, estimate, "m-1", invocation_id=inv,
+                                             now=self.now)
             except psycopg.Error as exc:
                 outcome["code"] = exc.sqlstate
 
@@ -392,7 +379,7 @@ class BooksMachine(RuleBasedStateMachine):
         """What recovery charges and what a late settlement does (22023 for another word)."""
         org = ORGS[o]
         self._both(
-            lambda: self._one("SELECT (llm.set_recovery_policy(%s, %s, %s)).id", [org, charge, late]),
+            lambda: self._call("set_recovery_policy", org, charge, late),
             lambda _: self.books.set_recovery_policy(org, charge, late),
         )
 
@@ -402,10 +389,10 @@ class BooksMachine(RuleBasedStateMachine):
         admission on, with every hold kept; the books stay exact."""
         org = ORGS[o]
         db, expected = self._both(
-            lambda: self._one("SELECT llm.set_period_stripes(%s, %s)", [org, stripes]),
+            lambda: self._value("set_period_stripes", org, stripes),
             lambda _: self.books.set_period_stripes(org, stripes),
         )
-        assert db is None or db[0] == expected
+        assert db is None or db == expected
         BooksMachine.tally["stripe changes"] += db is not None
 
     @precondition(lambda self: any(r.kind == "recovered" for r in self.books.invocations.values()))
@@ -414,31 +401,23 @@ class BooksMachine(RuleBasedStateMachine):
         """A worker comes back after recovery: audited or trued up, per the policy in force."""
         recovered = sorted(k for k, r in self.books.invocations.items() if r.kind == "recovered")
         org, inv = self._pick(recovered, p)
-        db, expected = self._both(
-            lambda: self._one(
-                "SELECT llm.settle_invocation(%s, %s, %s::bigint, %s::bigint, %s::bigint, %s::bigint, %s)",
-                [org, inv, credits, cents, tokens, tokens, self.now],
-            ),
-            lambda _: self.books.settle(org, inv, credits, cents, tokens, tokens, self.now),
-        )
-        assert db is None or db[0] == expected
+        self._settle(org, inv, credits, cents, tokens)
 
     # ------------------------------------------------------------ notices
 
     def _notice_id(self, key) -> uuid.UUID:
         org, start, pct = key
-        (notice,) = self._one(
+        (notice,) = self.conn.execute(
             "SELECT id FROM llm.threshold_notices WHERE organization_id = %s AND period_start = %s AND threshold_pct = %s",
             [org, start, pct],
-        )
+        ).fetchone()
         return notice
 
     @rule()
     def claim_notices(self):
         db, expected = self._both(
-            lambda: self.conn.execute(
-                "SELECT organization_id, period_start, threshold_pct FROM llm.claim_notices(50, %s)", [self.now]
-            ).fetchall(),
+            lambda: [(n["organization_id"], n["period_start"], n["threshold_pct"])
+                     for n in call(self.conn, "claim_notices", limit=50, now=self.now)],
             lambda _: self.books.claim_notices(50, self.now),
         )
         assert sorted(db) == sorted(expected)
@@ -450,17 +429,15 @@ class BooksMachine(RuleBasedStateMachine):
         notice = self._notice_id(key)
         if delivered:
             db, expected = self._both(
-                lambda: self._one("SELECT llm.complete_notice(%s, %s, %s)", [key[0], notice, self.now]),
+                lambda: self._value("complete_notice", key[0], notice, now=self.now),
                 lambda _: self.books.complete_notice(key),
             )
         else:
             db, expected = self._both(
-                lambda: self._one(
-                    "SELECT llm.fail_notice(%s, %s, 'webhook returned 503', %s)", [key[0], notice, self.now]
-                ),
+                lambda: self._value("fail_notice", key[0], notice, "webhook returned 503", now=self.now),
                 lambda _: self.books.fail_notice(key, self.now),
             )
-        assert db[0] == expected
+        assert db == expected
 
     def teardown(self):
         books = self.books
@@ -480,52 +457,31 @@ class BooksMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ after every step
 
+    def _keyed(self, query: str, key_columns: int) -> dict:
+        """The rows of ``query`` keyed by their first ``key_columns`` columns, the rest a tuple."""
+        return {tuple(r[:key_columns]): tuple(r[key_columns:]) for r in self.conn.execute(query)}
+
     @invariant()
     def books_agree_with_the_model(self):
-        q = self.conn.execute
-        periods = {
-            (o, s): tuple(rest)
-            for o, s, *rest in q(
-                "SELECT organization_id, period_start, allowance_credits, used_credits, held_credits, used_cents"
-                " FROM llm.periods"
-            )
-        }
-        assert periods == self.books.expected_periods()
-        invocations = {
-            (o, i): tuple(rest)
-            for o, i, *rest in q(
-                "SELECT organization_id, id, status, settlement_kind, charged_credits, charged_cents, period_start,"
+        books = self.books
+        for key_columns, query, expected in (
+            (2, "SELECT organization_id, period_start, allowance_credits, used_credits, held_credits, used_cents"
+                " FROM llm.periods", books.expected_periods()),
+            (2, "SELECT organization_id, id, status, settlement_kind, charged_credits, charged_cents, period_start,"
                 " execution_id, past_window_alerted_at IS NOT NULL, late_reported_at IS NOT NULL,"
-                " recovered_credits FROM llm.invocations"
-            )
-        }
-        assert invocations == self.books.expected_invocations()
-        executions = {
-            (o, x): tuple(rest)
-            for o, x, *rest in q(
-                "SELECT organization_id, id, status, request_count, credits, cents, ended_at, duration_ms"
-                " FROM llm.executions"
-            )
-        }
-        assert executions == self.books.expected_executions()
-        notices = {
-            (o, s, t): tuple(rest)
-            for o, s, t, *rest in q(
-                "SELECT organization_id, period_start, threshold_pct, status, attempts FROM llm.threshold_notices"
-            )
-        }
-        assert notices == self.books.expected_notices()
-        daily = {
-            (o, d, m): tuple(rest)
-            for o, d, m, *rest in q(
-                "SELECT organization_id, day, model, requests, recovered_requests, credits, cents,"
-                " input_tokens, output_tokens FROM llm.daily_usage"
-            )
-        }
-        assert daily == self.books.daily
+                " recovered_credits FROM llm.invocations", books.expected_invocations()),
+            (2, "SELECT organization_id, id, status, request_count, credits, cents, ended_at, duration_ms"
+                " FROM llm.executions", books.expected_executions()),
+            (3, "SELECT organization_id, period_start, threshold_pct, status, attempts FROM llm.threshold_notices",
+             books.expected_notices()),
+            (3, "SELECT organization_id, day, model, requests, recovered_requests, credits, cents,"
+                " input_tokens, output_tokens FROM llm.daily_usage", books.daily),
+        ):
+            assert self._keyed(query, key_columns) == expected, query
+        q = self.conn.execute
         assert q("SELECT count(*) FROM llm.drift_findings").fetchone() == (0,)
         assert q("SELECT count(*) FROM llm.period_findings").fetchone() == (0,)
-        assert q("SELECT * FROM llm.check_invariants()").fetchall() == []
+        assert invariants(self.conn) == []
 
 
 def _raise(sqlstate: str) -> None:

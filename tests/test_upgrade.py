@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tarfile
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +18,25 @@ import pytest
 from psycopg import sql
 
 from llm_db import migrate
-from tests.helpers import llm_tables, row, rows, scalar
+from tests.helpers import (
+    FEBRUARY,
+    T0,
+    call,
+    call_pass,
+    invariants,
+    llm_tables,
+    row,
+    rows,
+    scalar,
+    settle,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RELEASE_0_1_0 = ROOT / "tests" / "upgrade" / "llm-db-0.1.0-fd1a650.tar.gz"
 
-# The 0.1.0 data set is written on these clocks: December is a closed month by then.
-DEC = datetime(2025, 12, 10, 12, 0, tzinfo=UTC)
-JAN = datetime(2026, 1, 10, 12, 0, tzinfo=UTC)
+# The 0.1.0 data set is written on these clocks, before T0: December is a closed month by then.
+JAN = T0 - timedelta(days=5)
+DEC = JAN - timedelta(days=31)
 HOUR = timedelta(hours=1)
 TASK = "upgrade.summary"
 
@@ -55,7 +66,8 @@ def old_database(llm_server, release_0_1_0):
 
 
 class Release010:
-    """Calls of the 0.1.0 SQL API, by name, on one autocommit connection."""
+    """Calls of the 0.1.0 SQL API, by name, on one autocommit connection: raw SQL on purpose,
+    the 0.1.0 signatures are not the driver's (its table is HEAD's)."""
 
     def __init__(self, conn: psycopg.Connection) -> None:
         self.conn = conn
@@ -99,7 +111,7 @@ def populate(conn: psycopg.Connection, connect) -> dict[str, uuid.UUID]:
     unlimited, suspended), a closed and a current period, requests settled, failed, open and
     recovered (one with a late settlement kept for audit), tasks in every state, owed /
     sending / sent notices, drift findings, daily usage, and succeeded, partial, failed and
-    skipped runs."""
+    skipped runs. All through the 0.1.0 API (raw SQL, see Release010)."""
     api = Release010(conn)
     conn.execute("SELECT llm.declare_task_kind(%s, 'summaries')", [TASK])
     small, unlimited, paused = api.org(1000), api.org(None), api.org(500)
@@ -221,89 +233,75 @@ def test_upgrading_a_populated_0_1_0_database_loses_nothing(old_database, llm_se
         after = table_contents(conn, old_columns)
         for table in old_columns:
             assert after[table] == before[table], f"llm.{table} changed in the upgrade"
-        assert rows(conn, "SELECT * FROM llm.check_invariants()") == []
+        assert invariants(conn) == []
         assert row(conn, "SELECT token, run_id FROM llm.pass_lease") == {"token": None, "run_id": None}
         assert scalar(conn, "SELECT to_regprocedure('llm._pass_lock_key()')") is None
         late = row(conn, "SELECT late_credits, charged_credits FROM llm.invocations WHERE id = %s",
                    [ids["stranded"]])  # fmt: skip
         assert late == {"late_credits": 65, "charged_credits": 70}
         exercise_every_public_routine(conn, ids)
-        assert rows(conn, "SELECT * FROM llm.check_invariants()") == []
+        assert invariants(conn) == []
 
 
 def exercise_every_public_routine(conn: psycopg.Connection, ids: dict[str, uuid.UUID]) -> None:
     """Call each public routine of schema llm once on the upgraded books. The table of calls
     is checked against pg_proc, so a new public routine must be added here."""
     small, unlimited, running = ids["small"], ids["unlimited"], ids["running"]
-    feb = datetime(2026, 2, 3, 12, 0, tzinfo=UTC)
+    feb = T0 + timedelta(days=19)  # in February
     state: dict[str, Any] = {}
 
-    def admit() -> None:
-        state["inv"] = scalar(conn, "SELECT (llm.admit_invocation(%s, 30, 'gpt-y', %s, p_now => %s)).id",
-                              [small, running, feb])  # fmt: skip
+    def value(operation: str, *args: Any, **kwargs: Any) -> Any:
+        return call(conn, operation, *args, **kwargs)[0]["value"]
 
-    def expect(sqlstate: str, query: str, params: Any = None) -> None:
+    def admit() -> None:
+        state["inv"] = value("admit_id", small, 30, "gpt-y", execution_id=running, now=feb)
+
+    def sent_notice() -> uuid.UUID:
+        return scalar(conn, "SELECT id FROM llm.threshold_notices WHERE status = 'sent' LIMIT 1")
+
+    def expect(sqlstate: str, operation: str) -> None:
         with pytest.raises(psycopg.Error) as raised:
-            conn.execute(query, params)
+            call(conn, operation)
         assert raised.value.sqlstate == sqlstate
 
-    calls = {
-        "upsert_organization": lambda: conn.execute(
-            "SELECT llm.upsert_organization(%s, 'small', 2000, p_now => %s)", [small, feb]),
-        "declare_task_kind": lambda: conn.execute("SELECT llm.declare_task_kind('upgrade.new')"),
-        "set_recovery_policy": lambda: conn.execute(
-            "SELECT llm.set_recovery_policy(%s, 'dispatched', 'true_up')", [unlimited]),
-        "set_period_stripes": lambda: conn.execute("SELECT llm.set_period_stripes(%s, 4)", [small]),
+    calls = {  # by routine name: the driver's operation for each
+        "upsert_organization": lambda: call(conn, "upsert_organization", small, "small", 2000, now=feb),
+        "declare_task_kind": lambda: call(conn, "declare_task_kind", "upgrade.new"),
+        "set_recovery_policy": lambda: call(conn, "set_recovery_policy", unlimited, "dispatched", "true_up"),
+        "set_period_stripes": lambda: call(conn, "set_period_stripes", small, 4),
         "admit_invocation": admit,
-        "mark_dispatched": lambda: conn.execute(
-            "SELECT llm.mark_dispatched(%s, %s, p_now => %s)", [small, state["inv"], feb]),
-        "settle_invocation": lambda: conn.execute(
-            "SELECT llm.settle_invocation(%s, %s, 25, 1, p_now => %s)", [small, state["inv"], feb]),
-        "fail_invocation": lambda: conn.execute(
-            "SELECT llm.fail_invocation(%s, (llm.admit_invocation(%s, 5, 'gpt-y', p_now => %s)).id,"
-            " 'boom', p_now => %s)", [small, small, feb, feb]),
-        "open_execution": lambda: conn.execute(
-            "SELECT * FROM llm.open_execution(%s, 'upgrade.new', p_now => %s)", [unlimited, feb]),
-        "close_execution": lambda: conn.execute(
-            "SELECT llm.close_execution(%s, %s, 'completed', p_now => %s)", [small, running, feb]),
-        "reconcile_org": lambda: conn.execute(
-            "SELECT llm.reconcile_org(%s, %s)", [unlimited, feb]),
-        "run_reconciliation": lambda: conn.execute(
-            "CALL llm.run_reconciliation(p_now => %s)", [feb + HOUR]),
-        "reconciliation_health": lambda: conn.execute(
-            "SELECT * FROM llm.reconciliation_health(%s)", [feb + HOUR]),
-        "claim_notices": lambda: state.update(notices=rows(
-            conn, "SELECT * FROM llm.claim_notices(10, %s)", [feb + 2 * HOUR])),
-        "complete_notice": lambda: conn.execute(
-            "SELECT llm.complete_notice(%s, %s, %s)",
-            [state["notices"][0]["organization_id"], state["notices"][0]["id"], feb + 2 * HOUR]),
-        "fail_notice": lambda: conn.execute(
-            "SELECT llm.fail_notice(%s, (SELECT id FROM llm.threshold_notices WHERE status = 'sent'"
-            " LIMIT 1), 'x', %s)", [small, feb + 2 * HOUR]),
-        "release_notice": lambda: conn.execute(
-            "SELECT llm.release_notice(%s, (SELECT id FROM llm.threshold_notices WHERE status = 'sent'"
-            " LIMIT 1), %s)", [small, feb + 2 * HOUR]),
-        "rearm_notices": lambda: conn.execute("SELECT llm.rearm_notices(%s)", [feb + 3 * HOUR]),
-        "rebuild_daily_usage": lambda: conn.execute(
-            "SELECT llm.rebuild_daily_usage('2025-12-01', '2026-02-28')"),
-        "check_invariants": lambda: conn.execute("SELECT * FROM llm.check_invariants()"),
-        "schedule_reconciliation": lambda: expect(
-            "LL010", "SELECT llm.schedule_reconciliation()"),  # pg_cron lives in llm_cron
-        "unschedule_reconciliation": lambda: expect(
-            "LL010", "SELECT llm.unschedule_reconciliation()"),
-        "distribute": lambda: expect("LL011", "SELECT llm.distribute()"),
+        "mark_dispatched": lambda: call(conn, "mark_dispatched", small, state["inv"], now=feb),
+        "settle_invocation": lambda: settle(conn, small, state["inv"], 25, 1, now=feb),
+        "fail_invocation": lambda: call(conn, "fail", small, value("admit_id", small, 5, "gpt-y", now=feb),
+                                        "boom", now=feb),
+        "open_execution": lambda: call(conn, "open_execution", unlimited, "upgrade.new", now=feb),
+        "close_execution": lambda: call(conn, "close_execution", small, running, "completed", now=feb),
+        "reconcile_org": lambda: call(conn, "reconcile_org", unlimited, now=feb),
+        "run_reconciliation": lambda: call_pass(conn, feb + HOUR),
+        "reconciliation_health": lambda: call(conn, "health", now=feb + HOUR),
+        "claim_notices": lambda: state.update(notices=call(conn, "claim_notices", limit=10, now=feb + 2 * HOUR)),
+        "complete_notice": lambda: call(conn, "complete_notice", state["notices"][0]["organization_id"],
+                                        state["notices"][0]["id"], now=feb + 2 * HOUR),
+        "fail_notice": lambda: call(conn, "fail_notice", small, sent_notice(), "x", now=feb + 2 * HOUR),
+        "release_notice": lambda: call(conn, "release_notice", small, sent_notice(), now=feb + 2 * HOUR),
+        "rearm_notices": lambda: call(conn, "rearm_notices", now=feb + 3 * HOUR),
+        "rebuild_daily_usage": lambda: call(conn, "rebuild_daily_usage", DEC.date().replace(day=1),
+                                            FEBRUARY.replace(day=28)),
+        "check_invariants": lambda: invariants(conn),
+        "schedule_reconciliation": lambda: expect("LL010", "schedule_reconciliation"),  # pg_cron: in llm_cron
+        "unschedule_reconciliation": lambda: expect("LL010", "unschedule_reconciliation"),
+        "distribute": lambda: expect("LL011", "distribute"),
     }
     public = {
         r[0] for r in conn.execute(
             "SELECT proname FROM pg_proc WHERE pronamespace = 'llm'::regnamespace"
             " AND proname NOT LIKE '\\_%'").fetchall()}  # fmt: skip
     assert public == set(calls), "the upgrade test must call every public routine"
-    for name, call in calls.items():
+    for name, run in calls.items():
         try:
-            call()
+            run()
         except Exception as exc:
             raise AssertionError(f"llm.{name} failed after the upgrade: {exc}") from exc
     assert scalar(conn, "SELECT status FROM llm.invocations WHERE id = %s", [state["inv"]]) == "settled"
     # recorded for audit under 0.1.0: never trued up, whatever the policy now
-    assert scalar(conn, "SELECT llm.settle_invocation(%s, %s, 99, 9, p_now => %s)",
-                  [unlimited, ids["stranded"], feb]) == "already_recovered"  # fmt: skip
+    assert settle(conn, unlimited, ids["stranded"], 99, 9, now=feb) == "already_recovered"

@@ -12,20 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import dataclasses
-import http.server
 import json
-import threading
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
-from typing import Any
+from datetime import timedelta
 
 import psycopg
 import pytest
 import standardwebhooks
-from psycopg.rows import dict_row
 
 import llm_db
 from llm_db.notices import (
@@ -40,8 +35,9 @@ from llm_db.notices import (
     verify_webhook,
 )
 from llm_db.requests import AsyncLlm, Llm
+from tests.helpers import JANUARY, T0, notices
+from tests.receiver import Received, Receiver
 
-T0 = datetime(2030, 1, 10, 12, 0, tzinfo=UTC)
 MINUTE = timedelta(minutes=1)
 # fixed test secrets (base64 of 32 bytes each), never used anywhere real
 SECRET = "whsec_" + base64.b64encode(b"llm-db test secret, thirty-two b.").decode()
@@ -57,78 +53,10 @@ def standard_verify(body: bytes, headers: dict[str, str], secret: str = SECRET) 
     return True
 
 
-@dataclasses.dataclass
-class Received:
-    path: str
-    body: bytes
-    headers: dict[str, str]  # names lower-cased: HTTP header names are case-insensitive
-    signature_ok: bool
-
-
-class Endpoint:
-    """A webhook receiver on 127.0.0.1. Bound at once but listening only after
-    ``up()``: until then a connection is refused. ``status`` and ``delay``
-    choose the answer; a delayed answer is released early at teardown."""
-
-    def __init__(self) -> None:
-        endpoint = self
-        self.status = 200
-        self.delay = 0.0
-        self.headers_out: dict[str, str] = {}
-        self.received: list[Received] = []
-        self.release = threading.Event()
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - the http.server protocol
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                headers = {k.lower(): v for k, v in self.headers.items()}
-                endpoint.received.append(
-                    Received(self.path, body, headers, standard_verify(body, headers))
-                )
-                if endpoint.delay:
-                    endpoint.release.wait(endpoint.delay)
-                try:
-                    self.send_response(endpoint.status)
-                    for name, value in endpoint.headers_out.items():
-                        self.send_header(name, value)
-                    self.send_header("Content-Length", "2")
-                    self.end_headers()
-                    self.wfile.write(b"{}")
-                except OSError:
-                    pass  # the client gave up (timeout) and closed the socket
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(
-            ("127.0.0.1", 0), Handler, bind_and_activate=False
-        )
-        self.server.server_bind()  # bound, not listening: connections are refused
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/llm"
-        self.thread: threading.Thread | None = None
-
-    def up(self) -> None:
-        self.server.server_activate()
-        self.thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self.thread.start()
-
-    def close(self) -> None:
-        self.release.set()
-        if self.thread is not None:
-            self.server.shutdown()
-            self.thread.join(timeout=10)
-        self.server.server_close()
-
-
 @pytest.fixture
-def endpoint() -> Iterator[Endpoint]:
-    server = Endpoint()
-    try:
+def endpoint() -> Iterator[Receiver]:
+    with Receiver(SECRET, status=200) as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture
@@ -147,18 +75,8 @@ def crossing_80_and_100(llm: Llm) -> uuid.UUID:
     return org
 
 
-def notices(conn: psycopg.Connection, org: uuid.UUID) -> list[dict[str, Any]]:
-    with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(
-            "SELECT * FROM llm.threshold_notices WHERE organization_id = %(org)s::uuid"
-            " ORDER BY threshold_pct",
-            {"org": org},
-        )
-        return cur.fetchall()
-
-
 def test_notices_are_delivered_signed_and_marked_sent(
-    llm: Llm, llm_conn: psycopg.Connection, endpoint: Endpoint
+    llm: Llm, llm_conn: psycopg.Connection, endpoint: Receiver
 ) -> None:
     org = crossing_80_and_100(llm)
     endpoint.up()
@@ -166,7 +84,7 @@ def test_notices_are_delivered_signed_and_marked_sent(
     summary = deliver_notices(llm, endpoint.url, SECRET, now=at)
     assert summary == DeliverySummary(claimed=2, sent=2, failed=0)
 
-    assert [r.signature_ok for r in endpoint.received] == [True, True]
+    assert [r.verified for r in endpoint.received] == [True, True]
     assert {r.path for r in endpoint.received} == {"/hooks/llm"}
     envelopes = [json.loads(r.body) for r in endpoint.received]
     assert {(e["type"], e["timestamp"]) for e in envelopes} == {
@@ -177,7 +95,7 @@ def test_notices_are_delivered_signed_and_marked_sent(
         {
             "organization_id": str(org),
             "notice_id": str(n["id"]),
-            "period_start": "2030-01-01",
+            "period_start": str(JANUARY),
             "threshold_pct": n["threshold_pct"],
             "used_credits": n["used_credits"],
             "allowance_credits": 100,
@@ -203,7 +121,7 @@ def test_notices_are_delivered_signed_and_marked_sent(
 
 
 def test_endpoint_down_leaves_notices_owed_with_backoff_then_a_later_run_delivers(
-    llm: Llm, llm_conn: psycopg.Connection, endpoint: Endpoint
+    llm: Llm, llm_conn: psycopg.Connection, endpoint: Receiver
 ) -> None:
     org = crossing_80_and_100(llm)
     t1 = T0 + 2 * MINUTE
@@ -236,7 +154,7 @@ def test_endpoint_down_leaves_notices_owed_with_backoff_then_a_later_run_deliver
 
 
 def test_endpoint_slower_than_the_timeout_fails_the_notice_and_loses_nothing(
-    llm: Llm, llm_conn: psycopg.Connection, endpoint: Endpoint
+    llm: Llm, llm_conn: psycopg.Connection, endpoint: Receiver
 ) -> None:
     org = crossing_80_and_100(llm)
     endpoint.up()
@@ -271,7 +189,7 @@ def test_endpoint_slower_than_the_timeout_fails_the_notice_and_loses_nothing(
 def test_a_non_2xx_answer_fails_the_notice_with_its_status(
     llm: Llm,
     llm_conn: psycopg.Connection,
-    endpoint: Endpoint,
+    endpoint: Receiver,
     status: int,
     headers: dict[str, str],
     posts_per_notice: int,
@@ -301,7 +219,7 @@ def test_a_non_http_url_is_rejected_before_anything_is_claimed(
 
 
 def test_async_deliverer_sends_and_recovers_from_a_down_endpoint(
-    llm: Llm, llm_dsn: str, llm_conn: psycopg.Connection, endpoint: Endpoint
+    llm: Llm, llm_dsn: str, llm_conn: psycopg.Connection, endpoint: Receiver
 ) -> None:
     org = crossing_80_and_100(llm)
     t1 = T0 + 2 * MINUTE
@@ -316,14 +234,14 @@ def test_async_deliverer_sends_and_recovers_from_a_down_endpoint(
 
     down, up = asyncio.run(scenario())
     assert (down.claimed, down.failed, up.claimed, up.sent) == (2, 2, 2, 2)
-    assert all(r.signature_ok for r in endpoint.received)
+    assert all(r.verified for r in endpoint.received)
     assert [n["status"] for n in notices(llm_conn, org)] == ["sent", "sent"]
 
 
 # ---------------------------------------------------------------- the verifier, rotation, secrets
 
 
-def one_delivery(llm: Llm, endpoint: Endpoint, secrets: str | list[str]) -> Received:
+def one_delivery(llm: Llm, endpoint: Receiver, secrets: str | list[str]) -> Received:
     crossing_80_and_100(llm)
     endpoint.up()
     assert deliver_notices(llm, endpoint.url, secrets, limit=1, now=T0 + 2 * MINUTE).sent == 1
@@ -332,7 +250,7 @@ def one_delivery(llm: Llm, endpoint: Endpoint, secrets: str | list[str]) -> Rece
 
 
 def test_a_replay_outside_the_tolerance_is_rejected_by_the_verifier(
-    llm: Llm, endpoint: Endpoint
+    llm: Llm, endpoint: Receiver
 ) -> None:
     """Issue #13: the timestamp is signed, so a captured delivery replayed later is refused: as
     it was sent, once its webhook-timestamp is more than 5 minutes (the default tolerance) from
@@ -358,7 +276,7 @@ def test_a_replay_outside_the_tolerance_is_rejected_by_the_verifier(
 
 
 def test_the_verifier_rejects_another_secret_a_changed_body_id_or_missing_headers(
-    llm: Llm, endpoint: Endpoint
+    llm: Llm, endpoint: Receiver
 ) -> None:
     got = one_delivery(llm, endpoint, SECRET)
     assert verify_webhook(got.body, got.headers, SECRET)
@@ -381,7 +299,7 @@ def test_the_verifier_rejects_another_secret_a_changed_body_id_or_missing_header
 
 
 def test_rotation_with_two_secrets_signs_each_delivery_with_each(
-    llm: Llm, endpoint: Endpoint
+    llm: Llm, endpoint: Receiver
 ) -> None:
     """Issue #13, rotation: the secret variable holds two secrets separated by a space; each
     delivery carries one v1 signature per secret, so a receiver that knows either one (and only

@@ -33,11 +33,11 @@ from typing import Any
 import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from psycopg.rows import dict_row
 
 import llm_db
 from llm_db._server import EphemeralServer
 from llm_db.worker import SessionRequired, check_session
+from tests.helpers import admit, call_pass, new_org, notices, run_pass, settle, wait_for
 from tests.receiver import Receiver
 
 SECRET = "whsec_bGxtLWRiIHdvcmtlciB0ZXN0IHNlY3JldCwgMzIgYnl0ZXM="
@@ -139,11 +139,8 @@ def start_worker() -> Iterator[Callable[..., WorkerProcess]]:
 
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
-    hook = Receiver(SECRET)
-    try:
+    with Receiver(SECRET) as hook:
         yield hook
-    finally:
-        hook.close()
 
 
 # ---------------------------------------------------------------- the books
@@ -154,41 +151,19 @@ def fast_backoff(conn: psycopg.Connection, base: str = "0.2 seconds", most: str 
                  " notice_backoff_max = %s::interval", [base, most])  # fmt: skip
 
 
-def new_org(conn: psycopg.Connection, thresholds: list[int]) -> uuid.UUID:
-    org = uuid.uuid4()
-    conn.execute("SELECT llm.upsert_organization(%s, 'worker test', 100::bigint,"
-                 " p_notice_thresholds => %s::integer[])", [org, thresholds])  # fmt: skip
-    return org
+def worker_org(conn: psycopg.Connection, thresholds: list[int]) -> uuid.UUID:
+    """An organization of 100 credits, created at the real time (the worker runs on it)."""
+    return new_org(conn, 100, name="worker test", thresholds=thresholds, now=None)
 
 
 def spend(conn: psycopg.Connection, org: uuid.UUID, credits: int) -> float:
     """Admit and settle ``credits`` at the real time: the settlement commits the notices of
     the thresholds it crossed. Returns time.monotonic() just before the settlement was sent
     (so "committed -> received" is measured from no later than the commit)."""
-    inv = conn.execute("SELECT (llm.admit_invocation(%s, %s::bigint, 'model-w')).id",
-                       [org, credits]).fetchone()[0]  # fmt: skip
+    inv = admit(conn, org, credits, "model-w", now=None)["id"]
     settling = time.monotonic()
-    assert conn.execute("SELECT llm.settle_invocation(%s, %s, %s::bigint, 0::bigint)",
-                        [org, inv, credits]).fetchone()[0] == "settled"  # fmt: skip
+    assert settle(conn, org, inv, credits, 0, now=None) == "settled"
     return settling
-
-
-def notices_of(conn: psycopg.Connection, org: uuid.UUID) -> list[dict[str, Any]]:
-    return conn.cursor(row_factory=dict_row).execute(
-        "SELECT * FROM llm.threshold_notices WHERE organization_id = %s ORDER BY threshold_pct",
-        [org],
-    ).fetchall()
-
-
-def wait_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.05)
 
 
 def get(url: str) -> tuple[int, bytes]:
@@ -211,15 +186,15 @@ def test_a_notice_created_after_the_worker_starts_is_delivered_within_5_seconds(
     receiver.up()
     worker = start_worker(llm_dsn, receiver.url, "--poll", "60")
     worker.started()
-    org = new_org(llm_conn, [80])
+    org = worker_org(llm_conn, [80])
     committed = spend(llm_conn, org, 85)
     got = receiver.wait_for(1, timeout=5)
     assert got[0].arrived - committed < 5
     assert got[0].verified, got[0].error
-    [notice] = notices_of(llm_conn, org)
+    [notice] = notices(llm_conn, org)
     assert got[0].headers["webhook-id"] == str(notice["id"])
     assert json.loads(got[0].body)["data"]["threshold_pct"] == 80
-    wait_until(lambda: notices_of(llm_conn, org)[0]["status"] == "sent", 5, "notice marked sent")
+    wait_for(lambda: notices(llm_conn, org)[0]["status"] == "sent", "notice marked sent", 5)
     event = worker.wait_for("delivered")
     assert (event["notice_id"], event["http_status"]) == (str(notice["id"]), 204)
 
@@ -233,19 +208,19 @@ def test_receiver_down_retries_with_backoff_loses_nothing_and_delivers_once_back
     fast_backoff(llm_conn)
     worker = start_worker(llm_dsn, receiver.url, "--poll", "60", "--timeout", "2")
     worker.started()
-    org = new_org(llm_conn, [50, 80])
+    org = worker_org(llm_conn, [50, 80])
     spend(llm_conn, org, 85)
     for _ in range(3):  # the first notice failed, came due after its backoff, failed again ...
         worker.wait_for("failed", timeout=15)
-    down = notices_of(llm_conn, org)
+    down = notices(llm_conn, org)
     assert all(n["status"] in ("owed", "sending") and n["sent_at"] is None for n in down)
     errors = {n["last_error"] for n in down if n["last_error"]}
     assert errors and all(e.startswith(("connection failed", "not attempted")) for e in errors)
     assert max(n["attempts"] for n in down) >= 2
 
     receiver.up()
-    wait_until(lambda: [n["status"] for n in notices_of(llm_conn, org)] == ["sent", "sent"], 15,
-               "both notices delivered after the receiver came back")  # fmt: skip
+    wait_for(lambda: [n["status"] for n in notices(llm_conn, org)] == ["sent", "sent"],
+             "both notices delivered after the receiver came back", 15)  # fmt: skip
     got = receiver.received
     assert {r.headers["webhook-id"] for r in got} == {str(n["id"]) for n in down}
     assert all(r.verified for r in got)
@@ -263,13 +238,13 @@ def test_sigterm_finishes_the_notice_in_flight_releases_the_rest_and_exits_0_wit
     receiver.delay = 0.5  # each answer takes half a second: the signal lands mid-batch
     worker = start_worker(llm_dsn, receiver.url, "--poll", "60", "--limit", "10")
     worker.started()
-    org = new_org(llm_conn, [10, 20, 30, 40, 50, 60])
+    org = worker_org(llm_conn, [10, 20, 30, 40, 50, 60])
     spend(llm_conn, org, 65)  # six notices in one transaction
     receiver.wait_for(1, timeout=10)
     code, seconds = worker.stop(sig)
     assert code == 0, worker.log()
     assert seconds < 10
-    rows = notices_of(llm_conn, org)
+    rows = notices(llm_conn, org)
     assert [n["status"] for n in rows].count("sending") == 0
     sent = [n for n in rows if n["status"] == "sent"]
     owed = [n for n in rows if n["status"] == "owed"]
@@ -292,21 +267,19 @@ def test_sigkill_mid_delivery_the_pass_rearms_and_it_is_delivered_again_with_the
     receiver.block.clear()  # the receiver holds the first POST: the worker is mid-delivery
     worker = start_worker(llm_dsn, receiver.url, "--poll", "60")
     worker.started()
-    org = new_org(llm_conn, [80])
+    org = worker_org(llm_conn, [80])
     spend(llm_conn, org, 85)
     [first] = receiver.wait_for(1, timeout=10)
     worker.proc.kill()
     worker.proc.wait(timeout=10)
     receiver.block.set()
-    [notice] = notices_of(llm_conn, org)
+    [notice] = notices(llm_conn, org)
     assert (notice["status"], notice["attempts"]) == ("sending", 1)
 
     later = llm_conn.execute("SELECT now() + interval '16 minutes'").fetchone()[0]
-    llm_conn.execute("CALL llm.run_reconciliation(p_now => %s)", [later])
-    run = llm_conn.cursor(row_factory=dict_row).execute(
-        "SELECT * FROM llm.reconciliation_runs ORDER BY started_at DESC LIMIT 1").fetchone()
+    run = run_pass(llm_conn, later)
     assert (run["status"], run["notices_rearmed"]) == ("succeeded", 1)
-    [rearmed] = notices_of(llm_conn, org)
+    [rearmed] = notices(llm_conn, org)
     assert (rearmed["status"], rearmed["next_attempt_at"]) == ("owed", later)
 
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"} | {SECRET_ENV: SECRET}
@@ -320,7 +293,7 @@ def test_sigkill_mid_delivery_the_pass_rearms_and_it_is_delivered_again_with_the
     assert first_again is first
     assert second.headers["webhook-id"] == first.headers["webhook-id"] == str(notice["id"])
     assert second.verified and json.loads(second.body)["data"]["attempts"] == 2
-    assert notices_of(llm_conn, org)[0]["status"] == "sent"
+    assert notices(llm_conn, org)[0]["status"] == "sent"
 
 
 # ---------------------------------------------------------------- endpoints
@@ -335,7 +308,7 @@ def test_metrics_parse_and_healthz_turns_503_when_the_database_stops(receiver, s
         dsn = server.create_database("worker_health")
         llm_db.migrate(dsn)
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("CALL llm.run_reconciliation()")
+            call_pass(conn, None)
         receiver.up()
         worker = start_worker(dsn, receiver.url, "--poll", "0.5")
         base = worker.started()
@@ -356,8 +329,8 @@ def test_metrics_parse_and_healthz_turns_503_when_the_database_stops(receiver, s
         promtool_check(text)
 
         server.stop()
-        status, body = wait_until(lambda: (lambda r: r if r[0] == 503 else None)(get(base + "/healthz")),
-                                  15, "healthz 503 after the database stopped")  # fmt: skip
+        status, body = wait_for(lambda: (lambda r: r if r[0] == 503 else None)(get(base + "/healthz")),
+                                "healthz 503 after the database stopped", 15)  # fmt: skip
         assert json.loads(body)["database"] == "down"
         status, text = get(base + "/metrics")
         assert status == 200
@@ -456,7 +429,7 @@ def pgbouncer(server: EphemeralServer, dbname: str, pool_mode: str) -> Iterator[
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     dsn = f"host=127.0.0.1 port={port} user={server.superuser} dbname={dbname}"
     try:
-        wait_until(lambda: _connects(dsn), 10, "pgbouncer accepting connections")
+        wait_for(lambda: _connects(dsn), "pgbouncer accepting connections", 10)
         yield dsn
     finally:
         proc.terminate()
@@ -500,7 +473,7 @@ def test_delivery_latency_from_commit_to_receiver_over_100_notices(
     receiver.up()
     worker = start_worker(llm_dsn, receiver.url, "--poll", "60")
     worker.started()
-    orgs = [new_org(llm_conn, [80]) for _ in range(100)]
+    orgs = [worker_org(llm_conn, [80]) for _ in range(100)]
     latencies = []
     for n, org in enumerate(orgs, start=1):
         committed = spend(llm_conn, org, 85)

@@ -16,25 +16,17 @@ import logging
 import threading
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg.rows import dict_row
 
+from llm_db import executions
 from llm_db.errors import NestedExecution, UnknownTaskKind
-from llm_db.executions import (
-    AsyncExecutionContext,
-    ExecutionContext,
-    ExecutionResult,
-    async_with_llm_execution,
-    current_execution,
-    with_llm_execution,
-)
 from llm_db.requests import AsyncLlm, Llm
+from tests.helpers import T0, execution
 
-T0 = datetime(2030, 1, 10, 12, 0, tzinfo=UTC)
 TASK = "report.generate"
 LOGGER = "llm_db.executions"
 
@@ -65,14 +57,14 @@ def org(llm_conn: psycopg.Connection) -> uuid.UUID:
     return org_id
 
 
+@pytest.fixture
+def llm(llm_connect: Any) -> Llm:
+    """A client on a connection of its own (the test reads the books on llm_conn)."""
+    return Llm(llm_connect())
+
+
 def execution_row(conn: psycopg.Connection, org: uuid.UUID, execution_id: uuid.UUID) -> dict:
-    with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(
-            "SELECT * FROM llm.executions WHERE organization_id = %(org)s::uuid"
-            " AND id = %(id)s::uuid",
-            {"org": org, "id": execution_id},
-        )
-        found = cur.fetchone()
+    found = execution(conn, org, execution_id)
     assert found is not None
     return found
 
@@ -85,38 +77,36 @@ def execution_count(conn: psycopg.Connection) -> int:
 
 
 def test_STATE_PFM_LLM_002_absent_to_running_commits_the_task_before_the_body_runs(
-    llm_connect: Any, llm_conn: psycopg.Connection, org: uuid.UUID
+    llm: Llm, llm_conn: psycopg.Connection, org: uuid.UUID
 ) -> None:
-    llm = Llm(llm_connect())
     seen: dict[str, Any] = {}
 
-    def body(ctx: ExecutionContext) -> str:
+    def body(ctx: executions.ExecutionContext) -> str:
         # another session already sees the running task: the open was committed
         seen["row"] = execution_row(llm_conn, org, ctx.execution_id)
-        seen["current"] = current_execution()
+        seen["current"] = executions.current_execution()
         return "done"
 
-    result = with_llm_execution(llm, org, TASK, body, subject_type="report", subject_id="9",
+    result = executions.with_llm_execution(llm, org, TASK, body, subject_type="report", subject_id="9",
                                 now=T0)
     assert seen["row"]["status"] == "running" and seen["row"]["ended_at"] is None
     assert (seen["row"]["subject_type"], seen["row"]["subject_id"]) == ("report", "9")
-    assert isinstance(seen["current"], ExecutionContext)
+    assert isinstance(seen["current"], executions.ExecutionContext)
     assert seen["current"].execution_id == result.execution_id
-    assert current_execution() is None
+    assert executions.current_execution() is None
 
 
 def test_STATE_PFM_LLM_002_running_to_completed_body_ok_close_ok_stamps_end_and_duration(
-    llm_connect: Any, llm_conn: psycopg.Connection, org: uuid.UUID
+    llm: Llm, llm_conn: psycopg.Connection, org: uuid.UUID
 ) -> None:
-    llm = Llm(llm_connect())
     clock = Clock()
 
-    def body(ctx: ExecutionContext) -> int:
+    def body(ctx: executions.ExecutionContext) -> int:
         clock.advance(seconds=2.5)
         return 42
 
-    result = with_llm_execution(llm, org, TASK, body, now=clock)
-    assert result == ExecutionResult(result.execution_id, False, 42, "completed")
+    result = executions.with_llm_execution(llm, org, TASK, body, now=clock)
+    assert result == executions.ExecutionResult(result.execution_id, False, 42, "completed")
     stored = execution_row(llm_conn, org, result.execution_id)
     assert stored["status"] == "completed"
     assert stored["ended_at"] == clock.t and stored["duration_ms"] == 2500
@@ -130,13 +120,13 @@ def test_WF_PFM_LLM_002_hop4_body_ok_close_fails_raises_the_close_error_and_task
     llm = Llm(conn)
     opened: list[uuid.UUID] = []
 
-    def body(ctx: ExecutionContext) -> str:
+    def body(ctx: executions.ExecutionContext) -> str:
         opened.append(ctx.execution_id)
         conn.close()  # the close that follows cannot reach the server
         return "work done"
 
     with pytest.raises(psycopg.OperationalError):
-        with_llm_execution(llm, org, TASK, body, now=T0)
+        executions.with_llm_execution(llm, org, TASK, body, now=T0)
     # STATE-PFM-LLM-002 "A running task can remain despite completed domain work" ...
     assert execution_row(llm_conn, org, opened[0])["status"] == "running"
     # ... and recovery later abandons it (running -> abandoned, WF-PFM-LLM-002 hop 5)
@@ -148,13 +138,12 @@ def test_WF_PFM_LLM_002_hop4_body_ok_close_fails_raises_the_close_error_and_task
 
 
 def test_STATE_PFM_LLM_002_running_to_failed_body_fails_close_ok_keeps_totals_and_the_error(
-    llm_connect: Any, llm_conn: psycopg.Connection, org: uuid.UUID
+    llm: Llm, llm_conn: psycopg.Connection, org: uuid.UUID
 ) -> None:
-    llm = Llm(llm_connect())
     raised = Boom("provider said no")
     opened: list[uuid.UUID] = []
 
-    def body(ctx: ExecutionContext) -> None:
+    def body(ctx: executions.ExecutionContext) -> None:
         opened.append(ctx.execution_id)
         inv = ctx.admit(100, "model-a")
         ctx.mark_dispatched(inv.id)
@@ -162,7 +151,7 @@ def test_STATE_PFM_LLM_002_running_to_failed_body_fails_close_ok_keeps_totals_an
         raise raised
 
     with pytest.raises(Boom) as caught:
-        with_llm_execution(llm, org, TASK, body, now=T0)
+        executions.with_llm_execution(llm, org, TASK, body, now=T0)
     assert caught.value is raised  # the body's own exception, unchanged
     stored = execution_row(llm_conn, org, opened[0])
     assert stored["status"] == "failed" and stored["ended_at"] is not None
@@ -181,13 +170,13 @@ def test_WF_PFM_LLM_002_hop4_body_fails_close_fails_logs_the_close_error_and_kee
     raised = Boom("body failed")
     opened: list[uuid.UUID] = []
 
-    def body(ctx: ExecutionContext) -> None:
+    def body(ctx: executions.ExecutionContext) -> None:
         opened.append(ctx.execution_id)
         conn.close()
         raise raised
 
     with caplog.at_level(logging.ERROR, logger=LOGGER), pytest.raises(Boom) as caught:
-        with_llm_execution(llm, org, TASK, body, now=T0)
+        executions.with_llm_execution(llm, org, TASK, body, now=T0)
     assert caught.value is raised
     assert caught.value.__context__ is None  # the close error did not replace or chain in
     logged = [r for r in caplog.records if r.name == LOGGER and r.levelno == logging.ERROR]
@@ -198,18 +187,14 @@ def test_WF_PFM_LLM_002_hop4_body_fails_close_fails_logs_the_close_error_and_kee
 
 
 def test_STATE_PFM_LLM_002_running_to_failed_error_is_the_repr_truncated_to_4000_chars(
-    llm_connect: Any, llm_conn: psycopg.Connection, org: uuid.UUID
+    llm: Llm, llm_conn: psycopg.Connection, org: uuid.UUID
 ) -> None:
-    llm = Llm(llm_connect())
-    opened: list[uuid.UUID] = []
-
-    def body(ctx: ExecutionContext) -> None:
-        opened.append(ctx.execution_id)
+    def body(ctx: executions.ExecutionContext) -> None:
         raise Boom("x" * 5000)
 
     with pytest.raises(Boom):
-        with_llm_execution(llm, org, TASK, body, now=T0)
-    error = execution_row(llm_conn, org, opened[0])["error"]
+        executions.with_llm_execution(llm, org, TASK, body, now=T0)
+    [error] = [r[0] for r in llm_conn.execute("SELECT error FROM llm.executions")]  # the one task
     assert len(error) == 4000 and error.startswith("Boom('xxx")
 
 
@@ -217,76 +202,72 @@ def test_STATE_PFM_LLM_002_running_to_failed_error_is_the_repr_truncated_to_4000
 
 
 def test_WF_PFM_LLM_002_hop1_rejected_open_creates_no_task_and_does_not_run_the_body(
-    llm_connect: Any, llm_conn: psycopg.Connection, org: uuid.UUID
+    llm: Llm, llm_conn: psycopg.Connection, org: uuid.UUID
 ) -> None:
-    llm = Llm(llm_connect())
     ran: list[bool] = []
     with pytest.raises(UnknownTaskKind):
-        with_llm_execution(llm, org, "never.declared", lambda ctx: ran.append(True), now=T0)
+        executions.with_llm_execution(llm, org, "never.declared", lambda ctx: ran.append(True), now=T0)
     assert ran == [] and execution_count(llm_conn) == 0
 
 
 def test_WF_PFM_LLM_002_branch_replay_returns_the_earlier_execution_without_running_the_body(
-    llm_connect: Any, llm_conn: psycopg.Connection, org: uuid.UUID
+    llm: Llm, llm_conn: psycopg.Connection, org: uuid.UUID
 ) -> None:
-    llm = Llm(llm_connect())
     runs: list[uuid.UUID] = []
 
-    def body(ctx: ExecutionContext) -> str:
+    def body(ctx: executions.ExecutionContext) -> str:
         runs.append(ctx.execution_id)
         return "first"
 
-    first = with_llm_execution(llm, org, TASK, body, replay_key="report:9", now=T0)
-    again = with_llm_execution(llm, org, TASK, body, replay_key="report:9", now=T0)
+    first = executions.with_llm_execution(llm, org, TASK, body, replay_key="report:9", now=T0)
+    again = executions.with_llm_execution(llm, org, TASK, body, replay_key="report:9", now=T0)
     # STATE-PFM-LLM-002 invalid running -> running: the same key does not run work again
     assert runs == [first.execution_id]
-    assert again == ExecutionResult(first.execution_id, True, None, "completed")
+    assert again == executions.ExecutionResult(first.execution_id, True, None, "completed")
     assert execution_count(llm_conn) == 1
 
     # a failed earlier task replays as failed, still without running the body
-    def failing(ctx: ExecutionContext) -> None:
+    def failing(ctx: executions.ExecutionContext) -> None:
         raise Boom("no")
 
     with pytest.raises(Boom):
-        with_llm_execution(llm, org, TASK, failing, replay_key="report:10", now=T0)
-    replay = with_llm_execution(llm, org, TASK, body, replay_key="report:10", now=T0)
+        executions.with_llm_execution(llm, org, TASK, failing, replay_key="report:10", now=T0)
+    replay = executions.with_llm_execution(llm, org, TASK, body, replay_key="report:10", now=T0)
     assert (replay.replayed, replay.status, replay.value) == (True, "failed", None)
     assert len(runs) == 1
 
 
 def test_STATE_PFM_LLM_002_absent_to_running_guard_rejects_nesting_and_creates_no_task(
-    llm_connect: Any, llm_conn: psycopg.Connection, org: uuid.UUID
+    llm: Llm, llm_conn: psycopg.Connection, org: uuid.UUID
 ) -> None:
-    llm = Llm(llm_connect())
     inner_ran: list[bool] = []
     outer: list[uuid.UUID] = []
 
-    def inner(ctx: ExecutionContext) -> None:
+    def inner(ctx: executions.ExecutionContext) -> None:
         inner_ran.append(True)
 
-    def body(ctx: ExecutionContext) -> None:
+    def body(ctx: executions.ExecutionContext) -> None:
         outer.append(ctx.execution_id)
-        with_llm_execution(llm, org, TASK, inner, now=T0)
+        executions.with_llm_execution(llm, org, TASK, inner, now=T0)
 
     with pytest.raises(NestedExecution) as caught:
-        with_llm_execution(llm, org, TASK, body, now=T0)
+        executions.with_llm_execution(llm, org, TASK, body, now=T0)
     assert caught.value.sqlstate is None and caught.value.hint
     assert inner_ran == [] and execution_count(llm_conn) == 1
     # the outer body failed with the nesting error and was closed failed
     stored = execution_row(llm_conn, org, outer[0])
     assert stored["status"] == "failed" and "NestedExecution" in stored["error"]
     # the association ended with the wrapper: a new top-level task opens fine
-    assert with_llm_execution(llm, org, TASK, lambda ctx: 1, now=T0).status == "completed"
+    assert executions.with_llm_execution(llm, org, TASK, lambda ctx: 1, now=T0).status == "completed"
 
 
 def test_WF_PFM_LLM_002_hop3_context_links_requests_and_a_late_settlement_adds_without_reopening(
-    llm_connect: Any, llm_conn: psycopg.Connection, org: uuid.UUID
+    llm: Llm, llm_conn: psycopg.Connection, org: uuid.UUID
 ) -> None:
-    llm = Llm(llm_connect())
     clock = Clock()
     pending: list[uuid.UUID] = []
 
-    def body(ctx: ExecutionContext) -> None:
+    def body(ctx: executions.ExecutionContext) -> None:
         done = ctx.admit(50, "model-a")
         ctx.mark_dispatched(done.id)
         assert ctx.settle(done.id, 40, 4, input_tokens=10, output_tokens=5) == "settled"
@@ -297,7 +278,7 @@ def test_WF_PFM_LLM_002_hop3_context_links_requests_and_a_late_settlement_adds_w
         pending.append(late.id)
         clock.advance(seconds=1)
 
-    result = with_llm_execution(llm, org, TASK, body, now=clock)
+    result = executions.with_llm_execution(llm, org, TASK, body, now=clock)
     stored = execution_row(llm_conn, org, result.execution_id)
     assert (stored["status"], stored["request_count"], stored["credits"], stored["cents"]) == (
         "completed", 2, 42, 4,
@@ -313,43 +294,40 @@ def test_WF_PFM_LLM_002_hop3_context_links_requests_and_a_late_settlement_adds_w
 
 
 def test_WF_PFM_LLM_002_hop3_a_thread_keeps_the_task_only_through_copy_context(
-    llm_connect: Any, org: uuid.UUID
+    llm: Llm, org: uuid.UUID
 ) -> None:
-    llm = Llm(llm_connect())
     seen: dict[str, Any] = {}
 
-    def body(ctx: ExecutionContext) -> None:
-        plain = threading.Thread(target=lambda: seen.__setitem__("plain", current_execution()))
+    def body(ctx: executions.ExecutionContext) -> None:
+        plain = threading.Thread(target=lambda: seen.__setitem__("plain", executions.current_execution()))
         copied_context = contextvars.copy_context()
         copied = threading.Thread(
             target=copied_context.run,
-            args=(lambda: seen.__setitem__("copied", current_execution()),),
+            args=(lambda: seen.__setitem__("copied", executions.current_execution()),),
         )
         for thread in (plain, copied):
             thread.start()
             thread.join()
         seen["ctx"] = ctx
 
-    with_llm_execution(llm, org, TASK, body, now=T0)
+    executions.with_llm_execution(llm, org, TASK, body, now=T0)
     assert seen["plain"] is None  # "a derived context loses the task association"
     assert seen["copied"] is seen["ctx"]
 
 
 def test_STATE_PFM_LLM_002_invalid_failed_to_completed_close_returns_status_none(
-    llm_connect: Any,
+    llm: Llm,
     llm_conn: psycopg.Connection,
     org: uuid.UUID,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    llm = Llm(llm_connect())
-
-    def body(ctx: ExecutionContext) -> str:
+    def body(ctx: executions.ExecutionContext) -> str:
         # the task is closed failed behind the wrapper's back; its completed close must not win
         assert llm.close_execution(org, ctx.execution_id, "failed", error="by hand", now=T0)
         return "value"
 
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        result = with_llm_execution(llm, org, TASK, body, now=T0)
+        result = executions.with_llm_execution(llm, org, TASK, body, now=T0)
     assert (result.value, result.status, result.replayed) == ("value", None, False)
     assert execution_row(llm_conn, org, result.execution_id)["status"] == "failed"
     assert any(r.levelno == logging.WARNING and r.name == LOGGER for r in caplog.records)
@@ -375,8 +353,8 @@ def test_async_STATE_PFM_LLM_002_running_to_completed_body_ok_close_ok(
 ) -> None:
     clock = Clock()
 
-    async def body(ctx: AsyncExecutionContext) -> str:
-        assert current_execution() is ctx
+    async def body(ctx: executions.AsyncExecutionContext) -> str:
+        assert executions.current_execution() is ctx
         inv = await ctx.admit(10, "model-a")
         await ctx.mark_dispatched(inv.id)
         assert await ctx.settle(inv.id, 8, 1) == "settled"
@@ -385,9 +363,9 @@ def test_async_STATE_PFM_LLM_002_running_to_completed_body_ok_close_ok(
         clock.advance(seconds=1)
         return "ok"
 
-    async def scenario() -> ExecutionResult[str]:
+    async def scenario() -> executions.ExecutionResult[str]:
         async with await psycopg.AsyncConnection.connect(llm_dsn, autocommit=True) as conn:
-            return await async_with_llm_execution(AsyncLlm(conn), org, TASK, body, now=clock)
+            return await executions.async_with_llm_execution(AsyncLlm(conn), org, TASK, body, now=clock)
 
     result = asyncio.run(scenario())
     assert (result.value, result.status, result.replayed) == ("ok", "completed", False)
@@ -395,27 +373,42 @@ def test_async_STATE_PFM_LLM_002_running_to_completed_body_ok_close_ok(
     assert (stored["status"], stored["duration_ms"], stored["request_count"], stored["credits"]) == (
         "completed", 1000, 2, 8,
     )
-    assert current_execution() is None
+    assert executions.current_execution() is None
+
+
+def async_task_whose_connection_dies(
+    llm_dsn: str, org: uuid.UUID, raised: BaseException | None
+) -> tuple[uuid.UUID, BaseException]:
+    """async_with_llm_execution whose body closes the client's connection (so the close
+    fails), then returns or raises ``raised``: the task's id and what the wrapper raised."""
+    opened: list[uuid.UUID] = []
+
+    async def scenario() -> BaseException:
+        conn = await psycopg.AsyncConnection.connect(llm_dsn, autocommit=True)
+
+        async def body(ctx: executions.AsyncExecutionContext) -> str:
+            opened.append(ctx.execution_id)
+            await conn.close()
+            if raised is not None:
+                raise raised
+            return "done"
+
+        try:
+            await executions.async_with_llm_execution(AsyncLlm(conn), org, TASK, body, now=T0)
+        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+            return exc
+        raise AssertionError("the wrapper returned although its close failed")
+
+    error = asyncio.run(scenario())
+    return opened[0], error
 
 
 def test_async_WF_PFM_LLM_002_hop4_body_ok_close_fails_raises_the_close_error(
     llm_dsn: str, llm_conn: psycopg.Connection, org: uuid.UUID
 ) -> None:
-    opened: list[uuid.UUID] = []
-
-    async def scenario() -> None:
-        conn = await psycopg.AsyncConnection.connect(llm_dsn, autocommit=True)
-
-        async def body(ctx: AsyncExecutionContext) -> str:
-            opened.append(ctx.execution_id)
-            await conn.close()
-            return "done"
-
-        with pytest.raises(psycopg.OperationalError):
-            await async_with_llm_execution(AsyncLlm(conn), org, TASK, body, now=T0)
-
-    asyncio.run(scenario())
-    assert execution_row(llm_conn, org, opened[0])["status"] == "running"
+    task, error = async_task_whose_connection_dies(llm_dsn, org, None)
+    assert isinstance(error, psycopg.OperationalError)
+    assert execution_row(llm_conn, org, task)["status"] == "running"
 
 
 def test_async_STATE_PFM_LLM_002_running_to_failed_body_fails_close_ok(
@@ -424,14 +417,14 @@ def test_async_STATE_PFM_LLM_002_running_to_failed_body_fails_close_ok(
     raised = Boom("async failure")
     opened: list[uuid.UUID] = []
 
-    async def body(ctx: AsyncExecutionContext) -> None:
+    async def body(ctx: executions.AsyncExecutionContext) -> None:
         opened.append(ctx.execution_id)
         raise raised
 
     async def scenario() -> None:
         async with await psycopg.AsyncConnection.connect(llm_dsn, autocommit=True) as conn:
             with pytest.raises(Boom) as caught:
-                await async_with_llm_execution(AsyncLlm(conn), org, TASK, body, now=T0)
+                await executions.async_with_llm_execution(AsyncLlm(conn), org, TASK, body, now=T0)
             assert caught.value is raised
 
     asyncio.run(scenario())
@@ -446,25 +439,12 @@ def test_async_WF_PFM_LLM_002_hop4_body_fails_close_fails_logs_and_keeps_the_bod
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     raised = Boom("async body failed")
-    opened: list[uuid.UUID] = []
-
-    async def scenario() -> None:
-        conn = await psycopg.AsyncConnection.connect(llm_dsn, autocommit=True)
-
-        async def body(ctx: AsyncExecutionContext) -> None:
-            opened.append(ctx.execution_id)
-            await conn.close()
-            raise raised
-
-        with pytest.raises(Boom) as caught:
-            await async_with_llm_execution(AsyncLlm(conn), org, TASK, body, now=T0)
-        assert caught.value is raised
-
     with caplog.at_level(logging.ERROR, logger=LOGGER):
-        asyncio.run(scenario())
+        task, error = async_task_whose_connection_dies(llm_dsn, org, raised)
+    assert error is raised
     logged = [r for r in caplog.records if r.name == LOGGER and r.levelno == logging.ERROR]
     assert len(logged) == 1 and isinstance(logged[0].exc_info[1], psycopg.OperationalError)
-    assert execution_row(llm_conn, org, opened[0])["status"] == "running"
+    assert execution_row(llm_conn, org, task)["status"] == "running"
 
 
 def test_async_WF_PFM_LLM_002_branch_replay_returns_the_earlier_execution_without_running_the_body(
@@ -472,20 +452,20 @@ def test_async_WF_PFM_LLM_002_branch_replay_returns_the_earlier_execution_withou
 ) -> None:
     runs: list[uuid.UUID] = []
 
-    async def body(ctx: AsyncExecutionContext) -> int:
+    async def body(ctx: executions.AsyncExecutionContext) -> int:
         runs.append(ctx.execution_id)
         return 1
 
-    async def scenario() -> tuple[ExecutionResult[int], ExecutionResult[int]]:
+    async def scenario() -> tuple[executions.ExecutionResult[int], executions.ExecutionResult[int]]:
         async with await psycopg.AsyncConnection.connect(llm_dsn, autocommit=True) as conn:
             llm = AsyncLlm(conn)
-            first = await async_with_llm_execution(llm, org, TASK, body, replay_key="k", now=T0)
-            again = await async_with_llm_execution(llm, org, TASK, body, replay_key="k", now=T0)
+            first = await executions.async_with_llm_execution(llm, org, TASK, body, replay_key="k", now=T0)
+            again = await executions.async_with_llm_execution(llm, org, TASK, body, replay_key="k", now=T0)
             return first, again
 
     first, again = asyncio.run(scenario())
     assert runs == [first.execution_id]
-    assert again == ExecutionResult(first.execution_id, True, None, "completed")
+    assert again == executions.ExecutionResult(first.execution_id, True, None, "completed")
     assert execution_count(llm_conn) == 1
 
 
@@ -494,18 +474,18 @@ def test_async_STATE_PFM_LLM_002_absent_to_running_guard_rejects_nesting_even_in
 ) -> None:
     llm = AsyncLlm(AsyncConnections(llm_dsn))
 
-    async def inner(ctx: AsyncExecutionContext) -> None:
+    async def inner(ctx: executions.AsyncExecutionContext) -> None:
         raise AssertionError("the nested body must not run")
 
-    async def body(ctx: AsyncExecutionContext) -> None:
+    async def body(ctx: executions.AsyncExecutionContext) -> None:
         with pytest.raises(NestedExecution):
-            await async_with_llm_execution(llm, org, TASK, inner, now=T0)
+            await executions.async_with_llm_execution(llm, org, TASK, inner, now=T0)
         # a child task inherits the association, so nesting is rejected there too
-        child = asyncio.create_task(async_with_llm_execution(llm, org, TASK, inner, now=T0))
+        child = asyncio.create_task(executions.async_with_llm_execution(llm, org, TASK, inner, now=T0))
         with pytest.raises(NestedExecution):
             await child
 
-    result = asyncio.run(async_with_llm_execution(llm, org, TASK, body, now=T0))
+    result = asyncio.run(executions.async_with_llm_execution(llm, org, TASK, body, now=T0))
     assert result.status == "completed" and execution_count(llm_conn) == 1
 
 
@@ -515,18 +495,18 @@ def test_async_WF_PFM_LLM_002_hop3_child_tasks_keep_the_task_association(
     llm = AsyncLlm(AsyncConnections(llm_dsn))
 
     async def one_request(n: int) -> uuid.UUID:
-        ctx = current_execution()  # found through the copied context, not passed in
-        assert isinstance(ctx, AsyncExecutionContext)
+        ctx = executions.current_execution()  # found through the copied context, not passed in
+        assert isinstance(ctx, executions.AsyncExecutionContext)
         inv = await ctx.admit(10, f"model-{n}")
         await ctx.settle(inv.id, n, 0)
         return ctx.execution_id
 
-    async def body(ctx: AsyncExecutionContext) -> list[uuid.UUID]:
+    async def body(ctx: executions.AsyncExecutionContext) -> list[uuid.UUID]:
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(one_request(n)) for n in (1, 2, 3)]
         return [t.result() for t in tasks]
 
-    result = asyncio.run(async_with_llm_execution(llm, org, TASK, body, now=T0))
+    result = asyncio.run(executions.async_with_llm_execution(llm, org, TASK, body, now=T0))
     assert result.value == [result.execution_id] * 3
     stored = execution_row(llm_conn, org, result.execution_id)
     assert (stored["request_count"], stored["credits"]) == (3, 6)
@@ -537,21 +517,21 @@ def test_async_independent_top_level_tasks_run_wrappers_side_by_side_without_nes
 ) -> None:
     llm = AsyncLlm(AsyncConnections(llm_dsn))
 
-    async def scenario() -> list[ExecutionResult[uuid.UUID]]:
+    async def scenario() -> list[executions.ExecutionResult[uuid.UUID]]:
         arrived: list[uuid.UUID] = []
         gate = asyncio.Event()
 
-        async def body(ctx: AsyncExecutionContext) -> uuid.UUID:
+        async def body(ctx: executions.AsyncExecutionContext) -> uuid.UUID:
             arrived.append(ctx.execution_id)
             if len(arrived) == 2:
                 gate.set()
             await asyncio.wait_for(gate.wait(), timeout=10)  # both bodies are running at once
-            assert current_execution() is ctx
+            assert executions.current_execution() is ctx
             return ctx.execution_id
 
         return await asyncio.gather(
-            async_with_llm_execution(llm, org, TASK, body, now=T0),
-            async_with_llm_execution(llm, org, TASK, body, now=T0),
+            executions.async_with_llm_execution(llm, org, TASK, body, now=T0),
+            executions.async_with_llm_execution(llm, org, TASK, body, now=T0),
         )
 
     first, second = asyncio.run(scenario())
@@ -569,12 +549,12 @@ def test_async_STATE_PFM_LLM_002_running_to_failed_when_the_body_is_cancelled(
     async def scenario() -> None:
         started = asyncio.Event()
 
-        async def body(ctx: AsyncExecutionContext) -> None:
+        async def body(ctx: executions.AsyncExecutionContext) -> None:
             opened.append(ctx.execution_id)
             started.set()
             await asyncio.Event().wait()  # never set: the task is cancelled here
 
-        task = asyncio.create_task(async_with_llm_execution(llm, org, TASK, body, now=T0))
+        task = asyncio.create_task(executions.async_with_llm_execution(llm, org, TASK, body, now=T0))
         await asyncio.wait_for(started.wait(), timeout=10)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
