@@ -64,8 +64,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
-    PERFORM llm._require_org_id(p_organization_id);
-    PERFORM llm._check_clock(p_now);
+    PERFORM llm._check_call(p_organization_id, p_now);
     PERFORM llm._check_text('p_task_key', p_task_key, 200);
     PERFORM llm._check_text('p_subject_type', p_subject_type, 200, true);
     PERFORM llm._check_text('p_subject_id', p_subject_id, 200, true);
@@ -118,11 +117,7 @@ AS $$
 DECLARE
     v_closed boolean;
 BEGIN
-    PERFORM llm._require_org_id(p_organization_id);
-    PERFORM llm._check_clock(p_now);
-    IF p_execution_id IS NULL THEN
-        RAISE EXCEPTION 'llm: execution id must not be NULL' USING ERRCODE = '22023';
-    END IF;
+    PERFORM llm._check_call(p_organization_id, p_now, 'execution', p_execution_id);
     IF p_outcome IS NULL OR p_outcome NOT IN ('completed', 'failed') THEN
         RAISE EXCEPTION 'llm: cannot close an execution as %', coalesce(p_outcome, 'NULL')
             USING ERRCODE = 'LL009',

@@ -333,8 +333,7 @@ AS $$
 DECLARE
     v_result llm.org_sweep;
 BEGIN
-    PERFORM llm._require_org_id(p_organization_id);
-    PERFORM llm._check_clock(p_now);
+    PERFORM llm._check_call(p_organization_id, p_now);
     IF p_batch IS NOT NULL AND (p_batch < 1 OR p_batch > 100000) THEN
         RAISE EXCEPTION 'llm: batch % is out of range', p_batch
             USING ERRCODE = '22023', HINT = 'Pass 1 .. 100000, or NULL for settings.sweep_batch.';
