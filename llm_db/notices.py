@@ -342,6 +342,24 @@ class _Tally:
     def summary(self) -> DeliverySummary:
         return DeliverySummary(self.claimed, self.sent, self.failed, self.last_error)
 
+    def attempts(self, max_attempts_per_run: int) -> int:
+        """How many POSTs the next notice gets: none once the endpoint proved unreachable."""
+        return 0 if self.unreachable is not None else max(1, max_attempts_per_run)
+
+    def record(self, attempt: Attempt | None) -> Attempt:
+        """Counts a notice by its last attempt (None: it got no POST, which is returned
+        as its attempt); a failed one leaves its error in ``last_error``."""
+        if attempt is None:
+            attempt = Attempt(f"{_NOT_ATTEMPTED} ({self.unreachable})")
+        elif attempt.unreachable:
+            self.unreachable = attempt.error
+        if attempt.error is None:
+            self.sent += 1
+        else:
+            self.failed += 1
+            self.last_error = attempt.error[:MAX_ERROR_CHARS]
+        return attempt
+
 
 #: ``on_result(notice, attempt, seconds)`` after each notice was completed or failed
 ResultHook = Callable[[Notice, Attempt, float], None]
@@ -369,20 +387,14 @@ def deliver_claimed(
         if should_stop is not None and should_stop():
             return tally.summary(), list(notices[index:])
         started = time.monotonic()
-        if tally.unreachable is not None:
-            attempt = Attempt(f"{_NOT_ATTEMPTED} ({tally.unreachable})")
-        else:
-            for n in range(max(1, max_attempts_per_run)):
-                if n and pause > 0:
-                    time.sleep(pause)
-                attempt = post_notice(http, url, notice, secrets, timeout)
-                if attempt.error is None or not attempt.retry:
-                    break
-                if should_stop is not None and should_stop():
-                    break
-            if attempt.unreachable:
-                tally.unreachable = attempt.error
-        _record(tally, attempt)
+        attempt = None
+        for n in range(tally.attempts(max_attempts_per_run)):
+            if n and pause > 0:
+                time.sleep(pause)
+            attempt = post_notice(http, url, notice, secrets, timeout)
+            if attempt.error is None or not attempt.retry or (should_stop is not None and should_stop()):
+                break
+        attempt = tally.record(attempt)
         if attempt.error is None:
             client.complete_notice(notice.organization_id, notice.id, now=now)
         else:
@@ -390,14 +402,6 @@ def deliver_claimed(
         if on_result is not None:
             on_result(notice, attempt, time.monotonic() - started)
     return tally.summary(), []
-
-
-def _record(tally: _Tally, attempt: Attempt) -> None:
-    if attempt.error is None:
-        tally.sent += 1
-    else:
-        tally.failed += 1
-        tally.last_error = attempt.error[:MAX_ERROR_CHARS]
 
 
 def deliver_notices(
@@ -455,22 +459,16 @@ async def async_deliver_notices(
         notices = await client.claim_notices(limit=limit, now=now)
         tally = _Tally(len(notices))
         for notice in notices:
-            if tally.unreachable is not None:
-                attempt = Attempt(f"{_NOT_ATTEMPTED} ({tally.unreachable})")
-            else:
-                for n in range(max(1, max_attempts_per_run)):
-                    if n and pause > 0:
-                        await asyncio.sleep(pause)
-                    attempt = await _apost_notice(http, url, notice, keys, timeout)
-                    if attempt.error is None or not attempt.retry:
-                        break
-                if attempt.unreachable:
-                    tally.unreachable = attempt.error
-            _record(tally, attempt)
+            attempt = None
+            for n in range(tally.attempts(max_attempts_per_run)):
+                if n and pause > 0:
+                    await asyncio.sleep(pause)
+                attempt = await _apost_notice(http, url, notice, keys, timeout)
+                if attempt.error is None or not attempt.retry:
+                    break
+            attempt = tally.record(attempt)
             if attempt.error is None:
                 await client.complete_notice(notice.organization_id, notice.id, now=now)
             else:
-                await client.fail_notice(
-                    notice.organization_id, notice.id, tally.last_error, now=now
-                )
+                await client.fail_notice(notice.organization_id, notice.id, tally.last_error, now=now)
     return tally.summary()

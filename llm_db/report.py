@@ -102,37 +102,12 @@ SERVER_CLOCK = "SELECT pg_catalog.now() AS now"
 # One row: what the next pass would act on, for some organizations (NULL: all).
 # Cheap on a large database: every count is over a partial index (open requests,
 # running tasks, owed / sending notices) or a small table (drift findings), so
-# `llm-db metrics` can run it at every scrape.
+# `llm-db metrics` can run it at every scrape. The open requests and the running
+# tasks are each read once, their stale share counted by FILTER.
 BOOKS_SNAPSHOT = """
 WITH s AS (SELECT st.recovery_window FROM llm.settings AS st)
-SELECT
-    (SELECT count(*) FROM llm.invocations AS i
-      WHERE i.status IN ('reserved', 'dispatched')
-        AND (%(organization_ids)s::uuid[] IS NULL OR i.organization_id = ANY (%(organization_ids)s::uuid[])))
-        AS open_requests,
-    (SELECT coalesce(sum(i.hold_credits), 0)::bigint FROM llm.invocations AS i
-      WHERE i.status IN ('reserved', 'dispatched')
-        AND (%(organization_ids)s::uuid[] IS NULL OR i.organization_id = ANY (%(organization_ids)s::uuid[])))
-        AS held_credits,
-    (SELECT count(*) FROM llm.invocations AS i CROSS JOIN s
-      WHERE i.status IN ('reserved', 'dispatched')
-        AND i.created_at <= %(now)s::timestamptz - s.recovery_window
-        AND (%(organization_ids)s::uuid[] IS NULL OR i.organization_id = ANY (%(organization_ids)s::uuid[])))
-        AS stale_open_requests,
-    (SELECT coalesce(sum(i.hold_credits), 0)::bigint FROM llm.invocations AS i CROSS JOIN s
-      WHERE i.status IN ('reserved', 'dispatched')
-        AND i.created_at <= %(now)s::timestamptz - s.recovery_window
-        AND (%(organization_ids)s::uuid[] IS NULL OR i.organization_id = ANY (%(organization_ids)s::uuid[])))
-        AS stale_held_credits,
-    (SELECT count(*) FROM llm.executions AS x
-      WHERE x.status = 'running'
-        AND (%(organization_ids)s::uuid[] IS NULL OR x.organization_id = ANY (%(organization_ids)s::uuid[])))
-        AS running_tasks,
-    (SELECT count(*) FROM llm.executions AS x CROSS JOIN s
-      WHERE x.status = 'running'
-        AND x.started_at <= %(now)s::timestamptz - s.recovery_window
-        AND (%(organization_ids)s::uuid[] IS NULL OR x.organization_id = ANY (%(organization_ids)s::uuid[])))
-        AS stale_running_tasks,
+SELECT i.open_requests, i.held_credits, i.stale_open_requests, i.stale_held_credits,
+       x.running_tasks, x.stale_running_tasks,
     (SELECT count(*) FROM llm.drift_findings AS f
       WHERE (%(organization_ids)s::uuid[] IS NULL OR f.organization_id = ANY (%(organization_ids)s::uuid[])))
         AS drift_findings,
@@ -144,6 +119,23 @@ SELECT
       WHERE n.status = 'sending'
         AND (%(organization_ids)s::uuid[] IS NULL OR n.organization_id = ANY (%(organization_ids)s::uuid[])))
         AS notices_sending
+  FROM (SELECT count(*) AS open_requests,
+               coalesce(sum(i.hold_credits), 0)::bigint AS held_credits,
+               count(*) FILTER (WHERE i.stale) AS stale_open_requests,
+               coalesce(sum(i.hold_credits) FILTER (WHERE i.stale), 0)::bigint AS stale_held_credits
+          FROM (SELECT i.hold_credits, i.created_at <= %(now)s::timestamptz - s.recovery_window AS stale
+                  FROM llm.invocations AS i CROSS JOIN s
+                 WHERE i.status IN ('reserved', 'dispatched')
+                   AND (%(organization_ids)s::uuid[] IS NULL
+                        OR i.organization_id = ANY (%(organization_ids)s::uuid[]))) AS i) AS i
+ CROSS JOIN
+       (SELECT count(*) AS running_tasks,
+               count(*) FILTER (WHERE x.started_at <= %(now)s::timestamptz - s.recovery_window)
+                   AS stale_running_tasks
+          FROM llm.executions AS x CROSS JOIN s
+         WHERE x.status = 'running'
+           AND (%(organization_ids)s::uuid[] IS NULL OR x.organization_id = ANY (%(organization_ids)s::uuid[])))
+           AS x
 """
 
 # The stale open requests by their organization's status, what every sweep ever

@@ -209,7 +209,6 @@ END
 $$;
 COMMENT ON FUNCTION llm._check_call(uuid, timestamptz, text, uuid) IS
     'Raises 22023 for a NULL organization id, an unusable clock, or (when p_what names it) a NULL id of the row the call acts on.';
-DROP FUNCTION IF EXISTS llm._require_invocation_id(uuid);  -- folded into _check_call
 
 CREATE OR REPLACE FUNCTION llm._raise_unknown_invocation(p_organization_id uuid, p_invocation_id uuid)
 RETURNS void
