@@ -480,9 +480,9 @@ def reconcile(
             sweep = Llm(conn).reconcile_org(organization_id, now=now, batch=batch)
         if as_json:
             _echo_json(dataclasses.asdict(sweep))
-            return
-        click.echo(f"organization {sweep.organization_id} swept")
-        click.echo(_figures(_sweep_figures(sweep, of_run=False)))
+        else:
+            click.echo(f"organization {sweep.organization_id} swept")
+            click.echo(_figures(_sweep_figures(sweep, of_run=False)))
         return
 
     if progress is None:
@@ -494,27 +494,28 @@ def reconcile(
             run = Llm(conn).run_reconciliation(now=now, batch=batch)
     if run is None:
         raise Failure("the pass recorded no llm.reconciliation_runs row", EXIT_ERROR)
+    _echo_run(run, as_json)
+    _exit(EXIT_OK if run.status == "succeeded" else EXIT_PROBLEM)
 
-    code = EXIT_OK if run.status == "succeeded" else EXIT_PROBLEM
+
+def _echo_run(run: Any, as_json: bool) -> None:
+    """A pass's llm.reconciliation_runs row: its figures and errors, or as JSON."""
     if as_json:
         _echo_json(dataclasses.asdict(run))
-        _exit(code)
+        return
     duration = (run.finished_at - run.started_at).total_seconds() if run.finished_at else 0.0
     click.echo(
         f"pass {run.id} {run.status} in {duration:.2f} s (clock {run.clock:%Y-%m-%d %H:%M:%S %Z})"
     )
     if run.status == "skipped":
         click.echo("  another reconciliation pass is running; this one did nothing")
-    else:
-        click.echo(_figures(_sweep_figures(run, of_run=True)))
+        return
+    click.echo(_figures(_sweep_figures(run, of_run=True)))
     for error in run.errors:
-        if run.status == "skipped":
-            continue
         where = " ".join(
             f"{k}={error[k]}" for k in ("step", "organization_id", "sqlstate") if error.get(k)
         )
         click.echo(f"  error: {where}: {error.get('error')}")
-    _exit(code)
 
 
 # ----------------------------------------------------------- health

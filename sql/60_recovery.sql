@@ -78,6 +78,8 @@ $$;
 COMMENT ON FUNCTION llm._abandon_stale_tasks(uuid, timestamptz, timestamptz) IS
     'Marks the organization''s tasks running since p_cutoff or earlier abandoned at p_now (no duration, totals kept); returns how many.';
 
+-- Long on purpose: one lock order (requests, tasks, periods, notices), written as its
+-- numbered statements in that order over the same batch (v_ids), read top to bottom.
 CREATE OR REPLACE FUNCTION llm._recover_stranded(
     p_organization_id uuid, p_now timestamptz, p_cutoff timestamptz, p_batch integer,
     p_recovery_charge text, INOUT p_sweep llm.org_sweep)
