@@ -58,10 +58,10 @@ $$;
 COMMENT ON FUNCTION llm._record_crossings(uuid, date, bigint, bigint, bigint, timestamptz) IS
     'Creates one owed notice per threshold crossed when used credits moved from p_old_used to p_new_used; at most one per (organization, period, threshold); NOTIFY llm_notices at commit when it created one.';
 
--- The one place an invocation becomes terminal: status, task totals, then its
+-- The booking of an invocation just made terminal: status, task totals, then its
 -- stripe of the period (and, on the exact path, the period's notices), in that
--- lock order. The caller has locked the invocation row (UPDATE ... WHERE status
--- IN ('reserved','dispatched')). Its ledger rows are derived (llm.ledger).
+-- lock order. The caller has locked the invocation row (_end_invocation's UPDATE
+-- ... WHERE status IN ('reserved','dispatched')). Its ledger rows are derived (llm.ledger).
 CREATE OR REPLACE FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -85,6 +85,38 @@ END
 $$;
 COMMENT ON FUNCTION llm._book_terminal(llm.invocations, timestamptz) IS
     'Books a just-terminated invocation: its task''s totals, then its stripe''s movement (charge in, hold out) and the threshold notices the period crosses.';
+
+-- A live request ends here, settled (measured) or failed: compare-and-set on its
+-- open status (a concurrent settlement or recovery wins, and this returns false),
+-- then booked in the same transaction. Recovery ends its batch in 60_recovery.sql.
+CREATE OR REPLACE FUNCTION llm._end_invocation(
+    p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text,
+    p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_inv llm.invocations;
+BEGIN
+    UPDATE llm.invocations AS i
+       SET status = p_status,
+           settlement_kind = CASE WHEN p_status = 'settled' THEN 'measured' END,
+           settled_at = p_now, error = p_error,
+           charged_credits = p_credits, charged_cents = p_cents,
+           input_tokens = p_input_tokens, output_tokens = p_output_tokens
+     WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id
+       AND i.status IN ('reserved', 'dispatched')
+    RETURNING i.* INTO v_inv;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM llm._book_terminal(v_inv, p_now);
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION llm._end_invocation(uuid, uuid, text, text, bigint, bigint, bigint, bigint, timestamptz) IS
+    'Ends an open (reserved or dispatched) invocation as settled (measured) or failed with its charge and books it; false when it was no longer open.';
 
 -- A recovered request trued up to its late measured settlement: the signed
 -- difference moves its task, its own period (a closed month too) and the daily
@@ -160,15 +192,8 @@ DECLARE
     v_outcome text;
     v_policy text;
 BEGIN
-    UPDATE llm.invocations AS i
-       SET status = 'settled', settlement_kind = 'measured', settled_at = p_now,
-           charged_credits = p_credits, charged_cents = p_cents,
-           input_tokens = p_input_tokens, output_tokens = p_output_tokens
-     WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id
-       AND i.status IN ('reserved', 'dispatched')
-    RETURNING i.* INTO v_inv;
-    IF FOUND THEN
-        PERFORM llm._book_terminal(v_inv, p_now);
+    IF llm._end_invocation(p_organization_id, p_invocation_id, 'settled', NULL, p_credits, p_cents,
+                           p_input_tokens, p_output_tokens, p_now) THEN
         RETURN 'settled';
     END IF;
 
@@ -241,17 +266,9 @@ RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, llm, pg_temp
 AS $$
-DECLARE
-    v_inv llm.invocations;
 BEGIN
-    UPDATE llm.invocations AS i
-       SET status = 'failed', settled_at = p_now, error = p_error,
-           charged_credits = p_credits, charged_cents = p_cents
-     WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id
-       AND i.status IN ('reserved', 'dispatched')
-    RETURNING i.* INTO v_inv;
-    IF FOUND THEN
-        PERFORM llm._book_terminal(v_inv, p_now);
+    IF llm._end_invocation(p_organization_id, p_invocation_id, 'failed', p_error, p_credits, p_cents,
+                           NULL, NULL, p_now) THEN
         RETURN 'failed';
     END IF;
     RETURN llm._terminal_outcome(p_organization_id, p_invocation_id);
