@@ -287,15 +287,21 @@ def http_client(timeout: float) -> httpx.Client:
     )
 
 
+def _signed(notice: Notice, secrets: Sequence[str]) -> dict[str, Any]:
+    """The body and headers of one POST of ``notice``, signed now (``webhook-timestamp``
+    is the moment of sending)."""
+    body = notice_body(notice)
+    return {"content": body, "headers": {"Content-Type": "application/json",
+                                         **webhook_headers(str(notice.id), body, secrets)}}  # fmt: skip
+
+
 def post_notice(
     http: httpx.Client, url: str, notice: Notice, secrets: Sequence[str], timeout: float
 ) -> Attempt:
     """POST one notice, freshly signed (``webhook-timestamp`` is the moment of sending)."""
     httpx = require("httpx")
-    body = notice_body(notice)
-    headers = {"Content-Type": "application/json", **webhook_headers(str(notice.id), body, secrets)}
     try:
-        with http.stream("POST", url, content=body, headers=headers) as response:
+        with http.stream("POST", url, **_signed(notice, secrets)) as response:
             snippet = b""
             if not response.is_success:
                 for chunk in response.iter_bytes():
@@ -311,10 +317,8 @@ async def _apost_notice(
     http: httpx.AsyncClient, url: str, notice: Notice, secrets: Sequence[str], timeout: float
 ) -> Attempt:
     httpx = require("httpx")
-    body = notice_body(notice)
-    headers = {"Content-Type": "application/json", **webhook_headers(str(notice.id), body, secrets)}
     try:
-        async with http.stream("POST", url, content=body, headers=headers) as response:
+        async with http.stream("POST", url, **_signed(notice, secrets)) as response:
             snippet = b""
             if not response.is_success:
                 async for chunk in response.aiter_bytes():
