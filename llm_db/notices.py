@@ -391,7 +391,7 @@ def deliver_claimed(
         if should_stop is not None and should_stop():
             return tally.summary(), list(notices[index:])
         started = time.monotonic()
-        attempt = None
+        attempt: Attempt | None = None
         for n in range(tally.attempts(max_attempts_per_run)):
             if n and pause > 0:
                 time.sleep(pause)
@@ -463,7 +463,7 @@ async def async_deliver_notices(
         notices = await client.claim_notices(limit=limit, now=now)
         tally = _Tally(len(notices))
         for notice in notices:
-            attempt = None
+            attempt: Attempt | None = None
             for n in range(tally.attempts(max_attempts_per_run)):
                 if n and pause > 0:
                     await asyncio.sleep(pause)
