@@ -185,6 +185,13 @@ CREATE FUNCTION llm._check_deadline(p_organization_id uuid, p_deadline timestamp
 
 COMMENT ON FUNCTION llm._check_deadline(p_organization_id uuid, p_deadline timestamp with time zone, p_step text) IS 'Raises 57014 (column org_time_budget of llm.settings in its diagnostics) when clock_timestamp() is past p_deadline: the bound on one organization''s sweep, checked between its statements.';
 
+CREATE FUNCTION llm._check_retry(p_message text, p_format text, p_stored text[], p_given text[], p_hint text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 ea4774bd5b152ad86f157aad60383833 $$;
+
+COMMENT ON FUNCTION llm._check_retry(p_message text, p_format text, p_stored text[], p_given text[], p_hint text) IS 'Raises LL007 (DETAIL: stored and given, each in p_format) when a retry''s arguments differ from the first call''s.';
+
 CREATE FUNCTION llm._check_text(p_name text, p_value text, p_max integer, p_nullable boolean DEFAULT false) RETURNS void
     LANGUAGE plpgsql IMMUTABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -369,7 +376,7 @@ COMMENT ON FUNCTION llm._notify_notices_owed(p_reason text) IS 'NOTIFY llm_notic
 CREATE FUNCTION llm._open_execution(p_organization_id uuid, p_task_key text, p_subject_type text, p_subject_id text, p_replay_key text, p_now timestamp with time zone) RETURNS TABLE(execution_id uuid, status text, replayed boolean)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 9bc3309a97f7ee9dce2a61ed8bd0f852 $$;
+    AS $$ body in sql/, md5 2ed87d7cc11b0a5718d09406c332c749 $$;
 
 COMMENT ON FUNCTION llm._open_execution(p_organization_id uuid, p_task_key text, p_subject_type text, p_subject_id text, p_replay_key text, p_now timestamp with time zone) IS 'Distributed twin of open_execution; arguments already checked.';
 
@@ -536,7 +543,7 @@ COMMENT ON FUNCTION llm._run_org(p_run_id uuid, p_token uuid, p_organization_id 
 CREATE FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid) RETURNS llm.invocations
     LANGUAGE plpgsql IMMUTABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 74725f79ecc63cab8a65b4a1e4ffe35c $$;
+    AS $$ body in sql/, md5 a5f424fc58edaa8bddf75ed7f37e1807 $$;
 
 COMMENT ON FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid) IS 'Returns the stored invocation when a retried admission repeats its arguments, else raises LL007.';
 
@@ -1080,6 +1087,8 @@ REVOKE ALL ON FUNCTION llm._check_clock(p_now timestamp with time zone) FROM PUB
 GRANT ALL ON FUNCTION llm._check_clock(p_now timestamp with time zone) TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm._check_deadline(p_organization_id uuid, p_deadline timestamp with time zone, p_step text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._check_retry(p_message text, p_format text, p_stored text[], p_given text[], p_hint text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._check_text(p_name text, p_value text, p_max integer, p_nullable boolean) FROM PUBLIC;
 

@@ -87,16 +87,12 @@ LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
-    IF p_inv.estimate_credits IS DISTINCT FROM p_estimate_credits
-       OR p_inv.model IS DISTINCT FROM p_model
-       OR p_inv.execution_id IS DISTINCT FROM p_execution_id THEN
-        RAISE EXCEPTION 'llm: invocation % was admitted with different arguments', p_inv.id
-            USING ERRCODE = 'LL007',
-                  DETAIL = pg_catalog.format('stored: estimate=%s model=%s execution=%s; given: estimate=%s model=%s execution=%s',
-                                             p_inv.estimate_credits, p_inv.model, p_inv.execution_id,
-                                             p_estimate_credits, p_model, p_execution_id),
-                  HINT = 'Use a new invocation id for a new request; reuse an id only to retry the same one.';
-    END IF;
+    PERFORM llm._check_retry(
+        pg_catalog.format('llm: invocation %s was admitted with different arguments', p_inv.id),
+        'estimate=%s model=%s execution=%s',
+        ARRAY[p_inv.estimate_credits::text, p_inv.model, p_inv.execution_id::text],
+        ARRAY[p_estimate_credits::text, p_model, p_execution_id::text],
+        'Use a new invocation id for a new request; reuse an id only to retry the same one.');
     RETURN p_inv;
 END
 $$;
