@@ -125,7 +125,7 @@ COMMENT ON FUNCTION llm._audit_org(p_organization_id uuid, p_now timestamp with 
 CREATE FUNCTION llm._audits_due(p_now timestamp with time zone) RETURNS uuid[]
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 5b2b87e6f7a902c47af534d341fa658b $$;
+    AS $$ body in sql/, md5 55a93746f99a45169536ac665df8864b $$;
 
 COMMENT ON FUNCTION llm._audits_due(p_now timestamp with time zone) IS 'The operational organizations whose periods are due for their daily audit at p_now, in id order.';
 
@@ -164,6 +164,13 @@ CREATE FUNCTION llm._check_amount(p_name text, p_value bigint, p_nullable boolea
 
 COMMENT ON FUNCTION llm._check_amount(p_name text, p_value bigint, p_nullable boolean) IS 'Raises 22023 unless p_value is a non-negative amount no larger than _max_amount() (NULL allowed only when p_nullable).';
 
+CREATE FUNCTION llm._check_call(p_organization_id uuid, p_now timestamp with time zone, p_what text DEFAULT NULL::text, p_id uuid DEFAULT NULL::uuid) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 6110e732efc99c1f50edacca94e65342 $$;
+
+COMMENT ON FUNCTION llm._check_call(p_organization_id uuid, p_now timestamp with time zone, p_what text, p_id uuid) IS 'Raises 22023 for a NULL organization id, an unusable clock, or (when p_what names it) a NULL id of the row the call acts on.';
+
 CREATE FUNCTION llm._check_clock(p_now timestamp with time zone) RETURNS void
     LANGUAGE plpgsql IMMUTABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -177,6 +184,13 @@ CREATE FUNCTION llm._check_deadline(p_organization_id uuid, p_deadline timestamp
     AS $$ body in sql/, md5 6612d423d7fe73273bc9fbaec369bcc7 $$;
 
 COMMENT ON FUNCTION llm._check_deadline(p_organization_id uuid, p_deadline timestamp with time zone, p_step text) IS 'Raises 57014 (column org_time_budget of llm.settings in its diagnostics) when clock_timestamp() is past p_deadline: the bound on one organization''s sweep, checked between its statements.';
+
+CREATE FUNCTION llm._check_retry(p_message text, p_format text, p_stored text[], p_given text[], p_hint text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 ea4774bd5b152ad86f157aad60383833 $$;
+
+COMMENT ON FUNCTION llm._check_retry(p_message text, p_format text, p_stored text[], p_given text[], p_hint text) IS 'Raises LL007 (DETAIL: stored and given, each in p_format) when a retry''s arguments differ from the first call''s.';
 
 CREATE FUNCTION llm._check_text(p_name text, p_value text, p_max integer, p_nullable boolean DEFAULT false) RETURNS void
     LANGUAGE plpgsql IMMUTABLE
@@ -212,6 +226,13 @@ CREATE FUNCTION llm._complete_notice(p_organization_id uuid, p_notice_id uuid, p
 
 COMMENT ON FUNCTION llm._complete_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) IS 'Distributed twin of complete_notice; arguments already checked.';
 
+CREATE FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 52b2823c7cac1516ca069693dc45e473 $$;
+
+COMMENT ON FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) IS 'Ends an open (reserved or dispatched) invocation as settled (measured) or failed with its charge and books it; false when it was no longer open.';
+
 CREATE FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -222,7 +243,7 @@ COMMENT ON FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start da
 CREATE FUNCTION llm._fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone) RETURNS text
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 cc5fa6f4b48bd923cb8dd7b886ba448d $$;
+    AS $$ body in sql/, md5 ae16f68dfdbd276ac6640e6e2370b305 $$;
 
 COMMENT ON FUNCTION llm._fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone) IS 'Distributed twin of fail_invocation; arguments already checked.';
 
@@ -355,7 +376,7 @@ COMMENT ON FUNCTION llm._notify_notices_owed(p_reason text) IS 'NOTIFY llm_notic
 CREATE FUNCTION llm._open_execution(p_organization_id uuid, p_task_key text, p_subject_type text, p_subject_id text, p_replay_key text, p_now timestamp with time zone) RETURNS TABLE(execution_id uuid, status text, replayed boolean)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 9bc3309a97f7ee9dce2a61ed8bd0f852 $$;
+    AS $$ body in sql/, md5 2ed87d7cc11b0a5718d09406c332c749 $$;
 
 COMMENT ON FUNCTION llm._open_execution(p_organization_id uuid, p_task_key text, p_subject_type text, p_subject_id text, p_replay_key text, p_now timestamp with time zone) IS 'Distributed twin of open_execution; arguments already checked.';
 
@@ -397,7 +418,7 @@ COMMENT ON FUNCTION llm._operational_org(p_organization_id uuid) IS 'The organiz
 CREATE FUNCTION llm._pass_organizations() RETURNS uuid[]
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 3dde70718c588c5b2766a9086045cba2 $$;
+    AS $$ body in sql/, md5 10917fd226a15613f8466fc92a750362 $$;
 
 COMMENT ON FUNCTION llm._pass_organizations() IS 'The operational organizations a pass visits, in id order.';
 
@@ -484,13 +505,6 @@ CREATE FUNCTION llm._require_cron(p_schedule text) RETURNS void
 
 COMMENT ON FUNCTION llm._require_cron(p_schedule text) IS 'Raises LL010 when pg_cron is not installed in this database, with a HINT that schedules the pass from the cron database.';
 
-CREATE FUNCTION llm._require_invocation_id(p_invocation_id uuid) RETURNS void
-    LANGUAGE plpgsql IMMUTABLE
-    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 839326bf59eeee9a4abd6c85aecf6c8b $$;
-
-COMMENT ON FUNCTION llm._require_invocation_id(p_invocation_id uuid) IS 'Raises 22023 for a NULL invocation id.';
-
 CREATE FUNCTION llm._require_notice(p_organization_id uuid, p_notice_id uuid) RETURNS void
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -529,7 +543,7 @@ COMMENT ON FUNCTION llm._run_org(p_run_id uuid, p_token uuid, p_organization_id 
 CREATE FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid) RETURNS llm.invocations
     LANGUAGE plpgsql IMMUTABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 74725f79ecc63cab8a65b4a1e4ffe35c $$;
+    AS $$ body in sql/, md5 a5f424fc58edaa8bddf75ed7f37e1807 $$;
 
 COMMENT ON FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid) IS 'Returns the stored invocation when a retried admission repeats its arguments, else raises LL007.';
 
@@ -592,7 +606,7 @@ COMMENT ON FUNCTION llm._settings() IS 'The one settings row.';
 CREATE FUNCTION llm._settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) RETURNS text
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 b9a3a5f30b577100e7f321aff490f905 $$;
+    AS $$ body in sql/, md5 6040fc0a5925e155d72a77720218d214 $$;
 
 COMMENT ON FUNCTION llm._settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) IS 'Distributed twin of settle_invocation; arguments already checked.';
 
@@ -626,7 +640,7 @@ COMMENT ON FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text
 CREATE FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid DEFAULT NULL::uuid, p_invocation_id uuid DEFAULT NULL::uuid, p_now timestamp with time zone DEFAULT now()) RETURNS llm.invocations
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 6ba9c7df689f2f7e5cf208c776444645 $$;
+    AS $$ body in sql/, md5 4dc3d5ebd49a015523ff12020a21b6b8 $$;
 
 COMMENT ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone) IS 'Admits a request iff used + held + estimate <= allowance and places its hold on the current period (LL001 otherwise); a repeated p_invocation_id with the same arguments returns the first admission, with different ones LL007.';
 
@@ -667,14 +681,14 @@ COMMENT ON FUNCTION llm.claim_notices(p_limit integer, p_now timestamp with time
 CREATE FUNCTION llm.close_execution(p_organization_id uuid, p_execution_id uuid, p_outcome text, p_error text DEFAULT NULL::text, p_now timestamp with time zone DEFAULT now()) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 5acfb96ce63034940140b28bdc828758 $$;
+    AS $$ body in sql/, md5 156fb6ee717cd78d49f621d0e14b3a92 $$;
 
 COMMENT ON FUNCTION llm.close_execution(p_organization_id uuid, p_execution_id uuid, p_outcome text, p_error text, p_now timestamp with time zone) IS 'Closes a running task as completed or failed, stamping ended_at and duration_ms and keeping its totals; false when it was no longer running (a closed task never reopens). LL009 for any other outcome.';
 
 CREATE FUNCTION llm.complete_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone DEFAULT now()) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 80385aaa61d7c3f6e3eea2d4d25f49b9 $$;
+    AS $$ body in sql/, md5 eb0391c2413261bc372d069eacefe4ba $$;
 
 COMMENT ON FUNCTION llm.complete_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) IS 'Marks a claimed notice sent (sending -> sent); false when it was not being sent (already sent, or re-armed).';
 
@@ -695,28 +709,28 @@ COMMENT ON FUNCTION llm.distribute(p_shard_count integer) IS 'Under Citus: refer
 CREATE FUNCTION llm.fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint DEFAULT 0, p_cents bigint DEFAULT 0, p_now timestamp with time zone DEFAULT now()) RETURNS text
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 201cef5a88bacdac91405d91aff79303 $$;
+    AS $$ body in sql/, md5 a881c1d2bc513f5a1c872e4220f2b337 $$;
 
 COMMENT ON FUNCTION llm.fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone) IS 'Fails a request: releases its hold and charges the optional partial usage once. Returns failed, or already_settled / already_recovered / already_failed with nothing changed.';
 
 CREATE FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamp with time zone DEFAULT now()) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 88c25b24b7c489a4ba16aa6d7e18a107 $$;
+    AS $$ body in sql/, md5 a9ba01dcc9d213f3c72972c4cacc06aa $$;
 
 COMMENT ON FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamp with time zone) IS 'Returns a claimed notice to owed with its error and an exponential backoff (base * 2^(attempts-1), capped by settings; NOTIFY llm_notices); false when it was not being sent.';
 
 CREATE FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone DEFAULT now()) RETURNS llm.invocations
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 d70a7e821cc8b1108e69d021e4f84804 $$;
+    AS $$ body in sql/, md5 d191d0580f9bd40c1b7a6963d53cef3c $$;
 
 COMMENT ON FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) IS 'Marks a reserved request as sent to the provider (idempotent when already dispatched); LL009 when it is already terminal.';
 
 CREATE FUNCTION llm.open_execution(p_organization_id uuid, p_task_key text, p_subject_type text DEFAULT NULL::text, p_subject_id text DEFAULT NULL::text, p_replay_key text DEFAULT NULL::text, p_now timestamp with time zone DEFAULT now()) RETURNS TABLE(execution_id uuid, status text, replayed boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 cbabef61caa462e5c17fcbe05ca053a2 $$;
+    AS $$ body in sql/, md5 93fcb079d46ffadd2eaf234813ad4ae4 $$;
 
 COMMENT ON FUNCTION llm.open_execution(p_organization_id uuid, p_task_key text, p_subject_type text, p_subject_id text, p_replay_key text, p_now timestamp with time zone) IS 'Opens a running task of a declared kind (LL004 otherwise). A replay key is unique per organization: opening it again returns the earlier task, whatever its status, with replayed = true; with a different task or subject, LL007.';
 
@@ -737,7 +751,7 @@ COMMENT ON FUNCTION llm.rebuild_daily_usage(p_from date, p_to date) IS 'Recomput
 CREATE FUNCTION llm.reconcile_org(p_organization_id uuid, p_now timestamp with time zone DEFAULT now(), p_batch integer DEFAULT NULL::integer, p_run_id uuid DEFAULT NULL::uuid) RETURNS llm.org_sweep
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 5388613fb6568c981003c2dd2808fd15 $$;
+    AS $$ body in sql/, md5 5b85e86b4402f6f255a62350247ed981 $$;
 
 COMMENT ON FUNCTION llm.reconcile_org(p_organization_id uuid, p_now timestamp with time zone, p_batch integer, p_run_id uuid) IS 'One organization''s recovery sweep in one transaction: abandons tasks running past the recovery window, recovers up to p_batch stranded requests at their estimate (oldest first), refreshes drift findings; returns its figures with more_pending. Bounded: 55P03 after settings.org_lock_timeout waiting for a lock, 57014 past settings.org_time_budget.';
 
@@ -751,7 +765,7 @@ COMMENT ON FUNCTION llm.reconciliation_health(p_now timestamp with time zone) IS
 CREATE FUNCTION llm.release_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone DEFAULT now()) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 e1ae655b341c741e885575244d46eb8c $$;
+    AS $$ body in sql/, md5 a75096098a3644a22919a7cb197b926b $$;
 
 COMMENT ON FUNCTION llm.release_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) IS 'Gives a claimed notice back unsent (sending -> owed, due at p_now, no attempt counted, NOTIFY llm_notices): a worker shutting down; false when it was not being sent.';
 
@@ -785,7 +799,7 @@ COMMENT ON FUNCTION llm.set_recovery_policy(p_organization_id uuid, p_recovery_c
 CREATE FUNCTION llm.settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint DEFAULT NULL::bigint, p_output_tokens bigint DEFAULT NULL::bigint, p_now timestamp with time zone DEFAULT now()) RETURNS text
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 1debcf5a3b15d3a3d82d8bc2c14aa88b $$;
+    AS $$ body in sql/, md5 bd0ffc331781ea1b09aab16d3a75a361 $$;
 
 COMMENT ON FUNCTION llm.settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) IS 'Settles a request with measured usage: charges it once, releases its hold, moves its own period, adds to its task and records crossed thresholds. Returns settled, or already_settled / already_recovered / already_failed with nothing charged; under late_settlement = true_up the first measured settlement of a recovered request returns trued_up and moves the books by the signed difference.';
 
@@ -799,7 +813,7 @@ COMMENT ON FUNCTION llm.unschedule_reconciliation() IS 'Removes the pg_cron job 
 CREATE FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text DEFAULT 'operational'::text, p_notice_thresholds integer[] DEFAULT '{80,100}'::integer[], p_now timestamp with time zone DEFAULT now()) RETURNS llm.organizations
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 19e664e9d1df321349a03d22916cc603 $$;
+    AS $$ body in sql/, md5 01c0c41a2405d258c90dc9fc40260ce3 $$;
 
 COMMENT ON FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) IS 'Creates or updates an organization; a changed allowance (NULL = unlimited) also applies to the period containing p_now.';
 
@@ -1067,10 +1081,14 @@ REVOKE ALL ON FUNCTION llm._bound_locks() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._check_amount(p_name text, p_value bigint, p_nullable boolean) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._check_call(p_organization_id uuid, p_now timestamp with time zone, p_what text, p_id uuid) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._check_clock(p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm._check_clock(p_now timestamp with time zone) TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm._check_deadline(p_organization_id uuid, p_deadline timestamp with time zone, p_step text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._check_retry(p_message text, p_format text, p_stored text[], p_given text[], p_hint text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._check_text(p_name text, p_value text, p_max integer, p_nullable boolean) FROM PUBLIC;
 
@@ -1081,6 +1099,8 @@ REVOKE ALL ON FUNCTION llm._clock_ok(p_now timestamp with time zone) FROM PUBLIC
 REVOKE ALL ON FUNCTION llm._close_execution(p_organization_id uuid, p_execution_id uuid, p_outcome text, p_error text, p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._complete_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date) FROM PUBLIC;
 
@@ -1150,8 +1170,6 @@ REVOKE ALL ON FUNCTION llm._release_notice(p_organization_id uuid, p_notice_id u
 REVOKE ALL ON FUNCTION llm._renew_lease(p_run_id uuid, p_token uuid) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._require_cron(p_schedule text) FROM PUBLIC;
-
-REVOKE ALL ON FUNCTION llm._require_invocation_id(p_invocation_id uuid) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._require_notice(p_organization_id uuid, p_notice_id uuid) FROM PUBLIC;
 

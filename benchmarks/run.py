@@ -274,6 +274,9 @@ def run_args(sizes: Sizes, *extra: str, seconds: int | None = None) -> list[str]
 
 
 def bench_throughput(target: Target, sizes: Sizes, profiler: Profiler) -> tuple[list[Row], dict[str, Any]]:
+    # Long on purpose: the order of its runs is part of the measurement (warm-up first,
+    # the spread cycle before and after the hot ones, the WAL-heavy baseline last), so
+    # it stays one script read top to bottom, each run logged as it goes.
     log(f"pgbench baseline database: init -s {sizes.pgbench_scale}")
     target.create_database("pgbench")
     _pgbench_init(target, sizes)
@@ -444,6 +447,8 @@ def _pgbench_init(target: Target, sizes: Sizes) -> None:
 
 
 def bench_recovery(target: Target, sizes: Sizes, profiler: Profiler) -> tuple[list[Row], dict[str, Any]]:
+    # Long on purpose: one load, then rounds alternating the bare UPDATE and the passes
+    # on fresh copies of it; the comparison needs both sides of each round in one place.
     total = sizes.recovery_orgs * sizes.recovery_per_org
     log(f"recovery: loading {total:,} stranded requests over {sizes.recovery_orgs} organizations")
     new_llm_database(target, "recovery")
@@ -620,6 +625,8 @@ def interleaved_passes(target: Target, names: Sequence[str], repeats: int,
 
 
 def bench_pass(target: Target, sizes: Sizes, fast: bool) -> tuple[list[Row], dict[str, Any]]:
+    # Long on purpose: one database grown step by step (history, drift window, busy
+    # month), each step measured on what the previous ones loaded; read top to bottom.
     log(f"idle pass: {sizes.pass_orgs:,} operational organizations")
     new_llm_database(target, "pass")
     # The passes' clock: the 15th of this month, an hour later each pass (PassClock), so
@@ -849,7 +856,7 @@ def _git_state() -> dict[str, Any]:
     return {"commit": git("rev-parse", "--short", "HEAD"), "uncommitted_sql": changed.splitlines()}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
     parser.add_argument("--dsn", help="use this server (creates and drops llmbench_* databases) "
                         "instead of starting an ephemeral one")  # fmt: skip
@@ -865,7 +872,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="record pg_stat_statements (track=all) per scenario into the JSON")  # fmt: skip
     parser.add_argument("--only", choices=["throughput", "recovery", "pass"], action="append",
                         help="run only these scenario groups (repeatable)")  # fmt: skip
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _arguments(argv)
     sizes = QUICK if args.quick else FULL
     groups = args.only or ["throughput", "recovery", "pass"]
     # a smoke run never overwrites the committed figures
@@ -923,6 +934,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     log(f"wrote {args.json}")
+    _plots(args, sizes, details)
+    return 0
+
+
+def _plots(args: argparse.Namespace, sizes: Sizes, details: dict[str, Any]) -> None:
+    """The pass's cost over history and the request rate over stripes, as PNGs."""
     if "pass" in details:
         series = [("idle pass, wall clock", [p["history"] for p in details["pass"]["points"]],
                    [min(p["times"]) for p in details["pass"]["points"]])]  # fmt: skip
@@ -945,7 +962,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                      simple_update=details["throughput"]["simple_update"]["tps"], clients=sizes.clients,
                      note=f"pgbench, {sizes.pgbench_seconds} s per point; fsync on; {os.cpu_count()} CPUs")  # fmt: skip
         log(f"wrote {args.stripes_png}")
-    return 0
 
 
 if __name__ == "__main__":

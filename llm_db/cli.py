@@ -357,19 +357,34 @@ def migrate(dsn: str | None) -> None:
 # ----------------------------------------------------------- reconcile
 
 
-def _run_figures(run: Any) -> list[tuple[str, Any]]:
-    return [
-        ("organizations visited", run.orgs_visited),
-        ("organizations failed", run.orgs_failed),
-        ("requests recovered", run.requests_recovered),
-        ("hold credits released", run.released_hold_credits),
-        ("past-window alerts", run.past_window_alerts),
-        ("tasks abandoned", run.executions_abandoned),
-        ("drift findings", run.drift_findings),
-        ("notices re-armed", run.notices_rearmed),
-        ("daily usage rows rebuilt", run.daily_rows_rebuilt),
-        ("organizations with more pending", run.more_pending_orgs),
-    ]
+# The figures of a pass (llm.reconciliation_runs) and of one organization's sweep
+# (llm.org_sweep), each labelled once: (label, field of the run, field of the sweep),
+# None where one of them has no such figure; printed in this order.
+_SWEEP_FIGURES = (
+    ("organizations visited", "orgs_visited", None),
+    ("organizations failed", "orgs_failed", None),
+    ("requests recovered", "requests_recovered", "recovered_requests"),
+    ("hold credits released", "released_hold_credits", "released_hold_credits"),
+    ("past-window alerts", "past_window_alerts", "past_window_alerts"),
+    ("tasks abandoned", "executions_abandoned", "abandoned_executions"),
+    ("drift findings", "drift_findings", "drift_findings"),
+    ("notices created", None, "notices_created"),
+    ("notices re-armed", "notices_rearmed", None),
+    ("daily usage rows rebuilt", "daily_rows_rebuilt", None),
+    ("organizations with more pending", "more_pending_orgs", None),
+    ("more pending", None, "more_pending"),
+)
+
+
+def _sweep_figures(row: Any, *, of_run: bool) -> list[tuple[str, Any]]:
+    """The labelled figures of a pass's run row (``of_run``) or of one sweep."""
+    pairs = []
+    for label, run_field, sweep_field in _SWEEP_FIGURES:
+        field = run_field if of_run else sweep_field
+        if field is not None:
+            value = getattr(row, field)
+            pairs.append((label, ("yes" if value else "no") if isinstance(value, bool) else value))
+    return pairs
 
 
 def _pass_with_progress(dsn: str, now: datetime | None, batch: int | None) -> Any:
@@ -465,21 +480,9 @@ def reconcile(
             sweep = Llm(conn).reconcile_org(organization_id, now=now, batch=batch)
         if as_json:
             _echo_json(dataclasses.asdict(sweep))
-            return
-        click.echo(f"organization {sweep.organization_id} swept")
-        click.echo(
-            _figures(
-                [
-                    ("requests recovered", sweep.recovered_requests),
-                    ("hold credits released", sweep.released_hold_credits),
-                    ("past-window alerts", sweep.past_window_alerts),
-                    ("tasks abandoned", sweep.abandoned_executions),
-                    ("drift findings", sweep.drift_findings),
-                    ("notices created", sweep.notices_created),
-                    ("more pending", "yes" if sweep.more_pending else "no"),
-                ]
-            )
-        )
+        else:
+            click.echo(f"organization {sweep.organization_id} swept")
+            click.echo(_figures(_sweep_figures(sweep, of_run=False)))
         return
 
     if progress is None:
@@ -491,27 +494,28 @@ def reconcile(
             run = Llm(conn).run_reconciliation(now=now, batch=batch)
     if run is None:
         raise Failure("the pass recorded no llm.reconciliation_runs row", EXIT_ERROR)
+    _echo_run(run, as_json)
+    _exit(EXIT_OK if run.status == "succeeded" else EXIT_PROBLEM)
 
-    code = EXIT_OK if run.status == "succeeded" else EXIT_PROBLEM
+
+def _echo_run(run: Any, as_json: bool) -> None:
+    """A pass's llm.reconciliation_runs row: its figures and errors, or as JSON."""
     if as_json:
         _echo_json(dataclasses.asdict(run))
-        _exit(code)
+        return
     duration = (run.finished_at - run.started_at).total_seconds() if run.finished_at else 0.0
     click.echo(
         f"pass {run.id} {run.status} in {duration:.2f} s (clock {run.clock:%Y-%m-%d %H:%M:%S %Z})"
     )
     if run.status == "skipped":
         click.echo("  another reconciliation pass is running; this one did nothing")
-    else:
-        click.echo(_figures(_run_figures(run)))
+        return
+    click.echo(_figures(_sweep_figures(run, of_run=True)))
     for error in run.errors:
-        if run.status == "skipped":
-            continue
         where = " ".join(
             f"{k}={error[k]}" for k in ("step", "organization_id", "sqlstate") if error.get(k)
         )
         click.echo(f"  error: {where}: {error.get('error')}")
-    _exit(code)
 
 
 # ----------------------------------------------------------- health

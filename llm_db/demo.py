@@ -519,6 +519,9 @@ def _kv(label: str, text: str) -> str:
 def _demo(
     dsn: str, seed: int, workers: int, out: Out, *, embedded: dict[str, Any] | None
 ) -> dict[str, Any]:
+    # Long on purpose: the demo is a script told in numbered steps (the day of traffic,
+    # the pass 25 hours later, the books afterwards) on one connection; it reads top to
+    # bottom as the story it prints, and its steps share the figures they compare.
     # prepare_threshold=None: the demo also runs through PgBouncer's transaction pooling
     with psycopg.connect(
         dsn, autocommit=True, prepare_threshold=None, application_name="llm-db demo"

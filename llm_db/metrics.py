@@ -151,7 +151,14 @@ def collect(
     clock = server_clock(conn, now)
     if registry is None:
         registry = CollectorRegistry(auto_describe=True)
+    _health_gauges(conn, clock, registry)
+    _last_run_gauges(conn, clock, registry)
+    _books_gauges(conn, clock, registry)
+    return registry
 
+
+def _health_gauges(conn: psycopg.Connection, clock: datetime, registry: CollectorRegistry) -> None:
+    """llm.reconciliation_health(): the missing-run alarm."""
     health = Llm(conn).health(now=clock)
     gauge = Gauge(
         "llm_reconciliation_health",
@@ -167,6 +174,9 @@ def collect(
         registry=registry,
     ).set(0 if health.last_success_at is None else health.last_success_at.timestamp())
 
+
+def _last_run_gauges(conn: psycopg.Connection, clock: datetime, registry: CollectorRegistry) -> None:
+    """The last (not skipped) pass's llm.reconciliation_runs row."""
     # before the first pass every series is present, at 0 (documented above)
     run = last_run(conn, now=clock) or _NO_RUN
     Gauge(
@@ -200,6 +210,10 @@ def collect(
     for column, doc in RUN_FIGURES.items():
         Gauge(f"llm_reconciliation_last_run_{column}", doc, registry=registry).set(run[column])
 
+
+def _books_gauges(conn: psycopg.Connection, clock: datetime, registry: CollectorRegistry) -> None:
+    """What the next pass would act on, the stale requests by organization status, and
+    the sweeps' totals (counters)."""
     books = books_snapshot(conn, now=clock)
     for column, (name, doc) in SNAPSHOT_GAUGES.items():
         Gauge(name, doc, registry=registry).set(books[column])
@@ -224,7 +238,6 @@ def collect(
     Gauge("llm_period_findings", "Periods whose counters disagree with their requests (unresolved"
           " rows of llm.period_findings).", registry=registry).set(totals["period_findings"])  # fmt: skip
     registry.register(_SweepCounters(totals))
-    return registry
 
 
 class _SweepCounters:

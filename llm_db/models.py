@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping
+import types
+import typing
+from collections.abc import Callable, Mapping
 from datetime import date, datetime
 from typing import Any, Self
 from uuid import UUID
@@ -39,31 +41,47 @@ __all__ = [
 
 
 class _Row:
-    """Mixin: ``from_row`` picks this dataclass's fields out of a mapping by name."""
+    """Mixin: ``from_row`` picks this dataclass's fields out of a mapping by name.
+
+    The annotations say how a value is stored: a field annotated ``tuple[...]``
+    holds an SQL array as a tuple (frozen, hashable), one annotated with a
+    ``StrEnum`` holds that enum's member for the SQL text."""
 
     __slots__ = ()
 
-    # columns whose SQL array value is stored as a tuple (frozen, hashable)
-    _tuples: tuple[str, ...] = ()
-    # columns whose text value is one of a fixed set: stored as that enum's member
-    _enums: Mapping[str, type[enum.StrEnum]] = {}
-
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Self:
-        names = _FIELD_NAMES.get(cls)
-        if names is None:  # once per class: dataclasses.fields() builds a tuple on every call
-            names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+        columns = _COLUMNS.get(cls)
+        if columns is None:  # once per class: read the fields and their annotations
+            columns = _COLUMNS[cls] = _columns(cls)
+        names, converters = columns
         values = {name: row[name] for name in names}
-        for name in cls._tuples:
+        for name, convert in converters:
             if values[name] is not None:
-                values[name] = tuple(values[name])
-        for name, kind in cls._enums.items():
-            if values[name] is not None:
-                values[name] = kind(values[name])
+                values[name] = convert(values[name])
         return cls(**values)
 
 
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+Converter = Callable[[Any], Any]
+
+
+def _columns(cls: type) -> tuple[tuple[str, ...], tuple[tuple[str, Converter], ...]]:
+    """The field names, and how the non-NULL value of each field that is not kept as
+    is gets converted: ``tuple`` for ``tuple[...]``, the enum for a ``StrEnum``."""
+    hints = typing.get_type_hints(cls)
+    names = tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+    converters = []
+    for name in names:
+        hint = hints[name]
+        for member in typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,):
+            if typing.get_origin(member) is tuple:
+                converters.append((name, tuple))
+            elif isinstance(member, type) and issubclass(member, enum.StrEnum):
+                converters.append((name, member))
+    return names, tuple(converters)
+
+
+_COLUMNS: dict[type, tuple[tuple[str, ...], tuple[tuple[str, Converter], ...]]] = {}
 
 
 # The fixed sets of text values (docs/design.md, "Schema"). Each member compares equal
@@ -155,10 +173,6 @@ class Outcome(enum.StrEnum):
 class Organization(_Row):
     """A row of ``llm.organizations``; ``monthly_allowance_credits`` None is unlimited."""
 
-    _tuples = ("notice_thresholds",)
-    _enums = {"status": OrganizationStatus, "recovery_charge": RecoveryCharge,
-              "late_settlement": LateSettlement}  # fmt: skip
-
     id: UUID
     name: str
     status: OrganizationStatus
@@ -173,8 +187,6 @@ class Organization(_Row):
 @dataclasses.dataclass(frozen=True, slots=True)
 class Invocation(_Row):
     """A row of ``llm.invocations``: one model request and its hold."""
-
-    _enums = {"status": InvocationStatus, "settlement_kind": SettlementKind}
 
     organization_id: UUID
     id: UUID
@@ -210,8 +222,6 @@ class Invocation(_Row):
 class Execution(_Row):
     """What ``open_execution`` returned: the task, and whether a replay key found it."""
 
-    _enums = {"status": ExecutionStatus}
-
     execution_id: UUID
     status: ExecutionStatus
     replayed: bool
@@ -220,8 +230,6 @@ class Execution(_Row):
 @dataclasses.dataclass(frozen=True, slots=True)
 class Notice(_Row):
     """A row of ``llm.threshold_notices``: a crossed threshold owed to the webhook."""
-
-    _enums = {"status": NoticeStatus}
 
     organization_id: UUID
     id: UUID
@@ -257,8 +265,6 @@ class OrgSweep(_Row):
 class ReconciliationRun(_Row):
     """A row of ``llm.reconciliation_runs``: one pass."""
 
-    _enums = {"status": RunStatus}
-
     id: UUID
     started_at: datetime
     finished_at: datetime | None
@@ -283,8 +289,6 @@ class ReconciliationRun(_Row):
 @dataclasses.dataclass(frozen=True, slots=True)
 class Health(_Row):
     """``llm.reconciliation_health``: ok, late, never or failing, and why."""
-
-    _enums = {"status": HealthStatus, "last_run_status": RunStatus}
 
     status: HealthStatus
     last_success_at: datetime | None

@@ -287,15 +287,21 @@ def http_client(timeout: float) -> httpx.Client:
     )
 
 
+def _signed(notice: Notice, secrets: Sequence[str]) -> dict[str, Any]:
+    """The body and headers of one POST of ``notice``, signed now (``webhook-timestamp``
+    is the moment of sending)."""
+    body = notice_body(notice)
+    return {"content": body, "headers": {"Content-Type": "application/json",
+                                         **webhook_headers(str(notice.id), body, secrets)}}  # fmt: skip
+
+
 def post_notice(
     http: httpx.Client, url: str, notice: Notice, secrets: Sequence[str], timeout: float
 ) -> Attempt:
     """POST one notice, freshly signed (``webhook-timestamp`` is the moment of sending)."""
     httpx = require("httpx")
-    body = notice_body(notice)
-    headers = {"Content-Type": "application/json", **webhook_headers(str(notice.id), body, secrets)}
     try:
-        with http.stream("POST", url, content=body, headers=headers) as response:
+        with http.stream("POST", url, **_signed(notice, secrets)) as response:
             snippet = b""
             if not response.is_success:
                 for chunk in response.iter_bytes():
@@ -311,10 +317,8 @@ async def _apost_notice(
     http: httpx.AsyncClient, url: str, notice: Notice, secrets: Sequence[str], timeout: float
 ) -> Attempt:
     httpx = require("httpx")
-    body = notice_body(notice)
-    headers = {"Content-Type": "application/json", **webhook_headers(str(notice.id), body, secrets)}
     try:
-        async with http.stream("POST", url, content=body, headers=headers) as response:
+        async with http.stream("POST", url, **_signed(notice, secrets)) as response:
             snippet = b""
             if not response.is_success:
                 async for chunk in response.aiter_bytes():
@@ -341,6 +345,24 @@ class _Tally:
 
     def summary(self) -> DeliverySummary:
         return DeliverySummary(self.claimed, self.sent, self.failed, self.last_error)
+
+    def attempts(self, max_attempts_per_run: int) -> int:
+        """How many POSTs the next notice gets: none once the endpoint proved unreachable."""
+        return 0 if self.unreachable is not None else max(1, max_attempts_per_run)
+
+    def record(self, attempt: Attempt | None) -> Attempt:
+        """Counts a notice by its last attempt (None: it got no POST, which is returned
+        as its attempt); a failed one leaves its error in ``last_error``."""
+        if attempt is None:
+            attempt = Attempt(f"{_NOT_ATTEMPTED} ({self.unreachable})")
+        elif attempt.unreachable:
+            self.unreachable = attempt.error
+        if attempt.error is None:
+            self.sent += 1
+        else:
+            self.failed += 1
+            self.last_error = attempt.error[:MAX_ERROR_CHARS]
+        return attempt
 
 
 #: ``on_result(notice, attempt, seconds)`` after each notice was completed or failed
@@ -369,20 +391,14 @@ def deliver_claimed(
         if should_stop is not None and should_stop():
             return tally.summary(), list(notices[index:])
         started = time.monotonic()
-        if tally.unreachable is not None:
-            attempt = Attempt(f"{_NOT_ATTEMPTED} ({tally.unreachable})")
-        else:
-            for n in range(max(1, max_attempts_per_run)):
-                if n and pause > 0:
-                    time.sleep(pause)
-                attempt = post_notice(http, url, notice, secrets, timeout)
-                if attempt.error is None or not attempt.retry:
-                    break
-                if should_stop is not None and should_stop():
-                    break
-            if attempt.unreachable:
-                tally.unreachable = attempt.error
-        _record(tally, attempt)
+        attempt: Attempt | None = None
+        for n in range(tally.attempts(max_attempts_per_run)):
+            if n and pause > 0:
+                time.sleep(pause)
+            attempt = post_notice(http, url, notice, secrets, timeout)
+            if attempt.error is None or not attempt.retry or (should_stop is not None and should_stop()):
+                break
+        attempt = tally.record(attempt)
         if attempt.error is None:
             client.complete_notice(notice.organization_id, notice.id, now=now)
         else:
@@ -390,14 +406,6 @@ def deliver_claimed(
         if on_result is not None:
             on_result(notice, attempt, time.monotonic() - started)
     return tally.summary(), []
-
-
-def _record(tally: _Tally, attempt: Attempt) -> None:
-    if attempt.error is None:
-        tally.sent += 1
-    else:
-        tally.failed += 1
-        tally.last_error = attempt.error[:MAX_ERROR_CHARS]
 
 
 def deliver_notices(
@@ -455,22 +463,16 @@ async def async_deliver_notices(
         notices = await client.claim_notices(limit=limit, now=now)
         tally = _Tally(len(notices))
         for notice in notices:
-            if tally.unreachable is not None:
-                attempt = Attempt(f"{_NOT_ATTEMPTED} ({tally.unreachable})")
-            else:
-                for n in range(max(1, max_attempts_per_run)):
-                    if n and pause > 0:
-                        await asyncio.sleep(pause)
-                    attempt = await _apost_notice(http, url, notice, keys, timeout)
-                    if attempt.error is None or not attempt.retry:
-                        break
-                if attempt.unreachable:
-                    tally.unreachable = attempt.error
-            _record(tally, attempt)
+            attempt: Attempt | None = None
+            for n in range(tally.attempts(max_attempts_per_run)):
+                if n and pause > 0:
+                    await asyncio.sleep(pause)
+                attempt = await _apost_notice(http, url, notice, keys, timeout)
+                if attempt.error is None or not attempt.retry:
+                    break
+            attempt = tally.record(attempt)
             if attempt.error is None:
                 await client.complete_notice(notice.organization_id, notice.id, now=now)
             else:
-                await client.fail_notice(
-                    notice.organization_id, notice.id, tally.last_error, now=now
-                )
+                await client.fail_notice(notice.organization_id, notice.id, tally.last_error, now=now)
     return tally.summary()

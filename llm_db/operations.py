@@ -17,6 +17,7 @@ entry, or an entry names no routine.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import types
@@ -49,6 +50,7 @@ __all__ = ["Call", "Operation", "Operations", "Scoped", "operations", "scoped_me
 
 P = ParamSpec("P")
 T = TypeVar("T")
+U = TypeVar("U")
 Row = dict[str, Any]
 UuidLike = UUID | str
 
@@ -167,7 +169,6 @@ class Operation(Generic[P, T]):
         stub: Callable[..., T],
         *,
         routine: str,
-        column: str | None = None,
         sql_names: Mapping[str, str] | None = None,
         procedure: bool = False,
     ) -> None:
@@ -189,17 +190,25 @@ class Operation(Generic[P, T]):
         arguments = ",\n    ".join(
             f"{names.get(n, 'p_' + n)} => %({n})s::{_sql_type(hints[n])}" for n in self.names
         )
-        call = f"llm.{routine}(\n    {arguments})" if arguments else f"llm.{routine}()"
+        self.call = call = f"llm.{routine}(\n    {arguments})" if arguments else f"llm.{routine}()"
         self.result, returns_rows = _result_of(hints["return"])
         if procedure:
             self.sql = f"CALL {call}"
-        elif column is not None:  # one column of the row, as the value
-            self.sql = f"SELECT r.{column} AS value FROM {call} AS r"
         elif returns_rows:
             self.sql = f"SELECT * FROM {call}"
         else:
             self.sql = f"SELECT {call} AS value"
         self.procedure = procedure
+
+    def one_column(self, column: str, kind: type[U], *, name: str, doc: str) -> Operation[P, U]:
+        """This operation under another name, returning only one column of its row (as
+        a value of ``kind``): the same signature, parameters and routine."""
+        narrow: Operation[P, U] = copy.copy(self)  # type: ignore[assignment]
+        narrow.name, narrow.doc = name, doc
+        narrow.signature = self.signature.replace(return_annotation=kind.__name__)  # as the stubs spell it
+        narrow.sql = f"SELECT r.{column} AS value FROM {self.call} AS r"
+        narrow.result = _value(kind)
+        return narrow
 
     def __repr__(self) -> str:
         return f"<operation {self.name}{self.signature} -> llm.{self.routine}>"
@@ -265,15 +274,16 @@ _METHODS: dict[tuple[Operation[Any, Any], bool], Callable[..., Any]] = {}
 
 
 def operation(
-    routine: str, *, column: str | None = None, sql_names: Mapping[str, str] | None = None, procedure: bool = False
+    routine: str, *, sql_names: Mapping[str, str] | None = None, procedure: bool = False
 ) -> Callable[[Callable[P, T]], Operation[P, T]]:
     """Make the stub below an entry of the table: it calls ``llm.<routine>``.
 
-    ``column``: return that column of the routine's row only. ``sql_names``: SQL
-    parameter names that are not ``p_`` + the Python name. ``procedure``: a ``CALL``."""
+    ``sql_names``: SQL parameter names that are not ``p_`` + the Python name.
+    ``procedure``: a ``CALL``. (``Operation.one_column``: an entry returning one
+    column of another's row.)"""
 
     def build(stub: Callable[..., T]) -> Operation[P, T]:
-        return Operation(stub, routine=routine, column=column, sql_names=sql_names, procedure=procedure)
+        return Operation(stub, routine=routine, sql_names=sql_names, procedure=procedure)
 
     return build  # type: ignore[return-value]
 
@@ -344,18 +354,10 @@ class Operations:
     ) -> Invocation:
         """Admit a request and place its hold (``AllowanceExhausted`` when it does not fit)."""
 
-    @operation("admit_invocation", column="id")
-    def admit_id(
-        self,
-        organization_id: UuidLike,
-        estimate_credits: int,
-        model: str,
-        *,
-        execution_id: UuidLike | None = None,
-        invocation_id: UuidLike | None = None,
-        now: datetime | None = None,
-    ) -> UUID:
-        """``admit``, returning only the request's id (one column instead of a whole row)."""
+    admit_id = admit.one_column(
+        "id", UUID, name="admit_id",
+        doc="``admit``, returning only the request's id (one column instead of a whole row).",
+    )  # fmt: skip
 
     @operation("mark_dispatched")
     def mark_dispatched(

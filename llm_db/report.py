@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import decimal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import date, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -102,37 +102,12 @@ SERVER_CLOCK = "SELECT pg_catalog.now() AS now"
 # One row: what the next pass would act on, for some organizations (NULL: all).
 # Cheap on a large database: every count is over a partial index (open requests,
 # running tasks, owed / sending notices) or a small table (drift findings), so
-# `llm-db metrics` can run it at every scrape.
+# `llm-db metrics` can run it at every scrape. The open requests and the running
+# tasks are each read once, their stale share counted by FILTER.
 BOOKS_SNAPSHOT = """
 WITH s AS (SELECT st.recovery_window FROM llm.settings AS st)
-SELECT
-    (SELECT count(*) FROM llm.invocations AS i
-      WHERE i.status IN ('reserved', 'dispatched')
-        AND (%(organization_ids)s::uuid[] IS NULL OR i.organization_id = ANY (%(organization_ids)s::uuid[])))
-        AS open_requests,
-    (SELECT coalesce(sum(i.hold_credits), 0)::bigint FROM llm.invocations AS i
-      WHERE i.status IN ('reserved', 'dispatched')
-        AND (%(organization_ids)s::uuid[] IS NULL OR i.organization_id = ANY (%(organization_ids)s::uuid[])))
-        AS held_credits,
-    (SELECT count(*) FROM llm.invocations AS i CROSS JOIN s
-      WHERE i.status IN ('reserved', 'dispatched')
-        AND i.created_at <= %(now)s::timestamptz - s.recovery_window
-        AND (%(organization_ids)s::uuid[] IS NULL OR i.organization_id = ANY (%(organization_ids)s::uuid[])))
-        AS stale_open_requests,
-    (SELECT coalesce(sum(i.hold_credits), 0)::bigint FROM llm.invocations AS i CROSS JOIN s
-      WHERE i.status IN ('reserved', 'dispatched')
-        AND i.created_at <= %(now)s::timestamptz - s.recovery_window
-        AND (%(organization_ids)s::uuid[] IS NULL OR i.organization_id = ANY (%(organization_ids)s::uuid[])))
-        AS stale_held_credits,
-    (SELECT count(*) FROM llm.executions AS x
-      WHERE x.status = 'running'
-        AND (%(organization_ids)s::uuid[] IS NULL OR x.organization_id = ANY (%(organization_ids)s::uuid[])))
-        AS running_tasks,
-    (SELECT count(*) FROM llm.executions AS x CROSS JOIN s
-      WHERE x.status = 'running'
-        AND x.started_at <= %(now)s::timestamptz - s.recovery_window
-        AND (%(organization_ids)s::uuid[] IS NULL OR x.organization_id = ANY (%(organization_ids)s::uuid[])))
-        AS stale_running_tasks,
+SELECT i.open_requests, i.held_credits, i.stale_open_requests, i.stale_held_credits,
+       x.running_tasks, x.stale_running_tasks,
     (SELECT count(*) FROM llm.drift_findings AS f
       WHERE (%(organization_ids)s::uuid[] IS NULL OR f.organization_id = ANY (%(organization_ids)s::uuid[])))
         AS drift_findings,
@@ -144,6 +119,23 @@ SELECT
       WHERE n.status = 'sending'
         AND (%(organization_ids)s::uuid[] IS NULL OR n.organization_id = ANY (%(organization_ids)s::uuid[])))
         AS notices_sending
+  FROM (SELECT count(*) AS open_requests,
+               coalesce(sum(i.hold_credits), 0)::bigint AS held_credits,
+               count(*) FILTER (WHERE i.stale) AS stale_open_requests,
+               coalesce(sum(i.hold_credits) FILTER (WHERE i.stale), 0)::bigint AS stale_held_credits
+          FROM (SELECT i.hold_credits, i.created_at <= %(now)s::timestamptz - s.recovery_window AS stale
+                  FROM llm.invocations AS i CROSS JOIN s
+                 WHERE i.status IN ('reserved', 'dispatched')
+                   AND (%(organization_ids)s::uuid[] IS NULL
+                        OR i.organization_id = ANY (%(organization_ids)s::uuid[]))) AS i) AS i
+ CROSS JOIN
+       (SELECT count(*) AS running_tasks,
+               count(*) FILTER (WHERE x.started_at <= %(now)s::timestamptz - s.recovery_window)
+                   AS stale_running_tasks
+          FROM llm.executions AS x CROSS JOIN s
+         WHERE x.status = 'running'
+           AND (%(organization_ids)s::uuid[] IS NULL OR x.organization_id = ANY (%(organization_ids)s::uuid[])))
+           AS x
 """
 
 # The stale open requests by their organization's status, what every sweep ever
@@ -438,84 +430,62 @@ def _pct(used: int, allowance: int | None) -> str:
     return f"{100 * used // allowance}%"
 
 
+# The sections of the text report, in order: title, the Report rows it shows, the
+# alignment (None: numbers right, text left), and its columns as (header, the row's
+# column shown, or how the cell is made from the row).
+_Cell = str | Callable[[Mapping[str, Any]], Any]
+_SECTIONS: tuple[tuple[str, str, str | None, tuple[tuple[str, _Cell], ...]], ...] = (
+    ("Period usage", "periods", "lllrrrrr", (
+        ("organization", "name"),
+        ("status", "status"),
+        ("period", lambda r: r["period_start"].strftime("%Y-%m")),
+        ("allowance", lambda r: "unlimited" if r["allowance_credits"] is None else r["allowance_credits"]),
+        ("used", "used_credits"),
+        ("held", "held_credits"),
+        ("used %", lambda r: _pct(r["used_credits"], r["allowance_credits"])),
+        ("cents", "used_cents"),
+    )),
+    ("Daily usage (by settlement day)", "daily_usage", None, (
+        ("day", "day"),
+        ("organization", "name"),
+        ("model", "model"),
+        ("requests", "requests"),
+        ("recovered", "recovered_requests"),
+        ("credits", "credits"),
+        ("cents", "cents"),
+        ("tokens in", "input_tokens"),
+        ("tokens out", "output_tokens"),
+    )),
+    ("Open holds", "open_holds", None, (
+        ("organization", "name"),
+        ("open requests", "open_requests"),
+        ("held credits", "held_credits"),
+        ("oldest", "oldest_created_at"),
+        ("past window", "past_window"),
+    )),
+    ("Tasks by status (started in these days, and all running)", "tasks", None, (
+        ("organization", "name"),
+        ("status", "status"),
+        ("tasks", "tasks"),
+        ("requests", "requests"),
+        ("credits", "credits"),
+        ("cents", "cents"),
+    )),
+)  # fmt: skip
+
+
 def render_report(report: Report) -> str:
-    """The report as aligned tables, one section each."""
+    """The report as aligned tables, one section each (``_SECTIONS``)."""
     scope = "all organizations" if report.organization_id is None else str(report.organization_id)
     days = (report.until - report.since).days + 1
     out = [
         f"llm-db report: {scope}, {days} day(s) {report.since} .. {report.until} (UTC), "
         f"as of {report.now:%Y-%m-%d %H:%M:%S %Z}".rstrip(),
-        "",
-        "Period usage",
-        format_table(
-            ["organization", "status", "period", "allowance", "used", "held", "used %", "cents"],
-            [
-                (
-                    r["name"],
-                    r["status"],
-                    r["period_start"].strftime("%Y-%m"),
-                    "unlimited" if r["allowance_credits"] is None else r["allowance_credits"],
-                    r["used_credits"],
-                    r["held_credits"],
-                    _pct(r["used_credits"], r["allowance_credits"]),
-                    r["used_cents"],
-                )
-                for r in report.periods
-            ],
-            align="lllrrrrr",
-        ),
-        "",
-        "Daily usage (by settlement day)",
-        format_table(
-            [
-                "day",
-                "organization",
-                "model",
-                "requests",
-                "recovered",
-                "credits",
-                "cents",
-                "tokens in",
-                "tokens out",
-            ],
-            [
-                (
-                    r["day"],
-                    r["name"],
-                    r["model"],
-                    r["requests"],
-                    r["recovered_requests"],
-                    r["credits"],
-                    r["cents"],
-                    r["input_tokens"],
-                    r["output_tokens"],
-                )
-                for r in report.daily_usage
-            ],
-        ),  # fmt: skip
-        "",
-        "Open holds",
-        format_table(
-            ["organization", "open requests", "held credits", "oldest", "past window"],
-            [
-                (
-                    r["name"],
-                    r["open_requests"],
-                    r["held_credits"],
-                    r["oldest_created_at"],
-                    r["past_window"],
-                )
-                for r in report.open_holds
-            ],
-        ),  # fmt: skip
-        "",
-        "Tasks by status (started in these days, and all running)",
-        format_table(
-            ["organization", "status", "tasks", "requests", "credits", "cents"],
-            [
-                (r["name"], r["status"], r["tasks"], r["requests"], r["credits"], r["cents"])
-                for r in report.tasks
-            ],
-        ),
     ]
+    for title, rows, align, columns in _SECTIONS:
+        cells = [
+            tuple(row[cell] if isinstance(cell, str) else cell(row) for _, cell in columns)
+            for row in getattr(report, rows)
+        ]
+        out += ["", title, format_table([header for header, _ in columns], cells, align=align)]
     return "\n".join(out)

@@ -190,18 +190,47 @@ END
 $$;
 COMMENT ON FUNCTION llm._settings() IS 'The one settings row.';
 
-CREATE OR REPLACE FUNCTION llm._require_invocation_id(p_invocation_id uuid)
+-- The first checks of every per-organization call, in this order (so the same
+-- bad call always gets the same error): its organization, its clock, and the id
+-- of the row it acts on (p_what names it: invocation, execution, notice).
+CREATE OR REPLACE FUNCTION llm._check_call(
+    p_organization_id uuid, p_now timestamptz, p_what text DEFAULT NULL, p_id uuid DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
-    IF p_invocation_id IS NULL THEN
-        RAISE EXCEPTION 'llm: invocation id must not be NULL' USING ERRCODE = '22023';
+    PERFORM llm._require_org_id(p_organization_id);
+    PERFORM llm._check_clock(p_now);
+    IF p_what IS NOT NULL AND p_id IS NULL THEN
+        RAISE EXCEPTION 'llm: % id must not be NULL', p_what USING ERRCODE = '22023';
     END IF;
 END
 $$;
-COMMENT ON FUNCTION llm._require_invocation_id(uuid) IS 'Raises 22023 for a NULL invocation id.';
+COMMENT ON FUNCTION llm._check_call(uuid, timestamptz, text, uuid) IS
+    'Raises 22023 for a NULL organization id, an unusable clock, or (when p_what names it) a NULL id of the row the call acts on.';
+
+-- A retry (an admission with the same invocation id, a task opened again with its
+-- replay key) must repeat the first call: the stored and the given arguments, as
+-- texts in the same order, and p_format describing one side in the DETAIL.
+CREATE OR REPLACE FUNCTION llm._check_retry(
+    p_message text, p_format text, p_stored text[], p_given text[], p_hint text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+BEGIN
+    IF p_stored IS DISTINCT FROM p_given THEN
+        RAISE EXCEPTION '%', p_message
+            USING ERRCODE = 'LL007',
+                  DETAIL = pg_catalog.format('stored: %s; given: %s', pg_catalog.format(p_format, VARIADIC p_stored),
+                                             pg_catalog.format(p_format, VARIADIC p_given)),
+                  HINT = p_hint;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION llm._check_retry(text, text, text[], text[], text) IS
+    'Raises LL007 (DETAIL: stored and given, each in p_format) when a retry''s arguments differ from the first call''s.';
 
 CREATE OR REPLACE FUNCTION llm._raise_unknown_invocation(p_organization_id uuid, p_invocation_id uuid)
 RETURNS void

@@ -109,8 +109,7 @@ DECLARE
     v_thresholds integer[];
     v_now timestamptz := coalesce(p_now, pg_catalog.now());
 BEGIN
-    PERFORM llm._require_org_id(p_organization_id);
-    PERFORM llm._check_clock(p_now);
+    PERFORM llm._check_call(p_organization_id, p_now);
     PERFORM llm._check_text('p_name', p_name, 200);
     PERFORM llm._check_amount('p_monthly_allowance_credits', p_monthly_allowance_credits, true);
     IF p_status IS NULL OR p_status NOT IN ('operational', 'suspended', 'closed') THEN

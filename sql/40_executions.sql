@@ -40,16 +40,12 @@ BEGIN
          WHERE x.organization_id = p_organization_id AND x.replay_key = p_replay_key;
     END IF;
 
-    IF v_exec.task_key <> p_task_key
-       OR v_exec.subject_type IS DISTINCT FROM p_subject_type
-       OR v_exec.subject_id IS DISTINCT FROM p_subject_id THEN
-        RAISE EXCEPTION 'llm: replay key % was used for a different task', p_replay_key
-            USING ERRCODE = 'LL007',
-                  DETAIL = pg_catalog.format('stored: task=%s subject=%s/%s; given: task=%s subject=%s/%s',
-                                             v_exec.task_key, v_exec.subject_type, v_exec.subject_id,
-                                             p_task_key, p_subject_type, p_subject_id),
-                  HINT = 'A replay key names one task; choose a new key for new work.';
-    END IF;
+    PERFORM llm._check_retry(
+        pg_catalog.format('llm: replay key %s was used for a different task', p_replay_key),
+        'task=%s subject=%s/%s',
+        ARRAY[v_exec.task_key, v_exec.subject_type, v_exec.subject_id],
+        ARRAY[p_task_key, p_subject_type, p_subject_id],
+        'A replay key names one task; choose a new key for new work.');
     RETURN QUERY SELECT v_exec.id, v_exec.status::text, true;
 END
 $$;
@@ -64,8 +60,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
-    PERFORM llm._require_org_id(p_organization_id);
-    PERFORM llm._check_clock(p_now);
+    PERFORM llm._check_call(p_organization_id, p_now);
     PERFORM llm._check_text('p_task_key', p_task_key, 200);
     PERFORM llm._check_text('p_subject_type', p_subject_type, 200, true);
     PERFORM llm._check_text('p_subject_id', p_subject_id, 200, true);
@@ -118,11 +113,7 @@ AS $$
 DECLARE
     v_closed boolean;
 BEGIN
-    PERFORM llm._require_org_id(p_organization_id);
-    PERFORM llm._check_clock(p_now);
-    IF p_execution_id IS NULL THEN
-        RAISE EXCEPTION 'llm: execution id must not be NULL' USING ERRCODE = '22023';
-    END IF;
+    PERFORM llm._check_call(p_organization_id, p_now, 'execution', p_execution_id);
     IF p_outcome IS NULL OR p_outcome NOT IN ('completed', 'failed') THEN
         RAISE EXCEPTION 'llm: cannot close an execution as %', coalesce(p_outcome, 'NULL')
             USING ERRCODE = 'LL009',

@@ -78,6 +78,8 @@ $$;
 COMMENT ON FUNCTION llm._abandon_stale_tasks(uuid, timestamptz, timestamptz) IS
     'Marks the organization''s tasks running since p_cutoff or earlier abandoned at p_now (no duration, totals kept); returns how many.';
 
+-- Long on purpose: one lock order (requests, tasks, periods, notices), written as its
+-- numbered statements in that order over the same batch (v_ids), read top to bottom.
 CREATE OR REPLACE FUNCTION llm._recover_stranded(
     p_organization_id uuid, p_now timestamptz, p_cutoff timestamptz, p_batch integer,
     p_recovery_charge text, INOUT p_sweep llm.org_sweep)
@@ -333,8 +335,7 @@ AS $$
 DECLARE
     v_result llm.org_sweep;
 BEGIN
-    PERFORM llm._require_org_id(p_organization_id);
-    PERFORM llm._check_clock(p_now);
+    PERFORM llm._check_call(p_organization_id, p_now);
     IF p_batch IS NOT NULL AND (p_batch < 1 OR p_batch > 100000) THEN
         RAISE EXCEPTION 'llm: batch % is out of range', p_batch
             USING ERRCODE = '22023', HINT = 'Pass 1 .. 100000, or NULL for settings.sweep_batch.';

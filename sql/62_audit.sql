@@ -4,6 +4,8 @@
 -- A mismatch is a finding in llm.period_findings, logged and counted, never
 -- repaired; a finding that no longer holds is resolved.
 
+-- Long on purpose: one statement (one snapshot) reads both periods, and each period
+-- is recorded or resolved in the same loop; most of the length is the findings row.
 CREATE OR REPLACE FUNCTION llm._audit_org(p_organization_id uuid, p_now timestamptz, p_run_id uuid)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE

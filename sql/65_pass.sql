@@ -142,12 +142,8 @@ RETURNS uuid[]
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, llm, pg_temp
 AS $$
-DECLARE
-    v_ids uuid[];
 BEGIN
-    SELECT coalesce(pg_catalog.array_agg(o.id ORDER BY o.id), '{}') INTO v_ids
-      FROM llm.organizations AS o WHERE o.status = 'operational';
-    RETURN v_ids;
+    RETURN ARRAY(SELECT o.id FROM llm.organizations AS o WHERE o.status = 'operational' ORDER BY o.id);
 END
 $$;
 COMMENT ON FUNCTION llm._pass_organizations() IS 'The operational organizations a pass visits, in id order.';
@@ -157,16 +153,15 @@ RETURNS uuid[]
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, llm, pg_temp
 AS $$
-DECLARE
-    v_ids uuid[];
 BEGIN
     -- due: never audited, or audited 23 hours ago or more (llm._audit_org sets the time)
-    SELECT coalesce(pg_catalog.array_agg(o.id ORDER BY o.id), '{}') INTO v_ids
-      FROM llm.organizations AS o
-      LEFT JOIN llm.sweep_totals AS t ON t.organization_id = o.id
-     WHERE o.status = 'operational'
-       AND (t.audit_due_at IS NULL OR t.audit_due_at <= coalesce(p_now, pg_catalog.now()));
-    RETURN v_ids;
+    RETURN ARRAY(
+        SELECT o.id
+          FROM llm.organizations AS o
+          LEFT JOIN llm.sweep_totals AS t ON t.organization_id = o.id
+         WHERE o.status = 'operational'
+           AND (t.audit_due_at IS NULL OR t.audit_due_at <= coalesce(p_now, pg_catalog.now()))
+         ORDER BY o.id);
 END
 $$;
 COMMENT ON FUNCTION llm._audits_due(timestamptz) IS

@@ -101,11 +101,7 @@ AS $$
 DECLARE
     v_done boolean;
 BEGIN
-    PERFORM llm._require_org_id(p_organization_id);
-    PERFORM llm._check_clock(p_now);
-    IF p_notice_id IS NULL THEN
-        RAISE EXCEPTION 'llm: notice id must not be NULL' USING ERRCODE = '22023';
-    END IF;
+    PERFORM llm._check_call(p_organization_id, p_now, 'notice', p_notice_id);
     SELECT c INTO v_done
       FROM llm._complete_notice(p_organization_id, p_notice_id, coalesce(p_now, pg_catalog.now())) AS c;
     RETURN v_done;
@@ -157,11 +153,7 @@ AS $$
 DECLARE
     v_done boolean;
 BEGIN
-    PERFORM llm._require_org_id(p_organization_id);
-    PERFORM llm._check_clock(p_now);
-    IF p_notice_id IS NULL THEN
-        RAISE EXCEPTION 'llm: notice id must not be NULL' USING ERRCODE = '22023';
-    END IF;
+    PERFORM llm._check_call(p_organization_id, p_now, 'notice', p_notice_id);
     PERFORM llm._check_text('p_error', p_error, 4000);
     SELECT f INTO v_done
       FROM llm._fail_notice(p_organization_id, p_notice_id, p_error, coalesce(p_now, pg_catalog.now())) AS f;
@@ -229,11 +221,7 @@ AS $$
 DECLARE
     v_done boolean;
 BEGIN
-    PERFORM llm._require_org_id(p_organization_id);
-    PERFORM llm._check_clock(p_now);
-    IF p_notice_id IS NULL THEN
-        RAISE EXCEPTION 'llm: notice id must not be NULL' USING ERRCODE = '22023';
-    END IF;
+    PERFORM llm._check_call(p_organization_id, p_now, 'notice', p_notice_id);
     SELECT r INTO v_done
       FROM llm._release_notice(p_organization_id, p_notice_id, coalesce(p_now, pg_catalog.now())) AS r;
     RETURN v_done;

@@ -1,6 +1,8 @@
 -- The invariants (docs/design.md "Invariants") as one query each:
 -- check_invariants() returns every violation, and nothing when the books are right.
 
+-- Long on purpose: one RETURN QUERY per invariant, numbered as in docs/design.md and
+-- read in that order; each block stands alone, so splitting would only add routines.
 CREATE OR REPLACE FUNCTION llm.check_invariants()
 RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
 LANGUAGE plpgsql STABLE SECURITY DEFINER

@@ -2,6 +2,8 @@
 -- organization_id (co-located), makes catalogs reference tables and
 -- distributes the per-organization twins on their first argument.
 
+-- Long on purpose: one call that shards the schema, step after step in the order
+-- Citus needs (check, reference tables, distributed tables, twins), read top to bottom.
 CREATE OR REPLACE FUNCTION llm.distribute(p_shard_count integer DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql VOLATILE

@@ -1,0 +1,179 @@
+-- Admission (CAP-PFM-LLM-007) and dispatch: a request is admitted with a hold
+-- on its period, then marked as sent to the provider. How it ends (settled with
+-- measured usage, or failed) and how a terminal request is booked: 35_settlement.sql.
+-- Every call is one transaction; the organization's period row is the hot row
+-- and is always taken last (invocation -> execution -> period -> notices).
+
+-- ---------------------------------------------------------------- admission
+
+CREATE OR REPLACE FUNCTION llm._admit_invocation(
+    p_organization_id uuid, p_estimate_credits bigint, p_model text,
+    p_execution_id uuid, p_invocation_id uuid, p_now timestamptz)
+RETURNS llm.invocations
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_org_status text;
+    v_stripes integer;
+    v_stripe smallint;
+    v_inv llm.invocations;
+    v_exec_status text;
+    v_period date := llm._period_start(p_now);
+BEGIN
+    SELECT o.status, o.period_stripes INTO v_org_status, v_stripes
+      FROM llm.organizations AS o
+     WHERE o.id = p_organization_id;
+    IF v_org_status IS DISTINCT FROM 'operational' THEN
+        PERFORM llm._operational_org(p_organization_id);  -- raises LL002 (unknown) or LL003
+    END IF;
+
+    IF p_execution_id IS NOT NULL THEN
+        SELECT x.status INTO v_exec_status
+          FROM llm.executions AS x
+         WHERE x.organization_id = p_organization_id AND x.id = p_execution_id;
+        IF NOT FOUND THEN
+            PERFORM llm._raise_unknown_execution(p_organization_id, p_execution_id);
+        END IF;
+    END IF;
+
+    IF v_exec_status IS DISTINCT FROM 'running' AND p_execution_id IS NOT NULL THEN
+        -- a retry of a request admitted while its task ran still returns it
+        IF p_invocation_id IS NOT NULL THEN
+            SELECT * INTO v_inv FROM llm.invocations AS i
+             WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
+            IF FOUND THEN
+                RETURN llm._same_admission(v_inv, p_estimate_credits, p_model, p_execution_id);
+            END IF;
+        END IF;
+        RAISE EXCEPTION 'llm: execution % is %', p_execution_id, v_exec_status
+            USING ERRCODE = 'LL009',
+                  DETAIL = 'Only a running execution admits new requests.',
+                  HINT = 'Open a new execution for new work.';
+    END IF;
+
+    -- This session's stripe: concurrent sessions of one organization hold on
+    -- different rows (a session keeps its stripe, and its cache lines, between calls).
+    v_stripe := pg_catalog.mod(pg_catalog.pg_backend_pid(), v_stripes)::smallint;
+    INSERT INTO llm.invocations AS i
+           (organization_id, id, period_start, execution_id, model, status,
+            estimate_credits, hold_credits, created_at, stripe)
+    VALUES (p_organization_id, coalesce(p_invocation_id, pg_catalog.gen_random_uuid()), v_period,
+            p_execution_id, p_model, 'reserved', p_estimate_credits, p_estimate_credits, p_now, v_stripe)
+    ON CONFLICT (organization_id, id) DO NOTHING
+    RETURNING i.* INTO v_inv;
+    IF NOT FOUND THEN
+        -- A retried id (admitted before, or concurrently and committed since): the same
+        -- arguments return the first admission and place no second hold; others LL007.
+        SELECT * INTO STRICT v_inv FROM llm.invocations AS i
+         WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
+        RETURN llm._same_admission(v_inv, p_estimate_credits, p_model, p_execution_id);
+    END IF;
+
+    -- The hot row last: the hold from this stripe's room, in one row; else the exact
+    -- path (the period locked, LL001 unless used + held + estimate <= allowance, the
+    -- period created on its month's first admission).
+    PERFORM llm._move_stripe(p_organization_id, v_period, v_stripe, 0, p_estimate_credits, 0, p_now, true);
+    RETURN v_inv;
+END
+$$;
+COMMENT ON FUNCTION llm._admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz) IS
+    'Distributed twin of admit_invocation; arguments already checked.';
+
+CREATE OR REPLACE FUNCTION llm._same_admission(
+    p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid)
+RETURNS llm.invocations
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+BEGIN
+    PERFORM llm._check_retry(
+        pg_catalog.format('llm: invocation %s was admitted with different arguments', p_inv.id),
+        'estimate=%s model=%s execution=%s',
+        ARRAY[p_inv.estimate_credits::text, p_inv.model, p_inv.execution_id::text],
+        ARRAY[p_estimate_credits::text, p_model, p_execution_id::text],
+        'Use a new invocation id for a new request; reuse an id only to retry the same one.');
+    RETURN p_inv;
+END
+$$;
+COMMENT ON FUNCTION llm._same_admission(llm.invocations, bigint, text, uuid) IS
+    'Returns the stored invocation when a retried admission repeats its arguments, else raises LL007.';
+
+CREATE OR REPLACE FUNCTION llm.admit_invocation(
+    p_organization_id uuid, p_estimate_credits bigint, p_model text,
+    p_execution_id uuid DEFAULT NULL, p_invocation_id uuid DEFAULT NULL,
+    p_now timestamptz DEFAULT now())
+RETURNS llm.invocations
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_inv llm.invocations;
+BEGIN
+    IF (p_organization_id IS NOT NULL AND llm._clock_ok(p_now)
+            AND llm._amount_ok(p_estimate_credits) AND llm._text_ok(p_model, 200)) IS NOT TRUE THEN
+        PERFORM llm._check_call(p_organization_id, p_now);
+        PERFORM llm._check_amount('p_estimate_credits', p_estimate_credits);
+        PERFORM llm._check_text('p_model', p_model, 200);
+    END IF;
+    SELECT * INTO v_inv
+      FROM llm._admit_invocation(p_organization_id, p_estimate_credits, p_model, p_execution_id,
+                                 p_invocation_id, coalesce(p_now, pg_catalog.now()));
+    RETURN v_inv;
+END
+$$;
+COMMENT ON FUNCTION llm.admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz) IS
+    'Admits a request iff used + held + estimate <= allowance and places its hold on the current period (LL001 otherwise); a repeated p_invocation_id with the same arguments returns the first admission, with different ones LL007.';
+
+-- ---------------------------------------------------------------- dispatch
+
+CREATE OR REPLACE FUNCTION llm._mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamptz)
+RETURNS llm.invocations
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_inv llm.invocations;
+BEGIN
+    UPDATE llm.invocations AS i
+       SET status = 'dispatched', dispatched_at = p_now
+     WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id AND i.status = 'reserved'
+    RETURNING i.* INTO v_inv;
+    IF FOUND THEN
+        RETURN v_inv;
+    END IF;
+    SELECT * INTO v_inv FROM llm.invocations AS i
+     WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
+    IF NOT FOUND THEN
+        PERFORM llm._raise_unknown_invocation(p_organization_id, p_invocation_id);
+    ELSIF v_inv.status <> 'dispatched' THEN
+        RAISE EXCEPTION 'llm: invocation % is already %', p_invocation_id, v_inv.status
+            USING ERRCODE = 'LL009',
+                  DETAIL = pg_catalog.format('status=%s settlement_kind=%s', v_inv.status, v_inv.settlement_kind),
+                  HINT = 'A terminal request must not be sent to the provider; admit a new one.';
+    END IF;
+    RETURN v_inv;  -- already dispatched: idempotent
+END
+$$;
+COMMENT ON FUNCTION llm._mark_dispatched(uuid, uuid, timestamptz) IS
+    'Distributed twin of mark_dispatched; arguments already checked.';
+
+CREATE OR REPLACE FUNCTION llm.mark_dispatched(
+    p_organization_id uuid, p_invocation_id uuid, p_now timestamptz DEFAULT now())
+RETURNS llm.invocations
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, llm, pg_temp
+AS $$
+DECLARE
+    v_inv llm.invocations;
+BEGIN
+    IF (p_organization_id IS NOT NULL AND llm._clock_ok(p_now) AND p_invocation_id IS NOT NULL) IS NOT TRUE THEN
+        PERFORM llm._check_call(p_organization_id, p_now, 'invocation', p_invocation_id);
+    END IF;
+    SELECT * INTO v_inv
+      FROM llm._mark_dispatched(p_organization_id, p_invocation_id, coalesce(p_now, pg_catalog.now()));
+    RETURN v_inv;
+END
+$$;
+COMMENT ON FUNCTION llm.mark_dispatched(uuid, uuid, timestamptz) IS
+    'Marks a reserved request as sent to the provider (idempotent when already dispatched); LL009 when it is already terminal.';
