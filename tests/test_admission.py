@@ -304,7 +304,7 @@ def test_check_invariants_reports_holds_over_the_allowance_invariant_4(llm_conn)
 def test_invocations_carry_no_foreign_key_to_the_hot_period_and_task_rows(llm_conn):
     """Schema 0003: a foreign key check share-locks the referenced row, and the period
     and task rows are the ones every request of an organization updates; the functions
-    and invariant 8 keep the rule instead (docs/benchmarks.md: 1.6-2.9x with 8 clients
+    and invariant 8 keep the rule instead (docs/benchmarks.md, 0.1.0 history: faster with 8 clients
     on one organization)."""
     def parents(table: str) -> list[str]:
         return [r[0] for r in llm_conn.execute(
