@@ -573,3 +573,67 @@ def test_run_reconciliation_killed_mid_pass_keeps_each_organization_whole(llm_co
     assert open_requests == 0
     assert invariants(llm_conn) == []
 
+
+
+# ---------------------------------------------------------------- the rebalance
+
+
+def test_an_admission_killed_in_its_rebalance_leaves_nothing_behind(llm_conn, llm_connect):
+    """A striped organization (4 stripes) whose admitting session's stripe lacks room
+    for the estimate: admission writes its request, then takes the exact path (every
+    stripe locked in order, stripe 0 first, the rooms spread again). B holds stripe 0,
+    so A waits there with its request written; A is terminated mid-rebalance. Nothing
+    stays behind, the books are right, and the retried admission (same id) places
+    its one hold."""
+    make_org(llm_conn, allowance=1000)
+    settle(llm_conn, ORG, admit(llm_conn, 10), 10)
+    call(llm_conn, "set_period_stripes", ORG, 4)
+    settle(llm_conn, ORG, admit(llm_conn, 10), 10)  # the exact path: four stripes, rooms spread
+    rooms = llm_conn.execute(
+        "SELECT stripe, admit_room FROM llm.period_stripes WHERE organization_id = %s ORDER BY stripe",
+        [ORG],
+    ).fetchall()
+    assert [s for s, _ in rooms] == [0, 1, 2, 3]
+    estimate = max(room for _, room in rooms) + 1  # fits the period, no one stripe's room
+    assert estimate <= 1000 - 20
+
+    # A must run on a stripe other than 0, so that it reaches the rebalance before it
+    # meets B's lock (on stripe 0 its fast path would wait there first).
+    victim_conn = llm_connect()
+    while victim_conn.info.backend_pid % 4 == 0:
+        victim_conn = llm_connect()
+    victim_conn.execute("SET lock_timeout = '60s'")
+    victim_pid = victim_conn.info.backend_pid
+    assert invariants(llm_conn) == []
+    before = fingerprint(llm_conn)
+
+    blocker = llm_connect(autocommit=False)
+    blocker.execute(
+        "SELECT FROM llm.period_stripes WHERE organization_id = %s AND stripe = 0 FOR NO KEY UPDATE",
+        [ORG],
+    )
+    inv = uuid.uuid4()
+    victim = Victim(victim_conn, lambda: helpers.admit(victim_conn, ORG, estimate, MODEL, invocation_id=inv))
+    victim.start()
+    try:
+        wait_for(
+            lambda: (w := lock_wait(llm_conn, victim_pid))[0] == "Lock" and blocker.info.backend_pid in w[2],
+            "A to wait on B's stripe 0 in its rebalance",
+        )
+        assert "invocations" in tables_written(llm_conn, victim_pid), "A had not written its request"
+        (terminated,) = llm_conn.execute("SELECT pg_terminate_backend(%s)", [victim_pid]).fetchone()
+        assert terminated
+        victim.join(10)
+        assert isinstance(victim.error, psycopg.OperationalError), victim.error
+    finally:
+        blocker.rollback()
+        if victim.is_alive():
+            llm_conn.execute("SELECT pg_terminate_backend(%s)", [victim_pid])
+            victim.join(10)
+
+    assert changed_tables(before, fingerprint(llm_conn)) == []
+    assert invariants(llm_conn) == []
+    held = helpers.period(llm_conn, ORG, PERIOD)["held_credits"]
+    assert helpers.admit(llm_conn, ORG, estimate, MODEL, invocation_id=inv)["id"] == inv
+    assert helpers.period(llm_conn, ORG, PERIOD)["held_credits"] == held + estimate
+    assert invariants(llm_conn) == []
