@@ -61,7 +61,6 @@ COMMENT ON FUNCTION llm._clock_ok(timestamptz) IS
 CREATE OR REPLACE FUNCTION llm._check_amount(p_name text, p_value bigint, p_nullable boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
     IF p_value IS NULL THEN
@@ -82,7 +81,6 @@ COMMENT ON FUNCTION llm._check_amount(text, bigint, boolean) IS
 CREATE OR REPLACE FUNCTION llm._check_text(p_name text, p_value text, p_max integer, p_nullable boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
     IF p_value IS NULL THEN
@@ -105,7 +103,6 @@ COMMENT ON FUNCTION llm._check_text(text, text, integer, boolean) IS
 CREATE OR REPLACE FUNCTION llm._check_clock(p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
     -- NULL means the function's own now(). Anything else must be a finite time the
@@ -125,7 +122,6 @@ COMMENT ON FUNCTION llm._check_clock(timestamptz) IS
 CREATE OR REPLACE FUNCTION llm._require_org_id(p_organization_id uuid)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
     IF p_organization_id IS NULL THEN
@@ -141,7 +137,6 @@ COMMENT ON FUNCTION llm._require_org_id(uuid) IS
 CREATE OR REPLACE FUNCTION llm._raise_unknown_org(p_organization_id uuid)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
     RAISE EXCEPTION 'llm: unknown organization %', p_organization_id
@@ -154,7 +149,6 @@ COMMENT ON FUNCTION llm._raise_unknown_org(uuid) IS 'Raises LL002 for an organiz
 CREATE OR REPLACE FUNCTION llm._operational_org(p_organization_id uuid)
 RETURNS llm.organizations
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_org llm.organizations;
@@ -179,7 +173,6 @@ COMMENT ON FUNCTION llm._operational_org(uuid) IS
 CREATE OR REPLACE FUNCTION llm._settings()
 RETURNS llm.settings
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_settings llm.settings;
@@ -197,7 +190,6 @@ CREATE OR REPLACE FUNCTION llm._check_call(
     p_organization_id uuid, p_now timestamptz, p_what text DEFAULT NULL, p_id uuid DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
     PERFORM llm._require_org_id(p_organization_id);
@@ -217,7 +209,6 @@ CREATE OR REPLACE FUNCTION llm._check_retry(
     p_message text, p_format text, p_stored text[], p_given text[], p_hint text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
     IF p_stored IS DISTINCT FROM p_given THEN
@@ -235,7 +226,6 @@ COMMENT ON FUNCTION llm._check_retry(text, text, text[], text[], text) IS
 CREATE OR REPLACE FUNCTION llm._raise_unknown_invocation(p_organization_id uuid, p_invocation_id uuid)
 RETURNS void
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
     PERFORM FROM llm.organizations AS o WHERE o.id = p_organization_id;
@@ -253,7 +243,6 @@ COMMENT ON FUNCTION llm._raise_unknown_invocation(uuid, uuid) IS
 CREATE OR REPLACE FUNCTION llm._raise_unknown_execution(p_organization_id uuid, p_execution_id uuid)
 RETURNS void
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_elsewhere boolean;

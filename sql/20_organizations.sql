@@ -3,7 +3,6 @@
 CREATE OR REPLACE FUNCTION llm._check_thresholds(p_thresholds integer[])
 RETURNS integer[]
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_sorted integer[];
@@ -36,7 +35,6 @@ CREATE OR REPLACE FUNCTION llm._upsert_organization(
     p_status text, p_notice_thresholds integer[], p_now timestamptz)
 RETURNS llm.organizations
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_org llm.organizations;
@@ -102,7 +100,6 @@ CREATE OR REPLACE FUNCTION llm.upsert_organization(
     p_now timestamptz DEFAULT now())
 RETURNS llm.organizations
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_org llm.organizations;
@@ -129,7 +126,6 @@ COMMENT ON FUNCTION llm.upsert_organization(uuid, text, bigint, text, integer[],
 CREATE OR REPLACE FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_allowance bigint;
@@ -161,7 +157,6 @@ COMMENT ON FUNCTION llm._ensure_period(uuid, date) IS
 CREATE OR REPLACE FUNCTION llm._set_period_stripes(p_organization_id uuid, p_stripes integer)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_stripes integer;
@@ -185,7 +180,6 @@ COMMENT ON FUNCTION llm._set_period_stripes(uuid, integer) IS
 CREATE OR REPLACE FUNCTION llm.set_period_stripes(p_organization_id uuid, p_stripes integer)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_stripes integer;
@@ -208,7 +202,6 @@ CREATE OR REPLACE FUNCTION llm._set_recovery_policy(
     p_organization_id uuid, p_recovery_charge text, p_late_settlement text)
 RETURNS llm.organizations
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_org llm.organizations;
@@ -230,7 +223,6 @@ CREATE OR REPLACE FUNCTION llm.set_recovery_policy(
     p_organization_id uuid, p_recovery_charge text, p_late_settlement text)
 RETURNS llm.organizations
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_org llm.organizations;
@@ -259,7 +251,6 @@ COMMENT ON FUNCTION llm.set_recovery_policy(uuid, text, text) IS
 CREATE OR REPLACE FUNCTION llm.declare_task_kind(p_key text, p_description text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
     PERFORM llm._check_text('p_key', p_key, 200);

@@ -26,7 +26,6 @@
 CREATE OR REPLACE FUNCTION llm._lock_period(p_organization_id uuid, p_period_start date)
 RETURNS llm.period_heads
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_head llm.period_heads;
@@ -67,7 +66,6 @@ COMMENT ON FUNCTION llm._lock_period(uuid, date) IS
 CREATE OR REPLACE FUNCTION llm._spread_rooms(p_organization_id uuid, p_period_start date, p_allowance bigint)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_stripes integer;
@@ -124,7 +122,6 @@ CREATE OR REPLACE FUNCTION llm._move_within_rooms(
     p_used bigint, p_held bigint, p_cents bigint)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
     -- Used grows by p_used (a charge), held by p_held (a hold, or minus a release). What
@@ -156,7 +153,6 @@ CREATE OR REPLACE FUNCTION llm._move_stripe(
     p_used bigint, p_held bigint, p_cents bigint, p_now timestamptz, p_admission boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_moved boolean;

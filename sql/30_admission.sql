@@ -11,7 +11,6 @@ CREATE OR REPLACE FUNCTION llm._admit_invocation(
     p_execution_id uuid, p_invocation_id uuid, p_now timestamptz)
 RETURNS llm.invocations
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_org_status text;
@@ -84,7 +83,6 @@ CREATE OR REPLACE FUNCTION llm._same_admission(
     p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid)
 RETURNS llm.invocations
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
     PERFORM llm._check_retry(
@@ -105,7 +103,6 @@ CREATE OR REPLACE FUNCTION llm.admit_invocation(
     p_now timestamptz DEFAULT now())
 RETURNS llm.invocations
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_inv llm.invocations;
@@ -130,7 +127,6 @@ COMMENT ON FUNCTION llm.admit_invocation(uuid, bigint, text, uuid, uuid, timesta
 CREATE OR REPLACE FUNCTION llm._mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamptz)
 RETURNS llm.invocations
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_inv llm.invocations;
@@ -162,7 +158,6 @@ CREATE OR REPLACE FUNCTION llm.mark_dispatched(
     p_organization_id uuid, p_invocation_id uuid, p_now timestamptz DEFAULT now())
 RETURNS llm.invocations
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_inv llm.invocations;

@@ -29,7 +29,6 @@ CREATE OR REPLACE FUNCTION llm._record_crossings(
     p_allowance bigint, p_now timestamptz)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_created integer;
@@ -65,7 +64,6 @@ COMMENT ON FUNCTION llm._record_crossings(uuid, date, bigint, bigint, bigint, ti
 CREATE OR REPLACE FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_charge bigint := p_inv.charged_credits;
@@ -94,7 +92,6 @@ CREATE OR REPLACE FUNCTION llm._end_invocation(
     p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamptz)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_inv llm.invocations;
@@ -125,7 +122,6 @@ COMMENT ON FUNCTION llm._end_invocation(uuid, uuid, text, text, bigint, bigint, 
 CREATE OR REPLACE FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_credits bigint := p_inv.charged_credits - p_inv.recovered_credits;  -- signed
@@ -160,7 +156,6 @@ COMMENT ON FUNCTION llm._book_true_up(llm.invocations, timestamptz) IS
 CREATE OR REPLACE FUNCTION llm._terminal_outcome(p_organization_id uuid, p_invocation_id uuid)
 RETURNS text
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_inv llm.invocations;
@@ -185,7 +180,6 @@ CREATE OR REPLACE FUNCTION llm._settle_invocation(
     p_input_tokens bigint, p_output_tokens bigint, p_now timestamptz)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_inv llm.invocations;
@@ -236,7 +230,6 @@ CREATE OR REPLACE FUNCTION llm.settle_invocation(
     p_now timestamptz DEFAULT now())
 RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_outcome text;
@@ -264,7 +257,6 @@ CREATE OR REPLACE FUNCTION llm._fail_invocation(
     p_now timestamptz)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
     IF llm._end_invocation(p_organization_id, p_invocation_id, 'failed', p_error, p_credits, p_cents,
@@ -282,7 +274,6 @@ CREATE OR REPLACE FUNCTION llm.fail_invocation(
     p_credits bigint DEFAULT 0, p_cents bigint DEFAULT 0, p_now timestamptz DEFAULT now())
 RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_outcome text;

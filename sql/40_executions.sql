@@ -7,7 +7,6 @@ CREATE OR REPLACE FUNCTION llm._open_execution(
     p_replay_key text, p_now timestamptz)
 RETURNS TABLE (execution_id uuid, status text, replayed boolean)
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_exec llm.executions;
@@ -57,7 +56,6 @@ CREATE OR REPLACE FUNCTION llm.open_execution(
     p_subject_id text DEFAULT NULL, p_replay_key text DEFAULT NULL, p_now timestamptz DEFAULT now())
 RETURNS TABLE (execution_id uuid, status text, replayed boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
     PERFORM llm._check_call(p_organization_id, p_now);
@@ -78,7 +76,6 @@ CREATE OR REPLACE FUNCTION llm._close_execution(
     p_organization_id uuid, p_execution_id uuid, p_outcome text, p_error text, p_now timestamptz)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
     -- compare-and-set on running: close and abandonment race, one wins
@@ -108,7 +105,6 @@ CREATE OR REPLACE FUNCTION llm.close_execution(
     p_now timestamptz DEFAULT now())
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_closed boolean;

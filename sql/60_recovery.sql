@@ -13,7 +13,6 @@
 CREATE OR REPLACE FUNCTION llm._bound_locks()
 RETURNS text
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_before text := pg_catalog.current_setting('lock_timeout');
@@ -31,7 +30,6 @@ COMMENT ON FUNCTION llm._bound_locks() IS
 CREATE OR REPLACE FUNCTION llm._check_deadline(p_organization_id uuid, p_deadline timestamptz, p_step text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
     IF pg_catalog.clock_timestamp() > p_deadline THEN
@@ -52,7 +50,6 @@ CREATE OR REPLACE FUNCTION llm._abandon_stale_tasks(
     p_organization_id uuid, p_now timestamptz, p_cutoff timestamptz)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_task record;
@@ -84,7 +81,6 @@ CREATE OR REPLACE FUNCTION llm._recover_stranded(
     p_organization_id uuid, p_now timestamptz, p_cutoff timestamptz, p_batch integer,
     p_recovery_charge text, INOUT p_sweep llm.org_sweep)
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_ids uuid[];
@@ -191,7 +187,6 @@ CREATE OR REPLACE FUNCTION llm._reconcile_org(
     p_organization_id uuid, p_now timestamptz, p_batch integer, p_run_id uuid)
 RETURNS llm.org_sweep
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_settings llm.settings := llm._settings();
@@ -255,7 +250,6 @@ CREATE OR REPLACE FUNCTION llm._refresh_drift(
     p_organization_id uuid, p_now timestamptz, p_since timestamptz, p_run_id uuid)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_row record;
@@ -330,7 +324,6 @@ CREATE OR REPLACE FUNCTION llm.reconcile_org(
     p_run_id uuid DEFAULT NULL)
 RETURNS llm.org_sweep
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_result llm.org_sweep;

@@ -9,7 +9,6 @@
 CREATE OR REPLACE FUNCTION llm._audit_org(p_organization_id uuid, p_now timestamptz, p_run_id uuid)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_current date := llm._period_start(p_now);

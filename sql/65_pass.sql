@@ -14,7 +14,6 @@
 CREATE OR REPLACE FUNCTION llm._lease_holder_running(p_lease llm.pass_lease)
 RETURNS boolean
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_backend_start timestamptz;
@@ -45,7 +44,6 @@ COMMENT ON FUNCTION llm._lease_holder_running(llm.pass_lease) IS
 
 CREATE OR REPLACE FUNCTION llm._begin_run(p_now timestamptz, OUT run_id uuid, OUT token uuid)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_now timestamptz := coalesce(p_now, pg_catalog.now());
@@ -114,7 +112,6 @@ COMMENT ON FUNCTION llm._begin_run(timestamptz) IS
 CREATE OR REPLACE FUNCTION llm._renew_lease(p_run_id uuid, p_token uuid)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
     -- locks the lease row until the caller's transaction ends
@@ -140,7 +137,6 @@ COMMENT ON FUNCTION llm._renew_lease(uuid, uuid) IS
 CREATE OR REPLACE FUNCTION llm._pass_organizations()
 RETURNS uuid[]
 LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
     RETURN ARRAY(SELECT o.id FROM llm.organizations AS o WHERE o.status = 'operational' ORDER BY o.id);
@@ -151,7 +147,6 @@ COMMENT ON FUNCTION llm._pass_organizations() IS 'The operational organizations 
 CREATE OR REPLACE FUNCTION llm._audits_due(p_now timestamptz)
 RETURNS uuid[]
 LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
     -- due: never audited, or audited 23 hours ago or more (llm._audit_org sets the time)
@@ -171,7 +166,6 @@ CREATE OR REPLACE FUNCTION llm._run_org(
     p_run_id uuid, p_token uuid, p_organization_id uuid, p_now timestamptz, p_batch integer)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_sweep llm.org_sweep;
@@ -221,7 +215,6 @@ CREATE OR REPLACE FUNCTION llm._run_followup(
     p_run_id uuid, p_token uuid, p_step text, p_now timestamptz, p_day date DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_now timestamptz := coalesce(p_now, pg_catalog.now());
@@ -266,7 +259,6 @@ COMMENT ON FUNCTION llm._run_followup(uuid, uuid, text, timestamptz, date) IS
 CREATE OR REPLACE FUNCTION llm._rebuild_days(p_now timestamptz)
 RETURNS date[]
 LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_today date := (coalesce(p_now, pg_catalog.now()) AT TIME ZONE 'UTC')::date;
@@ -287,7 +279,6 @@ COMMENT ON FUNCTION llm._rebuild_days(timestamptz) IS
 CREATE OR REPLACE FUNCTION llm._run_audit(p_run_id uuid, p_organization_id uuid, p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_found integer;
@@ -323,7 +314,6 @@ COMMENT ON FUNCTION llm._run_audit(uuid, uuid, timestamptz) IS
 CREATE OR REPLACE FUNCTION llm._finish_run(p_run_id uuid, p_token uuid)
 RETURNS llm.reconciliation_runs
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_run llm.reconciliation_runs;
@@ -420,7 +410,6 @@ COMMENT ON PROCEDURE llm.run_reconciliation(timestamptz, integer) IS
 CREATE OR REPLACE FUNCTION llm.reconciliation_health(p_now timestamptz DEFAULT now())
 RETURNS TABLE (status text, last_success_at timestamptz, last_run_status text, detail text)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_now timestamptz := coalesce(p_now, pg_catalog.now());

@@ -7,7 +7,6 @@
 CREATE OR REPLACE FUNCTION llm._notify_notices_owed(p_reason text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
     -- PostgreSQL folds identical notifications of one transaction into one, so a
@@ -21,7 +20,6 @@ COMMENT ON FUNCTION llm._notify_notices_owed(text) IS
 CREATE OR REPLACE FUNCTION llm.claim_notices(p_limit integer DEFAULT 50, p_now timestamptz DEFAULT now())
 RETURNS SETOF llm.threshold_notices
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_now timestamptz := coalesce(p_now, pg_catalog.now());
@@ -61,7 +59,6 @@ COMMENT ON FUNCTION llm.claim_notices(integer, timestamptz) IS
 CREATE OR REPLACE FUNCTION llm._complete_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamptz)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
     UPDATE llm.threshold_notices AS n
@@ -80,7 +77,6 @@ COMMENT ON FUNCTION llm._complete_notice(uuid, uuid, timestamptz) IS
 CREATE OR REPLACE FUNCTION llm._require_notice(p_organization_id uuid, p_notice_id uuid)
 RETURNS void
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
     PERFORM FROM llm.threshold_notices AS n WHERE n.organization_id = p_organization_id AND n.id = p_notice_id;
@@ -96,7 +92,6 @@ CREATE OR REPLACE FUNCTION llm.complete_notice(
     p_organization_id uuid, p_notice_id uuid, p_now timestamptz DEFAULT now())
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_done boolean;
@@ -114,7 +109,6 @@ CREATE OR REPLACE FUNCTION llm._fail_notice(
     p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamptz)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_settings llm.settings := llm._settings();
@@ -148,7 +142,6 @@ CREATE OR REPLACE FUNCTION llm.fail_notice(
     p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamptz DEFAULT now())
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_done boolean;
@@ -166,7 +159,6 @@ COMMENT ON FUNCTION llm.fail_notice(uuid, uuid, text, timestamptz) IS
 CREATE OR REPLACE FUNCTION llm.rearm_notices(p_now timestamptz DEFAULT now())
 RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_now timestamptz := coalesce(p_now, pg_catalog.now());
@@ -192,7 +184,6 @@ COMMENT ON FUNCTION llm.rearm_notices(timestamptz) IS
 CREATE OR REPLACE FUNCTION llm._release_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamptz)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
     -- the claim is given back unused: due at once, and the attempt claim_notices
@@ -216,7 +207,6 @@ CREATE OR REPLACE FUNCTION llm.release_notice(
     p_organization_id uuid, p_notice_id uuid, p_now timestamptz DEFAULT now())
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_done boolean;

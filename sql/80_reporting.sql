@@ -3,7 +3,6 @@
 CREATE OR REPLACE FUNCTION llm.rebuild_daily_usage(p_from date, p_to date)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_count integer;

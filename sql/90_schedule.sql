@@ -5,7 +5,6 @@
 CREATE OR REPLACE FUNCTION llm._require_cron(p_schedule text)
 RETURNS void
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_cron_db text := pg_catalog.current_setting('cron.database_name', true);
@@ -32,7 +31,6 @@ COMMENT ON FUNCTION llm._require_cron(text) IS
 CREATE OR REPLACE FUNCTION llm.schedule_reconciliation(p_schedule text DEFAULT '0 * * * *')
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_job bigint;
@@ -60,7 +58,6 @@ COMMENT ON FUNCTION llm.schedule_reconciliation(text) IS
 CREATE OR REPLACE FUNCTION llm.unschedule_reconciliation()
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_job bigint;

@@ -6,7 +6,6 @@
 CREATE OR REPLACE FUNCTION llm.check_invariants()
 RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 BEGIN
     -- 1. held = sum of holds of open invocations, for every stripe of a period (so for

@@ -7,7 +7,6 @@
 CREATE OR REPLACE FUNCTION llm.distribute(p_shard_count integer DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, llm, pg_temp
 AS $$
 DECLARE
     v_table text;
