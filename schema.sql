@@ -219,12 +219,12 @@ CREATE FUNCTION llm._close_execution(p_organization_id uuid, p_execution_id uuid
 
 COMMENT ON FUNCTION llm._close_execution(p_organization_id uuid, p_execution_id uuid, p_outcome text, p_error text, p_now timestamp with time zone) IS 'Distributed twin of close_execution; arguments already checked.';
 
-CREATE FUNCTION llm._complete_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) RETURNS boolean
+CREATE FUNCTION llm._end_claim(p_organization_id uuid, p_notice_id uuid, p_end text, p_error text, p_now timestamp with time zone) RETURNS boolean
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 47e71486087de8638182a239b7c76a34 $$;
+    AS $$ body in sql/, md5 e17e0fbdf3cf39bc117b709dd9bc53a2 $$;
 
-COMMENT ON FUNCTION llm._complete_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) IS 'Distributed twin of complete_notice; arguments already checked.';
+COMMENT ON FUNCTION llm._end_claim(p_organization_id uuid, p_notice_id uuid, p_end text, p_error text, p_now timestamp with time zone) IS 'Distributed twin of complete_notice (p_end sent), fail_notice (failed) and release_notice (released); arguments already checked. False when the notice was not being sent.';
 
 CREATE FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) RETURNS boolean
     LANGUAGE plpgsql
@@ -246,13 +246,6 @@ CREATE FUNCTION llm._fail_invocation(p_organization_id uuid, p_invocation_id uui
     AS $$ body in sql/, md5 ae16f68dfdbd276ac6640e6e2370b305 $$;
 
 COMMENT ON FUNCTION llm._fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone) IS 'Distributed twin of fail_invocation; arguments already checked.';
-
-CREATE FUNCTION llm._fail_notice(p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamp with time zone) RETURNS boolean
-    LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 f6797b103cf21118544142ea9835e52b $$;
-
-COMMENT ON FUNCTION llm._fail_notice(p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamp with time zone) IS 'Distributed twin of fail_notice; arguments already checked.';
 
 CREATE TABLE llm.reconciliation_runs (
     id uuid DEFAULT gen_random_uuid() NOT NULL,
@@ -484,13 +477,6 @@ CREATE FUNCTION llm._refresh_drift(p_organization_id uuid, p_now timestamp with 
 
 COMMENT ON FUNCTION llm._refresh_drift(p_organization_id uuid, p_now timestamp with time zone, p_since timestamp with time zone, p_run_id uuid) IS 'Compares tasks closed since p_since with their terminal requests; stores and logs each disagreement, drops findings that no longer disagree, changes no totals.';
 
-CREATE FUNCTION llm._release_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) RETURNS boolean
-    LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 c6e98660b9a99be7acc8e281866ebe67 $$;
-
-COMMENT ON FUNCTION llm._release_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) IS 'Distributed twin of release_notice; arguments already checked.';
-
 CREATE FUNCTION llm._renew_lease(p_run_id uuid, p_token uuid) RETURNS boolean
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -688,7 +674,7 @@ COMMENT ON FUNCTION llm.close_execution(p_organization_id uuid, p_execution_id u
 CREATE FUNCTION llm.complete_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone DEFAULT now()) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 eb0391c2413261bc372d069eacefe4ba $$;
+    AS $$ body in sql/, md5 bf069f6792dd4efa2a13e5a3158715bb $$;
 
 COMMENT ON FUNCTION llm.complete_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) IS 'Marks a claimed notice sent (sending -> sent); false when it was not being sent (already sent, or re-armed).';
 
@@ -702,7 +688,7 @@ COMMENT ON FUNCTION llm.declare_task_kind(p_key text, p_description text) IS 'De
 CREATE FUNCTION llm.distribute(p_shard_count integer DEFAULT NULL::integer) RETURNS text
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $_$ body in sql/, md5 59bcbf37067b0772bc296e9d1d373b82 $_$;
+    AS $_$ body in sql/, md5 373372c5b4657c2c93f9c1173a13ae9a $_$;
 
 COMMENT ON FUNCTION llm.distribute(p_shard_count integer) IS 'Under Citus: reference tables for catalogs, per-organization tables distributed on organization_id co-located with organizations, per-organization twins distributed with force_delegation, the other llm routines propagated to the workers; LL011 without citus.';
 
@@ -716,7 +702,7 @@ COMMENT ON FUNCTION llm.fail_invocation(p_organization_id uuid, p_invocation_id 
 CREATE FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamp with time zone DEFAULT now()) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 a9ba01dcc9d213f3c72972c4cacc06aa $$;
+    AS $$ body in sql/, md5 9d30f334afe4a7e0858642e2ba518b38 $$;
 
 COMMENT ON FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamp with time zone) IS 'Returns a claimed notice to owed with its error and an exponential backoff (base * 2^(attempts-1), capped by settings; NOTIFY llm_notices); false when it was not being sent.';
 
@@ -765,7 +751,7 @@ COMMENT ON FUNCTION llm.reconciliation_health(p_now timestamp with time zone) IS
 CREATE FUNCTION llm.release_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone DEFAULT now()) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 a75096098a3644a22919a7cb197b926b $$;
+    AS $$ body in sql/, md5 bbddfc478413bd5f4932cc7942827a1e $$;
 
 COMMENT ON FUNCTION llm.release_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) IS 'Gives a claimed notice back unsent (sending -> owed, due at p_now, no attempt counted, NOTIFY llm_notices): a worker shutting down; false when it was not being sent.';
 
@@ -1098,15 +1084,13 @@ REVOKE ALL ON FUNCTION llm._clock_ok(p_now timestamp with time zone) FROM PUBLIC
 
 REVOKE ALL ON FUNCTION llm._close_execution(p_organization_id uuid, p_execution_id uuid, p_outcome text, p_error text, p_now timestamp with time zone) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm._complete_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) FROM PUBLIC;
+REVOKE ALL ON FUNCTION llm._end_claim(p_organization_id uuid, p_notice_id uuid, p_end text, p_error text, p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone) FROM PUBLIC;
-
-REVOKE ALL ON FUNCTION llm._fail_notice(p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamp with time zone) FROM PUBLIC;
 
 GRANT SELECT ON TABLE llm.reconciliation_runs TO llm_reader;
 GRANT SELECT ON TABLE llm.reconciliation_runs TO llm_operator;
@@ -1164,8 +1148,6 @@ REVOKE ALL ON FUNCTION llm._record_crossings(p_organization_id uuid, p_period_st
 REVOKE ALL ON FUNCTION llm._recover_stranded(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone, p_batch integer, p_recovery_charge text, INOUT p_sweep llm.org_sweep) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._refresh_drift(p_organization_id uuid, p_now timestamp with time zone, p_since timestamp with time zone, p_run_id uuid) FROM PUBLIC;
-
-REVOKE ALL ON FUNCTION llm._release_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._renew_lease(p_run_id uuid, p_token uuid) FROM PUBLIC;
 

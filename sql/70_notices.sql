@@ -56,24 +56,6 @@ $$;
 COMMENT ON FUNCTION llm.claim_notices(integer, timestamptz) IS
     'Claims up to p_limit due owed notices (owed -> sending), oldest crossing first, by compare-and-set per notice: two workers never claim the same notice.';
 
-CREATE OR REPLACE FUNCTION llm._complete_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamptz)
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE
-AS $$
-BEGIN
-    UPDATE llm.threshold_notices AS n
-       SET status = 'sent', sent_at = p_now, last_error = NULL
-     WHERE n.organization_id = p_organization_id AND n.id = p_notice_id AND n.status = 'sending';
-    IF FOUND THEN
-        RETURN true;
-    END IF;
-    PERFORM llm._require_notice(p_organization_id, p_notice_id);
-    RETURN false;
-END
-$$;
-COMMENT ON FUNCTION llm._complete_notice(uuid, uuid, timestamptz) IS
-    'Distributed twin of complete_notice; arguments already checked.';
-
 CREATE OR REPLACE FUNCTION llm._require_notice(p_organization_id uuid, p_notice_id uuid)
 RETURNS void
 LANGUAGE plpgsql STABLE
@@ -88,25 +70,14 @@ END
 $$;
 COMMENT ON FUNCTION llm._require_notice(uuid, uuid) IS 'Raises 22023 when the notice does not exist for that organization.';
 
-CREATE OR REPLACE FUNCTION llm.complete_notice(
-    p_organization_id uuid, p_notice_id uuid, p_now timestamptz DEFAULT now())
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
-DECLARE
-    v_done boolean;
-BEGIN
-    PERFORM llm._check_call(p_organization_id, p_now, 'notice', p_notice_id);
-    SELECT c INTO v_done
-      FROM llm._complete_notice(p_organization_id, p_notice_id, coalesce(p_now, pg_catalog.now())) AS c;
-    RETURN v_done;
-END
-$$;
-COMMENT ON FUNCTION llm.complete_notice(uuid, uuid, timestamptz) IS
-    'Marks a claimed notice sent (sending -> sent); false when it was not being sent (already sent, or re-armed).';
-
-CREATE OR REPLACE FUNCTION llm._fail_notice(
-    p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamptz)
+-- A claim ends here, whoever ends it: compare-and-set on 'sending' (a notice
+-- re-armed meanwhile, or already ended, returns false), then one of three ends:
+--   sent      complete_notice: delivered;
+--   failed    fail_notice: owed again after an exponential backoff, with its error;
+--   released  release_notice: a worker shutting down gives it back unused, owed
+--             at once, and the attempt claim_notices counted is taken back.
+CREATE OR REPLACE FUNCTION llm._end_claim(
+    p_organization_id uuid, p_notice_id uuid, p_end text, p_error text, p_now timestamptz)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -120,23 +91,52 @@ BEGIN
       FROM llm.threshold_notices AS n
      WHERE n.organization_id = p_organization_id AND n.id = p_notice_id AND n.status = 'sending'
        FOR UPDATE;
-    IF FOUND THEN
+    IF NOT FOUND THEN
+        PERFORM llm._require_notice(p_organization_id, p_notice_id);
+        RETURN false;
+    END IF;
+    IF p_end = 'sent' THEN
+        UPDATE llm.threshold_notices AS n
+           SET status = 'sent', sent_at = p_now, last_error = NULL
+         WHERE n.organization_id = p_organization_id AND n.id = p_notice_id;
+        RETURN true;
+    ELSIF p_end = 'failed' THEN
         UPDATE llm.threshold_notices AS n
            SET status = 'owed', last_error = p_error, claimed_at = NULL,
                next_attempt_at = p_now + LEAST(
                    v_settings.notice_backoff_max,
                    v_settings.notice_backoff_base * pg_catalog.power(2, LEAST(v_attempts, 30) - 1))
          WHERE n.organization_id = p_organization_id AND n.id = p_notice_id;
-        -- owed again (after its backoff): a listener wakes and learns when it is due
         PERFORM llm._notify_notices_owed('retry');
-        RETURN true;
+    ELSE
+        UPDATE llm.threshold_notices AS n
+           SET status = 'owed', claimed_at = NULL, next_attempt_at = p_now,
+               attempts = GREATEST(v_attempts - 1, 0)
+         WHERE n.organization_id = p_organization_id AND n.id = p_notice_id;
+        PERFORM llm._notify_notices_owed('released');
     END IF;
-    PERFORM llm._require_notice(p_organization_id, p_notice_id);
-    RETURN false;
+    RETURN true;  -- owed again: a listener wakes and learns when it is due
 END
 $$;
-COMMENT ON FUNCTION llm._fail_notice(uuid, uuid, text, timestamptz) IS
-    'Distributed twin of fail_notice; arguments already checked.';
+COMMENT ON FUNCTION llm._end_claim(uuid, uuid, text, text, timestamptz) IS
+    'Distributed twin of complete_notice (p_end sent), fail_notice (failed) and release_notice (released); arguments already checked. False when the notice was not being sent.';
+
+CREATE OR REPLACE FUNCTION llm.complete_notice(
+    p_organization_id uuid, p_notice_id uuid, p_now timestamptz DEFAULT now())
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $$
+DECLARE
+    v_done boolean;
+BEGIN
+    PERFORM llm._check_call(p_organization_id, p_now, 'notice', p_notice_id);
+    SELECT e INTO v_done
+      FROM llm._end_claim(p_organization_id, p_notice_id, 'sent', NULL, coalesce(p_now, pg_catalog.now())) AS e;
+    RETURN v_done;
+END
+$$;
+COMMENT ON FUNCTION llm.complete_notice(uuid, uuid, timestamptz) IS
+    'Marks a claimed notice sent (sending -> sent); false when it was not being sent (already sent, or re-armed).';
 
 CREATE OR REPLACE FUNCTION llm.fail_notice(
     p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamptz DEFAULT now())
@@ -148,13 +148,30 @@ DECLARE
 BEGIN
     PERFORM llm._check_call(p_organization_id, p_now, 'notice', p_notice_id);
     PERFORM llm._check_text('p_error', p_error, 4000);
-    SELECT f INTO v_done
-      FROM llm._fail_notice(p_organization_id, p_notice_id, p_error, coalesce(p_now, pg_catalog.now())) AS f;
+    SELECT e INTO v_done
+      FROM llm._end_claim(p_organization_id, p_notice_id, 'failed', p_error, coalesce(p_now, pg_catalog.now())) AS e;
     RETURN v_done;
 END
 $$;
 COMMENT ON FUNCTION llm.fail_notice(uuid, uuid, text, timestamptz) IS
     'Returns a claimed notice to owed with its error and an exponential backoff (base * 2^(attempts-1), capped by settings; NOTIFY llm_notices); false when it was not being sent.';
+
+CREATE OR REPLACE FUNCTION llm.release_notice(
+    p_organization_id uuid, p_notice_id uuid, p_now timestamptz DEFAULT now())
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $$
+DECLARE
+    v_done boolean;
+BEGIN
+    PERFORM llm._check_call(p_organization_id, p_now, 'notice', p_notice_id);
+    SELECT e INTO v_done
+      FROM llm._end_claim(p_organization_id, p_notice_id, 'released', NULL, coalesce(p_now, pg_catalog.now())) AS e;
+    RETURN v_done;
+END
+$$;
+COMMENT ON FUNCTION llm.release_notice(uuid, uuid, timestamptz) IS
+    'Gives a claimed notice back unsent (sending -> owed, due at p_now, no attempt counted, NOTIFY llm_notices): a worker shutting down; false when it was not being sent.';
 
 CREATE OR REPLACE FUNCTION llm.rearm_notices(p_now timestamptz DEFAULT now())
 RETURNS integer
@@ -180,42 +197,3 @@ END
 $$;
 COMMENT ON FUNCTION llm.rearm_notices(timestamptz) IS
     'Makes notices owed again whose claim is older than settings.notice_claim_timeout without completion, due at once (NOTIFY llm_notices); returns how many. Failed notices are already owed with their backoff.';
-
-CREATE OR REPLACE FUNCTION llm._release_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamptz)
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE
-AS $$
-BEGIN
-    -- the claim is given back unused: due at once, and the attempt claim_notices
-    -- counted is taken back (it never reached the webhook)
-    UPDATE llm.threshold_notices AS n
-       SET status = 'owed', claimed_at = NULL, next_attempt_at = p_now,
-           attempts = GREATEST(n.attempts - 1, 0)
-     WHERE n.organization_id = p_organization_id AND n.id = p_notice_id AND n.status = 'sending';
-    IF FOUND THEN
-        PERFORM llm._notify_notices_owed('released');
-        RETURN true;
-    END IF;
-    PERFORM llm._require_notice(p_organization_id, p_notice_id);
-    RETURN false;
-END
-$$;
-COMMENT ON FUNCTION llm._release_notice(uuid, uuid, timestamptz) IS
-    'Distributed twin of release_notice; arguments already checked.';
-
-CREATE OR REPLACE FUNCTION llm.release_notice(
-    p_organization_id uuid, p_notice_id uuid, p_now timestamptz DEFAULT now())
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
-DECLARE
-    v_done boolean;
-BEGIN
-    PERFORM llm._check_call(p_organization_id, p_now, 'notice', p_notice_id);
-    SELECT r INTO v_done
-      FROM llm._release_notice(p_organization_id, p_notice_id, coalesce(p_now, pg_catalog.now())) AS r;
-    RETURN v_done;
-END
-$$;
-COMMENT ON FUNCTION llm.release_notice(uuid, uuid, timestamptz) IS
-    'Gives a claimed notice back unsent (sending -> owed, due at p_now, no attempt counted, NOTIFY llm_notices): a worker shutting down; false when it was not being sent.';
