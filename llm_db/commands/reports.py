@@ -1,0 +1,115 @@
+"""``llm-db report`` and ``metrics``: the books for people, and for Prometheus."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from datetime import datetime
+from pathlib import Path
+from uuid import UUID
+
+import click
+import psycopg
+
+from llm_db.commands._base import (
+    Failure,
+    _connect,
+    _require_extras,
+    dsn_option,
+    json_option,
+    now_option,
+)
+
+# ----------------------------------------------------------- report
+
+
+@click.command(short_help="Usage per organization and day, open holds, tasks by status.")
+@dsn_option
+@click.option("--org", "organization_id", type=click.UUID, default=None,
+              help="Only this organization.")  # fmt: skip
+@click.option("--days", type=click.IntRange(1, 3660), default=7, show_default=True,
+              help="UTC days to cover, ending today.")  # fmt: skip
+@now_option
+@json_option
+def report(
+    dsn: str | None, organization_id: UUID | None, days: int, now: datetime | None, as_json: bool
+) -> None:
+    """Period usage per organization, daily usage, open holds and tasks by status.
+
+    Reads tables only (llm_reader is enough). Periods overlapping the days,
+    daily usage by settlement day, requests still holding credits (and how
+    many are past the recovery window), tasks started in the days plus every
+    running task.
+
+    \b
+    Examples:
+      llm-db report --dsn postgresql://analytics@db/app
+      llm-db report --org 0b6f2d1e-... --days 31
+      llm-db report --json | jq '.periods[] | {name, used_credits}'
+    """
+    from llm_db.report import build_report, render_report, report_json
+
+    with _connect(dsn) as conn:
+        result = build_report(conn, days=days, organization_id=organization_id, now=now)
+    if as_json:
+        click.echo(json.dumps(report_json(result), sort_keys=True))
+    else:
+        click.echo(render_report(result))
+
+
+# ----------------------------------------------------------- metrics
+
+
+@click.command(short_help="Prometheus exposition: pass health, last run, stale work.")
+@dsn_option
+@now_option
+@click.option(
+    "--output",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    default=None,
+    help="Write to this file atomically (node_exporter textfile collector) instead of stdout.",
+)
+def metrics(dsn: str | None, now: datetime | None, output: Path | None) -> None:
+    """Prometheus text exposition: pass health, last run figures and age, stale work.
+
+    Gauges: llm_up (1: the database was read; 0: it could not be, exit 4, and
+    --output still replaces the file so a stale "ok" never stays behind),
+    llm_scrape_duration_seconds, llm_reconciliation_health{status},
+    llm_reconciliation_last_run_* (figures, status, duration, age_seconds; all 0
+    before the first pass), llm_stale_open_requests (older than the recovery
+    window: should be 0 after a pass), llm_open_requests, llm_open_hold_credits,
+    llm_running_tasks, llm_drift_findings, llm_notices{status}. `llm-db worker`
+    serves the same at /metrics. Needs the worker extra (prometheus_client).
+
+    \b
+    Examples:
+      llm-db metrics --dsn postgresql://monitor@db/app
+      # node_exporter textfile collector, every minute from cron:
+      * * * * * llm-db metrics --output /var/lib/node_exporter/textfile/llm.prom
+    """
+    _require_extras()
+    from llm_db.metrics import scrape
+
+    result = scrape(lambda: _connect(dsn), now=now, catch=(psycopg.Error, Failure))
+    if output is None:
+        click.echo(result.text.decode(), nl=False)
+    else:
+        _write_atomically(output, result.text)
+    if result.error is not None:
+        raise result.error
+
+
+def _write_atomically(output: Path, text: bytes) -> None:
+    output = output.resolve()
+    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, output)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
