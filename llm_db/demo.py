@@ -24,7 +24,8 @@ database (``--dsn``) the one pass the demo runs is exactly what the hourly job
 would do at that moment; the demo's organizations have fresh ids there.
 
 ``run_demo`` returns every figure it printed as a dict (``llm-db demo --json``
-prints it as the last line).
+prints it as the last line). The traffic of step 2 (the cast, the seeded plan, the
+worker threads) is ``llm_db._demo_traffic``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import http.server
-import random
 import signal
 import threading
 import time
@@ -45,8 +45,15 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from llm_db import errors
-from llm_db.executions import ExecutionContext, with_llm_execution
+from llm_db._demo_traffic import (
+    DAY,
+    TASK_KINDS,
+    DemoOrg,
+    Tally,
+    _organizations,
+    _run_workers,
+    plan_traffic,
+)
 from llm_db.report import (
     ORGANIZATION_TOTALS,
     books_history,
@@ -61,8 +68,6 @@ __all__ = ["DemoError", "run_demo"]
 Out = Callable[[str], Any]
 
 RECOVERY_SHIFT = timedelta(hours=25)  # how far past the end of the day the pass runs
-DAY = timedelta(hours=24)
-TOTAL_ITEMS = 216  # single requests or tasks, shared out between the workers
 DRIFT_CREDITS = 250  # what the injected fault adds to a closed task
 # the demo's own Standard Webhooks secret (base64 of 32 fixed bytes): a throw-away
 # receiver on 127.0.0.1, never a real one; make real ones with `llm-db notices new-secret`
@@ -71,36 +76,6 @@ WEBHOOK_SECRET = "whsec_bGxtLWRiIGRlbW8gd2ViaG9vaywgbm90IGEgc2VjcmV0IQ=="
 
 class DemoError(RuntimeError):
     """The demo cannot run (e.g. llm-db is not installed in the --dsn database)."""
-
-
-# ----------------------------------------------------------- the cast
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class DemoOrg:
-    key: str
-    name: str
-    allowance: int | None
-    status: str
-    weight: int
-    id: uuid.UUID
-
-
-def _organizations() -> list[DemoOrg]:
-    return [
-        DemoOrg("acme", "Acme Research", 24_000, "operational", 9, uuid.uuid4()),
-        DemoOrg("globex", "Globex", None, "operational", 9, uuid.uuid4()),
-        DemoOrg("initech", "Initech", 50_000, "suspended", 2, uuid.uuid4()),
-    ]
-
-
-TASK_KINDS = {
-    "demo.summarize": "Summarize a document in a few model calls",
-    "demo.translate": "Translate a document section by section",
-}
-
-# model -> cents per credit
-MODELS = {"gpt-4o": 0.03, "claude-sonnet": 0.025, "llama-70b": 0.008}
 
 # ----------------------------------------------------------- the demo's own SQL
 
@@ -127,272 +102,6 @@ UPDATE llm.executions AS x
    SET credits = x.credits + %(credits)s::bigint
  WHERE x.organization_id = %(organization_id)s::uuid AND x.id = %(execution_id)s::uuid
 """
-
-
-# ----------------------------------------------------------- the plan (seeded)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class PlannedRequest:
-    model: str
-    estimate: int
-    outcome: str  # settle | fail | crash
-    usage_ratio: float  # measured credits / estimate
-    latency_s: float
-    input_tokens: int
-    output_tokens: int
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Item:
-    at: timedelta  # after the start of the day
-    org: str
-    kind: str  # single | task | stuck_task
-    task_key: str | None
-    body_raises: bool
-    requests: tuple[PlannedRequest, ...]
-
-
-def _request(rng: random.Random, *, may_crash: bool) -> PlannedRequest:
-    roll = rng.random()
-    outcome = "crash" if may_crash and roll < 0.06 else "fail" if roll < 0.11 else "settle"
-    estimate = rng.randint(40, 400)
-    return PlannedRequest(
-        model=rng.choice(list(MODELS)),
-        estimate=estimate,
-        outcome=outcome,
-        usage_ratio=rng.uniform(0.55, 1.1),
-        latency_s=rng.uniform(1.0, 30.0),
-        input_tokens=estimate * rng.randint(3, 8),
-        output_tokens=estimate * rng.randint(1, 3),
-    )
-
-
-def plan_traffic(seed: int, workers: int, orgs: list[DemoOrg]) -> list[list[Item]]:
-    """Each worker's items, in time order; worker 0 also gets the task that stays running."""
-    per_worker = max(1, TOTAL_ITEMS // workers)
-    keys = [o.key for o in orgs]
-    weights = [o.weight for o in orgs]
-    plans = []
-    for w in range(workers):
-        rng = random.Random(f"llm-db demo {seed} worker {w}")
-        offsets = sorted(rng.uniform(0, DAY.total_seconds() - 900) for _ in range(per_worker))
-        items = []
-        for n, offset in enumerate(offsets):
-            org = rng.choices(keys, weights)[0]
-            if w == 0 and n == per_worker // 2:
-                requests = tuple(_request(rng, may_crash=False) for _ in range(2))
-                requests = tuple(dataclasses.replace(r, outcome="settle") for r in requests)
-                items.append(Item(timedelta(seconds=offset), "globex", "stuck_task",
-                                  "demo.summarize", False, requests))  # fmt: skip
-            elif rng.random() < 0.25:
-                requests = tuple(_request(rng, may_crash=False) for _ in range(rng.randint(2, 4)))
-                items.append(Item(timedelta(seconds=offset), org, "task", rng.choice(list(TASK_KINDS)),
-                                  rng.random() < 0.15, requests))  # fmt: skip
-            else:
-                items.append(Item(timedelta(seconds=offset), org, "single", None, False,
-                                  (_request(rng, may_crash=True),)))  # fmt: skip
-        plans.append(items)
-    return plans
-
-
-# ----------------------------------------------------------- the workers
-
-
-class _ToolError(RuntimeError):
-    """What a task body raises when the simulated tool fails."""
-
-
-@dataclasses.dataclass
-class Tally:
-    """What the workers did, per organization key, plus task outcomes."""
-
-    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
-    by_org: dict[str, Counter[str]] = dataclasses.field(default_factory=dict)
-    tasks: Counter[str] = dataclasses.field(default_factory=Counter)
-
-    def add(self, org: str, what: str, n: int = 1) -> None:
-        with self.lock:
-            self.by_org.setdefault(org, Counter())[what] += n
-
-    def task(self, what: str) -> None:
-        with self.lock:
-            self.tasks[what] += 1
-
-
-class _Clock:
-    """A worker's simulated time; callable, so ``with_llm_execution(now=clock)`` reads it."""
-
-    def __init__(self, start: datetime) -> None:
-        self.t = start
-
-    def __call__(self) -> datetime:
-        return self.t
-
-    def advance(self, seconds: float) -> datetime:
-        self.t += timedelta(seconds=seconds)
-        return self.t
-
-
-class _Worker(threading.Thread):
-    def __init__(
-        self,
-        index: int,
-        dsn: str,
-        items: list[Item],
-        orgs: dict[str, DemoOrg],
-        day_start: datetime,
-        tally: Tally,
-        stop: threading.Event,
-    ) -> None:
-        super().__init__(name=f"llm-db demo worker {index}", daemon=True)
-        self.dsn = dsn
-        self.items = items
-        self.orgs = orgs
-        self.day_start = day_start
-        self.tally = tally
-        self.stop = stop
-        self.error: BaseException | None = None
-        self.conn: psycopg.Connection | None = None
-        self.llm: Llm | None = None
-
-    # a fresh process after a crash: a new connection
-    def _connect(self) -> Llm:
-        self.conn = psycopg.connect(
-            self.dsn, autocommit=True, prepare_threshold=None, application_name="llm-db demo"
-        )
-        self.llm = Llm(self.conn)
-        return self.llm
-
-    def _crash(self) -> None:
-        assert self.conn is not None
-        self.conn.close()  # whatever it had in flight is never settled
-        self._connect()
-
-    def run(self) -> None:
-        try:
-            self._connect()
-            clock = _Clock(self.day_start)
-            for item in self.items:
-                if self.stop.is_set():
-                    return
-                clock.t = max(clock.t, self.day_start + item.at)
-                self._item(item, clock)
-        except BaseException as exc:
-            self.error = exc
-        finally:
-            if self.conn is not None:
-                self.conn.close()
-
-    def _item(self, item: Item, clock: _Clock) -> None:
-        org = self.orgs[item.org]
-        if item.kind == "single":
-            self._single(org, item.requests[0], clock)
-        elif item.kind == "task":
-            self._task(org, item, clock)
-        else:
-            self._stuck_task(org, item, clock)
-
-    def _send(
-        self,
-        org: DemoOrg,
-        req: PlannedRequest,
-        clock: _Clock,
-        execution_id: uuid.UUID | None = None,
-    ) -> None:
-        """One model request: admit, dispatch, then settle, fail or crash."""
-        llm = self.llm
-        assert llm is not None
-        try:
-            inv = llm.admit(org.id, req.estimate, req.model, execution_id=execution_id, now=clock.t)
-        except errors.AllowanceExhausted:
-            self.tally.add(org.key, "refused_allowance")
-            raise
-        except errors.OrganizationNotOperational:
-            self.tally.add(org.key, "refused_suspended")
-            raise
-        self.tally.add(org.key, "admitted")
-        llm.mark_dispatched(org.id, inv.id, now=clock.advance(0.2))
-        clock.advance(req.latency_s)
-        if req.outcome == "crash":
-            self.tally.add(org.key, "crashed")
-            self.tally.add(org.key, "crashed_hold_credits", inv.hold_credits)
-            self._crash()
-        elif req.outcome == "fail":
-            llm.fail(org.id, inv.id, "provider answered 503 Service Unavailable", now=clock.t)
-            self.tally.add(org.key, "failed")
-        else:
-            credits = max(1, round(req.estimate * req.usage_ratio))
-            llm.settle(
-                org.id,
-                inv.id,
-                credits,
-                max(1, round(credits * MODELS[req.model])),
-                input_tokens=req.input_tokens,
-                output_tokens=round(req.output_tokens * req.usage_ratio),
-                now=clock.t,
-            )
-            self.tally.add(org.key, "settled")
-
-    def _single(self, org: DemoOrg, req: PlannedRequest, clock: _Clock) -> None:
-        with contextlib.suppress(errors.AllowanceExhausted, errors.OrganizationNotOperational):
-            self._send(org, req, clock)
-
-    def _task(self, org: DemoOrg, item: Item, clock: _Clock) -> None:
-        assert item.task_key is not None and self.llm is not None
-
-        def body(ctx: ExecutionContext) -> None:
-            for n, req in enumerate(item.requests):
-                self._send(org, req, clock, execution_id=ctx.execution_id)
-                if item.body_raises and n == len(item.requests) - 2:
-                    raise _ToolError("the document store timed out")
-
-        try:
-            with_llm_execution(self.llm, org.id, item.task_key, body, now=clock,
-                               subject_type="document", subject_id=f"doc-{clock.t:%H%M%S}")  # fmt: skip
-        except errors.OrganizationNotOperational:
-            self.tally.add(org.key, "refused_suspended")
-        except errors.AllowanceExhausted:
-            self.tally.task("failed")  # the body ran out of allowance: the task failed
-        except _ToolError:
-            self.tally.task("failed")
-        else:
-            self.tally.task("completed")
-
-    def _stuck_task(self, org: DemoOrg, item: Item, clock: _Clock) -> None:
-        """A worker dies inside a task: its requests settled, the task never closed."""
-        assert item.task_key is not None and self.llm is not None
-        opened = self.llm.open_execution(org.id, item.task_key, subject_type="document",
-                                         subject_id="doc-stuck", now=clock.t)  # fmt: skip
-        for req in item.requests:
-            self._send(org, req, clock, execution_id=opened.execution_id)
-        self.tally.task("left_running")
-        self._crash()
-
-
-def _run_workers(
-    dsn: str, plans: list[list[Item]], orgs: dict[str, DemoOrg], day_start: datetime
-) -> Tally:
-    tally = Tally()
-    stop = threading.Event()
-    workers = [
-        _Worker(i, dsn, items, orgs, day_start, tally, stop) for i, items in enumerate(plans)
-    ]
-    for w in workers:
-        w.start()
-    try:
-        for w in workers:
-            while w.is_alive():
-                w.join(0.2)
-    except BaseException:
-        stop.set()
-        for w in workers:
-            w.join(30)
-        raise
-    for w in workers:
-        if w.error is not None:
-            raise w.error
-    return tally
 
 
 # ----------------------------------------------------------- the webhook

@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from llm_db.demo import _organizations, plan_traffic
+from llm_db._demo_traffic import _organizations, plan_traffic
 from tests.helpers import assert_books_right, health, row, rows, scalar
 
 DEMO_BUDGET_S = 60.0
