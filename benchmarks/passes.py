@@ -11,24 +11,12 @@ from typing import Any
 
 import psycopg
 
-from benchmarks import cpu
+from benchmarks import common, cpu
 from benchmarks import queries as q
-from benchmarks.common import (
-    Row,
-    Sizes,
-    checkpoint,
-    cpu_delta,
-    invariant_violations,
-    log,
-    new_llm_database,
-    now,
-    ratio,
-    timed,
-)
 from benchmarks.server import Target
 
 
-def load_history(target: Target, sizes: Sizes, first: int, last: int, *, prefix: str, per_task: int,
+def load_history(target: Target, sizes: common.Sizes, first: int, last: int, *, prefix: str, per_task: int,
                  end: dt.datetime, step: float, fast: bool, tasks: bool = True) -> float:  # fmt: skip
     """Settled requests [first, last) into the pass database, in chunks; returns seconds."""
     start = time.perf_counter()
@@ -52,8 +40,8 @@ def _one_pass(conn: psycopg.Connection, pid: int, clock: dt.datetime) -> tuple[f
     WAL bytes."""
     lsn = conn.execute(q.WAL_LSN).fetchone()[0]
     cpu_before = cpu.cpu_seconds(pid)
-    seconds, _ = timed(lambda: conn.execute(q.RUN_PASS, {"now": clock}))
-    cpu_used = cpu_delta(pid, cpu_before)
+    seconds, _ = common.timed(lambda: conn.execute(q.RUN_PASS, {"now": clock}))
+    cpu_used = common.cpu_delta(pid, cpu_before)
     wal = conn.execute(q.WAL_BYTES_SINCE, {"lsn": lsn}).fetchone()[0]
     run = conn.execute(q.LAST_RUN).fetchone()
     if run[0] != "succeeded" or run[3] or run[4]:
@@ -106,14 +94,14 @@ def interleaved_passes(target: Target, names: Sequence[str], repeats: int,
     return out
 
 
-def bench_pass(target: Target, sizes: Sizes, fast: bool) -> tuple[list[Row], dict[str, Any]]:
+def bench_pass(target: Target, sizes: common.Sizes, fast: bool) -> tuple[list[common.Row], dict[str, Any]]:
     # Long on purpose: one database grown step by step (history, drift window, busy
     # month), each step measured on what the previous ones loaded; read top to bottom.
-    log(f"idle pass: {sizes.pass_orgs:,} operational organizations")
-    new_llm_database(target, "pass")
+    common.log(f"idle pass: {sizes.pass_orgs:,} operational organizations")
+    common.new_llm_database(target, "pass")
     # The passes' clock: the 15th of this month, an hour later each pass (PassClock), so
     # a busy current month can be loaded before it and the passes stay inside it.
-    clock = now().replace(day=15, hour=12, minute=0, second=0, microsecond=0)
+    clock = common.now().replace(day=15, hour=12, minute=0, second=0, microsecond=0)
     passes = PassClock(clock)
     with target.connect("pass") as conn:
         conn.execute(q.INSERT_ORGS, {"orgs": sizes.pass_orgs, "allowance": 10**9, "now": clock})
@@ -126,22 +114,22 @@ def bench_pass(target: Target, sizes: Sizes, fast: bool) -> tuple[list[Row], dic
     previous_month = (clock.replace(day=1) - dt.timedelta(days=1)).replace(day=1)
     history_end = previous_month - dt.timedelta(days=1)
     points: list[dict[str, Any]] = []
-    checkpoint(target, "pass")
+    common.checkpoint(target, "pass")
     points.append({"history": 0} | time_passes(target, sizes.pass_repeats, passes))
-    log(f"  history 0: pass {min(points[-1]['times']):.2f} s")
+    common.log(f"  history 0: pass {min(points[-1]['times']):.2f} s")
     loaded, checked = 0, None
     for size in sizes.history_steps:
-        log(f"  loading settled history {loaded:,} .. {size:,}")
+        common.log(f"  loading settled history {loaded:,} .. {size:,}")
         seconds = load_history(target, sizes, loaded, size, prefix="bench-hexec-",
                                per_task=sizes.tasks_per_history_task, end=history_end, step=rate_step,
                                fast=fast)  # fmt: skip
         loaded = size
-        checkpoint(target, "pass")
+        common.checkpoint(target, "pass")
         if checked is None:
-            checked = {"history": size, "violations": invariant_violations(target, "pass")[0]}
+            checked = {"history": size, "violations": common.invariant_violations(target, "pass")[0]}
         measured = time_passes(target, sizes.pass_repeats, passes)
         points.append({"history": size, "load_seconds": seconds} | measured)
-        log(f"  history {size:,}: load {seconds:.1f} s, pass {min(measured['times']):.2f} s (best of "
+        common.log(f"  history {size:,}: load {seconds:.1f} s, pass {min(measured['times']):.2f} s (best of "
             f"{len(measured['times'])}), backend CPU {min(measured['cpu'], default=0):.2f} s, "
             f"WAL {min(measured['wal_bytes']) / 1e6:.1f} MB")  # fmt: skip
         if size == sizes.history_small:  # kept to compare with the largest history side by side
@@ -153,8 +141,8 @@ def bench_pass(target: Target, sizes: Sizes, fast: bool) -> tuple[list[Row], dic
     # and the ratio is the median of those pairs, the figures the medians of each
     # side: on this VM the same pass's CPU time moved by 2x within a minute, so a
     # best-of-N on each side compared two lucky moments (1.09 and 1.35 in two runs).
-    log(f"  interleaved passes: history {sizes.history_small:,} (copy) and {sizes.history_steps[-1]:,}")
-    checkpoint(target, "pass_small")
+    common.log(f"  interleaved passes: history {sizes.history_small:,} (copy) and {sizes.history_steps[-1]:,}")
+    common.checkpoint(target, "pass_small")
     side_by_side = interleaved_passes(target, ["pass_small", "pass"], sizes.pass_repeats, passes)
     target.drop_database("pass_small")
     small, large = (statistics.median(side_by_side[n]["times"]) for n in ("pass_small", "pass"))
@@ -165,35 +153,35 @@ def bench_pass(target: Target, sizes: Sizes, fast: bool) -> tuple[list[Row], dic
     cpu_small = statistics.median(a for a, _ in cpu_pairs) if cpu_pairs else None
     cpu_large = statistics.median(b for _, b in cpu_pairs) if cpu_pairs else None
     cpu_pair_ratio = statistics.median(b / a for a, b in cpu_pairs) if cpu_pairs else None
-    log(f"  pass {small:.2f} s vs {large:.2f} s (median of pairs {pair_ratio:.2f}), "
+    common.log(f"  pass {small:.2f} s vs {large:.2f} s (median of pairs {pair_ratio:.2f}), "
         f"backend CPU {cpu_small or 0:.2f} s vs {cpu_large or 0:.2f} s")
 
     drift_requests = sizes.drift_tasks * sizes.drift_requests_per_task
-    log(f"drift window: loading {sizes.drift_tasks:,} tasks closed within it ({drift_requests:,} requests)")
+    common.log(f"drift window: loading {sizes.drift_tasks:,} tasks closed within it ({drift_requests:,} requests)")
     # closed between 2.5 and 6.5 days ago: inside the 7-day drift window, outside the
     # 2 reporting days, so the extra pass time is the drift check's
     drift_seconds = load_history(
         target, sizes, 0, drift_requests, prefix="bench-dexec-", per_task=sizes.drift_requests_per_task,
         end=clock - dt.timedelta(days=2.5), step=4 * 86400 / drift_requests, fast=fast)  # fmt: skip
-    checkpoint(target, "pass")
+    common.checkpoint(target, "pass")
     drift_measured = time_passes(target, sizes.pass_repeats, passes)
     drift_times = drift_measured["times"]
     drift = statistics.median(drift_times)
-    log(f"  pass with {sizes.drift_tasks:,} closed tasks in the window: {drift:.2f} s")
+    common.log(f"  pass with {sizes.drift_tasks:,} closed tasks in the window: {drift:.2f} s")
     plan = explain_drift(target, clock)
 
     # The audit's worst month: the current period holds busy_month settled requests
     # (spread over the organizations, settled between the 1st and the passes' clock).
     # An hourly pass audits the organizations due (about one in 23); the last row is a
     # pass that audits every organization at once (all due, as after an upgrade).
-    log(f"busy month: loading {sizes.busy_month:,} requests into the current period")
+    common.log(f"busy month: loading {sizes.busy_month:,} requests into the current period")
     month_start = clock.replace(day=1, hour=0)
     # no tasks: the month's closed tasks would put the drift check in this row too
     busy_seconds = load_history(
         target, sizes, 0, sizes.busy_month, prefix="bench-mexec-", per_task=sizes.tasks_per_history_task,
         end=clock - dt.timedelta(hours=1), step=(clock - month_start).total_seconds() * 0.9 / sizes.busy_month,
         fast=fast, tasks=False)  # fmt: skip
-    checkpoint(target, "pass")
+    common.checkpoint(target, "pass")
     busy_measured = time_passes(target, sizes.pass_repeats, passes)
     busy = statistics.median(busy_measured["times"])
     with target.connect("pass") as conn:
@@ -201,7 +189,7 @@ def bench_pass(target: Target, sizes: Sizes, fast: bool) -> tuple[list[Row], dic
         pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
         full, _, _ = _one_pass(conn, pid, passes.next("pass"))  # it audits every organization
         audit_check = conn.execute(q.AUDIT_STATE, {"clock": passes.start}).fetchone()
-    log(f"  hourly pass in the busy month {busy:.2f} s; a pass auditing every organization "
+    common.log(f"  hourly pass in the busy month {busy:.2f} s; a pass auditing every organization "
         f"{full or 0:.2f} s; findings {audit_check[0]}, audited {audit_check[1]:,}")
 
     with target.connect("pass") as conn:
@@ -220,30 +208,30 @@ def bench_pass(target: Target, sizes: Sizes, fast: bool) -> tuple[list[Row], dic
     }  # fmt: skip
     label_small, label_large = _millions(sizes.history_small), _millions(sizes.history_steps[-1])
     rows = [
-        Row("pass_history", f"idle pass, {sizes.pass_orgs:,} orgs, history {label_large} vs {label_small} "
+        common.Row("pass_history", f"idle pass, {sizes.pass_orgs:,} orgs, history {label_large} vs {label_small} "
             "(interleaved)",
             large, "s per pass", small, f"itself at {label_small}", pair_ratio, "<= 1.15",
             {"seconds_small": small, "seconds_large": large, "estimator": "medians; ratio = median of pairs"}),
     ]  # fmt: skip
     if cpu_small and cpu_large:
-        rows.append(Row(
+        rows.append(common.Row(
             "pass_history_cpu", f"idle pass backend CPU, history {label_large} vs {label_small} (interleaved)",
             cpu_large,
             "s CPU per pass", cpu_small, f"itself at {label_small}", cpu_pair_ratio, "<= 1.15",
             {"cpu_small": cpu_small, "cpu_large": cpu_large}))  # fmt: skip
     drift_cpu = min(drift_measured["cpu"], default=None)
     rows += [
-        Row("pass_drift", f"pass with {sizes.drift_tasks:,} closed tasks in the drift window "
-            f"(history {label_large})", drift, "s per pass", large, "idle pass", ratio(drift, large), "report",
+        common.Row("pass_drift", f"pass with {sizes.drift_tasks:,} closed tasks in the drift window "
+            f"(history {label_large})", drift, "s per pass", large, "idle pass", common.ratio(drift, large), "report",
             {"times": drift_times, "cpu": drift_cpu, "index_scan_on_window": plan["window_index"],
              "executions_read": plan["executions_read"], "buffers": plan["buffers"]}),
         # against the pass just before the month was loaded (the drift row's data), so the
         # ratio is the busy month's own cost
-        Row("pass_busy_month", f"hourly pass, {_millions(sizes.busy_month)} requests in the current period "
+        common.Row("pass_busy_month", f"hourly pass, {_millions(sizes.busy_month)} requests in the current period "
             "(the audit reads its due share)", busy, "s per pass", drift, "the pass before that month",
-            ratio(busy, drift), "report", {"times": busy_measured["times"], "cpu": busy_measured["cpu"]}),
-        Row("pass_full_audit", f"a pass auditing all {sizes.pass_orgs:,} organizations in that month",
-            full, "s per pass", drift, "the pass before that month", ratio(full, drift), "report",
+            common.ratio(busy, drift), "report", {"times": busy_measured["times"], "cpu": busy_measured["cpu"]}),
+        common.Row("pass_full_audit", f"a pass auditing all {sizes.pass_orgs:,} organizations in that month",
+            full, "s per pass", drift, "the pass before that month", common.ratio(full, drift), "report",
             {"findings": audit_check[0]}),
     ]  # fmt: skip
     return rows, detail

@@ -29,8 +29,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks import driver, plot
-from benchmarks.common import FULL, QUICK, ROOT, Profiler, Row, Sizes, log, now
+from benchmarks import common, driver, plot
 from benchmarks.passes import bench_pass
 from benchmarks.recovery import bench_recovery
 from benchmarks.server import open_target
@@ -46,7 +45,7 @@ def format_figure(value: float | None, unit: str = "") -> str:
     return f"{text} {unit}".strip()
 
 
-def table_lines(rows: Sequence[Row], *, markdown: bool = False) -> list[str]:
+def table_lines(rows: Sequence[common.Row], *, markdown: bool = False) -> list[str]:
     header = ["scenario", "figure", "baseline", "ratio", "target", "met?"]
     body = []
     for r in rows:
@@ -73,7 +72,7 @@ def _git_state() -> dict[str, Any]:
     """The commit measured, and which SQL files differed from it (migrate reads the work tree)."""
 
     def git(*args: str) -> str:
-        proc = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+        proc = subprocess.run(["git", "-C", str(common.ROOT), *args], capture_output=True, text=True)
         return proc.stdout.strip() if proc.returncode == 0 else ""
 
     changed = git("status", "--porcelain", "--", "sql", "migrations")
@@ -101,24 +100,24 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _arguments(argv)
-    sizes = QUICK if args.quick else FULL
+    sizes = common.QUICK if args.quick else common.FULL
     groups = args.only or ["throughput", "recovery", "pass"]
     # a smoke run never overwrites the committed figures
-    out_dir = Path(tempfile.gettempdir()) if args.quick else ROOT / "docs"
+    out_dir = Path(tempfile.gettempdir()) if args.quick else common.ROOT / "docs"
     args.json = args.json or out_dir / ("benchmarks-quick.json" if args.quick else "benchmarks.json")
     args.png = args.png or out_dir / ("pass_cost-quick.png" if args.quick else "pass_cost.png")
     args.stripes_png = args.stripes_png or out_dir / ("stripes-quick.png" if args.quick else "stripes.png")
 
-    started, load_before = now(), os.getloadavg()
-    rows: list[Row] = []
+    started, load_before = common.now(), os.getloadavg()
+    rows: list[common.Row] = []
     details: dict[str, Any] = {}
     with open_target(args.dsn, profile=args.profile) as target:
         settings = target.settings()
         if settings["fsync"] != "on" or settings["synchronous_commit"] != "on":
-            log(f"WARNING: fsync={settings['fsync']} synchronous_commit={settings['synchronous_commit']}: "
+            common.log(f"WARNING: fsync={settings['fsync']} synchronous_commit={settings['synchronous_commit']}: "
                 "figures are not durable-commit figures")  # fmt: skip
         fast_load = target.is_superuser()
-        profiler = Profiler(target, args.profile)
+        profiler = common.Profiler(target, args.profile)
         if "throughput" in groups:
             new_rows, details["throughput"] = bench_throughput(target, sizes, profiler)
             rows += new_rows
@@ -128,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "pass" in groups:
             new_rows, details["pass"] = bench_pass(target, sizes, fast_load)
             rows += new_rows
-    finished = now()
+    finished = common.now()
 
     print()
     for line in table_lines(rows):
@@ -157,12 +156,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     }  # fmt: skip
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    log(f"wrote {args.json}")
+    common.log(f"wrote {args.json}")
     _plots(args, sizes, details)
     return 0
 
 
-def _plots(args: argparse.Namespace, sizes: Sizes, details: dict[str, Any]) -> None:
+def _plots(args: argparse.Namespace, sizes: common.Sizes, details: dict[str, Any]) -> None:
     """The pass's cost over history and the request rate over stripes, as PNGs."""
     if "pass" in details:
         series = [("idle pass, wall clock", [p["history"] for p in details["pass"]["points"]],
@@ -177,7 +176,7 @@ def _plots(args: argparse.Namespace, sizes: Sizes, details: dict[str, Any]) -> N
         plot.pass_cost(args.png, series, orgs=sizes.pass_orgs,
                        note=f"best of {sizes.pass_repeats} hourly passes after a warm-up pass; fsync on; "
                        f"{os.cpu_count()} CPUs")  # fmt: skip
-        log(f"wrote {args.png}")
+        common.log(f"wrote {args.png}")
     if "throughput" in details:
         by_count = details["throughput"]["stripes"]
         counts = sorted(int(c) for c in by_count)
@@ -185,7 +184,7 @@ def _plots(args: argparse.Namespace, sizes: Sizes, details: dict[str, Any]) -> N
                      spread=sum(details["throughput"]["spread_runs"]) / 2,
                      simple_update=details["throughput"]["simple_update"]["tps"], clients=sizes.clients,
                      note=f"pgbench, {sizes.pgbench_seconds} s per point; fsync on; {os.cpu_count()} CPUs")  # fmt: skip
-        log(f"wrote {args.stripes_png}")
+        common.log(f"wrote {args.stripes_png}")
 
 
 if __name__ == "__main__":

@@ -9,43 +9,29 @@ import subprocess
 from dataclasses import asdict
 from typing import Any
 
-from benchmarks import cpu, driver
+from benchmarks import common, cpu, driver
 from benchmarks import queries as q
-from benchmarks.common import (
-    SCRIPTS,
-    Profiler,
-    Row,
-    Sizes,
-    invariant_violations,
-    log,
-    new_llm_database,
-    now,
-    pgbench,
-    ratio,
-    run_args,
-    settle,
-)
 from benchmarks.server import Target, find_pgbench
 
 
-def bench_throughput(target: Target, sizes: Sizes, profiler: Profiler) -> tuple[list[Row], dict[str, Any]]:
+def bench_throughput(target: Target, sizes: common.Sizes, profiler: common.Profiler) -> tuple[list[common.Row], dict[str, Any]]:
     # Long on purpose: the order of its runs is part of the measurement (warm-up first,
     # the spread cycle before and after the hot ones, the WAL-heavy baseline last), so
     # it stays one script read top to bottom, each run logged as it goes.
-    log(f"pgbench baseline database: init -s {sizes.pgbench_scale}")
+    common.log(f"pgbench baseline database: init -s {sizes.pgbench_scale}")
     target.create_database("pgbench")
     _pgbench_init(target, sizes)
 
-    log(f"request-cycle database: {sizes.cycle_orgs} organizations, one running task each")
-    new_llm_database(target, "cycle")
+    common.log(f"request-cycle database: {sizes.cycle_orgs} organizations, one running task each")
+    common.new_llm_database(target, "cycle")
     with target.connect("cycle") as conn:
         conn.execute(q.UPSERT_ORGS, {"orgs": sizes.cycle_orgs, "allowance": 10**12})
-        conn.execute(q.OPEN_TASKS, {"orgs": sizes.cycle_orgs, "slots": sizes.clients, "started_at": now()})
-    violations_loaded, _ = invariant_violations(target, "cycle")
+        conn.execute(q.OPEN_TASKS, {"orgs": sizes.cycle_orgs, "slots": sizes.clients, "started_at": common.now()})
+    violations_loaded, _ = common.invariant_violations(target, "cycle")
 
     # The baseline runs last: simple-update writes gigabytes of WAL in its run,
     # and the virtual disk's flushes stay slow for a while after such a burst.
-    script = str(SCRIPTS / "cycle.sql")
+    script = str(common.SCRIPTS / "cycle.sql")
     results: dict[str, Any] = {"invariants_after_load": violations_loaded}
 
     # Warm-up: a database whose invocations table was empty at its last ANALYZE
@@ -54,39 +40,39 @@ def bench_throughput(target: Target, sizes: Sizes, profiler: Profiler) -> tuple[
     # so; docs/operations.md). Measured from empty, 8 clients rescan a table that
     # grows all through the run (0.4x of the warm figure). A service measures
     # against history, so the cycle runs once, untimed, before settle() analyzes.
-    log(f"warm-up: cycle.sql for {sizes.warmup_seconds} s, then VACUUM ANALYZE")
-    results["warmup"] = pgbench(target, "cycle", run_args(sizes, "-n", "-f", script, "-D", f"norgs={sizes.cycle_orgs}",
+    common.log(f"warm-up: cycle.sql for {sizes.warmup_seconds} s, then VACUUM ANALYZE")
+    results["warmup"] = common.pgbench(target, "cycle", common.run_args(sizes, "-n", "-f", script, "-D", f"norgs={sizes.cycle_orgs}",
                                                           seconds=sizes.warmup_seconds))
-    log(f"  {results['warmup']['tps']:.0f} requests/s (untimed)")
+    common.log(f"  {results['warmup']['tps']:.0f} requests/s (untimed)")
     for key, orgs in (("cycle_spread", sizes.cycle_orgs), ("cycle_hot", 1)):
-        settle(target, "cycle", sizes)
+        common.settle(target, "cycle", sizes)
         profiler.reset("cycle")
-        log(f"pgbench cycle.sql over {orgs} organization(s), {sizes.clients} clients")
-        results[key] = pgbench(target, "cycle", run_args(sizes, "-n", "-f", script, "-D", f"norgs={orgs}"))
+        common.log(f"pgbench cycle.sql over {orgs} organization(s), {sizes.clients} clients")
+        results[key] = common.pgbench(target, "cycle", common.run_args(sizes, "-n", "-f", script, "-D", f"norgs={orgs}"))
         results[key]["profile"] = profiler.top("cycle")
-        log(f"  {results[key]['tps']:.0f} requests/s")
+        common.log(f"  {results[key]['tps']:.0f} requests/s")
 
     # one hot organization, its period spread over more stripes (stripes = 1 is cycle_hot)
     results["stripes"] = {1: results["cycle_hot"]["tps"]}
     for count in sizes.stripe_counts[1:]:
         with target.connect("cycle") as conn:
             conn.execute(q.SET_STRIPES, {"n": 1, "stripes": count})
-        settle(target, "cycle", sizes)
-        log(f"pgbench cycle.sql over 1 organization with {count} stripes, {sizes.clients} clients")
-        run = pgbench(target, "cycle", run_args(sizes, "-n", "-f", script, "-D", "norgs=1"))
+        common.settle(target, "cycle", sizes)
+        common.log(f"pgbench cycle.sql over 1 organization with {count} stripes, {sizes.clients} clients")
+        run = common.pgbench(target, "cycle", common.run_args(sizes, "-n", "-f", script, "-D", "norgs=1"))
         results["stripes"][count] = run["tps"]
         if count == 8:
             results["cycle_hot_8"] = run
-        log(f"  {run['tps']:.0f} requests/s")
+        common.log(f"  {run['tps']:.0f} requests/s")
     with target.connect("cycle") as conn:
         conn.execute(q.SET_STRIPES, {"n": 1, "stripes": 1})
     # The spread cycle once more: the hot runs are compared with the mean of the spread
     # runs before and after them, as the disk's flush time drifts over a run of minutes.
-    settle(target, "cycle", sizes)
-    log(f"pgbench cycle.sql over {sizes.cycle_orgs} organizations again, {sizes.clients} clients")
-    results["cycle_spread_after"] = pgbench(target, "cycle", run_args(sizes, "-n", "-f", script,
+    common.settle(target, "cycle", sizes)
+    common.log(f"pgbench cycle.sql over {sizes.cycle_orgs} organizations again, {sizes.clients} clients")
+    results["cycle_spread_after"] = common.pgbench(target, "cycle", common.run_args(sizes, "-n", "-f", script,
                                                                       "-D", f"norgs={sizes.cycle_orgs}"))
-    log(f"  {results['cycle_spread_after']['tps']:.0f} requests/s")
+    common.log(f"  {results['cycle_spread_after']['tps']:.0f} requests/s")
 
     dsn = target.dsn("cycle")
     bare_threads = functools.partial(driver.run_threads, bare=True)
@@ -94,107 +80,107 @@ def bench_throughput(target: Target, sizes: Sizes, profiler: Profiler) -> tuple[
     prepared_threads = functools.partial(driver.run_threads, prepare=True)
     for mode, fn in (("threads", driver.run_threads), ("bare", bare_threads), ("asyncio", driver.run_asyncio),
                      ("threads_prepared", prepared_threads), ("bare_prepared", bare_prepared)):  # fmt: skip
-        settle(target, "cycle", sizes)
-        log(f"Python driver, {mode}, {sizes.clients} workers, {sizes.driver_seconds} s")
+        common.settle(target, "cycle", sizes)
+        common.log(f"Python driver, {mode}, {sizes.clients} workers, {sizes.driver_seconds} s")
         run = fn(dsn, workers=sizes.clients, seconds=sizes.driver_seconds, orgs=sizes.cycle_orgs)
         via = "psycopg alone, the same two statements" if mode.startswith("bare") else driver.VIA
         results[f"driver_{mode}"] = asdict(run) | {"rate": run.rate, "via": via}
-        log(f"  {run.rate:.0f} requests/s ({run.errors} errors)")
+        common.log(f"  {run.rate:.0f} requests/s ({run.errors} errors)")
 
-    settle(target, "cycle", sizes)
-    log(f"exhaustion: {sizes.clients} clients, admit(100) -> settle(100) on one organization with 8 stripes")
+    common.settle(target, "cycle", sizes)
+    common.log(f"exhaustion: {sizes.clients} clients, admit(100) -> settle(100) on one organization with 8 stripes")
     exhausted = driver.run_exhaustion(dsn, allowance=sizes.exhaustion_allowance, estimate=100, stripes=8,
                                       workers=sizes.clients)  # fmt: skip
     results["exhaustion"] = asdict(exhausted) | {"overspend": exhausted.overspend,
                                                  "fitted_but_refused": exhausted.fitted_but_refused}  # fmt: skip
-    log(f"  {exhausted.cycles:,} cycles in {exhausted.seconds:.1f} s; used {exhausted.used:,} of "
+    common.log(f"  {exhausted.cycles:,} cycles in {exhausted.seconds:.1f} s; used {exhausted.used:,} of "
         f"{exhausted.allowance:,}, overspend {exhausted.overspend}, fitted but refused: "
         f"{exhausted.fitted_but_refused}, errors {exhausted.errors}")  # fmt: skip
 
-    log("server CPU per request, one session")
+    common.log("server CPU per request, one session")
     cpu_cycle = cpu.backend_cpu_per_call(dsn, cpu.cycle_step(sizes.cycle_orgs), n=sizes.cpu_cycles)
     cpu_simple = cpu.backend_cpu_per_call(target.dsn("pgbench"), cpu.simple_update_step(sizes.pgbench_scale),
                                           n=2 * sizes.cpu_cycles)  # fmt: skip
     results["cpu_us_per_request"] = {"cycle": cpu_cycle, "simple_update": cpu_simple}
     if cpu_cycle and cpu_simple:
-        log(f"  cycle {cpu_cycle:.0f} us, simple-update {cpu_simple:.0f} us")
+        common.log(f"  cycle {cpu_cycle:.0f} us, simple-update {cpu_simple:.0f} us")
 
-    violations_after, _ = invariant_violations(target, "cycle")
+    violations_after, _ = common.invariant_violations(target, "cycle")
     results["invariants_after_runs"] = violations_after
 
-    settle(target, "pgbench", sizes)
-    log(f"pgbench -b simple-update, {sizes.clients} clients, {sizes.pgbench_seconds} s")
-    base = pgbench(target, "pgbench", run_args(sizes, "-b", "simple-update"))
+    common.settle(target, "pgbench", sizes)
+    common.log(f"pgbench -b simple-update, {sizes.clients} clients, {sizes.pgbench_seconds} s")
+    base = common.pgbench(target, "pgbench", common.run_args(sizes, "-b", "simple-update"))
     results["simple_update"] = base
-    log(f"  {base['tps']:.0f} tps")
+    common.log(f"  {base['tps']:.0f} tps")
 
     # the ceilings of any two-commit cycle: spread over all accounts, and on one row
-    script = str(SCRIPTS / "two_commits.sql")
+    script = str(common.SCRIPTS / "two_commits.sql")
     for key, rows_ in (("two_commits", 100_000 * sizes.pgbench_scale), ("two_commits_hot", 1)):
-        settle(target, "pgbench", sizes)
-        log(f"pgbench two_commits.sql over {rows_:,} row(s), {sizes.clients} clients")
-        results[key] = pgbench(target, "pgbench", run_args(sizes, "-n", "-f", script, "-D", f"rows={rows_}"))
-        log(f"  {results[key]['tps']:.0f} requests/s")
+        common.settle(target, "pgbench", sizes)
+        common.log(f"pgbench two_commits.sql over {rows_:,} row(s), {sizes.clients} clients")
+        results[key] = common.pgbench(target, "pgbench", common.run_args(sizes, "-n", "-f", script, "-D", f"rows={rows_}"))
+        common.log(f"  {results[key]['tps']:.0f} requests/s")
 
     simple, spread = base["tps"], results["cycle_spread"]["tps"]
     spread_mean = (spread + results["cycle_spread_after"]["tps"]) / 2
     results["spread_runs"] = [spread, results["cycle_spread_after"]["tps"]]
     rows = [
-        Row("cycle_spread", f"request cycle, {sizes.cycle_orgs} orgs, {sizes.clients} clients (pgbench)",
-            spread, "requests/s", simple, "pgbench simple-update", ratio(spread, simple), ">= 0.60",
+        common.Row("cycle_spread", f"request cycle, {sizes.cycle_orgs} orgs, {sizes.clients} clients (pgbench)",
+            spread, "requests/s", simple, "pgbench simple-update", common.ratio(spread, simple), ">= 0.60",
             results["cycle_spread"]),
-        Row("cycle_hot", f"request cycle, 1 org (1 stripe), {sizes.clients} clients (pgbench)",
+        common.Row("cycle_hot", f"request cycle, 1 org (1 stripe), {sizes.clients} clients (pgbench)",
             results["cycle_hot"]["tps"], "requests/s", simple, "pgbench simple-update",
-            ratio(results["cycle_hot"]["tps"], simple), "report", results["cycle_hot"]),
-        Row("cycle_hot_8", f"request cycle, 1 org with 8 stripes, {sizes.clients} clients (pgbench)",
+            common.ratio(results["cycle_hot"]["tps"], simple), "report", results["cycle_hot"]),
+        common.Row("cycle_hot_8", f"request cycle, 1 org with 8 stripes, {sizes.clients} clients (pgbench)",
             results["cycle_hot_8"]["tps"], "requests/s", simple, "pgbench simple-update",
-            ratio(results["cycle_hot_8"]["tps"], simple), "report", results["cycle_hot_8"]),
-        Row("cycle_hot_8_vs_spread", "the same, against the cycle over 100 orgs (mean of the runs before "
+            common.ratio(results["cycle_hot_8"]["tps"], simple), "report", results["cycle_hot_8"]),
+        common.Row("cycle_hot_8_vs_spread", "the same, against the cycle over 100 orgs (mean of the runs before "
             "and after the hot runs)", results["cycle_hot_8"]["tps"], "requests/s", spread_mean,
-            "request cycle, 100 orgs", ratio(results["cycle_hot_8"]["tps"], spread_mean), ">= 0.90",
+            "request cycle, 100 orgs", common.ratio(results["cycle_hot_8"]["tps"], spread_mean), ">= 0.90",
             {"stripes": results["stripes"], "spread_runs": results["spread_runs"]}),
-        Row("exhaustion", f"exhaustion: {sizes.clients} clients on 1 org with 8 stripes until refused "
+        common.Row("exhaustion", f"exhaustion: {sizes.clients} clients on 1 org with 8 stripes until refused "
             "(used credits; overspend and fitted-but-refused must be 0)",
             exhausted.used, "credits", exhausted.allowance, "its allowance",
-            ratio(exhausted.used, exhausted.allowance), "exact", results["exhaustion"]),
-        Row("two_commits", "ceiling of any two-commit cycle: two one-row UPDATE transactions (pgbench)",
+            common.ratio(exhausted.used, exhausted.allowance), "exact", results["exhaustion"]),
+        common.Row("two_commits", "ceiling of any two-commit cycle: two one-row UPDATE transactions (pgbench)",
             results["two_commits"]["tps"], "requests/s", simple, "pgbench simple-update",
-            ratio(results["two_commits"]["tps"], simple), "report", results["two_commits"]),
-        Row("two_commits_hot", "the same ceiling, every transaction on one row (pgbench)",
+            common.ratio(results["two_commits"]["tps"], simple), "report", results["two_commits"]),
+        common.Row("two_commits_hot", "the same ceiling, every transaction on one row (pgbench)",
             results["two_commits_hot"]["tps"], "requests/s", simple, "pgbench simple-update",
-            ratio(results["two_commits_hot"]["tps"], simple), "report", results["two_commits_hot"]),
+            common.ratio(results["two_commits_hot"]["tps"], simple), "report", results["two_commits_hot"]),
     ]  # fmt: skip
     wal_cycle, wal_simple = results["cycle_spread"]["wal_bytes_per_run"], base["wal_bytes_per_run"]
     if wal_cycle and wal_simple:
-        rows.append(Row("wal_per_request", "WAL per request, 100 orgs, 8 clients (the cycle waits on WALWrite)",
-                        wal_cycle, "bytes", wal_simple, "simple-update transaction", ratio(wal_simple, wal_cycle),
+        rows.append(common.Row("wal_per_request", "WAL per request, 100 orgs, 8 clients (the cycle waits on WALWrite)",
+                        wal_cycle, "bytes", wal_simple, "simple-update transaction", common.ratio(wal_simple, wal_cycle),
                         "report", {"cycle": wal_cycle, "simple_update": wal_simple}))  # fmt: skip
     if cpu_cycle and cpu_simple:
-        rows.append(Row("cpu_per_request", "server CPU per request, one session (admit + settle)", cpu_cycle,
-                        "us", cpu_simple, "simple-update transaction", ratio(cpu_simple, cpu_cycle), ">= 0.50",
+        rows.append(common.Row("cpu_per_request", "server CPU per request, one session (admit + settle)", cpu_cycle,
+                        "us", cpu_simple, "simple-update transaction", common.ratio(cpu_simple, cpu_cycle), ">= 0.50",
                         results["cpu_us_per_request"]))  # fmt: skip
     for mode, label in (("threads", f"{sizes.clients} threads"), ("asyncio", f"asyncio, {sizes.clients} tasks")):
         # the driver in its default mode (nothing prepared on the server), reading only the id
         rate = results[f"driver_{mode}"]["rate"]
-        rows.append(Row(f"driver_{mode}", f"request cycle via Python driver, {label}", rate, "requests/s",
-                        spread, "SQL-level cycle (pgbench)", ratio(rate, spread), ">= 0.70",
+        rows.append(common.Row(f"driver_{mode}", f"request cycle via Python driver, {label}", rate, "requests/s",
+                        spread, "SQL-level cycle (pgbench)", common.ratio(rate, spread), ">= 0.70",
                         results[f"driver_{mode}"]))  # fmt: skip
     rate = results["driver_threads_prepared"]["rate"]
-    rows.append(Row("driver_threads_prepared", f"the driver with prepare=True (server-side prepared "
+    rows.append(common.Row("driver_threads_prepared", f"the driver with prepare=True (server-side prepared "
                     f"statements; direct or session pooling only), {sizes.clients} threads", rate,
-                    "requests/s", spread, "SQL-level cycle (pgbench)", ratio(rate, spread), "report",
+                    "requests/s", spread, "SQL-level cycle (pgbench)", common.ratio(rate, spread), "report",
                     results["driver_threads_prepared"]))  # fmt: skip
     for mode, label in (("bare", "nothing prepared, as the driver's default"),
                         ("bare_prepared", "prepared after five calls, psycopg's default")):  # fmt: skip
         rate = results[f"driver_{mode}"]["rate"]
-        rows.append(Row(f"driver_{mode}", f"the same two statements through bare psycopg, {label}, "
+        rows.append(common.Row(f"driver_{mode}", f"the same two statements through bare psycopg, {label}, "
                         f"{sizes.clients} threads (floor of any Python client)", rate, "requests/s", spread,
-                        "SQL-level cycle (pgbench)", ratio(rate, spread), "report",
+                        "SQL-level cycle (pgbench)", common.ratio(rate, spread), "report",
                         results[f"driver_{mode}"]))  # fmt: skip
     return rows, results
 
 
-def _pgbench_init(target: Target, sizes: Sizes) -> None:
+def _pgbench_init(target: Target, sizes: common.Sizes) -> None:
     cmd = [find_pgbench(), "-i", "-s", str(sizes.pgbench_scale), "-q", *target.pgbench_args("pgbench")]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

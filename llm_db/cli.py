@@ -32,14 +32,14 @@ except ModuleNotFoundError as exc:  # the cli extra is not installed
 
 # the subcommands (one module a theme, llm_db/commands/) need click: imported after it
 from llm_db.commands import demo, notices, passes, reports, setup  # noqa: E402
-from llm_db.commands._base import (  # noqa: E402
+from llm_db.commands.common import (  # noqa: E402
     EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_PROBLEM,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
-    _Group,
+    Group,
 )
 
 __all__ = [
@@ -76,7 +76,7 @@ starts its own throw-away server unless given --dsn). Run
 
 
 @click.group(
-    cls=_Group,
+    cls=Group,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
     epilog=EPILOG,
 )

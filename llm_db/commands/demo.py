@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from llm_db.commands._base import EXIT_PROBLEM, _echo_json, _exit, json_option
+from llm_db.commands import common
 
 # ----------------------------------------------------------- demo
 
@@ -20,7 +20,7 @@ from llm_db.commands._base import EXIT_PROBLEM, _echo_json, _exit, json_option
 @click.option("--seed", type=int, default=7, show_default=True, help="Random seed of the traffic.")
 @click.option("--workers", type=click.IntRange(1, 32), default=6, show_default=True,
               help="Worker threads sending traffic.")  # fmt: skip
-@json_option
+@common.json_option
 def demo(dsn: str | None, seed: int, workers: int, as_json: bool) -> None:
     """See llm-db do its job, end to end, in a few seconds.
 
@@ -45,6 +45,6 @@ def demo(dsn: str | None, seed: int, workers: int, as_json: bool) -> None:
 
     result = run_demo(dsn=dsn, seed=seed, workers=workers, out=click.echo)
     if as_json:
-        _echo_json(result)
+        common.echo_json(result)
     if result["invariant_violations"]:
-        _exit(EXIT_PROBLEM)
+        common.exit_with(common.EXIT_PROBLEM)

@@ -13,22 +13,7 @@ from typing import Any
 import click
 import psycopg
 
-from llm_db.commands._base import (
-    EXIT_ERROR,
-    EXIT_OK,
-    EXIT_PROBLEM,
-    EXIT_USAGE,
-    Failure,
-    _connect,
-    _echo_json,
-    _exit,
-    _Group,
-    _require_dsn,
-    _require_extras,
-    dsn_option,
-    json_option,
-    now_option,
-)
+from llm_db.commands import common
 
 DEFAULT_SECRET_ENV = "LLM_DB_WEBHOOK_SECRET"
 
@@ -71,7 +56,7 @@ def secret_env_option(f: Callable[..., Any]) -> Callable[..., Any]:
     )(f)
 
 
-@click.group(cls=_Group, short_help="Deliver threshold notices to a webhook.")
+@click.group(cls=common.Group, short_help="Deliver threshold notices to a webhook.")
 def notices() -> None:
     """Threshold notices (80 %, 100 % of the allowance): deliver them to a webhook.
 
@@ -83,15 +68,15 @@ def notices() -> None:
 
 
 @notices.command("deliver", short_help="Claim due notices and POST them, signed; one run.")
-@dsn_option
+@common.dsn_option
 @url_option
 @secret_env_option
 @click.option("--limit", type=click.IntRange(1, 10000), default=50, show_default=True,
               help="Notices claimed in this run.")  # fmt: skip
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
               help="Seconds for the connect and for each read and write.")  # fmt: skip
-@now_option
-@json_option
+@common.now_option
+@common.json_option
 def notices_deliver(
     dsn: str | None,
     url: str,
@@ -118,23 +103,23 @@ def notices_deliver(
       # while rotating: both secrets, each delivery signed with each
       LLM_DB_WEBHOOK_SECRET="whsec_new... whsec_old..." llm-db notices deliver --url ...
     """
-    dsn = _require_dsn(dsn)
-    _require_extras()
+    dsn = common.require_dsn(dsn)
+    common.require_extras()
     secrets = _webhook_secrets(secret_env)
     _check_http_url(url)
     from llm_db.notices import deliver_notices
     from llm_db.requests import Llm
 
-    with _connect(dsn) as conn:
+    with common.connect(dsn) as conn:
         summary = deliver_notices(Llm(conn), url, secrets, limit=limit, timeout=timeout, now=now)
     if as_json:
-        _echo_json(dataclasses.asdict(summary))
+        common.echo_json(dataclasses.asdict(summary))
     else:
         line = f"claimed {summary.claimed}, sent {summary.sent}, failed {summary.failed}"
         if summary.last_error:
             line += f"; last error: {summary.last_error}"
         click.echo(line)
-    _exit(EXIT_PROBLEM if summary.failed else EXIT_OK)
+    common.exit_with(common.EXIT_PROBLEM if summary.failed else common.EXIT_OK)
 
 
 @notices.command("new-secret", short_help="Print a fresh whsec_ webhook secret.")
@@ -175,7 +160,7 @@ class _Address(click.ParamType):
 
 
 @click.command(short_help="Deliver notices continuously; serve /metrics and /healthz.")
-@dsn_option
+@common.dsn_option
 @url_option
 @secret_env_option
 @click.option("--metrics-addr", type=_Address(), default="127.0.0.1:9187", show_default=True,
@@ -221,8 +206,8 @@ def worker(
       llm-db worker --dsn postgresql://notifier@db/app --url https://hooks.example.com/llm
       llm-db worker --url https://hooks.example.com/llm --metrics-addr 0.0.0.0:9187 --log-json
     """
-    dsn = _require_dsn(dsn)
-    _require_extras()
+    dsn = common.require_dsn(dsn)
+    common.require_extras()
     secrets = _webhook_secrets(secret_env)
     _check_http_url(url)
     from llm_db.worker import ConfigError, SessionRequired, Worker, WorkerConfig
@@ -234,7 +219,7 @@ def worker(
     try:
         code = Worker(config).run()
     except (ConfigError, SessionRequired) as exc:
-        raise Failure(str(exc), EXIT_USAGE) from exc
+        raise common.Failure(str(exc), common.EXIT_USAGE) from exc
     except psycopg.OperationalError as exc:
-        raise Failure(f"cannot connect (--dsn): {exc}", EXIT_ERROR) from exc
-    _exit(code)
+        raise common.Failure(f"cannot connect (--dsn): {exc}", common.EXIT_ERROR) from exc
+    common.exit_with(code)

@@ -13,21 +13,7 @@ from uuid import UUID
 import click
 from psycopg.rows import dict_row
 
-from llm_db.commands._base import (
-    EXIT_ERROR,
-    EXIT_OK,
-    EXIT_PROBLEM,
-    EXIT_USAGE,
-    Failure,
-    _connect,
-    _echo_json,
-    _exit,
-    _figures,
-    _require_dsn,
-    dsn_option,
-    json_option,
-    now_option,
-)
+from llm_db.commands import common
 
 # ----------------------------------------------------------- reconcile
 
@@ -69,7 +55,7 @@ def _pass_with_progress(dsn: str, now: datetime | None, batch: int | None) -> An
     from llm_db.report import OPERATIONAL_ORGANIZATIONS, RUN_PROGRESS
     from llm_db.requests import Llm
 
-    with _connect(dsn) as watcher, _connect(dsn) as worker:
+    with common.connect(dsn) as watcher, common.connect(dsn) as worker:
         with watcher.cursor(row_factory=dict_row) as cur:
             total = cur.execute(OPERATIONAL_ORGANIZATIONS).fetchone()["organizations"]
             since = cur.execute(queries.CLOCK).fetchone()["clock"]
@@ -103,7 +89,7 @@ def _pass_with_progress(dsn: str, now: datetime | None, batch: int | None) -> An
 
 
 @click.command(short_help="Run one reconciliation pass now.")
-@dsn_option
+@common.dsn_option
 @click.option(
     "--org",
     "organization_id",
@@ -111,7 +97,7 @@ def _pass_with_progress(dsn: str, now: datetime | None, batch: int | None) -> An
     default=None,
     help="Sweep only this organization (llm.reconcile_org), in one transaction.",
 )
-@now_option
+@common.now_option
 @click.option(
     "--batch",
     type=click.IntRange(1, 100000),
@@ -123,7 +109,7 @@ def _pass_with_progress(dsn: str, now: datetime | None, batch: int | None) -> An
     default=None,
     help="Progress bar over organizations (default: when stdout is a terminal).",
 )
-@json_option
+@common.json_option
 def reconcile(
     dsn: str | None,
     organization_id: UUID | None,
@@ -149,15 +135,15 @@ def reconcile(
     """
     from llm_db.requests import Llm
 
-    dsn = _require_dsn(dsn)
+    dsn = common.require_dsn(dsn)
     if organization_id is not None:
-        with _connect(dsn) as conn:
+        with common.connect(dsn) as conn:
             sweep = Llm(conn).reconcile_org(organization_id, now=now, batch=batch)
         if as_json:
-            _echo_json(dataclasses.asdict(sweep))
+            common.echo_json(dataclasses.asdict(sweep))
         else:
             click.echo(f"organization {sweep.organization_id} swept")
-            click.echo(_figures(_sweep_figures(sweep, of_run=False)))
+            click.echo(common.figures(_sweep_figures(sweep, of_run=False)))
         return
 
     if progress is None:
@@ -165,18 +151,18 @@ def reconcile(
     if progress:
         run = _pass_with_progress(dsn, now, batch)
     else:
-        with _connect(dsn) as conn:
+        with common.connect(dsn) as conn:
             run = Llm(conn).run_reconciliation(now=now, batch=batch)
     if run is None:
-        raise Failure("the pass recorded no llm.reconciliation_runs row", EXIT_ERROR)
+        raise common.Failure("the pass recorded no llm.reconciliation_runs row", common.EXIT_ERROR)
     _echo_run(run, as_json)
-    _exit(EXIT_OK if run.status == "succeeded" else EXIT_PROBLEM)
+    common.exit_with(common.EXIT_OK if run.status == "succeeded" else common.EXIT_PROBLEM)
 
 
 def _echo_run(run: Any, as_json: bool) -> None:
     """A pass's llm.reconciliation_runs row: its figures and errors, or as JSON."""
     if as_json:
-        _echo_json(dataclasses.asdict(run))
+        common.echo_json(dataclasses.asdict(run))
         return
     duration = (run.finished_at - run.started_at).total_seconds() if run.finished_at else 0.0
     click.echo(
@@ -185,7 +171,7 @@ def _echo_run(run: Any, as_json: bool) -> None:
     if run.status == "skipped":
         click.echo("  another reconciliation pass is running; this one did nothing")
         return
-    click.echo(_figures(_sweep_figures(run, of_run=True)))
+    click.echo(common.figures(_sweep_figures(run, of_run=True)))
     for error in run.errors:
         where = " ".join(
             f"{k}={error[k]}" for k in ("step", "organization_id", "sqlstate") if error.get(k)
@@ -197,9 +183,9 @@ def _echo_run(run: Any, as_json: bool) -> None:
 
 
 @click.command(short_help="The missing-run alarm: exit 0 ok, 1 late/failing, 2 never.")
-@dsn_option
-@now_option
-@json_option
+@common.dsn_option
+@common.now_option
+@common.json_option
 def health(dsn: str | None, now: datetime | None, as_json: bool) -> None:
     """The missing-run alarm: is the hourly pass running? Made for monitoring checks.
 
@@ -220,10 +206,10 @@ def health(dsn: str | None, now: datetime | None, as_json: bool) -> None:
     """
     from llm_db.requests import Llm
 
-    with _connect(dsn) as conn:
+    with common.connect(dsn) as conn:
         result = Llm(conn).health(now=now)
     if as_json:
-        _echo_json(dataclasses.asdict(result))
+        common.echo_json(dataclasses.asdict(result))
     else:
         last_success = (
             "never"
@@ -231,7 +217,7 @@ def health(dsn: str | None, now: datetime | None, as_json: bool) -> None:
             else f"{result.last_success_at:%Y-%m-%d %H:%M:%S %Z}"
         )
         click.echo(
-            _figures(
+            common.figures(
                 [
                     ("status", result.status),
                     ("last success", last_success),
@@ -241,4 +227,4 @@ def health(dsn: str | None, now: datetime | None, as_json: bool) -> None:
                 indent=0,
             )
         )
-    _exit({"ok": EXIT_OK, "never": EXIT_USAGE}.get(result.status, EXIT_PROBLEM))
+    common.exit_with({"ok": common.EXIT_OK, "never": common.EXIT_USAGE}.get(result.status, common.EXIT_PROBLEM))

@@ -13,26 +13,19 @@ from uuid import UUID
 import click
 import psycopg
 
-from llm_db.commands._base import (
-    Failure,
-    _connect,
-    _require_extras,
-    dsn_option,
-    json_option,
-    now_option,
-)
+from llm_db.commands import common
 
 # ----------------------------------------------------------- report
 
 
 @click.command(short_help="Usage per organization and day, open holds, tasks by status.")
-@dsn_option
+@common.dsn_option
 @click.option("--org", "organization_id", type=click.UUID, default=None,
               help="Only this organization.")  # fmt: skip
 @click.option("--days", type=click.IntRange(1, 3660), default=7, show_default=True,
               help="UTC days to cover, ending today.")  # fmt: skip
-@now_option
-@json_option
+@common.now_option
+@common.json_option
 def report(
     dsn: str | None, organization_id: UUID | None, days: int, now: datetime | None, as_json: bool
 ) -> None:
@@ -51,7 +44,7 @@ def report(
     """
     from llm_db.report import build_report, render_report, report_json
 
-    with _connect(dsn) as conn:
+    with common.connect(dsn) as conn:
         result = build_report(conn, days=days, organization_id=organization_id, now=now)
     if as_json:
         click.echo(json.dumps(report_json(result), sort_keys=True))
@@ -63,8 +56,8 @@ def report(
 
 
 @click.command(short_help="Prometheus exposition: pass health, last run, stale work.")
-@dsn_option
-@now_option
+@common.dsn_option
+@common.now_option
 @click.option(
     "--output",
     type=click.Path(dir_okay=False, writable=True, path_type=Path),
@@ -89,10 +82,10 @@ def metrics(dsn: str | None, now: datetime | None, output: Path | None) -> None:
       # node_exporter textfile collector, every minute from cron:
       * * * * * llm-db metrics --output /var/lib/node_exporter/textfile/llm.prom
     """
-    _require_extras()
+    common.require_extras()
     from llm_db.metrics import scrape
 
-    result = scrape(lambda: _connect(dsn), now=now, catch=(psycopg.Error, Failure))
+    result = scrape(lambda: common.connect(dsn), now=now, catch=(psycopg.Error, common.Failure))
     if output is None:
         click.echo(result.text.decode(), nl=False)
     else:

@@ -9,14 +9,7 @@ from collections.abc import Iterator
 import click
 import psycopg
 
-from llm_db.commands._base import (
-    EXIT_ERROR,
-    EXIT_UNAVAILABLE,
-    Failure,
-    _connect,
-    _require_dsn,
-    dsn_option,
-)
+from llm_db.commands import common
 
 JOB_NAME = "llm-reconciliation"
 JOB_COMMAND = "CALL llm.run_reconciliation()"
@@ -26,7 +19,7 @@ JOB_COMMAND = "CALL llm.run_reconciliation()"
 
 
 @click.command(short_help="Install or upgrade the llm schema.")
-@dsn_option
+@common.dsn_option
 def migrate(dsn: str | None) -> None:
     """Install or upgrade the llm schema: migrations/ with yoyo, then every sql/ file.
 
@@ -40,7 +33,7 @@ def migrate(dsn: str | None) -> None:
     """
     from llm_db.migrate import migrate as run_migrate
 
-    report = run_migrate(_require_dsn(dsn))
+    report = run_migrate(common.require_dsn(dsn))
     applied = ", ".join(report.applied_migrations) or "none"
     click.echo(f"migrations applied: {applied}")
     click.echo(f"sql files applied: {len(report.sql_files)}")
@@ -52,7 +45,7 @@ def migrate(dsn: str | None) -> None:
 
 
 @click.command(short_help="Shard the schema with Citus (llm.distribute()).")
-@dsn_option
+@common.dsn_option
 @click.option("--shard-count", type=click.IntRange(1, 10000), default=None,
               help="citus.shard_count for the distributed tables (default: Citus's).")  # fmt: skip
 def distribute(dsn: str | None, shard_count: int | None) -> None:
@@ -68,7 +61,7 @@ def distribute(dsn: str | None, shard_count: int | None) -> None:
     """
     from llm_db.requests import Llm
 
-    with _connect(dsn) as conn:
+    with common.connect(dsn) as conn:
         done = Llm(conn).distribute(shard_count)
     click.echo(f"distributed: {done}")
 
@@ -92,31 +85,31 @@ _LLM_INSTALLED = (
 
 
 def _llm_database(dsn: str | None) -> str:
-    with _connect(dsn) as conn:
+    with common.connect(dsn) as conn:
         installed, dbname = conn.execute(_LLM_INSTALLED).fetchone()
     if not installed:
-        raise Failure(
+        raise common.Failure(
             f"llm-db is not installed in database {dbname}: run llm-db migrate --dsn ... first",
-            EXIT_ERROR,
+            common.EXIT_ERROR,
         )
     return dbname
 
 
 @contextlib.contextmanager
 def _cron_database(cron_dsn: str) -> Iterator[psycopg.Connection]:
-    with _connect(cron_dsn, option="--cron-dsn") as cron:
+    with common.connect(cron_dsn, option="--cron-dsn") as cron:
         if not cron.execute(_CRON_INSTALLED).fetchone()[0]:
-            raise Failure(
+            raise common.Failure(
                 f"LL010 pg_cron is not installed in the --cron-dsn database {cron.info.dbname} "
                 "HINT: connect --cron-dsn to the database named by the server setting "
                 "cron.database_name, where CREATE EXTENSION pg_cron was run",
-                EXIT_UNAVAILABLE,
+                common.EXIT_UNAVAILABLE,
             )
         yield cron
 
 
 @click.command(short_help="Schedule the hourly pass with pg_cron.")
-@dsn_option
+@common.dsn_option
 @click.option(
     "--schedule",
     default="0 * * * *",
@@ -158,7 +151,7 @@ def schedule(dsn: str | None, schedule: str, cron_dsn: str | None, job_name: str
         if job_name != JOB_NAME:
             raise click.UsageError("--job-name needs --cron-dsn (in-database jobs are named "
                                    f"{JOB_NAME})")  # fmt: skip
-        with _connect(dsn) as conn:
+        with common.connect(dsn) as conn:
             job_id = Llm(conn).schedule_reconciliation(schedule)
             dbname = conn.info.dbname
         click.echo(f"scheduled pg_cron job {JOB_NAME} (id {job_id}): {schedule!r} runs "
@@ -177,7 +170,7 @@ def schedule(dsn: str | None, schedule: str, cron_dsn: str | None, job_name: str
 
 
 @click.command(short_help="Remove the pg_cron job of the hourly pass.")
-@dsn_option
+@common.dsn_option
 @click.option(
     "--cron-dsn", default=None, metavar="DSN", help="The pg_cron database, as for schedule."
 )
@@ -193,7 +186,7 @@ def unschedule(dsn: str | None, cron_dsn: str | None, job_name: str) -> None:
     from llm_db.requests import Llm
 
     if cron_dsn is None:
-        with _connect(dsn) as conn:
+        with common.connect(dsn) as conn:
             removed = Llm(conn).unschedule_reconciliation()
         click.echo(f"removed pg_cron job {JOB_NAME}" if removed else f"no pg_cron job {JOB_NAME}")
         return

@@ -112,7 +112,7 @@ def _failure_for(exc: BaseException, where: str) -> Failure | None:
     return None
 
 
-class _Group(click.Group):
+class Group(click.Group):
     """A click group that turns llm-db and psycopg errors into ``Failure``."""
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -178,7 +178,7 @@ def json_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(f)
 
 
-def _require_dsn(dsn: str | None) -> str:
+def require_dsn(dsn: str | None) -> str:
     if not dsn:
         raise click.UsageError(
             "no database given: pass --dsn DSN or set DATABASE_URL "
@@ -188,10 +188,10 @@ def _require_dsn(dsn: str | None) -> str:
 
 
 @contextlib.contextmanager
-def _connect(dsn: str | None, *, option: str = "--dsn") -> Iterator[psycopg.Connection]:
+def connect(dsn: str | None, *, option: str = "--dsn") -> Iterator[psycopg.Connection]:
     """An autocommit connection named after the subcommand (``application_name``),
     preparing no statement on the server (safe behind a transaction pooler)."""
-    dsn = _require_dsn(dsn)
+    dsn = require_dsn(dsn)
     try:
         given = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
@@ -212,17 +212,17 @@ def _connect(dsn: str | None, *, option: str = "--dsn") -> Iterator[psycopg.Conn
         yield conn
 
 
-def _echo_json(value: Any) -> None:
+def echo_json(value: Any) -> None:
     from llm_db.report import jsonable
 
     click.echo(json.dumps(jsonable(value), sort_keys=True))
 
 
-def _exit(code: int) -> NoReturn:
+def exit_with(code: int) -> NoReturn:
     raise click.exceptions.Exit(code)
 
 
-def _figures(pairs: list[tuple[str, Any]], *, indent: int = 2) -> str:
+def figures(pairs: list[tuple[str, Any]], *, indent: int = 2) -> str:
     """``label  value`` lines, labels padded to one width, integers with separators."""
     width = max(len(label) for label, _ in pairs)
     texts = [
@@ -240,7 +240,7 @@ def _figures(pairs: list[tuple[str, Any]], *, indent: int = 2) -> str:
     return "\n".join(lines)
 
 
-def _require_extras() -> None:
+def require_extras() -> None:
     """The worker extra (httpx, standardwebhooks, prometheus_client), or exit 2 saying so."""
     from llm_db._extras import WORKER_MODULES, require
 
