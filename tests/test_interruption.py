@@ -578,6 +578,15 @@ def test_run_reconciliation_killed_mid_pass_keeps_each_organization_whole(llm_co
 # ---------------------------------------------------------------- the rebalance
 
 
+def on_stripe_other_than_0(llm_connect, stripes: int = 4):
+    """A connection whose admissions take their hold from a stripe other than 0
+    (admission picks stripe pg_backend_pid() % stripes)."""
+    conn = llm_connect()
+    while conn.info.backend_pid % stripes == 0:
+        conn = llm_connect()
+    return conn
+
+
 def test_an_admission_killed_in_its_rebalance_leaves_nothing_behind(llm_conn, llm_connect):
     """A striped organization (4 stripes) whose admitting session's stripe lacks room
     for the estimate: admission writes its request, then takes the exact path (every
@@ -588,7 +597,10 @@ def test_an_admission_killed_in_its_rebalance_leaves_nothing_behind(llm_conn, ll
     make_org(llm_conn, allowance=1000)
     settle(llm_conn, ORG, admit(llm_conn, 10), 10)
     call(llm_conn, "set_period_stripes", ORG, 4)
-    settle(llm_conn, ORG, admit(llm_conn, 10), 10)  # the exact path: four stripes, rooms spread
+    # a session whose stripe (pid % 4) does not exist yet takes the exact path: the four
+    # stripes are made and their rooms spread (on stripe 0 its admission could fit there)
+    spreader = on_stripe_other_than_0(llm_connect)
+    settle(spreader, ORG, admit(spreader, 10), 10)
     rooms = llm_conn.execute(
         "SELECT stripe, admit_room FROM llm.period_stripes WHERE organization_id = %s ORDER BY stripe",
         [ORG],
@@ -599,9 +611,7 @@ def test_an_admission_killed_in_its_rebalance_leaves_nothing_behind(llm_conn, ll
 
     # A must run on a stripe other than 0, so that it reaches the rebalance before it
     # meets B's lock (on stripe 0 its fast path would wait there first).
-    victim_conn = llm_connect()
-    while victim_conn.info.backend_pid % 4 == 0:
-        victim_conn = llm_connect()
+    victim_conn = on_stripe_other_than_0(llm_connect)
     victim_conn.execute("SET lock_timeout = '60s'")
     victim_pid = victim_conn.info.backend_pid
     assert invariants(llm_conn) == []
