@@ -633,7 +633,7 @@ COMMENT ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_cred
 CREATE FUNCTION llm.check_invariants() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 7b4b7e7394b37d250a85819f1082a1f2 $$;
+    AS $$ body in sql/, md5 66be24530baab9dc3446a38fb2ce5617 $$;
 
 COMMENT ON FUNCTION llm.check_invariants() IS 'Returns one row per violated invariant (docs/design.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance); empty when the books are right.';
 
@@ -907,14 +907,16 @@ COMMENT ON COLUMN llm.period_stripes.admit_room IS 'Credits this stripe may stil
 COMMENT ON COLUMN llm.period_stripes.notice_room IS 'Usage this stripe may still add on its own before the period could reach its next threshold (NULL: none ahead); a movement that does not fit decides on the exact totals.';
 
 CREATE VIEW llm.periods AS
-SELECT
-    NULL::uuid AS organization_id,
-    NULL::date AS period_start,
-    NULL::date AS period_end,
-    NULL::llm.amount AS allowance_credits,
-    NULL::bigint AS used_credits,
-    NULL::bigint AS held_credits,
-    NULL::bigint AS used_cents;
+ SELECT h.organization_id,
+    h.period_start,
+    h.period_end,
+    h.allowance_credits,
+    (sum((s.used_credits)::bigint))::bigint AS used_credits,
+    (sum((s.held_credits)::bigint))::bigint AS held_credits,
+    (sum((s.used_cents)::bigint))::bigint AS used_cents
+   FROM (llm.period_heads h
+     JOIN llm.period_stripes s ON (((s.organization_id = h.organization_id) AND (s.period_start = h.period_start))))
+  GROUP BY h.organization_id, h.period_start, h.period_end, h.allowance_credits;
 
 COMMENT ON VIEW llm.periods IS 'One calendar month (UTC) of an organization: allowance, used and held credits, used cents (the sums of its stripes).';
 
@@ -1007,18 +1009,6 @@ CREATE INDEX reconciliation_runs_started ON llm.reconciliation_runs USING btree 
 CREATE INDEX threshold_notices_owed ON llm.threshold_notices USING btree (next_attempt_at, crossed_at) WHERE (status = 'owed'::text);
 
 CREATE INDEX threshold_notices_sending ON llm.threshold_notices USING btree (claimed_at) WHERE (status = 'sending'::text);
-
-CREATE OR REPLACE VIEW llm.periods AS
- SELECT h.organization_id,
-    h.period_start,
-    h.period_end,
-    h.allowance_credits,
-    (sum((s.used_credits)::bigint))::bigint AS used_credits,
-    (sum((s.held_credits)::bigint))::bigint AS held_credits,
-    (sum((s.used_cents)::bigint))::bigint AS used_cents
-   FROM (llm.period_heads h
-     JOIN llm.period_stripes s ON (((s.organization_id = h.organization_id) AND (s.period_start = h.period_start))))
-  GROUP BY h.organization_id, h.period_start;
 
 ALTER TABLE ONLY llm.drift_findings
     ADD CONSTRAINT drift_findings_organization_id_execution_id_fkey FOREIGN KEY (organization_id, execution_id) REFERENCES llm.executions(organization_id, id);

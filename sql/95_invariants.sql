@@ -124,26 +124,31 @@ BEGIN
 
     -- 5b. no threshold crossing can be missed: while a threshold of the organization is
     --     ahead and not notified, each stripe's notice_room is set and together they are
-    --     less than the usage that reaches it (so a movement within them cannot cross it)
+    --     less than the usage that reaches it (so a movement within them cannot cross it).
+    --     Joins on organization_id only, no correlated subquery beside the unnest: Citus
+    --     plans it as one query per shard (docs/scaling.md, "The rules").
     RETURN QUERY
-    SELECT 5, p.organization_id, 'period ' || p.period_start,
+    SELECT 5, n.organization_id, 'period ' || n.period_start,
            pg_catalog.format('used=%s, next threshold %s%% of %s needs %s more; stripes'' notice_room: sum %s, unset %s',
-                             p.used_credits, n.next_pct, p.allowance_credits, n.need, r.rooms, r.unset)
-      FROM llm.periods AS p
-      JOIN llm.organizations AS o ON o.id = p.organization_id
-      CROSS JOIN LATERAL (
-            SELECT min(t.pct) AS next_pct,
-                   pg_catalog.ceil(min(t.pct)::numeric * p.allowance_credits / 100)::bigint - p.used_credits AS need
-              FROM pg_catalog.unnest(o.notice_thresholds) AS t(pct)
-             WHERE p.used_credits::numeric * 100 < t.pct::numeric * p.allowance_credits
-               AND NOT EXISTS (SELECT FROM llm.threshold_notices AS tn
-                                WHERE tn.organization_id = p.organization_id
-                                  AND tn.period_start = p.period_start AND tn.threshold_pct = t.pct)) AS n
+                             n.used_credits, n.next_pct, n.allowance_credits, n.need, r.rooms, r.unset)
+      FROM (SELECT a.organization_id, a.period_start, a.used_credits, a.allowance_credits,
+                   min(a.pct) AS next_pct,
+                   pg_catalog.ceil(min(a.pct)::numeric * a.allowance_credits / 100)::bigint - a.used_credits AS need
+              FROM (SELECT p.organization_id, p.period_start, p.used_credits, p.allowance_credits, t.pct
+                      FROM llm.periods AS p
+                      JOIN llm.organizations AS o ON o.id = p.organization_id
+                     CROSS JOIN LATERAL pg_catalog.unnest(o.notice_thresholds) AS t(pct)
+                      LEFT JOIN llm.threshold_notices AS tn
+                        ON tn.organization_id = p.organization_id AND tn.period_start = p.period_start
+                       AND tn.threshold_pct = t.pct
+                     WHERE tn.organization_id IS NULL  -- not notified
+                       AND p.used_credits::numeric * 100 < t.pct::numeric * p.allowance_credits) AS a
+             GROUP BY a.organization_id, a.period_start, a.used_credits, a.allowance_credits) AS n
       JOIN (SELECT s.organization_id, s.period_start, coalesce(sum(s.notice_room), 0) AS rooms,
                    count(*) FILTER (WHERE s.notice_room IS NULL) AS unset
               FROM llm.period_stripes AS s GROUP BY 1, 2) AS r
-        ON r.organization_id = p.organization_id AND r.period_start = p.period_start
-     WHERE n.next_pct IS NOT NULL AND (r.unset > 0 OR r.rooms > n.need);
+        ON r.organization_id = n.organization_id AND r.period_start = n.period_start
+     WHERE r.unset > 0 OR r.rooms > n.need;
 
     -- 5. past_window_alerted_at only on recovered requests (a trued-up one was recovered
     --    first); at most one notice per threshold (the unique key guarantees the latter;

@@ -177,6 +177,27 @@ def test_no_triggers_on_llm_tables(llm_conn):
     assert triggers == []
 
 
+def test_no_view_depends_on_a_constraint(llm_conn):
+    """Learned on a real Citus 13.2.2 cluster: a view that shows a column through a
+    primary key (GROUP BY the key, a functional dependency) depends on that constraint,
+    and Citus does not propagate it to the workers. llm.periods did (schema 0007), so the
+    daily audit, delegated to a worker, failed there with 42P01; schema 0009 fixed it."""
+    dependent = rows(
+        llm_conn,
+        """
+        SELECT DISTINCT r.ev_class::regclass::text AS view, c.conname
+          FROM pg_catalog.pg_depend AS d
+          JOIN pg_catalog.pg_rewrite AS r ON r.oid = d.objid
+          JOIN pg_catalog.pg_constraint AS c ON c.oid = d.refobjid
+          JOIN pg_catalog.pg_class AS v ON v.oid = r.ev_class
+         WHERE d.classid = 'pg_catalog.pg_rewrite'::regclass
+           AND d.refclassid = 'pg_catalog.pg_constraint'::regclass
+           AND v.relnamespace = 'llm'::regnamespace
+        """,
+    )
+    assert dependent == []
+
+
 def test_no_routine_forces_a_generic_plan(llm_conn):
     """Learned on a real Citus 13.2.2 cluster: `SET plan_cache_mode = force_generic_plan` on a
     delegated routine makes Citus fail to plan its parameterized shard queries ("could not

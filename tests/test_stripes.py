@@ -285,3 +285,47 @@ def test_recovery_across_stripes_records_each_crossing_once(llm_conn, llm_connec
     assert notices == [{"threshold_pct": 80, "used_credits": 100}, {"threshold_pct": 100, "used_credits": 100}]
     assert {k: v["used_credits"] for k, v in stripes_of(llm_conn, org).items()} == {0: 25, 1: 25, 2: 25, 3: 25}
     assert invariants(llm_conn) == []
+
+
+# ---------------------------------------------------------------- the escrow, checked
+
+
+def test_check_invariants_reports_stripe_rooms_past_the_allowance_invariant_4(llm_conn):
+    """Invariant 4 (b): together the stripes' admit_room never promise more than the period
+    has left; a room raised behind the functions' back, or one left unset, is reported."""
+    llm = Llm(llm_conn)
+    org = striped_org(llm, 100, 4)
+    llm.admit(org, 1, "gpt-x", now=T0)  # the period and its four stripes, rooms spread
+    assert invariants(llm_conn) == []
+    llm_conn.execute("UPDATE llm.period_stripes SET admit_room = admit_room + 1 "
+                     "WHERE organization_id = %s AND stripe = 2", [org])  # fmt: skip
+    (found,) = [v for v in invariants(llm_conn) if v["organization_id"] == org]
+    assert found["invariant"] == 4 and "admit_room: sum 100, unset 0" in found["detail"]
+    llm_conn.execute("UPDATE llm.period_stripes SET admit_room = NULL "
+                     "WHERE organization_id = %s AND stripe = 2", [org])  # fmt: skip
+    (found,) = [v for v in invariants(llm_conn) if v["organization_id"] == org]
+    assert "unset 1" in found["detail"]
+
+
+def test_check_invariants_reports_stripe_rooms_past_the_next_threshold_invariant_5(llm_conn):
+    """Invariant 5 (b): while a threshold is ahead and not notified, the stripes'
+    notice_room together stay below the usage that reaches it. Checked against the next
+    threshold not yet notified: after the 80 % notice, the 100 % one."""
+    llm = Llm(llm_conn)
+    org = striped_org(llm, 100, 4)
+    inv = llm.admit(org, 1, "gpt-x", now=T0)
+    assert invariants(llm_conn) == []
+    llm_conn.execute("UPDATE llm.period_stripes SET notice_room = 80 "
+                     "WHERE organization_id = %s AND stripe = 0", [org])  # fmt: skip
+    (found,) = [v for v in invariants(llm_conn) if v["organization_id"] == org]
+    assert found["invariant"] == 5
+    assert "next threshold 80% of 100 needs 80 more" in found["detail"]
+
+    llm.settle(org, inv.id, 85, 0, now=T0)  # crosses 80 %: notified, the rooms spread again
+    assert invariants(llm_conn) == []
+    assert scalar(llm_conn, "SELECT count(*) FROM llm.threshold_notices WHERE organization_id = %s",
+                  [org]) == 1  # fmt: skip
+    llm_conn.execute("UPDATE llm.period_stripes SET notice_room = NULL "
+                     "WHERE organization_id = %s AND stripe = 1", [org])  # fmt: skip
+    (found,) = [v for v in invariants(llm_conn) if v["organization_id"] == org]
+    assert "next threshold 100% of 100 needs 15 more" in found["detail"] and "unset 1" in found["detail"]
