@@ -108,12 +108,15 @@ BEGIN
                    v_settings.notice_backoff_base * pg_catalog.power(2, LEAST(v_attempts, 30) - 1))
          WHERE n.organization_id = p_organization_id AND n.id = p_notice_id;
         PERFORM llm._notify_notices_owed('retry');
-    ELSE
+    ELSIF p_end = 'released' THEN
         UPDATE llm.threshold_notices AS n
            SET status = 'owed', claimed_at = NULL, next_attempt_at = p_now,
                attempts = GREATEST(v_attempts - 1, 0)
          WHERE n.organization_id = p_organization_id AND n.id = p_notice_id;
         PERFORM llm._notify_notices_owed('released');
+    ELSE
+        RAISE EXCEPTION 'llm: a claim ends sent, failed or released, not %', coalesce(p_end, 'NULL')
+            USING ERRCODE = '22023';
     END IF;
     RETURN true;  -- owed again: a listener wakes and learns when it is due
 END

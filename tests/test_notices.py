@@ -279,6 +279,20 @@ def test_release_notice_of_a_notice_not_being_sent_returns_false_and_changes_not
         assert raised.value.sqlstate == "22023"
 
 
+def test_the_shared_twin_refuses_an_end_it_does_not_know_and_changes_nothing(llm_conn):
+    """llm._end_claim ends a claim sent, failed or released (complete_notice, fail_notice,
+    release_notice); any other end, NULL included, is 22023 and the claim stays as it was."""
+    org_with_notices(llm_conn, [50])
+    [claimed] = claim(llm_conn, now=T0)
+    before = notice(llm_conn, claimed["id"])
+    for end in ("fail", None):
+        with pytest.raises(psycopg.Error) as raised:
+            llm_conn.execute("SELECT llm._end_claim(%s, %s, %s, NULL, %s)",
+                             [claimed["organization_id"], claimed["id"], end, T0])  # fmt: skip
+        assert raised.value.sqlstate == "22023"
+        assert notice(llm_conn, claimed["id"]) == before
+
+
 # ---------------------------------------------------------------- NOTIFY llm_notices
 
 

@@ -329,3 +329,11 @@ def test_check_invariants_reports_stripe_rooms_past_the_next_threshold_invariant
                      "WHERE organization_id = %s AND stripe = 1", [org])  # fmt: skip
     (found,) = [v for v in invariants(llm_conn) if v["organization_id"] == org]
     assert "next threshold 100% of 100 needs 15 more" in found["detail"] and "unset 1" in found["detail"]
+
+    # a notified threshold is behind, even when usage falls below it again: with the
+    # allowance raised to 200 the period is at 42 %, 80 % was notified, 100 % is next
+    llm.upsert_organization(org, "hot tenant", 200, notice_thresholds=(80, 100), now=T0)
+    llm_conn.execute("UPDATE llm.period_stripes SET notice_room = NULL "
+                     "WHERE organization_id = %s AND stripe = 1", [org])  # fmt: skip
+    (found,) = [v for v in invariants(llm_conn) if v["organization_id"] == org]
+    assert "next threshold 100% of 200 needs 115 more" in found["detail"]
