@@ -222,7 +222,7 @@ COMMENT ON FUNCTION llm._close_execution(p_organization_id uuid, p_execution_id 
 CREATE FUNCTION llm._end_claim(p_organization_id uuid, p_notice_id uuid, p_end text, p_error text, p_now timestamp with time zone) RETURNS boolean
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 e91f5c6017144382bf359f259b3e14cc $$;
+    AS $$ body in sql/, md5 8a53d31596d108ca64f4d1dc4f9208b1 $$;
 
 COMMENT ON FUNCTION llm._end_claim(p_organization_id uuid, p_notice_id uuid, p_end text, p_error text, p_now timestamp with time zone) IS 'Distributed twin of complete_notice (p_end sent), fail_notice (failed) and release_notice (released); arguments already checked. False when the notice was not being sent.';
 

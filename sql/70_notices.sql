@@ -82,7 +82,7 @@ RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    v_settings llm.settings := llm._settings();
+    v_settings llm.settings;  -- read only when the claim failed (its backoff)
     v_attempts llm.threshold_notices.attempts%TYPE;
 BEGIN
     -- attempts read first: Citus rejects an UPDATE whose STABLE timestamptz +
@@ -101,6 +101,7 @@ BEGIN
          WHERE n.organization_id = p_organization_id AND n.id = p_notice_id;
         RETURN true;
     ELSIF p_end = 'failed' THEN
+        v_settings := llm._settings();
         UPDATE llm.threshold_notices AS n
            SET status = 'owed', last_error = p_error, claimed_at = NULL,
                next_attempt_at = p_now + LEAST(
