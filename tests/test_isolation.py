@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import psycopg
@@ -50,6 +51,18 @@ def _marks(spec: str) -> list[pytest.MarkDecorator]:
     if spec in NEEDS_CLAIMS:
         return [pytest.mark.xfail(reason=NEEDS_CLAIMS[spec], strict=True)]
     return []
+
+
+def test_a_missing_tester_skips_or_fails_when_tools_are_required(monkeypatch):
+    """Without the tester the specs skip naming the package to install, and fail
+    instead under LLM_DB_REQUIRE_TOOLS=1 (a CI that must run them)."""
+    monkeypatch.setattr(sys.modules[__name__], "TESTER", Path("/nonexistent/isolationtester"))
+    monkeypatch.delenv("LLM_DB_REQUIRE_TOOLS", raising=False)
+    with pytest.raises(pytest.skip.Exception, match=PACKAGE):
+        _require_tester()
+    monkeypatch.setenv("LLM_DB_REQUIRE_TOOLS", "1")
+    with pytest.raises(pytest.fail.Exception, match=PACKAGE):
+        _require_tester()
 
 
 def test_every_spec_has_its_expected_output():
