@@ -1071,6 +1071,7 @@ REVOKE ALL ON FUNCTION llm._check_text(p_name text, p_value text, p_max integer,
 REVOKE ALL ON FUNCTION llm._check_thresholds(p_thresholds integer[]) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._clock_ok(p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm._clock_ok(p_now timestamp with time zone) TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm._close_execution(p_organization_id uuid, p_execution_id uuid, p_outcome text, p_error text, p_now timestamp with time zone) FROM PUBLIC;
 

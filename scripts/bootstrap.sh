@@ -5,10 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# postgresql-client-15 (also a dependency of postgresql-15): pg_isolation_regress and
+# isolationtester, which tests/test_isolation.py runs;
 # pgbouncer: the tests start a real one (llm_db.testing, llm_pgbouncer);
 # prometheus: only for /usr/bin/promtool, which tests/test_metrics_exposition.py runs
 # (`promtool check metrics`); its service is not started by the tests.
-APT_PACKAGES=(postgresql-15 postgresql-15-cron postgresql-15-plpgsql-check pgbouncer prometheus)
+APT_PACKAGES=(postgresql-15 postgresql-client-15 postgresql-15-cron postgresql-15-plpgsql-check pgbouncer prometheus)
 
 log() { printf 'bootstrap: %s\n' "$*" >&2; }
 

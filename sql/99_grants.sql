@@ -48,6 +48,7 @@ GRANT EXECUTE ON FUNCTION
     llm._rebuild_days(timestamptz),
     llm._run_audit(uuid, uuid, timestamptz),
     llm._finish_run(uuid, uuid),
-    llm._check_clock(timestamptz)
+    llm._check_clock(timestamptz),
+    llm._clock_ok(timestamptz)  -- what _check_clock calls, with the caller's rights here
 TO llm_operator;
 GRANT EXECUTE ON PROCEDURE llm.run_reconciliation(timestamptz, integer) TO llm_operator;

@@ -69,6 +69,7 @@ def citing_files() -> list[Path]:
         ("migrations", ["*.sql"]),
         ("llm_db", ["*.py"]),
         ("tests", ["*.py"]),
+        ("tests/isolation/specs", ["*.spec"]),
         ("scripts", ["*"]),
         ("benchmarks", ["**/*.py", "**/*.md", "**/*.sh"]),
         ("docs", ["*.md"]),

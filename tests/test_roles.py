@@ -6,6 +6,7 @@ DEFINER function pins its search_path and every routine has a COMMENT."""
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -14,12 +15,16 @@ from tests.helpers import (
     ADMIT_SQL,
     APP_FUNCTIONS,
     T0,
+    admit,
     admit_params,
     call,
+    call_pass,
     declare_task,
+    invariants,
     llm_tables,
     new_org,
     rows,
+    run_pass,
     scalar,
     settle,
 )
@@ -149,6 +154,22 @@ def test_llm_operator_runs_recovery_health_schedule_notices_and_reporting(llm_co
     granted = executable_by(llm_conn, "llm_operator")
     assert OPERATOR_ROUTINES <= granted
     assert not (APP_FUNCTIONS & granted), "the request calls belong to llm_app"
+
+
+def test_llm_operator_runs_the_pass_with_its_clock(llm_conn, llm_role_conn):
+    """docs/design.md "Roles and grants": llm_operator runs the hourly pass
+    (WF-PFM-LLM-004 hop 1), with a clock or without. The procedure is SECURITY
+    INVOKER (it commits), so the clock check it calls runs with the operator's
+    rights, and that check calls llm._clock_ok: without a grant on it every
+    CALL by the operator failed with 42501 before the pass began."""
+    org = new_org(llm_conn, 1000)
+    admit(llm_conn, org, 100, now=T0)
+    operator = llm_role_conn("llm_operator")
+    assert scalar(operator, "SELECT current_user") == "llm_operator"
+    summary = run_pass(operator, T0 + timedelta(days=2))
+    assert (summary["status"], summary["requests_recovered"]) == ("succeeded", 1)
+    call_pass(operator, None)  # the transaction's own clock
+    assert invariants(llm_conn) == []
 
 
 def test_llm_app_admits_and_settles_through_security_definer_functions(llm_conn, llm_role_conn):

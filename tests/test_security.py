@@ -73,6 +73,7 @@ OPERATOR = {
     "llm._run_audit(uuid,uuid,timestamp with time zone)",
     "llm._finish_run(uuid,uuid)",
     "llm._check_clock(timestamp with time zone)",
+    "llm._clock_ok(timestamp with time zone)",
 }
 # Every other routine (private helpers, the twins, llm.distribute): no role at all.
 EXECUTE = {"llm_app": APP, "llm_operator": OPERATOR, "llm_reader": set(), "plain": set()}
