@@ -118,9 +118,9 @@ COMMENT ON FUNCTION llm._amount_ok(p_value bigint, p_nullable boolean) IS 'True 
 CREATE FUNCTION llm._audit_org(p_organization_id uuid, p_now timestamp with time zone, p_run_id uuid) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 4dddafb9a6e16d6c9e7850d0215d562c $$;
+    AS $$ body in sql/, md5 854ca638c14a4a218938251061420828 $$;
 
-COMMENT ON FUNCTION llm._audit_org(p_organization_id uuid, p_now timestamp with time zone, p_run_id uuid) IS 'When due (at least daily), recomputes the organization''s current and previous period from their requests in one statement; records, logs and returns the periods that disagree (llm.period_findings), resolves findings that no longer hold; NULL when not due.';
+COMMENT ON FUNCTION llm._audit_org(p_organization_id uuid, p_now timestamp with time zone, p_run_id uuid) IS 'When due (at least daily), recomputes the organization''s current and previous period, and every period with an unresolved finding, from their requests in one statement; records, logs and returns the periods that disagree (llm.period_findings), resolves findings that no longer hold; NULL when not due.';
 
 CREATE FUNCTION llm._audits_due(p_now timestamp with time zone) RETURNS uuid[]
     LANGUAGE plpgsql STABLE SECURITY DEFINER
@@ -473,9 +473,9 @@ COMMENT ON FUNCTION llm._recover_stranded(p_organization_id uuid, p_now timestam
 CREATE FUNCTION llm._refresh_drift(p_organization_id uuid, p_now timestamp with time zone, p_since timestamp with time zone, p_run_id uuid) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 f3d31ac198f86e1634a27c19b00d79c3 $$;
+    AS $$ body in sql/, md5 12a0d2f809288851ba3fa36f4c9bdae6 $$;
 
-COMMENT ON FUNCTION llm._refresh_drift(p_organization_id uuid, p_now timestamp with time zone, p_since timestamp with time zone, p_run_id uuid) IS 'Compares tasks closed since p_since with their terminal requests; stores and logs each disagreement, drops findings that no longer disagree, changes no totals.';
+COMMENT ON FUNCTION llm._refresh_drift(p_organization_id uuid, p_now timestamp with time zone, p_since timestamp with time zone, p_run_id uuid) IS 'Compares tasks closed since p_since with their terminal requests; stores and logs each disagreement, drops findings (of any age) that no longer disagree, changes no totals.';
 
 CREATE FUNCTION llm._renew_lease(p_run_id uuid, p_token uuid) RETURNS boolean
     LANGUAGE plpgsql
@@ -560,21 +560,21 @@ CREATE TABLE llm.settings (
     org_lock_timeout interval DEFAULT '00:00:05'::interval NOT NULL,
     org_time_budget interval DEFAULT '00:01:00'::interval NOT NULL,
     pass_lease interval DEFAULT '00:05:00'::interval NOT NULL,
-    CONSTRAINT settings_drift_window_check CHECK ((drift_window > '00:00:00'::interval)),
-    CONSTRAINT settings_health_max_age_check CHECK ((health_max_age > '00:00:00'::interval)),
-    CONSTRAINT settings_notice_backoff_base_check CHECK ((notice_backoff_base > '00:00:00'::interval)),
-    CONSTRAINT settings_notice_backoff_max_check CHECK ((notice_backoff_max > '00:00:00'::interval)),
-    CONSTRAINT settings_notice_claim_timeout_check CHECK ((notice_claim_timeout > '00:00:00'::interval)),
-    CONSTRAINT settings_org_lock_timeout_check CHECK ((org_lock_timeout > '00:00:00'::interval)),
-    CONSTRAINT settings_org_time_budget_check CHECK ((org_time_budget > '00:00:00'::interval)),
-    CONSTRAINT settings_pass_lease_check CHECK ((pass_lease > '00:00:00'::interval)),
-    CONSTRAINT settings_recovery_window_check CHECK ((recovery_window > '00:00:00'::interval)),
-    CONSTRAINT settings_reporting_days_check CHECK ((reporting_days > 0)),
+    CONSTRAINT settings_drift_window_range CHECK (((drift_window > '00:00:00'::interval) AND (drift_window <= '365 days'::interval))),
+    CONSTRAINT settings_health_max_age_range CHECK (((health_max_age > '00:00:00'::interval) AND (health_max_age <= '30 days'::interval))),
+    CONSTRAINT settings_notice_backoff_base_range CHECK (((notice_backoff_base > '00:00:00'::interval) AND (notice_backoff_base <= '01:00:00'::interval))),
+    CONSTRAINT settings_notice_backoff_max_range CHECK (((notice_backoff_max > '00:00:00'::interval) AND (notice_backoff_max <= '30 days'::interval))),
+    CONSTRAINT settings_notice_claim_timeout_range CHECK (((notice_claim_timeout > '00:00:00'::interval) AND (notice_claim_timeout <= '1 day'::interval))),
+    CONSTRAINT settings_org_lock_timeout_range CHECK (((org_lock_timeout > '00:00:00'::interval) AND (org_lock_timeout <= '01:00:00'::interval))),
+    CONSTRAINT settings_org_time_budget_range CHECK (((org_time_budget > '00:00:00'::interval) AND (org_time_budget <= '1 day'::interval))),
+    CONSTRAINT settings_pass_lease_range CHECK (((pass_lease > '00:00:00'::interval) AND (pass_lease <= '1 day'::interval))),
+    CONSTRAINT settings_recovery_window_range CHECK (((recovery_window > '00:00:00'::interval) AND (recovery_window <= '365 days'::interval))),
+    CONSTRAINT settings_reporting_days_range CHECK (((reporting_days >= 1) AND (reporting_days <= 35))),
     CONSTRAINT settings_singleton_check CHECK (singleton),
-    CONSTRAINT settings_sweep_batch_check CHECK ((sweep_batch > 0))
+    CONSTRAINT settings_sweep_batch_range CHECK (((sweep_batch >= 1) AND (sweep_batch <= 100000)))
 );
 
-COMMENT ON TABLE llm.settings IS 'One row of tunables: recovery window, drift window, sweep batch, reporting days, health max age, notice timing.';
+COMMENT ON TABLE llm.settings IS 'One row of tunables: recovery window, drift window, sweep batch, reporting days, health max age, notice timing, the bounds of a pass. Each has a range (constraint settings_<setting>_range; docs/operations.md, "Settings"); change them with a plain UPDATE as the owner.';
 
 COMMENT ON COLUMN llm.settings.org_lock_timeout IS 'Longest wait for one lock inside an organization''s sweep (and each follow-up step): a transaction-local lock_timeout; a blocked organization is recorded with 55P03 and the pass goes on.';
 
@@ -633,9 +633,9 @@ COMMENT ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_cred
 CREATE FUNCTION llm.check_invariants() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 66be24530baab9dc3446a38fb2ce5617 $$;
+    AS $$ body in sql/, md5 f0f4118d050fab0fbfced616c005886b $$;
 
-COMMENT ON FUNCTION llm.check_invariants() IS 'Returns one row per violated invariant (docs/design.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance); empty when the books are right.';
+COMMENT ON FUNCTION llm.check_invariants() IS 'Returns one row per violated invariant (docs/design.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period and drift findings); empty when the books are right.';
 
 CREATE TABLE llm.threshold_notices (
     organization_id uuid NOT NULL,

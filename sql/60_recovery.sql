@@ -254,25 +254,27 @@ AS $$
 DECLARE
     v_row record;
     v_count integer := 0;
-    v_has_findings boolean;
+    v_findings uuid[];
 BEGIN
-    -- Most organizations, most hours, closed no task inside the window: for them
-    -- this probe (the executions_closed index) is all the drift check costs; the
-    -- per-task query below is planned afresh on every call, which was a large
-    -- part of an idle pass's CPU (docs/benchmarks.md).
+    -- The tasks that have a finding: each is revisited whatever its age, so a finding
+    -- is dropped once its task agrees again and every finding kept still holds
+    -- (invariant 13); an old one is not reported again.
+    SELECT pg_catalog.array_agg(f.execution_id) INTO v_findings
+      FROM llm.drift_findings AS f WHERE f.organization_id = p_organization_id;
+    -- Most organizations, most hours, closed no task inside the window and have no
+    -- finding: for them these two probes (primary key, executions_closed index) are
+    -- all the drift check costs; the per-task query below is planned afresh on every
+    -- call, which was a large part of an idle pass's CPU (docs/benchmarks.md).
     PERFORM FROM llm.executions AS x
      WHERE x.organization_id = p_organization_id AND x.status <> 'running' AND x.ended_at >= p_since
      LIMIT 1;
-    IF NOT FOUND THEN
+    IF NOT FOUND AND v_findings IS NULL THEN
         RETURN 0;
     END IF;
-    -- a task that agrees with its requests only needs its old finding removed if
-    -- the organization has any finding at all
-    PERFORM FROM llm.drift_findings AS f WHERE f.organization_id = p_organization_id LIMIT 1;
-    v_has_findings := FOUND;
 
     FOR v_row IN
-        SELECT x.id, x.task_key, x.status, x.request_count, x.credits, x.cents,
+        SELECT x.id, x.task_key, x.status, x.ended_at >= p_since AS recent,
+               x.request_count, x.credits, x.cents,
                coalesce(s.n, 0) AS settled_n, coalesce(s.credits, 0) AS settled_credits,
                coalesce(s.cents, 0) AS settled_cents,
                (x.request_count, x.credits, x.cents)
@@ -285,10 +287,9 @@ BEGIN
                  WHERE i.organization_id = p_organization_id AND i.execution_id = x.id
                    AND i.status IN ('settled', 'failed')) AS s ON true
          WHERE x.organization_id = p_organization_id
-           AND x.status <> 'running'
-           AND x.ended_at >= p_since
+           AND ((x.status <> 'running' AND x.ended_at >= p_since) OR x.id = ANY (v_findings))
     LOOP
-        IF v_row.drifts THEN
+        IF v_row.drifts AND v_row.recent THEN
             v_count := v_count + 1;
             RAISE LOG 'llm: drift in execution % of organization % (task %, %): recorded requests=% credits=% cents=%, settled requests=% credits=% cents=%',
                 v_row.id, p_organization_id, v_row.task_key, v_row.status,
@@ -308,7 +309,7 @@ BEGIN
                    settled_cents = excluded.settled_cents,
                    last_seen_at = excluded.last_seen_at,
                    last_run_id = excluded.last_run_id;
-        ELSIF v_has_findings THEN
+        ELSIF NOT v_row.drifts AND v_row.id = ANY (v_findings) THEN
             DELETE FROM llm.drift_findings AS f
              WHERE f.organization_id = p_organization_id AND f.execution_id = v_row.id;
         END IF;
@@ -317,7 +318,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm._refresh_drift(uuid, timestamptz, timestamptz, uuid) IS
-    'Compares tasks closed since p_since with their terminal requests; stores and logs each disagreement, drops findings that no longer disagree, changes no totals.';
+    'Compares tasks closed since p_since with their terminal requests; stores and logs each disagreement, drops findings (of any age) that no longer disagree, changes no totals.';
 
 CREATE OR REPLACE FUNCTION llm.reconcile_org(
     p_organization_id uuid, p_now timestamptz DEFAULT now(), p_batch integer DEFAULT NULL,

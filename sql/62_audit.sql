@@ -1,10 +1,11 @@
 -- The daily audit of every period counter (docs/design.md, "The daily audit"):
 -- each organization's current and previous period (used credits, used cents,
--- held credits) recomputed from its requests at least once every 24 hours.
--- A mismatch is a finding in llm.period_findings, logged and counted, never
--- repaired; a finding that no longer holds is resolved.
+-- held credits) recomputed from its requests at least once every 24 hours, and
+-- every older period with an unresolved finding. A mismatch is a finding in
+-- llm.period_findings, logged and counted, never repaired; a finding that no
+-- longer holds is resolved.
 
--- Long on purpose: one statement (one snapshot) reads both periods, and each period
+-- Long on purpose: one statement (one snapshot) reads the periods, and each period
 -- is recorded or resolved in the same loop; most of the length is the findings row.
 CREATE OR REPLACE FUNCTION llm._audit_org(p_organization_id uuid, p_now timestamptz, p_run_id uuid)
 RETURNS integer
@@ -17,13 +18,22 @@ DECLARE
     v_found integer := 0;
     v_next timestamptz;
     v_first timestamptz;
+    v_open date[];
 BEGIN
     SELECT t.audit_due_at INTO v_due FROM llm.sweep_totals AS t WHERE t.organization_id = p_organization_id;
     IF v_due > p_now THEN
         RETURN NULL;  -- audited within the last 23 hours: not due
     END IF;
 
-    -- Both periods in one statement, so one snapshot: every state change moves a
+    -- Periods with an unresolved finding are audited whatever their age, or a finding
+    -- on a period older than the previous month would never be resolved (issue 20
+    -- defect 9). Read first, on its own: one per-organization table per statement
+    -- inside a delegated twin (docs/design.md, "Citus rules" 9).
+    SELECT pg_catalog.array_agg(f.period_start) INTO v_open
+      FROM llm.period_findings AS f
+     WHERE f.organization_id = p_organization_id AND f.resolved_at IS NULL;
+
+    -- The periods in one statement, so one snapshot: every state change moves a
     -- request and its period's counters in one transaction, so live traffic cannot
     -- make a period look wrong here.
     FOR v_period IN
@@ -39,7 +49,8 @@ BEGIN
                   FROM llm.invocations AS i
                  WHERE i.organization_id = p_organization_id AND i.period_start = p.period_start) AS c ON true
          WHERE p.organization_id = p_organization_id
-           AND p.period_start IN (v_current, (v_current - interval '1 month')::date)
+           AND (p.period_start IN (v_current, (v_current - interval '1 month')::date)
+                OR p.period_start = ANY (v_open))
     LOOP
         IF (v_period.recorded_used, v_period.recorded_cents, v_period.recorded_held)
            IS DISTINCT FROM (v_period.computed_used, v_period.computed_cents, v_period.computed_held) THEN
@@ -91,4 +102,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm._audit_org(uuid, timestamptz, uuid) IS
-    'When due (at least daily), recomputes the organization''s current and previous period from their requests in one statement; records, logs and returns the periods that disagree (llm.period_findings), resolves findings that no longer hold; NULL when not due.';
+    'When due (at least daily), recomputes the organization''s current and previous period, and every period with an unresolved finding, from their requests in one statement; records, logs and returns the periods that disagree (llm.period_findings), resolves findings that no longer hold; NULL when not due.';

@@ -219,7 +219,75 @@ BEGIN
       JOIN llm.organizations AS o ON o.id = p.organization_id
      WHERE p.period_start >= llm._period_start(o.updated_at)
        AND p.allowance_credits IS DISTINCT FROM o.monthly_allowance_credits;
+
+    -- 10. sweep_totals equal the requests they count: every recovery (recovered_credits
+    --     is set by recovery and kept by a true-up), those charged nothing although they
+    --     had an estimate, and every past-window alert (stamped once, by recovery)
+    RETURN QUERY
+    SELECT 10, o.id, 'sweep_totals',
+           pg_catalog.format('recovered_requests=%s recovered_uncharged=%s past_window_alerts=%s; requests %s/%s/%s',
+                             t.recovered_requests, t.recovered_uncharged, t.past_window_alerts,
+                             coalesce(c.recovered, 0), coalesce(c.uncharged, 0), coalesce(c.alerts, 0))
+      FROM llm.organizations AS o
+      LEFT JOIN llm.sweep_totals AS t ON t.organization_id = o.id
+      LEFT JOIN (SELECT i.organization_id,
+                        count(*) FILTER (WHERE i.recovered_credits IS NOT NULL) AS recovered,
+                        count(*) FILTER (WHERE i.recovered_credits = 0 AND i.estimate_credits > 0) AS uncharged,
+                        count(*) FILTER (WHERE i.past_window_alerted_at IS NOT NULL) AS alerts
+                   FROM llm.invocations AS i
+                  WHERE i.recovered_credits IS NOT NULL OR i.past_window_alerted_at IS NOT NULL
+                  GROUP BY 1) AS c
+        ON c.organization_id = o.id
+     WHERE (coalesce(t.recovered_requests, 0), coalesce(t.recovered_uncharged, 0), coalesce(t.past_window_alerts, 0))
+           IS DISTINCT FROM (coalesce(c.recovered, 0), coalesce(c.uncharged, 0), coalesce(c.alerts, 0));
+
+    -- 11. an unresolved period finding means its period still disagrees with its
+    --     requests (used credits, used cents or held credits, as the audit computes them)
+    RETURN QUERY
+    SELECT 11, f.organization_id, 'period ' || f.period_start,
+           pg_catalog.format('unresolved finding (last seen %s), but the period %s',
+                             f.last_seen_at,
+                             CASE WHEN p.period_start IS NULL THEN 'does not exist'
+                                  ELSE pg_catalog.format('agrees with its requests: used %s/%s held %s',
+                                                         p.used_credits, p.used_cents, p.held_credits) END)
+      FROM llm.period_findings AS f
+      LEFT JOIN llm.periods AS p
+        ON p.organization_id = f.organization_id AND p.period_start = f.period_start
+      LEFT JOIN (SELECT i.organization_id, i.period_start,
+                        sum(i.charged_credits) FILTER (WHERE i.status IN ('settled', 'failed')) AS used,
+                        sum(coalesce(i.charged_cents, 0)) FILTER (WHERE i.status IN ('settled', 'failed')) AS cents,
+                        sum(i.hold_credits) FILTER (WHERE i.status IN ('reserved', 'dispatched')) AS held
+                   FROM llm.invocations AS i
+                  GROUP BY 1, 2) AS c
+        ON c.organization_id = f.organization_id AND c.period_start = f.period_start
+     WHERE f.resolved_at IS NULL
+       AND (p.period_start IS NULL
+            OR (p.used_credits, p.used_cents, p.held_credits)
+               = (coalesce(c.used, 0), coalesce(c.cents, 0), coalesce(c.held, 0)));
+
+    -- (12 is the notice claims' invariant.)
+
+    -- 13. a drift finding means its task still differs from its terminal requests: a
+    --     finding has no resolved state, the sweep deletes it once its task agrees
+    --     (llm._refresh_drift), so every finding kept is an unresolved one
+    RETURN QUERY
+    SELECT 13, f.organization_id, 'execution ' || f.execution_id,
+           pg_catalog.format('drift finding (last seen %s), but the task %s',
+                             f.last_seen_at,
+                             CASE WHEN x.id IS NULL THEN 'does not exist'
+                                  ELSE pg_catalog.format('agrees with its requests: %s/%s/%s',
+                                                         x.request_count, x.credits, x.cents) END)
+      FROM llm.drift_findings AS f
+      LEFT JOIN llm.executions AS x ON x.organization_id = f.organization_id AND x.id = f.execution_id
+      LEFT JOIN (SELECT i.organization_id, i.execution_id, count(*) AS n, sum(i.charged_credits) AS credits,
+                        sum(coalesce(i.charged_cents, 0)) AS cents
+                   FROM llm.invocations AS i
+                  WHERE i.execution_id IS NOT NULL AND i.status IN ('settled', 'failed')
+                  GROUP BY 1, 2) AS s
+        ON s.organization_id = f.organization_id AND s.execution_id = f.execution_id
+     WHERE x.id IS NULL
+        OR (x.request_count, x.credits, x.cents) = (coalesce(s.n, 0), coalesce(s.credits, 0), coalesce(s.cents, 0));
 END
 $$;
 COMMENT ON FUNCTION llm.check_invariants() IS
-    'Returns one row per violated invariant (docs/design.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance); empty when the books are right.';
+    'Returns one row per violated invariant (docs/design.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period and drift findings); empty when the books are right.';

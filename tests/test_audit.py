@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import threading
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 
 from llm_db import Llm
+from llm_db.metrics import collect
 from tests.helpers import T0, assert_books_right, corrupt_period, row, rows, scalar
 
 HOUR = timedelta(hours=1)
@@ -77,6 +78,30 @@ def test_a_corrupted_counter_is_found_within_24_passes_and_resolved_when_right(l
     resolved = finding(llm_conn, org)
     assert resolved["resolved_at"] is not None
     assert sum(r.period_findings for r in later) == 0
+    assert_books_right(llm_conn)
+
+
+def test_a_finding_on_a_period_older_than_the_previous_month_is_resolved_when_right(llm_conn):
+    """issue 20 defect 9: the audit revisits every period with an unresolved finding, not
+    only the current and previous month. A January finding whose counter is put right by
+    hand in April is resolved within April's next 24 hourly passes, and the
+    llm_period_findings gauge drops from 1 to 0."""
+    llm = Llm(llm_conn)
+    org = busy_org(llm)
+    corrupt_period(llm_conn, org, "used_credits", 7)
+    hourly_passes(llm, T0 + 31 * HOUR, 1)  # the organization's first audit finds it
+    assert finding(llm_conn, org)["resolved_at"] is None
+    april = datetime(2026, 4, 10, 12, tzinfo=UTC)  # January is three months back
+
+    def gauge() -> float | None:
+        return collect(llm_conn, now=april + 24 * HOUR).get_sample_value("llm_period_findings")
+
+    assert gauge() == 1
+    corrupt_period(llm_conn, org, "used_credits", -7)
+    hourly_passes(llm, april, 24)
+
+    assert finding(llm_conn, org)["resolved_at"] is not None
+    assert gauge() == 0
     assert_books_right(llm_conn)
 
 

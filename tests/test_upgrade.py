@@ -305,3 +305,24 @@ def exercise_every_public_routine(conn: psycopg.Connection, ids: dict[str, uuid.
     assert scalar(conn, "SELECT status FROM llm.invocations WHERE id = %s", [state["inv"]]) == "settled"
     # recorded for audit under 0.1.0: never trued up, whatever the policy now
     assert settle(conn, unlimited, ids["stranded"], 99, 9, now=feb) == "already_recovered"
+
+
+def test_the_sweeps_totals_are_recounted_from_the_books_on_upgrade(old_database):
+    """Invariant 10 (issue 20): 0005 started llm.sweep_totals from the 0.1.0 books but
+    counted a request recovered at its zero estimate as uncharged, which no sweep does;
+    0010 recounts them from the requests, so an upgraded database's totals are exact."""
+    with psycopg.connect(old_database, autocommit=True) as conn:
+        api = Release010(conn)
+        org = api.org(1000)
+        api.admit(org, 0)  # recovered at its estimate: 0, yet not uncharged
+        api.admit(org, 30)
+        api.run_pass(DEC + 25 * HOUR)
+        assert scalar(conn, "SELECT count(*) FROM llm.invocations WHERE settlement_kind = 'recovered'") == 2
+
+    migrate(old_database)
+
+    with psycopg.connect(old_database, autocommit=True) as conn:
+        totals = row(conn, "SELECT recovered_requests, recovered_uncharged, past_window_alerts"
+                           " FROM llm.sweep_totals WHERE organization_id = %s", [org])  # fmt: skip
+        assert totals == {"recovered_requests": 2, "recovered_uncharged": 0, "past_window_alerts": 2}
+        assert invariants(conn) == []
