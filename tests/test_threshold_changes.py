@@ -212,3 +212,19 @@ def test_a_threshold_list_adding_a_threshold_already_passed_owes_it_at_once(llm_
     used_up(llm_conn, org, 60, T0 + 3 * HOUR)  # 51 %: crosses 50 % the usual way
     assert [n["threshold_pct"] for n in notices(llm_conn, org)] == [40, 50]
     assert invariants(llm_conn) == []
+
+
+def test_an_allowance_of_zero_owes_every_threshold_at_once(llm_conn):
+    """Issue 20 defect 4 at its edge: at an allowance of 0 every threshold's level is 0, so
+    used credits stand at or above all of them, even at 0; the organization, refused with
+    LL001 from now on, is told so by the change itself, and a raise back owes nothing."""
+    org = new_org(llm_conn, 1000, thresholds=[80, 100])
+    admit(llm_conn, org, 10, now=T0)  # opens January, nothing used
+    set_org(llm_conn, org, 0, thresholds=[80, 100], now=T0 + HOUR)
+    assert owed(llm_conn, org) == [
+        (JANUARY, 80, 0, 0, T0 + HOUR, "owed"),
+        (JANUARY, 100, 0, 0, T0 + HOUR, "owed"),
+    ]
+    set_org(llm_conn, org, 1000, thresholds=[80, 100], now=T0 + 2 * HOUR)
+    assert len(notices(llm_conn, org)) == 2
+    assert invariants(llm_conn) == []
