@@ -151,6 +151,24 @@ def test_a_list_change_waits_for_a_settlement_holding_an_earlier_period_and_spre
     assert invariants(llm_conn) == []
 
 
+def test_a_settlement_waiting_for_a_list_change_moves_with_the_new_rooms(llm_conn, llm_connect):
+    """Issue 20 defect 3, the other order: while an upsert changing the list holds January's
+    stripes, the late settlement of the January request waits for it, then finds the rooms
+    spread for the new list, so its small move crossing 50 % records the notice."""
+    org, late = january_with_an_open_request(llm_conn)
+    changer = llm_connect(autocommit=False)
+    set_org(changer, org, 1000, thresholds=[50, 80, 100], now=IN_FEBRUARY + HOUR)
+    settler = llm_connect()
+    settlement = InThread(lambda: settle(settler, org, late, 10, 0, now=IN_FEBRUARY + 2 * HOUR))
+    wait_blocked(llm_conn, settler.info.backend_pid)
+    changer.commit()
+    assert settlement.result() == "settled"
+    assert [
+        (n["period_start"], n["threshold_pct"], n["used_credits"]) for n in notices(llm_conn, org)
+    ] == [(JANUARY, 50, 505)]
+    assert invariants(llm_conn) == []
+
+
 # ---------------------------------------------------------------- defect 4: owed by the change
 
 
