@@ -51,7 +51,9 @@ COMMENT ON FUNCTION llm._check_thresholds(integer[]) IS
 -- period's stripes in stripe order (_lock_period) before its notices. A settlement
 -- or a sweep never waits for the organization row while holding a stripe, and an
 -- admission waits for it (_ensure_period) only before it holds any, so a change
--- under live traffic waits for the stripes in use and cannot deadlock with them.
+-- under live traffic waits for the stripes in use and cannot deadlock with a call.
+-- (A client transaction of several calls, one holding a period's stripes and a later
+-- one creating a month's period, can: PostgreSQL detects it, 40P01, and one retries.)
 CREATE OR REPLACE FUNCTION llm._apply_to_periods(
     p_organization_id uuid, p_allowance bigint, p_thresholds integer[], p_every_period boolean,
     p_now timestamptz)
