@@ -115,6 +115,13 @@ CREATE FUNCTION llm._amount_ok(p_value bigint, p_nullable boolean DEFAULT false)
 
 COMMENT ON FUNCTION llm._amount_ok(p_value bigint, p_nullable boolean) IS 'True for a non-negative amount no larger than _max_amount() (10^15), or a NULL when p_nullable.';
 
+CREATE FUNCTION llm._apply_to_periods(p_organization_id uuid, p_allowance bigint, p_thresholds integer[], p_every_period boolean, p_now timestamp with time zone) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 010bbadff5cb6cf35fbd0e0ed6b4235a $$;
+
+COMMENT ON FUNCTION llm._apply_to_periods(p_organization_id uuid, p_allowance bigint, p_thresholds integer[], p_every_period boolean, p_now timestamp with time zone) IS 'Applies a changed allowance to the period containing p_now and later ones, owing at once the thresholds their usage now stands at or above, and spreads the rooms again of those periods, or of every period of the organization when its threshold list changed (p_every_period); periods locked in period order.';
+
 CREATE FUNCTION llm._audit_org(p_organization_id uuid, p_now timestamp with time zone, p_run_id uuid) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -463,6 +470,13 @@ CREATE FUNCTION llm._record_crossings(p_organization_id uuid, p_period_start dat
 
 COMMENT ON FUNCTION llm._record_crossings(p_organization_id uuid, p_period_start date, p_old_used bigint, p_new_used bigint, p_allowance bigint, p_now timestamp with time zone) IS 'Creates one owed notice per threshold crossed when used credits moved from p_old_used to p_new_used; at most one per (organization, period, threshold); NOTIFY llm_notices at commit when it created one.';
 
+CREATE FUNCTION llm._record_reached(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_allowance bigint, p_now timestamp with time zone) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 4bbf0473ee173d7a996b85ebcf254b8c $$;
+
+COMMENT ON FUNCTION llm._record_reached(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_allowance bigint, p_now timestamp with time zone) IS 'With the period locked: creates one owed notice (crossed at p_now) for every threshold of p_thresholds its used credits stand at or above under p_allowance and not notified yet; NOTIFY llm_notices at commit when it created one. What an allowance or threshold-list change owes by itself.';
+
 CREATE FUNCTION llm._recover_stranded(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone, p_batch integer, p_recovery_charge text, INOUT p_sweep llm.org_sweep) RETURNS llm.org_sweep
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -619,7 +633,7 @@ COMMENT ON FUNCTION llm._text_ok(p_value text, p_max integer, p_nullable boolean
 CREATE FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) RETURNS llm.organizations
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 cc220eb5a835d5f9c8b7dffaed9d0952 $$;
+    AS $$ body in sql/, md5 08ff90a4bc5fd16f82a3eb5f869209c7 $$;
 
 COMMENT ON FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) IS 'Distributed twin of upsert_organization; arguments already checked.';
 
@@ -801,7 +815,7 @@ CREATE FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_m
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
     AS $$ body in sql/, md5 01c0c41a2405d258c90dc9fc40260ce3 $$;
 
-COMMENT ON FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) IS 'Creates or updates an organization; a changed allowance (NULL = unlimited) also applies to the period containing p_now.';
+COMMENT ON FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) IS 'Creates or updates an organization; a changed allowance (NULL = unlimited) also applies to the period containing p_now and later open ones, which owe at once every threshold their usage now stands at or above; a changed threshold list applies to every period.';
 
 CREATE TABLE llm.daily_usage (
     organization_id uuid NOT NULL,
@@ -1041,6 +1055,8 @@ REVOKE ALL ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_
 
 REVOKE ALL ON FUNCTION llm._amount_ok(p_value bigint, p_nullable boolean) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._apply_to_periods(p_organization_id uuid, p_allowance bigint, p_thresholds integer[], p_every_period boolean, p_now timestamp with time zone) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._audit_org(p_organization_id uuid, p_now timestamp with time zone, p_run_id uuid) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._audits_due(p_now timestamp with time zone) FROM PUBLIC;
@@ -1135,6 +1151,8 @@ GRANT ALL ON FUNCTION llm._rebuild_days(p_now timestamp with time zone) TO llm_o
 REVOKE ALL ON FUNCTION llm._reconcile_org(p_organization_id uuid, p_now timestamp with time zone, p_batch integer, p_run_id uuid) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._record_crossings(p_organization_id uuid, p_period_start date, p_old_used bigint, p_new_used bigint, p_allowance bigint, p_now timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._record_reached(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_allowance bigint, p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._recover_stranded(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone, p_batch integer, p_recovery_charge text, INOUT p_sweep llm.org_sweep) FROM PUBLIC;
 

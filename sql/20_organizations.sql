@@ -30,6 +30,70 @@ $$;
 COMMENT ON FUNCTION llm._check_thresholds(integer[]) IS
     'The threshold list sorted, or 22023 for NULL, NULL elements, duplicates, values outside 1..1000 or more than 20 entries.';
 
+-- What a changed allowance or threshold list does to the organization's periods.
+--
+-- Which periods. A changed allowance applies to the period containing p_now and to
+-- any later one a moved clock already opened (invariant 9); an earlier period keeps
+-- the allowance its month had. A period's notices are judged by the organization's
+-- threshold list as it is now, whatever its month (_record_crossings, _spread_rooms,
+-- invariant 5b), so a changed list spreads the notice rooms of every period again,
+-- an earlier one still settling its open requests too: its next crossing is then
+-- notified whichever path, fast or exact, moves it (issue 20 defect 3).
+--
+-- What the change owes. In the period containing p_now and later ones, every
+-- threshold the used credits now stand at or above and not notified yet is owed at
+-- once, in this transaction (_record_reached, issue 20 defect 4): a lowered allowance
+-- or a threshold added below the usage. An earlier period, its month over, owes none
+-- for a level it reached before; it owes its later crossings as usual.
+--
+-- Lock order, the one of every settlement, sweep and admission: the organization's
+-- row (the caller holds it FOR UPDATE), then its periods in period order, each
+-- period's stripes in stripe order (_lock_period) before its notices. A settlement
+-- or a sweep never waits for the organization row while holding a stripe, and an
+-- admission waits for it (_ensure_period) only before it holds any, so a change
+-- under live traffic waits for the stripes in use and cannot deadlock with a call.
+-- (A client transaction of several calls, one holding a period's stripes and a later
+-- one creating a month's period, can: PostgreSQL detects it, 40P01, and one retries.)
+CREATE OR REPLACE FUNCTION llm._apply_to_periods(
+    p_organization_id uuid, p_allowance bigint, p_thresholds integer[], p_every_period boolean,
+    p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_current date := llm._period_start(p_now);
+    v_start date;
+    v_head llm.period_heads;
+BEGIN
+    -- A first admission of the month creating its period holds the organization row
+    -- FOR SHARE (_ensure_period), so the period it creates is either seen here or
+    -- created after this transaction commits, with the new allowance.
+    FOR v_start IN
+        SELECT h.period_start FROM llm.period_heads AS h
+         WHERE h.organization_id = p_organization_id
+           AND (p_every_period OR h.period_start >= v_current)
+         ORDER BY h.period_start
+    LOOP
+        -- 1. the period's stripes, in stripe order
+        v_head := llm._lock_period(p_organization_id, v_start);
+        IF v_start >= v_current THEN
+            UPDATE llm.period_heads AS h
+               SET allowance_credits = p_allowance
+             WHERE h.organization_id = p_organization_id AND h.period_start = v_start
+               AND h.allowance_credits IS DISTINCT FROM p_allowance;
+            v_head.allowance_credits := p_allowance;
+            -- 2. its notices: the thresholds the change itself puts behind
+            PERFORM llm._record_reached(p_organization_id, v_start, p_thresholds, p_allowance, p_now);
+        END IF;
+        -- 3. its rooms, for its allowance and the new list (after the notices: a
+        --    notified threshold is behind)
+        PERFORM llm._spread_rooms(p_organization_id, v_start, v_head.allowance_credits);
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION llm._apply_to_periods(uuid, bigint, integer[], boolean, timestamptz) IS
+    'Applies a changed allowance to the period containing p_now and later ones, owing at once the thresholds their usage now stands at or above, and spreads the rooms again of those periods, or of every period of the organization when its threshold list changed (p_every_period); periods locked in period order.';
+
 CREATE OR REPLACE FUNCTION llm._upsert_organization(
     p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint,
     p_status text, p_notice_thresholds integer[], p_now timestamptz)
@@ -40,8 +104,6 @@ DECLARE
     v_org llm.organizations;
     v_old_allowance bigint;
     v_old_thresholds integer[];
-    v_period date := llm._period_start(p_now);
-    v_start date;
 BEGIN
     SELECT o.monthly_allowance_credits, o.notice_thresholds INTO v_old_allowance, v_old_thresholds
       FROM llm.organizations AS o WHERE o.id = p_organization_id FOR UPDATE;
@@ -70,23 +132,8 @@ BEGIN
 
     IF v_old_allowance IS DISTINCT FROM p_monthly_allowance_credits
        OR v_old_thresholds IS DISTINCT FROM p_notice_thresholds THEN
-        -- A changed allowance applies to the current period at once (and to any
-        -- later one a moved clock already opened): invariant 9. A first admission
-        -- of the month creating its period row holds this organization row FOR
-        -- SHARE (_ensure_period), so the row it creates is either visible here or
-        -- created after this transaction commits, with the new allowance. Each
-        -- period's rooms are spread again for the new allowance and thresholds.
-        FOR v_start IN
-            SELECT h.period_start FROM llm.period_heads AS h
-             WHERE h.organization_id = p_organization_id AND h.period_start >= v_period
-             ORDER BY h.period_start
-        LOOP
-            PERFORM llm._lock_period(p_organization_id, v_start);
-            UPDATE llm.period_heads AS h
-               SET allowance_credits = p_monthly_allowance_credits
-             WHERE h.organization_id = p_organization_id AND h.period_start = v_start;
-            PERFORM llm._spread_rooms(p_organization_id, v_start, p_monthly_allowance_credits);
-        END LOOP;
+        PERFORM llm._apply_to_periods(p_organization_id, p_monthly_allowance_credits, p_notice_thresholds,
+                                      v_old_thresholds IS DISTINCT FROM p_notice_thresholds, p_now);
     END IF;
     RETURN v_org;
 END
@@ -121,7 +168,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm.upsert_organization(uuid, text, bigint, text, integer[], timestamptz) IS
-    'Creates or updates an organization; a changed allowance (NULL = unlimited) also applies to the period containing p_now.';
+    'Creates or updates an organization; a changed allowance (NULL = unlimited) also applies to the period containing p_now and later open ones, which owe at once every threshold their usage now stands at or above; a changed threshold list applies to every period.';
 
 CREATE OR REPLACE FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date)
 RETURNS void

@@ -57,6 +57,44 @@ $$;
 COMMENT ON FUNCTION llm._record_crossings(uuid, date, bigint, bigint, bigint, timestamptz) IS
     'Creates one owed notice per threshold crossed when used credits moved from p_old_used to p_new_used; at most one per (organization, period, threshold); NOTIFY llm_notices at commit when it created one.';
 
+-- A changed allowance or threshold list (upsert_organization) owes, by itself, every
+-- threshold the period's used credits now stand at or above and that was not notified:
+-- no movement crossed it, so _record_crossings never will (issue 20 defect 4). The
+-- caller holds the period (_lock_period), so the used credits read here stay.
+CREATE OR REPLACE FUNCTION llm._record_reached(
+    p_organization_id uuid, p_period_start date, p_thresholds integer[], p_allowance bigint,
+    p_now timestamptz)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_used bigint;
+    v_created integer;
+BEGIN
+    IF p_allowance IS NULL THEN
+        RETURN 0;  -- unlimited: no threshold has a level
+    END IF;
+    SELECT sum(s.used_credits) INTO v_used
+      FROM llm.period_stripes AS s
+     WHERE s.organization_id = p_organization_id AND s.period_start = p_period_start;
+    -- the unique key keeps one notice per threshold: one notified before is not owed again
+    INSERT INTO llm.threshold_notices
+           (organization_id, period_start, threshold_pct, crossed_at, used_credits,
+            allowance_credits, next_attempt_at)
+    SELECT p_organization_id, p_period_start, t.pct, p_now, v_used, p_allowance, p_now
+      FROM pg_catalog.unnest(p_thresholds) AS t(pct)
+     WHERE v_used::numeric * 100 >= t.pct::numeric * p_allowance
+    ON CONFLICT (organization_id, period_start, threshold_pct) DO NOTHING;
+    GET DIAGNOSTICS v_created = ROW_COUNT;
+    IF v_created > 0 THEN
+        PERFORM llm._notify_notices_owed('created');  -- delivered at commit (llm-db worker)
+    END IF;
+    RETURN v_created;
+END
+$$;
+COMMENT ON FUNCTION llm._record_reached(uuid, date, integer[], bigint, timestamptz) IS
+    'With the period locked: creates one owed notice (crossed at p_now) for every threshold of p_thresholds its used credits stand at or above under p_allowance and not notified yet; NOTIFY llm_notices at commit when it created one. What an allowance or threshold-list change owes by itself.';
+
 -- The booking of an invocation just made terminal: status, task totals, then its
 -- stripe of the period (and, on the exact path, the period's notices), in that
 -- lock order. The caller has locked the invocation row (_end_invocation's UPDATE

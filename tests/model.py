@@ -213,10 +213,12 @@ class Books:
         if diff > 0:
             self._crossings(row.org, row.period, old, period.used, now)
         key = (row.org, row.settled_at.date(), row.model)
-        if key in self.daily:  # a day not built yet is built by a later pass
+        if key in self.daily:
             n, recovered, day_credits, day_cents, tokens_in, tokens_out = self.daily[key]
             self.daily[key] = (n, recovered, day_credits + diff, day_cents + cents,
                                tokens_in + (input_tokens or 0), tokens_out + (output_tokens or 0))  # fmt: skip
+        else:  # a day without the row gets it from the requests, this one included
+            self.daily[key] = self._daily_row(key)
 
     def _already(self, row: Invocation) -> str:
         if row.status == "failed":
@@ -402,6 +404,19 @@ class Books:
                 tokens_in + (row.input_tokens or 0),
                 tokens_out + (row.output_tokens or 0),
             )
+
+    def _daily_row(self, key: tuple[uuid.UUID, date, str]) -> tuple[int, ...]:
+        """The daily usage row of (organization, day, model) from its terminal requests."""
+        rows = [r for r in self.invocations.values()
+                if r.settled_at is not None and (r.org, r.settled_at.date(), r.model) == key]  # fmt: skip
+        return (
+            len(rows),
+            sum(r.kind in ("recovered", "trued_up") for r in rows),
+            sum(r.charged for r in rows),
+            sum(r.cents or 0 for r in rows),
+            sum(r.input_tokens or 0 for r in rows),
+            sum(r.output_tokens or 0 for r in rows),
+        )
 
     # ------------------------------------------------------------ what the database must show
 
