@@ -178,6 +178,13 @@ CREATE FUNCTION llm._check_clock(p_now timestamp with time zone) RETURNS void
 
 COMMENT ON FUNCTION llm._check_clock(p_now timestamp with time zone) IS 'Raises 22023 for a p_now that is infinite or outside the years 1 .. 9999; NULL (the function''s own now()) passes.';
 
+CREATE FUNCTION llm._check_day_range(p_from date, p_to date) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 b890762347c54e218b37535227f8fb94 $$;
+
+COMMENT ON FUNCTION llm._check_day_range(p_from date, p_to date) IS 'Raises 22023 unless p_from .. p_to is a range of finite days, in order, at most ten years long.';
+
 CREATE FUNCTION llm._check_deadline(p_organization_id uuid, p_deadline timestamp with time zone, p_step text) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -630,6 +637,13 @@ CREATE FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits 
 
 COMMENT ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone) IS 'Admits a request iff used + held + estimate <= allowance and places its hold on the current period (LL001 otherwise); a repeated p_invocation_id with the same arguments returns the first admission, with different ones LL007.';
 
+CREATE FUNCTION llm.check_daily_usage(p_from date, p_to date) RETURNS TABLE(organization_id uuid, day date, recorded jsonb, computed jsonb)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 80137eaaa6d419ae2e417229c2e5d17c $$;
+
+COMMENT ON FUNCTION llm.check_daily_usage(p_from date, p_to date) IS 'One row per organization and UTC day of p_from .. p_to whose daily_usage rows differ from its terminal requests: recorded (the rows) and computed (from the requests), each a jsonb object by model; empty when they agree.';
+
 CREATE FUNCTION llm.check_invariants() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -730,7 +744,7 @@ COMMENT ON FUNCTION llm.rearm_notices(p_now timestamp with time zone) IS 'Makes 
 CREATE FUNCTION llm.rebuild_daily_usage(p_from date, p_to date) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 275bdc373643bd0bc57e8d82f67bac00 $$;
+    AS $$ body in sql/, md5 e42759db1e5a90abcd9eec6bdee16839 $$;
 
 COMMENT ON FUNCTION llm.rebuild_daily_usage(p_from date, p_to date) IS 'Recomputes daily_usage for days p_from .. p_to (UTC settlement day) from the invocations; idempotent; returns the rows written.';
 
@@ -1062,6 +1076,8 @@ REVOKE ALL ON FUNCTION llm._check_call(p_organization_id uuid, p_now timestamp w
 REVOKE ALL ON FUNCTION llm._check_clock(p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm._check_clock(p_now timestamp with time zone) TO llm_operator;
 
+REVOKE ALL ON FUNCTION llm._check_day_range(p_from date, p_to date) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._check_deadline(p_organization_id uuid, p_deadline timestamp with time zone, p_step text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._check_retry(p_message text, p_format text, p_stored text[], p_given text[], p_hint text) FROM PUBLIC;
@@ -1180,6 +1196,9 @@ REVOKE ALL ON FUNCTION llm._upsert_organization(p_organization_id uuid, p_name t
 
 REVOKE ALL ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone) TO llm_app;
+
+REVOKE ALL ON FUNCTION llm.check_daily_usage(p_from date, p_to date) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.check_daily_usage(p_from date, p_to date) TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm.check_invariants() FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.check_invariants() TO llm_operator;
