@@ -146,7 +146,7 @@ COMMENT ON FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamp wi
 CREATE FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamp with time zone) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 a0ca4bb6b656a649a4ac52ac8ed1f47b $$;
+    AS $$ body in sql/, md5 ade3bf4895606d7b1e83ab6e6a3eb9bc $$;
 
 COMMENT ON FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamp with time zone) IS 'Books a true-up by the signed difference (the request''s adjustment ledger row): the task''s totals, the stripe of the request''s period (crossings when usage rises) and the daily usage of its settlement day, in the settlement''s transaction.';
 
@@ -623,6 +623,13 @@ CREATE FUNCTION llm._text_ok(p_value text, p_max integer, p_nullable boolean DEF
 
 COMMENT ON FUNCTION llm._text_ok(p_value text, p_max integer, p_nullable boolean) IS 'True for a text that is not blank and has at most p_max characters, or a NULL when p_nullable.';
 
+CREATE FUNCTION llm._true_up_daily_usage(p_inv llm.invocations, p_credits bigint, p_cents bigint) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 97aaa7046f248fcb4dfc8c841bd9a801 $$;
+
+COMMENT ON FUNCTION llm._true_up_daily_usage(p_inv llm.invocations, p_credits bigint, p_cents bigint) IS 'Moves the daily usage row of a trued-up request''s settlement day and model by the signed difference (inserting the row, computed from the requests, when the day has none); never lost to a concurrent rebuild_daily_usage.';
+
 CREATE FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) RETURNS llm.organizations
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -744,9 +751,9 @@ COMMENT ON FUNCTION llm.rearm_notices(p_now timestamp with time zone) IS 'Makes 
 CREATE FUNCTION llm.rebuild_daily_usage(p_from date, p_to date) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 e42759db1e5a90abcd9eec6bdee16839 $$;
+    AS $$ body in sql/, md5 7462c693dd01c20507bb5158667d0267 $$;
 
-COMMENT ON FUNCTION llm.rebuild_daily_usage(p_from date, p_to date) IS 'Recomputes daily_usage for days p_from .. p_to (UTC settlement day) from the invocations; idempotent; returns the rows written.';
+COMMENT ON FUNCTION llm.rebuild_daily_usage(p_from date, p_to date) IS 'Recomputes daily_usage for days p_from .. p_to (UTC settlement day) from the invocations; idempotent; a concurrent true-up is never lost; returns the rows written.';
 
 CREATE FUNCTION llm.reconcile_org(p_organization_id uuid, p_now timestamp with time zone DEFAULT now(), p_batch integer DEFAULT NULL::integer, p_run_id uuid DEFAULT NULL::uuid) RETURNS llm.org_sweep
     LANGUAGE plpgsql SECURITY DEFINER
@@ -1191,6 +1198,8 @@ REVOKE ALL ON FUNCTION llm._spread_rooms(p_organization_id uuid, p_period_start 
 REVOKE ALL ON FUNCTION llm._terminal_outcome(p_organization_id uuid, p_invocation_id uuid) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._text_ok(p_value text, p_max integer, p_nullable boolean) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._true_up_daily_usage(p_inv llm.invocations, p_credits bigint, p_cents bigint) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) FROM PUBLIC;
 
