@@ -452,9 +452,9 @@ COMMENT ON FUNCTION llm._raise_unknown_org(p_organization_id uuid) IS 'Raises LL
 CREATE FUNCTION llm._rebuild_days(p_now timestamp with time zone) RETURNS date[]
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 a4f8773d15325337d317e31e46750133 $$;
+    AS $$ body in sql/, md5 f9ca7116932c14e693d8967b8fcc68e5 $$;
 
-COMMENT ON FUNCTION llm._rebuild_days(p_now timestamp with time zone) IS 'The days of daily usage a pass rebuilds, oldest first: every day since the last complete rebuild (at most 35 days back) and the last settings.reporting_days, up to the pass clock''s day.';
+COMMENT ON FUNCTION llm._rebuild_days(p_now timestamp with time zone) IS 'The days of daily usage a pass rebuilds, oldest first: every day since the last complete rebuild by a pass whose clock was not ahead of this one (at most 35 days back) and the last settings.reporting_days, up to the pass clock''s day.';
 
 CREATE FUNCTION llm._reconcile_org(p_organization_id uuid, p_now timestamp with time zone, p_batch integer, p_run_id uuid) RETURNS llm.org_sweep
     LANGUAGE plpgsql

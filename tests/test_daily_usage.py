@@ -1,6 +1,7 @@
 """Daily usage against its requests: a true-up racing the pass's rebuild of its day is
-never lost (issue 20 defect 1), and ``llm.check_daily_usage`` reports every day whose
-rows differ from its requests.
+never lost (issue 20 defect 1), a pass run with a clock far ahead hides no earlier day
+from the catch-up (issue 20 defect 8), and ``llm.check_daily_usage`` reports every day
+whose rows differ from its requests.
 
 ``daily_usage`` is a cache: a settlement after the pass rebuilt its day is legal until
 the next rebuild, so it is no invariant. With no traffic after a pass, every day must
@@ -28,6 +29,7 @@ from tests.helpers import (
     invariants,
     new_org,
     reconcile,
+    run_pass,
     settle,
     wait_blocked,
 )
@@ -136,6 +138,32 @@ def test_a_true_up_of_a_day_not_built_yet_writes_the_row_a_rebuild_would(llm_con
     rebuild(llm_conn, RECOVERY_DAY)
     assert usage(llm_conn, org) == written
     assert_day_right(llm_conn, org)
+
+
+# ---------------------------------------------------------------- defect 8: a far clock
+
+
+def test_a_pass_run_far_ahead_hides_no_day_from_the_catch_up(llm_conn):
+    """Issue 20 defect 8: passes run daily, then one with a clock a year ahead
+    (``llm-db reconcile --now``); requests settle over three days while no pass runs; the
+    passes resume at the real clock, and every day of the outage reaches daily_usage. As
+    it was, the far pass's daily_rebuilt_through made the resumed pass rebuild only the
+    last settings.reporting_days, so the outage's first days stayed without their usage."""
+    org = new_org(llm_conn, None)
+    for day in range(2):
+        run_pass(llm_conn, T0 + day * DAY)
+    assert run_pass(llm_conn, T0 + 365 * DAY)["status"] == "succeeded"
+    for day in range(2, 5):  # the outage: no pass runs
+        inv = admit_dispatched(llm_conn, org, 10, now=T0 + day * DAY)
+        assert settle(llm_conn, org, inv, 10 + day, day, now=T0 + day * DAY + HOUR) == "settled"
+
+    resumed = run_pass(llm_conn, T0 + 6 * DAY)
+
+    assert resumed["status"] == "succeeded"
+    assert daily_usage_findings(llm_conn, T0.date(), (T0 + 6 * DAY).date()) == []
+    assert llm_conn.execute("SELECT day, credits FROM llm.daily_usage WHERE organization_id = %s ORDER BY day",
+                            [org]).fetchall() == [((T0 + d * DAY).date(), 10 + d) for d in range(2, 5)]  # fmt: skip
+    assert invariants(llm_conn) == []
 
 
 # ---------------------------------------------------------------- check_daily_usage
