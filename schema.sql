@@ -153,7 +153,7 @@ COMMENT ON FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamp wi
 CREATE FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamp with time zone) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 a0ca4bb6b656a649a4ac52ac8ed1f47b $$;
+    AS $$ body in sql/, md5 ade3bf4895606d7b1e83ab6e6a3eb9bc $$;
 
 COMMENT ON FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamp with time zone) IS 'Books a true-up by the signed difference (the request''s adjustment ledger row): the task''s totals, the stripe of the request''s period (crossings when usage rises) and the daily usage of its settlement day, in the settlement''s transaction.';
 
@@ -184,6 +184,13 @@ CREATE FUNCTION llm._check_clock(p_now timestamp with time zone) RETURNS void
     AS $$ body in sql/, md5 6dcc4dacf276b8ddcc2399749d9cdda4 $$;
 
 COMMENT ON FUNCTION llm._check_clock(p_now timestamp with time zone) IS 'Raises 22023 for a p_now that is infinite or outside the years 1 .. 9999; NULL (the function''s own now()) passes.';
+
+CREATE FUNCTION llm._check_day_range(p_from date, p_to date) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 b890762347c54e218b37535227f8fb94 $$;
+
+COMMENT ON FUNCTION llm._check_day_range(p_from date, p_to date) IS 'Raises 22023 unless p_from .. p_to is a range of finite days, in order, at most ten years long.';
 
 CREATE FUNCTION llm._check_deadline(p_organization_id uuid, p_deadline timestamp with time zone, p_step text) RETURNS void
     LANGUAGE plpgsql
@@ -452,9 +459,9 @@ COMMENT ON FUNCTION llm._raise_unknown_org(p_organization_id uuid) IS 'Raises LL
 CREATE FUNCTION llm._rebuild_days(p_now timestamp with time zone) RETURNS date[]
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 a4f8773d15325337d317e31e46750133 $$;
+    AS $$ body in sql/, md5 f9ca7116932c14e693d8967b8fcc68e5 $$;
 
-COMMENT ON FUNCTION llm._rebuild_days(p_now timestamp with time zone) IS 'The days of daily usage a pass rebuilds, oldest first: every day since the last complete rebuild (at most 35 days back) and the last settings.reporting_days, up to the pass clock''s day.';
+COMMENT ON FUNCTION llm._rebuild_days(p_now timestamp with time zone) IS 'The days of daily usage a pass rebuilds, oldest first: every day since the last complete rebuild by a pass whose clock was not ahead of this one (at most 35 days back) and the last settings.reporting_days, up to the pass clock''s day.';
 
 CREATE FUNCTION llm._reconcile_org(p_organization_id uuid, p_now timestamp with time zone, p_batch integer, p_run_id uuid) RETURNS llm.org_sweep
     LANGUAGE plpgsql
@@ -630,6 +637,13 @@ CREATE FUNCTION llm._text_ok(p_value text, p_max integer, p_nullable boolean DEF
 
 COMMENT ON FUNCTION llm._text_ok(p_value text, p_max integer, p_nullable boolean) IS 'True for a text that is not blank and has at most p_max characters, or a NULL when p_nullable.';
 
+CREATE FUNCTION llm._true_up_daily_usage(p_inv llm.invocations, p_credits bigint, p_cents bigint) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 97aaa7046f248fcb4dfc8c841bd9a801 $$;
+
+COMMENT ON FUNCTION llm._true_up_daily_usage(p_inv llm.invocations, p_credits bigint, p_cents bigint) IS 'Moves the daily usage row of a trued-up request''s settlement day and model by the signed difference (inserting the row, computed from the requests, when the day has none); never lost to a concurrent rebuild_daily_usage.';
+
 CREATE FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) RETURNS llm.organizations
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -643,6 +657,13 @@ CREATE FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits 
     AS $$ body in sql/, md5 4dc3d5ebd49a015523ff12020a21b6b8 $$;
 
 COMMENT ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone) IS 'Admits a request iff used + held + estimate <= allowance and places its hold on the current period (LL001 otherwise); a repeated p_invocation_id with the same arguments returns the first admission, with different ones LL007.';
+
+CREATE FUNCTION llm.check_daily_usage(p_from date, p_to date) RETURNS TABLE(organization_id uuid, day date, recorded jsonb, computed jsonb)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 80137eaaa6d419ae2e417229c2e5d17c $$;
+
+COMMENT ON FUNCTION llm.check_daily_usage(p_from date, p_to date) IS 'One row per organization and UTC day of p_from .. p_to whose daily_usage rows differ from its terminal requests: recorded (the rows) and computed (from the requests), each a jsonb object by model; empty when they agree.';
 
 CREATE FUNCTION llm.check_invariants() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
@@ -744,9 +765,9 @@ COMMENT ON FUNCTION llm.rearm_notices(p_now timestamp with time zone) IS 'Makes 
 CREATE FUNCTION llm.rebuild_daily_usage(p_from date, p_to date) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 275bdc373643bd0bc57e8d82f67bac00 $$;
+    AS $$ body in sql/, md5 7462c693dd01c20507bb5158667d0267 $$;
 
-COMMENT ON FUNCTION llm.rebuild_daily_usage(p_from date, p_to date) IS 'Recomputes daily_usage for days p_from .. p_to (UTC settlement day) from the invocations; idempotent; returns the rows written.';
+COMMENT ON FUNCTION llm.rebuild_daily_usage(p_from date, p_to date) IS 'Recomputes daily_usage for days p_from .. p_to (UTC settlement day) from the invocations; idempotent; a concurrent true-up is never lost; returns the rows written.';
 
 CREATE FUNCTION llm.reconcile_org(p_organization_id uuid, p_now timestamp with time zone DEFAULT now(), p_batch integer DEFAULT NULL::integer, p_run_id uuid DEFAULT NULL::uuid) RETURNS llm.org_sweep
     LANGUAGE plpgsql SECURITY DEFINER
@@ -1078,6 +1099,8 @@ REVOKE ALL ON FUNCTION llm._check_call(p_organization_id uuid, p_now timestamp w
 REVOKE ALL ON FUNCTION llm._check_clock(p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm._check_clock(p_now timestamp with time zone) TO llm_operator;
 
+REVOKE ALL ON FUNCTION llm._check_day_range(p_from date, p_to date) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._check_deadline(p_organization_id uuid, p_deadline timestamp with time zone, p_step text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._check_retry(p_message text, p_format text, p_stored text[], p_given text[], p_hint text) FROM PUBLIC;
@@ -1195,10 +1218,15 @@ REVOKE ALL ON FUNCTION llm._terminal_outcome(p_organization_id uuid, p_invocatio
 
 REVOKE ALL ON FUNCTION llm._text_ok(p_value text, p_max integer, p_nullable boolean) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._true_up_daily_usage(p_inv llm.invocations, p_credits bigint, p_cents bigint) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone) TO llm_app;
+
+REVOKE ALL ON FUNCTION llm.check_daily_usage(p_from date, p_to date) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.check_daily_usage(p_from date, p_to date) TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm.check_invariants() FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.check_invariants() TO llm_operator;

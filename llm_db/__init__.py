@@ -40,6 +40,7 @@ from llm_db.executions import (
 )
 from llm_db.migrate import migrate
 from llm_db.models import (
+    DailyUsageFinding,
     Execution,
     Health,
     InvariantViolation,
@@ -64,7 +65,8 @@ __version__ = "0.2.0"
 
 __all__ = [
     "AllowanceExhausted", "AsyncExecutionContext", "AsyncLlm", "CitusNotInstalled",
-    "CronNotInstalled", "CrossOrganizationReference", "DeliverySummary", "Execution",
+    "CronNotInstalled", "CrossOrganizationReference", "DailyUsageFinding", "DeliverySummary",
+    "Execution",
     "ExecutionContext", "ExecutionResult", "Health", "IdempotencyConflict", "InvalidArgument",
     "InvalidSecret",
     "InvalidTransition", "InvariantViolation", "Invocation", "Llm", "LlmError",

@@ -301,6 +301,18 @@ class Health(_Row):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class DailyUsageFinding(_Row):
+    """A row of ``llm.check_daily_usage()``: an organization's UTC day whose
+    ``daily_usage`` rows (``recorded``) differ from its requests (``computed``), each
+    by model: requests, recovered_requests, credits, cents, input_tokens, output_tokens."""
+
+    organization_id: UUID
+    day: date
+    recorded: dict[str, dict[str, int]]
+    computed: dict[str, dict[str, int]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class InvariantViolation(_Row):
     """A row of ``llm.check_invariants()``: which invariant broke, where (docs/design.md)."""
 

@@ -29,6 +29,7 @@ from uuid import UUID
 
 from llm_db.models import (
     CloseOutcome,
+    DailyUsageFinding,
     Execution,
     Health,
     InvariantViolation,
@@ -485,6 +486,11 @@ class Operations:
     @operation("rebuild_daily_usage", sql_names={"day_from": "p_from", "day_to": "p_to"})
     def rebuild_daily_usage(self, day_from: date, day_to: date) -> int:
         """Recompute ``llm.daily_usage`` for those UTC days; rows written."""
+
+    @operation("check_daily_usage", sql_names={"day_from": "p_from", "day_to": "p_to"})
+    def check_daily_usage(self, day_from: date, day_to: date) -> list[DailyUsageFinding]:
+        """Each organization's day in that range whose ``daily_usage`` differs from its
+        requests, with both sides; empty when they agree (with no traffic after a pass)."""
 
     @operation("check_invariants")
     def check_invariants(self) -> list[InvariantViolation]:

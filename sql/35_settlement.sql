@@ -153,6 +153,58 @@ $$;
 COMMENT ON FUNCTION llm._end_invocation(uuid, uuid, text, text, bigint, bigint, bigint, bigint, timestamptz) IS
     'Ends an open (reserved or dispatched) invocation as settled (measured) or failed with its charge and books it; false when it was no longer open.';
 
+-- A true-up moves the daily usage of its request's settlement day by the signed
+-- difference, whatever a concurrent rebuild of that day does (issue 20 defect 1).
+-- The row it adds to is the latest committed one: the UPDATE waits for a rebuild that
+-- deleted the row, then finds it gone; the INSERT then waits for the rebuild's new row
+-- and adds to it (ON CONFLICT sees rows committed after the statement began). A rebuild
+-- never counts this request's new figures, as they commit after the rebuild read them.
+-- A day without the row (not rebuilt since the recovery) gets it computed from the
+-- requests, this one included; a rebuild meeting that row rebuilds again (80_reporting).
+CREATE OR REPLACE FUNCTION llm._true_up_daily_usage(p_inv llm.invocations, p_credits bigint, p_cents bigint)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_day date := (p_inv.settled_at AT TIME ZONE 'UTC')::date;
+    v_row llm.daily_usage;
+BEGIN
+    UPDATE llm.daily_usage AS d
+       SET credits = d.credits + p_credits,
+           cents = d.cents + p_cents,
+           input_tokens = d.input_tokens + coalesce(p_inv.input_tokens, 0),
+           output_tokens = d.output_tokens + coalesce(p_inv.output_tokens, 0)
+     WHERE d.organization_id = p_inv.organization_id AND d.day = v_day AND d.model = p_inv.model;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    -- rare (a true-up before the pass rebuilt its recovery day): the row as a rebuild
+    -- would give it now; one table per statement (docs/design.md "Citus rules" 9)
+    SELECT p_inv.organization_id, v_day, p_inv.model, count(*),
+           count(*) FILTER (WHERE i.settlement_kind IN ('recovered', 'trued_up')),
+           coalesce(sum(i.charged_credits), 0), coalesce(sum(i.charged_cents), 0),
+           coalesce(sum(i.input_tokens), 0), coalesce(sum(i.output_tokens), 0)
+      INTO v_row.organization_id, v_row.day, v_row.model, v_row.requests, v_row.recovered_requests,
+           v_row.credits, v_row.cents, v_row.input_tokens, v_row.output_tokens
+      FROM llm.invocations AS i
+     WHERE i.organization_id = p_inv.organization_id AND i.model = p_inv.model
+       AND i.settled_at >= (v_day::timestamp AT TIME ZONE 'UTC')
+       AND i.settled_at < ((v_day + 1)::timestamp AT TIME ZONE 'UTC');
+    INSERT INTO llm.daily_usage AS d
+           (organization_id, day, model, requests, recovered_requests, credits, cents,
+            input_tokens, output_tokens)
+    VALUES (v_row.organization_id, v_row.day, v_row.model, v_row.requests, v_row.recovered_requests,
+            v_row.credits, v_row.cents, v_row.input_tokens, v_row.output_tokens)
+    ON CONFLICT (organization_id, day, model) DO UPDATE
+       SET credits = d.credits + p_credits,
+           cents = d.cents + p_cents,
+           input_tokens = d.input_tokens + coalesce(p_inv.input_tokens, 0),
+           output_tokens = d.output_tokens + coalesce(p_inv.output_tokens, 0);
+END
+$$;
+COMMENT ON FUNCTION llm._true_up_daily_usage(llm.invocations, bigint, bigint) IS
+    'Moves the daily usage row of a trued-up request''s settlement day and model by the signed difference (inserting the row, computed from the requests, when the day has none); never lost to a concurrent rebuild_daily_usage.';
+
 -- A recovered request trued up to its late measured settlement: the signed
 -- difference moves its task, its own period (a closed month too) and the daily
 -- usage of its settlement day (its 'adjustment' ledger row is derived); the same lock
@@ -174,16 +226,8 @@ BEGIN
     -- its own period's stripe (a closed month too); a rise records the thresholds it crosses
     PERFORM llm._move_stripe(p_inv.organization_id, p_inv.period_start, p_inv.stripe,
                              v_credits, 0, v_cents, p_now);
-
-    -- the day's row as a rebuild would give it now (a day not built yet is built by the pass)
-    UPDATE llm.daily_usage AS d
-       SET credits = d.credits + v_credits,
-           cents = d.cents + v_cents,
-           input_tokens = d.input_tokens + coalesce(p_inv.input_tokens, 0),
-           output_tokens = d.output_tokens + coalesce(p_inv.output_tokens, 0)
-     WHERE d.organization_id = p_inv.organization_id
-       AND d.day = (p_inv.settled_at AT TIME ZONE 'UTC')::date
-       AND d.model = p_inv.model;
+    -- the daily usage of its settlement day, last: the cache the pass rebuilds
+    PERFORM llm._true_up_daily_usage(p_inv, v_credits, v_cents);
 END
 $$;
 COMMENT ON FUNCTION llm._book_true_up(llm.invocations, timestamptz) IS

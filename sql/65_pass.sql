@@ -267,14 +267,19 @@ DECLARE
     v_from date;
 BEGIN
     -- the last day a pass rebuilt completely (it may have been rebuilt before the day
-    -- ended, so it is rebuilt again), never more than 35 days back
-    SELECT max(r.daily_rebuilt_through) INTO v_through FROM llm.reconciliation_runs AS r;
+    -- ended, so it is rebuilt again), never more than 35 days back. Only passes whose
+    -- clock was not ahead of this one's count: a pass run ahead (llm-db reconcile --now)
+    -- rebuilt days whose requests had not settled yet, and would hide from the catch-up
+    -- every day between (issue 20 defect 8).
+    SELECT max(r.daily_rebuilt_through) INTO v_through
+      FROM llm.reconciliation_runs AS r
+     WHERE r.clock <= coalesce(p_now, pg_catalog.now());
     v_from := GREATEST(LEAST(v_recent, coalesce(v_through, v_recent)), v_today - 34);
     RETURN ARRAY(SELECT d::date FROM pg_catalog.generate_series(v_from, v_today, interval '1 day') AS d);
 END
 $$;
 COMMENT ON FUNCTION llm._rebuild_days(timestamptz) IS
-    'The days of daily usage a pass rebuilds, oldest first: every day since the last complete rebuild (at most 35 days back) and the last settings.reporting_days, up to the pass clock''s day.';
+    'The days of daily usage a pass rebuilds, oldest first: every day since the last complete rebuild by a pass whose clock was not ahead of this one (at most 35 days back) and the last settings.reporting_days, up to the pass clock''s day.';
 
 CREATE OR REPLACE FUNCTION llm._run_audit(p_run_id uuid, p_organization_id uuid, p_now timestamptz)
 RETURNS void

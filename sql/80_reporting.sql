@@ -1,4 +1,26 @@
 -- Daily reporting: terminal invocations by UTC settlement day and model.
+--
+-- daily_usage is a cache of the requests, rebuilt by the pass one day at a time;
+-- only a true-up writes it between rebuilds (llm._true_up_daily_usage, 35_settlement.sql).
+-- The two never lose each other's work, whatever the interleaving (issue 20 defect 1):
+-- a true-up adds its signed difference to the row a rebuild left, inserting the row
+-- when the day has none yet, and a rebuild that meets a row a true-up inserted under
+-- it rebuilds the day again. docs/design.md "Daily usage" says why no lock is shared.
+
+CREATE OR REPLACE FUNCTION llm._check_day_range(p_from date, p_to date)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_from IS NULL OR p_to IS NULL OR NOT pg_catalog.isfinite(p_from) OR NOT pg_catalog.isfinite(p_to)
+       OR p_to < p_from OR p_to - p_from > 3660 THEN
+        RAISE EXCEPTION 'llm: invalid day range % .. %', p_from, p_to
+            USING ERRCODE = '22023', HINT = 'Pass finite days p_from <= p_to, at most ten years apart.';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION llm._check_day_range(date, date) IS
+    'Raises 22023 unless p_from .. p_to is a range of finite days, in order, at most ten years long.';
 
 CREATE OR REPLACE FUNCTION llm.rebuild_daily_usage(p_from date, p_to date)
 RETURNS integer
@@ -7,31 +29,93 @@ AS $$
 DECLARE
     v_count integer;
 BEGIN
-    IF p_from IS NULL OR p_to IS NULL OR NOT pg_catalog.isfinite(p_from) OR NOT pg_catalog.isfinite(p_to)
-       OR p_to < p_from OR p_to - p_from > 3660 THEN
-        RAISE EXCEPTION 'llm: invalid day range % .. %', p_from, p_to
-            USING ERRCODE = '22023', HINT = 'Pass finite days p_from <= p_to, at most ten years apart.';
-    END IF;
+    PERFORM llm._check_day_range(p_from, p_to);
     -- one rebuild at a time (the pass's and a tool's): two would insert the same rows (23505)
     PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('llm.rebuild_daily_usage'));
-    DELETE FROM llm.daily_usage AS d WHERE d.day BETWEEN p_from AND p_to;
-    INSERT INTO llm.daily_usage
-           (organization_id, day, model, requests, recovered_requests, credits, cents,
-            input_tokens, output_tokens)
-    SELECT i.organization_id, (i.settled_at AT TIME ZONE 'UTC')::date, i.model,
-           count(*),
-           count(*) FILTER (WHERE i.settlement_kind IN ('recovered', 'trued_up')),
-           coalesce(sum(i.charged_credits), 0),
-           coalesce(sum(i.charged_cents), 0),
-           coalesce(sum(i.input_tokens), 0),
-           coalesce(sum(i.output_tokens), 0)
-      FROM llm.invocations AS i
-     WHERE i.settled_at >= (p_from::timestamp AT TIME ZONE 'UTC')
-       AND i.settled_at < ((p_to + 1)::timestamp AT TIME ZONE 'UTC')
-     GROUP BY 1, 2, 3;
-    GET DIAGNOSTICS v_count = ROW_COUNT;
+    FOR v_attempt IN 1 .. 3 LOOP
+        BEGIN
+            -- A true-up committing under this DELETE is seen by the INSERT (a later
+            -- statement, so a later snapshot); one that waits on a row deleted here
+            -- adds to the row inserted here (llm._true_up_daily_usage).
+            DELETE FROM llm.daily_usage AS d WHERE d.day BETWEEN p_from AND p_to;
+            INSERT INTO llm.daily_usage
+                   (organization_id, day, model, requests, recovered_requests, credits, cents,
+                    input_tokens, output_tokens)
+            SELECT i.organization_id, (i.settled_at AT TIME ZONE 'UTC')::date, i.model,
+                   count(*),
+                   count(*) FILTER (WHERE i.settlement_kind IN ('recovered', 'trued_up')),
+                   coalesce(sum(i.charged_credits), 0),
+                   coalesce(sum(i.charged_cents), 0),
+                   coalesce(sum(i.input_tokens), 0),
+                   coalesce(sum(i.output_tokens), 0)
+              FROM llm.invocations AS i
+             WHERE i.settled_at >= (p_from::timestamp AT TIME ZONE 'UTC')
+               AND i.settled_at < ((p_to + 1)::timestamp AT TIME ZONE 'UTC')
+             GROUP BY 1, 2, 3;
+            GET DIAGNOSTICS v_count = ROW_COUNT;
+            EXIT;
+        EXCEPTION WHEN unique_violation THEN
+            -- a true-up inserted a row of a day not built yet after the DELETE looked:
+            -- its request is committed now, so the next attempt deletes and counts it
+            IF v_attempt = 3 THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
     RETURN v_count;
 END
 $$;
 COMMENT ON FUNCTION llm.rebuild_daily_usage(date, date) IS
-    'Recomputes daily_usage for days p_from .. p_to (UTC settlement day) from the invocations; idempotent; returns the rows written.';
+    'Recomputes daily_usage for days p_from .. p_to (UTC settlement day) from the invocations; idempotent; a concurrent true-up is never lost; returns the rows written.';
+
+-- Both sides of each day as one jsonb object per model, compared whole: a missing,
+-- extra or wrong row of any model shows on the day.
+CREATE OR REPLACE FUNCTION llm.check_daily_usage(p_from date, p_to date)
+RETURNS TABLE (organization_id uuid, day date, recorded jsonb, computed jsonb)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+AS $$
+BEGIN
+    PERFORM llm._check_day_range(p_from, p_to);
+    -- Not an invariant: a settlement after the pass rebuilt its day is legal until the
+    -- next rebuild. With no traffic after a pass, every day it rebuilt must agree.
+    RETURN QUERY
+    WITH recorded AS (
+        SELECT d.organization_id, d.day,
+               pg_catalog.jsonb_object_agg(d.model, pg_catalog.jsonb_build_object(
+                   'requests', d.requests, 'recovered_requests', d.recovered_requests,
+                   'credits', d.credits, 'cents', d.cents,
+                   'input_tokens', d.input_tokens, 'output_tokens', d.output_tokens)) AS usage
+          FROM llm.daily_usage AS d
+         WHERE d.day BETWEEN p_from AND p_to
+         GROUP BY d.organization_id, d.day
+    ), by_model AS (
+        SELECT i.organization_id, (i.settled_at AT TIME ZONE 'UTC')::date AS day, i.model,
+               count(*) AS requests,
+               count(*) FILTER (WHERE i.settlement_kind IN ('recovered', 'trued_up')) AS recovered_requests,
+               coalesce(sum(i.charged_credits), 0) AS credits,
+               coalesce(sum(i.charged_cents), 0) AS cents,
+               coalesce(sum(i.input_tokens), 0) AS input_tokens,
+               coalesce(sum(i.output_tokens), 0) AS output_tokens
+          FROM llm.invocations AS i
+         WHERE i.settled_at >= (p_from::timestamp AT TIME ZONE 'UTC')
+           AND i.settled_at < ((p_to + 1)::timestamp AT TIME ZONE 'UTC')
+         GROUP BY 1, 2, 3
+    ), computed AS (
+        SELECT m.organization_id, m.day,
+               pg_catalog.jsonb_object_agg(m.model, pg_catalog.jsonb_build_object(
+                   'requests', m.requests, 'recovered_requests', m.recovered_requests,
+                   'credits', m.credits, 'cents', m.cents,
+                   'input_tokens', m.input_tokens, 'output_tokens', m.output_tokens)) AS usage
+          FROM by_model AS m
+         GROUP BY m.organization_id, m.day
+    )
+    SELECT coalesce(r.organization_id, c.organization_id), coalesce(r.day, c.day),
+           coalesce(r.usage, '{}'::jsonb), coalesce(c.usage, '{}'::jsonb)
+      FROM recorded AS r
+      FULL JOIN computed AS c ON c.organization_id = r.organization_id AND c.day = r.day
+     WHERE r.usage IS DISTINCT FROM c.usage
+     ORDER BY 2, 1;
+END
+$$;
+COMMENT ON FUNCTION llm.check_daily_usage(date, date) IS
+    'One row per organization and UTC day of p_from .. p_to whose daily_usage rows differ from its terminal requests: recorded (the rows) and computed (from the requests), each a jsonb object by model; empty when they agree.';

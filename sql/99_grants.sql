@@ -38,6 +38,7 @@ GRANT EXECUTE ON FUNCTION
     llm.release_notice(uuid, uuid, timestamptz),
     llm.rearm_notices(timestamptz),
     llm.rebuild_daily_usage(date, date),
+    llm.check_daily_usage(date, date),
     llm.check_invariants(),
     -- the steps run_reconciliation (a committing procedure, so SECURITY INVOKER) calls
     llm._begin_run(timestamptz),

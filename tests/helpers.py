@@ -188,6 +188,12 @@ def invariants(conn: psycopg.Connection) -> list[dict[str, Any]]:
     return call(conn, "check_invariants")
 
 
+def daily_usage_findings(conn: psycopg.Connection, day_from: date, day_to: date) -> list[dict[str, Any]]:
+    """The rows of ``llm.check_daily_usage()``: empty when those days of ``daily_usage``
+    agree with the requests."""
+    return call(conn, "check_daily_usage", day_from, day_to)
+
+
 def assert_sqlstate(
     conn: psycopg.Connection,
     code: str,

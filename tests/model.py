@@ -122,12 +122,14 @@ class Books:
         if old is not None:
             row.recovery_charge, row.late_settlement = old.recovery_charge, old.late_settlement
         self.orgs[org] = row
-        if old is not None and old.allowance != allowance:
+        if old is not None and (old.allowance, old.thresholds) != (allowance, row.thresholds):
             # a changed allowance applies to the current period at once (and to any later
-            # one a moved clock opened): invariant 9
+            # one a moved clock opened): invariant 9; there the change itself owes every
+            # threshold the usage now stands at or above (issue 20 defect 4)
             for (tenant, start), period in self.periods.items():
                 if tenant == org and start >= period_of(now):
                     period.allowance = allowance
+                    self._reached(org, start, now)
 
     def set_period_stripes(self, org: uuid.UUID, stripes: int) -> int:
         """Spreads the counters over more rows: nothing the books show changes (the
@@ -272,6 +274,14 @@ class Books:
             return
         for pct in self.orgs[org].thresholds:
             if old * 100 < pct * allowance <= new * 100 and (org, start, pct) not in self.notices:
+                self.notices[(org, start, pct)] = Notice(next_attempt_at=now, crossed_at=now)
+
+    def _reached(self, org: uuid.UUID, start: date, now: datetime) -> None:
+        allowance, used = self.periods[(org, start)].allowance, self.periods[(org, start)].used
+        if allowance is None:
+            return
+        for pct in self.orgs[org].thresholds:
+            if used * 100 >= pct * allowance and (org, start, pct) not in self.notices:
                 self.notices[(org, start, pct)] = Notice(next_attempt_at=now, crossed_at=now)
 
     # ------------------------------------------------------------ tasks

@@ -61,6 +61,7 @@ SIGNATURES = {
     "release_notice": "llm.release_notice(uuid,uuid,timestamp with time zone)",
     "rearm_notices": "llm.rearm_notices(timestamp with time zone)",
     "rebuild_daily_usage": "llm.rebuild_daily_usage(date,date)",
+    "check_daily_usage": "llm.check_daily_usage(date,date)",
     "schedule_reconciliation": "llm.schedule_reconciliation(text)",
     "unschedule_reconciliation": "llm.unschedule_reconciliation()",
     "check_invariants": "llm.check_invariants()",

@@ -45,6 +45,7 @@ OPERATOR_ROUTINES = {
     "release_notice",
     "rearm_notices",
     "rebuild_daily_usage",
+    "check_daily_usage",
 }
 
 

@@ -62,6 +62,7 @@ OPERATOR = {
     "llm.release_notice(uuid,uuid,timestamp with time zone)",
     "llm.rearm_notices(timestamp with time zone)",
     "llm.rebuild_daily_usage(date,date)",
+    "llm.check_daily_usage(date,date)",
     "llm.check_invariants()",
     # the SECURITY DEFINER steps run_reconciliation (SECURITY INVOKER: it commits) calls
     "llm._begin_run(timestamp with time zone)",

@@ -287,6 +287,8 @@ def exercise_every_public_routine(conn: psycopg.Connection, ids: dict[str, uuid.
         "rearm_notices": lambda: call(conn, "rearm_notices", now=feb + 3 * HOUR),
         "rebuild_daily_usage": lambda: call(conn, "rebuild_daily_usage", DEC.date().replace(day=1),
                                             FEBRUARY.replace(day=28)),
+        "check_daily_usage": lambda: call(conn, "check_daily_usage", DEC.date().replace(day=1),
+                                          FEBRUARY.replace(day=28)),
         "check_invariants": lambda: invariants(conn),
         "schedule_reconciliation": lambda: expect("LL010", "schedule_reconciliation"),  # pg_cron: in llm_cron
         "unschedule_reconciliation": lambda: expect("LL010", "unschedule_reconciliation"),
