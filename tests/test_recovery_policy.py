@@ -213,15 +213,114 @@ def test_late_figures_recorded_under_audit_are_never_trued_up(llm_conn):
     assert fingerprint(llm_conn) == snapshot
 
 
-def test_fail_on_a_recovered_request_under_true_up_changes_nothing(llm_conn):
-    """fail_invocation of a recovered request returns already_recovered and changes nothing,
-    whatever the policy: only a measured settlement trues up."""
+# ---------------------------------------------------------------- a late failure
+
+
+def late_failure_books(conn: psycopg.Connection, org: uuid.UUID, inv: uuid.UUID, task: uuid.UUID) -> dict:
+    """What a late failure may move: the request, its ledger, its period, its task."""
+    return {
+        "invocation": invocation(conn, inv),
+        "ledger": ledger(conn, inv),
+        "period": period(conn, org, T0.date().replace(day=1)),
+        "task": row(conn, "SELECT request_count, credits, cents FROM llm.executions WHERE id = %s", [task]),
+    }
+
+
+@pytest.mark.parametrize("partial", [25, 70], ids=["below the recovery charge", "above it"])
+def test_a_late_failure_trues_up_to_its_partial_charge(llm_conn, partial):
+    """Issue 20 defect 7: under late_settlement = true_up a failure reported after recovery
+    is a late report of usage: it returns trued_up and the books move by the signed
+    difference between its partial charge and the recovery charge (the request's charge,
+    its period's stripe, its task's totals, one adjustment ledger row, its settlement day's
+    daily usage as a rebuild gives it). The request stays settled, settlement_kind
+    trued_up, with the error and the late figures. A second late report, settle or fail,
+    returns already_settled and changes nothing. Invariants 2, 3 and 6 hold."""
     llm = Llm(llm_conn)
-    org = org_with(llm, "dispatched", "true_up")
+    org = org_with(llm, "estimate", "true_up", allowance=1000)
+    llm.declare_task_kind(TASK)
+    task = llm.open_execution(org, TASK, now=T0).execution_id
+    inv = stranded(llm, org, 40, task=task)
+    llm.run_reconciliation(now=LATER)  # recovered at its estimate, 40
+    recovery_day = LATER.date()
+    llm.rebuild_daily_usage(recovery_day, recovery_day)
+    before = late_failure_books(llm_conn, org, inv, task)
+    at = LATER + HOUR
+
+    assert llm.fail(org, inv, "provider timeout", credits=partial, cents=3, now=at) == Outcome.TRUED_UP
+
+    after = late_failure_books(llm_conn, org, inv, task)
+    got = after["invocation"]
+    assert (got["status"], got["settlement_kind"], got["error"]) == ("settled", "trued_up", "provider timeout")
+    assert (got["charged_credits"], got["charged_cents"], got["recovered_credits"]) == (partial, 3, 40)
+    assert (got["late_credits"], got["late_cents"], got["late_reported_at"]) == (partial, 3, at)
+    assert after["ledger"] == {**before["ledger"], "adjustment": (partial - 40, 3)}
+    assert after["period"]["used_credits"] - before["period"]["used_credits"] == partial - 40
+    assert after["period"]["used_cents"] - before["period"]["used_cents"] == 3
+    assert after["task"] == {"request_count": 1, "credits": partial, "cents": 3}
+    corrected = rows(llm_conn, "SELECT * FROM llm.daily_usage WHERE organization_id = %s", [org])
+    assert [(d["day"], d["credits"], d["cents"]) for d in corrected] == [(recovery_day, partial, 3)]
+    llm.rebuild_daily_usage(recovery_day, recovery_day)
+    assert rows(llm_conn, "SELECT * FROM llm.daily_usage WHERE organization_id = %s", [org]) == corrected
+    assert invariants(llm_conn) == []
+
+    snapshot = fingerprint(llm_conn)
+    assert llm.fail(org, inv, "again", credits=5, now=at + HOUR) == Outcome.ALREADY_SETTLED
+    assert llm.settle(org, inv, 50, 4, now=at + HOUR) == Outcome.ALREADY_SETTLED
+    assert fingerprint(llm_conn) == snapshot
+
+
+def test_a_late_failure_with_no_usage_refunds_the_recovery_charge(llm_conn):
+    """Issue 20 defect 7: a late failure with no usage (the default 0) says the provider
+    charged nothing, so under true_up the whole recovery charge is refunded: an adjustment
+    of minus the recovery charge, the period and the task back to 0. Invariants 2, 3, 6."""
+    llm = Llm(llm_conn)
+    org = org_with(llm, "estimate", "true_up", allowance=1000)
+    llm.declare_task_kind(TASK)
+    task = llm.open_execution(org, TASK, now=T0).execution_id
+    inv = stranded(llm, org, 40, task=task)
+    llm.run_reconciliation(now=LATER)
+    assert period(llm_conn, org, T0.date().replace(day=1))["used_credits"] == 40
+
+    assert llm.fail(org, inv, "connection reset", now=LATER + HOUR) == Outcome.TRUED_UP
+
+    books = late_failure_books(llm_conn, org, inv, task)
+    assert (books["invocation"]["charged_credits"], books["invocation"]["charged_cents"]) == (0, 0)
+    assert books["ledger"] == {"hold": (40, None), "release": (40, None), "charge": (40, None),
+                               "adjustment": (-40, 0)}  # fmt: skip
+    assert (books["period"]["used_credits"], books["period"]["held_credits"], books["period"]["used_cents"]) == (
+        0, 0, 0)  # fmt: skip
+    assert books["task"] == {"request_count": 1, "credits": 0, "cents": 0}
+    assert invariants(llm_conn) == []
+
+
+def test_a_late_failure_under_audit_is_recorded_and_charges_nothing(llm_conn):
+    """Issue 20 defect 7: under late_settlement = audit a failure reported after recovery
+    returns already_recovered, records its late figures and its error on the request and
+    changes nothing else (the recovery charge stands); being a recorded late report, a
+    later settlement is never trued up, even after the policy turns to true_up."""
+    llm = Llm(llm_conn)
+    org = org_with(llm, "estimate", "audit", allowance=1000)
     inv = stranded(llm, org, 40)
     llm.run_reconciliation(now=LATER)
+    before = fingerprint(llm_conn)
+    at = LATER + HOUR
+
+    assert llm.fail(org, inv, "provider error", credits=10, cents=2, now=at) == Outcome.ALREADY_RECOVERED
+
+    got = invocation(llm_conn, inv)
+    assert (got["status"], got["settlement_kind"], got["charged_credits"], got["charged_cents"]) == (
+        "settled", "recovered", 40, None)  # fmt: skip
+    assert (got["error"], got["late_credits"], got["late_cents"], got["late_reported_at"]) == (
+        "provider error", 10, 2, at)  # fmt: skip
+    after = fingerprint(llm_conn)
+    assert {t: v for t, v in after.items() if t != "invocations"} == {
+        t: v for t, v in before.items() if t != "invocations"}  # fmt: skip
+    assert invariants(llm_conn) == []
+
+    llm.set_recovery_policy(org, "estimate", "true_up")
     snapshot = fingerprint(llm_conn)
-    assert llm.fail(org, inv, "provider error", credits=10, now=LATER + HOUR) == Outcome.ALREADY_RECOVERED
+    assert llm.settle(org, inv, 70, 6, now=at + HOUR) == Outcome.ALREADY_RECOVERED
+    assert llm.fail(org, inv, "again", credits=5, now=at + HOUR) == Outcome.ALREADY_RECOVERED
     assert fingerprint(llm_conn) == snapshot
 
 
