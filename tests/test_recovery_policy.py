@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from llm_db import Llm, Outcome
-from tests.helpers import T0, fingerprint, invariants, row, rows, scalar
+from tests.helpers import T0, InThread, fingerprint, invariants, row, rows, scalar, wait_blocked
 
 HOUR = timedelta(hours=1)
 LATER = T0 + 25 * HOUR  # past the 24 h recovery window
@@ -322,6 +322,37 @@ def test_a_late_failure_under_audit_is_recorded_and_charges_nothing(llm_conn):
     assert llm.settle(org, inv, 70, 6, now=at + HOUR) == Outcome.ALREADY_RECOVERED
     assert llm.fail(org, inv, "again", credits=5, now=at + HOUR) == Outcome.ALREADY_RECOVERED
     assert fingerprint(llm_conn) == snapshot
+
+
+@pytest.mark.parametrize("first", ["fail", "settle"])
+def test_two_late_reports_at_once_true_up_once(llm_conn, llm_connect, first):
+    """Issue 20 defect 7, invariant 3: a late failure and a late settlement of one recovered
+    request race under true_up. The first, in an open transaction, has trued it up; the
+    second waits on the request row (pg_blocking_pids), and once the first commits it
+    answers already_settled and books nothing: one adjustment, the first report's."""
+    llm = Llm(llm_conn)
+    org = org_with(llm, "estimate", "true_up", allowance=1000)
+    inv = stranded(llm, org, 40)
+    llm.run_reconciliation(now=LATER)
+    reports = {
+        "fail": lambda c: Llm(c).fail(org, inv, "provider timeout", credits=15, cents=1, now=LATER + HOUR),
+        "settle": lambda c: Llm(c).settle(org, inv, 55, 5, now=LATER + HOUR),
+    }
+    second = "settle" if first == "fail" else "fail"
+    holder = llm_connect(autocommit=False)
+    holder.execute("SELECT 1")  # a transaction is open: the call runs inside it
+    assert reports[first](holder) == Outcome.TRUED_UP  # not committed
+    waiter = llm_connect()
+    late = InThread(lambda: reports[second](waiter))
+    wait_blocked(llm_conn, waiter.info.backend_pid)
+
+    holder.commit()
+
+    assert late.result() == Outcome.ALREADY_SETTLED
+    charged = 15 if first == "fail" else 55
+    assert ledger(llm_conn, inv)["adjustment"] == (charged - 40, 1 if first == "fail" else 5)
+    assert period(llm_conn, org, T0.date().replace(day=1))["used_credits"] == charged
+    assert invariants(llm_conn) == []
 
 
 # ---------------------------------------------------------------- invariant 4 and true-ups
