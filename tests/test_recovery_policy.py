@@ -7,6 +7,9 @@ product must choose recovery charges) and the late true-up.
   charged) or ``true_up`` (it replaces the recovery charge: the request's own period, a
   closed month too, its task and the daily usage of its settlement day move by the signed
   difference, with one ``adjustment`` ledger row, in one transaction).
+- A failure after recovery is a late report too, with its partial charge (issue 20
+  defect 7), and a true-up may overrun the allowance, which invariant 4 counts exactly
+  (issue 20 defect 2).
 """
 
 from __future__ import annotations
