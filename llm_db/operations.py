@@ -392,7 +392,9 @@ class Operations:
         cents: int = 0,
         now: datetime | None = None,
     ) -> Outcome:
-        """Fail a request, releasing its hold and charging optional partial usage."""
+        """Fail a request, releasing its hold and charging optional partial usage;
+        ``Outcome.FAILED``, ``TRUED_UP`` (a recovered request under ``late_settlement =
+        true_up``: the books move to the partial charge) or an ``ALREADY_*`` outcome."""
 
     # tasks
 

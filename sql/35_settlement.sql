@@ -1,6 +1,6 @@
 -- Settlement (the end of the request lifecycle): settle with measured usage or
--- fail; a measured settlement arriving after recovery is kept for audit or trues
--- the books up (late_settlement). The booking of a terminal request and the
+-- fail; a measured settlement or a failure arriving after recovery is kept for
+-- audit or trues the books up (late_settlement). The booking of a terminal request and the
 -- threshold crossings it records are shared with recovery (60_recovery.sql).
 -- Every call is one transaction; the organization's period row is the hot row
 -- and is always taken last (invocation -> execution -> period -> notices).
@@ -257,8 +257,16 @@ $$;
 COMMENT ON FUNCTION llm._terminal_outcome(uuid, uuid) IS
     'For an invocation that is no longer open: already_settled, already_recovered or already_failed (LL005 when unknown).';
 
-CREATE OR REPLACE FUNCTION llm._settle_invocation(
-    p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint,
+-- A report on a request no longer open. Most are retries and get their already_*
+-- answer. A late report: the worker comes back after recovery with its measured
+-- settlement or its failure (a failure reports usage too: its partial charge, 0 by
+-- default, as the provider charged nothing). The late_settlement policy in force now decides:
+-- audit keeps the figures (and the error) in late_* and charges nothing; true_up
+-- makes them the request's charge through _book_true_up. Either way only the first
+-- late report counts: a request whose late figures were recorded is never trued up.
+-- The request keeps its terminal status ('settled' by recovery).
+CREATE OR REPLACE FUNCTION llm._settle_late(
+    p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint,
     p_input_tokens bigint, p_output_tokens bigint, p_now timestamptz)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
@@ -266,29 +274,25 @@ AS $$
 DECLARE
     v_inv llm.invocations;
     v_outcome text;
-    v_policy text;
+    v_true_up boolean;
 BEGIN
-    IF llm._end_invocation(p_organization_id, p_invocation_id, 'settled', NULL, p_credits, p_cents,
-                           p_input_tokens, p_output_tokens, p_now) THEN
-        RETURN 'settled';
-    END IF;
-
-    v_outcome := llm._terminal_outcome(p_organization_id, p_invocation_id);
+    v_outcome := llm._terminal_outcome(p_organization_id, p_invocation_id);  -- LL005 if unknown
     IF v_outcome <> 'already_recovered' THEN
-        RETURN v_outcome;
+        RETURN v_outcome;  -- settled, failed or trued up before: nothing changes
     END IF;
-    -- The worker came back after recovery. The late_settlement policy in force now
-    -- decides; a request whose late figures were already recorded is never trued up.
-    SELECT o.late_settlement INTO v_policy FROM llm.organizations AS o WHERE o.id = p_organization_id;
+    SELECT o.late_settlement = 'true_up' INTO v_true_up
+      FROM llm.organizations AS o WHERE o.id = p_organization_id;
+    -- the compare on 'recovered' and no late report yet: one late report wins
     UPDATE llm.invocations AS i
        SET late_credits = p_credits, late_cents = p_cents,
            late_input_tokens = p_input_tokens, late_output_tokens = p_output_tokens,
            late_reported_at = p_now,
-           settlement_kind = CASE WHEN v_policy = 'true_up' THEN 'trued_up' ELSE i.settlement_kind END,
-           charged_credits = CASE WHEN v_policy = 'true_up' THEN p_credits ELSE i.charged_credits END,
-           charged_cents = CASE WHEN v_policy = 'true_up' THEN p_cents ELSE i.charged_cents END,
-           input_tokens = CASE WHEN v_policy = 'true_up' THEN p_input_tokens ELSE i.input_tokens END,
-           output_tokens = CASE WHEN v_policy = 'true_up' THEN p_output_tokens ELSE i.output_tokens END
+           error = p_error,  -- a recovered request has none; a late settlement has none
+           settlement_kind = CASE WHEN v_true_up THEN 'trued_up' ELSE i.settlement_kind END,
+           charged_credits = CASE WHEN v_true_up THEN p_credits ELSE i.charged_credits END,
+           charged_cents = CASE WHEN v_true_up THEN p_cents ELSE i.charged_cents END,
+           input_tokens = CASE WHEN v_true_up THEN p_input_tokens ELSE i.input_tokens END,
+           output_tokens = CASE WHEN v_true_up THEN p_output_tokens ELSE i.output_tokens END
      WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id
        AND i.settlement_kind = 'recovered' AND i.late_reported_at IS NULL
     RETURNING i.* INTO v_inv;
@@ -296,11 +300,29 @@ BEGIN
         -- recorded before (already_recovered) or trued up by a concurrent call (already_settled)
         RETURN llm._terminal_outcome(p_organization_id, p_invocation_id);
     END IF;
-    IF v_policy = 'true_up' THEN
+    IF v_true_up THEN
         PERFORM llm._book_true_up(v_inv, p_now);
         RETURN 'trued_up';
     END IF;
     RETURN 'already_recovered';  -- audit: kept for audit, never charged
+END
+$$;
+COMMENT ON FUNCTION llm._settle_late(uuid, uuid, text, bigint, bigint, bigint, bigint, timestamptz) IS
+    'Answers a report (measured settlement or failure) on a request no longer open: its already_* outcome, except for the first late report of a recovered request, which under late_settlement = true_up becomes its charge (trued_up, the books moved by the signed difference) and under audit is recorded in late_* with its error (already_recovered).';
+
+CREATE OR REPLACE FUNCTION llm._settle_invocation(
+    p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint,
+    p_input_tokens bigint, p_output_tokens bigint, p_now timestamptz)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    IF llm._end_invocation(p_organization_id, p_invocation_id, 'settled', NULL, p_credits, p_cents,
+                           p_input_tokens, p_output_tokens, p_now) THEN
+        RETURN 'settled';
+    END IF;
+    RETURN llm._settle_late(p_organization_id, p_invocation_id, NULL, p_credits, p_cents,
+                            p_input_tokens, p_output_tokens, p_now);
 END
 $$;
 COMMENT ON FUNCTION llm._settle_invocation(uuid, uuid, bigint, bigint, bigint, bigint, timestamptz) IS
@@ -345,7 +367,9 @@ BEGIN
                            NULL, NULL, p_now) THEN
         RETURN 'failed';
     END IF;
-    RETURN llm._terminal_outcome(p_organization_id, p_invocation_id);
+    -- a late failure reports usage too: the partial charge it names (0: none)
+    RETURN llm._settle_late(p_organization_id, p_invocation_id, p_error, p_credits, p_cents,
+                            NULL, NULL, p_now);
 END
 $$;
 COMMENT ON FUNCTION llm._fail_invocation(uuid, uuid, text, bigint, bigint, timestamptz) IS
@@ -374,4 +398,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm.fail_invocation(uuid, uuid, text, bigint, bigint, timestamptz) IS
-    'Fails a request: releases its hold and charges the optional partial usage once. Returns failed, or already_settled / already_recovered / already_failed with nothing changed.';
+    'Fails a request: releases its hold and charges the optional partial usage once. Returns failed, or already_settled / already_recovered / already_failed with nothing changed; the first failure of a recovered request is a late report: under late_settlement = true_up it returns trued_up and moves the books to its partial charge by the signed difference, under audit it records its figures and error and returns already_recovered.';

@@ -86,25 +86,30 @@ BEGIN
         OR coalesce(g.charge_cents, 0) + coalesce(g.adjustment_cents, 0)
            IS DISTINCT FROM coalesce(i.charged_cents, 0);
 
-    -- 4. admission never takes used + held over the allowance: holds never exceed what is left
+    -- 4. admission never takes used + held over the allowance. What may go over it is
+    --    exactly what terminal requests booked beyond what they had reserved, their
+    --    overrun: a settlement or failure above its hold, a true-up above the recovery
+    --    charge (recovery charges the hold or 0, never more; the true-up holds nothing).
+    --    Every other movement lowers used + held - overrun or keeps it, so it stays
+    --    within the allowance, but for a lowered allowance: the check holds from the
+    --    first admission after the organization's last update (upsert_organization
+    --    moves the period's allowance and stamps updated_at; that admission fitted).
     RETURN QUERY
     SELECT 4, p.organization_id, 'period ' || p.period_start,
-           pg_catalog.format('allowance=%s used=%s held=%s', p.allowance_credits, p.used_credits, p.held_credits)
+           pg_catalog.format('allowance=%s used=%s held=%s overrun=%s (last admission %s, organization updated %s)',
+                             p.allowance_credits, p.used_credits, p.held_credits, r.overrun,
+                             r.last_admitted_at, o.updated_at)
       FROM llm.periods AS p
-     WHERE p.allowance_credits IS NOT NULL AND p.held_credits > 0
-       AND p.used_credits + p.held_credits > p.allowance_credits
-       AND NOT EXISTS (  -- overage only through measured settlement or a lowered allowance
-             SELECT FROM llm.invocations AS i
-              WHERE i.organization_id = p.organization_id AND i.period_start = p.period_start
-                AND i.status IN ('settled', 'failed')
-                AND i.charged_credits > i.hold_credits)
-       AND NOT EXISTS (  -- a lowered allowance: upsert_organization moves the current period's
-                         -- allowance too, so look for holds placed before the organization changed
-             SELECT FROM llm.invocations AS i
-               JOIN llm.organizations AS o ON o.id = i.organization_id
-              WHERE i.organization_id = p.organization_id AND i.period_start = p.period_start
-                AND i.status IN ('reserved', 'dispatched')
-                AND i.created_at <= o.updated_at);
+      JOIN llm.organizations AS o ON o.id = p.organization_id
+      JOIN (SELECT i.organization_id, i.period_start, max(i.created_at) AS last_admitted_at,
+                   coalesce(sum(GREATEST(0, i.charged_credits - coalesce(i.recovered_credits, i.hold_credits)))
+                                FILTER (WHERE i.status IN ('settled', 'failed')), 0) AS overrun
+              FROM llm.invocations AS i
+             GROUP BY 1, 2) AS r
+        ON r.organization_id = p.organization_id AND r.period_start = p.period_start
+     WHERE p.allowance_credits IS NOT NULL
+       AND p.used_credits + p.held_credits - r.overrun > p.allowance_credits
+       AND r.last_admitted_at > o.updated_at;
 
     -- 4b. the stripes' escrow never promises more than the period has left: each
     --     stripe's admit_room is set (NULL only when unlimited), and together they are at

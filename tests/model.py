@@ -72,7 +72,7 @@ class Invocation:
     output_tokens: int | None = None
     settled_at: datetime | None = None
     alerted: bool = False  # past_window_alerted_at is set
-    late: bool = False  # a late measured settlement was recorded (audit) or trued up
+    late: bool = False  # a late settlement or failure was recorded (audit) or trued up
     recovered: int | None = None  # what recovery charged (kept after a true-up)
 
 
@@ -227,20 +227,26 @@ class Books:
             return "already_failed"
         return "already_recovered" if row.kind == "recovered" else "already_settled"
 
+    def _late(self, row: Invocation, credits: int, cents: int, input_tokens: int | None,
+              output_tokens: int | None, now: datetime) -> str:  # fmt: skip
+        """A settlement or failure of a request no longer open: the first late report of a
+        recovered request is recorded (audit) or trued up (true_up); the rest are retries."""
+        outcome = self._already(row)
+        if outcome != "already_recovered" or row.late:
+            return outcome  # a late figure is recorded once: never trued up later
+        row.late = True
+        if self.orgs[row.org].late_settlement == "audit":
+            return outcome  # recorded for audit, never charged
+        self._true_up(row, credits, cents, input_tokens, output_tokens, now)
+        return "trued_up"
+
     def settle(
         self, org: uuid.UUID, inv: uuid.UUID, credits: int, cents: int,
         input_tokens: int | None, output_tokens: int | None, now: datetime,
     ) -> str:  # fmt: skip
         row = self._invocation(org, inv)
         if row.status not in OPEN:
-            outcome = self._already(row)
-            if outcome != "already_recovered" or row.late:
-                return outcome  # a late figure is recorded once: never trued up later
-            row.late = True
-            if self.orgs[org].late_settlement == "audit":
-                return outcome  # recorded for audit, never charged
-            self._true_up(row, credits, cents, input_tokens, output_tokens, now)
-            return "trued_up"
+            return self._late(row, credits, cents, input_tokens, output_tokens, now)
         row.status, row.kind = "settled", "measured"
         row.input_tokens, row.output_tokens = input_tokens, output_tokens
         self._book_terminal(row, credits, cents, now)
@@ -249,7 +255,7 @@ class Books:
     def fail(self, org: uuid.UUID, inv: uuid.UUID, credits: int, cents: int, now: datetime) -> str:
         row = self._invocation(org, inv)
         if row.status not in OPEN:
-            return self._already(row)
+            return self._late(row, credits, cents, None, None, now)  # a late failure reports usage too
         row.status = "failed"
         self._book_terminal(row, credits, cents, now)
         return "failed"

@@ -32,6 +32,7 @@ from tests.helpers import (
     period,
     reconcile,
     scalar,
+    set_org,
     settle,
 )
 
@@ -299,6 +300,29 @@ def test_check_invariants_reports_holds_over_the_allowance_invariant_4(llm_conn)
     # the same corruption also leaves the current period off its organization's allowance
     # (9), and its stripes' notice budgets beyond the 80 % of the new allowance (5)
     assert [r["invariant"] for r in invariants(llm_conn)] == [4, 5, 9]
+
+
+def test_an_allowance_lowered_under_settled_usage_is_legal_until_the_next_admission_invariant_4(
+    llm_conn,
+):
+    """Invariant 4's lowered allowance: usage settled under 100 stays over an allowance
+    lowered to 50 with nothing held (no report); the check applies again from the first
+    admission after the update, which fitted (here after raising it to 200), so one credit
+    held beyond what admission granted is then reported."""
+    hour = timedelta(hours=1)
+    org = new_org(llm_conn, 100, now=T0 - hour)
+    settle(llm_conn, org, admit(llm_conn, org, 80, now=T0)["id"], 80, now=T0)
+    set_org(llm_conn, org, 50, now=T0 + hour)
+    assert period(llm_conn, org)["held_credits"] == 0
+    assert invariants(llm_conn) == []  # used 80 > 50: lowered under it
+    set_org(llm_conn, org, 200, now=T0 + 2 * hour)
+    inv = admit(llm_conn, org, 100, now=T0 + 3 * hour)
+    assert invariants(llm_conn) == []
+    llm_conn.execute("UPDATE llm.invocations SET estimate_credits = 121, hold_credits = 121"
+                     " WHERE organization_id = %s AND id = %s", [org, inv["id"]])  # fmt: skip
+    llm_conn.execute("UPDATE llm.period_stripes SET held_credits = held_credits + 21, admit_room = 0"
+                     " WHERE organization_id = %s AND held_credits > 0", [org])  # fmt: skip
+    assert [r["invariant"] for r in invariants(llm_conn)] == [4]
 
 
 def test_invocations_carry_no_foreign_key_to_the_hot_period_and_task_rows(llm_conn):

@@ -262,10 +262,9 @@ def test_failure_charges_the_partial_usage_once(llm_conn):
     assert invariants(llm_conn) == []
 
 
-@pytest.mark.parametrize(
-    "first, expected",
-    [("fail", "already_failed"), ("settle", "already_settled"), ("recover", "already_recovered")],
-)
+# A failure of a recovered request is a late report (issue 20 defect 7), recorded or
+# trued up: tests/test_recovery_policy.py, "a late failure".
+@pytest.mark.parametrize("first, expected", [("fail", "already_failed"), ("settle", "already_settled")])
 def test_failure_of_a_terminal_invocation_returns_its_outcome_and_changes_nothing(
     llm_conn, first, expected
 ):
@@ -273,10 +272,8 @@ def test_failure_of_a_terminal_invocation_returns_its_outcome_and_changes_nothin
     inv = admit(llm_conn, org, 100, now=T0)
     if first == "fail":
         fail(llm_conn, org, inv["id"], "first")
-    elif first == "settle":
-        settle(llm_conn, org, inv["id"], 50)
     else:
-        reconcile(llm_conn, org, now=RECOVERY_CLOCK)
+        settle(llm_conn, org, inv["id"], 50)
     before = fingerprint(llm_conn)
     assert fail(llm_conn, org, inv["id"], "second", 7, 7, now=RECOVERY_CLOCK) == expected
     assert fingerprint(llm_conn) == before
