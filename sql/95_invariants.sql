@@ -219,7 +219,15 @@ BEGIN
       JOIN llm.organizations AS o ON o.id = p.organization_id
      WHERE p.period_start >= llm._period_start(o.updated_at)
        AND p.allowance_credits IS DISTINCT FROM o.monthly_allowance_credits;
+
+    -- 12. notice claims: a notice being sent has its claim's token, and no other notice
+    --    has one (issue 20 defect 6), so only the live claim's holder can end it
+    RETURN QUERY
+    SELECT 12, n.organization_id, 'notice ' || n.id,
+           pg_catalog.format('status=%s claim_token=%s', n.status, coalesce(n.claim_token::text, 'NULL'))
+      FROM llm.threshold_notices AS n
+     WHERE (n.status = 'sending') <> (n.claim_token IS NOT NULL);
 END
 $$;
 COMMENT ON FUNCTION llm.check_invariants() IS
-    'Returns one row per violated invariant (docs/design.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance); empty when the books are right.';
+    'Returns one row per violated invariant (docs/design.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, notice claims); empty when the books are right.';
