@@ -684,7 +684,7 @@ COMMENT ON COLUMN llm.threshold_notices.claim_token IS 'The live claim''s token 
 CREATE FUNCTION llm.claim_notices(p_limit integer DEFAULT 50, p_now timestamp with time zone DEFAULT now()) RETURNS SETOF llm.threshold_notices
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 574a336cf979cf6488d064dccfc68d6a $$;
+    AS $$ body in sql/, md5 ecfc5cdae95a43794cf774c932259040 $$;
 
 COMMENT ON FUNCTION llm.claim_notices(p_limit integer, p_now timestamp with time zone) IS 'Claims up to p_limit due owed notices (owed -> sending), oldest crossing first, by compare-and-set per notice: two workers never claim the same notice. Each row carries its claim''s new claim_token, which ends the claim.';
 

@@ -43,7 +43,8 @@ BEGIN
          ORDER BY n.crossed_at, n.organization_id, n.id
          LIMIT p_limit * 2
     LOOP
-        v_token := pg_catalog.gen_random_uuid();  -- read before the UPDATE (Citus rule 6)
+        -- made before the UPDATE: Citus refuses a volatile function in an UPDATE's SET (Citus rule 6)
+        v_token := pg_catalog.gen_random_uuid();
         UPDATE llm.threshold_notices AS n
            SET status = 'sending', claimed_at = v_now, attempts = n.attempts + 1, claim_token = v_token
          WHERE n.organization_id = v_candidate.organization_id AND n.id = v_candidate.id
