@@ -234,6 +234,10 @@ def test_upgrading_a_populated_0_1_0_database_loses_nothing(old_database, llm_se
 
     assert report.applied_migrations[:3] == ("0004_pass_lease", "0005_books", "0006_period_index")
     assert "llm._pass_lock_key()" in report.dropped_routines
+    # schema 0011: the ends of a claim take its token; the old signatures are gone
+    # (0.1.0 had no release_notice)
+    assert {"llm.complete_notice(uuid,uuid,timestamp with time zone)",
+            "llm.fail_notice(uuid,uuid,text,timestamp with time zone)"} <= set(report.dropped_routines)  # fmt: skip
     with psycopg.connect(old_database, autocommit=True) as conn:
         after = table_contents(conn, old_columns)
         for table in old_columns:
