@@ -274,6 +274,41 @@ def test_two_passes_started_together_one_sweeps_the_other_is_skipped(llm_conn, l
     assert_books_right(llm_conn)
 
 
+def test_a_pass_in_a_follow_up_step_holds_the_lease_and_is_named_with_its_run(llm_conn, llm_connect):
+    """issue 20 defect 5, WF-PFM-LLM-004 concurrency (one execution slot): a pass holds the
+    lease row locked through a follow-up step (here rearm_notices, waiting on a notice row
+    another session holds). A second pass started meanwhile returns at once, recorded
+    'skipped' naming the holder's pid and, its lease being committed, its run id."""
+    bound_lock_waits(llm_conn, "60s")  # the step waits for the blocker, not for a clock
+    org = new_org(llm_conn, 100)
+    notice_id = owed_notice_claimed_at(llm_conn, org, T0)
+    blocker = llm_connect(autocommit=False)
+    blocker.execute("SELECT FROM llm.threshold_notices WHERE id = %s FOR UPDATE", [notice_id])
+    first_conn, second_conn = llm_connect(), llm_connect()
+    first = InThread(lambda: call_pass(first_conn, T0 + 25 * HOUR))
+    wait_blocked(llm_conn, first_conn.info.backend_pid)
+    holder = row(llm_conn, "SELECT * FROM llm.pass_lease")
+    assert holder["holder_pid"] == first_conn.info.backend_pid  # committed when the pass began
+
+    second = InThread(lambda: call_pass(second_conn, T0 + 25 * HOUR))
+    second_waited = wait_for(
+        lambda: ("returned" if not second.thread.is_alive() else
+                 "blocked" if llm_conn.execute("SELECT cardinality(pg_blocking_pids(%s)) > 0",
+                                               [second_conn.info.backend_pid]).fetchone()[0] else None),
+        "the second pass to return or to block")
+    blocker.commit()
+    first.result()
+    second.result()
+
+    assert second_waited == "returned"
+    [skipped] = rows(llm_conn, "SELECT * FROM llm.reconciliation_runs WHERE status = 'skipped'")
+    error = skipped["errors"][0]
+    assert (error["holder_pid"], error["holder_run_id"]) == (first_conn.info.backend_pid, str(holder["run_id"]))
+    done = row(llm_conn, "SELECT * FROM llm.reconciliation_runs WHERE id = %s", [holder["run_id"]])
+    assert (done["status"], done["notices_rearmed"]) == ("succeeded", 1)
+    assert_books_right(llm_conn)
+
+
 def test_a_session_that_took_the_lease_and_went_idle_does_not_block_the_next_pass(llm_conn, llm_connect):
     """WF-PFM-LLM-004 concurrency (one execution slot) without a session lock: a session that
     began a run (llm._begin_run took the lease) and then went idle is not running a pass, so
