@@ -139,7 +139,7 @@ COMMENT ON FUNCTION llm._audits_due(p_now timestamp with time zone) IS 'The oper
 CREATE FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id uuid, OUT token uuid) RETURNS record
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 a20804c21e976a0cd29289f233e2a557 $$;
+    AS $$ body in sql/, md5 d3019ec3a4145e69b942ed7cb937cfde $$;
 
 COMMENT ON FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id uuid, OUT token uuid) IS 'Takes the pass lease and records a running pass (its run id and lease token), marking a pass that lost it failed; or, while another pass really holds the lease, records a skipped pass naming the holder and returns NULLs.';
 
@@ -177,6 +177,13 @@ CREATE FUNCTION llm._check_call(p_organization_id uuid, p_now timestamp with tim
     AS $$ body in sql/, md5 6110e732efc99c1f50edacca94e65342 $$;
 
 COMMENT ON FUNCTION llm._check_call(p_organization_id uuid, p_now timestamp with time zone, p_what text, p_id uuid) IS 'Raises 22023 for a NULL organization id, an unusable clock, or (when p_what names it) a NULL id of the row the call acts on.';
+
+CREATE FUNCTION llm._check_claim(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_now timestamp with time zone) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 bae1c2a1b7aa8f6f0ea5cb7135ec18c5 $$;
+
+COMMENT ON FUNCTION llm._check_claim(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_now timestamp with time zone) IS 'Raises 22023 for a NULL organization, notice or claim token, or an unusable clock: the arguments of the three ends of a claim.';
 
 CREATE FUNCTION llm._check_clock(p_now timestamp with time zone) RETURNS void
     LANGUAGE plpgsql IMMUTABLE
@@ -233,12 +240,12 @@ CREATE FUNCTION llm._close_execution(p_organization_id uuid, p_execution_id uuid
 
 COMMENT ON FUNCTION llm._close_execution(p_organization_id uuid, p_execution_id uuid, p_outcome text, p_error text, p_now timestamp with time zone) IS 'Distributed twin of close_execution; arguments already checked.';
 
-CREATE FUNCTION llm._end_claim(p_organization_id uuid, p_notice_id uuid, p_end text, p_error text, p_now timestamp with time zone) RETURNS boolean
+CREATE FUNCTION llm._end_claim(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_end text, p_error text, p_now timestamp with time zone) RETURNS boolean
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 8a53d31596d108ca64f4d1dc4f9208b1 $$;
+    AS $$ body in sql/, md5 0f610cd155be86ffa731c63b26b30a0b $$;
 
-COMMENT ON FUNCTION llm._end_claim(p_organization_id uuid, p_notice_id uuid, p_end text, p_error text, p_now timestamp with time zone) IS 'Distributed twin of complete_notice (p_end sent), fail_notice (failed) and release_notice (released); arguments already checked. False when the notice was not being sent.';
+COMMENT ON FUNCTION llm._end_claim(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_end text, p_error text, p_now timestamp with time zone) IS 'Distributed twin of complete_notice (p_end sent), fail_notice (failed) and release_notice (released); arguments already checked. False, changing nothing, unless the notice is being sent under p_claim_token.';
 
 CREATE FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) RETURNS boolean
     LANGUAGE plpgsql
@@ -322,6 +329,13 @@ CREATE FUNCTION llm._lease_holder_running(p_lease llm.pass_lease) RETURNS boolea
     AS $$ body in sql/, md5 eed0120e05fa507e1794a434851a746e $$;
 
 COMMENT ON FUNCTION llm._lease_holder_running(p_lease llm.pass_lease) IS 'True while the lease holder''s backend (same pid and start time) is still running the statement that took the lease; a session this role cannot inspect counts as running.';
+
+CREATE FUNCTION llm._lease_locker_pid() RETURNS integer
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 b5d6dfd01c8040cb5e57517614ea7897 $$;
+
+COMMENT ON FUNCTION llm._lease_locker_pid() IS 'The pid of the backend whose open transaction holds the pass lease row locked, or NULL.';
 
 CREATE TABLE llm.period_heads (
     organization_id uuid NOT NULL,
@@ -624,6 +638,13 @@ CREATE FUNCTION llm._settle_late(p_organization_id uuid, p_invocation_id uuid, p
 
 COMMENT ON FUNCTION llm._settle_late(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) IS 'Answers a report (measured settlement or failure) on a request no longer open: its already_* outcome, except for the first late report of a recovered request, which under late_settlement = true_up becomes its charge (trued_up, the books moved by the signed difference) and under audit is recorded in late_* with its error (already_recovered).';
 
+CREATE FUNCTION llm._skip_run(p_now timestamp with time zone, p_lease llm.pass_lease, p_holder_pid integer) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 079720f5bcd591cfe82444c8bb29f51c $$;
+
+COMMENT ON FUNCTION llm._skip_run(p_now timestamp with time zone, p_lease llm.pass_lease, p_holder_pid integer) IS 'Records a skipped pass naming the pass that holds the lease: its pid, and its run, backend start and expiry once its lease is committed.';
+
 CREATE FUNCTION llm._spread_rooms(p_organization_id uuid, p_period_start date, p_allowance bigint) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -675,9 +696,9 @@ COMMENT ON FUNCTION llm.check_daily_usage(p_from date, p_to date) IS 'One row pe
 CREATE FUNCTION llm.check_invariants() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 48eaf991057d7fbcb8779d004f176a06 $$;
+    AS $$ body in sql/, md5 a7882a2aa73d03628040df558ae6d9fb $$;
 
-COMMENT ON FUNCTION llm.check_invariants() IS 'Returns one row per violated invariant (docs/design.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period and drift findings); empty when the books are right.';
+COMMENT ON FUNCTION llm.check_invariants() IS 'Returns one row per violated invariant (docs/design.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period findings, notice claims and drift findings); empty when the books are right.';
 
 CREATE TABLE llm.threshold_notices (
     organization_id uuid NOT NULL,
@@ -693,18 +714,21 @@ CREATE TABLE llm.threshold_notices (
     next_attempt_at timestamp with time zone NOT NULL,
     claimed_at timestamp with time zone,
     sent_at timestamp with time zone,
+    claim_token uuid,
     CONSTRAINT threshold_notices_status_check CHECK ((status = ANY (ARRAY['owed'::text, 'sending'::text, 'sent'::text]))),
     CONSTRAINT threshold_notices_threshold_pct_check CHECK ((threshold_pct > 0))
 );
 
 COMMENT ON TABLE llm.threshold_notices IS 'One notice per (organization, period, threshold) crossed: owed -> sending -> sent, with retries and backoff.';
 
+COMMENT ON COLUMN llm.threshold_notices.claim_token IS 'The live claim''s token while sending (claim_notices returns it; complete_notice, fail_notice and release_notice need it); NULL when owed or sent.';
+
 CREATE FUNCTION llm.claim_notices(p_limit integer DEFAULT 50, p_now timestamp with time zone DEFAULT now()) RETURNS SETOF llm.threshold_notices
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 43179f81bdddb85fdad25783ad89c337 $$;
+    AS $$ body in sql/, md5 ecfc5cdae95a43794cf774c932259040 $$;
 
-COMMENT ON FUNCTION llm.claim_notices(p_limit integer, p_now timestamp with time zone) IS 'Claims up to p_limit due owed notices (owed -> sending), oldest crossing first, by compare-and-set per notice: two workers never claim the same notice.';
+COMMENT ON FUNCTION llm.claim_notices(p_limit integer, p_now timestamp with time zone) IS 'Claims up to p_limit due owed notices (owed -> sending), oldest crossing first, by compare-and-set per notice: two workers never claim the same notice. Each row carries its claim''s new claim_token, which ends the claim.';
 
 CREATE FUNCTION llm.close_execution(p_organization_id uuid, p_execution_id uuid, p_outcome text, p_error text DEFAULT NULL::text, p_now timestamp with time zone DEFAULT now()) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
@@ -713,12 +737,12 @@ CREATE FUNCTION llm.close_execution(p_organization_id uuid, p_execution_id uuid,
 
 COMMENT ON FUNCTION llm.close_execution(p_organization_id uuid, p_execution_id uuid, p_outcome text, p_error text, p_now timestamp with time zone) IS 'Closes a running task as completed or failed, stamping ended_at and duration_ms and keeping its totals; false when it was no longer running (a closed task never reopens). LL009 for any other outcome.';
 
-CREATE FUNCTION llm.complete_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone DEFAULT now()) RETURNS boolean
+CREATE FUNCTION llm.complete_notice(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_now timestamp with time zone DEFAULT now()) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 bf069f6792dd4efa2a13e5a3158715bb $$;
+    AS $$ body in sql/, md5 544ac6d475ea9a4d81c9f5e8ebf70de4 $$;
 
-COMMENT ON FUNCTION llm.complete_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) IS 'Marks a claimed notice sent (sending -> sent); false when it was not being sent (already sent, or re-armed).';
+COMMENT ON FUNCTION llm.complete_notice(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_now timestamp with time zone) IS 'Marks a claimed notice sent (sending -> sent); false, changing nothing, unless it is being sent under p_claim_token (already sent, re-armed, or claimed again since).';
 
 CREATE FUNCTION llm.declare_task_kind(p_key text, p_description text DEFAULT NULL::text) RETURNS void
     LANGUAGE plpgsql SECURITY DEFINER
@@ -741,12 +765,12 @@ CREATE FUNCTION llm.fail_invocation(p_organization_id uuid, p_invocation_id uuid
 
 COMMENT ON FUNCTION llm.fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone) IS 'Fails a request: releases its hold and charges the optional partial usage once. Returns failed, or already_settled / already_recovered / already_failed with nothing changed; the first failure of a recovered request is a late report: under late_settlement = true_up it returns trued_up and moves the books to its partial charge by the signed difference, under audit it records its figures and error and returns already_recovered.';
 
-CREATE FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamp with time zone DEFAULT now()) RETURNS boolean
+CREATE FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_error text, p_now timestamp with time zone DEFAULT now()) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 9d30f334afe4a7e0858642e2ba518b38 $$;
+    AS $$ body in sql/, md5 c80da7fc5855c2e4a1fb3888dabae823 $$;
 
-COMMENT ON FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamp with time zone) IS 'Returns a claimed notice to owed with its error and an exponential backoff (base * 2^(attempts-1), capped by settings; NOTIFY llm_notices); false when it was not being sent.';
+COMMENT ON FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_error text, p_now timestamp with time zone) IS 'Returns a claimed notice to owed with its error and an exponential backoff (base * 2^(attempts-1), capped by settings; NOTIFY llm_notices); false, changing nothing, unless it is being sent under p_claim_token.';
 
 CREATE FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone DEFAULT now()) RETURNS llm.invocations
     LANGUAGE plpgsql SECURITY DEFINER
@@ -765,9 +789,9 @@ COMMENT ON FUNCTION llm.open_execution(p_organization_id uuid, p_task_key text, 
 CREATE FUNCTION llm.rearm_notices(p_now timestamp with time zone DEFAULT now()) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 de3bae8d69f7c1a43f9dfec95f2883a1 $$;
+    AS $$ body in sql/, md5 5c8422c351648fd4bd322e60cd12480d $$;
 
-COMMENT ON FUNCTION llm.rearm_notices(p_now timestamp with time zone) IS 'Makes notices owed again whose claim is older than settings.notice_claim_timeout without completion, due at once (NOTIFY llm_notices); returns how many. Failed notices are already owed with their backoff.';
+COMMENT ON FUNCTION llm.rearm_notices(p_now timestamp with time zone) IS 'Makes notices owed again whose claim is older than settings.notice_claim_timeout without completion, due at once (NOTIFY llm_notices), voiding the claim''s token; returns how many. Failed notices are already owed with their backoff.';
 
 CREATE FUNCTION llm.rebuild_daily_usage(p_from date, p_to date) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
@@ -790,12 +814,12 @@ CREATE FUNCTION llm.reconciliation_health(p_now timestamp with time zone DEFAULT
 
 COMMENT ON FUNCTION llm.reconciliation_health(p_now timestamp with time zone) IS 'The missing-run alarm: ok, late (no completed pass within settings.health_max_age), never (no pass ever ran), or failing (the last pass recorded errors, or every pass so far failed).';
 
-CREATE FUNCTION llm.release_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone DEFAULT now()) RETURNS boolean
+CREATE FUNCTION llm.release_notice(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_now timestamp with time zone DEFAULT now()) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 bbddfc478413bd5f4932cc7942827a1e $$;
+    AS $$ body in sql/, md5 26ef74594bc96fc8b289483d5f5ac816 $$;
 
-COMMENT ON FUNCTION llm.release_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) IS 'Gives a claimed notice back unsent (sending -> owed, due at p_now, no attempt counted, NOTIFY llm_notices): a worker shutting down; false when it was not being sent.';
+COMMENT ON FUNCTION llm.release_notice(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_now timestamp with time zone) IS 'Gives a claimed notice back unsent (sending -> owed, due at p_now, no attempt counted, NOTIFY llm_notices): a worker shutting down; false, changing nothing, unless it is being sent under p_claim_token.';
 
 CREATE PROCEDURE llm.run_reconciliation(IN p_now timestamp with time zone DEFAULT NULL::timestamp with time zone, IN p_batch integer DEFAULT NULL::integer)
     LANGUAGE plpgsql
@@ -1103,6 +1127,8 @@ REVOKE ALL ON FUNCTION llm._check_amount(p_name text, p_value bigint, p_nullable
 
 REVOKE ALL ON FUNCTION llm._check_call(p_organization_id uuid, p_now timestamp with time zone, p_what text, p_id uuid) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._check_claim(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_now timestamp with time zone) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._check_clock(p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm._check_clock(p_now timestamp with time zone) TO llm_operator;
 
@@ -1121,7 +1147,7 @@ GRANT ALL ON FUNCTION llm._clock_ok(p_now timestamp with time zone) TO llm_opera
 
 REVOKE ALL ON FUNCTION llm._close_execution(p_organization_id uuid, p_execution_id uuid, p_outcome text, p_error text, p_now timestamp with time zone) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm._end_claim(p_organization_id uuid, p_notice_id uuid, p_end text, p_error text, p_now timestamp with time zone) FROM PUBLIC;
+REVOKE ALL ON FUNCTION llm._end_claim(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_end text, p_error text, p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) FROM PUBLIC;
 
@@ -1139,6 +1165,8 @@ GRANT SELECT ON TABLE llm.pass_lease TO llm_reader;
 GRANT SELECT ON TABLE llm.pass_lease TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm._lease_holder_running(p_lease llm.pass_lease) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._lease_locker_pid() FROM PUBLIC;
 
 GRANT SELECT ON TABLE llm.period_heads TO llm_reader;
 GRANT SELECT ON TABLE llm.period_heads TO llm_operator;
@@ -1221,6 +1249,8 @@ REVOKE ALL ON FUNCTION llm._settle_invocation(p_organization_id uuid, p_invocati
 
 REVOKE ALL ON FUNCTION llm._settle_late(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._skip_run(p_now timestamp with time zone, p_lease llm.pass_lease, p_holder_pid integer) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._spread_rooms(p_organization_id uuid, p_period_start date, p_allowance bigint) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._terminal_outcome(p_organization_id uuid, p_invocation_id uuid) FROM PUBLIC;
@@ -1249,8 +1279,8 @@ GRANT ALL ON FUNCTION llm.claim_notices(p_limit integer, p_now timestamp with ti
 REVOKE ALL ON FUNCTION llm.close_execution(p_organization_id uuid, p_execution_id uuid, p_outcome text, p_error text, p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.close_execution(p_organization_id uuid, p_execution_id uuid, p_outcome text, p_error text, p_now timestamp with time zone) TO llm_app;
 
-REVOKE ALL ON FUNCTION llm.complete_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) FROM PUBLIC;
-GRANT ALL ON FUNCTION llm.complete_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) TO llm_operator;
+REVOKE ALL ON FUNCTION llm.complete_notice(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.complete_notice(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_now timestamp with time zone) TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm.declare_task_kind(p_key text, p_description text) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.declare_task_kind(p_key text, p_description text) TO llm_operator;
@@ -1260,8 +1290,8 @@ REVOKE ALL ON FUNCTION llm.distribute(p_shard_count integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION llm.fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone) TO llm_app;
 
-REVOKE ALL ON FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamp with time zone) FROM PUBLIC;
-GRANT ALL ON FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamp with time zone) TO llm_operator;
+REVOKE ALL ON FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_error text, p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_error text, p_now timestamp with time zone) TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) TO llm_app;
@@ -1281,8 +1311,8 @@ GRANT ALL ON FUNCTION llm.reconcile_org(p_organization_id uuid, p_now timestamp 
 REVOKE ALL ON FUNCTION llm.reconciliation_health(p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.reconciliation_health(p_now timestamp with time zone) TO llm_operator;
 
-REVOKE ALL ON FUNCTION llm.release_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) FROM PUBLIC;
-GRANT ALL ON FUNCTION llm.release_notice(p_organization_id uuid, p_notice_id uuid, p_now timestamp with time zone) TO llm_operator;
+REVOKE ALL ON FUNCTION llm.release_notice(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.release_notice(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_now timestamp with time zone) TO llm_operator;
 
 REVOKE ALL ON PROCEDURE llm.run_reconciliation(IN p_now timestamp with time zone, IN p_batch integer) FROM PUBLIC;
 GRANT ALL ON PROCEDURE llm.run_reconciliation(IN p_now timestamp with time zone, IN p_batch integer) TO llm_operator;

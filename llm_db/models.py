@@ -244,6 +244,8 @@ class Notice(_Row):
     next_attempt_at: datetime
     claimed_at: datetime | None
     sent_at: datetime | None
+    #: the live claim's token while ``sending`` (what ends the claim); None otherwise
+    claim_token: UUID | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

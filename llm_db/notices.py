@@ -7,6 +7,12 @@ to owed with the error and a backoff computed in SQL (``llm.fail_notice``).
 Nothing is lost while the endpoint is down: the notice stays owed and a later
 run delivers it. If the deliverer itself dies mid-run, its claimed notices are
 re-armed by ``llm.rearm_notices`` (the hourly pass) once the claim expires.
+
+Each claim carries a token (``Notice.claim_token``), and only the live claim's
+token ends it. A deliverer so slow that its claim expired, was re-armed and was
+claimed again by another gets False from ``complete_notice`` / ``fail_notice``
+and changes nothing: that notice is counted ``lost`` and logged (logger
+``llm_db.notices``), and the other deliverer's claim stands.
 ``llm-db worker`` (``llm_db.worker``) runs the same delivery continuously.
 
 Delivery is at least once: a receiver that answered too slowly, or a claim
@@ -50,6 +56,7 @@ import base64
 import binascii
 import dataclasses
 import json
+import logging
 import secrets as _random
 import time
 import urllib.parse
@@ -63,6 +70,8 @@ from llm_db.requests import AsyncLlm, Llm
 
 if TYPE_CHECKING:
     import httpx
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_TOLERANCE",
@@ -110,12 +119,14 @@ class InvalidSecret(ValueError):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DeliverySummary:
-    """What one run did: notices claimed, sent (2xx) and failed (owed again, with backoff)."""
+    """What one run did: notices claimed, sent (2xx), failed (owed again, with backoff) and
+    lost (the claim expired and was taken by another deliverer before this run ended it)."""
 
     claimed: int
     sent: int
     failed: int
     last_error: str | None = None
+    lost: int = 0
 
 
 # ----------------------------------------------------------- secrets, body, signature
@@ -340,33 +351,51 @@ class _Tally:
     claimed: int
     sent: int = 0
     failed: int = 0
+    lost: int = 0
     last_error: str | None = None
     unreachable: str | None = None
 
     def summary(self) -> DeliverySummary:
-        return DeliverySummary(self.claimed, self.sent, self.failed, self.last_error)
+        return DeliverySummary(self.claimed, self.sent, self.failed, self.last_error, self.lost)
 
     def attempts(self, max_attempts_per_run: int) -> int:
         """How many POSTs the next notice gets: none once the endpoint proved unreachable."""
         return 0 if self.unreachable is not None else max(1, max_attempts_per_run)
 
     def record(self, attempt: Attempt | None) -> Attempt:
-        """Counts a notice by its last attempt (None: it got no POST, which is returned
-        as its attempt); a failed one leaves its error in ``last_error``."""
+        """A notice's last attempt (None: it got no POST, which is returned as its
+        attempt, its error no longer than ``fail_notice`` takes); an unreachable endpoint
+        is remembered for the rest of the run."""
         if attempt is None:
             attempt = Attempt(f"{_NOT_ATTEMPTED} ({self.unreachable})")
         elif attempt.unreachable:
             self.unreachable = attempt.error
-        if attempt.error is None:
-            self.sent += 1
-        else:
-            self.failed += 1
-            self.last_error = attempt.error[:MAX_ERROR_CHARS]
+        if attempt.error is not None:
+            attempt = dataclasses.replace(attempt, error=attempt.error[:MAX_ERROR_CHARS])
         return attempt
 
+    def count(self, notice: Notice, attempt: Attempt, ended: bool) -> str:
+        """Counts a notice by how its claim ended, and returns that outcome: ``lost`` when
+        the claim was no longer this run's (``ended`` False: logged), else ``sent`` or
+        ``failed`` (its error kept in ``last_error``)."""
+        if attempt.error is not None:
+            self.last_error = attempt.error
+        if not ended:
+            self.lost += 1
+            log.warning("claim lost: notice %s of organization %s was re-armed and claimed "
+                        "again before this run ended its claim", notice.id,
+                        notice.organization_id)  # fmt: skip
+            return "lost"
+        if attempt.error is None:
+            self.sent += 1
+            return "sent"
+        self.failed += 1
+        return "failed"
 
-#: ``on_result(notice, attempt, seconds)`` after each notice was completed or failed
-ResultHook = Callable[[Notice, Attempt, float], None]
+
+#: ``on_result(notice, attempt, outcome, seconds)`` after each notice's claim was ended:
+#: outcome ``sent``, ``failed`` or ``lost`` (another deliverer holds the claim now)
+ResultHook = Callable[[Notice, Attempt, str, float], None]
 
 
 def deliver_claimed(
@@ -400,11 +429,14 @@ def deliver_claimed(
                 break
         attempt = tally.record(attempt)
         if attempt.error is None:
-            client.complete_notice(notice.organization_id, notice.id, now=now)
+            ended = client.complete_notice(notice.organization_id, notice.id, notice.claim_token,
+                                           now=now)  # fmt: skip
         else:
-            client.fail_notice(notice.organization_id, notice.id, tally.last_error, now=now)
+            ended = client.fail_notice(notice.organization_id, notice.id, notice.claim_token,
+                                       attempt.error, now=now)  # fmt: skip
+        outcome = tally.count(notice, attempt, ended)
         if on_result is not None:
-            on_result(notice, attempt, time.monotonic() - started)
+            on_result(notice, attempt, outcome, time.monotonic() - started)
     return tally.summary(), []
 
 
@@ -429,7 +461,9 @@ def deliver_notices(
     the rest of this run's notices are failed without a POST, so a dead endpoint
     costs one notice's attempts, not all of them. ``now`` is the clock for
     claim, completion and backoff (the signature's timestamp is always the real
-    time of sending).
+    time of sending). A claim lost meanwhile (``complete_notice`` or ``fail_notice``
+    answered False: it expired and another deliverer holds it now) is counted ``lost``
+    and logged.
     """
     _check_url(url)
     keys = parse_secrets(secrets)
@@ -472,7 +506,10 @@ async def async_deliver_notices(
                     break
             attempt = tally.record(attempt)
             if attempt.error is None:
-                await client.complete_notice(notice.organization_id, notice.id, now=now)
+                ended = await client.complete_notice(notice.organization_id, notice.id,
+                                                     notice.claim_token, now=now)  # fmt: skip
             else:
-                await client.fail_notice(notice.organization_id, notice.id, tally.last_error, now=now)
+                ended = await client.fail_notice(notice.organization_id, notice.id,
+                                                 notice.claim_token, attempt.error, now=now)  # fmt: skip
+            tally.count(notice, attempt, ended)
     return tally.summary()

@@ -462,22 +462,40 @@ class Operations:
 
     @operation("complete_notice")
     def complete_notice(
-        self, organization_id: UuidLike, notice_id: UuidLike, *, now: datetime | None = None
+        self,
+        organization_id: UuidLike,
+        notice_id: UuidLike,
+        claim_token: UuidLike,
+        *,
+        now: datetime | None = None,
     ) -> bool:
-        """Mark a claimed notice sent; False when it was not being sent."""
+        """Mark a claimed notice sent; False, changing nothing, unless it is still claimed
+        under ``claim_token`` (``Notice.claim_token``): the claim was lost."""
 
     @operation("fail_notice")
     def fail_notice(
-        self, organization_id: UuidLike, notice_id: UuidLike, error: str, *, now: datetime | None = None
+        self,
+        organization_id: UuidLike,
+        notice_id: UuidLike,
+        claim_token: UuidLike,
+        error: str,
+        *,
+        now: datetime | None = None,
     ) -> bool:
-        """Return a claimed notice to owed with its error and a backoff."""
+        """Return a claimed notice to owed with its error and a backoff; False, changing
+        nothing, when the claim under ``claim_token`` was lost."""
 
     @operation("release_notice")
     def release_notice(
-        self, organization_id: UuidLike, notice_id: UuidLike, *, now: datetime | None = None
+        self,
+        organization_id: UuidLike,
+        notice_id: UuidLike,
+        claim_token: UuidLike,
+        *,
+        now: datetime | None = None,
     ) -> bool:
         """Give a claimed notice back unsent (owed, due at once, no attempt counted);
-        False when it was not being sent."""
+        False, changing nothing, when the claim under ``claim_token`` was lost."""
 
     @operation("rearm_notices")
     def rearm_notices(self, *, now: datetime | None = None) -> int:

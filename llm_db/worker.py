@@ -12,13 +12,16 @@ One long-running process with three parts:
 - **the delivery loop**: claim up to ``limit`` due notices (``claim_notices``),
   POST each once with ``httpx``, signed as Standard Webhooks
   (``llm_db.notices``), then ``complete_notice`` or ``fail_notice`` (owed again
-  after the backoff of ``llm.settings``); repeat while full batches come back.
+  after the backoff of ``llm.settings``) with the claim's token; repeat while full
+  batches come back. A claim that expired and was claimed again by another worker
+  is not this worker's any more: those calls answer False and change nothing, and
+  the worker logs ``claim_lost`` and counts the outcome ``lost``.
   Then sleep until a NOTIFY, until the next owed notice is due, or ``poll``
   seconds (the fallback: under Citus the NOTIFY fires on the node that ran the
   transaction, see docs/scaling.md).
 - **an HTTP server** (a thread) on ``metrics_addr``: ``/metrics`` is
   ``llm_db.metrics`` (``llm_up``, the scrape duration, the books' gauges) plus
-  ``llm_notice_deliveries_total{outcome}``; ``/healthz`` answers 200 when the
+  ``llm_notice_deliveries_total{outcome}`` (sent, failed, released, lost); ``/healthz`` answers 200 when the
   database answers and ``llm.reconciliation_health()`` is ok, 503 with a JSON
   reason otherwise.
 
@@ -213,11 +216,12 @@ class Worker:
         self.deliveries = prometheus.Counter(
             "llm_notice_deliveries",
             "Threshold notices this worker delivered (sent), failed (owed again after a "
-            "backoff) or released unsent at shutdown.",
+            "backoff), released unsent at shutdown, or lost (its claim expired and another "
+            "worker claimed the notice before this one ended its claim).",
             ["outcome"],
             registry=None,
         )
-        for outcome in ("sent", "failed", "released"):
+        for outcome in ("sent", "failed", "released", "lost"):
             self.deliveries.labels(outcome=outcome)
         self._probe_conn: psycopg.Connection | None = None
         self._probe_lock = threading.Lock()
@@ -342,7 +346,7 @@ class Worker:
             if unsent or len(notices) < self.config.limit:
                 return
 
-    def _delivered(self, notice: Notice, attempt: Attempt, seconds: float) -> None:
+    def _delivered(self, notice: Notice, attempt: Attempt, outcome: str, seconds: float) -> None:
         self.held.pop((notice.organization_id, notice.id), None)
         fields = {
             "notice_id": notice.id, "organization_id": notice.organization_id,
@@ -351,12 +355,21 @@ class Worker:
         }  # fmt: skip
         if attempt.status is not None:
             fields["http_status"] = attempt.status
-        if attempt.error is None:
-            self.deliveries.labels(outcome="sent").inc()
+        self.deliveries.labels(outcome=outcome).inc()
+        if outcome == "lost":
+            self._claim_lost(notice, delivered=attempt.error is None, **fields)
+        elif attempt.error is None:
             self.log("delivered", **fields)
         else:
-            self.deliveries.labels(outcome="failed").inc()
             self.log("failed", level="warning", error=attempt.error, **fields)
+
+    def _claim_lost(self, notice: Notice, **fields: Any) -> None:
+        """Its claim expired and another worker claimed the notice again: this worker's
+        complete, fail or release changed nothing (that worker's claim stands)."""
+        fields.setdefault("notice_id", notice.id)
+        fields.setdefault("organization_id", notice.organization_id)
+        self.log("claim_lost", level="warning",
+                 hint="the claim outlived notice_claim_timeout; the pass re-armed it", **fields)  # fmt: skip
 
     def _release_held(self) -> int:
         """Release every notice this process still holds; how many are left sending."""
@@ -367,12 +380,15 @@ class Worker:
                 raise psycopg.OperationalError("no database connection")
             llm = Llm(self.work)
             for key, notice in list(self.held.items()):
-                released = llm.release_notice(notice.organization_id, notice.id)
+                released = llm.release_notice(notice.organization_id, notice.id, notice.claim_token)
                 del self.held[key]
                 if released:
                     self.deliveries.labels(outcome="released").inc()
                     self.log("released", notice_id=notice.id,
                              organization_id=notice.organization_id)  # fmt: skip
+                else:
+                    self.deliveries.labels(outcome="lost").inc()
+                    self._claim_lost(notice)
         except psycopg.Error as exc:
             self.log("release_failed", level="error", error=_one_line(exc), left=len(self.held),
                      hint="the hourly pass re-arms them after notice_claim_timeout")  # fmt: skip

@@ -42,37 +42,76 @@ $$;
 COMMENT ON FUNCTION llm._lease_holder_running(llm.pass_lease) IS
     'True while the lease holder''s backend (same pid and start time) is still running the statement that took the lease; a session this role cannot inspect counts as running.';
 
+CREATE OR REPLACE FUNCTION llm._lease_locker_pid()
+RETURNS integer
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    -- A row lock shows in pg_locks only while someone waits on it: the lease row's
+    -- xmax names the transaction holding it, and every transaction holds the lock
+    -- on its own id. The pass takes the lease row outside any subtransaction, so
+    -- that id is its backend's (0 or a finished transaction: NULL).
+    RETURN (SELECT l.pid
+              FROM pg_catalog.pg_locks AS l
+             WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted
+               AND l.transactionid = (SELECT p.xmax FROM llm.pass_lease AS p)
+             LIMIT 1);
+END
+$$;
+COMMENT ON FUNCTION llm._lease_locker_pid() IS
+    'The pid of the backend whose open transaction holds the pass lease row locked, or NULL.';
+
+CREATE OR REPLACE FUNCTION llm._skip_run(p_now timestamptz, p_lease llm.pass_lease, p_holder_pid integer)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    -- the lease as read names the holder, or (taken but not committed yet) no one
+    v_named boolean := p_lease.holder_pid IS NOT DISTINCT FROM p_holder_pid;
+BEGIN
+    INSERT INTO llm.reconciliation_runs (started_at, finished_at, clock, status, errors)
+    SELECT pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp(), p_now, 'skipped',
+           pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object(
+               'step', 'lease', 'error', 'another reconciliation pass is running',
+               'holder_run_id', CASE WHEN v_named THEN p_lease.run_id END,
+               'holder_pid', p_holder_pid,
+               'holder_backend_start', CASE WHEN v_named THEN p_lease.holder_backend_start END,
+               'holder_application_name', a.application_name,
+               'holder_state', a.state,
+               'lease_expires_at', CASE WHEN v_named THEN p_lease.expires_at END))
+      FROM (SELECT NULL) AS one
+      LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = p_holder_pid;
+END
+$$;
+COMMENT ON FUNCTION llm._skip_run(timestamptz, llm.pass_lease, integer) IS
+    'Records a skipped pass naming the pass that holds the lease: its pid, and its run, backend start and expiry once its lease is committed.';
+
 CREATE OR REPLACE FUNCTION llm._begin_run(p_now timestamptz, OUT run_id uuid, OUT token uuid)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
     v_now timestamptz := coalesce(p_now, pg_catalog.now());
     v_lease llm.pass_lease;
-    v_locked boolean := true;
     v_running boolean;
     v_why text;
 BEGIN
-    -- A pass locks the lease row only for an instant (renewing it after each
-    -- organization) or for one follow-up step: when it is locked, a pass is running.
-    BEGIN
-        SELECT * INTO STRICT v_lease FROM llm.pass_lease FOR UPDATE NOWAIT;
-    EXCEPTION WHEN lock_not_available THEN
+    -- A pass locks the lease row while it takes it, for an instant when it renews it
+    -- after each organization, and through each follow-up step: locked means a pass is
+    -- running, whatever the row reads here. A pass taking the lease at this very moment
+    -- has not committed it, so this snapshot shows the lease free; reading that as
+    -- free let two passes started together both run (issue 20 defect 5). SKIP LOCKED,
+    -- not NOWAIT in a subtransaction: the lock stays the holder's own transaction id,
+    -- which names it (llm._lease_locker_pid).
+    SELECT * INTO v_lease FROM llm.pass_lease FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
         SELECT * INTO STRICT v_lease FROM llm.pass_lease;
-        v_locked := false;
-    END;
+        PERFORM llm._skip_run(v_now, v_lease, llm._lease_locker_pid());
+        RETURN;  -- run_id and token NULL: skipped
+    END IF;
     IF v_lease.token IS NOT NULL THEN
-        v_running := NOT v_locked OR llm._lease_holder_running(v_lease);
-        IF v_running AND (NOT v_locked OR v_lease.expires_at > pg_catalog.clock_timestamp()) THEN
-            INSERT INTO llm.reconciliation_runs (started_at, finished_at, clock, status, errors)
-            SELECT pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp(), v_now, 'skipped',
-                   pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object(
-                       'step', 'lease', 'error', 'another reconciliation pass is running',
-                       'holder_run_id', v_lease.run_id, 'holder_pid', v_lease.holder_pid,
-                       'holder_backend_start', v_lease.holder_backend_start,
-                       'holder_application_name', a.application_name,
-                       'holder_state', a.state, 'lease_expires_at', v_lease.expires_at))
-              FROM (SELECT NULL) AS one
-              LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = v_lease.holder_pid;
+        v_running := llm._lease_holder_running(v_lease);
+        IF v_running AND v_lease.expires_at > pg_catalog.clock_timestamp() THEN
+            PERFORM llm._skip_run(v_now, v_lease, v_lease.holder_pid);
             RETURN;  -- run_id and token NULL: skipped
         END IF;
         v_why := CASE WHEN v_running

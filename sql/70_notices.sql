@@ -1,7 +1,9 @@
 -- Threshold notices: created owed in the crossing transaction (_record_crossings),
 -- claimed by compare-and-set per notice (works sharded), completed or failed
 -- with exponential backoff, released by a worker shutting down, re-armed when a
--- claim was abandoned. Whenever a notice becomes owed the transaction does
+-- claim was abandoned. Each claim has a token, and only its holder ends it: a
+-- worker whose claim was re-armed and claimed again cannot end the new one
+-- (issue 20 defect 6). Whenever a notice becomes owed the transaction does
 -- NOTIFY llm_notices (sent at commit), which wakes `llm-db worker`.
 
 CREATE OR REPLACE FUNCTION llm._notify_notices_owed(p_reason text)
@@ -25,6 +27,7 @@ DECLARE
     v_now timestamptz := coalesce(p_now, pg_catalog.now());
     v_candidate record;
     v_notice llm.threshold_notices;
+    v_token uuid;
     v_claimed integer := 0;
 BEGIN
     PERFORM llm._check_clock(p_now);
@@ -40,8 +43,10 @@ BEGIN
          ORDER BY n.crossed_at, n.organization_id, n.id
          LIMIT p_limit * 2
     LOOP
+        -- made before the UPDATE: Citus refuses a volatile function in an UPDATE's SET (Citus rule 6)
+        v_token := pg_catalog.gen_random_uuid();
         UPDATE llm.threshold_notices AS n
-           SET status = 'sending', claimed_at = v_now, attempts = n.attempts + 1
+           SET status = 'sending', claimed_at = v_now, attempts = n.attempts + 1, claim_token = v_token
          WHERE n.organization_id = v_candidate.organization_id AND n.id = v_candidate.id
            AND n.status = 'owed' AND n.next_attempt_at <= v_now
         RETURNING n.* INTO v_notice;
@@ -54,7 +59,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm.claim_notices(integer, timestamptz) IS
-    'Claims up to p_limit due owed notices (owed -> sending), oldest crossing first, by compare-and-set per notice: two workers never claim the same notice.';
+    'Claims up to p_limit due owed notices (owed -> sending), oldest crossing first, by compare-and-set per notice: two workers never claim the same notice. Each row carries its claim''s new claim_token, which ends the claim.';
 
 CREATE OR REPLACE FUNCTION llm._require_notice(p_organization_id uuid, p_notice_id uuid)
 RETURNS void
@@ -70,14 +75,32 @@ END
 $$;
 COMMENT ON FUNCTION llm._require_notice(uuid, uuid) IS 'Raises 22023 when the notice does not exist for that organization.';
 
--- A claim ends here, whoever ends it: compare-and-set on 'sending' (a notice
--- re-armed meanwhile, or already ended, returns false), then one of three ends:
+CREATE OR REPLACE FUNCTION llm._check_claim(
+    p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    PERFORM llm._check_call(p_organization_id, p_now, 'notice', p_notice_id);
+    IF p_claim_token IS NULL THEN
+        RAISE EXCEPTION 'llm: claim token must not be NULL'
+            USING ERRCODE = '22023', HINT = 'Pass the claim_token claim_notices returned with the notice.';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION llm._check_claim(uuid, uuid, uuid, timestamptz) IS
+    'Raises 22023 for a NULL organization, notice or claim token, or an unusable clock: the arguments of the three ends of a claim.';
+
+-- A claim ends here, by its holder only: compare-and-set on 'sending' with the
+-- claim's token (a notice re-armed meanwhile, claimed again by another worker, or
+-- already ended returns false and changes nothing), then one of three ends:
 --   sent      complete_notice: delivered;
 --   failed    fail_notice: owed again after an exponential backoff, with its error;
 --   released  release_notice: a worker shutting down gives it back unused, owed
 --             at once, and the attempt claim_notices counted is taken back.
 CREATE OR REPLACE FUNCTION llm._end_claim(
-    p_organization_id uuid, p_notice_id uuid, p_end text, p_error text, p_now timestamptz)
+    p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_end text, p_error text,
+    p_now timestamptz)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -90,6 +113,7 @@ BEGIN
     SELECT n.attempts INTO v_attempts
       FROM llm.threshold_notices AS n
      WHERE n.organization_id = p_organization_id AND n.id = p_notice_id AND n.status = 'sending'
+       AND n.claim_token = p_claim_token
        FOR UPDATE;
     IF NOT FOUND THEN
         PERFORM llm._require_notice(p_organization_id, p_notice_id);
@@ -97,13 +121,13 @@ BEGIN
     END IF;
     IF p_end = 'sent' THEN
         UPDATE llm.threshold_notices AS n
-           SET status = 'sent', sent_at = p_now, last_error = NULL
+           SET status = 'sent', sent_at = p_now, last_error = NULL, claim_token = NULL
          WHERE n.organization_id = p_organization_id AND n.id = p_notice_id;
         RETURN true;
     ELSIF p_end = 'failed' THEN
         v_settings := llm._settings();
         UPDATE llm.threshold_notices AS n
-           SET status = 'owed', last_error = p_error, claimed_at = NULL,
+           SET status = 'owed', last_error = p_error, claimed_at = NULL, claim_token = NULL,
                next_attempt_at = p_now + LEAST(
                    v_settings.notice_backoff_max,
                    v_settings.notice_backoff_base * pg_catalog.power(2, LEAST(v_attempts, 30) - 1))
@@ -111,7 +135,7 @@ BEGIN
         PERFORM llm._notify_notices_owed('retry');
     ELSIF p_end = 'released' THEN
         UPDATE llm.threshold_notices AS n
-           SET status = 'owed', claimed_at = NULL, next_attempt_at = p_now,
+           SET status = 'owed', claimed_at = NULL, claim_token = NULL, next_attempt_at = p_now,
                attempts = GREATEST(v_attempts - 1, 0)
          WHERE n.organization_id = p_organization_id AND n.id = p_notice_id;
         PERFORM llm._notify_notices_owed('released');
@@ -122,60 +146,64 @@ BEGIN
     RETURN true;  -- owed again: a listener wakes and learns when it is due
 END
 $$;
-COMMENT ON FUNCTION llm._end_claim(uuid, uuid, text, text, timestamptz) IS
-    'Distributed twin of complete_notice (p_end sent), fail_notice (failed) and release_notice (released); arguments already checked. False when the notice was not being sent.';
+COMMENT ON FUNCTION llm._end_claim(uuid, uuid, uuid, text, text, timestamptz) IS
+    'Distributed twin of complete_notice (p_end sent), fail_notice (failed) and release_notice (released); arguments already checked. False, changing nothing, unless the notice is being sent under p_claim_token.';
 
 CREATE OR REPLACE FUNCTION llm.complete_notice(
-    p_organization_id uuid, p_notice_id uuid, p_now timestamptz DEFAULT now())
+    p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_now timestamptz DEFAULT now())
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
     v_done boolean;
 BEGIN
-    PERFORM llm._check_call(p_organization_id, p_now, 'notice', p_notice_id);
+    PERFORM llm._check_claim(p_organization_id, p_notice_id, p_claim_token, p_now);
     SELECT e INTO v_done
-      FROM llm._end_claim(p_organization_id, p_notice_id, 'sent', NULL, coalesce(p_now, pg_catalog.now())) AS e;
+      FROM llm._end_claim(p_organization_id, p_notice_id, p_claim_token, 'sent', NULL,
+                          coalesce(p_now, pg_catalog.now())) AS e;
     RETURN v_done;
 END
 $$;
-COMMENT ON FUNCTION llm.complete_notice(uuid, uuid, timestamptz) IS
-    'Marks a claimed notice sent (sending -> sent); false when it was not being sent (already sent, or re-armed).';
+COMMENT ON FUNCTION llm.complete_notice(uuid, uuid, uuid, timestamptz) IS
+    'Marks a claimed notice sent (sending -> sent); false, changing nothing, unless it is being sent under p_claim_token (already sent, re-armed, or claimed again since).';
 
 CREATE OR REPLACE FUNCTION llm.fail_notice(
-    p_organization_id uuid, p_notice_id uuid, p_error text, p_now timestamptz DEFAULT now())
+    p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_error text,
+    p_now timestamptz DEFAULT now())
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
     v_done boolean;
 BEGIN
-    PERFORM llm._check_call(p_organization_id, p_now, 'notice', p_notice_id);
+    PERFORM llm._check_claim(p_organization_id, p_notice_id, p_claim_token, p_now);
     PERFORM llm._check_text('p_error', p_error, 4000);
     SELECT e INTO v_done
-      FROM llm._end_claim(p_organization_id, p_notice_id, 'failed', p_error, coalesce(p_now, pg_catalog.now())) AS e;
+      FROM llm._end_claim(p_organization_id, p_notice_id, p_claim_token, 'failed', p_error,
+                          coalesce(p_now, pg_catalog.now())) AS e;
     RETURN v_done;
 END
 $$;
-COMMENT ON FUNCTION llm.fail_notice(uuid, uuid, text, timestamptz) IS
-    'Returns a claimed notice to owed with its error and an exponential backoff (base * 2^(attempts-1), capped by settings; NOTIFY llm_notices); false when it was not being sent.';
+COMMENT ON FUNCTION llm.fail_notice(uuid, uuid, uuid, text, timestamptz) IS
+    'Returns a claimed notice to owed with its error and an exponential backoff (base * 2^(attempts-1), capped by settings; NOTIFY llm_notices); false, changing nothing, unless it is being sent under p_claim_token.';
 
 CREATE OR REPLACE FUNCTION llm.release_notice(
-    p_organization_id uuid, p_notice_id uuid, p_now timestamptz DEFAULT now())
+    p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_now timestamptz DEFAULT now())
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
     v_done boolean;
 BEGIN
-    PERFORM llm._check_call(p_organization_id, p_now, 'notice', p_notice_id);
+    PERFORM llm._check_claim(p_organization_id, p_notice_id, p_claim_token, p_now);
     SELECT e INTO v_done
-      FROM llm._end_claim(p_organization_id, p_notice_id, 'released', NULL, coalesce(p_now, pg_catalog.now())) AS e;
+      FROM llm._end_claim(p_organization_id, p_notice_id, p_claim_token, 'released', NULL,
+                          coalesce(p_now, pg_catalog.now())) AS e;
     RETURN v_done;
 END
 $$;
-COMMENT ON FUNCTION llm.release_notice(uuid, uuid, timestamptz) IS
-    'Gives a claimed notice back unsent (sending -> owed, due at p_now, no attempt counted, NOTIFY llm_notices): a worker shutting down; false when it was not being sent.';
+COMMENT ON FUNCTION llm.release_notice(uuid, uuid, uuid, timestamptz) IS
+    'Gives a claimed notice back unsent (sending -> owed, due at p_now, no attempt counted, NOTIFY llm_notices): a worker shutting down; false, changing nothing, unless it is being sent under p_claim_token.';
 
 CREATE OR REPLACE FUNCTION llm.rearm_notices(p_now timestamptz DEFAULT now())
 RETURNS integer
@@ -189,7 +217,7 @@ BEGIN
     PERFORM llm._check_clock(p_now);
     -- a worker that claimed and vanished: the notice is owed again, due now
     UPDATE llm.threshold_notices AS n
-       SET status = 'owed', claimed_at = NULL, next_attempt_at = v_now,
+       SET status = 'owed', claimed_at = NULL, claim_token = NULL, next_attempt_at = v_now,
            last_error = coalesce(n.last_error, 'claim expired without completion')
      WHERE n.status = 'sending' AND n.claimed_at <= v_now - v_timeout;
     GET DIAGNOSTICS v_count = ROW_COUNT;
@@ -200,4 +228,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm.rearm_notices(timestamptz) IS
-    'Makes notices owed again whose claim is older than settings.notice_claim_timeout without completion, due at once (NOTIFY llm_notices); returns how many. Failed notices are already owed with their backoff.';
+    'Makes notices owed again whose claim is older than settings.notice_claim_timeout without completion, due at once (NOTIFY llm_notices), voiding the claim''s token; returns how many. Failed notices are already owed with their backoff.';

@@ -270,7 +270,13 @@ BEGIN
             OR (p.used_credits, p.used_cents, p.held_credits)
                = (coalesce(c.used, 0), coalesce(c.cents, 0), coalesce(c.held, 0)));
 
-    -- (12 is the notice claims' invariant.)
+    -- 12. notice claims: a notice being sent has its claim's token, and no other notice
+    --    has one (issue 20 defect 6), so only the live claim's holder can end it
+    RETURN QUERY
+    SELECT 12, n.organization_id, 'notice ' || n.id,
+           pg_catalog.format('status=%s claim_token=%s', n.status, coalesce(n.claim_token::text, 'NULL'))
+      FROM llm.threshold_notices AS n
+     WHERE (n.status = 'sending') <> (n.claim_token IS NOT NULL);
 
     -- 13. a drift finding means its task still differs from its terminal requests: a
     --     finding has no resolved state, the sweep deletes it once its task agrees
@@ -295,4 +301,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm.check_invariants() IS
-    'Returns one row per violated invariant (docs/design.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period and drift findings); empty when the books are right.';
+    'Returns one row per violated invariant (docs/design.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period findings, notice claims and drift findings); empty when the books are right.';

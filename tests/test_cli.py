@@ -405,7 +405,7 @@ def test_notices_deliver_posts_signed_notices_from_the_secret_env(llm_dsn, llm_c
                    "--now", iso(T0 + timedelta(minutes=2)), "--json", dsn=llm_dsn,
                    env={SECRET_ENV: SECRET})  # fmt: skip
     assert again.returncode == 0
-    assert json.loads(again.stdout) == {"claimed": 0, "sent": 0, "failed": 0, "last_error": None}
+    assert json.loads(again.stdout) == {"claimed": 0, "sent": 0, "failed": 0, "last_error": None, "lost": 0}
 
 
 def test_notices_deliver_to_a_failing_endpoint_keeps_them_owed_exit_1(
@@ -421,6 +421,34 @@ def test_notices_deliver_to_a_failing_endpoint_keeps_them_owed_exit_1(
     notice = row(llm_conn, "SELECT status, last_error FROM llm.threshold_notices"
                            " WHERE organization_id = %s", [org])  # fmt: skip
     assert notice["status"] == "owed" and notice["last_error"].startswith("HTTP 500")
+
+
+def test_notices_deliver_counts_a_claim_taken_again_lost_logs_it_and_exits_1(
+    llm_dsn, llm_conn, org, webhook
+):
+    """issue 20 defect 6: while the run's POST is held by the receiver, its claim expires, the
+    pass re-arms it and another deliverer claims it. The run's complete_notice then changes
+    nothing: it counts the notice lost, logs it on stderr and exits 1; the other claim
+    stands."""
+    cross_80_percent(llm_conn, org)
+    webhook.block.clear()  # the receiver holds its answer until the claim was taken again
+    run = InThread(lambda: llm_db("notices", "deliver", "--url", webhook.url, "--secret-env", SECRET_ENV,
+                                  "--now", iso(T0 + timedelta(minutes=1)), "--timeout", "60",
+                                  dsn=llm_dsn, env={SECRET_ENV: SECRET}))  # fmt: skip
+    try:
+        webhook.wait_for(1, timeout=30)
+        llm = Llm(llm_conn)
+        assert llm.rearm_notices(now=T0 + timedelta(minutes=20)) == 1
+        [taken] = llm.claim_notices(now=T0 + timedelta(minutes=20))
+    finally:
+        webhook.block.set()
+    proc = run.result()
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout.strip() == "claimed 1, sent 0, failed 0, lost 1"
+    assert "claim lost" in proc.stderr and str(taken.id) in proc.stderr
+    notice = row(llm_conn, "SELECT status, claim_token FROM llm.threshold_notices"
+                           " WHERE organization_id = %s", [org])  # fmt: skip
+    assert notice == {"status": "sending", "claim_token": taken.claim_token}
 
 
 def test_notices_deliver_needs_the_secret_in_the_environment_exit_2(llm_dsn, webhook):

@@ -225,12 +225,13 @@ def test_request_helpers_return_typed_results_through_the_lifecycle(
     claimed = llm.claim_notices(limit=10, now=T0)
     assert [type(n) for n in claimed] == [models.Notice]
     assert (claimed[0].threshold_pct, claimed[0].status, claimed[0].attempts) == (50, "sending", 1)
-    assert llm.release_notice(org_id, claimed[0].id, now=T0) is True
-    assert llm.release_notice(org_id, claimed[0].id, now=T0) is False
+    assert isinstance(claimed[0].claim_token, uuid.UUID)
+    assert llm.release_notice(org_id, claimed[0].id, claimed[0].claim_token, now=T0) is True
+    assert llm.release_notice(org_id, claimed[0].id, claimed[0].claim_token, now=T0) is False
     claimed = llm.claim_notices(limit=10, now=T0)
     assert (claimed[0].status, claimed[0].attempts) == ("sending", 1)  # the release counted none
-    assert llm.complete_notice(org_id, claimed[0].id, now=T0) is True
-    assert llm.complete_notice(org_id, claimed[0].id, now=T0) is False
+    assert llm.complete_notice(org_id, claimed[0].id, claimed[0].claim_token, now=T0) is True
+    assert llm.complete_notice(org_id, claimed[0].id, claimed[0].claim_token, now=T0) is False
     assert llm.rearm_notices(now=T0) == 0
     assert llm.rebuild_daily_usage(T0.date(), T0.date()) == 2
     assert llm.check_invariants() == []
@@ -372,9 +373,9 @@ def test_async_client_maps_errors_and_returns_the_same_types(llm_dsn: str) -> No
 
             notices = await llm.claim_notices(now=T0)
             assert sorted(n.threshold_pct for n in notices) == [80]
-            assert await llm.release_notice(org_id, notices[0].id, now=T0) is True
+            assert await llm.release_notice(org_id, notices[0].id, notices[0].claim_token, now=T0) is True
             notices = await llm.claim_notices(now=T0)
-            assert await llm.fail_notice(org_id, notices[0].id, "down", now=T0)
+            assert await llm.fail_notice(org_id, notices[0].id, notices[0].claim_token, "down", now=T0)
             assert await llm.rearm_notices(now=T0) == 0
 
             sweep = await llm.reconcile_org(org_id, now=T0)

@@ -29,14 +29,6 @@ REGRESS = Path("/usr/lib/postgresql/15/lib/pgxs/src/test/isolation/pg_isolation_
 TESTER = REGRESS.with_name("isolationtester")  # pg_isolation_regress runs it from beside itself
 PACKAGE = "postgresql-client-15"
 
-# Specs stating the contract of issue 20 defects 5 and 6, which the claims branch
-# implements: they fail until it is merged (strict, so a pass says to drop the mark).
-NEEDS_CLAIMS = {
-    "pass_start_race": "issue 20 defect 5: two passes started together both sweep today",
-    "notice_tokens": "issue 20 defect 6: claims carry no token today",
-}
-
-
 def _require_tester() -> None:
     missing = [str(p) for p in (REGRESS, TESTER) if not p.exists()]
     if not missing:
@@ -45,12 +37,6 @@ def _require_tester() -> None:
     if os.environ.get("LLM_DB_REQUIRE_TOOLS") == "1":
         pytest.fail(reason, pytrace=False)
     pytest.skip(reason)
-
-
-def _marks(spec: str) -> list[pytest.MarkDecorator]:
-    if spec in NEEDS_CLAIMS:
-        return [pytest.mark.xfail(reason=NEEDS_CLAIMS[spec], strict=True)]
-    return []
 
 
 def test_a_missing_tester_skips_or_fails_when_tools_are_required(monkeypatch):
@@ -71,7 +57,7 @@ def test_every_spec_has_its_expected_output():
     assert SPECS and expected == SPECS
 
 
-@pytest.mark.parametrize("spec", [pytest.param(s, marks=_marks(s)) for s in SPECS])
+@pytest.mark.parametrize("spec", SPECS)
 def test_isolation_spec(spec, llm_dsn, tmp_path):
     """The permutations of one spec print exactly its expected output (the lock order
     of docs/design.md "Architecture": who waits for whom, what each call returns, and

@@ -1,7 +1,8 @@
 """Threshold notices: owed -> sending (claim_notices, compare-and-set per notice) -> sent
 (complete_notice), or back to owed with exponential backoff (fail_notice), and claims
-abandoned by a vanished worker re-armed (rearm_notices). WF-PFM-LLM-004 hop 6 retries
-owed notices; the pass-level step is in test_pass.py.
+abandoned by a vanished worker re-armed (rearm_notices). Each claim has a token and only
+its holder ends it (issue 20 defect 6, invariant 12). WF-PFM-LLM-004 hop 6 retries owed
+notices; the pass-level step is in test_pass.py.
 """
 
 from __future__ import annotations
@@ -15,7 +16,17 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.helpers import T0, admit, call, new_org, reconcile, rows, settle, wait_blocked
+from tests.helpers import (
+    T0,
+    admit,
+    call,
+    invariants,
+    new_org,
+    reconcile,
+    rows,
+    settle,
+    wait_blocked,
+)
 
 MINUTE = timedelta(minutes=1)
 
@@ -37,11 +48,19 @@ def claim(conn: psycopg.Connection, limit: int = 50, now: datetime = T0) -> list
 
 
 def complete(conn: psycopg.Connection, notice: dict[str, Any], now: datetime = T0) -> bool:
-    return call(conn, "complete_notice", notice["organization_id"], notice["id"], now=now)[0]["value"]
+    """complete_notice with the claim's token as ``notice`` (a claimed row) carries it."""
+    return call(conn, "complete_notice", notice["organization_id"], notice["id"], notice["claim_token"],
+                now=now)[0]["value"]  # fmt: skip
 
 
 def fail(conn: psycopg.Connection, notice: dict[str, Any], now: datetime, error: str = "webhook 503") -> bool:
-    return call(conn, "fail_notice", notice["organization_id"], notice["id"], error, now=now)[0]["value"]
+    return call(conn, "fail_notice", notice["organization_id"], notice["id"], notice["claim_token"], error,
+                now=now)[0]["value"]  # fmt: skip
+
+
+def stale(notice: dict[str, Any]) -> dict[str, Any]:
+    """``notice`` with a claim token that is no claim's (e.g. a row never claimed)."""
+    return {**notice, "claim_token": uuid.uuid4()}
 
 
 def rearm(conn: psycopg.Connection, now: datetime) -> int:
@@ -158,7 +177,7 @@ def test_complete_notice_marks_sent_once(llm_conn):
     assert complete(llm_conn, first, now=T0 + 2 * MINUTE) is False
     assert notice(llm_conn, first["id"])["sent_at"] == T0 + MINUTE
     second = rows(llm_conn, "SELECT * FROM llm.threshold_notices WHERE status = 'owed'")[0]
-    assert complete(llm_conn, second) is False
+    assert complete(llm_conn, stale(second)) is False
     assert notice(llm_conn, second["id"])["status"] == "owed"
     assert fail(llm_conn, first, T0 + 3 * MINUTE) is False
     assert notice(llm_conn, first["id"])["status"] == "sent"
@@ -167,10 +186,10 @@ def test_complete_notice_marks_sent_once(llm_conn):
 def test_complete_or_fail_of_unknown_notice_raises_22023(llm_conn):
     """complete_notice / fail_notice of a notice that does not exist for that organization (also
     another organization's notice) raise 22023."""
-    org = org_with_notices(llm_conn, [50])
+    org_with_notices(llm_conn, [50])
     [claimed] = claim(llm_conn)
     other = org_with_notices(llm_conn, [90], used=10)
-    for target in ({"organization_id": org, "id": uuid.uuid4()}, {"organization_id": other, "id": claimed["id"]}):
+    for target in ({**claimed, "id": uuid.uuid4()}, {**claimed, "organization_id": other}):
         with pytest.raises(psycopg.Error) as raised:
             complete(llm_conn, target)
         assert raised.value.sqlstate == "22023"
@@ -239,7 +258,8 @@ def test_rearm_notices_rearms_claims_older_than_fifteen_minutes(llm_conn):
 
 
 def release(conn: psycopg.Connection, notice: dict[str, Any], now: datetime = T0) -> bool:
-    return call(conn, "release_notice", notice["organization_id"], notice["id"], now=now)[0]["value"]
+    return call(conn, "release_notice", notice["organization_id"], notice["id"], notice["claim_token"],
+                now=now)[0]["value"]  # fmt: skip
 
 
 def test_release_notice_gives_a_claim_back_due_at_once_with_no_attempt_counted(llm_conn):
@@ -263,9 +283,9 @@ def test_release_notice_gives_a_claim_back_due_at_once_with_no_attempt_counted(l
 def test_release_notice_of_a_notice_not_being_sent_returns_false_and_changes_nothing(llm_conn):
     """Only a claimed notice is released: an owed or a sent one answers false, unchanged; an unknown
     notice (or another organization's) is 22023, like complete_notice."""
-    org = org_with_notices(llm_conn, [50, 80])
+    org_with_notices(llm_conn, [50, 80])
     owed = rows(llm_conn, "SELECT * FROM llm.threshold_notices ORDER BY threshold_pct")[0]
-    assert release(llm_conn, owed) is False
+    assert release(llm_conn, stale(owed)) is False
     assert notice(llm_conn, owed["id"]) == owed
     [claimed] = claim(llm_conn, limit=1)
     complete(llm_conn, claimed, now=T0)
@@ -273,7 +293,7 @@ def test_release_notice_of_a_notice_not_being_sent_returns_false_and_changes_not
     assert release(llm_conn, claimed, now=T0 + MINUTE) is False
     assert notice(llm_conn, claimed["id"]) == sent
     other = org_with_notices(llm_conn, [90], used=10)
-    for target in ({"organization_id": org, "id": uuid.uuid4()}, {"organization_id": other, "id": claimed["id"]}):
+    for target in ({**claimed, "id": uuid.uuid4()}, {**claimed, "organization_id": other}):
         with pytest.raises(psycopg.Error) as raised:
             release(llm_conn, target)
         assert raised.value.sqlstate == "22023"
@@ -287,10 +307,77 @@ def test_the_shared_twin_refuses_an_end_it_does_not_know_and_changes_nothing(llm
     before = notice(llm_conn, claimed["id"])
     for end in ("fail", None):
         with pytest.raises(psycopg.Error) as raised:
-            llm_conn.execute("SELECT llm._end_claim(%s, %s, %s, NULL, %s)",
-                             [claimed["organization_id"], claimed["id"], end, T0])  # fmt: skip
+            llm_conn.execute("SELECT llm._end_claim(%s, %s, %s, %s, NULL, %s)",
+                             [claimed["organization_id"], claimed["id"], claimed["claim_token"], end, T0])  # fmt: skip
         assert raised.value.sqlstate == "22023"
         assert notice(llm_conn, claimed["id"]) == before
+
+
+# ---------------------------------------------------------------- claim tokens
+
+
+def test_a_stale_worker_cannot_end_the_claim_another_worker_holds(llm_conn, llm_connect):
+    """issue 20 defect 6, invariant 12: worker A claims a notice, its claim expires and the
+    pass re-arms it, worker B claims it again with a new token. A's fail, release and
+    complete (its old token) each return false and change nothing, so B's claim stands and
+    the notice is not owed again; B completes it: delivered once."""
+    org_with_notices(llm_conn, [50])
+    worker_a, worker_b = llm_connect(), llm_connect()
+    [mine] = claim(worker_a, now=T0)
+    assert rearm(llm_conn, T0 + 15 * MINUTE) == 1  # A's claim expired
+    [theirs] = claim(worker_b, now=T0 + 15 * MINUTE)
+    assert theirs["id"] == mine["id"] and theirs["claim_token"] not in (None, mine["claim_token"])
+    held = notice(llm_conn, theirs["id"])
+
+    late = T0 + 16 * MINUTE
+    assert fail(worker_a, mine, late, error="timeout after 5s") is False
+    assert release(worker_a, mine, late) is False
+    assert complete(worker_a, mine, late) is False
+    assert notice(llm_conn, theirs["id"]) == held
+    assert claim(worker_a, now=late) == []  # not owed again: nothing to deliver twice
+
+    assert complete(worker_b, theirs, T0 + 17 * MINUTE) is True
+    done = notice(llm_conn, theirs["id"])
+    assert (done["status"], done["sent_at"], done["claim_token"], done["attempts"]) == (
+        "sent", T0 + 17 * MINUTE, None, 2)
+    assert complete(worker_a, mine, T0 + 18 * MINUTE) is False
+    assert invariants(llm_conn) == []
+
+
+def test_ending_a_claim_without_its_token_is_22023_and_changes_nothing(llm_conn):
+    """issue 20 defect 6: complete_notice, fail_notice and release_notice take the claim's
+    token, with no default; a NULL token is 22023 (like an unknown notice) and the claim
+    stays as it was."""
+    org_with_notices(llm_conn, [50])
+    [claimed] = claim(llm_conn, now=T0)
+    before = notice(llm_conn, claimed["id"])
+    assert before["claim_token"] == claimed["claim_token"] and before["claim_token"] is not None
+    tokenless = {**claimed, "claim_token": None}
+    for end in (complete, lambda c, n: fail(c, n, T0), release):
+        with pytest.raises(psycopg.Error) as raised:
+            end(llm_conn, tokenless)
+        assert raised.value.sqlstate == "22023"
+        assert notice(llm_conn, claimed["id"]) == before
+    assert complete(llm_conn, claimed) is True
+
+
+def test_invariant_12_a_claim_token_only_while_sending(llm_conn):
+    """invariant 12 (issue 20 defect 6): every sending notice has a claim token and no other
+    notice has one. Owed, sending and sent notices made by the functions pass; a sending
+    notice stripped of its token, and an owed one given a token, by hand, are each reported."""
+    org_with_notices(llm_conn, [50, 80, 100])
+    first, second = claim(llm_conn, limit=2, now=T0)
+    complete(llm_conn, first)
+    assert {r["status"] for r in rows(llm_conn, "SELECT status FROM llm.threshold_notices")} == {
+        "owed", "sending", "sent"}  # fmt: skip
+    assert invariants(llm_conn) == []
+    owed = rows(llm_conn, "SELECT * FROM llm.threshold_notices WHERE status = 'owed'")[0]
+
+    llm_conn.execute("UPDATE llm.threshold_notices SET claim_token = NULL WHERE id = %s", [second["id"]])
+    llm_conn.execute("UPDATE llm.threshold_notices SET claim_token = gen_random_uuid() WHERE id = %s",
+                     [owed["id"]])  # fmt: skip
+    found = sorted((v["invariant"], v["subject"]) for v in invariants(llm_conn))
+    assert found == sorted([(12, f"notice {second['id']}"), (12, f"notice {owed['id']}")])
 
 
 # ---------------------------------------------------------------- NOTIFY llm_notices

@@ -21,6 +21,7 @@ import pytest
 
 from tests.helpers import (
     T0,
+    InThread,
     admit_dispatched,
     assert_books_right,
     call,
@@ -35,6 +36,7 @@ from tests.helpers import (
     run_pass,
     settle,
     wait_blocked,
+    wait_for,
 )
 
 HOUR = timedelta(hours=1)
@@ -225,6 +227,86 @@ def test_wf_pfm_llm_004_one_pass_at_a_time_second_is_skipped_and_returns_at_once
     statuses = sorted(r["status"] for r in runs(llm_conn))
     assert statuses == ["skipped", "succeeded"]
     assert llm_conn.execute("SELECT status FROM llm.invocations WHERE id = %s", [inv]).fetchone()[0] == "settled"
+
+
+def test_two_passes_started_together_one_sweeps_the_other_is_skipped(llm_conn, llm_connect):
+    """issue 20 defect 5, WF-PFM-LLM-004 concurrency (one execution slot): two passes started
+    at the same moment. The first holds the lease row, its lease not committed yet (paused
+    in llm._begin_run on a 'running' run row another session keeps locked); the second must
+    not read that row as free. It returns at once, without waiting on any lock, recorded
+    'skipped' naming the first's pid (its run id is not committed yet); exactly one pass
+    sweeps, and the books stay right."""
+    org = new_org(llm_conn, ALLOWANCE)
+    inv = admit_dispatched(llm_conn, org, 10)
+    # the pause: _begin_run marks a run left 'running' failed after it locked the lease row
+    blocker = llm_connect(autocommit=False)
+    stale = blocker.execute("INSERT INTO llm.reconciliation_runs (started_at, clock, status)"
+                            " VALUES (now(), now(), 'running') RETURNING id").fetchone()[0]
+    blocker.commit()
+    blocker.execute("SELECT FROM llm.reconciliation_runs WHERE id = %s FOR UPDATE", [stale])
+    first_conn, second_conn = llm_connect(), llm_connect()
+    first = InThread(lambda: call_pass(first_conn, T0 + 25 * HOUR))
+    wait_blocked(llm_conn, first_conn.info.backend_pid)
+    assert row(llm_conn, "SELECT token FROM llm.pass_lease")["token"] is None  # not committed yet
+
+    second = InThread(lambda: call_pass(second_conn, T0 + 25 * HOUR))
+    second_waited = wait_for(
+        lambda: ("returned" if not second.thread.is_alive() else
+                 "blocked" if llm_conn.execute("SELECT cardinality(pg_blocking_pids(%s)) > 0",
+                                               [second_conn.info.backend_pid]).fetchone()[0] else None),
+        "the second pass to return or to block")
+    blocker.commit()  # the first pass goes on (the old code: both go on)
+    first.result()
+    second.result()
+
+    assert second_waited == "returned", "the second pass waited for the first instead of being skipped"
+    skipped = rows(llm_conn, "SELECT * FROM llm.reconciliation_runs WHERE status = 'skipped'")
+    assert len(skipped) == 1
+    assert skipped[0]["errors"][0]["step"] == "lease"
+    assert skipped[0]["errors"][0]["holder_pid"] == first_conn.info.backend_pid
+    assert skipped[0]["errors"][0]["holder_run_id"] is None
+    assert (skipped[0]["orgs_visited"], skipped[0]["requests_recovered"]) == (0, 0)
+    swept = rows(llm_conn, "SELECT * FROM llm.reconciliation_runs WHERE orgs_visited > 0")
+    assert [(r["status"], r["requests_recovered"]) for r in swept] == [("succeeded", 1)]
+    assert row(llm_conn, "SELECT status FROM llm.reconciliation_runs WHERE id = %s", [stale])["status"] == "failed"
+    assert row(llm_conn, "SELECT status FROM llm.invocations WHERE id = %s", [inv])["status"] == "settled"
+    assert row(llm_conn, "SELECT token FROM llm.pass_lease")["token"] is None
+    assert_books_right(llm_conn)
+
+
+def test_a_pass_in_a_follow_up_step_holds_the_lease_and_is_named_with_its_run(llm_conn, llm_connect):
+    """issue 20 defect 5, WF-PFM-LLM-004 concurrency (one execution slot): a pass holds the
+    lease row locked through a follow-up step (here rearm_notices, waiting on a notice row
+    another session holds). A second pass started meanwhile returns at once, recorded
+    'skipped' naming the holder's pid and, its lease being committed, its run id."""
+    bound_lock_waits(llm_conn, "60s")  # the step waits for the blocker, not for a clock
+    org = new_org(llm_conn, 100)
+    notice_id = owed_notice_claimed_at(llm_conn, org, T0)
+    blocker = llm_connect(autocommit=False)
+    blocker.execute("SELECT FROM llm.threshold_notices WHERE id = %s FOR UPDATE", [notice_id])
+    first_conn, second_conn = llm_connect(), llm_connect()
+    first = InThread(lambda: call_pass(first_conn, T0 + 25 * HOUR))
+    wait_blocked(llm_conn, first_conn.info.backend_pid)
+    holder = row(llm_conn, "SELECT * FROM llm.pass_lease")
+    assert holder["holder_pid"] == first_conn.info.backend_pid  # committed when the pass began
+
+    second = InThread(lambda: call_pass(second_conn, T0 + 25 * HOUR))
+    second_waited = wait_for(
+        lambda: ("returned" if not second.thread.is_alive() else
+                 "blocked" if llm_conn.execute("SELECT cardinality(pg_blocking_pids(%s)) > 0",
+                                               [second_conn.info.backend_pid]).fetchone()[0] else None),
+        "the second pass to return or to block")
+    blocker.commit()
+    first.result()
+    second.result()
+
+    assert second_waited == "returned"
+    [skipped] = rows(llm_conn, "SELECT * FROM llm.reconciliation_runs WHERE status = 'skipped'")
+    error = skipped["errors"][0]
+    assert (error["holder_pid"], error["holder_run_id"]) == (first_conn.info.backend_pid, str(holder["run_id"]))
+    done = row(llm_conn, "SELECT * FROM llm.reconciliation_runs WHERE id = %s", [holder["run_id"]])
+    assert (done["status"], done["notices_rearmed"]) == ("succeeded", 1)
+    assert_books_right(llm_conn)
 
 
 def test_a_session_that_took_the_lease_and_went_idle_does_not_block_the_next_pass(llm_conn, llm_connect):

@@ -314,11 +314,11 @@ def operator_worker(seed: int, clock: Callable[[], datetime]) -> Callable[[psyco
                       batch=rng.choice([None, 3]))
         else:
             for notice in call(conn, "claim_notices", limit=3, now=clock()):
-                org, notice_id = notice["organization_id"], notice["id"]
+                org, notice_id, token = notice["organization_id"], notice["id"], notice["claim_token"]
                 if rng.random() < 0.7:
-                    call(conn, "complete_notice", org, notice_id, now=clock())
+                    call(conn, "complete_notice", org, notice_id, token, now=clock())
                 else:
-                    call(conn, "fail_notice", org, notice_id, "webhook down", now=clock())
+                    call(conn, "fail_notice", org, notice_id, token, "webhook down", now=clock())
 
     return step
 

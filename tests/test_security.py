@@ -57,9 +57,9 @@ OPERATOR = {
     "llm.unschedule_reconciliation()",
     # notices, reporting, the invariants check
     "llm.claim_notices(integer,timestamp with time zone)",
-    "llm.complete_notice(uuid,uuid,timestamp with time zone)",
-    "llm.fail_notice(uuid,uuid,text,timestamp with time zone)",
-    "llm.release_notice(uuid,uuid,timestamp with time zone)",
+    "llm.complete_notice(uuid,uuid,uuid,timestamp with time zone)",
+    "llm.fail_notice(uuid,uuid,uuid,text,timestamp with time zone)",
+    "llm.release_notice(uuid,uuid,uuid,timestamp with time zone)",
     "llm.rearm_notices(timestamp with time zone)",
     "llm.rebuild_daily_usage(date,date)",
     "llm.check_daily_usage(date,date)",
@@ -382,9 +382,11 @@ def test_no_call_can_be_hijacked_through_the_search_path(llm_conn, evil_conn):
     call(e, "run_reconciliation", now=later, batch=10)
     call(e, "run_reconciliation", now=later)
     for notice in call(e, "claim_notices", limit=10, now=later):
-        assert call(e, "release_notice", notice["organization_id"], notice["id"], now=later)[0]["value"] is True
+        assert call(e, "release_notice", notice["organization_id"], notice["id"], notice["claim_token"],
+                    now=later)[0]["value"] is True  # fmt: skip
     for notice in call(e, "claim_notices", limit=10, now=later):
-        call(e, "complete_notice", notice["organization_id"], notice["id"], now=T0 + timedelta(hours=31))
+        call(e, "complete_notice", notice["organization_id"], notice["id"], notice["claim_token"],
+             now=T0 + timedelta(hours=31))  # fmt: skip
     call(e, "rearm_notices", now=later)
     call(e, "health", now=later)
     call(e, "rebuild_daily_usage", MONTH["first"], MONTH["last"])

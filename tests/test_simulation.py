@@ -115,6 +115,7 @@ class BooksMachine(RuleBasedStateMachine):
         self.now = START
         self.counter = 0
         self.books = Books(task_kinds=set(TASK_KINDS))
+        self.claim_tokens: dict = {}  # each notice's latest claim token (issue 20 defect 6)
         for org, (allowance, thresholds) in SETUP.items():
             self._upsert(org, allowance, "operational", thresholds)
             self._call("set_recovery_policy", org, *POLICIES[org])
@@ -413,13 +414,15 @@ class BooksMachine(RuleBasedStateMachine):
         ).fetchone()
         return notice
 
+    def _claim(self) -> list:
+        claimed = call(self.conn, "claim_notices", limit=50, now=self.now)
+        for n in claimed:
+            self.claim_tokens[(n["organization_id"], n["period_start"], n["threshold_pct"])] = n["claim_token"]
+        return [(n["organization_id"], n["period_start"], n["threshold_pct"]) for n in claimed]
+
     @rule()
     def claim_notices(self):
-        db, expected = self._both(
-            lambda: [(n["organization_id"], n["period_start"], n["threshold_pct"])
-                     for n in call(self.conn, "claim_notices", limit=50, now=self.now)],
-            lambda _: self.books.claim_notices(50, self.now),
-        )
+        db, expected = self._both(self._claim, lambda _: self.books.claim_notices(50, self.now))
         assert sorted(db) == sorted(expected)
 
     @precondition(lambda self: self.books.notices)
@@ -427,14 +430,16 @@ class BooksMachine(RuleBasedStateMachine):
     def complete_or_fail_notice(self, p, delivered):
         key = self._pick(sorted(self.books.notices), p)
         notice = self._notice_id(key)
+        # the latest claim's token (live while the notice is sending), or one no claim had
+        token = self.claim_tokens.get(key) or uuid.uuid4()
         if delivered:
             db, expected = self._both(
-                lambda: self._value("complete_notice", key[0], notice, now=self.now),
+                lambda: self._value("complete_notice", key[0], notice, token, now=self.now),
                 lambda _: self.books.complete_notice(key),
             )
         else:
             db, expected = self._both(
-                lambda: self._value("fail_notice", key[0], notice, "webhook returned 503", now=self.now),
+                lambda: self._value("fail_notice", key[0], notice, token, "webhook returned 503", now=self.now),
                 lambda _: self.books.fail_notice(key, self.now),
             )
         assert db == expected

@@ -215,6 +215,11 @@ def test_upgrading_a_populated_0_1_0_database_loses_nothing(old_database, llm_se
             c.close()
         old_columns = table_columns(conn)
         before = table_contents(conn, old_columns)
+        # schema 0011 turns a notice being sent (no claim token to end it with) back to
+        # owed: those two columns are compared below, the rest of the row here
+        sending = rows(conn, "SELECT * FROM llm.threshold_notices WHERE status = 'sending'")
+        kept_notice_columns = [c for c in old_columns["threshold_notices"] if c not in ("status", "claimed_at")]
+        notices_before = table_contents(conn, {"threshold_notices": kept_notice_columns})
         assert rows(conn, "SELECT * FROM llm.check_invariants()") == []
         statuses = {r[0] for r in conn.execute("SELECT status FROM llm.reconciliation_runs")}
         assert statuses == {"succeeded", "partial", "failed", "skipped"}
@@ -229,10 +234,17 @@ def test_upgrading_a_populated_0_1_0_database_loses_nothing(old_database, llm_se
 
     assert report.applied_migrations[:3] == ("0004_pass_lease", "0005_books", "0006_period_index")
     assert "llm._pass_lock_key()" in report.dropped_routines
+    # schema 0011: the ends of a claim take its token; the old signatures are gone
+    # (0.1.0 had no release_notice)
+    assert {"llm.complete_notice(uuid,uuid,timestamp with time zone)",
+            "llm.fail_notice(uuid,uuid,text,timestamp with time zone)"} <= set(report.dropped_routines)  # fmt: skip
     with psycopg.connect(old_database, autocommit=True) as conn:
         after = table_contents(conn, old_columns)
         for table in old_columns:
-            assert after[table] == before[table], f"llm.{table} changed in the upgrade"
+            if table != "threshold_notices":
+                assert after[table] == before[table], f"llm.{table} changed in the upgrade"
+        assert table_contents(conn, {"threshold_notices": kept_notice_columns}) == notices_before
+        assert_sending_notices_are_owed_again(conn, sending)
         assert invariants(conn) == []
         assert row(conn, "SELECT token, run_id FROM llm.pass_lease") == {"token": None, "run_id": None}
         assert scalar(conn, "SELECT to_regprocedure('llm._pass_lock_key()')") is None
@@ -241,6 +253,19 @@ def test_upgrading_a_populated_0_1_0_database_loses_nothing(old_database, llm_se
         assert late == {"late_credits": 65, "charged_credits": 70}
         exercise_every_public_routine(conn, ids)
         assert invariants(conn) == []
+
+
+def assert_sending_notices_are_owed_again(conn: psycopg.Connection, sending: list[dict[str, Any]]) -> None:
+    """issue 20 defect 6, invariant 12: schema 0011 gives every notice a claim token while
+    it is sent; a notice being sent before the upgrade has none to end its claim with, so
+    the upgrade makes it owed again (claim cleared, due as it was, attempts kept) and the
+    next claim takes it with a token."""
+    assert len(sending) == 1
+    upgraded = row(conn, "SELECT * FROM llm.threshold_notices WHERE id = %s", [sending[0]["id"]])
+    assert (upgraded["status"], upgraded["claimed_at"], upgraded["claim_token"]) == ("owed", None, None)
+    assert (upgraded["attempts"], upgraded["next_attempt_at"]) == (
+        sending[0]["attempts"], sending[0]["next_attempt_at"])  # fmt: skip
+    assert scalar(conn, "SELECT count(*) FROM llm.threshold_notices WHERE claim_token IS NOT NULL") == 0
 
 
 def exercise_every_public_routine(conn: psycopg.Connection, ids: dict[str, uuid.UUID]) -> None:
@@ -281,9 +306,12 @@ def exercise_every_public_routine(conn: psycopg.Connection, ids: dict[str, uuid.
         "reconciliation_health": lambda: call(conn, "health", now=feb + HOUR),
         "claim_notices": lambda: state.update(notices=call(conn, "claim_notices", limit=10, now=feb + 2 * HOUR)),
         "complete_notice": lambda: call(conn, "complete_notice", state["notices"][0]["organization_id"],
-                                        state["notices"][0]["id"], now=feb + 2 * HOUR),
-        "fail_notice": lambda: call(conn, "fail_notice", small, sent_notice(), "x", now=feb + 2 * HOUR),
-        "release_notice": lambda: call(conn, "release_notice", small, sent_notice(), now=feb + 2 * HOUR),
+                                        state["notices"][0]["id"], state["notices"][0]["claim_token"],
+                                        now=feb + 2 * HOUR),  # fmt: skip
+        "fail_notice": lambda: call(conn, "fail_notice", small, sent_notice(), uuid.uuid4(), "x",
+                                    now=feb + 2 * HOUR),  # fmt: skip
+        "release_notice": lambda: call(conn, "release_notice", small, sent_notice(), uuid.uuid4(),
+                                       now=feb + 2 * HOUR),  # fmt: skip
         "rearm_notices": lambda: call(conn, "rearm_notices", now=feb + 3 * HOUR),
         "rebuild_daily_usage": lambda: call(conn, "rebuild_daily_usage", DEC.date().replace(day=1),
                                             FEBRUARY.replace(day=28)),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -30,7 +31,9 @@ from llm_db.notices import (
     DeliverySummary,
     InvalidSecret,
     async_deliver_notices,
+    deliver_claimed,
     deliver_notices,
+    http_client,
     parse_secrets,
     verify_webhook,
 )
@@ -118,6 +121,30 @@ def test_notices_are_delivered_signed_and_marked_sent(
     ]
     # nothing owed any more
     assert deliver_notices(llm, endpoint.url, SECRET, now=at + MINUTE).claimed == 0
+
+
+def test_a_run_whose_claims_were_taken_again_counts_them_lost_and_changes_nothing(
+    llm: Llm, llm_conn: psycopg.Connection, endpoint: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """issue 20 defect 6: a deliverer so slow that its claims expired, were re-armed and were
+    claimed again by another gets False from complete_notice: each notice is counted lost
+    and logged, and the other deliverer's claims stand (it completes them)."""
+    org = crossing_80_and_100(llm)
+    endpoint.up()
+    slow = llm.claim_notices(now=T0 + 2 * MINUTE)
+    assert llm.rearm_notices(now=T0 + 17 * MINUTE) == 2
+    other = llm.claim_notices(now=T0 + 17 * MINUTE)
+    with http_client(5.0) as http, caplog.at_level(logging.WARNING, logger="llm_db.notices"):
+        summary, _ = deliver_claimed(llm, http, endpoint.url, parse_secrets(SECRET), slow,
+                                     timeout=5.0, now=T0 + 18 * MINUTE)  # fmt: skip
+    assert summary == DeliverySummary(claimed=2, sent=0, failed=0, lost=2)
+    assert len(endpoint.received) == 2  # POSTed: delivery is at least once
+    assert sum("claim lost" in r.getMessage() for r in caplog.records) == 2
+    stored = notices(llm_conn, org)
+    assert {(n["status"], n["claim_token"]) for n in stored} == {("sending", n.claim_token) for n in other}
+    for n in other:
+        assert llm.complete_notice(org, n.id, n.claim_token, now=T0 + 19 * MINUTE) is True
+    assert llm.check_invariants() == []
 
 
 def test_endpoint_down_leaves_notices_owed_with_backoff_then_a_later_run_delivers(

@@ -36,7 +36,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import llm_db
 from llm_db._server import EphemeralServer
-from llm_db.worker import SessionRequired, check_session
+from llm_db.requests import Llm
+from llm_db.worker import Log, SessionRequired, Worker, WorkerConfig, check_session
 from tests.helpers import admit, call_pass, new_org, notices, run_pass, settle, wait_for
 from tests.receiver import Receiver
 
@@ -365,6 +366,51 @@ def test_a_timeout_not_below_the_claim_timeout_is_refused_exit_2(llm_dsn, llm_co
     worker.kill()
     assert "llm.settings.notice_claim_timeout" in worker.log()
     assert "--limit" in worker.log() and "Traceback" not in worker.log()
+
+
+def test_a_claim_taken_again_is_logged_lost_on_release_and_left_to_its_holder(
+    llm_dsn, llm_conn, receiver
+):
+    """issue 20 defect 6: a worker holding a claim that expired, was re-armed and was claimed
+    again by another worker cannot release it: release_notice answers False, the worker logs
+    claim_lost and counts the outcome lost, and the other worker's claim stands. (In
+    process, on the worker's own release step: no timing involved.)"""
+    org = worker_org(llm_conn, [50])
+    spend(llm_conn, org, 60)
+    llm = Llm(llm_conn)
+    now = llm_conn.execute("SELECT now()").fetchone()[0]
+    [stale] = llm.claim_notices(now=now)
+    assert llm.rearm_notices(now=now + timedelta(minutes=16)) == 1
+    [taken] = llm.claim_notices(now=now + timedelta(minutes=16))
+    lines: list[str] = []
+    worker = Worker(WorkerConfig(dsn=llm_dsn, url=receiver.url, secrets=[SECRET]),
+                    Log(json_lines=True, stream=_Lines(lines)))  # fmt: skip
+    try:
+        worker.work = psycopg.connect(llm_dsn, autocommit=True)
+        worker.held[(stale.organization_id, stale.id)] = stale
+        assert worker._release_held() == 0
+        assert worker.deliveries.labels(outcome="lost")._value.get() == 1
+        assert worker.deliveries.labels(outcome="released")._value.get() == 0
+    finally:
+        worker._close()
+    events = [json.loads(line) for line in lines]
+    assert [(e["event"], e["notice_id"]) for e in events] == [("claim_lost", str(stale.id))]
+    [row] = notices(llm_conn, org)
+    assert (row["status"], row["claim_token"]) == ("sending", taken.claim_token)
+    assert llm.complete_notice(org, taken.id, taken.claim_token, now=now + timedelta(minutes=17))
+
+
+class _Lines:
+    """A text stream collecting the lines written to it."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+
+    def write(self, text: str) -> None:
+        self.lines.extend(t for t in text.splitlines() if t)
+
+    def flush(self) -> None:
+        pass
 
 
 def test_check_session_accepts_direct_connections(llm_connect):

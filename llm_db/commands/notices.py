@@ -92,9 +92,12 @@ def notices_deliver(
     environment variable --secret-env (a receiver verifies with the
     standardwebhooks package, or llm_db.notices.verify_webhook). A 2xx marks the
     notice sent; anything else leaves it owed with the error and a backoff, for
-    a later run. Exit 0 when every claimed notice was delivered (or none was
-    due), 1 when some were not, 2 when the secret is not whsec_... (make one with
-    `llm-db notices new-secret`) or the worker extra is missing.
+    a later run. A claim that expired and was claimed again by another deliverer
+    before this run ended it is counted lost (a warning on stderr each) and left
+    to that deliverer. Exit 0 when every claimed notice was delivered (or none was
+    due), 1 when some were not (failed or lost), 2 when the secret is not
+    whsec_... (make one with `llm-db notices new-secret`) or the worker extra is
+    missing.
 
     \b
     Examples:
@@ -116,10 +119,12 @@ def notices_deliver(
         common.echo_json(dataclasses.asdict(summary))
     else:
         line = f"claimed {summary.claimed}, sent {summary.sent}, failed {summary.failed}"
+        if summary.lost:
+            line += f", lost {summary.lost}"
         if summary.last_error:
             line += f"; last error: {summary.last_error}"
         click.echo(line)
-    common.exit_with(common.EXIT_PROBLEM if summary.failed else common.EXIT_OK)
+    common.exit_with(common.EXIT_PROBLEM if summary.failed or summary.lost else common.EXIT_OK)
 
 
 @notices.command("new-secret", short_help="Print a fresh whsec_ webhook secret.")
