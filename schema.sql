@@ -383,7 +383,7 @@ COMMENT ON FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date
 CREATE FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint) RETURNS boolean
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 cd589eaf7c945e2a1e13744c33064523 $$;
+    AS $$ body in sql/, md5 75dbd7fec1fb1f06a3b240738980de89 $$;
 
 COMMENT ON FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint) IS 'Moves one stripe''s counters in one row when the movement fits its rooms; false (nothing moved) otherwise, or when the stripe does not exist.';
 

@@ -141,6 +141,9 @@ BEGIN
        AND s.stripe = p_stripe
        AND p_used >= 0
        AND (s.admit_room IS NULL OR s.admit_room >= p_used + p_held)
+       -- a movement of nothing (an admission of 0) fits only a positive room: a room of
+       -- 0 cannot tell a period with nothing left from one already over its allowance
+       AND (s.admit_room IS NULL OR s.admit_room > 0 OR p_used <> 0 OR p_held <> 0)
        AND (s.notice_room IS NULL OR p_used = 0 OR s.notice_room > p_used);
     RETURN FOUND;
 END

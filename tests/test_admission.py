@@ -325,6 +325,23 @@ def test_an_allowance_lowered_under_settled_usage_is_legal_until_the_next_admiss
     assert [r["invariant"] for r in invariants(llm_conn)] == [4]
 
 
+@pytest.mark.parametrize("stripes", [1, 4])
+def test_an_admission_of_zero_into_a_period_over_its_allowance_is_refused(llm_conn, stripes):
+    """CAP-PFM-LLM-007: admit iff used + held + estimate <= allowance, an estimate of 0
+    too. Found by the simulation: with 50 held and the allowance lowered to 40, every
+    stripe's admit_room is 0, and an admission of 0 "fitted" a room of 0 on the fast
+    path. A room of 0 cannot tell "nothing left" from "already over", so a movement of
+    nothing takes the exact path there, which refuses it (LL001) and writes nothing."""
+    org = new_org(llm_conn, 100, now=T0)
+    llm_conn.execute("SELECT llm.set_period_stripes(%s, %s)", [org, stripes])
+    admit(llm_conn, org, 50, now=T0)
+    set_org(llm_conn, org, 40, now=T0 + timedelta(hours=1))
+    assert_sqlstate(llm_conn, "LL001", ADMIT_SQL, admit_params(org, 0, now=T0 + timedelta(hours=2)))
+    set_org(llm_conn, org, 50, now=T0 + timedelta(hours=3))  # exactly full: 0 fits
+    admit(llm_conn, org, 0, now=T0 + timedelta(hours=4))
+    assert invariants(llm_conn) == []
+
+
 def test_invocations_carry_no_foreign_key_to_the_hot_period_and_task_rows(llm_conn):
     """Schema 0003: a foreign key check share-locks the referenced row, and the period
     and task rows are the ones every request of an organization updates; the functions
