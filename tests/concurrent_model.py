@@ -14,9 +14,13 @@ change owes the notices of the levels it puts used at or above; a stale notice
 worker cannot end another worker's claim.
 
 The plan keeps each round decidable from results alone (see ``plan``): a request
-is settled by another session only in a later round than its admission; policy
-changes and the ending of stale notice claims never share a round with a pass;
-a pass far ahead runs in a round without admissions or notice work.
+is settled by another session only in a later round than its admission, and
+dispatched only in its admission's round; policy changes and the ending of
+stale notice claims never share a round with a pass; a pass far ahead runs in a
+round without admissions or notice work. So the pass recovers exactly the
+requests open before its round, old enough for its clock, that no live call of
+the round settled or failed first, and it re-arms only claims of earlier rounds.
+Two upserts of one organization in a round apply in commit order.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ SETUP = {  # allowance, thresholds, stripes
 }
 ALLOWANCES = {ORG_A: (40, 60, 100, 150), ORG_B: (150, 300, 500)}
 THRESHOLDS = {
-    ORG_A: ((50, 80, 100), (80, 100), (30, 80, 100), (100,)),
+    ORG_A: ((50, 80, 100), (80, 100), (30, 50, 80, 100), (100,)),
     ORG_B: ((80, 100), (50, 100)),
 }
 MODELS = ("m-1", "m-2")
@@ -140,7 +144,7 @@ def plan(seed: int, sessions: int = 4, rounds: int = 5) -> list[dict[str, Any]]:
                     ops.append(
                         {"op": "claim", "limit": rng.randint(1, 3), "seed": rng.getrandbits(32)}
                     )
-            if not has_pass and rng.random() < 0.5:
+            if not has_pass and rng.random() < 0.7:
                 ops.append({"op": "end_stale", "seed": rng.getrandbits(32)})
             if s in passers:
                 ops.insert(rng.randint(0, len(ops)), {"op": "pass"})
@@ -287,6 +291,8 @@ class Model:
                 raise Mismatch(f"set_period_stripes returned {e['ok']} for {a}")
         elif op == "pass":
             self._expect(e, None)
+        elif op == "skipped":  # a replay's end of a claim it never made
+            pass
         elif op == "claim":
             self._expect(e, None)
             for org, period, pct, claim in e["ok"]:
@@ -342,8 +348,12 @@ class Model:
             raise Mismatch(f"late {e['op']} of {a['inv']} (recovered at {row.recovered}) answered {answer!r}; "
                            f"late_settlement was {sorted(allowed)} (issue 20 defect 7 for a failure)")  # fmt: skip
         if answer != expected:
+            # on 0.2.0 a late failure only reads, so it can answer from before a true-up
+            hint = (
+                " (issue 20 defect 7: a late failure records nothing)" if e["op"] == "fail" else ""
+            )
             raise Mismatch(
-                f"{e['op']} of {a['inv']} answered {answer!r}, the model expected {expected!r}"
+                f"{e['op']} of {a['inv']} answered {answer!r}, the model expected {expected!r}{hint}"
             )
         return None
 

@@ -1,16 +1,21 @@
 """The concurrent model-based simulation (issue 20, "A concurrent, model-based proof").
 
 Each history is seeded: ``concurrent_model.plan(seed)`` draws 5 rounds for 4
-sessions. In a round every session runs its short list of operations at once
-with the others, each in its own thread on its own real connections: one that
-logs in as role ``sim_app`` (a member of llm_app: admissions, dispatches,
-settlements, failures, late settlements) and one as ``sim_operator`` (a member
-of llm_operator: the pass under the round's clock or one far ahead,
+sessions. In a round every session runs its short list of operations (1 to 3
+slots, an admission often followed by its dispatch, a claim by the ends of what
+it claimed) at once with the others, each in its own thread on its own real
+connections: one logged in as role ``sim_app`` (a LOGIN member of llm_app:
+admissions, dispatches, settlements, failures, late settlements) and one as
+``sim_operator`` (a LOGIN member of llm_operator: the pass under the round's
+clock or one 20-40 days ahead, sometimes two passes at once,
 ``set_period_stripes``, allowance and threshold changes, recovery-policy
-changes, and notice work: claiming, completing, failing, releasing, going stale
-and ending a stale claim rounds later). The superuser only creates the roles
-and empties the tables between histories (a clone per history costs a
-checkpoint each; emptying is what tests/test_simulation.py does).
+changes, and notice work: claiming, completing, failing, releasing, going stale,
+and ending a stale claim rounds later). The superuser only creates the roles and
+empties the tables between histories (a clone per history costs a checkpoint;
+emptying is what tests/test_simulation.py does). Clocks move forward between
+rounds by 5 minutes to 3 days from the 30th of a month, so histories cross a
+month boundary and the recovery window; a first pass at the start gives later
+passes a complete rebuild of daily usage to catch up from.
 
 Commit order is exact, not guessed: every operation but the pass runs in its
 own transaction, and the thread takes a Python lock around its COMMIT and the
@@ -24,19 +29,27 @@ The end of a round is a quiescent point: all sessions idle, all committed. The
 model (``concurrent_model.Model``) is built from the committed results, never by
 re-deciding what the order decided, and the books must equal it: each period's
 allowance, used, held and cents; each request's status, kind, charges, period,
-alert and late record; each notice's status and attempts, at most one per
-(organization, period, threshold) and one for every level used stands at or
-above; ``sweep_totals``; every pass succeeded or was skipped; and
-``llm.check_invariants()`` empty (invariants 1-9 of docs/design.md). At the end a
-final pass runs alone, then ``daily_usage`` must equal the requests, and
-``llm.check_daily_usage`` (when it exists) must return nothing.
+alert and late record; each notice's status and attempts, and a notice for
+every level used stands at or above; ``sweep_totals``; every pass succeeded or
+was skipped; ``llm.check_invariants()`` empty (docs/design.md "Invariants").
+At the end a final pass runs alone; then ``daily_usage`` must equal the
+requests, and ``llm.check_daily_usage`` (when it exists) must return nothing.
+Notice calls go through ``NoticeWorker``, which passes the claim token when
+``complete_notice`` takes one (issue 20 defect 6) and cannot before.
 
-Histories: ``LLM_DB_SIM_HISTORIES`` (200 when ``CI=true``, 30 otherwise), from
-seed ``LLM_DB_SIM_SEED`` (default 0) on. On a failure the test prints the seed and
-the committed history (one line per call) and writes it as JSON to
-``LLM_DB_SIM_OUT`` (default /tmp/llm-db-sim-<seed>.json); ``test_replay_committed_history``
-re-runs such a file sequentially in commit order on one session and checks the
-model again: the files of tests/sim_histories/ always, and the one named by
+On 0.2.0 (e283082) it fails, as it should: it finds issue 20 defects 3, 4, 5,
+6, 7 and 8 (each with its own message) and a pass that a fresh session of an
+operator LOGIN cannot run (42501, ``test_a_fresh_session_of_an_operator_login_runs_the_pass``).
+
+Knobs: ``LLM_DB_SIM_HISTORIES`` (200 when ``CI=true``, 30 otherwise) from seed
+``LLM_DB_SIM_SEED`` (0); ``LLM_DB_SIM_SURVEY=1`` runs every history and lists
+each failing seed's first finding; ``LLM_DB_SIM_RECORD=<folder>`` writes every
+history that passed as JSON. On a failure the test prints the seed and the
+committed history (one line per call: session, op, arguments, result) and writes
+it as JSON to ``LLM_DB_SIM_OUT`` (default /tmp/llm-db-sim-<seed>.json).
+``test_replay_committed_history`` re-runs such a file sequentially in commit
+order on one session and checks the model again (built from the replay's own
+results): the files of tests/sim_histories/ always, and the one named by
 ``LLM_DB_SIM_REPLAY``. Run alone: ``bash scripts/test.sh tests/test_concurrent_simulation.py``.
 """
 
@@ -66,6 +79,7 @@ HISTORIES = int(
 FIRST_SEED = int(os.environ.get("LLM_DB_SIM_SEED", "0"))
 SESSIONS = 4
 SURVEY = os.environ.get("LLM_DB_SIM_SURVEY") == "1"  # run every history, then list the failures
+RECORD = os.environ.get("LLM_DB_SIM_RECORD")  # a folder: every history that passed, as JSON
 CORPUS = Path(__file__).parent / "sim_histories"
 ROLES = {"app": ("sim_app", "llm_app"), "operator": ("sim_operator", "llm_operator")}
 
@@ -144,11 +158,11 @@ class Session:
 class Runner:
     """Runs calls on sessions and records what committed, in commit order."""
 
-    def __init__(self, sessions: list[Session]) -> None:
+    def __init__(self, sessions: list[Session], tally: Counter) -> None:
         self.sessions = sessions
         self.lock = threading.Lock()
         self.history: list[dict[str, Any]] = []
-        self.tally: Counter = Counter()
+        self.tally = tally  # calls by operation and by result, for the summary
 
     def commit(self, conn: psycopg.Connection, entry: dict[str, Any]) -> dict[str, Any]:
         with self.lock:  # the history's order is the commit order
@@ -168,6 +182,11 @@ class Runner:
     ) -> dict[str, Any]:
         """One call as one transaction; ``recorded``: the entry of a replayed history."""
         entry: dict[str, Any] = {"session": s.index, "op": op, "args": args}
+        if op in ENDS and args["claim"] not in s.held:
+            # a replay in which this claim went elsewhere (the pass's place in the history
+            # is where its CALL returned, not where it re-armed): nothing to end
+            entry["op"] = "skipped"
+            return entry
         if op == "pass":
             return self._pass(s, entry)
         conn = s.app if op in APP_OPS else s.operator
@@ -234,14 +253,7 @@ class Runner:
                 claimed.append([*key, name])
             return claimed
         if op in ("complete", "fail_notice", "release"):
-            org, period, pct, notice_id, token = s.held.pop(
-                a["claim"], (a["org"], a["period"], a["pct"], None, None)
-            )
-            if notice_id is None:  # a replay whose claim went elsewhere: the notice, no live token
-                notice_id = conn.execute(
-                    "SELECT id FROM llm.threshold_notices WHERE organization_id = %s AND period_start = %s"
-                    " AND threshold_pct = %s", [org, period, pct]).fetchone()[0]  # fmt: skip
-                token = uuid.UUID(int=0)
+            org, _, _, notice_id, token = s.held.pop(a["claim"])
             return s.worker.end(op, org, notice_id, token, now)
         raise AssertionError(f"unknown op {op}")
 
@@ -260,7 +272,7 @@ class Runner:
                 entry = self.call(s, "claim", {"limit": op["limit"], "now": clock})
                 for org, period, pct, name in entry.get("ok") or []:
                     action = rng.choices(
-                        ("complete", "fail_notice", "release", "stale"), (45, 20, 10, 25)
+                        ("complete", "fail_notice", "release", "stale"), (35, 15, 10, 40)
                     )[0]
                     # stale: kept, never finished (until end_stale, rounds later)
                     if action != "stale":
@@ -284,6 +296,17 @@ class Runner:
 
 
 APP_OPS = {"admit", "dispatch", "settle", "fail"}
+ENDS = {"complete", "fail_notice", "release"}  # the ends of a notice claim
+OPERATIONS = APP_OPS | {
+    "pass",
+    "upsert",
+    "policy",
+    "stripes",
+    "claim",
+    "complete",
+    "fail_notice",
+    "release",
+}
 # tallied by result too
 RESULTS = {"admit", "settle", "fail", "complete", "fail_notice", "release", "stripes"}
 
@@ -388,9 +411,10 @@ def setup_books(conn: psycopg.Connection, model: Model, seed: int) -> list[dict[
 
 
 def run_history(record: dict[str, Any], sessions: list[Session], checker: psycopg.Connection,
-                superuser: psycopg.Connection, *, replay: dict[str, Any] | None = None) -> Counter:  # fmt: skip
+                superuser: psycopg.Connection, tally: Counter, *,
+                replay: dict[str, Any] | None = None) -> None:  # fmt: skip
     """One history, concurrent (or, with ``replay``, that committed history re-run on one
-    session in commit order), written into ``record`` as it commits; returns the tally.
+    session in commit order), written into ``record`` as it commits; counts into ``tally``.
     Raises Mismatch."""
     seed = record["seed"]
     for statement in CLEAN:
@@ -399,14 +423,14 @@ def run_history(record: dict[str, Any], sessions: list[Session], checker: psycop
         s.held.clear()
     model = Model()
     record.update(setup=setup_books(checker, model, seed), rounds=[])
-    runner = Runner(sessions)
+    runner = Runner(sessions, tally)
     rounds = replay["rounds"] if replay else plan(seed, len(sessions))
     for info in rounds:
         runner.history = []
         if replay:
             for entry in info["history"]:  # one session replays every call, in commit order
-                runner.call(sessions[0], entry["op"], entry["args"], entry)
-                runner.history[-1]["session"] = entry["session"]  # the model's worker identity
+                done = runner.call(sessions[0], entry["op"], entry["args"], entry)
+                done["session"] = entry["session"]  # the worker the model knows the claims by
         else:
             threads = [threading.Thread(target=runner.session_round, args=(s, ops, info["clock"], info["pass_clock"]))
                        for s, ops in zip(sessions, info["sessions"], strict=True)]  # fmt: skip
@@ -428,9 +452,7 @@ def run_history(record: dict[str, Any], sessions: list[Session], checker: psycop
     )
     check_books(checker, model)
     check_daily(checker, model)
-    runner.tally["requests"] += len(model.requests)
-    runner.tally["notices"] += len(model.notices)
-    return runner.tally
+    tally["histories passed"] += 1
 
 
 def describe(record: dict[str, Any]) -> str:
@@ -490,21 +512,23 @@ def test_concurrent_histories_keep_the_books_equal_to_the_model(sim_sessions, ll
     for seed in range(FIRST_SEED, FIRST_SEED + HISTORIES):
         record: dict[str, Any] = {"seed": seed}
         try:
-            tally.update(run_history(record, sessions, checker, llm_conn))
+            run_history(record, sessions, checker, llm_conn, tally)
+            if RECORD:
+                Path(RECORD, f"seed-{seed}.json").write_text(
+                    json.dumps(record, default=str, indent=1)
+                )
         except Mismatch as error:
             if not SURVEY:
                 _fail_with(record, error)
             survey.append(f"seed {seed}: {str(error)[:300]}")
+    with capsys.disabled():
+        calls = sum(v for k, v in tally.items() if k in OPERATIONS)
+        print(f"\n[concurrent simulation] {HISTORIES} histories x {SESSIONS} sessions, {calls} calls in "
+              f"{time.monotonic() - started:.1f} s; {dict(sorted(tally.items()))}")  # fmt: skip
     if survey:
         pytest.fail(
             f"{len(survey)} of {HISTORIES} histories failed:\n" + "\n".join(survey), pytrace=False
         )
-    with capsys.disabled():
-        calls = sum(
-            v for k, v in tally.items() if ":" not in k and k not in ("requests", "notices")
-        )
-        print(f"\n[concurrent simulation] {HISTORIES} histories x {SESSIONS} sessions, {calls} calls in "
-              f"{time.monotonic() - started:.1f} s; {dict(sorted(tally.items()))}")  # fmt: skip
 
 
 def _corpus() -> list[Path]:
@@ -525,6 +549,7 @@ def test_replay_committed_history(path, sim_sessions, llm_conn):
             sim_sessions[:1],
             sim_sessions[SESSIONS].operator,
             llm_conn,
+            Counter(),
             replay=recorded,
         )
     except Mismatch as error:
