@@ -7,7 +7,10 @@ results) and decides nothing the database may decide by ordering. An admission
 that committed is a request with its hold; a refusal (LL001) is accepted if the
 allowance could have been exhausted at that moment (its upper bound is checked);
 the winner of a request is the settlement or failure that answered
-``settled``/``failed``, else the pass that could reach it. What the model checks
+``settled``/``failed``, else the pass that could reach it; a task's close that
+answered true won over the pass's abandonment. Derived figures (a period's used
+and held, a task's totals, sweep_totals, daily usage) are sums over the
+model's requests. What the model checks
 is the right behaviour as issue 20 states it (docs/design.md plus the ten
 defects): a late failure trues up under ``true_up``; an allowance or threshold
 change owes the notices of the levels it puts used at or above; a stale notice
@@ -55,9 +58,26 @@ CLOCK_STEPS = (  # between rounds; 25 h and 3 days let the recovery window pass
     timedelta(hours=13), timedelta(hours=25), timedelta(days=3),
 )  # fmt: skip
 WEIGHTS = {  # per slot of a session: operator-leaning (False) and consumer-leaning (True) sessions
-    False: {"admit": 10, "settle": 15, "upsert": 15, "policy": 10, "stripes": 12, "claim": 38},
-    True: {"admit": 45, "settle": 40, "upsert": 4, "policy": 2, "stripes": 3, "claim": 6},
+    False: {
+        "admit": 10,
+        "settle": 15,
+        "close": 3,
+        "upsert": 15,
+        "policy": 10,
+        "stripes": 12,
+        "claim": 35,
+    },
+    True: {
+        "admit": 45,
+        "settle": 36,
+        "close": 4,
+        "upsert": 4,
+        "policy": 2,
+        "stripes": 3,
+        "claim": 6,
+    },
 }
+TASK_KIND = "sim.task"
 
 
 def period_of(at: datetime) -> date:
@@ -88,6 +108,7 @@ def plan(seed: int, sessions: int = 4, rounds: int = 5) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     clock = START
     admitted: list[tuple[str, str, int]] = []  # (org, request id, round)
+    tasks: list[tuple[str, str, int]] = []  # (org, replay key, round)
     out = []
     for r in range(rounds):
         if r:
@@ -102,7 +123,6 @@ def plan(seed: int, sessions: int = 4, rounds: int = 5) -> list[dict[str, Any]]:
             ops: list[dict[str, Any]] = []
             mine: list[tuple[str, str, int]] = []  # admitted by this session this round
             for _ in range(rng.randint(1, 3)):
-                org = ORG_A if rng.random() < 0.7 else ORG_B
                 targets = [a for a in admitted if a[2] < r] + mine
                 weights = dict(WEIGHTS[s < 2])
                 # a round far ahead: no admissions and no notice work (decidable, see above)
@@ -113,37 +133,7 @@ def plan(seed: int, sessions: int = 4, rounds: int = 5) -> list[dict[str, Any]]:
                 if not targets:
                     weights.pop("settle")
                 kind = rng.choices(list(weights), list(weights.values()))[0]
-                if kind == "admit":
-                    inv = str(uuid.UUID(int=rng.getrandbits(128), version=4))
-                    ops.append({"op": "admit", "org": org, "inv": inv, "estimate": rng.choice((5, 10, 20, 30, 40)),
-                                "model": rng.choice(MODELS)})  # fmt: skip
-                    mine.append((org, inv, r))
-                    if rng.random() < 0.6:
-                        ops.append({"op": "dispatch", "org": org, "inv": inv})
-                elif kind == "settle":
-                    org, inv, _ = rng.choice(targets)
-                    credits = rng.choice((0, 5, 10, 20, 30, 45, 60))
-                    if rng.random() < 0.7:
-                        ops.append({"op": "settle", "org": org, "inv": inv, "credits": credits,
-                                    "cents": rng.randint(0, 9), "tokens": rng.choice((None, 100, 250))})  # fmt: skip
-                    else:
-                        ops.append({"op": "fail", "org": org, "inv": inv, "credits": rng.choice((0, 0, credits)),
-                                    "cents": rng.randint(0, 3)})  # fmt: skip
-                elif kind == "upsert":
-                    ops.append({"op": "upsert", "org": org, "allowance": rng.choice(ALLOWANCES[org]),
-                                "thresholds": list(rng.choice(THRESHOLDS[org]))})  # fmt: skip
-                elif kind == "policy":
-                    ops.append({"op": "policy", "org": org,
-                                "charge": rng.choice(("estimate", "dispatched", "none")),
-                                "late": rng.choice(("audit", "true_up", "true_up"))})  # fmt: skip
-                elif kind == "stripes":
-                    ops.append(
-                        {"op": "stripes", "org": org, "stripes": rng.choice((1, 2, 3, 4, 8, 0))}
-                    )
-                else:
-                    ops.append(
-                        {"op": "claim", "limit": rng.randint(1, 3), "seed": rng.getrandbits(32)}
-                    )
+                ops.extend(_draw(rng, kind, r, targets, mine, tasks))
             if not has_pass and rng.random() < 0.7:
                 ops.append({"op": "end_stale", "seed": rng.getrandbits(32)})
             if s in passers:
@@ -154,6 +144,61 @@ def plan(seed: int, sessions: int = 4, rounds: int = 5) -> list[dict[str, Any]]:
         out.append({"clock": iso(clock), "pass_clock": iso(pass_clock), "pass": has_pass, "far": far,
                     "sessions": round_ops})  # fmt: skip
     return out
+
+
+def _draw(
+    rng: random.Random, kind: str, r: int, targets: list, mine: list, tasks: list
+) -> list[dict]:
+    """The calls of one slot of a session's round (an admission may open a task first,
+    and close it after: admissions only go into a task of their own round, so no pass
+    can abandon it under them)."""
+    org = ORG_A if rng.random() < 0.7 else ORG_B
+    if kind == "admit":
+        inv = str(uuid.UUID(int=rng.getrandbits(128), version=4))
+        ops: list[dict[str, Any]] = []
+        task = None
+        if rng.random() < 0.3:
+            task = f"t-{rng.getrandbits(48):x}"
+            ops.append({"op": "open", "org": org, "task": task})
+            tasks.append((org, task, r))
+        ops.append({"op": "admit", "org": org, "inv": inv, "estimate": rng.choice((5, 10, 20, 30, 40)),
+                    "model": rng.choice(MODELS), "task": task})  # fmt: skip
+        mine.append((org, inv, r))
+        if rng.random() < 0.6:
+            ops.append({"op": "dispatch", "org": org, "inv": inv})
+        if task and rng.random() < 0.3:
+            ops.append({"op": "close", "org": org, "task": task, "outcome": "completed"})
+        return ops
+    if kind == "settle":
+        org, inv, _ = rng.choice(targets)
+        credits = rng.choice((0, 5, 10, 20, 30, 45, 60))
+        if rng.random() < 0.7:
+            return [{"op": "settle", "org": org, "inv": inv, "credits": credits, "cents": rng.randint(0, 9),
+                     "tokens": rng.choice((None, 100, 250))}]  # fmt: skip
+        return [{"op": "fail", "org": org, "inv": inv, "credits": rng.choice((0, 0, credits)),
+                 "cents": rng.randint(0, 3)}]  # fmt: skip
+    if kind == "close":
+        old = [t for t in tasks if t[2] < r]
+        if not old:
+            return []
+        org, task, _ = rng.choice(old)
+        return [
+            {
+                "op": "close",
+                "org": org,
+                "task": task,
+                "outcome": rng.choice(("completed", "failed")),
+            }
+        ]
+    if kind == "upsert":
+        return [{"op": "upsert", "org": org, "allowance": rng.choice(ALLOWANCES[org]),
+                 "thresholds": list(rng.choice(THRESHOLDS[org]))}]  # fmt: skip
+    if kind == "policy":
+        return [{"op": "policy", "org": org, "charge": rng.choice(("estimate", "dispatched", "none")),
+                 "late": rng.choice(("audit", "true_up", "true_up"))}]  # fmt: skip
+    if kind == "stripes":
+        return [{"op": "stripes", "org": org, "stripes": rng.choice((1, 2, 3, 4, 8, 0))}]
+    return [{"op": "claim", "limit": rng.randint(1, 3), "seed": rng.getrandbits(32)}]
 
 
 # ---------------------------------------------------------------- the model
@@ -179,6 +224,14 @@ class Request:
     alerted: bool = False
     late: bool = False
     recovered: int | None = None
+    task: str | None = None  # the replay key of its task
+
+
+@dataclass
+class Task:
+    org: str
+    started_at: datetime
+    status: str = "running"
 
 
 @dataclass
@@ -207,6 +260,7 @@ class Model:
         self.orgs: dict[str, Org] = {}
         self.allowances: dict[tuple[str, date], int] = {}  # per period
         self.requests: dict[str, Request] = {}
+        self.tasks: dict[str, Task] = {}  # by replay key
         self.notices: dict[tuple[str, date, int], Notice] = {}
 
     # ------------------------------------------------------------ setup and rounds
@@ -219,17 +273,20 @@ class Model:
     def round(self, info: dict[str, Any], history: list[dict[str, Any]]) -> None:
         """Apply one round's committed history (commit order); raise Mismatch where a
         result is not one the right behaviour allows."""
-        clock = when(info["clock"])
         passes = [when(e["args"]["now"]) for e in history if e["op"] == "pass"]
-        if passes:  # re-armed claims: only earlier rounds' claims are old enough (see plan)
-            self._rearm(max(passes))
-        eligible = {}
-        if passes:
-            cutoff = max(passes) - RECOVERY_WINDOW
+        eligible: dict[str, datetime] = {}  # requests the pass recovers unless a live call won
+        stale: set[str] = set()  # tasks the pass abandons unless a close came first
+        if passes:  # the plan keeps everything a pass decides to what was there before the round
+            at = max(passes)
+            self._rearm(at)  # only earlier rounds' claims are old enough
+            cutoff = at - RECOVERY_WINDOW
             eligible = {
-                k: max(passes)
+                k: at
                 for k, r in self.requests.items()
                 if r.status in OPEN and r.created_at <= cutoff
+            }
+            stale = {
+                k for k, t in self.tasks.items() if t.status == "running" and t.started_at <= cutoff
             }
         policies = {org: {(o.charge, o.late)} for org, o in self.orgs.items()}
         for e in history:
@@ -238,7 +295,10 @@ class Model:
         upserts: dict[str, list[dict[str, Any]]] = {}
         load = self._loads()
         for e in history:
-            self._apply(e, eligible, policies, upserts, load, clock)
+            self._apply(e, eligible, stale, policies, upserts, load)
+        for key in stale:
+            if self.tasks[key].status == "running":
+                self.tasks[key].status = "abandoned"
         for inv, at in eligible.items():  # the pass reached every one no live call took first
             if self.requests[inv].status in OPEN:
                 self._recover(inv, at)
@@ -253,9 +313,14 @@ class Model:
             load[key] = load.get(key, 0) + (r.estimate if r.status in OPEN else r.charged)
         return load
 
-    def _apply(self, e, eligible, policies, upserts, load, clock) -> None:  # noqa: C901 - one branch per op
+    def _apply(self, e, eligible, stale, policies, upserts, load) -> None:  # noqa: C901 - one branch per op
         op, a = e["op"], e["args"]
         code = e.get("err")
+        if op == "admit" and a.get("task") and code in ("LL006", "LL009"):
+            task = self.tasks.get(a["task"])
+            return self._expect(
+                e, "LL006" if task is None else None if task.status == "running" else "LL009"
+            )
         if op == "admit":
             key = (a["org"], period_of(when(a["now"])))
             if code == "LL001":
@@ -267,9 +332,12 @@ class Model:
                                    f"{load.get(key, 0)} of {allowance}")  # fmt: skip
                 return
             self._expect(e, None)
+            task = self.tasks.get(a.get("task") or "")
+            if a.get("task") and (task is None or task.status != "running"):
+                raise Mismatch(f"admitted {a} into a task that is {task and task.status}")
             self.allowances.setdefault(key, self.orgs[a["org"]].allowance)
             self.requests[a["inv"]] = Request(
-                a["org"], key[1], a["model"], a["estimate"], when(a["now"])
+                a["org"], key[1], a["model"], a["estimate"], when(a["now"]), task=a.get("task")
             )
             load[key] = load.get(key, 0) + a["estimate"]
         elif op == "dispatch":
@@ -279,6 +347,13 @@ class Model:
                 row.status = "dispatched"
         elif op in ("settle", "fail"):
             self._settle_or_fail(e, eligible, policies, load)
+        elif op == "open":
+            self._expect(e, None)
+            if e["ok"] is not False:  # replayed: a key is opened once
+                raise Mismatch(f"open_execution {a} answered replayed = {e['ok']}")
+            self.tasks[a["task"]] = Task(a["org"], when(a["now"]))
+        elif op == "close":
+            self._close(e, stale)
         elif op == "upsert":
             self._expect(e, None)
             upserts.setdefault(a["org"], []).append(a)  # commit order: the last one stays
@@ -304,6 +379,21 @@ class Model:
             self._end_claim(e, when(a["now"]))
         else:
             raise Mismatch(f"unknown op {op}")
+
+    def _close(self, e: dict[str, Any], stale: set[str]) -> None:
+        """close_execution answers true iff the task was running; a pass of the round
+        may have abandoned it first (STATE-PFM-LLM-002: close and abandonment race, one wins)."""
+        a = e["args"]
+        task = self.tasks.get(a["task"])
+        self._expect(e, "LL006" if task is None else None)
+        if task is None:
+            return
+        if e["ok"] is False and task.status == "running" and a["task"] in stale:
+            task.status = "abandoned"
+        if e["ok"] != (task.status == "running"):
+            raise Mismatch(f"close_execution {a} answered {e['ok']}, the task was {task.status}")
+        if e["ok"]:
+            task.status = a["outcome"]
 
     @staticmethod
     def _expect(e: dict[str, Any], code: str | None) -> None:
@@ -475,6 +565,16 @@ class Model:
     def invocations(self) -> dict[str, tuple]:
         return {inv: (r.status, r.kind, r.charged, r.cents, r.period, r.alerted, r.late, r.recovered)
                 for inv, r in self.requests.items()}  # fmt: skip
+
+    def executions(self) -> dict[str, tuple]:
+        """Each task's status and totals: its terminal requests' count and charges, also
+        after it closed (WF-PFM-LLM-002 hop 3)."""
+        out = {}
+        for key, task in self.tasks.items():
+            done = [r for r in self.requests.values() if r.task == key and r.status not in OPEN]
+            out[key] = (task.status, len(done), sum(r.charged for r in done), sum(r.cents or 0 for r in done),
+                        task.status != "running")  # fmt: skip
+        return out
 
     def notice_states(self) -> dict[tuple[str, date, int], tuple[str, int]]:
         return {k: (n.status, n.attempts) for k, n in self.notices.items()}

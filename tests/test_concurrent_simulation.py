@@ -5,7 +5,9 @@ sessions. In a round every session runs its short list of operations (1 to 3
 slots, an admission often followed by its dispatch, a claim by the ends of what
 it claimed) at once with the others, each in its own thread on its own real
 connections: one logged in as role ``sim_app`` (a LOGIN member of llm_app:
-admissions, dispatches, settlements, failures, late settlements) and one as
+admissions, some into a task opened just before and sometimes closed just
+after, dispatches, settlements, failures, late settlements, closing tasks of
+earlier rounds) and one as
 ``sim_operator`` (a LOGIN member of llm_operator: the pass under the round's
 clock or one 20-40 days ahead, sometimes two passes at once,
 ``set_period_stripes``, allowance and threshold changes, recovery-policy
@@ -29,7 +31,8 @@ The end of a round is a quiescent point: all sessions idle, all committed. The
 model (``concurrent_model.Model``) is built from the committed results, never by
 re-deciding what the order decided, and the books must equal it: each period's
 allowance, used, held and cents; each request's status, kind, charges, period,
-alert and late record; each notice's status and attempts, and a notice for
+alert and late record; each task's status and totals (no drift finding); each
+notice's status and attempts, and a notice for
 every level used stands at or above; ``sweep_totals``; every pass succeeded or
 was skipped; ``llm.check_invariants()`` empty (docs/design.md "Invariants").
 At the end a final pass runs alone; then ``daily_usage`` must equal the
@@ -68,7 +71,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from concurrent_model import SETUP, START, Mismatch, Model, iso, plan, when
+from concurrent_model import SETUP, START, TASK_KIND, Mismatch, Model, iso, plan, when
 from psycopg import sql
 
 from tests.helpers import call, rows
@@ -163,6 +166,7 @@ class Runner:
         self.lock = threading.Lock()
         self.history: list[dict[str, Any]] = []
         self.tally = tally  # calls by operation and by result, for the summary
+        self.tasks: dict[str, uuid.UUID] = {}  # replay key -> execution id, as opened
 
     def commit(self, conn: psycopg.Connection, entry: dict[str, Any]) -> dict[str, Any]:
         with self.lock:  # the history's order is the commit order
@@ -220,10 +224,19 @@ class Runner:
     def _run(self, s: Session, conn, op: str, a: dict[str, Any], recorded) -> Any:  # noqa: C901 - one branch per op
         now = when(a["now"]) if "now" in a else None
         if op == "admit":
-            call(
-                conn, "admit", a["org"], a["estimate"], a["model"], invocation_id=a["inv"], now=now
-            )
+            task = self.tasks.get(a["task"], uuid.UUID(int=0)) if a.get("task") else None
+            call(conn, "admit", a["org"], a["estimate"], a["model"], execution_id=task,
+                 invocation_id=a["inv"], now=now)  # fmt: skip
             return "admitted"
+        if op == "open":
+            opened = call(
+                conn, "open_execution", a["org"], TASK_KIND, replay_key=a["task"], now=now
+            )[0]
+            self.tasks[a["task"]] = opened["execution_id"]
+            return opened["replayed"]
+        if op == "close":
+            task = self.tasks.get(a["task"], uuid.UUID(int=0))
+            return call(conn, "close_execution", a["org"], task, a["outcome"], now=now)[0]["value"]
         if op == "dispatch":
             call(conn, "mark_dispatched", a["org"], a["inv"], now=now)
             return "dispatched"
@@ -248,7 +261,8 @@ class Runner:
             for n in s.worker.claim(a["limit"], now):
                 key = (str(n["organization_id"]), n["period_start"].isoformat(), n["threshold_pct"])
                 s.claims += 1
-                name = names.get(key, f"{s.index}.{s.claims}")
+                # a replay names a claim its recording did not make apart from the recorded ones
+                name = names.get(key, f"{'replay' if recorded else s.index}.{s.claims}")
                 s.held[name] = (*key, n["id"], n.get("claim_token"))
                 claimed.append([*key, name])
             return claimed
@@ -295,7 +309,7 @@ class Runner:
                 self.call(s, kind, {**args, "now": clock})
 
 
-APP_OPS = {"admit", "dispatch", "settle", "fail"}
+APP_OPS = {"admit", "dispatch", "settle", "fail", "open", "close"}
 ENDS = {"complete", "fail_notice", "release"}  # the ends of a notice claim
 OPERATIONS = APP_OPS | {
     "pass",
@@ -308,7 +322,7 @@ OPERATIONS = APP_OPS | {
     "release",
 }
 # tallied by result too
-RESULTS = {"admit", "settle", "fail", "complete", "fail_notice", "release", "stripes"}
+RESULTS = {"admit", "settle", "fail", "close", "complete", "fail_notice", "release", "stripes"}
 
 
 # ---------------------------------------------------------------- checks
@@ -339,6 +353,15 @@ def check_books(conn: psycopg.Connection, model: Model) -> None:
             "SELECT id::text, status, settlement_kind, charged_credits, charged_cents, period_start,"
             " past_window_alerted_at IS NOT NULL, late_reported_at IS NOT NULL, recovered_credits"
             " FROM llm.invocations")}, model.invocations())  # fmt: skip
+    _same("tasks (status, requests, credits, cents, ended)", {
+        k: tuple(r) for k, *r in q(
+            "SELECT replay_key, status, request_count, credits, cents, ended_at IS NOT NULL"
+            " FROM llm.executions")}, model.executions())  # fmt: skip
+    drift = q(
+        "SELECT execution_id, recorded_credits, settled_credits FROM llm.drift_findings"
+    ).fetchall()
+    if drift:
+        raise Mismatch(f"drift findings: {drift}")
     totals = {o: tuple(r) for o, *r in q(
         "SELECT organization_id::text, recovered_requests, recovered_uncharged, past_window_alerts"
         " FROM llm.sweep_totals")}  # fmt: skip
@@ -406,6 +429,7 @@ def setup_books(conn: psycopg.Connection, model: Model, seed: int) -> list[dict[
         model.setup(org, allowance, thresholds, charge, late)
         calls.append({"org": org, "allowance": allowance, "thresholds": list(thresholds), "charge": charge,
                       "late": late, "stripes": stripes})  # fmt: skip
+    call(conn, "declare_task_kind", TASK_KIND)
     call(conn, "run_reconciliation", now=START)
     return calls
 
