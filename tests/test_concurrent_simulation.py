@@ -34,7 +34,8 @@ allowance, used, held and cents; each request's status, kind, charges, period,
 alert and late record; each task's status and totals (no drift finding); each
 notice's status and attempts, and a notice for
 every level used stands at or above; ``sweep_totals``; every pass succeeded or
-was skipped; ``llm.check_invariants()`` empty (docs/design.md "Invariants").
+was skipped; ``llm.check_invariants()`` empty (docs/design.md "Invariants");
+after a round with a pass, the daily usage of the day before its clock.
 At the end a final pass runs alone; then ``daily_usage`` must equal the
 requests, and ``llm.check_daily_usage`` (when it exists) must return nothing.
 Notice calls go through ``NoticeWorker``, which passes the claim token when
@@ -65,7 +66,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from datetime import timedelta
+from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -392,6 +393,18 @@ def check_daily(conn: psycopg.Connection, model: Model) -> None:
             raise Mismatch(f"check_daily_usage: {found}")
 
 
+def check_yesterday(conn: psycopg.Connection, model: Model, day: date) -> None:
+    """After a round with a pass: the day before the pass's clock is one every pass
+    rebuilds (the last settings.reporting_days), and no call of the round settles on it
+    (a round's calls run on the round's clock), so it must equal its requests: a true-up
+    of a request recovered that day counts whatever the interleaving (issue 20 defect 1)."""
+    _same(f"daily_usage of {day}", {
+        (o, d, m): tuple(r) for o, d, m, *r in conn.execute(
+            "SELECT organization_id::text, day, model, requests, recovered_requests, credits, cents,"
+            " input_tokens, output_tokens FROM llm.daily_usage WHERE day = %s", [day])},
+        {k: v for k, v in model.daily().items() if k[1] == day})  # fmt: skip
+
+
 def _same(what: str, db: dict, expected: dict) -> None:
     if db != expected:
         diff = {
@@ -467,6 +480,8 @@ def run_history(record: dict[str, Any], sessions: list[Session], checker: psycop
                                 | {"history": runner.history})  # fmt: skip
         model.round(info, runner.history)
         check_books(checker, model)
+        if any(e["op"] == "pass" for e in runner.history):
+            check_yesterday(checker, model, when(info["pass_clock"]).date() - timedelta(days=1))
     final = iso(when(rounds[-1]["clock"]) + timedelta(hours=1)) if rounds else iso(START)
     call(checker, "run_reconciliation", now=when(final))
     record["final_pass"] = final
