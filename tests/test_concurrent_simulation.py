@@ -335,12 +335,17 @@ def check_books(conn: psycopg.Connection, model: Model) -> None:
         (o, s): tuple(r) for o, s, *r in q(
             "SELECT organization_id::text, period_start, allowance_credits, used_credits, held_credits, used_cents"
             " FROM llm.periods")}, model.periods())  # fmt: skip
-    _same("requests", {
-        i: tuple(r) for i, *r in q(
-            "SELECT id::text, status, settlement_kind, charged_credits, charged_cents, period_start,"
-            " past_window_alerted_at IS NOT NULL, late_reported_at IS NOT NULL, recovered_credits"
-            " FROM llm.invocations")}, model.invocations(),
-          hint="; a late record missing: issue 20 defect 7 (a late failure records its figures)")  # fmt: skip
+    requests = {i: tuple(r) for i, *r in q(
+        "SELECT id::text, status, settlement_kind, charged_credits, charged_cents, period_start,"
+        " past_window_alerted_at IS NOT NULL, late_reported_at IS NOT NULL, recovered_credits"
+        " FROM llm.invocations")}  # fmt: skip
+    expected = model.invocations()
+    unlate = {k: v[:6] + v[7:] for k, v in expected.items()}  # all but the late record
+    late_only = requests.keys() == expected.keys() and all(
+        v[:6] + v[7:] == unlate[k] for k, v in requests.items()
+    )
+    hint = "; only late records differ: issue 20 defect 7 (a late failure records its figures)"
+    _same("requests", requests, expected, hint if late_only else "")
     _same("tasks (status, requests, credits, cents, ended)", {
         k: tuple(r) for k, *r in q(
             "SELECT replay_key, status, request_count, credits, cents, ended_at IS NOT NULL"
@@ -570,7 +575,13 @@ def _corpus() -> list[Path]:
 @pytest.mark.parametrize("path", _corpus(), ids=lambda p: p.stem)
 def test_replay_committed_history(path, sim_sessions, llm_conn):
     """A recorded committed history re-run sequentially in commit order on one session
-    keeps the books equal to the model built from its results (invariants 1-9)."""
+    keeps the books equal to the model built from its results (invariants 1-9).
+
+    A replay may claim notices in another order than its recording (notices crossed at
+    one instant are claimed in the order of their random ids, and the pass runs where
+    its CALL returned): its model follows its own results, and an end of a claim it
+    never made is skipped. On 0.2.0 such a divergence can itself meet issue 20 defect 6,
+    so the corpus keeps histories whose replays were seen to pass five times in a row."""
     recorded = json.loads(path.read_text())
     try:
         run_history(
