@@ -42,8 +42,9 @@ Notice calls go through ``NoticeWorker``, which passes the claim token when
 ``complete_notice`` takes one (issue 20 defect 6) and cannot before.
 
 On 0.2.0 (e283082) it fails, as it should: it finds issue 20 defects 3, 4, 5,
-6, 7 and 8 (each with its own message) and a pass that a fresh session of an
-operator LOGIN cannot run (42501, ``test_a_fresh_session_of_an_operator_login_runs_the_pass``).
+6, 7 and 8 (each with its own message), defect 2 once 7 is fixed, and a pass
+that a fresh session of an operator LOGIN cannot run (42501,
+``test_a_fresh_session_of_an_operator_login_runs_the_pass``).
 
 Knobs: ``LLM_DB_SIM_HISTORIES`` (200 when ``CI=true``, 30 otherwise) from seed
 ``LLM_DB_SIM_SEED`` (0); ``LLM_DB_SIM_SURVEY=1`` runs every history and lists
