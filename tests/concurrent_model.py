@@ -9,12 +9,12 @@ allowance could have been exhausted at that moment (its upper bound is checked);
 the winner of a request is the settlement or failure that answered
 ``settled``/``failed``, else the pass that could reach it; a task's close that
 answered true won over the pass's abandonment. Derived figures (a period's used
-and held, a task's totals, sweep_totals, daily usage) are sums over the
-model's requests. What the model checks
-is the right behaviour as issue 20 states it (docs/design.md plus the ten
-defects): a late failure trues up under ``true_up``; an allowance or threshold
-change owes the notices of the levels it puts used at or above; a stale notice
-worker cannot end another worker's claim.
+and held, a task's totals, sweep_totals, daily usage) are sums over the model's
+requests. What the model checks is the right behaviour as issue 20 states it
+(docs/design.md plus the ten defects): a late failure trues up under
+``true_up`` and is recorded under ``audit``; an allowance or threshold change
+owes the notices of the levels it puts used at or above; a stale notice worker
+cannot end another worker's claim; two passes at once: one runs, one is skipped.
 
 The plan keeps each round decidable from results alone (see ``plan``): a request
 is settled by another session only in a later round than its admission, and
@@ -366,8 +366,6 @@ class Model:
                 raise Mismatch(f"set_period_stripes returned {e['ok']} for {a}")
         elif op == "pass":
             self._expect(e, None)
-        elif op == "skipped":  # a replay's end of a claim it never made
-            pass
         elif op == "claim":
             self._expect(e, None)
             for org, period, pct, claim in e["ok"]:
