@@ -48,14 +48,17 @@ that a fresh session of an operator LOGIN cannot run (42501,
 
 Knobs: ``LLM_DB_SIM_HISTORIES`` (200 when ``CI=true``, 30 otherwise) from seed
 ``LLM_DB_SIM_SEED`` (0); ``LLM_DB_SIM_SURVEY=1`` runs every history and lists
-each failing seed's first finding; ``LLM_DB_SIM_RECORD=<folder>`` writes every
-history that passed as JSON. On a failure the test prints the seed and the
-committed history (one line per call: session, op, arguments, result) and writes
-it as JSON to ``LLM_DB_SIM_OUT`` (default /tmp/llm-db-sim-<seed>.json).
-``test_replay_committed_history`` re-runs such a file sequentially in commit
-order on one session and checks the model again (built from the replay's own
-results): the files of tests/sim_histories/ always, and the one named by
-``LLM_DB_SIM_REPLAY``. Run alone: ``bash scripts/test.sh tests/test_concurrent_simulation.py``.
+each failing seed's first finding (and writes its history);
+``LLM_DB_SIM_RECORD=<folder>`` writes every history that passed as JSON. On a
+failure the test prints the seed and the committed history (one line per call:
+session, op, arguments, result) and writes it as JSON to ``LLM_DB_SIM_OUT``
+(default /tmp/llm-db-sim-<seed>.json). ``test_replay_committed_history`` re-runs
+such a file sequentially in commit order on one session and checks the model
+again (built from the replay's own results): the files of tests/sim_histories/
+always, and the one named by ``LLM_DB_SIM_REPLAY``. A concurrent history is not
+exactly repeatable from its seed (stripes follow backend pids, notice ids are
+random, the threads interleave anew): the written history is what replays.
+Run alone: ``bash scripts/test.sh tests/test_concurrent_simulation.py``.
 """
 
 from __future__ import annotations
@@ -530,9 +533,15 @@ def sim_sessions(llm_conn, llm_dsn) -> list[Session]:
         conn.close()
 
 
-def _fail_with(record: dict[str, Any], error: Exception) -> None:
+def _written(record: dict[str, Any]) -> Path:
+    """The committed history as JSON, where a replay can read it."""
     path = Path(os.environ.get("LLM_DB_SIM_OUT", f"/tmp/llm-db-sim-{record['seed']}.json"))
     path.write_text(json.dumps(record, default=str, indent=1))
+    return path
+
+
+def _fail_with(record: dict[str, Any], error: Exception) -> None:
+    path = _written(record)
     pytest.fail(f"seed {record['seed']}: {error}\ncommitted history (also in {path}; replay it with "
                 f"LLM_DB_SIM_REPLAY={path}):\n{describe(record)}", pytrace=False)  # fmt: skip
 
@@ -555,7 +564,7 @@ def test_concurrent_histories_keep_the_books_equal_to_the_model(sim_sessions, ll
         except Mismatch as error:
             if not SURVEY:
                 _fail_with(record, error)
-            survey.append(f"seed {seed}: {str(error)[:300]}")
+            survey.append(f"seed {seed}: {str(error)[:300]} ({_written(record)})")
     with capsys.disabled():
         calls = sum(v for k, v in tally.items() if k in OPERATIONS)
         print(f"\n[concurrent simulation] {HISTORIES} histories x {SESSIONS} sessions, {calls} calls in "
