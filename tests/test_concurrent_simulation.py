@@ -528,9 +528,13 @@ def sim_sessions(llm_conn, llm_dsn) -> list[Session]:
     sessions = [Session(i, login("app"), login("operator")) for i in range(SESSIONS)]
     checker = Session(SESSIONS, login("app"), login("operator", autocommit=True))
     sessions.append(checker)
-    yield sessions
-    for conn in opened:
-        conn.close()
+    try:
+        yield sessions
+    finally:
+        for conn in opened:
+            conn.close()
+        for login_role, _ in ROLES.values():  # cluster-wide: leave none behind for later tests
+            llm_conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(login_role)))
 
 
 def _written(record: dict[str, Any]) -> Path:
