@@ -43,8 +43,9 @@ Notice calls go through ``NoticeWorker``, which passes the claim token when
 
 On 0.2.0 (e283082) it fails, as it should: it finds issue 20 defects 3, 4, 5,
 6, 7 and 8 (each with its own message), defect 2 once 7 is fixed, and a pass
-that a fresh session of an operator LOGIN cannot run (42501,
-``test_a_fresh_session_of_an_operator_login_runs_the_pass``).
+that a fresh session of an operator LOGIN cannot run (42501 on ``llm._clock_ok``,
+since granted; tests/test_roles.py proves it). With every fix of issue 20 it
+passes.
 
 Knobs: ``LLM_DB_SIM_HISTORIES`` (200 when ``CI=true``, 30 otherwise) from seed
 ``LLM_DB_SIM_SEED`` (0); ``LLM_DB_SIM_SURVEY=1`` runs every history and lists
@@ -608,17 +609,3 @@ def test_replay_committed_history(path, sim_sessions, llm_conn):
         )
     except Mismatch as error:
         pytest.fail(f"replay of {path.name} (seed {recorded['seed']}): {error}", pytrace=False)
-
-
-def test_a_fresh_session_of_an_operator_login_runs_the_pass(sim_sessions, llm_dsn):
-    """WF-PFM-LLM-004 hop 1: the pass runs as a LOGIN member of llm_operator (pg_cron's
-    job owner, ``llm-db reconcile``'s role) from a fresh session, with no call before it
-    (with or without ``p_now``).
-    The simulation found it failing with 42501 on ``llm._clock_ok``: the procedure is not
-    SECURITY DEFINER, its ``_check_clock`` runs as the caller and plans the ungranted
-    ``_clock_ok``; a session that had run any SECURITY DEFINER call first had the plan
-    cached by the owner, so the tests (superuser, or SET ROLE after setup) never met it."""
-    with psycopg.connect(llm_dsn, user=ROLES["operator"][0], autocommit=True) as operator:
-        call(operator, "run_reconciliation", now=START)
-        status = operator.execute("SELECT status FROM llm.reconciliation_runs").fetchall()
-    assert status == [("succeeded",)]
