@@ -1,0 +1,614 @@
+"""The plan and the model of the concurrent simulation (tests/test_concurrent_simulation.py).
+
+``plan(seed)`` draws one history: a few rounds, each a base clock and, per session, a
+short list of operations. ``Model`` rebuilds the books from what committed: it is
+fed each round's committed history (the operations in commit order with their
+results) and decides nothing the database may decide by ordering. An admission
+that committed is a request with its hold; a refusal (LL001) is accepted if the
+allowance could have been exhausted at that moment (its upper bound is checked);
+the winner of a request is the settlement or failure that answered
+``settled``/``failed``, else the pass that could reach it; a task's close that
+answered true won over the pass's abandonment. Derived figures (a period's used
+and held, a task's totals, sweep_totals, daily usage) are sums over the model's
+requests. What the model checks is the right behaviour as issue 20 states it
+(docs/design.md plus the ten defects): a late failure trues up under
+``true_up`` and is recorded under ``audit``; an allowance or threshold change
+owes the notices of the levels it puts used at or above; a stale notice worker
+cannot end another worker's claim; two passes at once: one runs, one is skipped.
+
+The plan keeps each round decidable from results alone (see ``plan``): a request
+is settled by another session only in a later round than its admission, and
+dispatched only in its admission's round; policy changes and the ending of
+stale notice claims never share a round with a pass; a pass far ahead runs in a
+round without admissions or notice work. So the pass recovers exactly the
+requests open before its round, old enough for its clock, that no live call of
+the round settled or failed first, and it re-arms only claims of earlier rounds.
+Two upserts of one organization in a round apply in commit order.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+RECOVERY_WINDOW = timedelta(hours=24)
+NOTICE_CLAIM_TIMEOUT = timedelta(minutes=15)
+NOTICE_BACKOFF_BASE = timedelta(minutes=1)
+NOTICE_BACKOFF_MAX = timedelta(hours=6)
+OPEN = ("reserved", "dispatched")
+
+START = datetime(2026, 1, 30, 20, 0, tzinfo=UTC)  # two days before a month boundary
+ORG_A = "00000000-0000-4000-8000-00000000a001"  # a small allowance, over 4 stripes
+ORG_B = "00000000-0000-4000-8000-00000000b002"  # a larger one, over 2 stripes
+SETUP = {  # allowance, thresholds, stripes
+    ORG_A: (100, (50, 80, 100), 4),
+    ORG_B: (300, (80, 100), 2),
+}
+ALLOWANCES = {ORG_A: (40, 60, 100, 150), ORG_B: (150, 300, 500)}
+THRESHOLDS = {
+    ORG_A: ((50, 80, 100), (80, 100), (30, 50, 80, 100), (100,)),
+    ORG_B: ((80, 100), (50, 100)),
+}
+MODELS = ("m-1", "m-2")
+CLOCK_STEPS = (  # between rounds; 25 h and 3 days let the recovery window pass
+    timedelta(minutes=5), timedelta(minutes=20), timedelta(hours=2),
+    timedelta(hours=13), timedelta(hours=25), timedelta(days=3),
+)  # fmt: skip
+WEIGHTS = {  # per slot of a session: operator-leaning (False) and consumer-leaning (True) sessions
+    False: {
+        "admit": 10,
+        "settle": 15,
+        "close": 3,
+        "upsert": 15,
+        "policy": 10,
+        "stripes": 12,
+        "claim": 35,
+    },
+    True: {
+        "admit": 45,
+        "settle": 36,
+        "close": 4,
+        "upsert": 4,
+        "policy": 2,
+        "stripes": 3,
+        "claim": 6,
+    },
+}
+TASK_KIND = "sim.task"
+
+
+def period_of(at: datetime) -> date:
+    """The UTC calendar month containing ``at`` (its first day)."""
+    return date(at.year, at.month, 1)
+
+
+def iso(at: datetime) -> str:
+    return at.isoformat()
+
+
+def when(text: str) -> datetime:
+    return datetime.fromisoformat(text)
+
+
+# ---------------------------------------------------------------- the plan
+
+
+def plan(seed: int, sessions: int = 4, rounds: int = 5) -> list[dict[str, Any]]:
+    """One history's rounds (5: enough for a claim to go stale, be re-armed by a pass,
+    claimed again and then ended by its stale worker): ``{"clock", "pass", "far", "sessions": [[op, ...], ...]}``.
+
+        An op is a dict ``{"op": name, ...arguments}``; ``claim`` and ``end_stale`` are
+        notice work whose calls the worker decides at run time from what it claimed
+        (with a random generator seeded from the plan, so a run is reproducible).
+        Sessions 0 and 1 lean to consumer work, 2 and 3 to operator work; every
+        session may do either, on its app or its operator connection."""
+    rng = random.Random(seed)
+    clock = START
+    admitted: list[tuple[str, str, int]] = []  # (org, request id, round)
+    tasks: list[tuple[str, str, int]] = []  # (org, replay key, round)
+    out = []
+    for r in range(rounds):
+        if r:
+            clock += rng.choice(CLOCK_STEPS)
+        has_pass = rng.random() < 0.5
+        far = has_pass and rng.random() < 0.2
+        passers = (
+            set(rng.sample(range(sessions), 2 if rng.random() < 0.25 else 1)) if has_pass else set()
+        )
+        round_ops: list[list[dict[str, Any]]] = []
+        for s in range(sessions):
+            ops: list[dict[str, Any]] = []
+            mine: list[tuple[str, str, int]] = []  # admitted by this session this round
+            for _ in range(rng.randint(1, 3)):
+                targets = [a for a in admitted if a[2] < r] + mine
+                weights = dict(WEIGHTS[s < 2])
+                # a round far ahead: no admissions and no notice work (decidable, see above)
+                if far:
+                    weights.pop("admit"), weights.pop("claim")
+                if has_pass:  # policy changes never share a round with a pass
+                    weights.pop("policy")
+                if not targets:
+                    weights.pop("settle")
+                kind = rng.choices(list(weights), list(weights.values()))[0]
+                ops.extend(_draw(rng, kind, r, targets, mine, tasks))
+            if not has_pass and rng.random() < 0.7:
+                ops.append({"op": "end_stale", "seed": rng.getrandbits(32)})
+            if s in passers:
+                ops.insert(rng.randint(0, len(ops)), {"op": "pass"})
+            round_ops.append(ops)
+            admitted.extend(mine)
+        pass_clock = clock + timedelta(days=rng.randint(20, 40)) if far else clock
+        out.append({"clock": iso(clock), "pass_clock": iso(pass_clock), "pass": has_pass, "far": far,
+                    "sessions": round_ops})  # fmt: skip
+    return out
+
+
+def _draw(
+    rng: random.Random, kind: str, r: int, targets: list, mine: list, tasks: list
+) -> list[dict]:
+    """The calls of one slot of a session's round (an admission may open a task first,
+    and close it after: admissions only go into a task of their own round, so no pass
+    can abandon it under them)."""
+    org = ORG_A if rng.random() < 0.7 else ORG_B
+    if kind == "admit":
+        inv = str(uuid.UUID(int=rng.getrandbits(128), version=4))
+        ops: list[dict[str, Any]] = []
+        task = None
+        if rng.random() < 0.3:
+            task = f"t-{rng.getrandbits(48):x}"
+            ops.append({"op": "open", "org": org, "task": task})
+            tasks.append((org, task, r))
+        ops.append({"op": "admit", "org": org, "inv": inv, "estimate": rng.choice((5, 10, 20, 30, 40)),
+                    "model": rng.choice(MODELS), "task": task})  # fmt: skip
+        mine.append((org, inv, r))
+        if rng.random() < 0.6:
+            ops.append({"op": "dispatch", "org": org, "inv": inv})
+        if task and rng.random() < 0.3:
+            ops.append({"op": "close", "org": org, "task": task, "outcome": "completed"})
+        return ops
+    if kind == "settle":
+        org, inv, _ = rng.choice(targets)
+        credits = rng.choice((0, 5, 10, 20, 30, 45, 60))
+        if rng.random() < 0.7:
+            return [{"op": "settle", "org": org, "inv": inv, "credits": credits, "cents": rng.randint(0, 9),
+                     "tokens": rng.choice((None, 100, 250))}]  # fmt: skip
+        return [{"op": "fail", "org": org, "inv": inv, "credits": rng.choice((0, 0, credits)),
+                 "cents": rng.randint(0, 3)}]  # fmt: skip
+    if kind == "close":
+        old = [t for t in tasks if t[2] < r]
+        if not old:
+            return []
+        org, task, _ = rng.choice(old)
+        return [
+            {
+                "op": "close",
+                "org": org,
+                "task": task,
+                "outcome": rng.choice(("completed", "failed")),
+            }
+        ]
+    if kind == "upsert":
+        return [{"op": "upsert", "org": org, "allowance": rng.choice(ALLOWANCES[org]),
+                 "thresholds": list(rng.choice(THRESHOLDS[org]))}]  # fmt: skip
+    if kind == "policy":
+        return [{"op": "policy", "org": org, "charge": rng.choice(("estimate", "dispatched", "none")),
+                 "late": rng.choice(("audit", "true_up", "true_up"))}]  # fmt: skip
+    if kind == "stripes":
+        return [{"op": "stripes", "org": org, "stripes": rng.choice((1, 2, 3, 4, 8, 0))}]
+    return [{"op": "claim", "limit": rng.randint(1, 3), "seed": rng.getrandbits(32)}]
+
+
+# ---------------------------------------------------------------- the model
+
+
+class Mismatch(AssertionError):
+    """The committed history or the books disagree with the model."""
+
+
+@dataclass
+class Request:
+    org: str
+    period: date
+    model: str
+    estimate: int
+    created_at: datetime
+    status: str = "reserved"
+    kind: str | None = None  # measured | recovered | trued_up
+    charged: int | None = None
+    cents: int | None = None
+    tokens: int | None = None
+    settled_at: datetime | None = None
+    alerted: bool = False
+    late: bool = False
+    recovered: int | None = None
+    task: str | None = None  # the replay key of its task
+
+
+@dataclass
+class Task:
+    org: str
+    started_at: datetime
+    status: str = "running"
+
+
+@dataclass
+class Org:
+    allowance: int
+    thresholds: tuple[int, ...]
+    charge: str = "estimate"
+    late: str = "audit"
+    changed_month: date | None = None  # the month of the last upsert's clock
+    lists: set[tuple[int, ...]] = field(default_factory=set)  # every threshold list it had
+
+
+@dataclass
+class Notice:
+    status: str = "owed"
+    attempts: int = 0
+    next_attempt_at: datetime | None = None
+    claimed_at: datetime | None = None
+    claim: tuple[int, str] | None = None  # the live claim: (worker, the worker's name for it)
+
+
+class Model:
+    """The books as the committed history says they must be."""
+
+    def __init__(self) -> None:
+        self.orgs: dict[str, Org] = {}
+        self.allowances: dict[tuple[str, date], int] = {}  # per period
+        self.requests: dict[str, Request] = {}
+        self.tasks: dict[str, Task] = {}  # by replay key
+        self.notices: dict[tuple[str, date, int], Notice] = {}
+
+    # ------------------------------------------------------------ setup and rounds
+
+    def setup(
+        self, org: str, allowance: int, thresholds: tuple[int, ...], charge: str, late: str
+    ) -> None:
+        self.orgs[org] = Org(allowance, tuple(thresholds), charge, late, None, {tuple(thresholds)})
+
+    def round(self, info: dict[str, Any], history: list[dict[str, Any]]) -> None:
+        """Apply one round's committed history (commit order); raise Mismatch where a
+        result is not one the right behaviour allows."""
+        passes = [when(e["args"]["now"]) for e in history if e["op"] == "pass"]
+        eligible: dict[str, datetime] = {}  # requests the pass recovers unless a live call won
+        stale: set[str] = set()  # tasks the pass abandons unless a close came first
+        if passes:  # the plan keeps everything a pass decides to what was there before the round
+            at = max(passes)
+            self._rearm(at)  # only earlier rounds' claims are old enough
+            cutoff = at - RECOVERY_WINDOW
+            eligible = {
+                k: at
+                for k, r in self.requests.items()
+                if r.status in OPEN and r.created_at <= cutoff
+            }
+            stale = {
+                k for k, t in self.tasks.items() if t.status == "running" and t.started_at <= cutoff
+            }
+        policies = {org: {(o.charge, o.late)} for org, o in self.orgs.items()}
+        for e in history:
+            if e["op"] == "policy" and "ok" in e:
+                policies[e["args"]["org"]].add((e["args"]["charge"], e["args"]["late"]))
+        upserts: dict[str, list[dict[str, Any]]] = {}
+        load = self._loads()
+        for e in history:
+            self._apply(e, eligible, stale, policies, upserts, load)
+        for key in stale:
+            if self.tasks[key].status == "running":
+                self.tasks[key].status = "abandoned"
+        for inv, at in eligible.items():  # the pass reached every one no live call took first
+            if self.requests[inv].status in OPEN:
+                self._recover(inv, at)
+        for org, changes in upserts.items():  # after the round's periods exist (same month)
+            for args in changes:
+                self._upsert(org, args["allowance"], tuple(args["thresholds"]), when(args["now"]))
+
+    def _loads(self) -> dict[tuple[str, date], int]:
+        load: dict[tuple[str, date], int] = {}
+        for r in self.requests.values():
+            key = (r.org, r.period)
+            load[key] = load.get(key, 0) + (r.estimate if r.status in OPEN else r.charged)
+        return load
+
+    def _apply(self, e, eligible, stale, policies, upserts, load) -> None:  # noqa: C901 - one branch per op
+        op, a = e["op"], e["args"]
+        code = e.get("err")
+        if op == "admit" and a.get("task") and code in ("LL006", "LL009"):
+            task = self.tasks.get(a["task"])
+            return self._expect(
+                e, "LL006" if task is None else None if task.status == "running" else "LL009"
+            )
+        if op == "admit":
+            key = (a["org"], period_of(when(a["now"])))
+            if code == "LL001":
+                # the smallest allowance in force at any moment of the round
+                allowance = min([self.allowances.get(key, self.orgs[a["org"]].allowance)]
+                                + [u["allowance"] for u in upserts.get(a["org"], [])])  # fmt: skip
+                if load.get(key, 0) + a["estimate"] <= allowance:
+                    raise Mismatch(f"LL001 refused {a} while the period's used + held could be at most "
+                                   f"{load.get(key, 0)} of {allowance}")  # fmt: skip
+                return
+            self._expect(e, None)
+            task = self.tasks.get(a.get("task") or "")
+            if a.get("task") and (task is None or task.status != "running"):
+                raise Mismatch(f"admitted {a} into a task that is {task and task.status}")
+            self.allowances.setdefault(key, self.orgs[a["org"]].allowance)
+            self.requests[a["inv"]] = Request(
+                a["org"], key[1], a["model"], a["estimate"], when(a["now"]), task=a.get("task")
+            )
+            load[key] = load.get(key, 0) + a["estimate"]
+        elif op == "dispatch":
+            row = self.requests.get(a["inv"])
+            self._expect(e, "LL005" if row is None else None if row.status in OPEN else "LL009")
+            if row is not None and row.status == "reserved":
+                row.status = "dispatched"
+        elif op in ("settle", "fail"):
+            self._settle_or_fail(e, eligible, policies, load)
+        elif op == "open":
+            self._expect(e, None)
+            if e["ok"] is not False:  # replayed: a key is opened once
+                raise Mismatch(f"open_execution {a} answered replayed = {e['ok']}")
+            self.tasks[a["task"]] = Task(a["org"], when(a["now"]))
+        elif op == "close":
+            self._close(e, stale)
+        elif op == "upsert":
+            self._expect(e, None)
+            upserts.setdefault(a["org"], []).append(a)  # commit order: the last one stays
+        elif op == "policy":
+            self._expect(e, None)
+            self.orgs[a["org"]].charge, self.orgs[a["org"]].late = a["charge"], a["late"]
+        elif op == "stripes":
+            self._expect(e, None if 1 <= a["stripes"] <= 64 else "22023")
+            if code is None and e["ok"] != a["stripes"]:
+                raise Mismatch(f"set_period_stripes returned {e['ok']} for {a}")
+        elif op == "pass":
+            self._expect(e, None)
+        elif op == "claim":
+            self._expect(e, None)
+            for org, period, pct, claim in e["ok"]:
+                self._claim(
+                    (org, date.fromisoformat(period), pct), e["session"], claim, when(a["now"])
+                )
+        elif op in ("complete", "fail_notice", "release"):
+            self._expect(e, None)
+            self._end_claim(e, when(a["now"]))
+        else:
+            raise Mismatch(f"unknown op {op}")
+
+    def _close(self, e: dict[str, Any], stale: set[str]) -> None:
+        """close_execution answers true iff the task was running; a pass of the round
+        may have abandoned it first (STATE-PFM-LLM-002: close and abandonment race, one wins)."""
+        a = e["args"]
+        task = self.tasks.get(a["task"])
+        self._expect(e, "LL006" if task is None else None)
+        if task is None:
+            return
+        if e["ok"] is False and task.status == "running" and a["task"] in stale:
+            task.status = "abandoned"
+        if e["ok"] != (task.status == "running"):
+            raise Mismatch(f"close_execution {a} answered {e['ok']}, the task was {task.status}")
+        if e["ok"]:
+            task.status = a["outcome"]
+
+    @staticmethod
+    def _expect(e: dict[str, Any], code: str | None) -> None:
+        if e.get("err") != code:
+            raise Mismatch(f"{e['op']} {e['args']} gave {e.get('err') or e.get('ok')!r}, the model expected "
+                           f"{code or 'success'}")  # fmt: skip
+
+    # ------------------------------------------------------------ requests
+
+    def _settle_or_fail(self, e, eligible, policies, load) -> None:
+        a, answer = e["args"], e.get("ok")
+        row = self.requests.get(a["inv"])
+        if row is None:
+            return self._expect(e, "LL005")
+        self._expect(e, None)
+        now = when(a["now"])
+        fresh = "settled" if e["op"] == "settle" else "failed"
+        if answer == fresh:
+            if row.status not in OPEN:
+                raise Mismatch(
+                    f"{e['op']} of {a['inv']} answered {answer}, but it was {row.status}/{row.kind}"
+                )
+            row.status = "settled" if fresh == "settled" else "failed"
+            row.kind = "measured" if fresh == "settled" else None
+            row.tokens = a.get("tokens")
+            self._book(row, a["credits"], a["cents"], now, load)
+            return None
+        if row.status in OPEN and a["inv"] in eligible:  # the pass took it first
+            self._recover(a["inv"], eligible[a["inv"]])
+        expected = self._already(row)
+        if expected == "already_recovered" and not row.late:  # the first late settlement or failure
+            row.late = True
+            allowed = {late for _, late in policies[row.org]}
+            if answer == "trued_up" and "true_up" in allowed:
+                load[(row.org, row.period)] = load.get((row.org, row.period), 0) + max(
+                    0, a["credits"] - row.charged
+                )
+                self._true_up(row, a["credits"], a["cents"], a.get("tokens"))
+                return None
+            if answer == "already_recovered" and "audit" in allowed:
+                return None
+            raise Mismatch(f"late {e['op']} of {a['inv']} (recovered at {row.recovered}) answered {answer!r}; "
+                           f"late_settlement was {sorted(allowed)} (issue 20 defect 7 for a failure)")  # fmt: skip
+        if answer != expected:
+            # on 0.2.0 a late failure only reads, so it can answer from before a true-up
+            hint = (
+                " (issue 20 defect 7: a late failure records nothing)" if e["op"] == "fail" else ""
+            )
+            raise Mismatch(
+                f"{e['op']} of {a['inv']} answered {answer!r}, the model expected {expected!r}{hint}"
+            )
+        return None
+
+    @staticmethod
+    def _already(row: Request) -> str:
+        if row.status in OPEN:
+            return "open"
+        if row.status == "failed":
+            return "already_failed"
+        return "already_recovered" if row.kind == "recovered" else "already_settled"
+
+    def _book(
+        self, row: Request, credits: int, cents: int | None, now: datetime, load=None
+    ) -> None:
+        row.charged, row.cents, row.settled_at = credits, cents, now
+        if load is not None:
+            load[(row.org, row.period)] = load.get((row.org, row.period), 0) + max(
+                0, credits - row.estimate
+            )
+
+    def _recover(self, inv: str, at: datetime) -> None:
+        row = self.requests[inv]
+        org = self.orgs[row.org]
+        charge = (
+            row.estimate
+            if org.charge == "estimate"
+            or (org.charge == "dispatched" and row.status == "dispatched")
+            else 0
+        )
+        row.status, row.kind, row.alerted, row.recovered = "settled", "recovered", True, charge
+        self._book(row, charge, None, at)
+
+    def _true_up(self, row: Request, credits: int, cents: int, tokens: int | None) -> None:
+        row.kind, row.charged, row.cents, row.tokens = "trued_up", credits, cents, tokens
+
+    # ------------------------------------------------------------ organizations
+
+    def _upsert(self, org: str, allowance: int, thresholds: tuple[int, ...], now: datetime) -> None:
+        o = self.orgs[org]
+        # a changed allowance applies to the period containing now and later ones (invariant 9)
+        if allowance != o.allowance:
+            for key in self.allowances:
+                if key[0] == org and key[1] >= period_of(now):
+                    self.allowances[key] = allowance
+        o.allowance, o.thresholds, o.changed_month = (
+            allowance,
+            tuple(sorted(set(thresholds))),
+            period_of(now),
+        )
+        o.lists.add(o.thresholds)
+
+    # ------------------------------------------------------------ notices
+
+    def _rearm(self, now: datetime) -> None:
+        for n in self.notices.values():
+            if n.status == "sending" and n.claimed_at <= now - NOTICE_CLAIM_TIMEOUT:
+                n.status, n.claimed_at, n.claim, n.next_attempt_at = "owed", None, None, now
+
+    def _claim(self, key: tuple[str, date, int], worker: int, claim: str, now: datetime) -> None:
+        n = self.notices.setdefault(key, Notice(next_attempt_at=now))  # created in this round
+        if n.status != "owed" or n.next_attempt_at > now:
+            raise Mismatch(f"claim_notices by worker {worker} took {key}, which was {n.status} "
+                           f"(due {n.next_attempt_at})")  # fmt: skip
+        n.status, n.attempts, n.claimed_at, n.claim = (
+            "sending",
+            n.attempts + 1,
+            now,
+            (worker, claim),
+        )
+
+    def _end_claim(self, e: dict[str, Any], now: datetime) -> None:
+        a = e["args"]
+        key = (a["org"], date.fromisoformat(a["period"]), a["pct"])
+        n = self.notices[key]
+        live = n.status == "sending" and n.claim == (e["session"], a["claim"])
+        if e["ok"] != live:
+            raise Mismatch(f"{e['op']} of {key} by worker {e['session']} (claim {a['claim']}) answered {e['ok']}; "
+                           f"the claim is {'live' if live else 'not its own any more'} "
+                           "(issue 20 defect 6 when a stale worker ends another's claim)")  # fmt: skip
+        if not live:
+            return
+        if e["op"] == "complete":
+            n.status, n.claim = "sent", None
+        elif e["op"] == "release":
+            n.status, n.claim, n.claimed_at, n.attempts, n.next_attempt_at = (
+                "owed",
+                None,
+                None,
+                n.attempts - 1,
+                now,
+            )
+        else:
+            backoff = min(NOTICE_BACKOFF_MAX, NOTICE_BACKOFF_BASE * 2 ** (min(n.attempts, 30) - 1))
+            n.status, n.claim, n.claimed_at, n.next_attempt_at = "owed", None, None, now + backoff
+
+    def learn_notice(
+        self, key: tuple[str, date, int], status: str, attempts: int, next_attempt_at: datetime
+    ) -> None:
+        """A notice no worker touched yet (created by a crossing): it must be owed, untried."""
+        if key not in self.notices:
+            if (status, attempts) != ("owed", 0):
+                raise Mismatch(
+                    f"notice {key} is {status} after {attempts} attempts, but no worker claimed it"
+                )
+            self.notices[key] = Notice(next_attempt_at=next_attempt_at)
+
+    # ------------------------------------------------------------ what the database must show
+
+    def periods(self) -> dict[tuple[str, date], tuple[int, int, int, int]]:
+        out = {}
+        for key, allowance in self.allowances.items():
+            rows = [r for r in self.requests.values() if (r.org, r.period) == key]
+            used = sum(r.charged for r in rows if r.status not in OPEN)
+            held = sum(r.estimate for r in rows if r.status in OPEN)
+            cents = sum(r.cents or 0 for r in rows if r.status not in OPEN)
+            out[key] = (allowance, used, held, cents)
+        return out
+
+    def invocations(self) -> dict[str, tuple]:
+        return {inv: (r.status, r.kind, r.charged, r.cents, r.period, r.alerted, r.late, r.recovered)
+                for inv, r in self.requests.items()}  # fmt: skip
+
+    def executions(self) -> dict[str, tuple]:
+        """Each task's status and totals: its terminal requests' count and charges, also
+        after it closed (WF-PFM-LLM-002 hop 3)."""
+        out = {}
+        for key, task in self.tasks.items():
+            done = [r for r in self.requests.values() if r.task == key and r.status not in OPEN]
+            out[key] = (task.status, len(done), sum(r.charged for r in done), sum(r.cents or 0 for r in done),
+                        task.status != "running")  # fmt: skip
+        return out
+
+    def notice_states(self) -> dict[tuple[str, date, int], tuple[str, int]]:
+        return {k: (n.status, n.attempts) for k, n in self.notices.items()}
+
+    def required_notices(self) -> set[tuple[str, date, int]]:
+        """Every (org, period, threshold) whose level used stands at or above must have its
+        notice: reached by a movement, or put there by an allowance or threshold change
+        (issue 20 defect 4). A period older than the organization's last change keeps the
+        right to miss a threshold that change added (it never crossed it)."""
+        out = set()
+        for (org, start), (allowance, used, _, _) in self.periods().items():
+            o = self.orgs[org]
+            for pct in o.thresholds:
+                always = all(pct in lst for lst in o.lists)
+                current = o.changed_month is None or start >= o.changed_month
+                if used * 100 >= pct * allowance and (always or current):
+                    out.add((org, start, pct))
+        return out
+
+    def sweep_totals(self) -> dict[str, tuple[int, int, int]]:
+        out = {}
+        for org in self.orgs:
+            rows = [r for r in self.requests.values() if r.org == org]
+            out[org] = (sum(r.recovered is not None for r in rows),
+                        sum(r.recovered == 0 and r.estimate > 0 for r in rows),
+                        sum(r.alerted for r in rows))  # fmt: skip
+        return out
+
+    def daily(self) -> dict[tuple[str, date, str], tuple[int, ...]]:
+        out: dict[tuple[str, date, str], tuple[int, ...]] = {}
+        for r in self.requests.values():
+            if r.settled_at is None:
+                continue
+            key = (r.org, r.settled_at.astimezone(UTC).date(), r.model)
+            n, rec, credits, cents, t_in, t_out = out.get(key, (0,) * 6)
+            tokens = r.tokens or 0
+            out[key] = (n + 1, rec + (r.kind in ("recovered", "trued_up")), credits + r.charged,
+                        cents + (r.cents or 0), t_in + tokens, t_out + tokens)  # fmt: skip
+        return out
