@@ -139,7 +139,7 @@ def test_migration_0010_stops_naming_a_stored_setting_out_of_range(database_at_0
         )
         conn.execute("UPDATE llm.settings SET recovery_window = '2 days'")
 
-    assert migrate(database_at_0009).applied_migrations == ("0010_settings_ranges",)
+    assert migrate(database_at_0009).applied_migrations[0] == "0010_settings_ranges"
     with psycopg.connect(database_at_0009, autocommit=True) as conn:
         assert scalar(conn, "SELECT sweep_batch FROM llm.settings") == 7  # kept
         assert scalar(conn, "SELECT count(*) FROM pg_constraint WHERE conname LIKE 'settings\\_%\\_range'"
