@@ -118,7 +118,7 @@ COMMENT ON FUNCTION llm._amount_ok(p_value bigint, p_nullable boolean) IS 'True 
 CREATE FUNCTION llm._apply_to_periods(p_organization_id uuid, p_allowance bigint, p_thresholds integer[], p_every_period boolean, p_now timestamp with time zone) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 010bbadff5cb6cf35fbd0e0ed6b4235a $$;
+    AS $$ body in sql/, md5 89baabbb57d0f7141cc7b7ac0213e663 $$;
 
 COMMENT ON FUNCTION llm._apply_to_periods(p_organization_id uuid, p_allowance bigint, p_thresholds integer[], p_every_period boolean, p_now timestamp with time zone) IS 'Applies a changed allowance to the period containing p_now and later ones, owing at once the thresholds their usage now stands at or above, and spreads the rooms again of those periods, or of every period of the organization when its threshold list changed (p_every_period); periods locked in period order.';
 
@@ -302,7 +302,7 @@ COMMENT ON COLUMN llm.reconciliation_runs.daily_rebuilt_through IS 'Set when thi
 CREATE FUNCTION llm._finish_run(p_run_id uuid, p_token uuid) RETURNS llm.reconciliation_runs
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 9cd7eef5dfb19e857c1e1eda81dcebb6 $$;
+    AS $$ body in sql/, md5 49fa0c25573f863e92ccc57402dc0cfb $$;
 
 COMMENT ON FUNCTION llm._finish_run(p_run_id uuid, p_token uuid) IS 'Closes a pass that still holds its lease: succeeded without errors, failed when every organization failed, partial otherwise; frees the lease.';
 
@@ -342,10 +342,13 @@ CREATE TABLE llm.period_heads (
     period_start date NOT NULL,
     period_end date NOT NULL,
     allowance_credits llm.amount,
+    allowance_excess bigint DEFAULT 0 NOT NULL,
     CONSTRAINT periods_check CHECK ((period_end > period_start))
 );
 
 COMMENT ON TABLE llm.period_heads IS 'One calendar month (UTC) of an organization: its bounds and allowance. Its counters are the sums of its llm.period_stripes rows (the view llm.periods).';
+
+COMMENT ON COLUMN llm.period_heads.allowance_excess IS 'How far used + held stood over the allowance when it was last changed (0 when within it): the most invariant 4 lets used + held - overrun exceed the allowance by.';
 
 CREATE FUNCTION llm._lock_period(p_organization_id uuid, p_period_start date) RETURNS llm.period_heads
     LANGUAGE plpgsql
@@ -696,7 +699,7 @@ COMMENT ON FUNCTION llm.check_daily_usage(p_from date, p_to date) IS 'One row pe
 CREATE FUNCTION llm.check_invariants() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 a7882a2aa73d03628040df558ae6d9fb $$;
+    AS $$ body in sql/, md5 b9c42b23c90b2688075133b94e5c9156 $$;
 
 COMMENT ON FUNCTION llm.check_invariants() IS 'Returns one row per violated invariant (docs/design.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period findings, notice claims and drift findings); empty when the books are right.';
 

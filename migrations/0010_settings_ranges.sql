@@ -1,5 +1,5 @@
 -- depends: 0009_periods_view_for_citus
--- llm-db 0010: every setting has a range; the sweeps' totals start from the books.
+-- llm-db 0010: every setting has a range.
 --
 -- 1. A setting only had to be positive, and some positive values broke every
 --    sweep: recovery_window = '100000 years' made every organization fail with
@@ -8,16 +8,10 @@
 --    settings_<setting>_range, so the 23514 of an UPDATE out of range names the
 --    setting. A value already out of range stops this migration with 23514
 --    naming the setting, its value and its range; nothing is changed.
--- 2. llm.sweep_totals are recounted from the requests (invariant 10). 0005
---    started them from the books, but counted a request recovered at its zero
---    estimate as uncharged, which the sweeps never do.
 --
--- Under live traffic: llm.settings is one row. sweep_totals (a row per
--- organization) is locked against writes (reads go on) while the requests are
--- read once: a sweep that recovered requests this snapshot does not see waits
--- to add its own increments afterwards, so none is lost or counted twice. A
--- sweep that waits past org_lock_timeout is recorded (55P03) and redone by the
--- next pass.
+-- Under live traffic: llm.settings is one row, locked only for this short
+-- transaction (every sweep and notice call reads it, so the recount of the
+-- sweeps' totals is 0012, a transaction of its own).
 
 -- One statement (a DO block): the ranges are added NOT VALID, the row is checked
 -- against each, then each is validated, with no savepoint between DDL statements
@@ -92,19 +86,3 @@ $ranges$;
 
 COMMENT ON TABLE llm.settings IS
     'One row of tunables: recovery window, drift window, sweep batch, reporting days, health max age, notice timing, the bounds of a pass. Each has a range (constraint settings_<setting>_range; docs/operations.md, "Settings"); change them with a plain UPDATE as the owner.';
-
-LOCK TABLE llm.sweep_totals IN EXCLUSIVE MODE;
-INSERT INTO llm.sweep_totals AS t (organization_id, recovered_requests, recovered_uncharged, past_window_alerts)
-SELECT i.organization_id,
-       count(*) FILTER (WHERE i.recovered_credits IS NOT NULL),
-       count(*) FILTER (WHERE i.recovered_credits = 0 AND i.estimate_credits > 0),
-       count(*) FILTER (WHERE i.past_window_alerted_at IS NOT NULL)
-  FROM llm.invocations AS i
- WHERE i.recovered_credits IS NOT NULL OR i.past_window_alerted_at IS NOT NULL
- GROUP BY i.organization_id
-ON CONFLICT (organization_id) DO UPDATE
-   SET recovered_requests = excluded.recovered_requests,
-       recovered_uncharged = excluded.recovered_uncharged,
-       past_window_alerts = excluded.past_window_alerts
- WHERE (t.recovered_requests, t.recovered_uncharged, t.past_window_alerts)
-       IS DISTINCT FROM (excluded.recovered_requests, excluded.recovered_uncharged, excluded.past_window_alerts);

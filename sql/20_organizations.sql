@@ -64,6 +64,7 @@ DECLARE
     v_current date := llm._period_start(p_now);
     v_start date;
     v_head llm.period_heads;
+    v_booked bigint;
 BEGIN
     -- A first admission of the month creating its period holds the organization row
     -- FOR SHARE (_ensure_period), so the period it creates is either seen here or
@@ -77,8 +78,14 @@ BEGIN
         -- 1. the period's stripes, in stripe order
         v_head := llm._lock_period(p_organization_id, v_start);
         IF v_start >= v_current THEN
+            -- how far used + held stands over the new allowance, measured under the
+            -- stripes' locks: the most invariant 4 lets the period stay over it by
+            SELECT sum(s.used_credits) + sum(s.held_credits) INTO v_booked
+              FROM llm.period_stripes AS s
+             WHERE s.organization_id = p_organization_id AND s.period_start = v_start;
             UPDATE llm.period_heads AS h
-               SET allowance_credits = p_allowance
+               SET allowance_credits = p_allowance,
+                   allowance_excess = GREATEST(0, coalesce(v_booked - p_allowance, 0))
              WHERE h.organization_id = p_organization_id AND h.period_start = v_start
                AND h.allowance_credits IS DISTINCT FROM p_allowance;
             v_head.allowance_credits := p_allowance;

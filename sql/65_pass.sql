@@ -372,9 +372,12 @@ BEGIN
      WHERE l.token = p_token;
     UPDATE llm.reconciliation_runs AS r
        SET finished_at = pg_catalog.clock_timestamp(),
-           -- every day it owed rebuilt: the next pass starts from this clock's day
+           -- every day it owed rebuilt: the next pass starts from this clock's day, or
+           -- from the day it really ran when its clock was ahead (llm-db reconcile
+           -- --now): it cannot vouch for days whose requests had not settled yet
            daily_rebuilt_through = CASE WHEN NOT r.errors @> '[{"step": "rebuild_daily_usage"}]'
-                                        THEN (r.clock AT TIME ZONE 'UTC')::date END,
+                                        THEN LEAST((r.clock AT TIME ZONE 'UTC')::date,
+                                                   (r.started_at AT TIME ZONE 'UTC')::date) END,
            status = CASE
                WHEN pg_catalog.jsonb_array_length(r.errors) = 0 THEN 'succeeded'
                WHEN r.orgs_failed > 0 AND r.orgs_failed = r.orgs_visited THEN 'failed'

@@ -90,26 +90,25 @@ BEGIN
     --    exactly what terminal requests booked beyond what they had reserved, their
     --    overrun: a settlement or failure above its hold, a true-up above the recovery
     --    charge (recovery charges the hold or 0, never more; the true-up holds nothing).
-    --    Every other movement lowers used + held - overrun or keeps it, so it stays
-    --    within the allowance, but for a lowered allowance: the check holds from the
-    --    first admission after the organization's last update (upsert_organization
-    --    moves the period's allowance and stamps updated_at; that admission fitted).
+    --    Every other movement lowers used + held - overrun or keeps it, and admission
+    --    raises it only within the allowance, so it stays within allowance +
+    --    allowance_excess: how far used + held stood over the allowance when it was
+    --    last changed (a lowered allowance; recorded under the stripes' locks).
     RETURN QUERY
     SELECT 4, p.organization_id, 'period ' || p.period_start,
-           pg_catalog.format('allowance=%s used=%s held=%s overrun=%s (last admission %s, organization updated %s)',
-                             p.allowance_credits, p.used_credits, p.held_credits, r.overrun,
-                             r.last_admitted_at, o.updated_at)
+           pg_catalog.format('allowance=%s used=%s held=%s overrun=%s allowance_excess=%s',
+                             p.allowance_credits, p.used_credits, p.held_credits, coalesce(r.overrun, 0),
+                             h.allowance_excess)
       FROM llm.periods AS p
-      JOIN llm.organizations AS o ON o.id = p.organization_id
-      JOIN (SELECT i.organization_id, i.period_start, max(i.created_at) AS last_admitted_at,
-                   coalesce(sum(GREATEST(0, i.charged_credits - coalesce(i.recovered_credits, i.hold_credits)))
-                                FILTER (WHERE i.status IN ('settled', 'failed')), 0) AS overrun
-              FROM llm.invocations AS i
-             GROUP BY 1, 2) AS r
+      JOIN llm.period_heads AS h ON h.organization_id = p.organization_id AND h.period_start = p.period_start
+      LEFT JOIN (SELECT i.organization_id, i.period_start,
+                        sum(GREATEST(0, i.charged_credits - coalesce(i.recovered_credits, i.hold_credits))) AS overrun
+                   FROM llm.invocations AS i
+                  WHERE i.status IN ('settled', 'failed')
+                  GROUP BY 1, 2) AS r
         ON r.organization_id = p.organization_id AND r.period_start = p.period_start
      WHERE p.allowance_credits IS NOT NULL
-       AND p.used_credits + p.held_credits - r.overrun > p.allowance_credits
-       AND r.last_admitted_at > o.updated_at;
+       AND p.used_credits + p.held_credits - coalesce(r.overrun, 0) > p.allowance_credits + h.allowance_excess;
 
     -- 4b. the stripes' escrow never promises more than the period has left: each
     --     stripe's admit_room is set (NULL only when unlimited), and together they are at

@@ -17,9 +17,11 @@ from tests.helpers import (
     MAX_AMOUNT,
     NEW_MONTH,
     T0,
+    InThread,
     admit,
     admit_params,
     assert_sqlstate,
+    call,
     close_task,
     dispatch,
     fail,
@@ -34,6 +36,7 @@ from tests.helpers import (
     scalar,
     set_org,
     settle,
+    wait_blocked,
 )
 
 # ---------------------------------------------------------------- normal path
@@ -339,6 +342,57 @@ def test_an_admission_of_zero_into_a_period_over_its_allowance_is_refused(llm_co
     assert_sqlstate(llm_conn, "LL001", ADMIT_SQL, admit_params(org, 0, now=T0 + timedelta(hours=2)))
     set_org(llm_conn, org, 50, now=T0 + timedelta(hours=3))  # exactly full: 0 fits
     admit(llm_conn, org, 0, now=T0 + timedelta(hours=4))
+    assert invariants(llm_conn) == []
+
+
+@pytest.mark.parametrize("admitted", ["this month", "next month, opened by a clock ahead"])
+def test_an_allowance_lowered_under_holds_whose_clocks_follow_it_is_legal_invariant_4(
+    llm_conn, admitted
+):
+    """Invariant 4 orders a lowered allowance and the admissions by the stripes' locks, not
+    by their clocks: holds placed (and committed) before the allowance was lowered may carry
+    later clocks than the change. As it was, the check compared the last admission's
+    created_at with the organization's updated_at and reported both cases (found in
+    review); now the change records how far used + held stood over the new allowance."""
+    org = new_org(llm_conn, 1000, now=T0)
+    when = T0 + timedelta(hours=2) if admitted == "this month" else NEW_MONTH + timedelta(days=1)
+    admit(llm_conn, org, 600, now=when)
+    admit(llm_conn, org, 300, now=when)
+    set_org(llm_conn, org, 500, now=T0 + timedelta(hours=1))  # later in commit order, earlier clock
+    assert invariants(llm_conn) == []
+    # the excess shrinks as holds are released, and a hold beyond it is reported
+    llm_conn.execute("UPDATE llm.period_stripes SET held_credits = held_credits + 1, admit_room = 0"
+                     " WHERE organization_id = %s AND held_credits > 0", [org])  # fmt: skip
+    assert 4 in [r["invariant"] for r in invariants(llm_conn)]
+
+
+def test_an_admission_that_fitted_before_a_lowering_waiting_for_its_stripe_is_legal_invariant_4(
+    llm_conn, llm_connect
+):
+    """Invariant 4, scripted with stripes (found in review): X holds stripe 0 with a hold in
+    an open transaction; an upsert lowering the allowance from 1000 to 300 waits for it;
+    meanwhile Y admits 300 on stripe 1, which fits the old allowance, and commits with a
+    later clock than the upsert's. Every interleaving of lock order is legal, so the books
+    report nothing once all three committed."""
+    org = new_org(llm_conn, 1000, now=T0)
+    call(llm_conn, "set_period_stripes", org, 2)
+
+    def on_stripe(stripe: int, *, autocommit: bool = True):
+        while True:  # a session's stripe is its backend pid modulo the stripe count
+            conn = llm_connect(autocommit=autocommit)
+            if conn.info.backend_pid % 2 == stripe:
+                return conn
+            conn.close()
+
+    x, y, u = on_stripe(0, autocommit=False), on_stripe(1), on_stripe(0)
+    admit(y, org, 1, now=T0)  # the period and its two stripes' rooms
+    admit(x, org, 100, now=T0 + timedelta(hours=1))  # stripe 0, not committed
+    upsert = InThread(lambda: set_org(u, org, 300, now=T0 + timedelta(hours=2)))
+    wait_blocked(llm_conn, u.info.backend_pid)
+    admit(y, org, 300, now=T0 + timedelta(hours=3))  # stripe 1, fast path, committed
+    x.commit()
+    upsert.result()
+    assert period(llm_conn, org)["held_credits"] == 401
     assert invariants(llm_conn) == []
 
 

@@ -166,6 +166,30 @@ def test_a_pass_run_far_ahead_hides_no_day_from_the_catch_up(llm_conn):
     assert invariants(llm_conn) == []
 
 
+def test_a_pass_run_ahead_vouches_only_for_the_days_it_really_saw(llm_conn):
+    """Issue 20 defect 8, once real time reaches the clock a pass ran with (found in
+    review): a pass today, then one run ten days ahead (``llm-db reconcile --now``); a
+    request settles two days on, while no pass runs; passes resume twelve days on. The
+    pass run ahead rebuilt days whose requests had not settled yet, so it vouches only
+    for the days up to the one it really ran on, and the resumed pass rebuilds the
+    outage. As it was, it vouched up to its clock and the outage's day stayed empty.
+    Clocks count from the server's real day here: what a pass may vouch for is bounded
+    by when it really ran."""
+    today = llm_conn.execute("SELECT date_trunc('day', now()) + interval '12 hours'").fetchone()[0]
+    org = new_org(llm_conn, None, now=today)
+    assert run_pass(llm_conn, today)["status"] == "succeeded"
+    assert run_pass(llm_conn, today + 10 * DAY)["status"] == "succeeded"
+    inv = admit_dispatched(llm_conn, org, 10, now=today + 2 * DAY)
+    assert settle(llm_conn, org, inv, 7, 3, now=today + 2 * DAY + HOUR) == "settled"
+
+    assert run_pass(llm_conn, today + 12 * DAY)["status"] == "succeeded"
+
+    assert daily_usage_findings(llm_conn, today.date(), (today + 12 * DAY).date()) == []
+    assert llm_conn.execute("SELECT day, credits FROM llm.daily_usage WHERE organization_id = %s",
+                            [org]).fetchall() == [((today + 2 * DAY).date(), 7)]  # fmt: skip
+    assert invariants(llm_conn) == []
+
+
 # ---------------------------------------------------------------- check_daily_usage
 
 

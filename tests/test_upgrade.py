@@ -340,7 +340,7 @@ def exercise_every_public_routine(conn: psycopg.Connection, ids: dict[str, uuid.
 def test_the_sweeps_totals_are_recounted_from_the_books_on_upgrade(old_database):
     """Invariant 10 (issue 20): 0005 started llm.sweep_totals from the 0.1.0 books but
     counted a request recovered at its zero estimate as uncharged, which no sweep does;
-    0010 recounts them from the requests, so an upgraded database's totals are exact."""
+    0012 recounts them from the requests, so an upgraded database's totals are exact."""
     with psycopg.connect(old_database, autocommit=True) as conn:
         api = Release010(conn)
         org = api.org(1000)
