@@ -30,6 +30,7 @@ REGRESS = Path("/usr/lib/postgresql/15/lib/pgxs/src/test/isolation/pg_isolation_
 TESTER = REGRESS.with_name("isolationtester")  # pg_isolation_regress runs it from beside itself
 PACKAGE = "postgresql-client-15"
 
+
 def _require_tester() -> None:
     for program in (REGRESS, TESTER):
         require_tool(str(program), PACKAGE)

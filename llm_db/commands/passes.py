@@ -227,4 +227,5 @@ def health(dsn: str | None, now: datetime | None, as_json: bool) -> None:
                 indent=0,
             )
         )
-    common.exit_with({"ok": common.EXIT_OK, "never": common.EXIT_MISSING}.get(result.status, common.EXIT_PROBLEM))
+    codes = {"ok": common.EXIT_OK, "never": common.EXIT_MISSING}
+    common.exit_with(codes.get(result.status, common.EXIT_PROBLEM))
