@@ -1,7 +1,7 @@
 """The ``llm-db`` command line through its real entry point: a subprocess running
 ``python -m llm_db.cli`` (the same program as the ``llm-db`` script) against this
 test's database. Each subcommand's output and exit code: 0 done, 1 needs
-attention, 2 usage (and health ``never``), 3 extension missing, 4 database error.
+attention, 2 usage, 3 extension missing, 4 database error, 5 health ``never``.
 
 The clock is moved with ``--now`` (the driver's ``now=``), never by sleeping.
 """
@@ -175,10 +175,11 @@ def test_migrate_on_a_migrated_database_applies_nothing_new(llm_dsn):
 
 
 def test_health_never_ok_late_and_failing_exit_codes(llm_dsn, llm_conn):
-    """The missing-run alarm as a monitoring check (BR-CAP-PFM-LLM-009-07): never -> 2,
-    ok -> 0, late (no pass within health_max_age, 2 h) -> 1, failing -> 1."""
+    """The missing-run alarm as a monitoring check (BR-CAP-PFM-LLM-009-07): never -> 5
+    (issue 21 item 7: not 2, click's usage error), ok -> 0, late (no pass within
+    health_max_age, 2 h) -> 1, failing -> 1."""
     never = llm_db("health", "--now", iso(T0), dsn=llm_dsn)
-    assert never.returncode == 2, never.stderr
+    assert never.returncode == 5, never.stderr
     assert never.stdout.splitlines()[0].split() == ["status", "never"]
     assert "last success  never" in never.stdout
 
@@ -205,8 +206,14 @@ def test_health_never_ok_late_and_failing_exit_codes(llm_dsn, llm_conn):
     assert "boom" in failing.stdout
 
 
+def test_health_help_says_never_exits_5():
+    """issue 21 item 7: `--help` of health and of llm-db name exit 5 for never."""
+    assert "5  never" in llm_db("health", "--help").stdout
+    assert "5    health: no pass has ever completed" in llm_db("--help").stdout
+
+
 def test_health_reads_database_url(llm_dsn):
-    assert llm_db("health", dsn=llm_dsn).returncode == 2  # never, found through DATABASE_URL
+    assert llm_db("health", dsn=llm_dsn).returncode == 5  # never, found through DATABASE_URL
 
 
 # ---------------------------------------------------------------- reconcile
