@@ -31,6 +31,8 @@ EXIT_UNAVAILABLE = 3
 #: the database could not be reached, or refused the call (an llm-db error or any
 #: other SQL error); the message says which
 EXIT_ERROR = 4
+#: ``doctor``: something llm-db needs is missing (the line says the statement to run)
+EXIT_MISSING = 6
 #: interrupted (Ctrl-C, SIGTERM)
 EXIT_INTERRUPTED = 130
 
