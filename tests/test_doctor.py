@@ -239,3 +239,13 @@ def test_the_key_grants_the_doctor_checks_are_granted_by_sql_99():
             continue
         assert any(s.startswith("GRANT EXECUTE") and name in s and s.endswith(f"TO {role}")
                    for s in statements), name  # fmt: skip
+
+
+def test_no_database_given_is_click_usage_exit_2_and_unreachable_is_exit_4():
+    """issue 21 item 3: exit 2 stays click's usage error (no --dsn, no DATABASE_URL), and
+    an unreachable database is exit 4 as for every subcommand; neither is a finding."""
+    proc = llm_db("doctor")
+    assert proc.returncode == 2 and "no database given" in proc.stderr
+    proc = llm_db("doctor", "--dsn", "host=127.0.0.1 port=1 dbname=nowhere connect_timeout=3")
+    assert proc.returncode == 4 and "cannot connect" in proc.stderr
+    assert "Traceback" not in proc.stderr
