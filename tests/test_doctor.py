@@ -164,6 +164,10 @@ def test_a_non_superuser_owner_installs_and_is_told_the_grants_it_lacks(
         "fix": "llm-db doctor --dsn ... --cron-dsn <the DSN of the database named by "
                "cron.database_name>",
     }  # fmt: skip
+    # why pg_settings: current_setting's missing_ok does not cover a privilege (issue 21 F2)
+    with psycopg.connect(owner_dsn, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT current_setting('cron.database_name', true)")
     assert checks["lease"]["status"] == "warning"
     assert "taken over only when settings.pass_lease lapses" in checks["lease"]["detail"]
     assert checks["lease"]["fix"] == f"GRANT pg_read_all_stats TO {role};"
@@ -249,3 +253,15 @@ def test_no_database_given_is_click_usage_exit_2_and_unreachable_is_exit_4():
     proc = llm_db("doctor", "--dsn", "host=127.0.0.1 port=1 dbname=nowhere connect_timeout=3")
     assert proc.returncode == 4 and "cannot connect" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_cron_dsn_without_pg_cron_is_missing_and_says_where_to_create_it(llm_dsn, empty_dsn):
+    """issue 21 item 3: --cron-dsn naming a database where pg_cron is not created: missing,
+    with the statement and where to run it (exit 6); the schedule cannot be read there."""
+    proc, checks = doctor(llm_dsn, "--cron-dsn", empty_dsn)
+    assert proc.returncode == EXIT_MISSING
+    assert checks["pg_cron"]["status"] == "missing"
+    assert "not installed in the --cron-dsn database doctor_" in checks["pg_cron"]["detail"]
+    assert checks["pg_cron"]["fix"].startswith("CREATE EXTENSION pg_cron;")
+    assert "pg_cron grants" not in checks
+    assert checks["schedule"]["status"] == "warning"
