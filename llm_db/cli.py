@@ -31,7 +31,7 @@ except ModuleNotFoundError as exc:  # the cli extra is not installed
     raise missing("click") from exc
 
 # the subcommands (one module a theme, llm_db/commands/) need click: imported after it
-from llm_db.commands import demo, notices, passes, reports, setup  # noqa: E402
+from llm_db.commands import demo, doctor, notices, passes, reports, setup  # noqa: E402
 from llm_db.commands.common import (  # noqa: E402
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -65,7 +65,8 @@ Exit codes (the same for every subcommand):
        or worker without a session for LISTEN
   3    a needed extension is missing (pg_cron LL010, citus LL011)
   4    database unreachable, or it refused the call (SQLSTATE in the message)
-  5    health: no pass has ever completed
+  5    something is missing: health, no pass has ever completed; doctor, a
+       check is missing (each line says what to run)
   130  interrupted
 
 \b
@@ -88,6 +89,8 @@ def main() -> None:
     """llm-db: the books for LLM usage of a multi-tenant platform, kept in PostgreSQL.
 
     \b
+    Check a database first (managed PostgreSQL: grants, pg_cron, poolers):
+      llm-db doctor    --dsn postgresql://owner@db/app
     Install into a database, then schedule the hourly pass:
       llm-db migrate   --dsn postgresql://owner@db/app
       llm-db schedule  --dsn postgresql://owner@db/app
@@ -103,7 +106,7 @@ def main() -> None:
 
 
 for _command in (
-    setup.migrate, setup.distribute, setup.schedule, setup.unschedule,
+    setup.migrate, setup.distribute, setup.schedule, setup.unschedule, doctor.doctor,
     passes.reconcile, passes.health,
     notices.notices, notices.worker,
     reports.report, reports.metrics,

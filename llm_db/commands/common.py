@@ -33,7 +33,8 @@ EXIT_UNAVAILABLE = 3
 EXIT_ERROR = 4
 #: something the deployment needs is missing: ``health``, no pass has ever
 #: completed (before 0.3.0 this was 2, which a monitoring check could not tell
-#: from a mistyped command line)
+#: from a mistyped command line); ``doctor``, a check is missing (its line says
+#: the statement to run)
 EXIT_MISSING = 5
 #: interrupted (Ctrl-C, SIGTERM)
 EXIT_INTERRUPTED = 130
