@@ -201,7 +201,7 @@ def test_each_database_gets_its_own_job_and_a_name_running_elsewhere_is_refused(
     appb removes appb's job only. A name that already runs in another database is refused
     (42710, naming that database) and changes nothing: by the CLI, and by
     schedule_reconciliation when llm-reconciliation runs elsewhere (as --cron-dsn named it
-    before 0.3.0)."""
+    before 0.3.0); scheduling that database again with the default name replaces it."""
     managed.admin(*PROVIDER_GRANTS)
     cron_dsn = managed.dsn(CRON_DB)
     for db in (APP_B, APP_C):
@@ -235,6 +235,27 @@ def test_each_database_gets_its_own_job_and_a_name_running_elsewhere_is_refused(
         assert f"runs in database {APP_B}" in raised.value.diag.message_primary
         assert managed.jobs() == [(CRON_JOB, OWNER, APP_B, "0 * * * *"), everyone[2]]
         assert scalar(owner, "SELECT llm.unschedule_reconciliation()") is False  # not appa's
+
+        # scheduling appb under the default name replaces its job of the old name
+        proc = llm_db("schedule", "--cron-dsn", cron_dsn, dsn=managed.dsn(APP_B))
+        assert proc.returncode == 0, proc.stderr
+        assert f"removed pg_cron job {CRON_JOB} for database {APP_B}" in proc.stdout
+        assert managed.jobs() == everyone[1:]
+        assert call(owner, "schedule_reconciliation")[0]["value"] is not None
+        assert managed.jobs() == everyone
+
+
+def test_unschedule_with_the_default_name_also_removes_the_job_of_the_old_name(managed):
+    """issue 21 F5, upgrading: a job --cron-dsn scheduled before 0.3.0 is named
+    llm-reconciliation; ``llm-db unschedule --cron-dsn`` without --job-name removes it too."""
+    managed.admin(*PROVIDER_GRANTS)
+    cron_dsn = managed.dsn(CRON_DB)
+    proc = llm_db("schedule", "--cron-dsn", cron_dsn, "--job-name", CRON_JOB, dsn=managed.dsn(APP_B))
+    assert proc.returncode == 0, proc.stderr
+    assert managed.jobs() == [(CRON_JOB, OWNER, APP_B, "0 * * * *")]
+    proc = llm_db("unschedule", "--cron-dsn", cron_dsn, dsn=managed.dsn(APP_B))
+    assert proc.stdout.strip() == f"removed pg_cron job {CRON_JOB} for database {APP_B} (its name before 0.3.0)"
+    assert managed.jobs() == []
 
 
 # ---------------------------------------------------------------- item 1: lease visibility

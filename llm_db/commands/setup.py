@@ -79,6 +79,14 @@ SELECT cron.unschedule(j.jobid) AS removed
  WHERE j.jobname = %(job_name)s::text AND j.database = %(dbname)s::text
    AND j.username = current_user
 """
+# Before 0.3.0 --cron-dsn named every database's job llm-reconciliation: the default
+# name now replaces that job of this login for this database (not the cron database's own).
+_CRON_UNSCHEDULE_OLD_NAME = """
+SELECT cron.unschedule(j.jobid) AS removed
+  FROM cron.job AS j
+ WHERE j.jobname = %(old_name)s::text AND j.database = %(dbname)s::text
+   AND j.database <> pg_catalog.current_database() AND j.username = current_user
+"""
 _CRON_INSTALLED = "SELECT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'pg_cron')"
 # What pg_cron 1.4 leaves to the provider's admin: USAGE on schema cron, and EXECUTE on
 # cron.schedule_in_database (revoked from PUBLIC). The CASE keeps the function's name
@@ -130,6 +138,13 @@ def _require_grants(cron: psycopg.Connection, function: str) -> None:
             f"run: {missing}",
             common.EXIT_ERROR,
         )
+
+
+def _unschedule_old_name(cron: psycopg.Connection, dbname: str) -> list[tuple]:
+    """Remove this login's job for ``dbname`` under the name --cron-dsn gave before 0.3.0."""
+    return cron.execute(
+        _CRON_UNSCHEDULE_OLD_NAME, {"old_name": JOB_NAME, "dbname": dbname}
+    ).fetchall()
 
 
 @contextlib.contextmanager
@@ -199,8 +214,11 @@ def schedule(dsn: str | None, schedule: str, cron_dsn: str | None, job_name: str
                    f"{JOB_COMMAND} in database {dbname}")  # fmt: skip
         return
     dbname = _llm_database(dsn)
-    job_name = job_name or default_job_name(dbname)
+    replaced = []
     with _cron_database(cron_dsn, _SCHEDULE_IN_DATABASE) as cron, cron.transaction():
+        if job_name is None:
+            job_name = default_job_name(dbname)
+            replaced = _unschedule_old_name(cron, dbname)
         job_id = cron.execute(
             _CRON_SCHEDULE_IN_DATABASE,
             {"job_name": job_name, "schedule": schedule, "command": JOB_COMMAND, "dbname": dbname},
@@ -219,6 +237,10 @@ def schedule(dsn: str | None, schedule: str, cron_dsn: str | None, job_name: str
             f"scheduled pg_cron job {job_name} (id {job_id}) in database {cron.info.dbname}: "
             f"{schedule!r} runs {JOB_COMMAND} in database {dbname}"
         )
+        if replaced:
+            click.echo(
+                f"removed pg_cron job {JOB_NAME} for database {dbname} (its name before 0.3.0)"
+            )
 
 
 @click.command(short_help="Remove the pg_cron job of the hourly pass.")
@@ -250,12 +272,15 @@ def unschedule(dsn: str | None, cron_dsn: str | None, job_name: str | None) -> N
         click.echo(f"removed pg_cron job {JOB_NAME}" if removed else f"no pg_cron job {JOB_NAME}")
         return
     dbname = _llm_database(dsn)
-    job_name = job_name or default_job_name(dbname)
     with _cron_database(cron_dsn, _UNSCHEDULE) as cron:
+        old = [] if job_name is not None else _unschedule_old_name(cron, dbname)
+        job_name = job_name or default_job_name(dbname)
         rows = cron.execute(
             _CRON_UNSCHEDULE_IN_DATABASE, {"job_name": job_name, "dbname": dbname}
         ).fetchall()
+    if old:
+        click.echo(f"removed pg_cron job {JOB_NAME} for database {dbname} (its name before 0.3.0)")
     if rows:
         click.echo(f"removed pg_cron job {job_name} for database {dbname}")
-    else:
+    elif not old:
         click.echo(f"no pg_cron job {job_name} for database {dbname}")
