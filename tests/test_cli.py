@@ -323,7 +323,7 @@ def test_schedule_without_pg_cron_is_ll010_with_the_hint_exit_3(llm_dsn, llm_con
     assert proc.returncode == 3
     assert_one_line_error(
         proc, "schedule", "LL010", "HINT:",
-        f"cron.schedule_in_database('llm-reconciliation', '0 * * * *', "
+        f"cron.schedule_in_database('llm-reconciliation:{dbname}', '0 * * * *', "
         f"'CALL llm.run_reconciliation()', '{dbname}')", "--cron-dsn",
     )  # fmt: skip
     proc = llm_db("unschedule", dsn=llm_dsn)
@@ -354,21 +354,23 @@ def test_schedule_with_cron_dsn_schedules_in_the_cron_database_for_this_one(
     llm_dsn, llm_conn, llm_cron_dsn, cron_conn
 ):
     """LL010's way out: --cron-dsn runs cron.schedule_in_database(..., <llm database>) in the
-    pg_cron database; idempotent; unschedule --cron-dsn removes that job only."""
+    pg_cron database, as job llm-reconciliation:<llm database> (issue 21 F5); idempotent;
+    unschedule --cron-dsn removes that job only."""
     dbname = llm_conn.info.dbname
+    job = f"{CRON_JOB}:{dbname}"
     proc = llm_db("schedule", "--cron-dsn", llm_cron_dsn, "--schedule", "17 3 1 1 *", dsn=llm_dsn)
     assert proc.returncode == 0, proc.stderr
-    ((job_id, schedule, command, database),) = cron_jobs(cron_conn)
+    ((job_id, schedule, command, database),) = cron_jobs(cron_conn, job)
     assert (schedule, command, database) == ("17 3 1 1 *", "CALL llm.run_reconciliation()", dbname)
     assert f"in database {dbname}" in proc.stdout
     again = llm_db("schedule", "--cron-dsn", llm_cron_dsn, "--schedule", "17 3 1 1 *", dsn=llm_dsn)
     assert again.returncode == 0
-    assert [j[0] for j in cron_jobs(cron_conn)] == [job_id]
+    assert [j[0] for j in cron_jobs(cron_conn, job)] == [job_id]
 
     proc = llm_db("unschedule", "--cron-dsn", llm_cron_dsn, dsn=llm_dsn)
     assert proc.returncode == 0
-    assert proc.stdout.strip() == f"removed pg_cron job {CRON_JOB} for database {dbname}"
-    assert cron_jobs(cron_conn) == []
+    assert proc.stdout.strip() == f"removed pg_cron job {job} for database {dbname}"
+    assert cron_jobs(cron_conn, job) == []
 
 
 def test_schedule_with_a_cron_dsn_without_pg_cron_exit_3(llm_dsn):
