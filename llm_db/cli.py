@@ -65,8 +65,8 @@ Exit codes (the same for every subcommand):
        or worker without a session for LISTEN
   3    a needed extension is missing (pg_cron LL010, citus LL011)
   4    database unreachable, or it refused the call (SQLSTATE in the message)
-  5    something is missing: health, no pass has ever completed; doctor, a
-       check is missing (each line says what to run)
+  5    health: no pass has ever completed; doctor: something llm-db needs
+       is missing (each line says what to run)
   130  interrupted
 
 \b
