@@ -525,9 +525,9 @@ COMMENT ON FUNCTION llm._renew_lease(p_run_id uuid, p_token uuid) IS 'Extends th
 CREATE FUNCTION llm._require_cron(p_schedule text) RETURNS void
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 9e9b509b8f9b15a16573dccfffffc4b4 $$;
+    AS $$ body in sql/, md5 331a6dc7f12ae72a8279cab6ded16b60 $$;
 
-COMMENT ON FUNCTION llm._require_cron(p_schedule text) IS 'Raises LL010 when pg_cron is not installed in this database, with a HINT that schedules the pass from the cron database.';
+COMMENT ON FUNCTION llm._require_cron(p_schedule text) IS 'Raises LL010 when pg_cron is not installed in this database, with a HINT that schedules the pass from the cron database; 42501 with the GRANT to run when the schema cron is not usable.';
 
 CREATE FUNCTION llm._require_notice(p_organization_id uuid, p_notice_id uuid) RETURNS void
     LANGUAGE plpgsql STABLE
@@ -813,7 +813,7 @@ COMMENT ON FUNCTION llm.reconcile_org(p_organization_id uuid, p_now timestamp wi
 CREATE FUNCTION llm.reconciliation_health(p_now timestamp with time zone DEFAULT now()) RETURNS TABLE(status text, last_success_at timestamp with time zone, last_run_status text, detail text)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 91ced1260c4d9c9fc5159acd44eec5c5 $$;
+    AS $$ body in sql/, md5 21db7b745125a64b4f2766ce1747781f $$;
 
 COMMENT ON FUNCTION llm.reconciliation_health(p_now timestamp with time zone) IS 'The missing-run alarm: ok, late (no completed pass within settings.health_max_age), never (no pass ever ran), or failing (the last pass recorded errors, or every pass so far failed).';
 
@@ -833,9 +833,9 @@ COMMENT ON PROCEDURE llm.run_reconciliation(IN p_now timestamp with time zone, I
 CREATE FUNCTION llm.schedule_reconciliation(p_schedule text DEFAULT '0 * * * *'::text) RETURNS bigint
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $_$ body in sql/, md5 4c01e9612fc84496acbc93deb852b1c8 $_$;
+    AS $_$ body in sql/, md5 fcd7aad37d61f1d5851b607d37d0740f $_$;
 
-COMMENT ON FUNCTION llm.schedule_reconciliation(p_schedule text) IS 'Schedules (or reschedules) the pg_cron job llm-reconciliation running CALL llm.run_reconciliation(); returns its job id; LL010 without pg_cron.';
+COMMENT ON FUNCTION llm.schedule_reconciliation(p_schedule text) IS 'Schedules (or reschedules) the pg_cron job llm-reconciliation of the schema owner running CALL llm.run_reconciliation() in this database; returns its job id; LL010 without pg_cron, 42501 without its grants, 42710 when that job runs in another database.';
 
 CREATE FUNCTION llm.set_period_stripes(p_organization_id uuid, p_stripes integer) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
@@ -861,9 +861,9 @@ COMMENT ON FUNCTION llm.settle_invocation(p_organization_id uuid, p_invocation_i
 CREATE FUNCTION llm.unschedule_reconciliation() RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $_$ body in sql/, md5 c8fb4d253beb484926c0d22cd2c779fd $_$;
+    AS $_$ body in sql/, md5 660cd674366d81ce98a7043f1fbd6a05 $_$;
 
-COMMENT ON FUNCTION llm.unschedule_reconciliation() IS 'Removes the pg_cron job llm-reconciliation; false when there was none; LL010 without pg_cron.';
+COMMENT ON FUNCTION llm.unschedule_reconciliation() IS 'Removes the schema owner''s pg_cron job llm-reconciliation of this database; false when there was none; LL010 without pg_cron, 42501 without its grants.';
 
 CREATE FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text DEFAULT 'operational'::text, p_notice_thresholds integer[] DEFAULT '{80,100}'::integer[], p_now timestamp with time zone DEFAULT now()) RETURNS llm.organizations
     LANGUAGE plpgsql SECURITY DEFINER

@@ -31,10 +31,11 @@ except ModuleNotFoundError as exc:  # the cli extra is not installed
     raise missing("click") from exc
 
 # the subcommands (one module a theme, llm_db/commands/) need click: imported after it
-from llm_db.commands import demo, notices, passes, reports, setup  # noqa: E402
+from llm_db.commands import demo, doctor, notices, passes, reports, setup  # noqa: E402
 from llm_db.commands.common import (  # noqa: E402
     EXIT_ERROR,
     EXIT_INTERRUPTED,
+    EXIT_MISSING,
     EXIT_OK,
     EXIT_PROBLEM,
     EXIT_UNAVAILABLE,
@@ -45,6 +46,7 @@ from llm_db.commands.common import (  # noqa: E402
 __all__ = [
     "EXIT_ERROR",
     "EXIT_INTERRUPTED",
+    "EXIT_MISSING",
     "EXIT_OK",
     "EXIT_PROBLEM",
     "EXIT_UNAVAILABLE",
@@ -60,9 +62,11 @@ Exit codes (the same for every subcommand):
        failing, a partial/failed/skipped pass, undelivered notices)
   2    bad command line, no database given, a webhook secret that is not
        whsec_..., the worker extra missing (pip install 'llm-db[worker]'),
-       or worker without a session for LISTEN; health: no pass ever ran
+       or worker without a session for LISTEN
   3    a needed extension is missing (pg_cron LL010, citus LL011)
   4    database unreachable, or it refused the call (SQLSTATE in the message)
+  5    health: no pass has ever completed; doctor: something llm-db needs
+       is missing (each line says what to run)
   130  interrupted
 
 \b
@@ -85,11 +89,13 @@ def main() -> None:
     """llm-db: the books for LLM usage of a multi-tenant platform, kept in PostgreSQL.
 
     \b
+    Check a database first (managed PostgreSQL: grants, pg_cron, poolers):
+      llm-db doctor    --dsn postgresql://owner@db/app
     Install into a database, then schedule the hourly pass:
       llm-db migrate   --dsn postgresql://owner@db/app
       llm-db schedule  --dsn postgresql://owner@db/app
     Watch it:
-      llm-db health    --dsn ...      # exit 0 ok, 1 late/failing, 2 never
+      llm-db health    --dsn ...      # exit 0 ok, 1 late/failing, 5 never
       llm-db metrics   --dsn ...      # Prometheus text format
       llm-db report    --dsn ... --days 7
     Deliver threshold notices to a webhook, continuously:
@@ -100,7 +106,7 @@ def main() -> None:
 
 
 for _command in (
-    setup.migrate, setup.distribute, setup.schedule, setup.unschedule,
+    setup.migrate, setup.distribute, setup.schedule, setup.unschedule, doctor.doctor,
     passes.reconcile, passes.health,
     notices.notices, notices.worker,
     reports.report, reports.metrics,

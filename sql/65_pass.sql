@@ -481,8 +481,9 @@ BEGIN
             'no reconciliation pass has completed; schedule one with llm.schedule_reconciliation()'::text;
     ELSIF v_now - v_success > v_max_age THEN
         RETURN QUERY SELECT 'late'::text, v_success, v_last.status,
-            pg_catalog.format('the last completed pass finished %s ago (allowed: %s); check the pg_cron job llm-reconciliation',
-                              pg_catalog.date_trunc('second', v_now - v_success), v_max_age);
+            pg_catalog.format('the last completed pass finished %s ago (allowed: %s); check the pg_cron job llm-reconciliation'
+                              ' (llm-reconciliation:%s when scheduled with llm-db schedule --cron-dsn)',
+                              pg_catalog.date_trunc('second', v_now - v_success), v_max_age, pg_catalog.current_database());
     ELSIF v_last.status IN ('failed', 'partial') THEN
         RETURN QUERY SELECT 'failing'::text, v_success, v_last.status,
             pg_catalog.format('the last pass was %s: %s of %s organizations failed; errors: %s',

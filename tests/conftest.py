@@ -20,12 +20,13 @@ pytest_plugins = ["llm_db.testing"]
 
 @pytest.fixture
 def cron_conn(llm_cron_dsn: str) -> Iterator[psycopg.Connection]:
-    """Autocommit connection to the pg_cron database; the llm-reconciliation job is removed
-    before and after."""
-    unschedule = "SELECT cron.unschedule(jobid) FROM cron.job WHERE jobname = %s"
+    """Autocommit connection to the pg_cron database; the llm-reconciliation jobs (also
+    llm-reconciliation:<database>, scheduled with --cron-dsn) are removed before and after."""
+    unschedule = "SELECT cron.unschedule(jobid) FROM cron.job WHERE jobname = %s OR jobname LIKE %s"
+    jobs = [CRON_JOB, f"{CRON_JOB}:%"]
     with psycopg.connect(llm_cron_dsn, autocommit=True) as conn:
-        conn.execute(unschedule, [CRON_JOB])
+        conn.execute(unschedule, jobs)
         try:
             yield conn
         finally:
-            conn.execute(unschedule, [CRON_JOB])
+            conn.execute(unschedule, jobs)

@@ -413,10 +413,11 @@ def assert_books_right(conn: psycopg.Connection) -> None:
 CRON_JOB = "llm-reconciliation"  # the pg_cron job schedule_reconciliation makes
 
 
-def cron_jobs(conn: psycopg.Connection) -> list[tuple]:
-    """(jobid, schedule, command, database) of the llm-reconciliation pg_cron job(s)."""
-    return conn.execute("SELECT jobid, schedule, command, database FROM cron.job WHERE jobname = %s",
-                        [CRON_JOB]).fetchall()
+def cron_jobs(conn: psycopg.Connection, name: str = CRON_JOB) -> list[tuple]:
+    """(jobid, schedule, command, database) of the pg_cron job(s) ``name``
+    (``llm-reconciliation:<database>`` for one scheduled with --cron-dsn)."""
+    return conn.execute("SELECT jobid, schedule, command, database FROM cron.job WHERE jobname = %s"
+                        " ORDER BY jobid", [name]).fetchall()  # fmt: skip
 
 
 def period(conn: psycopg.Connection, org_id: uuid.UUID, start: date = JANUARY) -> dict[str, Any] | None:

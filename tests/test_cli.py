@@ -1,7 +1,7 @@
 """The ``llm-db`` command line through its real entry point: a subprocess running
 ``python -m llm_db.cli`` (the same program as the ``llm-db`` script) against this
 test's database. Each subcommand's output and exit code: 0 done, 1 needs
-attention, 2 usage (and health ``never``), 3 extension missing, 4 database error.
+attention, 2 usage, 3 extension missing, 4 database error, 5 health ``never``.
 
 The clock is moved with ``--now`` (the driver's ``now=``), never by sleeping.
 """
@@ -175,10 +175,11 @@ def test_migrate_on_a_migrated_database_applies_nothing_new(llm_dsn):
 
 
 def test_health_never_ok_late_and_failing_exit_codes(llm_dsn, llm_conn):
-    """The missing-run alarm as a monitoring check (BR-CAP-PFM-LLM-009-07): never -> 2,
-    ok -> 0, late (no pass within health_max_age, 2 h) -> 1, failing -> 1."""
+    """The missing-run alarm as a monitoring check (BR-CAP-PFM-LLM-009-07): never -> 5
+    (issue 21 item 7: not 2, click's usage error), ok -> 0, late (no pass within
+    health_max_age, 2 h) -> 1, failing -> 1."""
     never = llm_db("health", "--now", iso(T0), dsn=llm_dsn)
-    assert never.returncode == 2, never.stderr
+    assert never.returncode == 5, never.stderr
     assert never.stdout.splitlines()[0].split() == ["status", "never"]
     assert "last success  never" in never.stdout
 
@@ -205,8 +206,14 @@ def test_health_never_ok_late_and_failing_exit_codes(llm_dsn, llm_conn):
     assert "boom" in failing.stdout
 
 
+def test_health_help_says_never_exits_5():
+    """issue 21 item 7: `--help` of health and of llm-db name exit 5 for never."""
+    assert "5  never" in llm_db("health", "--help").stdout
+    assert "5    health: no pass has ever completed" in llm_db("--help").stdout
+
+
 def test_health_reads_database_url(llm_dsn):
-    assert llm_db("health", dsn=llm_dsn).returncode == 2  # never, found through DATABASE_URL
+    assert llm_db("health", dsn=llm_dsn).returncode == 5  # never, found through DATABASE_URL
 
 
 # ---------------------------------------------------------------- reconcile
@@ -316,7 +323,7 @@ def test_schedule_without_pg_cron_is_ll010_with_the_hint_exit_3(llm_dsn, llm_con
     assert proc.returncode == 3
     assert_one_line_error(
         proc, "schedule", "LL010", "HINT:",
-        f"cron.schedule_in_database('llm-reconciliation', '0 * * * *', "
+        f"cron.schedule_in_database('llm-reconciliation:{dbname}', '0 * * * *', "
         f"'CALL llm.run_reconciliation()', '{dbname}')", "--cron-dsn",
     )  # fmt: skip
     proc = llm_db("unschedule", dsn=llm_dsn)
@@ -347,21 +354,23 @@ def test_schedule_with_cron_dsn_schedules_in_the_cron_database_for_this_one(
     llm_dsn, llm_conn, llm_cron_dsn, cron_conn
 ):
     """LL010's way out: --cron-dsn runs cron.schedule_in_database(..., <llm database>) in the
-    pg_cron database; idempotent; unschedule --cron-dsn removes that job only."""
+    pg_cron database, as job llm-reconciliation:<llm database> (issue 21 F5); idempotent;
+    unschedule --cron-dsn removes that job only."""
     dbname = llm_conn.info.dbname
+    job = f"{CRON_JOB}:{dbname}"
     proc = llm_db("schedule", "--cron-dsn", llm_cron_dsn, "--schedule", "17 3 1 1 *", dsn=llm_dsn)
     assert proc.returncode == 0, proc.stderr
-    ((job_id, schedule, command, database),) = cron_jobs(cron_conn)
+    ((job_id, schedule, command, database),) = cron_jobs(cron_conn, job)
     assert (schedule, command, database) == ("17 3 1 1 *", "CALL llm.run_reconciliation()", dbname)
     assert f"in database {dbname}" in proc.stdout
     again = llm_db("schedule", "--cron-dsn", llm_cron_dsn, "--schedule", "17 3 1 1 *", dsn=llm_dsn)
     assert again.returncode == 0
-    assert [j[0] for j in cron_jobs(cron_conn)] == [job_id]
+    assert [j[0] for j in cron_jobs(cron_conn, job)] == [job_id]
 
     proc = llm_db("unschedule", "--cron-dsn", llm_cron_dsn, dsn=llm_dsn)
     assert proc.returncode == 0
-    assert proc.stdout.strip() == f"removed pg_cron job {CRON_JOB} for database {dbname}"
-    assert cron_jobs(cron_conn) == []
+    assert proc.stdout.strip() == f"removed pg_cron job {job} for database {dbname}"
+    assert cron_jobs(cron_conn, job) == []
 
 
 def test_schedule_with_a_cron_dsn_without_pg_cron_exit_3(llm_dsn):

@@ -10,12 +10,11 @@ in a fresh clone of the migrated template, through ``pg_isolation_regress
 --use-existing --dbname=<clone>``, which then creates and drops no database.
 
 The tester comes with Debian's ``postgresql-client-15`` (scripts/bootstrap.sh installs
-it). Without it the test skips, or fails when ``LLM_DB_REQUIRE_TOOLS=1``.
+it). Without it the test skips, or fails when ``LLM_DB_REQUIRE_TOOLS=1`` (tests/tools.py).
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,30 +22,29 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from tests.tools import REQUIRE_ENV, require_tool
+
 ISOLATION_DIR = Path(__file__).parent / "isolation"
 SPECS = sorted(p.stem for p in (ISOLATION_DIR / "specs").glob("*.spec"))
 REGRESS = Path("/usr/lib/postgresql/15/lib/pgxs/src/test/isolation/pg_isolation_regress")
 TESTER = REGRESS.with_name("isolationtester")  # pg_isolation_regress runs it from beside itself
 PACKAGE = "postgresql-client-15"
 
+
 def _require_tester() -> None:
-    missing = [str(p) for p in (REGRESS, TESTER) if not p.exists()]
-    if not missing:
-        return
-    reason = f"{', '.join(missing)} missing: apt-get install {PACKAGE}"
-    if os.environ.get("LLM_DB_REQUIRE_TOOLS") == "1":
-        pytest.fail(reason, pytrace=False)
-    pytest.skip(reason)
+    for program in (REGRESS, TESTER):
+        require_tool(str(program), PACKAGE)
 
 
 def test_a_missing_tester_skips_or_fails_when_tools_are_required(monkeypatch):
     """Without the tester the specs skip naming the package to install, and fail
     instead under LLM_DB_REQUIRE_TOOLS=1 (a CI that must run them)."""
     monkeypatch.setattr(sys.modules[__name__], "TESTER", Path("/nonexistent/isolationtester"))
-    monkeypatch.delenv("LLM_DB_REQUIRE_TOOLS", raising=False)
+    monkeypatch.delenv(REQUIRE_ENV, raising=False)
+    monkeypatch.delenv("CI", raising=False)
     with pytest.raises(pytest.skip.Exception, match=PACKAGE):
         _require_tester()
-    monkeypatch.setenv("LLM_DB_REQUIRE_TOOLS", "1")
+    monkeypatch.setenv(REQUIRE_ENV, "1")
     with pytest.raises(pytest.fail.Exception, match=PACKAGE):
         _require_tester()
 

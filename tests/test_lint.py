@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from tests.tools import missing_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,9 +57,7 @@ def test_plpgsql_check_finds_no_error_or_warning(llm_conn):
         "SELECT 1 FROM pg_available_extensions WHERE name = 'plpgsql_check'"
     ).fetchone()
     if available is None:
-        if os.environ.get("CI"):
-            pytest.fail("plpgsql_check is not installed; CI needs it (run scripts/bootstrap.sh)")
-        pytest.skip("plpgsql_check is not installed (scripts/bootstrap.sh installs it)")
+        missing_tool("the plpgsql_check extension", "postgresql-15-plpgsql-check")
     llm_conn.execute("CREATE EXTENSION plpgsql_check SCHEMA public")
     (checked,) = llm_conn.execute(PLPGSQL_ROUTINES).fetchone()
     assert checked > 0, "no PL/pgSQL routine in schema llm: nothing was checked"

@@ -4,34 +4,28 @@ scripts/bootstrap.sh installs) passes on it before any pass, after a pass and wh
 database is down; the text parses with prometheus_client's parser; before the first pass
 the run series are present with their documented values.
 
-Skipped only when promtool is missing outside CI; in CI (``CI`` set) a missing promtool
-fails, so the check cannot go quiet there.
+Skipped only when promtool is missing outside CI; under ``LLM_DB_REQUIRE_TOOLS=1`` (.ci/run)
+or ``CI`` a missing promtool fails, so the check cannot go quiet there (tests/tools.py).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from datetime import timedelta
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from llm_db.metrics import RUN_FIGURES, RUN_STATUSES
 from tests.helpers import T0, call_pass
+from tests.tools import require_tool
 
 DOWN_DSN = "host=127.0.0.1 port=1 dbname=nowhere connect_timeout=3"
 
 
 def promtool() -> str:
-    found = shutil.which("promtool")
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool is missing in CI: scripts/bootstrap.sh installs prometheus")
-        pytest.skip("promtool not installed (apt-get install prometheus)")
-    return found
+    return require_tool("promtool", "prometheus")
 
 
 def metrics(*args: str) -> subprocess.CompletedProcess[bytes]:

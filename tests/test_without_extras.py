@@ -110,7 +110,7 @@ def test_commands_that_need_the_extra_exit_2_naming_the_pip_line(llm_dsn, comman
 
 def test_commands_that_do_not_need_the_extra_still_run(llm_dsn):
     proc = python("from llm_db.cli import main\nmain(prog_name='llm-db')", "health", "--dsn", llm_dsn)
-    assert proc.returncode == 2 and "never" in proc.stdout  # no pass yet: health's own exit 2
+    assert proc.returncode == 5 and "never" in proc.stdout  # no pass yet: health's own exit 5
     secret = python("from llm_db.cli import main\nmain(prog_name='llm-db')", "notices", "new-secret")
     assert secret.returncode == 0 and secret.stdout.startswith("whsec_")
 

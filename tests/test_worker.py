@@ -40,6 +40,7 @@ from llm_db.requests import Llm
 from llm_db.worker import Log, SessionRequired, Worker, WorkerConfig, check_session
 from tests.helpers import admit, call_pass, new_org, notices, run_pass, settle, wait_for
 from tests.receiver import Receiver
+from tests.tools import require_tool
 
 SECRET = "whsec_bGxtLWRiIHdvcmtlciB0ZXN0IHNlY3JldCwgMzIgYnl0ZXM="
 SECRET_ENV = "LLM_DB_TEST_WORKER_SECRET"
@@ -421,7 +422,6 @@ def test_check_session_accepts_direct_connections(llm_connect):
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 
 
-@pytest.mark.skipif(not os.path.exists(PGBOUNCER), reason="pgbouncer is not installed")
 @pytest.mark.parametrize("pool_mode", ["transaction", "session"])
 def test_the_worker_needs_a_session_pgbouncer_transaction_mode_exits_2(
     llm_server, llm_dsn, receiver, start_worker, pool_mode
@@ -429,6 +429,7 @@ def test_the_worker_needs_a_session_pgbouncer_transaction_mode_exits_2(
     """Issue #13: LISTEN needs a session. Through PgBouncer in transaction mode the worker sees
     its backend change (or handed to another client) and exits 2 saying what it needs; in
     session mode it starts."""
+    require_tool(PGBOUNCER, "pgbouncer")
     dbname = psycopg.conninfo.conninfo_to_dict(llm_dsn)["dbname"]
     with pgbouncer(llm_server, dbname, pool_mode) as bouncer_dsn:
         with psycopg.connect(bouncer_dsn, autocommit=True) as a, \
@@ -496,12 +497,8 @@ def _connects(dsn: str) -> bool:
 
 def promtool_check(exposition: bytes) -> None:
     """``promtool check metrics`` (Debian's prometheus package, which bootstrap installs):
-    names, types and help pass Prometheus' own linter. Skipped only outside CI."""
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool is missing in CI: scripts/bootstrap.sh installs prometheus")
-        pytest.skip("promtool not installed (apt-get install prometheus)")
+    names, types and help pass Prometheus' own linter (a missing promtool: tests/tools.py)."""
+    promtool = require_tool("promtool", "prometheus")
     proc = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True,
                           timeout=30)  # fmt: skip
     assert proc.returncode == 0, (proc.stdout + proc.stderr).decode()

@@ -23,14 +23,19 @@ EXIT_OK = 0
 EXIT_PROBLEM = 1
 #: the command line is wrong (unknown option, no --dsn and no DATABASE_URL, a webhook
 #: secret that is not ``whsec_...``), the worker extra is not installed
-#: (``pip install 'llm-db[worker]'``), or the worker has no session for LISTEN;
-#: ``health``: no pass has ever completed
+#: (``pip install 'llm-db[worker]'``), or the worker has no session for LISTEN.
+#: It is click's own code for a bad command line, so nothing else may use it.
 EXIT_USAGE = 2
 #: a PostgreSQL extension the command needs is missing (pg_cron: LL010, citus: LL011)
 EXIT_UNAVAILABLE = 3
 #: the database could not be reached, or refused the call (an llm-db error or any
 #: other SQL error); the message says which
 EXIT_ERROR = 4
+#: something the deployment needs is missing: ``health``, no pass has ever
+#: completed (before 0.3.0 this was 2, which a monitoring check could not tell
+#: from a mistyped command line); ``doctor``, a check is missing (its line says
+#: the statement to run)
+EXIT_MISSING = 5
 #: interrupted (Ctrl-C, SIGTERM)
 EXIT_INTERRUPTED = 130
 

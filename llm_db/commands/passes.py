@@ -182,7 +182,7 @@ def _echo_run(run: Any, as_json: bool) -> None:
 # ----------------------------------------------------------- health
 
 
-@click.command(short_help="The missing-run alarm: exit 0 ok, 1 late/failing, 2 never.")
+@click.command(short_help="The missing-run alarm: exit 0 ok, 1 late/failing, 5 never.")
 @common.dsn_option
 @common.now_option
 @common.json_option
@@ -196,7 +196,7 @@ def health(dsn: str | None, now: datetime | None, as_json: bool) -> None:
       0  ok       a pass completed within settings.health_max_age (2 h), no errors
       1  late     the last completed pass is older than that: check the pg_cron job
       1  failing  the last pass recorded errors: see llm.reconciliation_runs.errors
-      2  never    no pass has ever completed: run llm-db schedule
+      5  never    no pass has ever completed: run llm-db schedule
 
     \b
     Examples:
@@ -227,4 +227,5 @@ def health(dsn: str | None, now: datetime | None, as_json: bool) -> None:
                 indent=0,
             )
         )
-    common.exit_with({"ok": common.EXIT_OK, "never": common.EXIT_USAGE}.get(result.status, common.EXIT_PROBLEM))
+    codes = {"ok": common.EXIT_OK, "never": common.EXIT_MISSING}
+    common.exit_with(codes.get(result.status, common.EXIT_PROBLEM))

@@ -72,16 +72,43 @@ _CRON_SCHEDULE_IN_DATABASE = """
 SELECT cron.schedule_in_database(%(job_name)s::text, %(schedule)s::text, %(command)s::text,
                                  %(dbname)s::text) AS job_id
 """
+_CRON_JOB_DATABASE = "SELECT j.database FROM cron.job AS j WHERE j.jobid = %(job_id)s::bigint"
 _CRON_UNSCHEDULE_IN_DATABASE = """
 SELECT cron.unschedule(j.jobid) AS removed
   FROM cron.job AS j
  WHERE j.jobname = %(job_name)s::text AND j.database = %(dbname)s::text
+   AND j.username = current_user
+"""
+# Before 0.3.0 --cron-dsn named every database's job llm-reconciliation: the default
+# name now replaces that job of this login for this database (not the cron database's own).
+_CRON_UNSCHEDULE_OLD_NAME = """
+SELECT cron.unschedule(j.jobid) AS removed
+  FROM cron.job AS j
+ WHERE j.jobname = %(old_name)s::text AND j.database = %(dbname)s::text
+   AND j.database <> pg_catalog.current_database() AND j.username = current_user
 """
 _CRON_INSTALLED = "SELECT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'pg_cron')"
+# What pg_cron 1.4 leaves to the provider's admin: USAGE on schema cron, and EXECUTE on
+# cron.schedule_in_database (revoked from PUBLIC). The CASE keeps the function's name
+# from being looked up in a schema this role may not use (that lookup raises 42501).
+_CRON_GRANTS = """
+SELECT current_user AS role,
+       pg_catalog.has_schema_privilege('cron', 'USAGE') AS usage,
+       CASE WHEN pg_catalog.has_schema_privilege('cron', 'USAGE')
+            THEN pg_catalog.has_function_privilege(%(function)s::text, 'EXECUTE') END AS execute
+"""
+_SCHEDULE_IN_DATABASE = "cron.schedule_in_database(text, text, text, text, text, boolean)"
+_UNSCHEDULE = "cron.unschedule(bigint)"
 _LLM_INSTALLED = (
     "SELECT pg_catalog.to_regproc('llm.run_reconciliation') IS NOT NULL AS installed, "
     "pg_catalog.current_database() AS dbname"
 )
+
+
+def default_job_name(dbname: str) -> str:
+    """The job name ``--cron-dsn`` gives the pass of database ``dbname``: one per database,
+    as pg_cron keeps one job per (name, role) and never moves it to another database."""
+    return f"{JOB_NAME}:{dbname}"
 
 
 def _llm_database(dsn: str | None) -> str:
@@ -95,8 +122,33 @@ def _llm_database(dsn: str | None) -> str:
     return dbname
 
 
+def _require_grants(cron: psycopg.Connection, function: str) -> None:
+    """42501 naming the GRANT the provider's admin runs, when this role may not call
+    ``function`` of pg_cron (before pg_cron says it less clearly)."""
+    role, usage, execute = cron.execute(_CRON_GRANTS, {"function": function}).fetchone()
+    missing = (
+        f"GRANT USAGE ON SCHEMA cron TO {role};" if not usage
+        else f"GRANT EXECUTE ON FUNCTION {function} TO {role};" if not execute
+        else None
+    )  # fmt: skip
+    if missing is not None:
+        raise common.Failure(
+            f"42501 role {role} may not call {function} in the --cron-dsn database "
+            f"{cron.info.dbname} HINT: as the provider's admin, in database {cron.info.dbname} "
+            f"run: {missing}",
+            common.EXIT_ERROR,
+        )
+
+
+def _unschedule_old_name(cron: psycopg.Connection, dbname: str) -> list[tuple]:
+    """Remove this login's job for ``dbname`` under the name --cron-dsn gave before 0.3.0."""
+    return cron.execute(
+        _CRON_UNSCHEDULE_OLD_NAME, {"old_name": JOB_NAME, "dbname": dbname}
+    ).fetchall()
+
+
 @contextlib.contextmanager
-def _cron_database(cron_dsn: str) -> Iterator[psycopg.Connection]:
+def _cron_database(cron_dsn: str, function: str) -> Iterator[psycopg.Connection]:
     with common.connect(cron_dsn, option="--cron-dsn") as cron:
         if not cron.execute(_CRON_INSTALLED).fetchone()[0]:
             raise common.Failure(
@@ -105,6 +157,7 @@ def _cron_database(cron_dsn: str) -> Iterator[psycopg.Connection]:
                 "cron.database_name, where CREATE EXTENSION pg_cron was run",
                 common.EXIT_UNAVAILABLE,
             )
+        _require_grants(cron, function)
         yield cron
 
 
@@ -124,20 +177,23 @@ def _cron_database(cron_dsn: str) -> Iterator[psycopg.Connection]:
 )
 @click.option(
     "--job-name",
-    default=JOB_NAME,
-    show_default=True,
-    help="pg_cron job name (with --cron-dsn: give each llm database its own).",
+    default=None,
+    help=f"pg_cron job name, with --cron-dsn only [default: {JOB_NAME}:<llm database>].",
 )
-def schedule(dsn: str | None, schedule: str, cron_dsn: str | None, job_name: str) -> None:
+def schedule(dsn: str | None, schedule: str, cron_dsn: str | None, job_name: str | None) -> None:
     """Schedule the hourly pass with pg_cron (idempotent: reschedules the same job).
 
     pg_cron runs jobs from one database, the server's cron.database_name.
     When llm-db is installed in that database, this runs
-    llm.schedule_reconciliation(). When it is installed elsewhere, give the
-    cron database with --cron-dsn and this runs
+    llm.schedule_reconciliation(): job llm-reconciliation. When it is
+    installed elsewhere, give the cron database with --cron-dsn and this runs
     cron.schedule_in_database(job, schedule, 'CALL llm.run_reconciliation()',
-    <the llm database>) there. Without pg_cron: LL010 with the statement to
-    run, exit 3.
+    <the llm database>) there: job llm-reconciliation:<the llm database>.
+    A job name that already runs in another database is refused (pg_cron
+    would keep it there). The job runs as the role that schedules it: the
+    schema owner, or the --cron-dsn login. Without pg_cron: LL010 with the
+    statement to run, exit 3; without pg_cron's grants: 42501 with the GRANT
+    to run, exit 4.
 
     \b
     Examples:
@@ -148,7 +204,7 @@ def schedule(dsn: str | None, schedule: str, cron_dsn: str | None, job_name: str
     from llm_db.requests import Llm
 
     if cron_dsn is None:
-        if job_name != JOB_NAME:
+        if job_name is not None and job_name != JOB_NAME:
             raise click.UsageError("--job-name needs --cron-dsn (in-database jobs are named "
                                    f"{JOB_NAME})")  # fmt: skip
         with common.connect(dsn) as conn:
@@ -158,15 +214,33 @@ def schedule(dsn: str | None, schedule: str, cron_dsn: str | None, job_name: str
                    f"{JOB_COMMAND} in database {dbname}")  # fmt: skip
         return
     dbname = _llm_database(dsn)
-    with _cron_database(cron_dsn) as cron:
+    replaced = []
+    with _cron_database(cron_dsn, _SCHEDULE_IN_DATABASE) as cron, cron.transaction():
+        if job_name is None:
+            job_name = default_job_name(dbname)
+            replaced = _unschedule_old_name(cron, dbname)
         job_id = cron.execute(
             _CRON_SCHEDULE_IN_DATABASE,
             {"job_name": job_name, "schedule": schedule, "command": JOB_COMMAND, "dbname": dbname},
         ).fetchone()[0]
+        # pg_cron upserts on (job name, role) and keeps the database: check, and roll
+        # back (schedule and command too) when the name already runs elsewhere
+        runs_in = cron.execute(_CRON_JOB_DATABASE, {"job_id": job_id}).fetchone()[0]
+        if runs_in != dbname:
+            raise common.Failure(
+                f"42710 pg_cron job {job_name} (id {job_id}) already runs in database {runs_in}, "
+                f"not {dbname} HINT: leave --job-name out (default {default_job_name(dbname)}) "
+                f"or give another name",
+                common.EXIT_ERROR,
+            )
         click.echo(
             f"scheduled pg_cron job {job_name} (id {job_id}) in database {cron.info.dbname}: "
             f"{schedule!r} runs {JOB_COMMAND} in database {dbname}"
         )
+        if replaced:
+            click.echo(
+                f"removed pg_cron job {JOB_NAME} for database {dbname} (its name before 0.3.0)"
+            )
 
 
 @click.command(short_help="Remove the pg_cron job of the hourly pass.")
@@ -174,9 +248,16 @@ def schedule(dsn: str | None, schedule: str, cron_dsn: str | None, job_name: str
 @click.option(
     "--cron-dsn", default=None, metavar="DSN", help="The pg_cron database, as for schedule."
 )
-@click.option("--job-name", default=JOB_NAME, show_default=True, help="pg_cron job name.")
-def unschedule(dsn: str | None, cron_dsn: str | None, job_name: str) -> None:
+@click.option(
+    "--job-name",
+    default=None,
+    help=f"pg_cron job name, as for schedule [default: {JOB_NAME}:<llm database>].",
+)
+def unschedule(dsn: str | None, cron_dsn: str | None, job_name: str | None) -> None:
     """Remove the pg_cron job of the hourly pass (exit 0 also when there was none).
+
+    With --cron-dsn: the job of that name, of the --cron-dsn login, that runs in the
+    llm database.
 
     \b
     Examples:
@@ -191,11 +272,15 @@ def unschedule(dsn: str | None, cron_dsn: str | None, job_name: str) -> None:
         click.echo(f"removed pg_cron job {JOB_NAME}" if removed else f"no pg_cron job {JOB_NAME}")
         return
     dbname = _llm_database(dsn)
-    with _cron_database(cron_dsn) as cron:
+    with _cron_database(cron_dsn, _UNSCHEDULE) as cron:
+        old = [] if job_name is not None else _unschedule_old_name(cron, dbname)
+        job_name = job_name or default_job_name(dbname)
         rows = cron.execute(
             _CRON_UNSCHEDULE_IN_DATABASE, {"job_name": job_name, "dbname": dbname}
         ).fetchall()
+    if old:
+        click.echo(f"removed pg_cron job {JOB_NAME} for database {dbname} (its name before 0.3.0)")
     if rows:
         click.echo(f"removed pg_cron job {job_name} for database {dbname}")
-    else:
+    elif not old:
         click.echo(f"no pg_cron job {job_name} for database {dbname}")
