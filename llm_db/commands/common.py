@@ -33,6 +33,9 @@ EXIT_UNAVAILABLE = 3
 EXIT_ERROR = 4
 #: interrupted (Ctrl-C, SIGTERM)
 EXIT_INTERRUPTED = 130
+#: ``migrate``: its deadline passed while a step waited for a lock some session held
+#: (sysexits' EX_TEMPFAIL: the database works as it is; run it again later)
+EXIT_RETRY_LATER = 75
 
 
 # ----------------------------------------------------------- errors and exit codes
@@ -94,7 +97,7 @@ def _failure_for(exc: BaseException, where: str) -> Failure | None:
     from llm_db._extras import MissingExtra
     from llm_db._server import ServerSetupError
     from llm_db.demo import DemoError
-    from llm_db.migrate import MigrationError
+    from llm_db.migrate import DeadlineReached, MigrationError
     from llm_db.notices import InvalidSecret
 
     if isinstance(exc, MissingExtra | InvalidSecret):
@@ -105,6 +108,8 @@ def _failure_for(exc: BaseException, where: str) -> Failure | None:
         return Failure(_describe_llm_error(exc), EXIT_ERROR, where=where)
     if isinstance(exc, psycopg.Error):
         return Failure(_describe_pg_error(exc), EXIT_ERROR, where=where)
+    if isinstance(exc, DeadlineReached):
+        return Failure(str(exc), EXIT_RETRY_LATER, where=where)
     if isinstance(exc, MigrationError | ServerSetupError | DemoError):
         return Failure(str(exc), EXIT_ERROR, where=where)
     if isinstance(exc, KeyboardInterrupt):
