@@ -61,7 +61,8 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -419,6 +420,9 @@ def _begin_locked(conn: psycopg.Connection, run: _Run) -> None:
         pause = min(pause * 2, 0.5)
 
 
+_RESET = "RESET lock_timeout; RESET statement_timeout; RESET idle_in_transaction_session_timeout"
+
+
 def _yoyo_backend(url: str, run: _Run) -> Any:
     """yoyo's psycopg backend, each of whose transactions starts with the run's
     settings and reports its backend to the watcher. yoyo opens a connection per
@@ -435,6 +439,19 @@ def _yoyo_backend(url: str, run: _Run) -> Any:
             super().begin()
             self.connection.execute(run.settings)
             run.worker_pid = self.connection.info.backend_pid
+
+        @contextmanager
+        def disable_transactions(self) -> Iterator[None]:
+            # a `-- transactional: false` migration (CREATE INDEX CONCURRENTLY) has no
+            # transaction to SET LOCAL in: the settings are the session's while it runs
+            with super().disable_transactions():
+                self.connection.execute(run.settings.replace("SET LOCAL", "SET"))
+                run.worker_pid = self.connection.info.backend_pid
+                try:
+                    yield
+                finally:
+                    if not self.connection.broken:
+                        self.connection.execute(_RESET)
 
     backend = Backend(parse_uri(url), "_yoyo_migration")
     backend.init_database()

@@ -172,6 +172,46 @@ def test_database_timeouts_do_not_kill_migrate(llm_server, llm_dsn, llm_conn, tm
         assert has_test_column(conn)
 
 
+
+CONCURRENT_INDEX = """-- transactional: false
+DROP INDEX CONCURRENTLY IF EXISTS llm.invocations_test;
+CREATE INDEX CONCURRENTLY invocations_test ON llm.invocations (model);"""
+
+
+def test_a_concurrent_index_build_is_bounded_and_retried_too(llm_dsn, llm_conn, llm_connect, tmp_path):
+    """issue 22 item 2, Conventions 14: a `-- transactional: false` migration runs with the
+    same settings (for the session, while it runs): CREATE INDEX CONCURRENTLY waiting for
+    a consumer's open write times out, is retried from its DROP of the invalid leftover,
+    and builds a valid index once the write commits. Invariant 1 holds."""
+    org = new_org(llm_conn, 1000)
+    consumer = llm_connect(autocommit=False)
+    admitted = admit(consumer, org, 10)
+    events: list[dict[str, Any]] = []
+    run = InThread(lambda: migrate(llm_dsn, migrations_dir=migrations_with(tmp_path, CONCURRENT_INDEX),
+                                   sql_dir=ROOT / "sql", lock_timeout=0.3, deadline=60,
+                                   on_event=events.append))  # fmt: skip
+    wait = wait_for(lambda: waits(events, TEST_STEP), "migrate to retry the index build")[0]
+    assert wait["blocker_pid"] == consumer.info.backend_pid
+    consumer.commit()
+    run.result()
+    assert scalar(llm_conn, "SELECT indisvalid FROM pg_index WHERE indexrelid = 'llm.invocations_test'::regclass")
+    assert settle(llm_conn, org, admitted["id"], 7) == "settled"
+    assert invariants(llm_conn) == []
+
+
+def test_a_backfill_reports_its_progress(llm_dsn, tmp_path):
+    """issue 22 item 4: a migration's `RAISE NOTICE 'llm-db progress: <done>/<total>'`
+    becomes a progress event of its step (Conventions 14)."""
+    backfill = ("DO $$ BEGIN RAISE NOTICE 'llm-db progress: 1/2'; RAISE NOTICE 'something else';"
+                " RAISE NOTICE 'llm-db progress: 2/2'; END $$;")  # fmt: skip
+    events: list[dict[str, Any]] = []
+    migrate(llm_dsn, migrations_dir=migrations_with(tmp_path, backfill), sql_dir=ROOT / "sql",
+            on_event=events.append)  # fmt: skip
+    assert [e for e in events if e["event"] == "progress"] == [
+        {"event": "progress", "step": TEST_STEP, "done": 1, "total": 2},
+        {"event": "progress", "step": TEST_STEP, "done": 2, "total": 2},
+    ]
+
 # ---------------------------------------------------------------- the command line
 
 
