@@ -374,8 +374,8 @@ class _Watcher:
     def _loop(self) -> None:
         interval = min(0.1, self._run.lock_timeout / 5)
         try:
+            # no SET: behind a transaction pooler it would outlive this connection
             with psycopg.connect(self._dsn, autocommit=True) as conn:
-                conn.execute("SET statement_timeout = 0")
                 while not self._stop.wait(interval):
                     pid = self._run.worker_pid
                     if pid is None:

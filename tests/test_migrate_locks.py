@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from psycopg.conninfo import conninfo_to_dict
 
 from llm_db.cli import main
-from llm_db.migrate import FUNCTIONS_STEP, DeadlineReached, migrate
+from llm_db.migrate import FUNCTIONS_STEP, DeadlineReached, MigrationError, migrate
 from tests.helpers import (
     InThread,
     admit,
@@ -211,6 +211,30 @@ def test_a_backfill_reports_its_progress(llm_dsn, tmp_path):
         {"event": "progress", "step": TEST_STEP, "done": 1, "total": 2},
         {"event": "progress", "step": TEST_STEP, "done": 2, "total": 2},
     ]
+
+
+def test_a_lost_connection_is_a_migration_error_and_a_rerun_completes(
+    llm_dsn, llm_conn, llm_connect, tmp_path
+):
+    """issue 22 item 2: migrate's lock-holding connection ended under it (here by
+    pg_terminate_backend while it waits for a consumer) is a MigrationError, not a raw
+    psycopg exception; what was committed stays, the functions work, a re-run completes."""
+    migrations = migrations_with(tmp_path, ADD_COLUMN)
+    consumer = open_consumer_read(llm_connect)
+    events: list[dict[str, Any]] = []
+    run = InThread(lambda: migrate(llm_dsn, migrations_dir=migrations, sql_dir=ROOT / "sql",
+                                   lock_timeout=0.3, deadline=60, on_event=events.append))  # fmt: skip
+    wait_for(lambda: waits(events, TEST_STEP), "migrate to retry 9999")
+    holder = scalar(llm_conn, "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted")
+    assert scalar(llm_conn, "SELECT pg_terminate_backend(%s)", [holder])
+    consumer.rollback()
+    with pytest.raises(MigrationError, match="migrate stopped: .*terminat"):
+        run.result()
+    org = new_org(llm_conn, 1000)
+    assert settle(llm_conn, org, admit(llm_conn, org, 10)["id"], 7) == "settled"
+    report = migrate(llm_dsn, migrations_dir=migrations, sql_dir=ROOT / "sql")
+    assert has_test_column(llm_conn) and report.sql_files
+    assert invariants(llm_conn) == []
 
 # ---------------------------------------------------------------- the command line
 
