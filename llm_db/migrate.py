@@ -71,6 +71,7 @@ from urllib.parse import quote, urlencode
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import dict_row
 
 __all__ = [
     "MIGRATE_LOCK_KEY",
@@ -200,9 +201,10 @@ def migrate(
 
     ``dsn``: any libpq URL (``postgresql://``, ``postgres://``) or key=value
     conninfo. ``lock_timeout``: seconds any one statement may wait for a lock
-    before its step is rolled back and retried. ``deadline``: seconds the whole
-    run may take waiting for locks (another migrate's included); past it,
-    ``DeadlineReached``. ``on_event``: called with each ``Event``:
+    before its step is rolled back and retried. ``deadline``: seconds from the
+    start after which no step is retried (nor another migrate waited for):
+    ``DeadlineReached``; a step under way is not cut short. ``on_event``: called
+    with each ``Event``:
 
     - ``{"event": "start", "step": s}``, ``s`` a migration id or ``"functions (sql/)"``;
     - ``{"event": "done", "step": s, "elapsed_s": t, "attempts": n}``;
@@ -298,7 +300,7 @@ class _Run:
             except pg_errors.LockNotAvailable:
                 with self.lock:
                     seen = dict(self.blocker or {})
-                # full jitter on an exponential base: concurrent runs and consumers spread out
+                # exponential, with jitter: retries of concurrent runs spread out
                 pause = random.uniform(0.5, 1.0) * min(30.0, self.lock_timeout * 2 ** (attempt - 1))
                 if time.monotonic() + pause > self.deadline_at:
                     raise DeadlineReached(
@@ -375,21 +377,17 @@ class _Watcher:
         interval = min(0.1, self._run.lock_timeout / 5)
         try:
             # no SET: behind a transaction pooler it would outlive this connection
-            with psycopg.connect(self._dsn, autocommit=True) as conn:
+            with psycopg.connect(
+                self._dsn, autocommit=True, prepare_threshold=None, row_factory=dict_row
+            ) as conn:
                 while not self._stop.wait(interval):
                     pid = self._run.worker_pid
                     if pid is None:
                         continue
-                    row = conn.execute(_BLOCKER, {"pid": pid}).fetchone()
-                    if row is not None:
+                    seen = conn.execute(_BLOCKER, {"pid": pid}).fetchone()
+                    if seen is not None:
                         with self._run.lock:
-                            self._run.blocker = dict(
-                                zip(
-                                    ("lock", "mode", "blocker_pid", "blocker_query"),
-                                    row,
-                                    strict=True,
-                                )
-                            )
+                            self._run.blocker = seen
         except psycopg.Error:
             return  # the run goes on; its errors then only lack the holder's name
 
@@ -431,9 +429,11 @@ def _yoyo_backend(url: str, run: _Run) -> Any:
     from yoyo.connections import parse_uri
 
     class Backend(PostgresqlPsycopgBackend):  # type: ignore[misc]
-        def init_connection(self, connection: psycopg.Connection) -> None:
-            super().init_connection(connection)
+        def connect(self, dburi: Any) -> psycopg.Connection:
+            # here, not in init_connection, which yoyo calls again after each rollback
+            connection = super().connect(dburi)
             connection.add_notice_handler(run.on_notice)
+            return connection
 
         def begin(self) -> None:
             super().begin()

@@ -201,8 +201,9 @@ def test_a_concurrent_index_build_is_bounded_and_retried_too(llm_dsn, llm_conn, 
 
 def test_a_backfill_reports_its_progress(llm_dsn, tmp_path):
     """issue 22 item 4: a migration's `RAISE NOTICE 'llm-db progress: <done>/<total>'`
-    becomes a progress event of its step (Conventions 14)."""
-    backfill = ("DO $$ BEGIN RAISE NOTICE 'llm-db progress: 1/2'; RAISE NOTICE 'something else';"
+    becomes one progress event of its step (Conventions 14)."""
+    # not transactional, as a batched backfill is (Conventions 14)
+    backfill = ("-- transactional: false\nDO $$ BEGIN RAISE NOTICE 'llm-db progress: 1/2'; RAISE NOTICE 'something else';"
                 " RAISE NOTICE 'llm-db progress: 2/2'; END $$;")  # fmt: skip
     events: list[dict[str, Any]] = []
     migrate(llm_dsn, migrations_dir=migrations_with(tmp_path, backfill), sql_dir=ROOT / "sql",
