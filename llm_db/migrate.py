@@ -371,7 +371,7 @@ class _Watcher:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join()
+        self._thread.join(timeout=5)  # a daemon: a query stuck on the network cannot hold migrate
 
     def _loop(self) -> None:
         interval = min(0.1, self._run.lock_timeout / 5)
