@@ -172,13 +172,14 @@ def test_database_timeouts_do_not_kill_migrate(llm_server, llm_dsn, llm_conn, tm
         assert has_test_column(conn)
 
 
-
 CONCURRENT_INDEX = """-- transactional: false
 DROP INDEX CONCURRENTLY IF EXISTS llm.invocations_test;
 CREATE INDEX CONCURRENTLY invocations_test ON llm.invocations (model);"""
 
 
-def test_a_concurrent_index_build_is_bounded_and_retried_too(llm_dsn, llm_conn, llm_connect, tmp_path):
+def test_a_concurrent_index_build_is_bounded_and_retried_too(
+    llm_dsn, llm_conn, llm_connect, tmp_path
+):
     """issue 22 item 2, Conventions 14: a `-- transactional: false` migration runs with the
     same settings (for the session, while it runs): CREATE INDEX CONCURRENTLY waiting for
     a consumer's open write times out, is retried from its DROP of the invalid leftover,
@@ -194,7 +195,10 @@ def test_a_concurrent_index_build_is_bounded_and_retried_too(llm_dsn, llm_conn, 
     assert wait["blocker_pid"] == consumer.info.backend_pid
     consumer.commit()
     run.result()
-    assert scalar(llm_conn, "SELECT indisvalid FROM pg_index WHERE indexrelid = 'llm.invocations_test'::regclass")
+    assert scalar(
+        llm_conn,
+        "SELECT indisvalid FROM pg_index WHERE indexrelid = 'llm.invocations_test'::regclass",
+    )
     assert settle(llm_conn, org, admitted["id"], 7) == "settled"
     assert invariants(llm_conn) == []
 
@@ -237,6 +241,7 @@ def test_a_lost_connection_is_a_migration_error_and_a_rerun_completes(
     assert has_test_column(llm_conn) and report.sql_files
     assert invariants(llm_conn) == []
 
+
 # ---------------------------------------------------------------- the command line
 
 
@@ -245,7 +250,11 @@ def cli_dirs(monkeypatch, tmp_path):
     """Point ``llm-db migrate`` (in process) at a copy of migrations/ with 9999."""
     migrations = migrations_with(tmp_path, ADD_COLUMN)
     # llm_db.migrate the attribute is the function; the module is in sys.modules
-    monkeypatch.setattr(importlib.import_module("llm_db.migrate"), "default_dirs", lambda: (migrations, ROOT / "sql"))
+    monkeypatch.setattr(
+        importlib.import_module("llm_db.migrate"),
+        "default_dirs",
+        lambda: (migrations, ROOT / "sql"),
+    )
 
 
 def test_cli_json_prints_one_event_per_line(llm_dsn, cli_dirs):
@@ -281,6 +290,8 @@ def test_cli_exits_75_at_its_deadline_naming_the_blocker(llm_dsn, llm_connect, c
     )
     pid = consumer.info.backend_pid
     assert result.exit_code == 75, result.output
-    assert f"{TEST_STEP}: waiting for lock on llm.invocations (AccessExclusiveLock) held by pid {pid}" in result.stdout
+    assert (
+        f"{TEST_STEP}: waiting for lock on llm.invocations (AccessExclusiveLock) held by pid {pid}"
+        in result.stdout
+    )
     assert f"pid {pid}" in result.stderr and "deadline reached" in result.stderr
-

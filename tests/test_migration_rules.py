@@ -45,7 +45,9 @@ def violations(name: str, sql: str) -> list[str]:
     non_transactional = re.search(r"^-- transactional: false$", sql, re.M | re.I) is not None
 
     # a column that constrains what it holds: a domain of llm, or a clause
-    for table, body in re.findall(rf"ALTER TABLE (?:ONLY )?(?:IF EXISTS )?({large})\b(.*?);", code, re.I):
+    for table, body in re.findall(
+        rf"ALTER TABLE (?:ONLY )?(?:IF EXISTS )?({large})\b(.*?);", code, re.I
+    ):
         for column in re.findall(r"ADD (?:COLUMN )?(?:IF NOT EXISTS )?(.*?)(?=, ADD |, DROP |, ALTER |$)",
                                  body, re.I):  # fmt: skip
             if re.search(r"\bllm\.\w+|\bNOT NULL\b|\bDEFAULT\b|\bCHECK\b|\bREFERENCES\b|\bUNIQUE\b"
@@ -53,7 +55,11 @@ def violations(name: str, sql: str) -> list[str]:
                              r"CONSTRAINT \w+ .* NOT VALID$", column.strip(), re.I):  # fmt: skip
                 found.append(f"{name}: {table} gets a constrained column ({column.strip()})")
 
-    for table in re.findall(rf"CREATE (?:UNIQUE )?INDEX (?!CONCURRENTLY)(?:IF NOT EXISTS )?\w* ?ON (?:ONLY )?({large})\b", code, re.I):
+    for table in re.findall(
+        rf"CREATE (?:UNIQUE )?INDEX (?!CONCURRENTLY)(?:IF NOT EXISTS )?\w* ?ON (?:ONLY )?({large})\b",
+        code,
+        re.I,
+    ):
         found.append(f"{name}: CREATE INDEX on {table} without CONCURRENTLY")
     if re.search(r"\bCONCURRENTLY\b", code, re.I) and not non_transactional:
         found.append(f"{name}: CONCURRENTLY in a migration not marked -- transactional: false")
@@ -61,7 +67,9 @@ def violations(name: str, sql: str) -> list[str]:
     # UPDATE / DELETE of a large table: a WHERE, and the mark on the line above
     lines = sql.splitlines()
     for i, line in enumerate(lines):
-        for verb, table in re.findall(rf"\b(UPDATE|DELETE FROM) ({large})\b", re.sub(r"--.*", "", line), re.I):
+        for verb, table in re.findall(
+            rf"\b(UPDATE|DELETE FROM) ({large})\b", re.sub(r"--.*", "", line), re.I
+        ):
             statement = _code("\n".join(lines[i:])).split(";")[0]
             above = lines[i - 1].strip() if i else ""
             what = f"{verb.upper()} {table}"
@@ -78,7 +86,9 @@ def violations(name: str, sql: str) -> list[str]:
 
     for what in re.findall(r"\b(DROP TABLE [\w.]+|DROP VIEW [\w.]+|DROP (?:COLUMN )?(?:IF EXISTS )?\w+(?= *[,;])"
                            r"|RENAME (?:COLUMN |TO )?\w+)", code, re.I):  # fmt: skip
-        if not re.match(r"DROP (CONSTRAINT|INDEX|ROUTINE|FUNCTION|PROCEDURE|TRIGGER)\b", what, re.I):
+        if not re.match(
+            r"DROP (CONSTRAINT|INDEX|ROUTINE|FUNCTION|PROCEDURE|TRIGGER)\b", what, re.I
+        ):
             found.append(f"{name}: {what} (contract in the next release)")
 
     order = lock_order()
@@ -91,7 +101,9 @@ def violations(name: str, sql: str) -> list[str]:
 
 
 def checked_migrations() -> list[Path]:
-    return [p for p in sorted((ROOT / "migrations").glob("*.sql")) if int(p.name[:4]) >= FIRST_CHECKED]
+    return [
+        p for p in sorted((ROOT / "migrations").glob("*.sql")) if int(p.name[:4]) >= FIRST_CHECKED
+    ]
 
 
 def test_lock_order_of_migrations_is_the_functions_order():
