@@ -418,6 +418,7 @@ def _begin_locked(conn: psycopg.Connection, run: _Run) -> None:
         pause = min(pause * 2, 0.5)
 
 
+YOYO_LOCK_WAIT = 30.0  # seconds, at most, for yoyo's lock row
 _RESET = "RESET lock_timeout; RESET statement_timeout; RESET idle_in_transaction_session_timeout"
 
 
@@ -429,6 +430,31 @@ def _yoyo_backend(url: str, run: _Run) -> Any:
     from yoyo.connections import parse_uri
 
     class Backend(PostgresqlPsycopgBackend):  # type: ignore[misc]
+        marking: Any = None  # the migration whose record commits with its transaction
+
+        def apply_one(self, migration: Any, force: bool = False, mark: bool = True) -> None:
+            # yoyo commits a migration, then records it in a second transaction: a run
+            # killed between the two left it applied but unrecorded, and every re-run
+            # then failed applying it again. Here the record is in the migration's own
+            # transaction; a non-transactional one (re-runnable, Conventions 14) is
+            # recorded after it, as yoyo does.
+            self.ensure_internal_schema_updated()
+            migration.load()
+            with self.copy() as own:
+                own._internal_schema_updated = True
+                own.marking = migration if mark and migration.use_transactions else None
+                migration.process_steps(own, "apply", force=force)
+            self.log_migration(migration, "apply")
+            if mark and not migration.use_transactions:
+                with self.transaction():
+                    self.mark_one(migration, log=False)
+
+        def commit(self) -> None:
+            if self.marking is not None:
+                self.mark_one(self.marking, log=False)
+                self.marking = None
+            super().commit()
+
         def connect(self, dburi: Any) -> psycopg.Connection:
             # here, not in init_connection, which yoyo calls again after each rollback
             connection = super().connect(dburi)
@@ -466,7 +492,11 @@ def _apply_migrations(url: str, migrations_dir: Path, run: _Run) -> list[str]:
     migrations = read_migrations(str(migrations_dir))
     backend = _yoyo_backend(url, run)
     try:
-        with backend.lock(timeout=max(0.1, run.deadline_at - time.monotonic())):
+        # Runs of migrate queue on the advisory lock, so this row is only ever held by a
+        # plain yoyo run or left behind by a killed one: no use waiting long for it.
+        with backend.lock(
+            timeout=max(0.1, min(YOYO_LOCK_WAIT, run.deadline_at - time.monotonic()))
+        ):
             pending = backend.to_apply(migrations)
             for migration in pending:
                 # a 55P03 rolls the migration's transaction back, unmarked: retried whole
@@ -475,7 +505,7 @@ def _apply_migrations(url: str, migrations_dir: Path, run: _Run) -> list[str]:
             return [m.id for m in pending]
     except LockTimeout as exc:  # only taking the lock raises it
         raise MigrationError(
-            f"yoyo's lock is still taken at the deadline ({exc}). If no migration is"
+            f"yoyo's lock is still taken ({exc}). If no migration is"
             " running, a killed run left it behind: DELETE FROM public.yoyo_lock;"
         ) from exc
     finally:

@@ -242,6 +242,29 @@ def test_a_lost_connection_is_a_migration_error_and_a_rerun_completes(
     assert invariants(llm_conn) == []
 
 
+def test_a_migration_and_its_record_commit_together(llm_dsn, llm_conn, tmp_path, monkeypatch):
+    """issue 22 item 2: a run that dies just after a migration committed (here: yoyo's log
+    of it raises) has recorded it too, so a re-run completes instead of applying it again
+    (which failed: column already exists)."""
+    from yoyo.backends.base import DatabaseBackend
+
+    migrations = migrations_with(tmp_path, ADD_COLUMN)
+    real_log = DatabaseBackend.log_migration
+
+    def die_once(self, migration, operation):
+        monkeypatch.setattr(DatabaseBackend, "log_migration", real_log)
+        raise RuntimeError("killed after the migration's commit")
+
+    monkeypatch.setattr(DatabaseBackend, "log_migration", die_once)
+    with pytest.raises(RuntimeError, match="killed"):
+        migrate(llm_dsn, migrations_dir=migrations, sql_dir=ROOT / "sql")
+    assert has_test_column(llm_conn)
+    report = migrate(llm_dsn, migrations_dir=migrations, sql_dir=ROOT / "sql")
+    assert report.applied_migrations == ()
+    assert scalar(llm_conn, "SELECT count(*) FROM public._yoyo_migration WHERE migration_id = %s",
+                  [TEST_STEP]) == 1  # fmt: skip
+
+
 # ---------------------------------------------------------------- the command line
 
 
