@@ -49,6 +49,7 @@ def migrate(dsn: str | None, lock_timeout: float, deadline: float, as_json: bool
           (the message names the file); what was committed before stays
       75  --deadline passed waiting for a lock (the message names the pid and
           query holding it); the database works as it is: run migrate again
+      2   the command line is wrong; 130 interrupted (as for 4: run it again)
 
     \b
     Examples:
