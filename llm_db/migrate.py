@@ -27,6 +27,28 @@ llm.migrate_mark = 'stale'``); ``CREATE OR REPLACE`` replaces a routine's
 settings with its definition's own, so the mark survives only on the routines
 no file re-created, and those are dropped.
 
+How migrate bounds its locks (issue 22 item 2): every transaction it opens,
+its own and each of yoyo's, starts with ``SET LOCAL lock_timeout`` (the
+``lock_timeout`` argument, 1 s by default), ``statement_timeout = 0`` and
+``idle_in_transaction_session_timeout = 0``: a statement queued behind a
+consumer's open transaction is cancelled after one lock timeout, which lets the
+consumers queued behind it go on, and a database-level timeout cannot kill
+migrate's own lock-holding connection. ``SET LOCAL``, not ``SET``: behind a
+transaction pooler nothing outlives the transaction. A migration (one yoyo
+transaction) or the function files (one savepoint of migrate's transaction)
+that fails with 55P03 are rolled back and retried whole, with exponential
+backoff and jitter, until ``deadline``; then ``MigrationError`` names the
+session that held the lock and its query, read by a watcher connection while
+the statement waited. What was committed before stays: migrations are
+additive (docs/design.md, Conventions 14), so the previous release's
+functions work on it and a re-run completes the upgrade.
+
+What migrate says (issue 22 item 4): ``on_event`` receives one dict per event,
+``start`` and ``done`` of each step (a migration, or the function files),
+``wait`` before a retry (the lock, its holder, the attempt, the pause) and
+``progress`` for a batched backfill that reports ``RAISE NOTICE 'llm-db
+progress: <done>/<total>'``.
+
 Where the SQL comes from: an installed wheel carries it as package data
 (``llm_db/_sql`` and ``llm_db/_migrations``); a source checkout uses the
 repository's ``sql/`` and ``migrations/`` next to the package. Both can be
@@ -35,18 +57,26 @@ overridden per call (``migrations_dir=``, ``sql_dir=``).
 
 from __future__ import annotations
 
+import random
 import re
+import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
 import psycopg
+from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import dict_row
 
 __all__ = [
     "MIGRATE_LOCK_KEY",
+    "DeadlineReached",
+    "Event",
     "MigrationError",
     "MigrationReport",
     "default_dirs",
@@ -68,6 +98,25 @@ class MigrationError(RuntimeError):
     def __init__(self, message: str, *, path: Path | None = None) -> None:
         super().__init__(message)
         self.path = path
+
+
+class DeadlineReached(MigrationError):
+    """migrate's deadline passed while a step still waited for a lock; what was
+    committed before stays, works with the previous release's functions, and a
+    re-run goes on from there. ``blocker_pid`` and ``blocker_query`` name the
+    session that held the lock, when the watcher saw it."""
+
+    def __init__(
+        self, message: str, *, blocker_pid: int | None = None, blocker_query: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.blocker_pid = blocker_pid
+        self.blocker_query = blocker_query
+
+
+Event = dict[str, Any]
+"""One thing migrate did, for ``on_event``: ``{"event": "start" | "done" | "wait" |
+"progress", "step": ..., ...}`` (docs in ``migrate``)."""
 
 
 @dataclass(frozen=True)
@@ -144,16 +193,31 @@ def migrate(
     *,
     migrations_dir: str | Path | None = None,
     sql_dir: str | Path | None = None,
-    lock_timeout: float = 30.0,
+    lock_timeout: float = 1.0,
+    deadline: float = 600.0,
+    on_event: Callable[[Event], None] | None = None,
 ) -> MigrationReport:
     """Bring the database at ``dsn`` to this release of llm-db; safe to re-run.
 
     ``dsn``: any libpq URL (``postgresql://``, ``postgres://``) or key=value
-    conninfo. ``lock_timeout``: seconds to wait for yoyo's lock row. Runs of
-    ``migrate`` queue on the advisory lock instead, so that row is only ever
-    held by a plain ``yoyo`` run or left behind by a killed one. Returns a
-    ``MigrationReport``; raises ``MigrationError`` naming the failing file.
+    conninfo. ``lock_timeout``: seconds any one statement may wait for a lock
+    before its step is rolled back and retried. ``deadline``: seconds from the
+    start after which no step is retried (nor another migrate waited for):
+    ``DeadlineReached``; a step under way is not cut short. ``on_event``: called
+    with each ``Event``:
+
+    - ``{"event": "start", "step": s}``, ``s`` a migration id or ``"functions (sql/)"``;
+    - ``{"event": "done", "step": s, "elapsed_s": t, "attempts": n}``;
+    - ``{"event": "wait", "step": s, "attempt": n, "retry_in_s": t, "lock": relation or
+      None, "mode": lock mode or None, "blocker_pid": pid or None, "blocker_query": text
+      or None}`` when a step failed on its lock timeout and is retried;
+    - ``{"event": "progress", "step": s, "done": d, "total": t}`` for a backfill's notices.
+
+    Returns a ``MigrationReport``; every failure is a ``MigrationError``
+    naming the failing file, or the lock and its holder.
     """
+    if not lock_timeout > 0 or not deadline > 0:
+        raise MigrationError("lock_timeout and deadline must be positive seconds")
     default_migrations, default_sql = (None, None)
     if migrations_dir is None or sql_dir is None:
         default_migrations, default_sql = default_dirs()
@@ -165,17 +229,25 @@ def migrate(
             raise MigrationError(f"{label} directory not found: {p}", path=p)
     sql_files = sorted(sql_path.glob("*.sql"), key=lambda p: p.name)
 
+    run = _Run(lock_timeout, time.monotonic() + deadline, on_event or (lambda event: None))
     url = yoyo_url(dsn)
-    with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as conn:
-        _begin_locked(conn)
-        try:
-            applied = _apply_migrations(url, migrations_path, lock_timeout)
-            dropped = _apply_sql_files(conn, sql_files)
-        except BaseException:
-            if not conn.closed and not conn.broken:
-                conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
+    try:
+        with (
+            _Watcher(dsn, run),
+            psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as conn,
+        ):
+            _begin_locked(conn, run)
+            try:
+                applied = _apply_migrations(url, migrations_path, run)
+                run.worker_pid = conn.info.backend_pid
+                dropped = run.step(FUNCTIONS_STEP, lambda: _apply_sql_phase(conn, sql_files))
+            except BaseException:
+                if not conn.closed and not conn.broken:
+                    conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+    except psycopg.Error as exc:  # the connection lost, the server shut down, …
+        raise MigrationError(f"migrate stopped: {_describe(exc)}") from exc
 
     return MigrationReport(
         applied_migrations=tuple(applied),
@@ -186,7 +258,141 @@ def migrate(
     )
 
 
-def _begin_locked(conn: psycopg.Connection) -> None:
+FUNCTIONS_STEP = "functions (sql/)"
+_T = TypeVar("_T")
+
+
+@dataclass
+class _Run:
+    """One migrate run's bounds, its events, and what the watcher last saw."""
+
+    lock_timeout: float
+    deadline_at: float  # time.monotonic()
+    on_event: Callable[[Event], None]
+    step_name: str = ""
+    worker_pid: int | None = None  # the backend whose lock waits the watcher reads
+    blocker: dict[str, Any] | None = None  # the watcher's last sighting
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def settings(self) -> str:
+        """The statement every transaction of this run starts with."""
+        return (
+            f"SET LOCAL lock_timeout = '{max(1, round(self.lock_timeout * 1000))}ms'; "
+            "SET LOCAL statement_timeout = 0; SET LOCAL idle_in_transaction_session_timeout = 0"
+        )
+
+    def emit(self, event: str, **fields: Any) -> None:
+        self.on_event({"event": event, "step": self.step_name, **fields})
+
+    def step(self, name: str, work: Callable[[], _T]) -> _T:
+        """Run ``work`` (one transaction, or one savepoint) until it does not fail on
+        a lock timeout; between attempts, back off exponentially with jitter."""
+        self.step_name = name
+        started = time.monotonic()
+        self.emit("start")
+        attempt = 1
+        while True:
+            with self.lock:
+                self.blocker = None
+            try:
+                result = work()
+            except pg_errors.LockNotAvailable:
+                with self.lock:
+                    seen = dict(self.blocker or {})
+                # exponential, with jitter: retries of concurrent runs spread out
+                pause = random.uniform(0.5, 1.0) * min(30.0, self.lock_timeout * 2 ** (attempt - 1))
+                if time.monotonic() + pause > self.deadline_at:
+                    raise DeadlineReached(
+                        f"{name}: deadline reached after {attempt} attempts, still waiting for "
+                        f"{_who(seen)}; nothing of this step was applied and the database works "
+                        "as it is: end that session (or wait for it), then run migrate again",
+                        blocker_pid=seen.get("blocker_pid"),
+                        blocker_query=seen.get("blocker_query"),
+                    ) from None
+                self.emit(
+                    "wait", attempt=attempt, retry_in_s=round(pause, 3), **_blocker_fields(seen)
+                )
+                time.sleep(pause)
+                attempt += 1
+                continue
+            self.emit("done", elapsed_s=round(time.monotonic() - started, 3), attempts=attempt)
+            return result
+
+    def on_notice(self, diag: psycopg.errors.Diagnostic) -> None:
+        """A backfill's ``RAISE NOTICE 'llm-db progress: <done>/<total>'``."""
+        found = _PROGRESS.match(diag.message_primary or "")
+        if found:
+            self.emit("progress", done=int(found[1]), total=int(found[2]))
+
+
+_PROGRESS = re.compile(r"^llm-db progress: (\d+)/(\d+)$")
+
+
+def _blocker_fields(seen: dict[str, Any]) -> dict[str, Any]:
+    return {k: seen.get(k) for k in ("lock", "mode", "blocker_pid", "blocker_query")}
+
+
+def _who(seen: dict[str, Any]) -> str:
+    if not seen:
+        return "a lock (its holder had gone when looked for)"
+    lock = f"{seen['mode']} on {seen['lock']}" if seen.get("lock") else seen.get("mode") or "a lock"
+    return f"{lock} held by pid {seen['blocker_pid']} (query: {seen['blocker_query']!r})"
+
+
+# Who blocks the statement migrate is running: its ungranted lock, and the first
+# session pg_blocking_pids names, with what that session runs (or ran last).
+_BLOCKER = """
+SELECT l.relation::regclass::text AS lock, l.mode, b.pid AS blocker_pid,
+       left(b.query, 200) AS blocker_query
+  FROM pg_catalog.pg_locks AS l,
+       LATERAL unnest(pg_catalog.pg_blocking_pids(%(pid)s)) AS bp(pid)
+  JOIN pg_catalog.pg_stat_activity AS b ON b.pid = bp.pid
+ WHERE l.pid = %(pid)s AND NOT l.granted
+ LIMIT 1
+"""
+
+
+class _Watcher:
+    """A thread with its own connection that looks, a few times per lock timeout,
+    for whoever blocks migrate's working backend, so that a wait cancelled by
+    lock_timeout can name its holder afterwards. Best effort: it reads only."""
+
+    def __init__(self, dsn: str, run: _Run) -> None:
+        self._dsn, self._run = dsn, run
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._loop, name="llm-db migrate watcher", daemon=True
+        )
+
+    def __enter__(self) -> _Watcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)  # a daemon: a query stuck on the network cannot hold migrate
+
+    def _loop(self) -> None:
+        interval = min(0.1, self._run.lock_timeout / 5)
+        try:
+            # no SET: behind a transaction pooler it would outlive this connection
+            with psycopg.connect(
+                self._dsn, autocommit=True, prepare_threshold=None, row_factory=dict_row
+            ) as conn:
+                while not self._stop.wait(interval):
+                    pid = self._run.worker_pid
+                    if pid is None:
+                        continue
+                    seen = conn.execute(_BLOCKER, {"pid": pid}).fetchone()
+                    if seen is not None:
+                        with self._run.lock:
+                            self._run.blocker = seen
+        except psycopg.Error:
+            return  # the run goes on; its errors then only lack the holder's name
+
+
+def _begin_locked(conn: psycopg.Connection, run: _Run) -> None:
     """Open a transaction on ``conn`` that holds the migrate lock (transaction-level).
 
     A waiting run polls with ``pg_try_advisory_xact_lock`` between short transactions
@@ -194,40 +400,142 @@ def _begin_locked(conn: psycopg.Connection) -> None:
     snapshot, and ``CREATE INDEX CONCURRENTLY`` in the holder's migrations (on yoyo's
     connection) would wait for that snapshot while the waiter waits for the holder.
     No parameters, so the simple query protocol: no portal keeps a snapshot either.
+    The transaction then carries the run's settings, so a database's
+    ``idle_in_transaction_session_timeout`` cannot end it while yoyo works.
     """
     pause = 0.02
     while True:
         conn.execute("BEGIN")
-        if conn.execute(f"SELECT pg_catalog.pg_try_advisory_xact_lock({int(MIGRATE_LOCK_KEY)})").fetchone()[0]:  # type: ignore[arg-type,index]
+        if conn.execute(
+            f"SELECT pg_catalog.pg_try_advisory_xact_lock({int(MIGRATE_LOCK_KEY)})"
+        ).fetchone()[0]:  # type: ignore[arg-type,index]
+            conn.execute(run.settings)  # type: ignore[arg-type]
             return
         conn.execute("ROLLBACK")
+        if time.monotonic() + pause > run.deadline_at:
+            raise DeadlineReached("deadline reached waiting for another llm-db migrate to finish")
         time.sleep(pause)
         pause = min(pause * 2, 0.5)
 
 
-def _apply_migrations(url: str, migrations_dir: Path, lock_timeout: float) -> list[str]:
-    from yoyo import get_backend, read_migrations
+YOYO_LOCK_WAIT = 30.0  # seconds, at most, for yoyo's lock row
+_RESET = "RESET lock_timeout; RESET statement_timeout; RESET idle_in_transaction_session_timeout"
+
+
+def _yoyo_backend(url: str, run: _Run) -> Any:
+    """yoyo's psycopg backend, each of whose transactions starts with the run's
+    settings and reports its backend to the watcher. yoyo opens a connection per
+    migration (``copy()``, which keeps the class), so the class carries the run."""
+    from yoyo.backends.core.postgresql import PostgresqlPsycopgBackend
+    from yoyo.connections import parse_uri
+
+    class Backend(PostgresqlPsycopgBackend):  # type: ignore[misc]
+        marking: Any = None  # the migration whose record commits with its transaction
+
+        def apply_one(self, migration: Any, force: bool = False, mark: bool = True) -> None:
+            # yoyo commits a migration, then records it in a second transaction: a run
+            # killed between the two left it applied but unrecorded, and every re-run
+            # then failed applying it again. Here the record is in the migration's own
+            # transaction; a non-transactional one (re-runnable, Conventions 14) is
+            # recorded after it, as yoyo does.
+            self.ensure_internal_schema_updated()
+            migration.load()
+            with self.copy() as own:
+                own._internal_schema_updated = True
+                own.marking = migration if mark and migration.use_transactions else None
+                migration.process_steps(own, "apply", force=force)
+            self.log_migration(migration, "apply")
+            if mark and not migration.use_transactions:
+                with self.transaction():
+                    self.mark_one(migration, log=False)
+
+        def commit(self) -> None:
+            if self.marking is not None:
+                self.mark_one(self.marking, log=False)
+                self.marking = None
+            super().commit()
+
+        def connect(self, dburi: Any) -> psycopg.Connection:
+            # here, not in init_connection, which yoyo calls again after each rollback
+            connection = super().connect(dburi)
+            connection.add_notice_handler(run.on_notice)
+            return connection
+
+        def begin(self) -> None:
+            super().begin()
+            self.connection.execute(run.settings)
+            run.worker_pid = self.connection.info.backend_pid
+
+        @contextmanager
+        def disable_transactions(self) -> Iterator[None]:
+            # a `-- transactional: false` migration (CREATE INDEX CONCURRENTLY) has no
+            # transaction to SET LOCAL in: the settings are the session's while it runs
+            with super().disable_transactions():
+                self.connection.execute(run.settings.replace("SET LOCAL", "SET"))
+                run.worker_pid = self.connection.info.backend_pid
+                try:
+                    yield
+                finally:
+                    if not self.connection.broken:
+                        self.connection.execute(_RESET)
+
+    backend = Backend(parse_uri(url), "_yoyo_migration")
+    backend.init_database()
+    return backend
+
+
+def _apply_migrations(url: str, migrations_dir: Path, run: _Run) -> list[str]:
+    """Apply the pending migrations, each one yoyo transaction, each its own step."""
+    from yoyo import read_migrations
     from yoyo.exceptions import LockTimeout
 
     migrations = read_migrations(str(migrations_dir))
-    backend = get_backend(url)
+    backend = _yoyo_backend(url, run)
     try:
-        with backend.lock(timeout=lock_timeout):
+        # Runs of migrate queue on the advisory lock, so this row is only ever held by a
+        # plain yoyo run or left behind by a killed one: no use waiting long for it.
+        with backend.lock(
+            timeout=max(0.1, min(YOYO_LOCK_WAIT, run.deadline_at - time.monotonic()))
+        ):
             pending = backend.to_apply(migrations)
-            try:
-                backend.apply_migrations(pending)
-            except psycopg.Error as exc:
-                raise MigrationError(
-                    f"migration failed in {migrations_dir}: {_describe(exc)}", path=migrations_dir
-                ) from exc
+            for migration in pending:
+                # a 55P03 rolls the migration's transaction back, unmarked: retried whole
+                run.step(migration.id, lambda m=migration: _apply_one(backend, m, migrations_dir))
+            backend.run_post_apply(pending)
             return [m.id for m in pending]
     except LockTimeout as exc:  # only taking the lock raises it
         raise MigrationError(
-            f"yoyo's lock is still taken after {lock_timeout:g}s ({exc}). If no migration is"
+            f"yoyo's lock is still taken ({exc}). If no migration is"
             " running, a killed run left it behind: DELETE FROM public.yoyo_lock;"
         ) from exc
     finally:
         backend.connection.close()
+
+
+def _apply_one(backend: Any, migration: Any, migrations_dir: Path) -> None:
+    try:
+        backend.apply_one(migration)
+    except pg_errors.LockNotAvailable:
+        raise
+    except psycopg.Error as exc:
+        raise MigrationError(
+            f"migration {migration.id} failed in {migrations_dir}: {_describe(exc)}",
+            path=Path(migration.path),
+        ) from exc
+
+
+def _apply_sql_phase(conn: psycopg.Connection, files: Sequence[Path]) -> list[str]:
+    """One attempt at the function files, in a savepoint of migrate's transaction
+    (which keeps the migrate lock and the settings across attempts)."""
+    conn.execute("SAVEPOINT llm_db_functions")
+    try:
+        dropped = _apply_sql_files(conn, files)
+    except BaseException:
+        if not conn.closed and not conn.broken:
+            conn.execute("ROLLBACK TO SAVEPOINT llm_db_functions")
+        raise
+    conn.execute("RELEASE SAVEPOINT llm_db_functions")
+    return dropped
 
 
 # Every routine of schema llm, marked before the function files run (see the
@@ -267,6 +575,8 @@ def _apply_sql_files(conn: psycopg.Connection, files: Sequence[Path]) -> list[st
             # No parameters: psycopg sends the whole file as one simple
             # query, so a file may hold many statements and `%` is literal.
             conn.execute(text)  # type: ignore[arg-type]
+        except pg_errors.LockNotAvailable:
+            raise  # retried whole by the caller
         except psycopg.Error as exc:
             raise MigrationError(
                 f"{path.name}{_line_of(text, exc)}: {_describe(exc)}", path=path
@@ -276,6 +586,8 @@ def _apply_sql_files(conn: psycopg.Connection, files: Sequence[Path]) -> list[st
         try:
             # a regprocedure's text is a valid, quoted routine reference
             conn.execute(f"DROP ROUTINE {routine}")  # type: ignore[arg-type]
+        except pg_errors.LockNotAvailable:
+            raise  # retried whole by the caller
         except psycopg.Error as exc:
             raise MigrationError(
                 f"cannot drop {routine}, which no file in sql/ defines any more: {_describe(exc)}"

@@ -448,4 +448,4 @@ def test_a_stale_yoyo_lock_fails_fast_with_the_fix(fresh_db):
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO public.yoyo_lock (locked, ctime, pid) VALUES (1, now(), 999999)")
     with pytest.raises(MigrationError, match=r"DELETE FROM public\.yoyo_lock"):
-        migrate(dsn, lock_timeout=1)
+        migrate(dsn, deadline=1)

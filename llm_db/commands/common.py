@@ -38,6 +38,9 @@ EXIT_ERROR = 4
 EXIT_MISSING = 5
 #: interrupted (Ctrl-C, SIGTERM)
 EXIT_INTERRUPTED = 130
+#: ``migrate``: its deadline passed while a step waited for a lock some session held
+#: (sysexits' EX_TEMPFAIL: the database works as it is; run it again later)
+EXIT_RETRY_LATER = 75
 
 
 # ----------------------------------------------------------- errors and exit codes
@@ -99,7 +102,7 @@ def _failure_for(exc: BaseException, where: str) -> Failure | None:
     from llm_db._extras import MissingExtra
     from llm_db._server import ServerSetupError
     from llm_db.demo import DemoError
-    from llm_db.migrate import MigrationError
+    from llm_db.migrate import DeadlineReached, MigrationError
     from llm_db.notices import InvalidSecret
 
     if isinstance(exc, MissingExtra | InvalidSecret):
@@ -110,6 +113,8 @@ def _failure_for(exc: BaseException, where: str) -> Failure | None:
         return Failure(_describe_llm_error(exc), EXIT_ERROR, where=where)
     if isinstance(exc, psycopg.Error):
         return Failure(_describe_pg_error(exc), EXIT_ERROR, where=where)
+    if isinstance(exc, DeadlineReached):
+        return Failure(str(exc), EXIT_RETRY_LATER, where=where)
     if isinstance(exc, MigrationError | ServerSetupError | DemoError):
         return Failure(str(exc), EXIT_ERROR, where=where)
     if isinstance(exc, KeyboardInterrupt):

@@ -4,12 +4,15 @@ schema, shard it with Citus, and put the hourly pass under pg_cron."""
 from __future__ import annotations
 
 import contextlib
+import json
+import sys
 from collections.abc import Iterator
 
 import click
 import psycopg
 
 from llm_db.commands import common
+from llm_db.migrate import Event
 
 JOB_NAME = "llm-reconciliation"
 JOB_COMMAND = "CALL llm.run_reconciliation()"
@@ -20,25 +23,83 @@ JOB_COMMAND = "CALL llm.run_reconciliation()"
 
 @click.command(short_help="Install or upgrade the llm schema.")
 @common.dsn_option
-def migrate(dsn: str | None) -> None:
+@click.option("--lock-timeout", type=click.FloatRange(0.001, 3600), default=1.0,
+              show_default=True, metavar="SECONDS",
+              help="How long one statement may wait for a lock before its step is "
+                   "rolled back and retried.")  # fmt: skip
+@click.option("--deadline", type=click.FloatRange(0.001, 7 * 86400), default=600.0,
+              show_default=True, metavar="SECONDS",
+              help="When to stop retrying and exit 75, naming the session in the way.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object per line for each event, then one for the result.")  # fmt: skip
+def migrate(dsn: str | None, lock_timeout: float, deadline: float, as_json: bool) -> None:
     """Install or upgrade the llm schema: migrations/ with yoyo, then every sql/ file.
 
-    Safe to re-run and to run from two deploys at once. Run it as the role that
-    should own the schema.
+    Safe to re-run and to run from two deploys at once, and under live traffic:
+    each statement waits at most --lock-timeout for a lock, so consumers queued
+    behind it stall no longer; a step that timed out is rolled back and retried
+    whole, with backoff, until --deadline. Run it as the role that should own
+    the schema. It prints each step as it ends (and as it starts, on a
+    terminal), and each wait with the session it waits for.
+
+    \b
+    Exit codes:
+      0   the schema is this release's
+      4   a migration or function file failed, or the database went away
+          (the message names the file); what was committed before stays
+      75  --deadline passed waiting for a lock (the message names the pid and
+          query holding it); the database works as it is: run migrate again
+      2   the command line is wrong; 130 interrupted (as for 4: run it again)
 
     \b
     Examples:
       llm-db migrate --dsn postgresql://owner@db.internal/app
-      DATABASE_URL='host=/var/run/postgresql dbname=app' llm-db migrate
+      DATABASE_URL='host=/var/run/postgresql dbname=app' llm-db migrate --json
     """
     from llm_db.migrate import migrate as run_migrate
 
-    report = run_migrate(common.require_dsn(dsn))
+    on_terminal = not as_json and sys.stdout.isatty()
+
+    def on_event(event: Event) -> None:
+        if as_json:
+            click.echo(json.dumps(event, default=str))
+        elif on_terminal or event["event"] != "start":
+            click.echo(describe_event(event))
+
+    report = run_migrate(
+        common.require_dsn(dsn), lock_timeout=lock_timeout, deadline=deadline, on_event=on_event
+    )
+    if as_json:
+        click.echo(json.dumps({"event": "finished", "applied_migrations": report.applied_migrations,
+                               "sql_files": len(report.sql_files),
+                               "dropped_routines": report.dropped_routines}))  # fmt: skip
+        return
     applied = ", ".join(report.applied_migrations) or "none"
     click.echo(f"migrations applied: {applied}")
     click.echo(f"sql files applied: {len(report.sql_files)}")
     if report.dropped_routines:
         click.echo(f"routines dropped (no longer defined): {', '.join(report.dropped_routines)}")
+
+
+def describe_event(event: Event) -> str:
+    """One line for an event of ``llm_db.migrate``."""
+    step, kind = event["step"], event["event"]
+    if kind == "start":
+        return f"{step}: started"
+    if kind == "done":
+        tries = f" ({event['attempts']} attempts)" if event["attempts"] > 1 else ""
+        return f"{step}: done in {event['elapsed_s']:.2f} s{tries}"
+    if kind == "progress":
+        return f"{step}: {event['done']}/{event['total']} rows"
+    if kind == "wait":
+        if event["blocker_pid"] is None:
+            whom = "a lock (its holder had gone when looked for)"
+        else:
+            whom = (f"lock on {event['lock'] or 'an object'} ({event['mode']}) held by pid "
+                    f"{event['blocker_pid']} (query: {event['blocker_query']!r})")  # fmt: skip
+        return (f"{step}: waiting for {whom}, attempt {event['attempt']}, "
+                f"retrying in {event['retry_in_s']:.1f} s")  # fmt: skip
+    return f"{step}: {kind}"
 
 
 # ----------------------------------------------------------- distribute
