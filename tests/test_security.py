@@ -205,6 +205,7 @@ ALLOWED = {
         "SELECT count(*) FROM llm.invocations",
         "SELECT count(*) FROM llm.periods",
         "SELECT count(*) FROM llm.reconciliation_runs",
+        "SELECT * FROM llm.reconciliation_health()",
     ],
     "plain": [],
 }
