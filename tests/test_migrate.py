@@ -510,6 +510,34 @@ def test_the_test_database_is_owned_by_a_non_superuser_owner(llm_conn, llm_owner
     ).fetchone() == (0,)
 
 
+CONSUMER_TEST = """
+def test_who(llm_conn, llm_role_conn):
+    print("OWNER", llm_conn.execute("SELECT current_user, rolsuper FROM pg_roles"
+                                    " WHERE rolname = current_user").fetchone())
+    print("ROLE", llm_role_conn("llm_app").execute("SELECT session_user, current_user").fetchone())
+"""
+
+
+@pytest.mark.parametrize(
+    ("ini", "owner", "role"),
+    [
+        ("", "('llm_owner', False)", "('llm_app_login', 'llm_app_login')"),
+        ("llm_db_superuser_owner = true", "('postgres', True)", "('postgres', 'llm_app')"),
+    ],
+)
+def test_a_consumer_gets_the_owner_or_with_the_ini_option_the_superuser(tmp_path, ini, owner, role):
+    """issue 21 item 2: a project that installs llm-db gets the same fixtures, the owner's
+    llm_conn by default, and the superuser's with ``llm_db_superuser_owner`` (as before)."""
+    (tmp_path / "pytest.ini").write_text(f"[pytest]\n{ini}\n")
+    (tmp_path / "test_consumer.py").write_text(CONSUMER_TEST)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "test_consumer.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"OWNER {owner}" in proc.stdout and f"ROLE {role}" in proc.stdout, proc.stdout
+
+
 def test_cron_database_has_pg_cron_and_llm(llm_cron_dsn):
     with psycopg.connect(llm_cron_dsn) as conn:
         assert conn.info.dbname == CRON_DATABASE
