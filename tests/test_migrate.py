@@ -225,17 +225,18 @@ def test_two_concurrent_migrate_runs_on_a_fresh_database_both_succeed(fresh_db, 
 @pytest.mark.parametrize(
     "form", ["conninfo_tcp", "conninfo_socket", "url_postgresql", "url_postgres"]
 )
-def test_migrate_accepts_key_value_and_url_dsns(llm_server, fresh_db, form):
-    name, _ = fresh_db()
+def test_migrate_accepts_key_value_and_url_dsns(llm_server, llm_owner, fresh_db, form):
+    name, owner_dsn = fresh_db()
+    url = llm_server.url(name).replace(f"//{llm_server.superuser}@", f"//{llm_owner}@")
     dsn = {
-        "conninfo_tcp": llm_server.dsn(name),
-        "conninfo_socket": f"host={llm_server.socket_dir} port={llm_server.port} user=postgres dbname={name}",
-        "url_postgresql": llm_server.url(name),
-        "url_postgres": llm_server.url(name).replace("postgresql://", "postgres://"),
+        "conninfo_tcp": owner_dsn,
+        "conninfo_socket": f"host={llm_server.socket_dir} port={llm_server.port} user={llm_owner} dbname={name}",
+        "url_postgresql": url,
+        "url_postgres": url.replace("postgresql://", "postgres://"),
     }[form]
     report = migrate(dsn)
     assert report.applied_migrations
-    with llm_server.connect(name) as conn:
+    with psycopg.connect(owner_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM public._yoyo_migration").fetchone() == (
             len(REPO_MIGRATIONS),
         )
