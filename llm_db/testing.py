@@ -15,9 +15,10 @@ it, the tests that use these fixtures fail with one line naming
 Fixtures (scope):
 
 ``llm_server`` (session)
-    The running ``EphemeralServer``: ``.dsn(dbname)``, ``.url(dbname)``,
-    ``.superuser``, ``.connect(dbname)``, ``.create_database(name, template=)``,
-    ``.drop_database(name)``, ``.log_path``.
+    The running ``EphemeralServer``: ``.dsn(dbname, user=)``, ``.url(dbname)``,
+    ``.superuser``, ``.connect(dbname)``, ``.create_owner()``,
+    ``.create_database(name, template=, owner=)``, ``.drop_database(name)``,
+    ``.log_path``.
 ``llm_template`` (session)
     Name (str) of database ``llm_template``: migrated once, then marked
     template and closed to connections.
@@ -65,8 +66,8 @@ Fixtures (scope):
     conninfo of this test's clone (``llm_dsn``) through that PgBouncer, for the owner.
 
 Plain functions for code outside pytest (benchmarks, the demo):
-``EphemeralServer``, ``PgBouncer``, ``create_template``, ``clone_database``,
-``create_cron_database``.
+``EphemeralServer``, ``PgBouncer``, ``create_template``, ``create_logins``,
+``clone_database``, ``create_cron_database``.
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ __all__ = [
     "check_installation",
     "clone_database",
     "create_cron_database",
+    "create_logins",
     "create_template",
 ]
 

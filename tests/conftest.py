@@ -34,6 +34,8 @@ AWAITING_FIX = {
     "[unschedule]": "issue 21 F2",
     "tests/test_driver.py::test_LL010_schedule_without_pg_cron_maps_to_CronNotInstalled": "issue 21 F2",
     "tests/test_driver.py::test_async_client_maps_errors_and_returns_the_same_types": "issue 21 F2",
+    # the upgrade itself passes as the owner; its last check calls schedule without pg_cron
+    "tests/test_upgrade.py::test_upgrading_a_populated_0_1_0_database_loses_nothing": "issue 21 F2",
 }
 
 
