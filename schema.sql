@@ -1313,6 +1313,7 @@ GRANT ALL ON FUNCTION llm.reconcile_org(p_organization_id uuid, p_now timestamp 
 
 REVOKE ALL ON FUNCTION llm.reconciliation_health(p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.reconciliation_health(p_now timestamp with time zone) TO llm_operator;
+GRANT ALL ON FUNCTION llm.reconciliation_health(p_now timestamp with time zone) TO llm_reader;
 
 REVOKE ALL ON FUNCTION llm.release_notice(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.release_notice(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_now timestamp with time zone) TO llm_operator;

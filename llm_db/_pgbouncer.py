@@ -31,7 +31,9 @@ from typing import Any
 import psycopg
 
 from llm_db._server import (
+    LOGINS,
     OS_USER_WHEN_ROOT,
+    OWNER,
     SUPERUSER,
     EphemeralServer,
     ServerSetupError,
@@ -93,7 +95,8 @@ class PgBouncer:
         self.port = free_port()
         config = Path(self.base_dir, "pgbouncer.ini")
         config.write_text(self._config())
-        Path(self.base_dir, "userlist.txt").write_text(f'"{SUPERUSER}" ""\n')
+        users = (SUPERUSER, OWNER, *LOGINS.values())  # trust, but each user must be listed
+        Path(self.base_dir, "userlist.txt").write_text("".join(f'"{u}" ""\n' for u in users))
         self._process = subprocess.Popen(
             [str(PGBOUNCER_BIN), "-q", str(config)],
             stdin=subprocess.DEVNULL,
@@ -185,11 +188,13 @@ class PgBouncer:
             return ""
 
     def dsn(self, dbname: str = "postgres", **extra: Any) -> str:
-        """key=value conninfo of ``dbname`` through the pooler, for the superuser."""
+        """key=value conninfo of ``dbname`` through the pooler, for the superuser
+        (or ``user=…``)."""
         if self.port is None:
             raise RuntimeError("PgBouncer is not running; call start() first")
+        extra.setdefault("user", SUPERUSER)
         return psycopg.conninfo.make_conninfo(
-            host=self.host, port=self.port, user=SUPERUSER, dbname=dbname, **extra
+            host=self.host, port=self.port, dbname=dbname, **extra
         )
 
     def admin(self, command: str) -> list[tuple[Any, ...]]:

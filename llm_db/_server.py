@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 __all__ = [
     "CRON_DATABASE",
     "EphemeralServer",
+    "LOGINS",
+    "OWNER",
     "ServerSetupError",
     "SUPERUSER",
     "check_installation",
@@ -53,6 +55,16 @@ PG_MAJOR = 15
 BIN_DIR = Path(os.environ.get("LLM_DB_PG_BIN", f"/usr/lib/postgresql/{PG_MAJOR}/bin"))
 SHARE_DIR = Path(os.environ.get("LLM_DB_PG_SHARE", f"/usr/share/postgresql/{PG_MAJOR}"))
 SUPERUSER = "postgres"
+# The deployment's shape (docs/design.md "Roles and grants"): the schema owner is a
+# LOGIN CREATEROLE role without superuser that owns the application's database, as
+# on a managed service (RDS, Cloud SQL, ...), and each llm role is used through a
+# login of its own that is a member of it.
+OWNER = "llm_owner"
+LOGINS = {
+    "llm_app": "llm_app_login",
+    "llm_operator": "llm_operator_login",
+    "llm_reader": "llm_reader_login",
+}
 CRON_DATABASE = "llm_cron"
 OS_USER_WHEN_ROOT = "postgres"
 
@@ -283,15 +295,35 @@ class EphemeralServer:
                 conn = self._admin_conn = self.connect()
             yield conn
 
+    def create_owner(self, name: str = OWNER) -> str:
+        """Create role ``name`` (LOGIN CREATEROLE, no superuser) unless it exists: the
+        schema owner of a managed service. Returns ``name``."""
+        with self._admin() as conn:
+            if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [name]).fetchone() is None:
+                conn.execute(
+                    sql.SQL("CREATE ROLE {} LOGIN CREATEROLE NOSUPERUSER").format(
+                        sql.Identifier(name)
+                    )
+                )
+        return name
+
     def create_database(
-        self, name: str, *, template: str | None = None, settings: dict[str, str] | None = None
+        self,
+        name: str,
+        *,
+        template: str | None = None,
+        settings: dict[str, str] | None = None,
+        owner: str | None = None,
     ) -> str:
-        """Create database ``name`` (optionally cloned from ``template``) and return its dsn.
+        """Create database ``name`` (optionally cloned from ``template``) and return its dsn
+        (for ``owner`` when given, else for the superuser).
 
         ``settings``: defaults for every later session of that database
         (``ALTER DATABASE name SET key = value``); a clone does not inherit its
-        template's."""
+        template's. ``owner``: the database's owner, as a provider's admin creates it."""
         query = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if owner is not None:
+            query = sql.SQL("{} OWNER {}").format(query, sql.Identifier(owner))
         if template is not None:
             query = sql.SQL("{} TEMPLATE {} STRATEGY FILE_COPY").format(
                 query, sql.Identifier(template)
@@ -305,7 +337,7 @@ class EphemeralServer:
                 )
             conn.execute(query)
         self.set_database_settings(name, settings or {})
-        return self.dsn(name)
+        return self.dsn(name) if owner is None else self.dsn(name, user=owner)
 
     def set_database_settings(self, name: str, settings: dict[str, str]) -> None:
         """``ALTER DATABASE name SET key = value`` for each setting: the default of

@@ -23,9 +23,14 @@ server connection.
 
 How a routine the files no longer define is found: before the files run,
 every ``llm`` routine is marked with a setting (``ALTER ROUTINE … SET
-llm.migrate_mark = 'stale'``); ``CREATE OR REPLACE`` replaces a routine's
-settings with its definition's own, so the mark survives only on the routines
-no file re-created, and those are dropped.
+application_name = 'llm-db migrate: stale'``); ``CREATE OR REPLACE`` replaces a
+routine's settings with its definition's own, so the mark survives only on the
+routines no file re-created, and those are dropped. The mark is a built-in
+parameter any user may set, so the routines' owner needs no superuser: a
+custom one (``llm.…``) on a routine takes a superuser in PostgreSQL 15, which
+made every re-run by a managed service's owner fail with 42501 (issue 21 F1).
+Nothing runs with the mark: a marked routine is re-created or dropped before
+the transaction commits, and a failed run rolls the mark back.
 
 How migrate bounds its locks (issue 22 item 2): every transaction it opens,
 its own and each of yoyo's, starts with ``SET LOCAL lock_timeout`` (the
@@ -551,7 +556,8 @@ BEGIN
                                   WHERE n.nspname = 'llm')
            AND p.prokind IN ('f', 'p')
     LOOP
-        EXECUTE pg_catalog.format('ALTER ROUTINE %s SET llm.migrate_mark = %L', v_routine, 'stale');
+        EXECUTE pg_catalog.format('ALTER ROUTINE %s SET application_name = %L',
+                                  v_routine, 'llm-db migrate: stale');
     END LOOP;
 END
 $mark$
@@ -560,7 +566,7 @@ _STILL_MARKED = """
 SELECT p.oid::regprocedure::text AS routine
   FROM pg_catalog.pg_proc AS p
  WHERE p.pronamespace = (SELECT n.oid FROM pg_catalog.pg_namespace AS n WHERE n.nspname = 'llm')
-   AND p.proconfig @> ARRAY['llm.migrate_mark=stale']
+   AND p.proconfig @> ARRAY['application_name=llm-db migrate: stale']
  ORDER BY 1
 """
 

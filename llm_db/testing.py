@@ -15,27 +15,45 @@ it, the tests that use these fixtures fail with one line naming
 Fixtures (scope):
 
 ``llm_server`` (session)
-    The running ``EphemeralServer``: ``.dsn(dbname)``, ``.url(dbname)``,
-    ``.superuser``, ``.connect(dbname)``, ``.create_database(name, template=)``,
-    ``.drop_database(name)``, ``.log_path``.
+    The running ``EphemeralServer``: ``.dsn(dbname, user=)``, ``.url(dbname)``,
+    ``.superuser``, ``.connect(dbname)``, ``.create_owner()``,
+    ``.create_database(name, template=, owner=)``, ``.drop_database(name)``,
+    ``.log_path``.
 ``llm_template`` (session)
     Name (str) of database ``llm_template``: migrated once, then marked
     template and closed to connections.
+``llm_owner`` (session)
+    Name of the role that owns the test databases and runs ``migrate``:
+    ``llm_owner``, LOGIN CREATEROLE and no superuser, as the schema owner of a
+    managed service (RDS, Cloud SQL, Azure, Supabase) is. With the ini option
+    ``llm_db_superuser_owner = true``, the superuser instead (the behaviour
+    before 0.3.0).
 ``llm_dsn`` (function)
-    conninfo (str) of a fresh clone of the template, dropped after the test.
+    conninfo (str), for the owner, of a fresh clone of the template, dropped
+    after the test.
 ``llm_conn`` (function)
-    Autocommit superuser ``psycopg.Connection`` to that clone. Every clone
+    Autocommit connection of the OWNER to that clone: it owns the tables, so a
+    test corrupts rows through it, and it calls every routine. Every clone
     carries ``lock_timeout=5s`` and ``statement_timeout=60s`` as database
     settings (``ALTER DATABASE … SET``, see ``DATABASE_SETTINGS``), so a
     test that waits on a lock fails fast on any connection to it, through a
     pooler too (PgBouncer rejects the ``options`` startup parameter).
+``llm_superuser_conn`` (function)
+    Autocommit superuser connection to that clone, for what only a provider's
+    admin does: creating extensions, signalling other roles' backends, server
+    settings. A test using it says why.
 ``llm_connect`` (function)
-    Factory ``llm_connect(*, role=None, autocommit=True, **kwargs)`` opening
-    more connections to the same clone (same timeouts), for race tests; all
-    closed at teardown.
+    Factory ``llm_connect(*, role=None, superuser=False, autocommit=True, **kwargs)``
+    opening more connections to the same clone (same timeouts), for race tests;
+    all closed at teardown. Without ``role`` the owner's; ``role``: see
+    ``llm_role_conn``.
 ``llm_role_conn`` (function)
-    Factory ``llm_role_conn(role, *, autocommit=True, **kwargs)``: a superuser
-    connection that ran ``SET ROLE role`` (e.g. ``llm_app``).
+    Factory ``llm_role_conn(role, *, autocommit=True, **kwargs)``: a connection
+    that logged in as ``role``: for ``llm_app``, ``llm_operator`` and
+    ``llm_reader``, as the login role that is a member of it
+    (``llm_app_login``, … see ``LOGINS``), any other name as itself. No
+    ``SET ROLE`` (with ``llm_db_superuser_owner``: a superuser login, then
+    ``SET ROLE role``, as before 0.3.0).
 ``llm_cron_dsn`` (session)
     conninfo of database ``llm_cron`` (the pg_cron database):
     ``CREATE EXTENSION pg_cron`` then migrated. Shared by the session: tests
@@ -45,11 +63,11 @@ Fixtures (scope):
     ``pool_mode = transaction`` with 2 server connections per database and
     user: ``.dsn(dbname)``, ``.admin("SHOW POOLS")``, ``.log_text()``.
 ``llm_pgbouncer_dsn`` (function)
-    conninfo of this test's clone (``llm_dsn``) through that PgBouncer.
+    conninfo of this test's clone (``llm_dsn``) through that PgBouncer, for the owner.
 
 Plain functions for code outside pytest (benchmarks, the demo):
-``EphemeralServer``, ``PgBouncer``, ``create_template``, ``clone_database``,
-``create_cron_database``.
+``EphemeralServer``, ``PgBouncer``, ``create_template``, ``create_logins``,
+``clone_database``, ``create_cron_database``.
 """
 
 from __future__ import annotations
@@ -67,11 +85,20 @@ from psycopg import sql
 
 from llm_db._extras import MissingExtra
 from llm_db._pgbouncer import PgBouncer
-from llm_db._server import CRON_DATABASE, EphemeralServer, ServerSetupError, check_installation
+from llm_db._server import (
+    CRON_DATABASE,
+    LOGINS,
+    OWNER,
+    EphemeralServer,
+    ServerSetupError,
+    check_installation,
+)
 from llm_db.migrate import migrate
 
 __all__ = [
     "DATABASE_SETTINGS",
+    "LOGINS",
+    "OWNER",
     "TEMPLATE_DATABASE",
     "EphemeralServer",
     "PgBouncer",
@@ -79,6 +106,7 @@ __all__ = [
     "check_installation",
     "clone_database",
     "create_cron_database",
+    "create_logins",
     "create_template",
 ]
 
@@ -94,24 +122,51 @@ DATABASE_SETTINGS = {"lock_timeout": "5s", "statement_timeout": "60s"}
 
 
 def create_template(
-    server: EphemeralServer, name: str = TEMPLATE_DATABASE, **migrate_kwargs: Any
+    server: EphemeralServer,
+    name: str = TEMPLATE_DATABASE,
+    *,
+    owner: str | None = OWNER,
+    **migrate_kwargs: Any,
 ) -> str:
-    """Create database ``name`` (replacing an older one), migrate it, and mark it a
-    template. Returns ``name``."""
+    """Create database ``name`` (replacing an older one) owned by ``owner``, migrate it
+    as ``owner``, give each llm role its login (``LOGINS``), and mark it a template.
+    ``owner=None``: the superuser owns and migrates it. Returns ``name``."""
     _drop_template(server, name)
-    dsn = server.create_database(name)
+    if owner is not None:
+        server.create_owner(owner)
+    dsn = server.create_database(name, owner=owner)
     migrate(dsn, **migrate_kwargs)
+    create_logins(dsn)
     server.mark_template(name)
     return name
 
 
+def create_logins(dsn: str) -> None:
+    """Create the login of each llm role (``LOGINS``) unless it exists, as the role at
+    ``dsn``: the schema owner has CREATEROLE, which is all this needs."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for role, login in LOGINS.items():
+            if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [login]).fetchone():
+                continue
+            conn.execute(
+                sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(
+                    sql.Identifier(login), sql.Identifier(role)
+                )
+            )
+
+
 def clone_database(
-    server: EphemeralServer, template: str = TEMPLATE_DATABASE, name: str | None = None
+    server: EphemeralServer,
+    template: str = TEMPLATE_DATABASE,
+    name: str | None = None,
+    *,
+    owner: str | None = OWNER,
 ) -> tuple[str, str]:
-    """Clone ``template`` into a new database; returns ``(name, dsn)``. Drop it with
-    ``server.drop_database(name)``."""
+    """Clone ``template`` into a new database owned by ``owner`` (None: the superuser);
+    returns ``(name, dsn of the owner)``. Drop it with ``server.drop_database(name)``."""
     name = name or f"t_{uuid.uuid4().hex}"
-    return name, server.create_database(name, template=template, settings=DATABASE_SETTINGS)
+    dsn = server.create_database(name, template=template, settings=DATABASE_SETTINGS, owner=owner)
+    return name, dsn
 
 
 def create_cron_database(server: EphemeralServer, **migrate_kwargs: Any) -> str:
@@ -156,9 +211,10 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 
 def _connect(
-    dsn: str, *, role: str | None = None, autocommit: bool = True, **kwargs: Any
+    dsn: str, *, set_role: str | None = None, autocommit: bool = True, **kwargs: Any
 ) -> psycopg.Connection:
     conn = psycopg.connect(dsn, autocommit=autocommit, **kwargs)
+    role = set_role
     if role is not None:
         try:
             conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
@@ -190,6 +246,16 @@ def _started(server: EphemeralServer) -> Iterator[EphemeralServer]:
 # ---------------------------------------------------------------- fixtures
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(
+        "llm_db_superuser_owner",
+        "llm_db fixtures: the superuser owns and migrates the test databases and "
+        "llm_role_conn uses SET ROLE (the behaviour before llm-db 0.3.0)",
+        type="bool",
+        default=False,
+    )
+
+
 @pytest.fixture(scope="session")
 def llm_server() -> Iterator[EphemeralServer]:
     """The session's ephemeral PostgreSQL 15 server (pg_cron preloaded)."""
@@ -198,15 +264,24 @@ def llm_server() -> Iterator[EphemeralServer]:
 
 
 @pytest.fixture(scope="session")
-def llm_template(llm_server: EphemeralServer) -> str:
+def llm_owner(llm_server: EphemeralServer, pytestconfig: pytest.Config) -> str:
+    """Name of the role that owns the test databases and runs migrate (see the module
+    docstring; the ini option ``llm_db_superuser_owner`` makes it the superuser)."""
+    if pytestconfig.getini("llm_db_superuser_owner"):
+        return llm_server.superuser
+    return llm_server.create_owner(OWNER)
+
+
+@pytest.fixture(scope="session")
+def llm_template(llm_server: EphemeralServer, llm_owner: str) -> str:
     """Name of the migrated template database every ``llm_dsn`` clones."""
-    return create_template(llm_server)
+    return create_template(llm_server, owner=llm_owner)
 
 
 @pytest.fixture
-def llm_dsn(llm_server: EphemeralServer, llm_template: str) -> Iterator[str]:
-    """conninfo of a fresh clone of the template, dropped after the test."""
-    name, dsn = clone_database(llm_server, llm_template)
+def llm_dsn(llm_server: EphemeralServer, llm_template: str, llm_owner: str) -> Iterator[str]:
+    """conninfo, for the owner, of a fresh clone of the template, dropped after the test."""
+    name, dsn = clone_database(llm_server, llm_template, owner=llm_owner)
     try:
         yield dsn
     finally:
@@ -214,15 +289,30 @@ def llm_dsn(llm_server: EphemeralServer, llm_template: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def llm_connect(llm_dsn: str) -> Iterator[Callable[..., psycopg.Connection]]:
-    """Factory ``llm_connect(*, role=None, autocommit=True, **kwargs)`` for more
-    connections to this test's database; all are closed at teardown."""
+def llm_connect(
+    llm_server: EphemeralServer, llm_dsn: str, llm_owner: str
+) -> Iterator[Callable[..., psycopg.Connection]]:
+    """Factory ``llm_connect(*, role=None, superuser=False, autocommit=True, **kwargs)``
+    for more connections to this test's database; all are closed at teardown."""
     opened: list[psycopg.Connection] = []
+    old_behaviour = llm_owner == llm_server.superuser
 
     def connect(
-        *, role: str | None = None, autocommit: bool = True, **kwargs: Any
+        *,
+        role: str | None = None,
+        superuser: bool = False,
+        autocommit: bool = True,
+        **kwargs: Any,
     ) -> psycopg.Connection:
-        conn = _connect(llm_dsn, role=role, autocommit=autocommit, **kwargs)
+        user, set_role = llm_owner, None
+        if superuser:
+            user = llm_server.superuser
+        elif role is not None and old_behaviour:
+            set_role = role
+        elif role is not None:
+            user = LOGINS.get(role, role)
+        dsn = psycopg.conninfo.make_conninfo(llm_dsn, user=user)
+        conn = _connect(dsn, set_role=set_role, autocommit=autocommit, **kwargs)
         opened.append(conn)
         return conn
 
@@ -235,16 +325,23 @@ def llm_connect(llm_dsn: str) -> Iterator[Callable[..., psycopg.Connection]]:
 
 @pytest.fixture
 def llm_conn(llm_connect: Callable[..., psycopg.Connection]) -> psycopg.Connection:
-    """Autocommit superuser connection to this test's database."""
+    """Autocommit connection of the owner (``llm_owner``) to this test's database."""
     return llm_connect()
+
+
+@pytest.fixture
+def llm_superuser_conn(llm_connect: Callable[..., psycopg.Connection]) -> psycopg.Connection:
+    """Autocommit superuser connection to this test's database: only for what a
+    provider's admin does (extensions, other roles' backends, server settings)."""
+    return llm_connect(superuser=True)
 
 
 @pytest.fixture
 def llm_role_conn(
     llm_connect: Callable[..., psycopg.Connection],
 ) -> Callable[..., psycopg.Connection]:
-    """Factory ``llm_role_conn(role, *, autocommit=True, **kwargs)``: a connection
-    acting as ``role`` (superuser login, then ``SET ROLE``)."""
+    """Factory ``llm_role_conn(role, *, autocommit=True, **kwargs)``: a connection that
+    logged in as ``role`` (the llm roles through their logins, ``LOGINS``)."""
 
     def connect(role: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection:
         return llm_connect(role=role, autocommit=autocommit, **kwargs)
@@ -268,5 +365,6 @@ def llm_pgbouncer(llm_server: EphemeralServer) -> Iterator[PgBouncer]:
 
 @pytest.fixture
 def llm_pgbouncer_dsn(llm_pgbouncer: PgBouncer, llm_dsn: str) -> str:
-    """conninfo of this test's database through ``llm_pgbouncer``."""
-    return llm_pgbouncer.dsn(psycopg.conninfo.conninfo_to_dict(llm_dsn)["dbname"])
+    """conninfo of this test's database through ``llm_pgbouncer``, for the owner."""
+    params = psycopg.conninfo.conninfo_to_dict(llm_dsn)
+    return llm_pgbouncer.dsn(params["dbname"], user=params["user"])

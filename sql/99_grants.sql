@@ -53,3 +53,6 @@ GRANT EXECUTE ON FUNCTION
     llm._clock_ok(timestamptz)  -- what _check_clock calls, with the caller's rights here
 TO llm_operator;
 GRANT EXECUTE ON PROCEDURE llm.run_reconciliation(timestamptz, integer) TO llm_operator;
+-- The missing-run alarm is a read, and `llm-db metrics` reports it: a monitoring scrape
+-- runs as llm_reader, the least privilege (issue 21 item 2).
+GRANT EXECUTE ON FUNCTION llm.reconciliation_health(timestamptz) TO llm_reader;

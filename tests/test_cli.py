@@ -150,9 +150,9 @@ def test_bad_option_values_are_usage_errors_exit_2(llm_dsn):
     assert "is not an ISO 8601 timestamp" in proc.stderr
 
 
-def test_a_database_without_llm_db_says_to_migrate_exit_4(llm_server):
+def test_a_database_without_llm_db_says_to_migrate_exit_4(llm_server, llm_owner):
     name = f"t_empty_{uuid.uuid4().hex[:12]}"
-    dsn = llm_server.create_database(name)
+    dsn = llm_server.create_database(name, owner=llm_owner)
     try:
         proc = llm_db("health", dsn=dsn)
         assert proc.returncode == 4

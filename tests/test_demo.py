@@ -147,9 +147,9 @@ def test_demo_with_dsn_prints_figures_that_match_the_database(llm_dsn, llm_conn)
     assert health(llm_conn, result["clock"]["pass"])["status"] == after["health"]
 
 
-def test_demo_with_dsn_into_a_database_without_llm_db_says_to_migrate(llm_server):
+def test_demo_with_dsn_into_a_database_without_llm_db_says_to_migrate(llm_server, llm_owner):
     name = f"t_empty_{uuid.uuid4().hex[:12]}"
-    dsn = llm_server.create_database(name)
+    dsn = llm_server.create_database(name, owner=llm_owner)
     try:
         proc = subprocess.run([sys.executable, "-m", "llm_db.cli", "demo", "--dsn", dsn],
                               capture_output=True, text=True, timeout=60)  # fmt: skip

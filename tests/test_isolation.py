@@ -55,8 +55,20 @@ def test_every_spec_has_its_expected_output():
     assert SPECS and expected == SPECS
 
 
+@pytest.fixture
+def owner_plays_the_roles(llm_conn):
+    """The tester logs every session in as the owner (setup and teardown write tables, as
+    only the owner may), and a session's ``SET ROLE llm_app`` needs membership, which the
+    owner (CREATEROLE, no superuser) grants itself for the test and revokes after."""
+    llm_conn.execute("GRANT llm_app, llm_operator TO CURRENT_USER")
+    try:
+        yield
+    finally:
+        llm_conn.execute("REVOKE llm_app, llm_operator FROM CURRENT_USER")
+
+
 @pytest.mark.parametrize("spec", SPECS)
-def test_isolation_spec(spec, llm_dsn, tmp_path):
+def test_isolation_spec(spec, llm_dsn, tmp_path, owner_plays_the_roles):
     """The permutations of one spec print exactly its expected output (the lock order
     of docs/design.md "Architecture": who waits for whom, what each call returns, and
     invariants 1 to 9 holding after each permutation)."""

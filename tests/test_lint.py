@@ -52,13 +52,14 @@ WHERE l.lanname = 'plpgsql'
 """
 
 
-def test_plpgsql_check_finds_no_error_or_warning(llm_conn):
+def test_plpgsql_check_finds_no_error_or_warning(llm_conn, llm_superuser_conn):
     available = llm_conn.execute(
         "SELECT 1 FROM pg_available_extensions WHERE name = 'plpgsql_check'"
     ).fetchone()
     if available is None:
         missing_tool("the plpgsql_check extension", "postgresql-15-plpgsql-check")
-    llm_conn.execute("CREATE EXTENSION plpgsql_check SCHEMA public")
+    # superuser: creating an extension is the provider admin's; the owner checks its routines
+    llm_superuser_conn.execute("CREATE EXTENSION plpgsql_check SCHEMA public")
     (checked,) = llm_conn.execute(PLPGSQL_ROUTINES).fetchone()
     assert checked > 0, "no PL/pgSQL routine in schema llm: nothing was checked"
     findings = llm_conn.execute(PLPGSQL_CHECK).fetchall()

@@ -85,14 +85,15 @@ def schema_fingerprint(dsn: str) -> set[tuple[str, ...]]:
 
 
 @pytest.fixture
-def fresh_db(llm_server):
-    """Factory: an empty database (from template1), dropped after the test."""
+def fresh_db(llm_server, llm_owner):
+    """Factory: an empty database (from template1) owned by the non-superuser owner, as a
+    managed service's admin creates it, and the owner's dsn; dropped after the test."""
     names: list[str] = []
 
     def make() -> tuple[str, str]:
         name = f"m_{uuid.uuid4().hex}"
         names.append(name)
-        return name, llm_server.create_database(name)
+        return name, llm_server.create_database(name, owner=llm_owner)
 
     yield make
     for name in names:
@@ -195,6 +196,8 @@ def test_template_matches_a_freshly_migrated_database(fresh_db, llm_dsn):
 
 
 def test_two_concurrent_migrate_runs_on_a_fresh_database_both_succeed(fresh_db, llm_dsn):
+    """Two first installs at once by the non-superuser owner (issue 21 item 1, "two at
+    once"): each migration applies once, and the result is the template's schema."""
     _, dsn = fresh_db()
     barrier = threading.Barrier(2)
     results: list[object] = [None, None]
@@ -222,17 +225,18 @@ def test_two_concurrent_migrate_runs_on_a_fresh_database_both_succeed(fresh_db, 
 @pytest.mark.parametrize(
     "form", ["conninfo_tcp", "conninfo_socket", "url_postgresql", "url_postgres"]
 )
-def test_migrate_accepts_key_value_and_url_dsns(llm_server, fresh_db, form):
-    name, _ = fresh_db()
+def test_migrate_accepts_key_value_and_url_dsns(llm_server, llm_owner, fresh_db, form):
+    name, owner_dsn = fresh_db()
+    url = llm_server.url(name).replace(f"//{llm_server.superuser}@", f"//{llm_owner}@")
     dsn = {
-        "conninfo_tcp": llm_server.dsn(name),
-        "conninfo_socket": f"host={llm_server.socket_dir} port={llm_server.port} user=postgres dbname={name}",
-        "url_postgresql": llm_server.url(name),
-        "url_postgres": llm_server.url(name).replace("postgresql://", "postgres://"),
+        "conninfo_tcp": owner_dsn,
+        "conninfo_socket": f"host={llm_server.socket_dir} port={llm_server.port} user={llm_owner} dbname={name}",
+        "url_postgresql": url,
+        "url_postgres": url.replace("postgresql://", "postgres://"),
     }[form]
     report = migrate(dsn)
     assert report.applied_migrations
-    with llm_server.connect(name) as conn:
+    with psycopg.connect(owner_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM public._yoyo_migration").fetchone() == (
             len(REPO_MIGRATIONS),
         )
@@ -308,9 +312,58 @@ def test_a_failed_migrate_drops_no_routine(fresh_db, tmp_path):
         assert conn.execute("SELECT to_regprocedure('llm.retired()') IS NOT NULL").fetchone()[0]
         marked = conn.execute(
             "SELECT count(*) FROM pg_proc WHERE pronamespace = 'llm'::regnamespace"
-            " AND proconfig::text LIKE '%%migrate_mark%%'"
+            " AND proconfig::text LIKE '%%llm-db migrate: stale%%'"
         ).fetchone()[0]
         assert marked == 0
+
+
+def test_a_non_superuser_owner_installs_reruns_and_sweeps(fresh_db, llm_owner):
+    """issue 21 F1 and item 1: the schema owner of a managed service (LOGIN CREATEROLE, no
+    superuser, owning the database) installs, re-runs migrate, and has a routine sql/ no
+    longer defines dropped. The re-run failed with 42501 "permission denied to set
+    parameter" while stale routines were marked with a custom parameter."""
+    _, dsn = fresh_db()
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute(
+            "SELECT current_user, rolsuper, rolcreaterole FROM pg_roles WHERE rolname = current_user"
+        ).fetchone() == (llm_owner, False, True)
+    assert migrate(dsn).applied_migrations
+    before = schema_fingerprint(dsn)
+    again = migrate(dsn)
+    assert again.applied_migrations == () and again.dropped_routines == ()
+    assert schema_fingerprint(dsn) == before
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE FUNCTION llm.retired() RETURNS int LANGUAGE sql AS $$ SELECT 1 $$")
+    assert migrate(dsn).dropped_routines == ("llm.retired()",)
+    assert schema_fingerprint(dsn) == before
+
+
+def test_two_migrates_at_once_through_pgbouncer_as_the_owner(llm_server, llm_pgbouncer, fresh_db):
+    """issue 21 F1 and item 1 ("two at once", through PgBouncer): two runs by the non-superuser
+    owner through a transaction pooler, on a database installed by an earlier run, both
+    succeed; the first install through the pooler works too."""
+    name, owner_dsn = fresh_db()
+    dsn = llm_pgbouncer.dsn(name, user=conninfo_to_dict(owner_dsn)["user"])
+    assert migrate(dsn).applied_migrations
+    before = schema_fingerprint(dsn)
+    barrier = threading.Barrier(2)
+    results: list[object] = [None, None]
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            results[i] = migrate(dsn)
+        except BaseException as exc:  # reported below, in the test's thread
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads), "a migrate run hung"
+    assert not [r for r in results if isinstance(r, BaseException)], results
+    assert schema_fingerprint(dsn) == before
 
 
 def test_checkout_uses_the_repository_sql():
@@ -395,9 +448,10 @@ def test_missing_pg_cron_fails_with_the_bootstrap_hint(tmp_path):
         check_installation(share_dir=tmp_path)
 
 
-def test_server_preloads_pg_cron_for_the_llm_cron_database(llm_conn):
+def test_server_preloads_pg_cron_for_the_llm_cron_database(llm_superuser_conn):
+    # superuser: server settings, which pg_settings hides from others (shared_preload_libraries)
     settings = dict(
-        llm_conn.execute(
+        llm_superuser_conn.execute(
             "SELECT name, setting FROM pg_settings WHERE name IN"
             " ('shared_preload_libraries', 'cron.database_name', 'cron.use_background_workers',"
             "  'max_connections', 'lock_timeout', 'statement_timeout')"
@@ -426,11 +480,63 @@ def test_each_test_gets_its_own_clone_of_the_template(llm_conn, llm_connect, llm
     assert other.execute("SELECT to_regnamespace('llm') IS NOT NULL").fetchone() == (True,)
 
 
-def test_role_connection_acts_as_the_role(llm_role_conn):
+def test_role_connection_logs_in_as_a_member_of_the_role(llm_role_conn):
+    """issue 21 item 2: llm_role_conn logs in as the role's own login (no SET ROLE from a
+    superuser), a plain member of it."""
     conn = llm_role_conn("llm_reader")
-    assert conn.execute("SELECT current_user").fetchone() == ("llm_reader",)
+    assert conn.execute(
+        "SELECT session_user = current_user, current_user, pg_has_role('llm_reader', 'MEMBER'),"
+        " rolsuper FROM pg_roles WHERE rolname = current_user"
+    ).fetchone() == (True, "llm_reader_login", True, False)
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         conn.execute("CREATE TABLE llm.nope (id int)")
+
+
+def test_the_test_database_is_owned_by_a_non_superuser_owner(llm_conn, llm_owner):
+    """issue 21 item 2: llm_conn is the owner's: LOGIN CREATEROLE, no superuser, owning the
+    database and every table and routine of schema llm (the template was migrated by it)."""
+    assert llm_conn.execute(
+        "SELECT r.rolname, r.rolsuper, r.rolcreaterole, r.rolcanlogin,"
+        "       pg_get_userbyid(d.datdba) = r.rolname"
+        "  FROM pg_roles AS r, pg_database AS d"
+        " WHERE r.rolname = current_user AND d.datname = current_database()"
+    ).fetchone() == (llm_owner, False, True, True, True)
+    assert llm_conn.execute(
+        "SELECT count(*) FROM pg_class WHERE relnamespace = 'llm'::regnamespace"
+        " AND relowner <> current_user::regrole"
+    ).fetchone() == (0,)
+    assert llm_conn.execute(
+        "SELECT count(*) FROM pg_proc WHERE pronamespace = 'llm'::regnamespace"
+        " AND proowner <> current_user::regrole"
+    ).fetchone() == (0,)
+
+
+CONSUMER_TEST = """
+def test_who(llm_conn, llm_role_conn):
+    print("OWNER", llm_conn.execute("SELECT current_user, rolsuper FROM pg_roles"
+                                    " WHERE rolname = current_user").fetchone())
+    print("ROLE", llm_role_conn("llm_app").execute("SELECT session_user, current_user").fetchone())
+"""
+
+
+@pytest.mark.parametrize(
+    ("ini", "owner", "role"),
+    [
+        ("", "('llm_owner', False)", "('llm_app_login', 'llm_app_login')"),
+        ("llm_db_superuser_owner = true", "('postgres', True)", "('postgres', 'llm_app')"),
+    ],
+)
+def test_a_consumer_gets_the_owner_or_with_the_ini_option_the_superuser(tmp_path, ini, owner, role):
+    """issue 21 item 2: a project that installs llm-db gets the same fixtures, the owner's
+    llm_conn by default, and the superuser's with ``llm_db_superuser_owner`` (as before)."""
+    (tmp_path / "pytest.ini").write_text(f"[pytest]\n{ini}\n")
+    (tmp_path / "test_consumer.py").write_text(CONSUMER_TEST)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "test_consumer.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"OWNER {owner}" in proc.stdout and f"ROLE {role}" in proc.stdout, proc.stdout
 
 
 def test_cron_database_has_pg_cron_and_llm(llm_cron_dsn):

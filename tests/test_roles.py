@@ -1,6 +1,6 @@
 """Roles and function hygiene (docs/design.md "Roles and grants", "Conventions" 2): tables are
 written only through functions, PUBLIC has nothing, llm_app runs exactly the
-request and task calls, llm_reader reads and runs nothing, every SECURITY
+request and task calls, llm_reader reads and runs only the read-only health alarm, every SECURITY
 DEFINER function pins its search_path and every routine has a COMMENT."""
 
 from __future__ import annotations
@@ -147,8 +147,10 @@ def test_llm_app_executes_exactly_the_request_and_task_functions(llm_conn):
     assert executable_by(llm_conn, "llm_app") == APP_FUNCTIONS
 
 
-def test_llm_reader_executes_nothing(llm_conn):
-    assert executable_by(llm_conn, "llm_reader") == set()
+def test_llm_reader_executes_only_the_health_alarm(llm_conn):
+    """issue 21 item 2: a monitoring scrape (`llm-db metrics`) runs as llm_reader and reads
+    llm.reconciliation_health(), a STABLE function that writes nothing."""
+    assert executable_by(llm_conn, "llm_reader") == {"reconciliation_health"}
 
 
 def test_llm_operator_runs_recovery_health_schedule_notices_and_reporting(llm_conn):
@@ -166,7 +168,7 @@ def test_llm_operator_runs_the_pass_with_its_clock(llm_conn, llm_role_conn):
     org = new_org(llm_conn, 1000)
     admit(llm_conn, org, 100, now=T0)
     operator = llm_role_conn("llm_operator")
-    assert scalar(operator, "SELECT current_user") == "llm_operator"
+    assert scalar(operator, "SELECT pg_has_role('llm_operator', 'MEMBER')")  # its login
     summary = run_pass(operator, T0 + timedelta(days=2))
     assert (summary["status"], summary["requests_recovered"]) == ("succeeded", 1)
     call_pass(operator, None)  # the transaction's own clock
@@ -176,7 +178,7 @@ def test_llm_operator_runs_the_pass_with_its_clock(llm_conn, llm_role_conn):
 def test_llm_app_admits_and_settles_through_security_definer_functions(llm_conn, llm_role_conn):
     org = new_org(llm_conn, 1000)
     app = llm_role_conn("llm_app")
-    assert scalar(app, "SELECT current_user") == "llm_app"
+    assert scalar(app, "SELECT pg_has_role('llm_app', 'MEMBER')")  # its login
     inv = app.execute(f"SELECT a.id FROM ({ADMIT_SQL}) AS a", admit_params(org, 10)).fetchone()[0]
     assert settle(app, org, inv, 7) == "settled"
     declare_task(llm_conn, "summarize")

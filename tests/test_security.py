@@ -77,7 +77,9 @@ OPERATOR = {
     "llm._clock_ok(timestamp with time zone)",
 }
 # Every other routine (private helpers, the twins, llm.distribute): no role at all.
-EXECUTE = {"llm_app": APP, "llm_operator": OPERATOR, "llm_reader": set(), "plain": set()}
+# llm_reader runs the one read-only alarm `llm-db metrics` reports (issue 21 item 2).
+READER = {"llm.reconciliation_health(timestamp with time zone)"}
+EXECUTE = {"llm_app": APP, "llm_operator": OPERATOR, "llm_reader": READER, "plain": set()}
 
 TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
 CATALOGS = {"task_kinds", "settings"}
@@ -205,6 +207,7 @@ ALLOWED = {
         "SELECT count(*) FROM llm.invocations",
         "SELECT count(*) FROM llm.periods",
         "SELECT count(*) FROM llm.reconciliation_runs",
+        "SELECT * FROM llm.reconciliation_health()",
     ],
     "plain": [],
 }
@@ -252,7 +255,11 @@ REFUSED = {
 def test_each_role_can_call_what_it_is_granted_and_nothing_else(llm_conn, llm_role_conn, plain_role, role):
     ids = setup_books(llm_conn)
     conn = llm_role_conn(role_name(role, plain_role))
-    assert conn.execute("SELECT current_user").fetchone()[0] == role_name(role, plain_role)
+    # logged in as a member of the role (its login), not SET ROLE (issue 21 item 2)
+    assert conn.execute(
+        "SELECT session_user = current_user AND pg_has_role(%s, 'MEMBER')",
+        [role_name(role, plain_role)],
+    ).fetchone() == (True,)
     for statement in ALLOWED[role]:
         conn.execute(statement, ids)
     for statement in REFUSED[role]:
@@ -332,7 +339,9 @@ def evil_conn(llm_conn, llm_connect):
     ident = sql.Identifier(role)
     llm_conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(ident))
     llm_conn.execute(sql.SQL("GRANT llm_app, llm_operator TO {}").format(ident))
-    llm_conn.execute(sql.SQL("CREATE SCHEMA evil AUTHORIZATION {}").format(ident))
+    # the owner (CREATEROLE, but no member of the role) creates the schema and lends it
+    llm_conn.execute("CREATE SCHEMA evil")
+    llm_conn.execute(sql.SQL("GRANT USAGE, CREATE ON SCHEMA evil TO {}").format(ident))
     conn = llm_connect(role=role)
     conn.execute(SHADOWS)
     conn.execute("SET search_path = evil, pg_catalog, public")

@@ -85,7 +85,7 @@ def test_a_recovery_window_of_100000_years_is_refused_and_the_sweeps_go_on(llm_c
 
 
 @pytest.fixture
-def database_at_0009(llm_server, tmp_path):
+def database_at_0009(llm_server, llm_owner, tmp_path):
     """A fresh database migrated to 0009 (this checkout's migrations up to it, and the
     function files of this checkout, which 0009's schema runs); dropped afterwards."""
     migrations = tmp_path / "migrations"
@@ -94,7 +94,7 @@ def database_at_0009(llm_server, tmp_path):
         if path.name < "0010":
             shutil.copy(path, migrations / path.name)
     name = f"s_{uuid.uuid4().hex}"
-    dsn = llm_server.create_database(name)
+    dsn = llm_server.create_database(name, owner=llm_owner)
     migrate(dsn, migrations_dir=migrations, sql_dir=ROOT / "sql")
     try:
         yield dsn

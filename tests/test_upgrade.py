@@ -51,10 +51,13 @@ def release_0_1_0(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]
 
 
 @pytest.fixture
-def old_database(llm_server, release_0_1_0):
-    """A fresh database with release 0.1.0 installed; dropped afterwards."""
+def old_database(llm_server, llm_owner, release_0_1_0):
+    """A fresh database with release 0.1.0 installed by the non-superuser owner, who owns
+    the database and runs every migrate here (issue 21 F1); dropped afterwards."""
     name = f"u_{uuid.uuid4().hex}"
-    dsn = llm_server.create_database(name, settings={"lock_timeout": "5s", "statement_timeout": "60s"})
+    dsn = llm_server.create_database(
+        name, settings={"lock_timeout": "5s", "statement_timeout": "60s"}, owner=llm_owner
+    )
     migrate(dsn, migrations_dir=release_0_1_0[0], sql_dir=release_0_1_0[1])
     try:
         yield dsn

@@ -207,9 +207,9 @@ def test_import_llm_db_its_plugin_and_its_servers_need_no_extra():
     assert proc.returncode == 0, proc.stderr
 
 
-def test_the_driver_and_migrate_work_with_the_core_install_only(llm_server):
+def test_the_driver_and_migrate_work_with_the_core_install_only(llm_server, llm_owner):
     name = f"core_{uuid.uuid4().hex}"
-    dsn = llm_server.create_database(name)
+    dsn = llm_server.create_database(name, owner=llm_owner)
     try:
         proc = core_python(
             "import sys, uuid, psycopg\n"

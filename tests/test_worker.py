@@ -37,6 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import llm_db
 from llm_db._server import EphemeralServer
 from llm_db.requests import Llm
+from llm_db.testing import LOGINS, create_logins
 from llm_db.worker import Log, SessionRequired, Worker, WorkerConfig, check_session
 from tests.helpers import admit, call_pass, new_org, notices, run_pass, settle, wait_for
 from tests.receiver import Receiver
@@ -128,6 +129,8 @@ def start_worker() -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []
 
     def start(dsn: str, url: str, *args: str, **kwargs: Any) -> WorkerProcess:
+        # the worker logs in as the operator, as deployed (issue 21 item 2)
+        dsn = psycopg.conninfo.make_conninfo(dsn, user=LOGINS["llm_operator"])
         worker = WorkerProcess(dsn, url, *args, **kwargs)
         started.append(worker)
         return worker
@@ -309,6 +312,7 @@ def test_metrics_parse_and_healthz_turns_503_when_the_database_stops(receiver, s
     with EphemeralServer() as server:
         dsn = server.create_database("worker_health")
         llm_db.migrate(dsn)
+        create_logins(dsn)
         with psycopg.connect(dsn, autocommit=True) as conn:
             call_pass(conn, None)
         receiver.up()
@@ -467,14 +471,15 @@ def pgbouncer(server: EphemeralServer, dbname: str, pool_mode: str) -> Iterator[
         f"unix_socket_dir =\nlogfile = {where / 'pgbouncer.log'}\n"
         f"pidfile = {where / 'pgbouncer.pid'}\n"
     )
-    (where / "users.txt").write_text(f'"{server.superuser}" ""\n')
+    operator = LOGINS["llm_operator"]  # the worker's login (issue 21 item 2)
+    (where / "users.txt").write_text(f'"{operator}" ""\n')
     for path in where.iterdir():
         path.chmod(0o666)
     command = [PGBOUNCER, str(ini)]
     if os.geteuid() == 0:
         command[1:1] = ["-u", "postgres"]  # PgBouncer refuses to run as root
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    dsn = f"host=127.0.0.1 port={port} user={server.superuser} dbname={dbname}"
+    dsn = f"host=127.0.0.1 port={port} user={operator} dbname={dbname}"
     try:
         wait_for(lambda: _connects(dsn), "pgbouncer accepting connections", 10)
         yield dsn
