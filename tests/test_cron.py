@@ -104,16 +104,30 @@ def test_schedule_reconciliation_rejects_a_bad_cron_expression_22023(cron_conn):
 
 @pytest.mark.parametrize("operation", [("schedule_reconciliation", "0 * * * *"), ("unschedule_reconciliation",)],
                          ids=["schedule", "unschedule"])
-def test_schedule_without_pg_cron_raises_ll010_with_schedule_in_database_hint(llm_conn, operation):
+def test_schedule_without_pg_cron_raises_ll010_with_schedule_in_database_hint(
+    llm_conn, llm_superuser_conn, operation
+):
     """WF-PFM-LLM-004 hop 1: in a database without the pg_cron extension, scheduling raises
     LL010; since pg_cron lives in another database (cron.database_name), the HINT gives the
-    cron.schedule_in_database call to run there."""
+    cron.schedule_in_database call to run there. The owner, no superuser, cannot read
+    cron.database_name (issue 21 F2: pg_settings hides it), so the HINT names the pg_cron
+    database by its setting; an owner granted pg_read_all_settings is told its name."""
+    # superuser: reading a server setting hidden from the owner, as the provider's admin
+    cron_db = llm_superuser_conn.execute("SELECT current_setting('cron.database_name')").fetchone()[0]
+    assert cron_db != llm_conn.info.dbname
     with pytest.raises(psycopg.Error) as raised:
         call(llm_conn, *operation)
     assert raised.value.sqlstate == "LL010"
     hint = raised.value.diag.message_hint or ""
-    cron_db = llm_conn.execute("SELECT current_setting('cron.database_name')").fetchone()[0]
-    assert cron_db != llm_conn.info.dbname
-    assert "cron.schedule_in_database" in hint
+    assert "cron.schedule_in_database" in hint and "cron.database_name" in hint
     assert llm_conn.info.dbname in hint and "CALL llm.run_reconciliation()" in hint
+    owner = llm_conn.info.user
+    llm_superuser_conn.execute(f'GRANT pg_read_all_settings TO "{owner}"')
+    try:
+        with pytest.raises(psycopg.Error) as raised:
+            call(llm_conn, *operation)
+    finally:
+        llm_superuser_conn.execute(f'REVOKE pg_read_all_settings FROM "{owner}"')
+    assert raised.value.sqlstate == "LL010"
     assert cron_db in (raised.value.diag.message_detail or "")
+    assert f"database {cron_db}" in (raised.value.diag.message_hint or "")
