@@ -497,6 +497,7 @@ def _apply_migrations(url: str, migrations_dir: Path, run: _Run) -> list[str]:
     migrations = read_migrations(str(migrations_dir))
     backend = _yoyo_backend(url, run)
     try:
+        _break_stale_yoyo_lock(backend, run)
         # Runs of migrate queue on the advisory lock, so this row is only ever held by a
         # plain yoyo run or left behind by a killed one: no use waiting long for it.
         with backend.lock(
@@ -510,11 +511,30 @@ def _apply_migrations(url: str, migrations_dir: Path, run: _Run) -> list[str]:
             return [m.id for m in pending]
     except LockTimeout as exc:  # only taking the lock raises it
         raise MigrationError(
-            f"yoyo's lock is still taken ({exc}). If no migration is"
-            " running, a killed run left it behind: DELETE FROM public.yoyo_lock;"
+            f"yoyo's lock is still taken ({exc}): a plain yoyo run holds it; llm-db"
+            " migrate removes a row a killed migrate left behind by itself."
         ) from exc
     finally:
         backend.connection.close()
+
+
+def _break_stale_yoyo_lock(backend: Any, run: _Run) -> None:
+    """Remove yoyo's lock row left behind by a killed migrate, so a re-run completes.
+
+    Every migrate run takes yoyo's row only while it holds the migrate advisory lock,
+    which this run holds now and which a killed run's backend released with its
+    transaction: a row there now belongs to no running migrate. (A plain ``yoyo
+    apply`` against the same database would not be excluded; migrate is the one way
+    to apply llm-db's migrations.) Emits ``stale_lock`` with the killed run's pid."""
+    with backend.transaction():
+        exists = backend.execute(
+            "SELECT pg_catalog.to_regclass(:name) IS NOT NULL", {"name": backend.lock_table_quoted}
+        ).fetchone()[0]
+        if not exists:
+            return  # a first install: yoyo creates its lock table when it locks
+        rows = backend.execute(f"DELETE FROM {backend.lock_table_quoted} RETURNING pid, ctime").fetchall()
+    for pid, ctime in rows:
+        run.emit("stale_lock", pid=pid, since=str(ctime))
 
 
 def _apply_one(backend: Any, migration: Any, migrations_dir: Path) -> None:

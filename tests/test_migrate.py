@@ -548,10 +548,18 @@ def test_cron_database_has_pg_cron_and_llm(llm_cron_dsn):
         assert conn.execute("SELECT to_regnamespace('llm') IS NOT NULL").fetchone() == (True,)
 
 
-def test_a_stale_yoyo_lock_fails_fast_with_the_fix(fresh_db):
+def test_a_yoyo_lock_left_by_a_killed_migrate_is_removed_and_the_rerun_completes(fresh_db):
+    """issue 22 item 2: a re-run completes after a migrate killed while it held yoyo's
+    lock row. Every migrate takes that row only under the migrate advisory lock, which
+    a killed run's backend released, so the next run removes it and says so. As it was,
+    the re-run waited and failed, telling the operator to DELETE the row by hand."""
     _, dsn = fresh_db()
     migrate(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO public.yoyo_lock (locked, ctime, pid) VALUES (1, now(), 999999)")
-    with pytest.raises(MigrationError, match=r"DELETE FROM public\.yoyo_lock"):
-        migrate(dsn, deadline=1)
+    events: list[dict] = []
+    report = migrate(dsn, deadline=5, on_event=events.append)
+    assert report.applied_migrations == ()
+    assert [e["pid"] for e in events if e["event"] == "stale_lock"] == [999999]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM public.yoyo_lock").fetchone() == (0,)

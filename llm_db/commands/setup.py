@@ -99,6 +99,9 @@ def describe_event(event: Event) -> str:
                     f"{event['blocker_pid']} (query: {event['blocker_query']!r})")  # fmt: skip
         return (f"{step}: waiting for {whom}, attempt {event['attempt']}, "
                 f"retrying in {event['retry_in_s']:.1f} s")  # fmt: skip
+    if kind == "stale_lock":
+        return (f"{step}: removed yoyo's lock row left by a killed migrate "
+                f"(client pid {event['pid']}, since {event['since']})")  # fmt: skip
     return f"{step}: {kind}"
 
 
