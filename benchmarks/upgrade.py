@@ -45,7 +45,7 @@ from tests.test_upgrade_live import CLIENTS, ORGS, Client, Traffic, install_0_2_
 
 APP = "llm-db bench upgrade"
 ROOT = Path(__file__).resolve().parent.parent
-# Strongest last: the mode a step is reported with is the strongest it took.
+# In PostgreSQL's order of strength, weakest first.
 MODES = ["AccessShareLock", "RowShareLock", "RowExclusiveLock", "ShareUpdateExclusiveLock",
          "ShareLock", "ShareRowExclusiveLock", "ExclusiveLock", "AccessExclusiveLock"]  # fmt: skip
 LOCKS = """
@@ -83,15 +83,17 @@ class LockSampler:
                 time.sleep(0.003)  # a sampling period, not a synchronization
 
     def locks(self, step: str) -> str:
-        """``table MODE ~held s`` of ``step``, the strongest mode of each table."""
-        strongest: dict[str, tuple[str, float]] = {}
-        for (s, table, mode), (first, last) in self.seen.items():
-            if s == step and (
-                table not in strongest or MODES.index(mode) > MODES.index(strongest[table][0])
-            ):
-                strongest[table] = (mode, last - first)
-        return "; ".join(f"{t} {m.removesuffix('Lock')}{' (waited)' if (step, t, m) in self.waited else ''}"
-                         f" ~{held:.2f} s" for t, (m, held) in sorted(strongest.items())) or "none seen"  # fmt: skip
+        """``table MODE ~held s, ...`` of ``step``: every mode seen on each table, weakest
+        first (a migration that reads a table, then drops or alters it, shows both)."""
+        seen = sorted((table, MODES.index(mode), mode, last - first)
+                      for (s, table, mode), (first, last) in self.seen.items() if s == step)  # fmt: skip
+        tables: dict[str, list[str]] = {}
+        for table, _, mode, held in seen:
+            waited = " (waited)" if (step, table, mode) in self.waited else ""
+            tables.setdefault(table, []).append(
+                f"{mode.removesuffix('Lock')}{waited} ~{held:.2f} s"
+            )
+        return "; ".join(f"{t} {', '.join(modes)}" for t, modes in tables.items()) or "none seen"
 
 
 def start_traffic(dsn: str) -> Traffic:
@@ -120,7 +122,7 @@ def step_by_step(dsn: str, *, traffic: bool = True) -> None:
     migrations = read_migrations(str(ROOT / "migrations"))
     with backend.lock():
         pending = list(backend.to_apply(migrations))
-    print("| step | duration | what it locks (strongest mode, sampled time held) |")
+    print("| step | duration | what it locks (each mode, sampled time held) |")
     print("|---|---|---|")
     for migration in pending:
         sampler.step = migration.id

@@ -253,10 +253,11 @@ def assert_no_harm(dsn: str, live: Traffic) -> None:
         assert conn.execute("SELECT * FROM llm.check_invariants()").fetchall() == []
 
 
-def timed_migrate(dsn: str) -> float:
+def timed_migrate(dsn: str) -> tuple[float, tuple[str, ...]]:
+    """migrate's duration in seconds, and the migrations it applied."""
     started = time.monotonic()
-    migrate(dsn)
-    return time.monotonic() - started
+    applied = migrate(dsn).applied_migrations
+    return time.monotonic() - started, applied
 
 
 def report(label: str, seconds: float, live: Traffic) -> None:
@@ -274,7 +275,11 @@ def test_migrate_under_traffic_fails_no_call(old_dsn: str, traffic: Traffic) -> 
     release's migrate in the middle: no client error, no call over 2 s, nothing lost,
     invariants 1-13 hold (check_invariants() empty)."""
     traffic.run_for(500)
-    seconds = timed_migrate(old_dsn)
+    seconds, applied = timed_migrate(old_dsn)
+    # every migration since 0.2.0's last (0009) ran under the traffic
+    assert applied == tuple(
+        sorted(p.stem for p in (ROOT / "migrations").glob("*.sql") if p.stem > "0010")
+    )
     traffic.run_for(500)  # the clients go on against the new functions
     report("live upgrade 0.2.0 -> this checkout", seconds, traffic)
     assert_no_harm(old_dsn, traffic)
@@ -370,7 +375,7 @@ def test_migrate_killed_in_its_migrations_reruns(old_dsn: str, traffic: Traffic)
         print(f"\nkilled in yoyo's lock, {kill(conn, child)} backends terminated")
         assert_books_work(conn)
         traffic.run_for(100)
-    seconds = timed_migrate(old_dsn)
+    seconds, _ = timed_migrate(old_dsn)
     traffic.run_for(300)
     report("re-run after a kill in the migrations", seconds, traffic)
     assert_no_harm(old_dsn, traffic)
@@ -400,7 +405,7 @@ def test_migrate_killed_at_random_points_reruns(old_dsn: str, traffic: Traffic) 
                       f"{kill(conn, child)} backends terminated")  # fmt: skip
             assert_books_work(conn)
             traffic.run_for(100)
-    seconds = timed_migrate(old_dsn)
+    seconds, _ = timed_migrate(old_dsn)
     traffic.run_for(300)
     report("re-run after the kills", seconds, traffic)
     assert_no_harm(old_dsn, traffic)
