@@ -45,6 +45,8 @@ MAX_WAIT = 2.0  # seconds: issue 22 item 1, "no call waits longer than 2 s"
 # How long a consumer transaction stays open under migrate: longer than migrate's
 # lock timeout (1 s, issue 22 item 2), so a migrate that bounds its locks must retry.
 OPEN_TRANSACTION = 3.0
+HELD_TABLES = ("threshold_notices", "organizations", "period_heads", "period_stripes",
+               "invocations", "executions")  # fmt: skip
 
 # The 0.2.0 SQL API as 0.2.0's driver calls it (llm_db/operations.py at e283082):
 # whole rows (SELECT *), so a prepared statement sees any change of a result type.
@@ -54,6 +56,8 @@ DISPATCH = "SELECT * FROM llm.mark_dispatched(%(org)s, %(id)s, p_now => %(now)s)
 SETTLE = ("SELECT * FROM llm.settle_invocation(%(org)s, %(id)s, %(credits)s, %(cents)s, 100, 20,"
           " p_now => %(now)s)")  # fmt: skip
 OPEN_TASK = "SELECT * FROM llm.open_execution(%(org)s, %(key)s, p_now => %(now)s)"
+USAGE = "SELECT * FROM llm.periods WHERE organization_id = %(org)s"
+NOTICES = "SELECT count(*) FROM llm.threshold_notices WHERE organization_id = %(org)s"
 CLOSE_TASK = "SELECT * FROM llm.close_execution(%(org)s, %(task)s, 'completed', p_now => %(now)s)"
 
 # The books of 0.2.0 (its migrations 0001-0009): unlimited organizations, settled requests
@@ -140,12 +144,14 @@ def old_dsn(llm_server, populated_0_2_0: str) -> Iterator[str]:
 class Client:
     """One consumer on its own autocommit connection, looping admit -> dispatch -> settle
     (inside a task it opens and closes when ``tasks``) over its organizations, through the
-    0.2.0 SQL. Every call is timed; every error is kept, never raised."""
+    0.2.0 SQL; or, when ``reads``, reading an organization's usage and notices as a
+    dashboard does (llm_reader). Every call is timed; every error is kept, never raised."""
 
     dsn: str
     orgs: list[uuid.UUID]
     prepare: bool = False  # server-side prepared statements, as Llm(prepare=True) does
     tasks: bool = False
+    reads: bool = False
     admitted: list[tuple[uuid.UUID, uuid.UUID]] = field(default_factory=list)
     settled: list[tuple[uuid.UUID, uuid.UUID]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -178,6 +184,10 @@ class Client:
             self.calls += 1
 
     def cycle(self, conn: psycopg.Connection, org: uuid.UUID, now: Any) -> None:
+        if self.reads:
+            self.call(conn, USAGE, org=org)
+            self.call(conn, NOTICES, org=org)
+            return
         task = None
         if self.tasks:
             opened = self.call(conn, OPEN_TASK, org=org, key=TASK, now=now)
@@ -221,11 +231,13 @@ class Traffic:
 
 @pytest.fixture
 def traffic(old_dsn: str) -> Iterator[Traffic]:
-    """8 clients (the last with prepared statements) and a task client, on 0.2.0's SQL."""
+    """8 clients (the last with prepared statements), a task client and a reader, on 0.2.0's
+    SQL."""
     orgs = [uuid.UUID(f"00000000-0000-4000-8000-{i:012d}") for i in range(1, ORGS + 1)]
     clients = [Client(old_dsn, orgs[i::CLIENTS], prepare=i == CLIENTS - 1)
                for i in range(CLIENTS)]  # fmt: skip
     clients.append(Client(old_dsn, orgs[:10], tasks=True))
+    clients.append(Client(old_dsn, orgs[:10], reads=True))
     live = Traffic(clients, [c.start() for c in clients])
     try:
         yield live
@@ -285,16 +297,25 @@ def test_migrate_under_traffic_fails_no_call(old_dsn: str, traffic: Traffic) -> 
     assert_no_harm(old_dsn, traffic)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="the lock queue: migrate waits for ACCESS EXCLUSIVE on threshold_notices (0011) with "
+    "no lock_timeout, and the reader of the notices queues behind it for the whole open "
+    "transaction (3.06 s measured); passes once migrate bounds its locks (issue 22 item 2)",
+)
 def test_migrate_waits_out_an_open_transaction(old_dsn: str, traffic: Traffic) -> None:
     """issue 22 item 2 and item 6 (second test): a consumer transaction that read the
-    settings and the notices (as a pass or a notice worker does) stays open longer than
-    migrate's lock timeout while migrate needs those tables. migrate waits and completes
+    tables of the requests and the notices (as a report does) stays open longer than
+    migrate's lock timeout while migrate needs one of them (0011: threshold_notices). migrate waits and completes
     once it ends; the clients meanwhile stall at most a lock timeout per attempt, and item
     1's assertions hold."""
     traffic.run_for(500)
     with psycopg.connect(old_dsn) as holder:
-        holder.execute("SELECT * FROM llm.settings")
-        holder.execute("SELECT count(*) FROM llm.threshold_notices")
+        # the tables of the requests (0011 alters threshold_notices, which a settlement
+        # crossing a threshold writes): a migration that needs a strong lock on any of them
+        # waits for this transaction, and every later statement on it queues behind
+        for table in HELD_TABLES:
+            holder.execute(f"SELECT 1 FROM llm.{table} LIMIT 1")
         holder_pid = holder.info.backend_pid
         started = time.monotonic()
         upgrade = threading.Thread(target=lambda: migrate(old_dsn), daemon=True)
