@@ -342,8 +342,13 @@ def test_migrate_waits_out_an_open_transaction(old_dsn: str, traffic: Traffic) -
 
 KILL_POINTS = 3
 APP = "llm-db upgrade-live migrate"
-# A migrate of its own process, which says when it starts migrating (after the imports).
-MIGRATE = "import sys; from llm_db import migrate; print('go', flush=True); migrate(sys.argv[1])"
+# A migrate of its own process, which says when it starts migrating (after the imports),
+# then writes its own output to /dev/null: nobody drains the pipe, and a full pipe would
+# stop migrate in a write instead of where the kill lands.
+MIGRATE = (
+    "import os, sys; from llm_db import migrate; print('go', flush=True);"
+    " os.dup2(os.open(os.devnull, os.O_WRONLY), 1); migrate(sys.argv[1])"
+)
 # A killed run's yoyo lock row stays; this migrate waits 30 s for it, then names the fix.
 YOYO_LOCK_LEFT = (
     "a migrate killed while yoyo holds its lock row leaves the row behind; the "
@@ -415,7 +420,7 @@ def test_migrate_killed_at_random_points_reruns(old_dsn: str, traffic: Traffic) 
     traffic.run_for(300)
     with psycopg.connect(old_dsn, autocommit=True) as conn:
         for point in range(KILL_POINTS):
-            delay = rng.uniform(0.0, 1.0)  # migrate takes about 0.6 s on these books
+            delay = rng.uniform(0.0, 0.5)  # migrate takes 0.4-0.8 s on these books
             child = start_migrate(old_dsn)
             try:
                 child.wait(delay)
