@@ -113,10 +113,13 @@ def install_0_2_0(dsn: str, target: Path, *, requests: int = REQUESTS) -> None:
 
 
 @pytest.fixture(scope="module")
-def populated_0_2_0(llm_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Name of a template database: 0.2.0 installed, 200 organizations, 200k requests."""
+def populated_0_2_0(
+    llm_server, llm_owner: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """Name of a template database: 0.2.0 installed by the schema owner (no superuser),
+    200 organizations, 200k requests."""
     name = f"u020_{uuid.uuid4().hex}"
-    dsn = llm_server.create_database(name)
+    dsn = llm_server.create_database(name, owner=llm_owner)
     try:
         install_0_2_0(dsn, tmp_path_factory.mktemp("llm-db-0.2.0"))
         yield name
@@ -125,11 +128,11 @@ def populated_0_2_0(llm_server, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 @pytest.fixture
-def old_dsn(llm_server, populated_0_2_0: str) -> Iterator[str]:
+def old_dsn(llm_server, llm_owner: str, populated_0_2_0: str) -> Iterator[str]:
     """A clone of the populated 0.2.0 database. No lock_timeout of its own: the clients
     wait for locks as a consumer does; statement_timeout only stops a hang."""
     name = f"u_{uuid.uuid4().hex}"
-    dsn = llm_server.create_database(name, template=populated_0_2_0,
+    dsn = llm_server.create_database(name, template=populated_0_2_0, owner=llm_owner,
                                      settings={"statement_timeout": "60s"})  # fmt: skip
     try:
         yield dsn
@@ -297,12 +300,6 @@ def test_migrate_under_traffic_fails_no_call(old_dsn: str, traffic: Traffic) -> 
     assert_no_harm(old_dsn, traffic)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the lock queue: migrate waits for ACCESS EXCLUSIVE on threshold_notices (0011) with "
-    "no lock_timeout, and the reader of the notices queues behind it for the whole open "
-    "transaction (3.06 s measured); passes once migrate bounds its locks (issue 22 item 2)",
-)
 def test_migrate_waits_out_an_open_transaction(old_dsn: str, traffic: Traffic) -> None:
     """issue 22 item 2 and item 6 (second test): a consumer transaction that read the
     tables of the requests and the notices (as a report does) stays open longer than
@@ -350,11 +347,6 @@ MIGRATE = (
     " os.dup2(os.open(os.devnull, os.O_WRONLY), 1); migrate(sys.argv[1])"
 )
 # A killed run's yoyo lock row stays; this migrate waits 30 s for it, then names the fix.
-YOYO_LOCK_LEFT = (
-    "a migrate killed while yoyo holds its lock row leaves the row behind; the "
-    "re-run stops after 30 s with MigrationError (DELETE FROM public.yoyo_lock) "
-    "instead of completing: issue 22 item 2, the migrate engineer's part"
-)
 
 
 def start_migrate(dsn: str) -> subprocess.Popen[str]:
@@ -386,7 +378,6 @@ def assert_books_work(conn: psycopg.Connection) -> None:
     assert conn.execute("SELECT * FROM llm.check_invariants()").fetchall() == []
 
 
-@pytest.mark.xfail(strict=True, reason=YOYO_LOCK_LEFT)
 def test_migrate_killed_in_its_migrations_reruns(old_dsn: str, traffic: Traffic) -> None:
     """issue 22 item 2 and item 6 (third test, its deterministic point): migrate killed
     (SIGKILL, its backends terminated) while it applies its migrations under traffic: the
@@ -407,7 +398,6 @@ def test_migrate_killed_in_its_migrations_reruns(old_dsn: str, traffic: Traffic)
     assert_no_harm(old_dsn, traffic)
 
 
-@pytest.mark.xfail(strict=False, reason=YOYO_LOCK_LEFT + " (when a kill lands there)")
 def test_migrate_killed_at_random_points_reruns(old_dsn: str, traffic: Traffic) -> None:
     """issue 22 item 2 and item 6 (third test): migrate killed at random points under
     traffic, each run continuing what the killed ones applied, until one completes or
