@@ -463,6 +463,10 @@ def _yoyo_backend(url: str, run: _Run) -> Any:
         def connect(self, dburi: Any) -> psycopg.Connection:
             # here, not in init_connection, which yoyo calls again after each rollback
             connection = super().connect(dburi)
+            # prepare nothing: begin() repeats one SET statement per transaction, which
+            # psycopg would prepare after five, and a transaction pooler hands the next
+            # transaction another server connection (42P05 "already exists" there)
+            connection.prepare_threshold = None
             connection.add_notice_handler(run.on_notice)
             return connection
 

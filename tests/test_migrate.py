@@ -563,3 +563,23 @@ def test_a_yoyo_lock_left_by_a_killed_migrate_is_removed_and_the_rerun_completes
     assert [e["pid"] for e in events if e["event"] == "stale_lock"] == [999999]
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM public.yoyo_lock").fetchone() == (0,)
+
+
+def test_migrate_prepares_no_statement_on_any_of_its_connections(fresh_db, llm_pgbouncer):
+    """issue 21 item 1, migrate through a transaction pooler: yoyo's connections repeat one
+    SET statement a transaction, which psycopg would prepare after five, and PgBouncer in
+    transaction mode hands the next transaction another server connection, where the
+    prepared name collides (42P05; seen once in a full run). No connection of migrate's
+    prepares anything: after a migrate through the pooler, no server connection of the
+    database holds a prepared statement."""
+    name, dsn = fresh_db()
+    migrate(llm_pgbouncer.dsn(name, user=conninfo_to_dict(dsn)["user"]))
+    from llm_db.migrate import _Run, _yoyo_backend  # the backend migrate drives yoyo with
+
+    backend = _yoyo_backend(yoyo_url(dsn), _Run(1.0, float("inf"), lambda event: None))
+    try:
+        assert backend.connection.prepare_threshold is None
+        with backend.copy() as per_migration:  # yoyo's connection for one migration
+            assert per_migration.connection.prepare_threshold is None
+    finally:
+        backend.connection.close()
