@@ -19,7 +19,8 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from llm_db import migrate
+from llm_db import migrate, queries
+from llm_db.operations import operations
 from tests.helpers import T0, invariants, rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,3 +148,12 @@ def test_prepared_claim_survives_a_later_column(llm_dsn, llm_conn):
         after = client.execute(CLAIM, {"now": T0}).description
     assert [c.name for c in after] == [c.name for c in before]
     assert invariants(llm_conn) == []
+
+
+def test_the_driver_reads_named_columns():
+    """issue 22 item 3: "The driver reads named columns": no statement of the driver
+    selects ``*``, so a column added to a result type or table later leaves every
+    statement it prepared unchanged."""
+    statements = {name: op.sql for name, op in operations().items()}
+    statements["RUN_RECORDED_SINCE"] = queries.RUN_RECORDED_SINCE
+    assert [name for name, sql in statements.items() if "*" in sql] == []
