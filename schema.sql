@@ -9,20 +9,74 @@ CREATE DOMAIN llm.amount AS bigint
 
 COMMENT ON DOMAIN llm.amount IS 'A non-negative credit, cent, token, count or duration amount (NULL allowed where the column allows it).';
 
-CREATE DOMAIN llm.execution_status AS text
-	CONSTRAINT execution_status_check CHECK ((VALUE = ANY (ARRAY['running'::text, 'completed'::text, 'failed'::text, 'abandoned'::text])));
-
-COMMENT ON DOMAIN llm.execution_status IS 'running -> completed | failed | abandoned.';
-
 CREATE DOMAIN llm.invocation_status AS text
 	CONSTRAINT invocation_status_check CHECK ((VALUE = ANY (ARRAY['reserved'::text, 'dispatched'::text, 'settled'::text, 'failed'::text])));
 
 COMMENT ON DOMAIN llm.invocation_status IS 'reserved -> dispatched -> settled | failed.';
 
+CREATE DOMAIN llm.settlement_kind AS text
+	CONSTRAINT settlement_kind_check CHECK ((VALUE = ANY (ARRAY['measured'::text, 'recovered'::text, 'trued_up'::text])));
+
+COMMENT ON DOMAIN llm.settlement_kind IS 'How a settled invocation was charged: measured usage, recovered by the pass (per its organization''s recovery_charge), or trued_up to a measured settlement that arrived after recovery.';
+
+CREATE TYPE llm.admission AS (
+	organization_id uuid,
+	id uuid,
+	period_start date,
+	execution_id uuid,
+	model text,
+	status llm.invocation_status,
+	estimate_credits llm.amount,
+	hold_credits llm.amount,
+	charged_credits llm.amount,
+	charged_cents llm.amount,
+	input_tokens llm.amount,
+	output_tokens llm.amount,
+	settlement_kind llm.settlement_kind,
+	created_at timestamp with time zone,
+	dispatched_at timestamp with time zone,
+	settled_at timestamp with time zone,
+	past_window_alerted_at timestamp with time zone,
+	error text,
+	late_credits bigint,
+	late_cents bigint,
+	late_input_tokens bigint,
+	late_output_tokens bigint,
+	late_reported_at timestamp with time zone,
+	recovered_credits llm.amount,
+	stripe smallint
+);
+
+COMMENT ON TYPE llm.admission IS 'A request as admit_invocation and mark_dispatched return it: the columns of llm.invocations as of 0.2.0, fixed.';
+
+CREATE DOMAIN llm.execution_status AS text
+	CONSTRAINT execution_status_check CHECK ((VALUE = ANY (ARRAY['running'::text, 'completed'::text, 'failed'::text, 'abandoned'::text])));
+
+COMMENT ON DOMAIN llm.execution_status IS 'running -> completed | failed | abandoned.';
+
 CREATE DOMAIN llm.ledger_entry AS text
 	CONSTRAINT ledger_entry_check CHECK ((VALUE = ANY (ARRAY['hold'::text, 'release'::text, 'charge'::text, 'adjustment'::text])));
 
 COMMENT ON DOMAIN llm.ledger_entry IS 'The kind of a ledger row: one hold, one release, at most one charge and at most one adjustment (a true-up, signed) per invocation.';
+
+CREATE TYPE llm.notice_claim AS (
+	organization_id uuid,
+	id uuid,
+	period_start date,
+	threshold_pct integer,
+	crossed_at timestamp with time zone,
+	used_credits bigint,
+	allowance_credits bigint,
+	status text,
+	attempts integer,
+	last_error text,
+	next_attempt_at timestamp with time zone,
+	claimed_at timestamp with time zone,
+	sent_at timestamp with time zone,
+	claim_token uuid
+);
+
+COMMENT ON TYPE llm.notice_claim IS 'A notice as claim_notices returns it, with its claim''s token: the columns of llm.threshold_notices as of 0.3.0, fixed.';
 
 CREATE TYPE llm.org_sweep AS (
 	organization_id uuid,
@@ -38,10 +92,20 @@ CREATE TYPE llm.org_sweep AS (
 
 COMMENT ON TYPE llm.org_sweep IS 'The figures of one organization''s reconciliation sweep.';
 
-CREATE DOMAIN llm.settlement_kind AS text
-	CONSTRAINT settlement_kind_check CHECK ((VALUE = ANY (ARRAY['measured'::text, 'recovered'::text, 'trued_up'::text])));
+CREATE TYPE llm.organization_settings AS (
+	id uuid,
+	name text,
+	status text,
+	monthly_allowance_credits bigint,
+	notice_thresholds integer[],
+	created_at timestamp with time zone,
+	updated_at timestamp with time zone,
+	recovery_charge text,
+	late_settlement text,
+	period_stripes integer
+);
 
-COMMENT ON DOMAIN llm.settlement_kind IS 'How a settled invocation was charged: measured usage, recovered by the pass (per its organization''s recovery_charge), or trued_up to a measured settlement that arrived after recovery.';
+COMMENT ON TYPE llm.organization_settings IS 'An organization as upsert_organization and set_recovery_policy return it: the columns of llm.organizations as of 0.2.0, fixed.';
 
 CREATE DOMAIN llm.stripe AS smallint
 	CONSTRAINT stripe_check CHECK (((VALUE >= 0) AND (VALUE <= 63)));
@@ -682,10 +746,10 @@ CREATE FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_
 
 COMMENT ON FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) IS 'Distributed twin of upsert_organization; arguments already checked.';
 
-CREATE FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid DEFAULT NULL::uuid, p_invocation_id uuid DEFAULT NULL::uuid, p_now timestamp with time zone DEFAULT now()) RETURNS llm.invocations
+CREATE FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid DEFAULT NULL::uuid, p_invocation_id uuid DEFAULT NULL::uuid, p_now timestamp with time zone DEFAULT now()) RETURNS llm.admission
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 4dc3d5ebd49a015523ff12020a21b6b8 $$;
+    AS $$ body in sql/, md5 0b61c8593fa4b7334e4be44b2819caaa $$;
 
 COMMENT ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone) IS 'Admits a request iff used + held + estimate <= allowance and places its hold on the current period (LL001 otherwise); a repeated p_invocation_id with the same arguments returns the first admission, with different ones LL007.';
 
@@ -703,33 +767,10 @@ CREATE FUNCTION llm.check_invariants() RETURNS TABLE(invariant integer, organiza
 
 COMMENT ON FUNCTION llm.check_invariants() IS 'Returns one row per violated invariant (docs/design.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period findings, notice claims and drift findings); empty when the books are right.';
 
-CREATE TABLE llm.threshold_notices (
-    organization_id uuid NOT NULL,
-    id uuid DEFAULT gen_random_uuid() NOT NULL,
-    period_start date NOT NULL,
-    threshold_pct integer NOT NULL,
-    crossed_at timestamp with time zone NOT NULL,
-    used_credits bigint NOT NULL,
-    allowance_credits bigint NOT NULL,
-    status text DEFAULT 'owed'::text NOT NULL,
-    attempts integer DEFAULT 0 NOT NULL,
-    last_error text,
-    next_attempt_at timestamp with time zone NOT NULL,
-    claimed_at timestamp with time zone,
-    sent_at timestamp with time zone,
-    claim_token uuid,
-    CONSTRAINT threshold_notices_status_check CHECK ((status = ANY (ARRAY['owed'::text, 'sending'::text, 'sent'::text]))),
-    CONSTRAINT threshold_notices_threshold_pct_check CHECK ((threshold_pct > 0))
-);
-
-COMMENT ON TABLE llm.threshold_notices IS 'One notice per (organization, period, threshold) crossed: owed -> sending -> sent, with retries and backoff.';
-
-COMMENT ON COLUMN llm.threshold_notices.claim_token IS 'The live claim''s token while sending (claim_notices returns it; complete_notice, fail_notice and release_notice need it); NULL when owed or sent.';
-
-CREATE FUNCTION llm.claim_notices(p_limit integer DEFAULT 50, p_now timestamp with time zone DEFAULT now()) RETURNS SETOF llm.threshold_notices
+CREATE FUNCTION llm.claim_notices(p_limit integer DEFAULT 50, p_now timestamp with time zone DEFAULT now()) RETURNS SETOF llm.notice_claim
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 ecfc5cdae95a43794cf774c932259040 $$;
+    AS $$ body in sql/, md5 29388d792e6ae932bc9c015e538567a4 $$;
 
 COMMENT ON FUNCTION llm.claim_notices(p_limit integer, p_now timestamp with time zone) IS 'Claims up to p_limit due owed notices (owed -> sending), oldest crossing first, by compare-and-set per notice: two workers never claim the same notice. Each row carries its claim''s new claim_token, which ends the claim.';
 
@@ -775,10 +816,10 @@ CREATE FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_clai
 
 COMMENT ON FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_error text, p_now timestamp with time zone) IS 'Returns a claimed notice to owed with its error and an exponential backoff (base * 2^(attempts-1), capped by settings; NOTIFY llm_notices); false, changing nothing, unless it is being sent under p_claim_token.';
 
-CREATE FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone DEFAULT now()) RETURNS llm.invocations
+CREATE FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone DEFAULT now()) RETURNS llm.admission
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 d191d0580f9bd40c1b7a6963d53cef3c $$;
+    AS $$ body in sql/, md5 94fa5adf9a5afd9058ae8a905077194c $$;
 
 COMMENT ON FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) IS 'Marks a reserved request as sent to the provider (idempotent when already dispatched); LL009 when it is already terminal.';
 
@@ -844,10 +885,10 @@ CREATE FUNCTION llm.set_period_stripes(p_organization_id uuid, p_stripes integer
 
 COMMENT ON FUNCTION llm.set_period_stripes(p_organization_id uuid, p_stripes integer) IS 'Spreads the organization''s period counters over p_stripes rows (1 to 64; 22023 otherwise, LL002 for an unknown organization) from its next admission on; returns the new count. Admission stays exact and no threshold crossing is missed.';
 
-CREATE FUNCTION llm.set_recovery_policy(p_organization_id uuid, p_recovery_charge text, p_late_settlement text) RETURNS llm.organizations
+CREATE FUNCTION llm.set_recovery_policy(p_organization_id uuid, p_recovery_charge text, p_late_settlement text) RETURNS llm.organization_settings
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 f8a3cd9fdf50bdad800395381f5a0349 $$;
+    AS $$ body in sql/, md5 28aaabb561bcd7e65330d52f16ccc962 $$;
 
 COMMENT ON FUNCTION llm.set_recovery_policy(p_organization_id uuid, p_recovery_charge text, p_late_settlement text) IS 'Sets what recovery charges a stranded request (estimate | dispatched | none) and what a measured settlement arriving after recovery does (audit | true_up); 22023 for another word, LL002 for an unknown organization.';
 
@@ -865,10 +906,10 @@ CREATE FUNCTION llm.unschedule_reconciliation() RETURNS boolean
 
 COMMENT ON FUNCTION llm.unschedule_reconciliation() IS 'Removes the schema owner''s pg_cron job llm-reconciliation of this database; false when there was none; LL010 without pg_cron, 42501 without its grants.';
 
-CREATE FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text DEFAULT 'operational'::text, p_notice_thresholds integer[] DEFAULT '{80,100}'::integer[], p_now timestamp with time zone DEFAULT now()) RETURNS llm.organizations
+CREATE FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text DEFAULT 'operational'::text, p_notice_thresholds integer[] DEFAULT '{80,100}'::integer[], p_now timestamp with time zone DEFAULT now()) RETURNS llm.organization_settings
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 01c0c41a2405d258c90dc9fc40260ce3 $$;
+    AS $$ body in sql/, md5 91726eaed1385f84ec0f51397af637d1 $$;
 
 COMMENT ON FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) IS 'Creates or updates an organization; a changed allowance (NULL = unlimited) also applies to the period containing p_now and later open ones, which owe at once every threshold their usage now stands at or above; a changed threshold list applies to every period.';
 
@@ -1009,6 +1050,29 @@ CREATE TABLE llm.task_kinds (
 );
 
 COMMENT ON TABLE llm.task_kinds IS 'The declared task catalog; executions may only open declared keys.';
+
+CREATE TABLE llm.threshold_notices (
+    organization_id uuid NOT NULL,
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    period_start date NOT NULL,
+    threshold_pct integer NOT NULL,
+    crossed_at timestamp with time zone NOT NULL,
+    used_credits bigint NOT NULL,
+    allowance_credits bigint NOT NULL,
+    status text DEFAULT 'owed'::text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    last_error text,
+    next_attempt_at timestamp with time zone NOT NULL,
+    claimed_at timestamp with time zone,
+    sent_at timestamp with time zone,
+    claim_token uuid,
+    CONSTRAINT threshold_notices_status_check CHECK ((status = ANY (ARRAY['owed'::text, 'sending'::text, 'sent'::text]))),
+    CONSTRAINT threshold_notices_threshold_pct_check CHECK ((threshold_pct > 0))
+);
+
+COMMENT ON TABLE llm.threshold_notices IS 'One notice per (organization, period, threshold) crossed: owed -> sending -> sent, with retries and backoff.';
+
+COMMENT ON COLUMN llm.threshold_notices.claim_token IS 'The live claim''s token while sending (claim_notices returns it; complete_notice, fail_notice and release_notice need it); NULL when owed or sent.';
 
 ALTER TABLE ONLY llm.daily_usage
     ADD CONSTRAINT daily_usage_pkey PRIMARY KEY (organization_id, day, model);
@@ -1273,9 +1337,6 @@ GRANT ALL ON FUNCTION llm.check_daily_usage(p_from date, p_to date) TO llm_opera
 REVOKE ALL ON FUNCTION llm.check_invariants() FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.check_invariants() TO llm_operator;
 
-GRANT SELECT ON TABLE llm.threshold_notices TO llm_reader;
-GRANT SELECT ON TABLE llm.threshold_notices TO llm_operator;
-
 REVOKE ALL ON FUNCTION llm.claim_notices(p_limit integer, p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.claim_notices(p_limit integer, p_now timestamp with time zone) TO llm_operator;
 
@@ -1366,3 +1427,6 @@ GRANT SELECT ON TABLE llm.sweep_totals TO llm_operator;
 GRANT SELECT ON TABLE llm.task_kinds TO llm_reader;
 GRANT SELECT ON TABLE llm.task_kinds TO llm_operator;
 GRANT SELECT ON TABLE llm.task_kinds TO llm_app;
+
+GRANT SELECT ON TABLE llm.threshold_notices TO llm_reader;
+GRANT SELECT ON TABLE llm.threshold_notices TO llm_operator;

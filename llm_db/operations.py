@@ -107,7 +107,7 @@ def _nothing(rows: list[Row]) -> None:
 
 def _result_of(hint: Any) -> tuple[Callable[[list[Row]], Any], bool]:
     """How rows become a result of type ``hint``, and whether the routine returns rows
-    (a composite or a set: ``SELECT * FROM``) rather than one value (``SELECT llm.f() AS value``)."""
+    (a composite or a set: ``SELECT <columns> FROM``) rather than one value (``SELECT llm.f() AS value``)."""
     if hint is None or hint is type(None):
         return _nothing, False
     origin = typing.get_origin(hint)
@@ -119,6 +119,14 @@ def _result_of(hint: Any) -> tuple[Callable[[list[Row]], Any], bool]:
     if hasattr(hint, "from_row"):
         return _one(hint), True
     return _value(hint), False
+
+
+def _columns_of(hint: Any) -> tuple[str, ...]:
+    """The columns a row result of type ``hint`` reads: its model's fields, by name."""
+    # ``list[Model]`` and ``Model | None`` read Model's columns
+    wrapped = typing.get_origin(hint) in (list, types.UnionType, typing.Union)
+    (model,) = [a for a in typing.get_args(hint) if a is not type(None)] if wrapped else [hint]
+    return tuple(f.name for f in dataclasses.fields(model))
 
 
 # ----------------------------------------------------------- SQL types
@@ -196,7 +204,9 @@ class Operation(Generic[P, T]):
         if procedure:
             self.sql = f"CALL {call}"
         elif returns_rows:
-            self.sql = f"SELECT * FROM {call}"
+            # Named columns, never ``*``: a statement prepared on the server keeps its
+            # result when the routine's type gains a column (issue 22 item 3).
+            self.sql = f"SELECT {', '.join(_columns_of(hints['return']))} FROM {call}"
         else:
             self.sql = f"SELECT {call} AS value"
         self.procedure = procedure

@@ -1,8 +1,14 @@
 """The SQL statements the driver runs besides its operations (``llm_db.operations``
 builds each operation's statement from its entry).
 
-Parameters are named (``%(name)s``) and cast explicitly.
+Parameters are named (``%(name)s``) and cast explicitly. Rows are read by named
+columns, never ``*``: a statement prepared on the server keeps its result when a
+table gains a column (issue 22 item 3).
 """
+
+import dataclasses
+
+from llm_db.models import ReconciliationRun
 
 # ----------------------------------------------------------- the pass (run_reconciliation)
 
@@ -11,8 +17,9 @@ CLOCK = "SELECT pg_catalog.clock_timestamp() AS clock"
 
 # The newest run that finished since that clock (a pass skipped by an overlapping
 # one records its own row).
-RUN_RECORDED_SINCE = """
-SELECT * FROM llm.reconciliation_runs AS r
+RUN_RECORDED_SINCE = f"""
+SELECT {", ".join(f"r.{field.name}" for field in dataclasses.fields(ReconciliationRun))}
+  FROM llm.reconciliation_runs AS r
  WHERE r.started_at >= %(since)s::timestamptz AND r.finished_at IS NOT NULL
  ORDER BY r.started_at DESC
  LIMIT 1

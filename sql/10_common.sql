@@ -1,6 +1,29 @@
 -- Shared helpers: the calendar, settings, organization look-ups, argument checks.
 -- Private helpers start with `_`; none is granted to any role.
 
+-- A public routine returns its own composite type, never a table's row type
+-- (docs/design.md Conventions): a column added to a table then changes no public
+-- result (issue 22 item 3). CREATE OR REPLACE cannot change a return type, so a
+-- public routine that still returns a table's row (0.2.0's admit_invocation,
+-- mark_dispatched, upsert_organization, set_recovery_policy, claim_notices) is
+-- dropped here and created again by its file below. All of sql/ runs in one
+-- transaction, so no caller ever finds it missing; a later run drops nothing.
+DO $$
+DECLARE
+    v_routine regprocedure;
+BEGIN
+    FOR v_routine IN
+        SELECT p.oid::regprocedure
+          FROM pg_catalog.pg_proc AS p
+          JOIN pg_catalog.pg_type AS t ON t.oid = p.prorettype
+          JOIN pg_catalog.pg_class AS c ON c.oid = t.typrelid
+         WHERE p.pronamespace = 'llm'::regnamespace AND p.proname !~ '^_' AND c.relkind <> 'c'
+    LOOP
+        EXECUTE pg_catalog.format('DROP FUNCTION %s', v_routine);
+    END LOOP;
+END
+$$;
+
 -- No SET clause on purpose: it would stop PostgreSQL from inlining this pure,
 -- fully qualified expression into the admission query (a measurable share of a
 -- request's CPU, docs/benchmarks.md); nothing in it resolves through search_path.

@@ -152,11 +152,11 @@ CREATE OR REPLACE FUNCTION llm.upsert_organization(
     p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint,
     p_status text DEFAULT 'operational', p_notice_thresholds integer[] DEFAULT '{80,100}',
     p_now timestamptz DEFAULT now())
-RETURNS llm.organizations
+RETURNS llm.organization_settings
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
-    v_org llm.organizations;
+    v_org llm.organization_settings;  -- the twin's llm.organizations row, column for column
     v_thresholds integer[];
     v_now timestamptz := coalesce(p_now, pg_catalog.now());
 BEGIN
@@ -275,11 +275,11 @@ COMMENT ON FUNCTION llm._set_recovery_policy(uuid, text, text) IS
 
 CREATE OR REPLACE FUNCTION llm.set_recovery_policy(
     p_organization_id uuid, p_recovery_charge text, p_late_settlement text)
-RETURNS llm.organizations
+RETURNS llm.organization_settings
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
-    v_org llm.organizations;
+    v_org llm.organization_settings;  -- the twin's llm.organizations row, column for column
 BEGIN
     PERFORM llm._require_org_id(p_organization_id);
     IF p_recovery_charge IS NULL OR p_recovery_charge NOT IN ('estimate', 'dispatched', 'none') THEN

@@ -101,11 +101,11 @@ CREATE OR REPLACE FUNCTION llm.admit_invocation(
     p_organization_id uuid, p_estimate_credits bigint, p_model text,
     p_execution_id uuid DEFAULT NULL, p_invocation_id uuid DEFAULT NULL,
     p_now timestamptz DEFAULT now())
-RETURNS llm.invocations
+RETURNS llm.admission
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
-    v_inv llm.invocations;
+    v_inv llm.admission;  -- the twin's llm.invocations row, column for column
 BEGIN
     IF (p_organization_id IS NOT NULL AND llm._clock_ok(p_now)
             AND llm._amount_ok(p_estimate_credits) AND llm._text_ok(p_model, 200)) IS NOT TRUE THEN
@@ -156,11 +156,11 @@ COMMENT ON FUNCTION llm._mark_dispatched(uuid, uuid, timestamptz) IS
 
 CREATE OR REPLACE FUNCTION llm.mark_dispatched(
     p_organization_id uuid, p_invocation_id uuid, p_now timestamptz DEFAULT now())
-RETURNS llm.invocations
+RETURNS llm.admission
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
-    v_inv llm.invocations;
+    v_inv llm.admission;  -- the twin's llm.invocations row, column for column
 BEGIN
     IF (p_organization_id IS NOT NULL AND llm._clock_ok(p_now) AND p_invocation_id IS NOT NULL) IS NOT TRUE THEN
         PERFORM llm._check_call(p_organization_id, p_now, 'invocation', p_invocation_id);

@@ -20,13 +20,13 @@ COMMENT ON FUNCTION llm._notify_notices_owed(text) IS
     'NOTIFY llm_notices with the reason (created, retry, released, rearmed): sent when the calling transaction commits, never if it rolls back.';
 
 CREATE OR REPLACE FUNCTION llm.claim_notices(p_limit integer DEFAULT 50, p_now timestamptz DEFAULT now())
-RETURNS SETOF llm.threshold_notices
+RETURNS SETOF llm.notice_claim
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
     v_now timestamptz := coalesce(p_now, pg_catalog.now());
     v_candidate record;
-    v_notice llm.threshold_notices;
+    v_notice llm.notice_claim;  -- the claimed llm.threshold_notices row, column for column
     v_token uuid;
     v_claimed integer := 0;
 BEGIN
