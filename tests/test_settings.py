@@ -7,7 +7,7 @@ value out of range (issue 20 defect 10).
 
 from __future__ import annotations
 
-import shutil
+import tarfile
 import uuid
 from pathlib import Path
 
@@ -86,16 +86,14 @@ def test_a_recovery_window_of_100000_years_is_refused_and_the_sweeps_go_on(llm_c
 
 @pytest.fixture
 def database_at_0009(llm_server, llm_owner, tmp_path):
-    """A fresh database migrated to 0009 (this checkout's migrations up to it, and the
-    function files of this checkout, which 0009's schema runs); dropped afterwards."""
-    migrations = tmp_path / "migrations"
-    migrations.mkdir()
-    for path in sorted((ROOT / "migrations").glob("*.sql")):
-        if path.name < "0010":
-            shutil.copy(path, migrations / path.name)
+    """A fresh database at 0009, release 0.2.0 (its migrations and function files, kept in
+    tests/upgrade/, as tests/test_upgrade_live.py installs it); dropped afterwards."""
+    with tarfile.open(ROOT / "tests" / "upgrade" / "llm-db-0.2.0-e283082.tar.gz") as archive:
+        archive.extractall(tmp_path, filter="data")
+    assert max(p.name for p in (tmp_path / "migrations").glob("*.sql")) < "0010"
     name = f"s_{uuid.uuid4().hex}"
     dsn = llm_server.create_database(name, owner=llm_owner)
-    migrate(dsn, migrations_dir=migrations, sql_dir=ROOT / "sql")
+    migrate(dsn, migrations_dir=tmp_path / "migrations", sql_dir=tmp_path / "sql")
     try:
         yield dsn
     finally:
