@@ -17,7 +17,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 import llm_db
 from llm_db._server import CRON_DATABASE, ServerSetupError, check_installation
-from llm_db.migrate import MigrationError, default_dirs, migrate, yoyo_url
+from llm_db.migrate import MigrationError, MigrationReport, default_dirs, migrate, yoyo_url
 
 ROOT = Path(__file__).resolve().parents[1]
 REPO_MIGRATIONS = sorted(p.name for p in (ROOT / "migrations").glob("*.sql"))
@@ -195,10 +195,9 @@ def test_template_matches_a_freshly_migrated_database(fresh_db, llm_dsn):
     assert schema_fingerprint(dsn) == schema_fingerprint(llm_dsn)
 
 
-def test_two_concurrent_migrate_runs_on_a_fresh_database_both_succeed(fresh_db, llm_dsn):
-    """Two first installs at once by the non-superuser owner (issue 21 item 1, "two at
-    once"): each migration applies once, and the result is the template's schema."""
-    _, dsn = fresh_db()
+def two_migrates_at_once(dsn: str) -> list[MigrationReport]:
+    """Run two migrates of ``dsn`` at once (released together by a barrier); both must
+    finish without an error. Returns their reports."""
     barrier = threading.Barrier(2)
     results: list[object] = [None, None]
 
@@ -217,6 +216,14 @@ def test_two_concurrent_migrate_runs_on_a_fresh_database_both_succeed(fresh_db, 
     assert not any(t.is_alive() for t in threads), "a migrate run hung"
     errors = [r for r in results if isinstance(r, BaseException)]
     assert not errors, errors
+    return results  # type: ignore[return-value]
+
+
+def test_two_concurrent_migrate_runs_on_a_fresh_database_both_succeed(fresh_db, llm_dsn):
+    """Two first installs at once by the non-superuser owner (issue 21 item 1, "two at
+    once"): each migration applies once, and the result is the template's schema."""
+    _, dsn = fresh_db()
+    results = two_migrates_at_once(dsn)
     applied = [m for r in results for m in r.applied_migrations]
     assert sorted(applied) == [n.removesuffix(".sql") for n in REPO_MIGRATIONS]  # each once
     assert schema_fingerprint(dsn) == schema_fingerprint(llm_dsn)
@@ -346,23 +353,7 @@ def test_two_migrates_at_once_through_pgbouncer_as_the_owner(llm_server, llm_pgb
     dsn = llm_pgbouncer.dsn(name, user=conninfo_to_dict(owner_dsn)["user"])
     assert migrate(dsn).applied_migrations
     before = schema_fingerprint(dsn)
-    barrier = threading.Barrier(2)
-    results: list[object] = [None, None]
-
-    def run(i: int) -> None:
-        try:
-            barrier.wait(timeout=30)
-            results[i] = migrate(dsn)
-        except BaseException as exc:  # reported below, in the test's thread
-            results[i] = exc
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    assert not any(t.is_alive() for t in threads), "a migrate run hung"
-    assert not [r for r in results if isinstance(r, BaseException)], results
+    two_migrates_at_once(dsn)
     assert schema_fingerprint(dsn) == before
 
 
