@@ -503,6 +503,13 @@ CREATE FUNCTION llm._operational_org(p_organization_id uuid) RETURNS llm.organiz
 
 COMMENT ON FUNCTION llm._operational_org(p_organization_id uuid) IS 'The organization row, or LL002 when unknown and LL003 when not operational.';
 
+CREATE FUNCTION llm._owe_notices(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint, p_allowance bigint, p_now timestamp with time zone) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 ae8116417c61bb297bc8c88d59f44d5a $$;
+
+COMMENT ON FUNCTION llm._owe_notices(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint, p_allowance bigint, p_now timestamp with time zone) IS 'Creates one owed notice (crossed at p_now) for every threshold of p_thresholds that p_used stands at or above under p_allowance and not notified yet; NOTIFY llm_notices at commit when it created one.';
+
 CREATE FUNCTION llm._pass_organizations() RETURNS uuid[]
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -554,14 +561,14 @@ COMMENT ON FUNCTION llm._reconcile_org(p_organization_id uuid, p_now timestamp w
 CREATE FUNCTION llm._record_crossings(p_organization_id uuid, p_period_start date, p_old_used bigint, p_new_used bigint, p_allowance bigint, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 74815c2d525f18377afae1d1e73fea69 $$;
+    AS $$ body in sql/, md5 d110f049356248ce0d58b79dca8a82f4 $$;
 
 COMMENT ON FUNCTION llm._record_crossings(p_organization_id uuid, p_period_start date, p_old_used bigint, p_new_used bigint, p_allowance bigint, p_now timestamp with time zone) IS 'Creates one owed notice per threshold crossed when used credits moved from p_old_used to p_new_used; at most one per (organization, period, threshold); NOTIFY llm_notices at commit when it created one.';
 
 CREATE FUNCTION llm._record_reached(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_allowance bigint, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 4bbf0473ee173d7a996b85ebcf254b8c $$;
+    AS $$ body in sql/, md5 10d195e69fa8b6d5fd167644be2cd804 $$;
 
 COMMENT ON FUNCTION llm._record_reached(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_allowance bigint, p_now timestamp with time zone) IS 'With the period locked: creates one owed notice (crossed at p_now) for every threshold of p_thresholds its used credits stand at or above under p_allowance and not notified yet; NOTIFY llm_notices at commit when it created one. What an allowance or threshold-list change owes by itself.';
 
@@ -1258,6 +1265,8 @@ GRANT SELECT ON TABLE llm.organizations TO llm_reader;
 GRANT SELECT ON TABLE llm.organizations TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm._operational_org(p_organization_id uuid) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._owe_notices(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint, p_allowance bigint, p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._pass_organizations() FROM PUBLIC;
 GRANT ALL ON FUNCTION llm._pass_organizations() TO llm_operator;

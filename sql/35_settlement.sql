@@ -24,8 +24,11 @@ $$;
 COMMENT ON FUNCTION llm._may_cross(bigint, bigint, bigint) IS
     'False when moving used credits from p_old_used to p_new_used cannot have crossed any whole-percent threshold of p_allowance (NULL when unlimited).';
 
-CREATE OR REPLACE FUNCTION llm._record_crossings(
-    p_organization_id uuid, p_period_start date, p_old_used bigint, p_new_used bigint,
+-- The one place a threshold notice is owed: one per threshold of p_thresholds that
+-- p_used stands at or above under p_allowance, at most one per (organization,
+-- period, threshold) by the unique key, and NOTIFY llm_notices at commit.
+CREATE OR REPLACE FUNCTION llm._owe_notices(
+    p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint,
     p_allowance bigint, p_now timestamptz)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
@@ -33,25 +36,43 @@ AS $$
 DECLARE
     v_created integer;
 BEGIN
-    IF NOT coalesce(llm._may_cross(p_old_used, p_new_used, p_allowance), false) THEN
-        RETURN 0;  -- unlimited, no movement, or no whole percentage passed
-    END IF;
-    -- one owed notice for every threshold this movement crossed (below -> at or above)
     INSERT INTO llm.threshold_notices
            (organization_id, period_start, threshold_pct, crossed_at, used_credits,
             allowance_credits, next_attempt_at)
-    SELECT p_organization_id, p_period_start, t.pct, p_now, p_new_used, p_allowance, p_now
-      FROM llm.organizations AS o
-     CROSS JOIN LATERAL pg_catalog.unnest(o.notice_thresholds) AS t(pct)
-     WHERE o.id = p_organization_id
-       AND p_old_used::numeric * 100 < t.pct::numeric * p_allowance
-       AND p_new_used::numeric * 100 >= t.pct::numeric * p_allowance
+    SELECT p_organization_id, p_period_start, t.pct, p_now, p_used, p_allowance, p_now
+      FROM pg_catalog.unnest(p_thresholds) AS t(pct)
+     WHERE p_used::numeric * 100 >= t.pct::numeric * p_allowance
     ON CONFLICT (organization_id, period_start, threshold_pct) DO NOTHING;
     GET DIAGNOSTICS v_created = ROW_COUNT;
     IF v_created > 0 THEN
         PERFORM llm._notify_notices_owed('created');  -- delivered at commit (llm-db worker)
     END IF;
     RETURN v_created;
+END
+$$;
+COMMENT ON FUNCTION llm._owe_notices(uuid, date, integer[], bigint, bigint, timestamptz) IS
+    'Creates one owed notice (crossed at p_now) for every threshold of p_thresholds that p_used stands at or above under p_allowance and not notified yet; NOTIFY llm_notices at commit when it created one.';
+
+CREATE OR REPLACE FUNCTION llm._record_crossings(
+    p_organization_id uuid, p_period_start date, p_old_used bigint, p_new_used bigint,
+    p_allowance bigint, p_now timestamptz)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_crossed integer[];
+BEGIN
+    IF NOT coalesce(llm._may_cross(p_old_used, p_new_used, p_allowance), false) THEN
+        RETURN 0;  -- unlimited, no movement, or no whole percentage passed
+    END IF;
+    -- the thresholds the old usage stood below: those the new one reaches were crossed
+    SELECT ARRAY(SELECT t.pct FROM pg_catalog.unnest(o.notice_thresholds) AS t(pct)
+                  WHERE p_old_used::numeric * 100 < t.pct::numeric * p_allowance)
+      INTO v_crossed
+      FROM llm.organizations AS o
+     WHERE o.id = p_organization_id;
+    RETURN llm._owe_notices(p_organization_id, p_period_start, v_crossed, p_new_used,
+                            p_allowance, p_now);
 END
 $$;
 COMMENT ON FUNCTION llm._record_crossings(uuid, date, bigint, bigint, bigint, timestamptz) IS
@@ -69,7 +90,6 @@ LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     v_used bigint;
-    v_created integer;
 BEGIN
     IF p_allowance IS NULL THEN
         RETURN 0;  -- unlimited: no threshold has a level
@@ -77,19 +97,8 @@ BEGIN
     SELECT sum(s.used_credits) INTO v_used
       FROM llm.period_stripes AS s
      WHERE s.organization_id = p_organization_id AND s.period_start = p_period_start;
-    -- the unique key keeps one notice per threshold: one notified before is not owed again
-    INSERT INTO llm.threshold_notices
-           (organization_id, period_start, threshold_pct, crossed_at, used_credits,
-            allowance_credits, next_attempt_at)
-    SELECT p_organization_id, p_period_start, t.pct, p_now, v_used, p_allowance, p_now
-      FROM pg_catalog.unnest(p_thresholds) AS t(pct)
-     WHERE v_used::numeric * 100 >= t.pct::numeric * p_allowance
-    ON CONFLICT (organization_id, period_start, threshold_pct) DO NOTHING;
-    GET DIAGNOSTICS v_created = ROW_COUNT;
-    IF v_created > 0 THEN
-        PERFORM llm._notify_notices_owed('created');  -- delivered at commit (llm-db worker)
-    END IF;
-    RETURN v_created;
+    RETURN llm._owe_notices(p_organization_id, p_period_start, p_thresholds, v_used,
+                            p_allowance, p_now);
 END
 $$;
 COMMENT ON FUNCTION llm._record_reached(uuid, date, integer[], bigint, timestamptz) IS
