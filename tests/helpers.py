@@ -216,6 +216,23 @@ def assert_sqlstate(
     return error
 
 
+# Empties the books between a simulation's histories, children before parents; the
+# catalogs (task_kinds, settings) and the lease row stay.
+CLEAN_BOOKS = [
+    "DELETE FROM llm.period_findings",
+    "DELETE FROM llm.sweep_totals",
+    "DELETE FROM llm.drift_findings",
+    "DELETE FROM llm.threshold_notices",
+    "DELETE FROM llm.daily_usage",
+    "DELETE FROM llm.invocations",
+    "DELETE FROM llm.executions",
+    "DELETE FROM llm.period_stripes",
+    "DELETE FROM llm.period_heads",
+    "DELETE FROM llm.organizations",
+    "DELETE FROM llm.reconciliation_runs",
+]
+
+
 # ---------------------------------------------------------------- writing
 
 

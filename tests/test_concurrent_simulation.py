@@ -80,7 +80,7 @@ import pytest
 from concurrent_model import SETUP, START, TASK_KIND, Mismatch, Model, iso, plan, when
 from psycopg import sql
 
-from tests.helpers import call, rows
+from tests.helpers import CLEAN_BOOKS, call, rows
 
 HISTORIES = int(
     os.environ.get("LLM_DB_SIM_HISTORIES", "200" if os.environ.get("CI") == "true" else "30")
@@ -95,21 +95,6 @@ ENDS = {"complete", "fail_notice", "release"}  # the ends of a notice claim
 OPERATIONS = APP_OPS | ENDS | {"pass", "upsert", "policy", "stripes", "claim"}
 RESULTS = {"admit", "settle", "fail", "close", "stripes"} | ENDS  # also tallied by result
 ROLES = {"app": ("sim_app", "llm_app"), "operator": ("sim_operator", "llm_operator")}
-
-# Children before parents; the catalogs (task_kinds, settings) and the lease row stay.
-CLEAN = [
-    "DELETE FROM llm.period_findings",
-    "DELETE FROM llm.sweep_totals",
-    "DELETE FROM llm.drift_findings",
-    "DELETE FROM llm.threshold_notices",
-    "DELETE FROM llm.daily_usage",
-    "DELETE FROM llm.invocations",
-    "DELETE FROM llm.executions",
-    "DELETE FROM llm.period_stripes",
-    "DELETE FROM llm.period_heads",
-    "DELETE FROM llm.organizations",
-    "DELETE FROM llm.reconciliation_runs",
-]
 
 
 # ---------------------------------------------------------------- notice worker adapter
@@ -454,7 +439,7 @@ def run_history(record: dict[str, Any], sessions: list[Session], checker: psycop
     session in commit order), written into ``record`` as it commits; counts into ``tally``.
     Raises Mismatch."""
     seed = record["seed"]
-    for statement in CLEAN:
+    for statement in CLEAN_BOOKS:
         superuser.execute(statement)
     for s in sessions:
         s.held.clear()

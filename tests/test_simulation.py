@@ -48,7 +48,7 @@ from hypothesis.stateful import (
 )
 from model import Books, Rejected
 
-from tests.helpers import T0, call, call_pass, declare_task, invariants
+from tests.helpers import CLEAN_BOOKS, T0, call, call_pass, declare_task, invariants
 
 EXAMPLES = int(os.environ.get("LLM_DB_SIM_EXAMPLES", "500"))
 STEPS = 15
@@ -70,21 +70,6 @@ POLICIES = {  # recovery_charge, late_settlement at the start (set_recovery_poli
 }
 TASK_KINDS = ("sim.summarize", "sim.translate")
 START = T0 + timedelta(days=15, hours=8)  # the 30th, 20:00: close to a month boundary
-
-# Children before parents; the catalogs (task_kinds, settings) stay.
-CLEAN = [
-    "DELETE FROM llm.period_findings",
-    "DELETE FROM llm.sweep_totals",
-    "DELETE FROM llm.drift_findings",
-    "DELETE FROM llm.threshold_notices",
-    "DELETE FROM llm.daily_usage",
-    "DELETE FROM llm.invocations",
-    "DELETE FROM llm.executions",
-    "DELETE FROM llm.period_stripes",
-    "DELETE FROM llm.period_heads",
-    "DELETE FROM llm.organizations",
-    "DELETE FROM llm.reconciliation_runs",
-]
 
 picks = st.integers(min_value=0, max_value=10_000)
 # round amounts land exactly on thresholds (50 % of 100, 80 % of 1000 …) as often as not
@@ -108,7 +93,7 @@ class BooksMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        for statement in CLEAN:
+        for statement in CLEAN_BOOKS:
             self.conn.execute(statement)
         for key in TASK_KINDS:
             declare_task(self.conn, key)
