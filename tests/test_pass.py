@@ -229,6 +229,18 @@ def test_wf_pfm_llm_004_one_pass_at_a_time_second_is_skipped_and_returns_at_once
     assert llm_conn.execute("SELECT status FROM llm.invocations WHERE id = %s", [inv]).fetchone()[0] == "settled"
 
 
+def returned_or_blocked(observer, call: InThread, conn) -> str:
+    """Wait until the call running on ``conn`` has returned or waits for a lock; says which."""
+    def state() -> str | None:
+        if not call.thread.is_alive():
+            return "returned"
+        blocked = observer.execute("SELECT cardinality(pg_blocking_pids(%s)) > 0",
+                                   [conn.info.backend_pid]).fetchone()[0]  # fmt: skip
+        return "blocked" if blocked else None
+
+    return wait_for(state, "the call to return or to block")
+
+
 def test_two_passes_started_together_one_sweeps_the_other_is_skipped(llm_conn, llm_connect):
     """issue 20 defect 5, WF-PFM-LLM-004 concurrency (one execution slot): two passes started
     at the same moment. The first holds the lease row, its lease not committed yet (paused
@@ -250,11 +262,7 @@ def test_two_passes_started_together_one_sweeps_the_other_is_skipped(llm_conn, l
     assert row(llm_conn, "SELECT token FROM llm.pass_lease")["token"] is None  # not committed yet
 
     second = InThread(lambda: call_pass(second_conn, T0 + 25 * HOUR))
-    second_waited = wait_for(
-        lambda: ("returned" if not second.thread.is_alive() else
-                 "blocked" if llm_conn.execute("SELECT cardinality(pg_blocking_pids(%s)) > 0",
-                                               [second_conn.info.backend_pid]).fetchone()[0] else None),
-        "the second pass to return or to block")
+    second_waited = returned_or_blocked(llm_conn, second, second_conn)
     blocker.commit()  # the first pass goes on (the old code: both go on)
     first.result()
     second.result()
@@ -291,11 +299,7 @@ def test_a_pass_in_a_follow_up_step_holds_the_lease_and_is_named_with_its_run(ll
     assert holder["holder_pid"] == first_conn.info.backend_pid  # committed when the pass began
 
     second = InThread(lambda: call_pass(second_conn, T0 + 25 * HOUR))
-    second_waited = wait_for(
-        lambda: ("returned" if not second.thread.is_alive() else
-                 "blocked" if llm_conn.execute("SELECT cardinality(pg_blocking_pids(%s)) > 0",
-                                               [second_conn.info.backend_pid]).fetchone()[0] else None),
-        "the second pass to return or to block")
+    second_waited = returned_or_blocked(llm_conn, second, second_conn)
     blocker.commit()
     first.result()
     second.result()
