@@ -7,7 +7,9 @@
 -- public routine that still returns a table's row (0.2.0's admit_invocation,
 -- mark_dispatched, upsert_organization, set_recovery_policy, claim_notices) is
 -- dropped here and created again by its file below. All of sql/ runs in one
--- transaction, so no caller ever finds it missing; a later run drops nothing.
+-- transaction, so a caller finds the old routine or the new one (a statement planned
+-- just before the commit may fail once: callers lock no routine); a later run drops
+-- nothing.
 DO $$
 DECLARE
     v_routine regprocedure;
