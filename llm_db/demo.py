@@ -155,20 +155,28 @@ def _webhook() -> Iterator[tuple[str, _Inbox]]:
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """A SIGTERM unwinds like Ctrl-C, so the throw-away server is stopped."""
+def _signals_as_interrupt() -> Iterator[None]:
+    """Ctrl-C and SIGTERM unwind as KeyboardInterrupt, so the throw-away server is
+    stopped. A signal that lands while a finalizer (``__del__``) runs has its exception
+    swallowed by Python and the demo would finish as if never interrupted, so a signal
+    received is raised again once the body is done."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    received: list[int] = []
 
     def _raise(signum: int, frame: Any) -> None:
+        received.append(signum)
         raise KeyboardInterrupt(f"signal {signum}")
 
-    previous = signal.signal(signal.SIGTERM, _raise)
+    previous = {s: signal.signal(s, _raise) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if received:
+        raise KeyboardInterrupt(f"signal {received[0]}")
 
 
 def run_demo(
@@ -182,7 +190,7 @@ def run_demo(
     started = time.monotonic()
     out(f"llm-db demo - seed {seed}, {workers} worker threads")
     out("")
-    with _sigterm_as_interrupt():
+    with _signals_as_interrupt():
         if dsn is not None:
             result = _demo(dsn, seed, workers, out, embedded=None)
         else:
