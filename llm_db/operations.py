@@ -346,6 +346,22 @@ class Operations:
     def set_period_stripes(self, organization_id: UuidLike, stripes: Int4) -> int:
         """Spread the organization's period counters over ``stripes`` rows (1-64); the new count."""
 
+    @operation("set_budget")
+    def set_budget(
+        self,
+        organization_id: UuidLike,
+        scope: str,
+        scope_id: str | None,
+        window: str,
+        limit_credits: int | None,
+        *,
+        thresholds: Iterable[int] = (80, 100),
+        now: datetime | None = None,
+    ) -> None:
+        """Set the budget of a scope id (``'*'``: every id of the scope without one) per
+        ``day``, ``week`` or ``month`` in UTC; ``limit_credits`` None removes it. Scopes:
+        ``organization`` (id None; day and week), ``project``, ``api_key``, ``end_user``."""
+
     @operation("declare_task_kind")
     def declare_task_kind(self, key: str, description: str | None = None) -> None:
         """Declare a task kind; idempotent."""
@@ -362,8 +378,13 @@ class Operations:
         execution_id: UuidLike | None = None,
         invocation_id: UuidLike | None = None,
         now: datetime | None = None,
+        project: str | None = None,
+        api_key: str | None = None,
+        end_user: str | None = None,
     ) -> Invocation:
-        """Admit a request and place its hold (``AllowanceExhausted`` when it does not fit)."""
+        """Admit a request and place its hold on the allowance and on every budget of its
+        ``project``, ``api_key`` (the key's id, never its secret) and ``end_user``
+        (``AllowanceExhausted`` naming the first that does not fit)."""
 
     admit_id = admit.one_column(
         "id", UUID, name="admit_id",

@@ -97,6 +97,7 @@ BEGIN
          WHERE v_used::numeric * 100 < t.pct::numeric * p_allowance
            AND NOT EXISTS (SELECT FROM llm.threshold_notices AS n
                             WHERE n.organization_id = p_organization_id
+                              AND n.scope = 'organization' AND n.budget_window = 'month'
                               AND n.period_start = p_period_start AND n.threshold_pct = t.pct);
         IF v_next IS NOT NULL THEN
             v_need := pg_catalog.ceil(v_next::numeric * p_allowance / 100)::bigint - v_used;
@@ -203,7 +204,8 @@ BEGIN
             USING ERRCODE = 'LL001',
                   DETAIL = pg_catalog.format('allowance=%s used=%s held=%s estimate=%s period=%s',
                                              v_head.allowance_credits, v_used, v_held, p_held, p_period_start),
-                  HINT = 'Wait for holds to settle, lower the estimate, or raise the allowance with llm.upsert_organization.';
+                  HINT = 'Wait for holds to settle, lower the estimate, or raise the allowance with llm.upsert_organization.',
+                  SCHEMA = 'llm', TABLE = 'periods', CONSTRAINT = 'organization', COLUMN = 'month';
     END IF;
     UPDATE llm.period_stripes AS s
        SET used_credits = s.used_credits + p_used,

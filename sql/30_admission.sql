@@ -1,26 +1,31 @@
 -- Admission (CAP-PFM-LLM-007) and dispatch: a request is admitted with a hold
--- on its period, then marked as sent to the provider. How it ends (settled with
+-- on its period and on the counters of the budgets that apply to it
+-- (28_budgets.sql), all or nothing, then marked as sent to the provider. How it ends (settled with
 -- measured usage, or failed) and how a terminal request is booked: 35_settlement.sql.
--- Every call is one transaction; the organization's period row is the hot row
--- and is always taken last (invocation -> execution -> period -> notices).
+-- Every call is one transaction; lock order invocation -> execution -> period ->
+-- its notices -> budget counters -> theirs (a hot key's counter is held shortest).
 
 -- ---------------------------------------------------------------- admission
 
 CREATE OR REPLACE FUNCTION llm._admit_invocation(
     p_organization_id uuid, p_estimate_credits bigint, p_model text,
-    p_execution_id uuid, p_invocation_id uuid, p_now timestamptz)
+    p_execution_id uuid, p_invocation_id uuid, p_now timestamptz,
+    p_project text, p_api_key text, p_end_user text)
 RETURNS llm.invocations
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     v_org_status text;
     v_stripes integer;
+    v_has_budgets boolean;
+    v_budgets record;
+    v_mask integer := 0;
     v_stripe smallint;
     v_inv llm.invocations;
     v_exec_status text;
     v_period date := llm._period_start(p_now);
 BEGIN
-    SELECT o.status, o.period_stripes INTO v_org_status, v_stripes
+    SELECT o.status, o.period_stripes, o.has_budgets INTO v_org_status, v_stripes, v_has_budgets
       FROM llm.organizations AS o
      WHERE o.id = p_organization_id;
     IF v_org_status IS DISTINCT FROM 'operational' THEN
@@ -42,7 +47,8 @@ BEGIN
             SELECT * INTO v_inv FROM llm.invocations AS i
              WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
             IF FOUND THEN
-                RETURN llm._same_admission(v_inv, p_estimate_credits, p_model, p_execution_id);
+                RETURN llm._same_admission(v_inv, p_estimate_credits, p_model, p_execution_id,
+                                           p_project, p_api_key, p_end_user);
             END IF;
         END IF;
         RAISE EXCEPTION 'llm: execution % is %', p_execution_id, v_exec_status
@@ -51,14 +57,23 @@ BEGIN
                   HINT = 'Open a new execution for new work.';
     END IF;
 
+    -- The budgets that apply, fixed on the request (its budget_mask) and decided
+    -- against the limits read here, in one snapshot.
+    IF v_has_budgets THEN
+        SELECT * INTO v_budgets
+          FROM llm._applicable_budgets(p_organization_id, p_project, p_api_key, p_end_user);
+        SELECT coalesce(sum(1 << b.slot), 0) INTO v_mask FROM pg_catalog.unnest(v_budgets.slots) AS b(slot);
+    END IF;
+
     -- This session's stripe: concurrent sessions of one organization hold on
     -- different rows (a session keeps its stripe, and its cache lines, between calls).
     v_stripe := pg_catalog.mod(pg_catalog.pg_backend_pid(), v_stripes)::smallint;
     INSERT INTO llm.invocations AS i
            (organization_id, id, period_start, execution_id, model, status,
-            estimate_credits, hold_credits, created_at, stripe)
+            estimate_credits, hold_credits, created_at, stripe, project, api_key, end_user, budget_mask)
     VALUES (p_organization_id, coalesce(p_invocation_id, pg_catalog.gen_random_uuid()), v_period,
-            p_execution_id, p_model, 'reserved', p_estimate_credits, p_estimate_credits, p_now, v_stripe)
+            p_execution_id, p_model, 'reserved', p_estimate_credits, p_estimate_credits, p_now, v_stripe,
+            p_project, p_api_key, p_end_user, v_mask)
     ON CONFLICT (organization_id, id) DO NOTHING
     RETURNING i.* INTO v_inv;
     IF NOT FOUND THEN
@@ -66,61 +81,77 @@ BEGIN
         -- arguments return the first admission and place no second hold; others LL007.
         SELECT * INTO STRICT v_inv FROM llm.invocations AS i
          WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
-        RETURN llm._same_admission(v_inv, p_estimate_credits, p_model, p_execution_id);
+        RETURN llm._same_admission(v_inv, p_estimate_credits, p_model, p_execution_id,
+                                   p_project, p_api_key, p_end_user);
     END IF;
 
-    -- The hot row last: the hold from this stripe's room, in one row; else the exact
-    -- path (the period locked, LL001 unless used + held + estimate <= allowance, the
-    -- period created on its month's first admission).
+    -- The hold from this stripe's room, in one row; else the exact path (the period
+    -- locked, LL001 unless used + held + estimate <= allowance, the period created on
+    -- its month's first admission). The allowance is decided first, so it is the one
+    -- named when it and a budget both refuse.
     PERFORM llm._move_stripe(p_organization_id, v_period, v_stripe, 0, p_estimate_credits, 0, p_now, true);
+    -- Then every budget's counter, in bit order, last: a hot key's row is held from
+    -- here to the commit only.
+    IF v_mask <> 0 THEN
+        PERFORM llm._hold_budgets(v_inv, v_budgets.slots, v_budgets.limits, v_budgets.revisions);
+    END IF;
     RETURN v_inv;
 END
 $$;
-COMMENT ON FUNCTION llm._admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz) IS
+COMMENT ON FUNCTION llm._admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz, text, text, text) IS
     'Distributed twin of admit_invocation; arguments already checked.';
 
 CREATE OR REPLACE FUNCTION llm._same_admission(
-    p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid)
+    p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid,
+    p_project text, p_api_key text, p_end_user text)
 RETURNS llm.invocations
 LANGUAGE plpgsql IMMUTABLE
 AS $$
 BEGIN
     PERFORM llm._check_retry(
         pg_catalog.format('llm: invocation %s was admitted with different arguments', p_inv.id),
-        'estimate=%s model=%s execution=%s',
-        ARRAY[p_inv.estimate_credits::text, p_inv.model, p_inv.execution_id::text],
-        ARRAY[p_estimate_credits::text, p_model, p_execution_id::text],
+        'estimate=%s model=%s execution=%s project=%s api_key=%s end_user=%s',
+        ARRAY[p_inv.estimate_credits::text, p_inv.model, p_inv.execution_id::text,
+              p_inv.project, p_inv.api_key, p_inv.end_user],
+        ARRAY[p_estimate_credits::text, p_model, p_execution_id::text, p_project, p_api_key, p_end_user],
         'Use a new invocation id for a new request; reuse an id only to retry the same one.');
     RETURN p_inv;
 END
 $$;
-COMMENT ON FUNCTION llm._same_admission(llm.invocations, bigint, text, uuid) IS
+COMMENT ON FUNCTION llm._same_admission(llm.invocations, bigint, text, uuid, text, text, text) IS
     'Returns the stored invocation when a retried admission repeats its arguments, else raises LL007.';
 
 CREATE OR REPLACE FUNCTION llm.admit_invocation(
     p_organization_id uuid, p_estimate_credits bigint, p_model text,
     p_execution_id uuid DEFAULT NULL, p_invocation_id uuid DEFAULT NULL,
-    p_now timestamptz DEFAULT now())
+    p_now timestamptz DEFAULT now(), p_project text DEFAULT NULL, p_api_key text DEFAULT NULL,
+    p_end_user text DEFAULT NULL)
 RETURNS llm.admission
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
-    v_inv llm.admission;  -- the twin's llm.invocations row, column for column
+    v_inv llm.admission;  -- the twin's llm.invocations row, its columns as of 0.2.0
 BEGIN
     IF (p_organization_id IS NOT NULL AND llm._clock_ok(p_now)
-            AND llm._amount_ok(p_estimate_credits) AND llm._text_ok(p_model, 200)) IS NOT TRUE THEN
+            AND llm._amount_ok(p_estimate_credits) AND llm._text_ok(p_model, 200)
+            AND llm._scope_id_ok(p_project) AND llm._scope_id_ok(p_api_key)
+            AND llm._scope_id_ok(p_end_user)) IS NOT TRUE THEN
         PERFORM llm._check_call(p_organization_id, p_now);
         PERFORM llm._check_amount('p_estimate_credits', p_estimate_credits);
         PERFORM llm._check_text('p_model', p_model, 200);
+        PERFORM llm._check_scope_id('p_project', p_project);
+        PERFORM llm._check_scope_id('p_api_key', p_api_key);
+        PERFORM llm._check_scope_id('p_end_user', p_end_user);
     END IF;
     SELECT * INTO v_inv
       FROM llm._admit_invocation(p_organization_id, p_estimate_credits, p_model, p_execution_id,
-                                 p_invocation_id, coalesce(p_now, pg_catalog.now()));
+                                 p_invocation_id, coalesce(p_now, pg_catalog.now()),
+                                 p_project, p_api_key, p_end_user);
     RETURN v_inv;
 END
 $$;
-COMMENT ON FUNCTION llm.admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz) IS
-    'Admits a request iff used + held + estimate <= allowance and places its hold on the current period (LL001 otherwise); a repeated p_invocation_id with the same arguments returns the first admission, with different ones LL007.';
+COMMENT ON FUNCTION llm.admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz, text, text, text) IS
+    'Admits a request iff used + held + estimate fits the allowance and every budget that applies to its project, API key and end user (LL001 naming the first that does not), placing its hold on the current period and on those budgets'' counters; a repeated p_invocation_id with the same arguments returns the first admission, with different ones LL007.';
 
 -- ---------------------------------------------------------------- dispatch
 

@@ -25,11 +25,14 @@ COMMENT ON FUNCTION llm._may_cross(bigint, bigint, bigint) IS
     'False when moving used credits from p_old_used to p_new_used cannot have crossed any whole-percent threshold of p_allowance (NULL when unlimited).';
 
 -- The one place a threshold notice is owed: one per threshold of p_thresholds that
--- p_used stands at or above under p_allowance, at most one per (organization,
--- period, threshold) by the unique key, and NOTIFY llm_notices at commit.
+-- p_used stands at or above under p_allowance, at most one per (organization, scope,
+-- id, window, window start, threshold) by the unique key, and NOTIFY llm_notices at
+-- commit. The allowance's notices are (organization, NULL, month) of the period; a
+-- budget's name its scope, real id and window, and p_period_start is its window's start.
 CREATE OR REPLACE FUNCTION llm._owe_notices(
     p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint,
-    p_allowance bigint, p_now timestamptz)
+    p_allowance bigint, p_now timestamptz, p_scope text DEFAULT 'organization',
+    p_scope_id text DEFAULT NULL, p_window text DEFAULT 'month')
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -37,12 +40,13 @@ DECLARE
     v_created integer;
 BEGIN
     INSERT INTO llm.threshold_notices
-           (organization_id, period_start, threshold_pct, crossed_at, used_credits,
-            allowance_credits, next_attempt_at)
-    SELECT p_organization_id, p_period_start, t.pct, p_now, p_used, p_allowance, p_now
+           (organization_id, scope, scope_id, budget_window, period_start, threshold_pct,
+            crossed_at, used_credits, allowance_credits, next_attempt_at)
+    SELECT p_organization_id, p_scope, p_scope_id, p_window, p_period_start, t.pct,
+           p_now, p_used, p_allowance, p_now
       FROM pg_catalog.unnest(p_thresholds) AS t(pct)
      WHERE p_used::numeric * 100 >= t.pct::numeric * p_allowance
-    ON CONFLICT (organization_id, period_start, threshold_pct) DO NOTHING;
+    ON CONFLICT (organization_id, scope, scope_id, budget_window, period_start, threshold_pct) DO NOTHING;
     GET DIAGNOSTICS v_created = ROW_COUNT;
     IF v_created > 0 THEN
         PERFORM llm._notify_notices_owed('created');  -- delivered at commit (llm-db worker)
@@ -50,7 +54,7 @@ BEGIN
     RETURN v_created;
 END
 $$;
-COMMENT ON FUNCTION llm._owe_notices(uuid, date, integer[], bigint, bigint, timestamptz) IS
+COMMENT ON FUNCTION llm._owe_notices(uuid, date, integer[], bigint, bigint, timestamptz, text, text, text) IS
     'Creates one owed notice (crossed at p_now) for every threshold of p_thresholds that p_used stands at or above under p_allowance and not notified yet; NOTIFY llm_notices at commit when it created one.';
 
 CREATE OR REPLACE FUNCTION llm._record_crossings(
@@ -126,10 +130,14 @@ BEGIN
     -- charge in, hold out; crossed thresholds recorded on the exact path
     PERFORM llm._move_stripe(p_inv.organization_id, p_inv.period_start, p_inv.stripe,
                              v_charge, -p_inv.hold_credits, v_cents, p_now);
+    -- then the budgets it was admitted under, in their windows of its admission
+    IF p_inv.budget_mask <> 0 THEN
+        PERFORM llm._move_budgets(p_inv.organization_id, ARRAY[p_inv.id], false, p_now);
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION llm._book_terminal(llm.invocations, timestamptz) IS
-    'Books a just-terminated invocation: its task''s totals, then its stripe''s movement (charge in, hold out) and the threshold notices the period crosses.';
+    'Books a just-terminated invocation: its task''s totals, then its stripe''s movement (charge in, hold out) and the threshold notices the period crosses, then its budgets'' counters and theirs.';
 
 -- A live request ends here, settled (measured) or failed: compare-and-set on its
 -- open status (a concurrent settlement or recovery wins, and this returns false),
@@ -235,6 +243,10 @@ BEGIN
     -- its own period's stripe (a closed month too); a rise records the thresholds it crosses
     PERFORM llm._move_stripe(p_inv.organization_id, p_inv.period_start, p_inv.stripe,
                              v_credits, 0, v_cents, p_now);
+    -- the budgets it was admitted under, by the same difference
+    IF p_inv.budget_mask <> 0 THEN
+        PERFORM llm._move_budgets(p_inv.organization_id, ARRAY[p_inv.id], true, p_now);
+    END IF;
     -- the daily usage of its settlement day, last: the cache the pass rebuilds
     PERFORM llm._true_up_daily_usage(p_inv, v_credits, v_cents);
 END

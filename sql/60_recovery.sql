@@ -174,6 +174,12 @@ BEGIN
         PERFORM llm._spread_rooms(p_organization_id, v_period.period_start, v_head.allowance_credits);
     END LOOP;
 
+    -- 5. The budgets they were admitted under: counters in lock order, after the
+    --    periods, each moved like a settlement's (charge in, hold out), and the
+    --    thresholds they crossed.
+    p_sweep.notices_created := p_sweep.notices_created
+        + llm._move_budgets(p_organization_id, v_ids, false, p_now);
+
     IF p_sweep.past_window_alerts > 0 THEN
         RAISE LOG 'llm: % request(s) of organization % were past the recovery window and were recovered',
             p_sweep.past_window_alerts, p_organization_id;
@@ -181,7 +187,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm._recover_stranded(uuid, timestamptz, timestamptz, integer, text, llm.org_sweep) IS
-    'Recovers up to p_batch of the organization''s requests unsettled since p_cutoff, oldest first, charged per p_recovery_charge: releases their holds, adds to their tasks, moves their periods'' stripes (each period locked) and records crossed thresholds; fills the sweep''s figures.';
+    'Recovers up to p_batch of the organization''s requests unsettled since p_cutoff, oldest first, charged per p_recovery_charge: releases their holds, adds to their tasks, moves their periods'' stripes (each period locked), then their budgets'' counters, and records crossed thresholds; fills the sweep''s figures.';
 
 CREATE OR REPLACE FUNCTION llm._reconcile_org(
     p_organization_id uuid, p_now timestamptz, p_batch integer, p_run_id uuid)
@@ -225,6 +231,15 @@ BEGIN
     v_result.drift_findings := llm._refresh_drift(p_organization_id, p_now,
                                                   p_now - v_settings.drift_window, p_run_id);
     PERFORM llm._check_deadline(p_organization_id, v_deadline, 'checking drift');
+
+    -- Retention (issue 23): the budget counters of windows that ended longer than
+    -- budget_retention ago and hold nothing; their requests keep their figures.
+    DELETE FROM llm.budget_counters AS c
+     WHERE c.organization_id = p_organization_id AND c.held_credits = 0
+       AND CASE c.budget_window WHEN 'day' THEN c.window_start + 1
+                                WHEN 'week' THEN c.window_start + 7
+                                ELSE (c.window_start + interval '1 month')::date END
+           <= llm._window_start('day', p_now - v_settings.budget_retention);
 
     -- BR-CAP-PFM-LLM-009-07: every recovery and past-window alert is counted where it
     -- happens, by the pass or by a direct call alike (monotonic totals)

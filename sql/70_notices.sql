@@ -6,6 +6,23 @@
 -- (issue 20 defect 6). Whenever a notice becomes owed the transaction does
 -- NOTIFY llm_notices (sent at commit), which wakes `llm-db worker`.
 
+-- The contract step of schema 0016 (issue 23): one notice per (organization, scope,
+-- id, window, window start, threshold) is the key now, and the old key (organization,
+-- period start, threshold), which the previous release's functions name in their ON
+-- CONFLICT, goes in the transaction that puts the new functions live (docs/design.md
+-- Conventions 14): a budget's notice for a window starting on the first of a month
+-- would collide with it. Looked up first, so a later run takes no lock.
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_catalog.pg_constraint AS c
+                WHERE c.conrelid = 'llm.threshold_notices'::regclass
+                  AND c.conname = 'threshold_notices_organization_id_period_start_threshold_pc_key') THEN
+        ALTER TABLE llm.threshold_notices
+            DROP CONSTRAINT threshold_notices_organization_id_period_start_threshold_pc_key;
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION llm._notify_notices_owed(p_reason text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE

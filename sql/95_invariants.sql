@@ -145,6 +145,7 @@ BEGIN
                       LEFT JOIN llm.threshold_notices AS tn
                         ON tn.organization_id = p.organization_id AND tn.period_start = p.period_start
                        AND tn.threshold_pct = t.pct
+                       AND tn.scope = 'organization' AND tn.budget_window = 'month'  -- the allowance's
                      WHERE tn.organization_id IS NULL  -- not notified
                        AND p.used_credits::numeric * 100 < t.pct::numeric * p.allowance_credits) AS a
              GROUP BY a.organization_id, a.period_start, a.used_credits, a.allowance_credits) AS n
@@ -163,10 +164,13 @@ BEGIN
      WHERE i.past_window_alerted_at IS NOT NULL
        AND i.settlement_kind IS DISTINCT FROM 'recovered' AND i.settlement_kind IS DISTINCT FROM 'trued_up';
     RETURN QUERY
-    SELECT 5, n.organization_id, 'period ' || n.period_start,
+    SELECT 5, n.organization_id,
+           CASE WHEN n.scope = 'organization' AND n.budget_window = 'month' THEN 'period ' || n.period_start
+                ELSE pg_catalog.format('budget %s %s %s %s', n.scope, coalesce(n.scope_id, ''), n.budget_window,
+                                       n.period_start) END,
            pg_catalog.format('%s notices for threshold %s', count(*), n.threshold_pct)
       FROM llm.threshold_notices AS n
-     GROUP BY n.organization_id, n.period_start, n.threshold_pct
+     GROUP BY n.organization_id, n.scope, n.scope_id, n.budget_window, n.period_start, n.threshold_pct
     HAVING count(*) > 1;
 
     -- 6. task totals = sum over its terminal invocations, except reported drift
@@ -297,7 +301,66 @@ BEGIN
         ON s.organization_id = f.organization_id AND s.execution_id = f.execution_id
      WHERE x.id IS NULL
         OR (x.request_count, x.credits, x.cents) = (coalesce(s.n, 0), coalesce(s.credits, 0), coalesce(s.cents, 0));
+
+    -- 14. each budget counter's used, held and cents equal the requests admitted under
+    --     it (their budget_mask, in the windows of their admission time); an open
+    --     request's counters exist (a terminal one's may be gone: retention)
+    RETURN QUERY
+    SELECT 14, coalesce(c.organization_id, r.organization_id),
+           pg_catalog.format('budget %s %s %s %s', coalesce(c.scope, r.scope),
+                             coalesce(c.scope_id, r.scope_id, ''), coalesce(c.budget_window, r.budget_window),
+                             coalesce(c.window_start, r.window_start)),
+           pg_catalog.format('counter used=%s held=%s cents=%s; requests used=%s held=%s cents=%s',
+                             c.used_credits, c.held_credits, c.used_cents,
+                             coalesce(r.used, 0), coalesce(r.held, 0), coalesce(r.cents, 0))
+      FROM llm.budget_counters AS c
+      FULL JOIN (SELECT i.organization_id, k.scope, k.scope_id, k.budget_window, k.window_start,
+                        sum(i.charged_credits) FILTER (WHERE i.status IN ('settled', 'failed')) AS used,
+                        sum(i.hold_credits) FILTER (WHERE i.status IN ('reserved', 'dispatched')) AS held,
+                        sum(coalesce(i.charged_cents, 0)) FILTER (WHERE i.status IN ('settled', 'failed')) AS cents
+                   FROM llm.invocations AS i
+                  CROSS JOIN LATERAL llm._budget_keys(i.budget_mask, i.organization_id, i.project, i.api_key,
+                                                      i.end_user, i.created_at) AS k
+                  WHERE i.budget_mask <> 0
+                  GROUP BY 1, 2, 3, 4, 5) AS r
+        ON r.organization_id = c.organization_id AND r.scope = c.scope
+       AND r.scope_id IS NOT DISTINCT FROM c.scope_id AND r.budget_window = c.budget_window
+       AND r.window_start = c.window_start
+     WHERE (c.organization_id IS NULL AND r.held IS NOT NULL)
+        OR (c.organization_id IS NOT NULL
+            AND (c.used_credits, c.held_credits, c.used_cents)
+                IS DISTINCT FROM (coalesce(r.used, 0), coalesce(r.held, 0), coalesce(r.cents, 0)));
+
+    -- 15. a budget is a ceiling: used + held - overrun (as in 4) never exceeds the limit
+    --     the counter's last admission was decided against; and that is the budget's
+    --     limit now unless the budget was changed, replaced (own <-> '*') or removed
+    --     since (another revision applies now)
+    RETURN QUERY
+    SELECT 15, c.organization_id,
+           pg_catalog.format('budget %s %s %s %s', c.scope, coalesce(c.scope_id, ''), c.budget_window, c.window_start),
+           pg_catalog.format('used=%s held=%s overrun=%s admitted_limit=%s limit now=%s (%s)',
+                             c.used_credits, c.held_credits, coalesce(o.overrun, 0), c.admitted_limit,
+                             coalesce(b.limit_credits::text, 'none'),
+                             CASE WHEN b.revision = c.admitted_revision THEN 'unchanged since' ELSE 'changed since' END)
+      FROM llm.budget_counters AS c
+      LEFT JOIN (SELECT i.organization_id, k.scope, k.scope_id, k.budget_window, k.window_start,
+                        sum(GREATEST(0, i.charged_credits - coalesce(i.recovered_credits, i.hold_credits))) AS overrun
+                   FROM llm.invocations AS i
+                  CROSS JOIN LATERAL llm._budget_keys(i.budget_mask, i.organization_id, i.project, i.api_key,
+                                                      i.end_user, i.created_at) AS k
+                  WHERE i.budget_mask <> 0 AND i.status IN ('settled', 'failed')
+                  GROUP BY 1, 2, 3, 4, 5) AS o
+        ON o.organization_id = c.organization_id AND o.scope = c.scope
+       AND o.scope_id IS NOT DISTINCT FROM c.scope_id AND o.budget_window = c.budget_window
+       AND o.window_start = c.window_start
+      LEFT JOIN LATERAL (SELECT l.limit_credits, l.revision FROM llm.budget_limits AS l
+                          WHERE l.organization_id = c.organization_id AND l.scope = c.scope
+                            AND l.budget_window = c.budget_window
+                            AND (l.scope_id IS NOT DISTINCT FROM c.scope_id OR l.scope_id = '*')
+                          ORDER BY l.scope_id = '*' LIMIT 1) AS b ON true
+     WHERE c.used_credits + c.held_credits - coalesce(o.overrun, 0) > c.admitted_limit
+        OR (b.revision = c.admitted_revision AND b.limit_credits <> c.admitted_limit);
 END
 $$;
 COMMENT ON FUNCTION llm.check_invariants() IS
-    'Returns one row per violated invariant (docs/design.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period findings, notice claims and drift findings); empty when the books are right.';
+    'Returns one row per violated invariant (docs/design.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period findings, notice claims, drift findings, budget counters and budget ceilings); empty when the books are right.';

@@ -39,7 +39,8 @@ BEGIN
     -- parents before children so co-located foreign keys resolve
     FOREACH v_table IN ARRAY ARRAY['llm.period_heads', 'llm.period_stripes', 'llm.executions',
                                    'llm.invocations', 'llm.threshold_notices', 'llm.daily_usage',
-                                   'llm.drift_findings', 'llm.period_findings', 'llm.sweep_totals'] LOOP
+                                   'llm.drift_findings', 'llm.period_findings', 'llm.sweep_totals',
+                                   'llm.budget_limits', 'llm.budget_counters'] LOOP
         EXECUTE pg_catalog.format('SELECT %I($1, $2, colocate_with => $3)', 'create_distributed_table')
           USING v_table, 'organization_id', 'llm.organizations';
         v_done := pg_catalog.array_append(v_done, v_table);
@@ -54,7 +55,7 @@ BEGIN
                              '_settle_invocation', '_fail_invocation', '_open_execution',
                              '_close_execution', '_reconcile_org', '_end_claim',
                              '_set_recovery_policy', '_audit_org',
-                             '_set_period_stripes')
+                             '_set_period_stripes', '_set_budget')
     LOOP
         EXECUTE pg_catalog.format('SELECT %I($1::regprocedure, $2, colocate_with => $3, force_delegation => true)', 'create_distributed_function')
           USING v_fn::text, 'p_organization_id', 'llm.organizations';

@@ -12,10 +12,10 @@ REVOKE ALL ON ALL TABLES IN SCHEMA llm FROM llm_app, llm_operator, llm_reader;
 
 GRANT USAGE ON SCHEMA llm TO llm_app, llm_operator, llm_reader;
 GRANT SELECT ON ALL TABLES IN SCHEMA llm TO llm_reader, llm_operator;
-GRANT SELECT ON llm.task_kinds, llm.settings TO llm_app;
+GRANT SELECT ON llm.task_kinds, llm.settings, llm.budgets, llm.budget_usage TO llm_app;
 
 GRANT EXECUTE ON FUNCTION
-    llm.admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz),
+    llm.admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz, text, text, text),
     llm.mark_dispatched(uuid, uuid, timestamptz),
     llm.settle_invocation(uuid, uuid, bigint, bigint, bigint, bigint, timestamptz),
     llm.fail_invocation(uuid, uuid, text, bigint, bigint, timestamptz),
@@ -27,6 +27,7 @@ GRANT EXECUTE ON FUNCTION
     llm.upsert_organization(uuid, text, bigint, text, integer[], timestamptz),
     llm.set_recovery_policy(uuid, text, text),
     llm.set_period_stripes(uuid, integer),
+    llm.set_budget(uuid, text, text, text, bigint, integer[], timestamptz),
     llm.declare_task_kind(text, text),
     llm.reconcile_org(uuid, timestamptz, integer, uuid),
     llm.reconciliation_health(timestamptz),

@@ -224,6 +224,8 @@ CLEAN_BOOKS = [
     "DELETE FROM llm.drift_findings",
     "DELETE FROM llm.threshold_notices",
     "DELETE FROM llm.daily_usage",
+    "DELETE FROM llm.budget_counters",
+    "DELETE FROM llm.budget_limits",
     "DELETE FROM llm.invocations",
     "DELETE FROM llm.executions",
     "DELETE FROM llm.period_stripes",
@@ -297,15 +299,33 @@ def admit_params(
     execution_id: uuid.UUID | None = None,
     invocation_id: uuid.UUID | None = None,
     now: datetime | None = T0,
+    project: str | None = None,
+    api_key: str | None = None,
+    end_user: str | None = None,
 ) -> dict[str, Any]:
     """The parameters of ADMIT_SQL."""
     return params("admit", org_id, estimate, model, execution_id=execution_id,
-                  invocation_id=invocation_id, now=now)
+                  invocation_id=invocation_id, now=now, project=project, api_key=api_key,
+                  end_user=end_user)
 
 
 def admit(conn: psycopg.Connection, *args: Any, **kwargs: Any) -> dict[str, Any]:
     """llm.admit_invocation with ``admit_params``' arguments; returns the llm.admission row."""
     return rows(conn, ADMIT_SQL, admit_params(*args, **kwargs))[0]
+
+
+def set_budget(conn: psycopg.Connection, org_id: uuid.UUID, scope: str, scope_id: str | None,
+               window: str, limit: int | None, *, thresholds: list[int] | None = None,
+               now: datetime | None = T0) -> None:
+    """llm.set_budget (thresholds {80,100} unless given); a None limit removes the budget."""
+    call(conn, "set_budget", org_id, scope, scope_id, window, limit,
+         thresholds=(80, 100) if thresholds is None else thresholds, now=now)
+
+
+def budget_usage(conn: psycopg.Connection, org_id: uuid.UUID) -> dict[tuple, dict[str, Any]]:
+    """The organization's rows of llm.budget_usage by (scope, scope_id, window, window_start)."""
+    return {(r["scope"], r["scope_id"], r["budget_window"], r["window_start"]): r
+            for r in rows(conn, "SELECT * FROM llm.budget_usage WHERE organization_id = %s", (org_id,))}
 
 
 def admit_dispatched(conn: psycopg.Connection, org_id: uuid.UUID, estimate: int, *,

@@ -1,0 +1,431 @@
+-- Budgets (issue 23, docs/design.md "Budgets"): a limit per organization, project,
+-- API key or end user, per calendar day, week (from Monday) or month in UTC, on
+-- top of the organization's monthly allowance. A request names its scope ids at
+-- admission; the budgets that apply to it then are fixed on it as bits of
+-- invocations.budget_mask, one counter row each (llm.budget_counters), and every
+-- movement of the request moves those counters in the windows of its admission
+-- time. Admission checks every one of them, all or nothing (30_admission.sql).
+--
+-- A bit is 3 * scope + window: scopes organization 0, project 1, api_key 2,
+-- end_user 3; windows day 0, week 1, month 2. Bit order is the order a refusal
+-- names the first budget that does not fit, and the lock order of the counters:
+-- by bit, then scope id, then window start (a request has one counter per bit,
+-- so any two requests take the counters they share in the same order).
+--
+-- Lock order, after the period's stripes (the allowance): counters, then their
+-- notices. set_budget takes the organization's row, its budget's row, then the
+-- counters of that budget, in scope id order.
+
+-- ---------------------------------------------------------------- calendar and keys
+
+-- Inlinable (no SET clause, everything qualified).
+CREATE OR REPLACE FUNCTION llm._window_start(p_window text, p_at timestamptz)
+RETURNS date
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT pg_catalog.date_trunc(p_window, pg_catalog.timezone('UTC'::text, p_at))::date
+$$;
+COMMENT ON FUNCTION llm._window_start(text, timestamptz) IS
+    'The first day of the calendar window (day, week from Monday, month) containing p_at, in UTC.';
+
+-- The counters a request with budget_mask p_mask moves: one row per bit set, in
+-- bit order (the lock order). Reads no table (Citus rule 7).
+CREATE OR REPLACE FUNCTION llm._budget_keys(
+    p_mask integer, p_organization_id uuid, p_project text, p_api_key text, p_end_user text,
+    p_at timestamptz)
+RETURNS TABLE (slot integer, scope text, scope_id text, budget_window text, window_start date)
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT k.slot, k.scope,
+           CASE k.scope WHEN 'project' THEN p_project WHEN 'api_key' THEN p_api_key
+                        WHEN 'end_user' THEN p_end_user END,
+           k.budget_window, llm._window_start(k.budget_window, p_at)
+      FROM (VALUES (0, 'organization', 'day'), (1, 'organization', 'week'),
+                   (3, 'project', 'day'), (4, 'project', 'week'), (5, 'project', 'month'),
+                   (6, 'api_key', 'day'), (7, 'api_key', 'week'), (8, 'api_key', 'month'),
+                   (9, 'end_user', 'day'), (10, 'end_user', 'week'), (11, 'end_user', 'month'))
+           AS k(slot, scope, budget_window)
+     WHERE (coalesce(p_mask, 0) OPERATOR(pg_catalog.&) (1 OPERATOR(pg_catalog.<<) k.slot)) OPERATOR(pg_catalog.<>) 0
+     ORDER BY k.slot
+$$;
+COMMENT ON FUNCTION llm._budget_keys(integer, uuid, text, text, text, timestamptz) IS
+    'The budget counters (scope, real id, window, window start) a request admitted at p_at with budget_mask p_mask moves, in bit order.';
+
+CREATE OR REPLACE FUNCTION llm._budget_slot(p_scope text, p_window text)
+RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT 3 OPERATOR(pg_catalog.*) pg_catalog.array_position(ARRAY['organization', 'project', 'api_key', 'end_user'], p_scope)
+           OPERATOR(pg_catalog.+) pg_catalog.array_position(ARRAY['day', 'week', 'month'], p_window)
+           OPERATOR(pg_catalog.-) 4
+$$;
+COMMENT ON FUNCTION llm._budget_slot(text, text) IS
+    'The budget_mask bit of a scope and window (3 * scope + window), NULL for an unknown one.';
+
+-- ---------------------------------------------------------------- arguments
+
+-- Inlinable. A scope id a request names: 1..200 characters, not blank, no control
+-- character of either block (U+0000-U+001F, U+007F-U+009F: [[:cntrl:]] misses the
+-- second under the C locale), not the reserved '*'.
+CREATE OR REPLACE FUNCTION llm._scope_id_ok(p_value text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT p_value IS NULL
+        OR (pg_catalog.length(p_value) OPERATOR(pg_catalog.<=) 200
+            AND pg_catalog.btrim(p_value) OPERATOR(pg_catalog.<>) ''
+            AND p_value OPERATOR(pg_catalog.<>) '*'
+            AND p_value OPERATOR(pg_catalog.!~) '[\u0001-\u001f\u007f-\u009f]')
+$$;
+COMMENT ON FUNCTION llm._scope_id_ok(text) IS
+    'True for NULL or a valid scope id (1..200 characters, not blank, no control character, not ''*'').';
+
+CREATE OR REPLACE FUNCTION llm._check_scope_id(p_name text, p_value text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF NOT llm._scope_id_ok(p_value) THEN
+        RAISE EXCEPTION 'llm: invalid % %', p_name, pg_catalog.quote_nullable(pg_catalog.left(p_value, 40))
+            USING ERRCODE = '22023',
+                  DETAIL = 'A scope id is 1 to 200 characters, not blank, without control characters (U+0000-U+001F, U+007F-U+009F); ''*'' is reserved for default budgets.',
+                  HINT = 'Pass the project''s, key''s or end user''s own identifier (never an API key''s secret), or NULL.';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION llm._check_scope_id(text, text) IS
+    'Raises 22023 naming p_name unless p_value is NULL or a valid scope id.';
+
+-- ---------------------------------------------------------------- admission
+
+-- The budgets that apply to a request, with the limit each is decided against and
+-- its revision, in bit order: the organization's day and week budgets, and for each
+-- scope id the request names its own budget per window, else the scope's '*'. One
+-- statement, one snapshot: a concurrent set_budget applies wholly or not at all.
+CREATE OR REPLACE FUNCTION llm._applicable_budgets(
+    p_organization_id uuid, p_project text, p_api_key text, p_end_user text,
+    OUT slots integer[], OUT limits bigint[], OUT revisions uuid[])
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    SELECT coalesce(pg_catalog.array_agg(a.slot ORDER BY a.slot), '{}'),
+           coalesce(pg_catalog.array_agg(a.limit_credits ORDER BY a.slot), '{}'),
+           coalesce(pg_catalog.array_agg(a.revision ORDER BY a.slot), '{}')
+      INTO slots, limits, revisions
+      FROM (SELECT DISTINCT ON (b.scope, b.budget_window)
+                   llm._budget_slot(b.scope, b.budget_window) AS slot, b.limit_credits, b.revision
+              FROM llm.budget_limits AS b
+             WHERE b.organization_id = p_organization_id
+               AND (b.scope = 'organization'
+                    OR (b.scope = 'project' AND b.scope_id IN (p_project, '*') AND p_project IS NOT NULL)
+                    OR (b.scope = 'api_key' AND b.scope_id IN (p_api_key, '*') AND p_api_key IS NOT NULL)
+                    OR (b.scope = 'end_user' AND b.scope_id IN (p_end_user, '*') AND p_end_user IS NOT NULL))
+             ORDER BY b.scope, b.budget_window, b.scope_id = '*') AS a;  -- its own before '*'
+END
+$$;
+COMMENT ON FUNCTION llm._applicable_budgets(uuid, text, text, text) IS
+    'The budgets that apply to a request naming these scope ids: their bits, limits and revisions, in bit order, read in one snapshot.';
+
+-- A request's holds on its budgets' counters, in bit order, after its hold on the
+-- period (the allowance, named first when both refuse). Each counter is created by
+-- the first request admitted under it, and decided on its row's latest values
+-- under the row's lock: used + held + estimate <= limit, else LL001 naming it (the
+-- caller's transaction rolls back every hold). Long on purpose: the counter's
+-- upsert and the refusal's DETAIL read its row, and belong together.
+CREATE OR REPLACE FUNCTION llm._hold_budgets(
+    p_inv llm.invocations, p_slots integer[], p_limits bigint[], p_revisions uuid[])
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_key record;
+    v_i integer := 0;
+    v_counter llm.budget_counters;
+BEGIN
+    FOR v_key IN
+        SELECT k.* FROM llm._budget_keys(p_inv.budget_mask, p_inv.organization_id, p_inv.project,
+                                         p_inv.api_key, p_inv.end_user, p_inv.created_at) AS k
+    LOOP
+        v_i := v_i + 1;  -- the keys and the arrays are both in bit order
+        INSERT INTO llm.budget_counters AS c
+               (organization_id, scope, scope_id, budget_window, window_start, held_credits,
+                admitted_limit, admitted_revision)
+        SELECT p_inv.organization_id, v_key.scope, v_key.scope_id, v_key.budget_window, v_key.window_start,
+               p_inv.hold_credits, p_limits[v_i], p_revisions[v_i]
+         WHERE p_inv.hold_credits <= p_limits[v_i]
+        ON CONFLICT (organization_id, scope, scope_id, budget_window, window_start) DO UPDATE
+           SET held_credits = c.held_credits + excluded.held_credits,
+               admitted_limit = excluded.admitted_limit,
+               admitted_revision = excluded.admitted_revision
+         WHERE c.used_credits + c.held_credits + excluded.held_credits <= excluded.admitted_limit;
+        IF NOT FOUND THEN
+            SELECT * INTO v_counter FROM llm.budget_counters AS c
+             WHERE c.organization_id = p_inv.organization_id AND c.scope = v_key.scope
+               AND c.scope_id IS NOT DISTINCT FROM v_key.scope_id
+               AND c.budget_window = v_key.budget_window AND c.window_start = v_key.window_start;
+            -- The DETAIL's first line is the id, verbatim (an id has no control character),
+            -- the one part of a DETAIL code may read (docs/design.md "Errors").
+            RAISE EXCEPTION 'llm: % budget exhausted for organization %', v_key.budget_window, p_inv.organization_id
+                USING ERRCODE = 'LL001',
+                      DETAIL = coalesce(v_key.scope_id, p_inv.organization_id::text) || E'\n'
+                               || pg_catalog.format('scope=%s window=%s window_start=%s limit=%s used=%s held=%s estimate=%s',
+                                                    v_key.scope, v_key.budget_window, v_key.window_start, p_limits[v_i],
+                                                    coalesce(v_counter.used_credits, 0), coalesce(v_counter.held_credits, 0),
+                                                    p_inv.hold_credits),
+                      HINT = 'Wait for holds to settle or for the next window, lower the estimate, or raise the budget with llm.set_budget.',
+                      SCHEMA = 'llm', TABLE = 'budgets', CONSTRAINT = v_key.scope, COLUMN = v_key.budget_window;
+        END IF;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION llm._hold_budgets(llm.invocations, integer[], bigint[], uuid[]) IS
+    'Holds a just-admitted request''s estimate on the counter of every budget in its budget_mask, in bit order, each iff used + held + estimate <= its limit (LL001 naming the first that does not fit, with the id as the DETAIL''s first line).';
+
+-- ---------------------------------------------------------------- movements
+
+-- What a changed counter owes: the thresholds of the budget that applies to it now
+-- (its id's own, else the scope's '*'), crossed when used moved from p_olds to p_news.
+-- Read after the counters are locked, so a set_budget that held them is seen.
+CREATE OR REPLACE FUNCTION llm._budget_crossings(
+    p_organization_id uuid, p_keys llm.budget_counters[], p_olds bigint[], p_now timestamptz)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_i integer;
+    v_budget record;
+    v_crossed integer[];
+    v_created integer := 0;
+BEGIN
+    FOR v_i IN 1 .. coalesce(pg_catalog.cardinality(p_keys), 0) LOOP
+        SELECT b.limit_credits, b.thresholds INTO v_budget
+          FROM llm.budget_limits AS b
+         WHERE b.organization_id = p_organization_id AND b.scope = p_keys[v_i].scope
+           AND b.budget_window = p_keys[v_i].budget_window
+           AND (b.scope_id IS NOT DISTINCT FROM p_keys[v_i].scope_id OR b.scope_id = '*')
+         ORDER BY b.scope_id = '*'
+         LIMIT 1;
+        CONTINUE WHEN NOT FOUND
+            OR NOT coalesce(llm._may_cross(p_olds[v_i], p_keys[v_i].used_credits, v_budget.limit_credits), false);
+        v_crossed := ARRAY(SELECT t.pct FROM pg_catalog.unnest(v_budget.thresholds) AS t(pct)
+                            WHERE p_olds[v_i]::numeric * 100 < t.pct::numeric * v_budget.limit_credits);
+        v_created := v_created
+            + llm._owe_notices(p_organization_id, p_keys[v_i].window_start, v_crossed,
+                               p_keys[v_i].used_credits, v_budget.limit_credits, p_now,
+                               p_keys[v_i].scope, p_keys[v_i].scope_id, p_keys[v_i].budget_window);
+    END LOOP;
+    RETURN v_created;
+END
+$$;
+COMMENT ON FUNCTION llm._budget_crossings(uuid, llm.budget_counters[], bigint[], timestamptz) IS
+    'Owes one notice per threshold each moved counter crossed (used from p_olds[i] to p_keys[i].used_credits) under the budget that applies to it now.';
+
+-- Every movement of terminal or trued-up requests moves the counters they were
+-- admitted under, in the windows of their admission time: the charge in and the
+-- hold out for requests just made terminal (settled, failed, recovered), or the
+-- signed difference of a true-up (p_true_up). Counters in lock order (bit, id,
+-- window start), after the period's stripes; then the thresholds they crossed.
+CREATE OR REPLACE FUNCTION llm._move_budgets(
+    p_organization_id uuid, p_ids uuid[], p_true_up boolean, p_now timestamptz)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_move record;
+    v_counter llm.budget_counters;
+    v_rising llm.budget_counters[] := '{}';
+    v_olds bigint[] := '{}';
+BEGIN
+    FOR v_move IN
+        SELECT k.slot, k.scope, k.scope_id, k.budget_window, k.window_start,
+               sum(CASE WHEN p_true_up THEN i.charged_credits - i.recovered_credits
+                        ELSE i.charged_credits END)::bigint AS used,
+               sum(CASE WHEN p_true_up THEN 0 ELSE i.hold_credits END)::bigint AS released,
+               sum(coalesce(i.charged_cents, 0))::bigint AS cents
+          FROM llm.invocations AS i
+         CROSS JOIN LATERAL llm._budget_keys(i.budget_mask, i.organization_id, i.project, i.api_key,
+                                             i.end_user, i.created_at) AS k
+         WHERE i.organization_id = p_organization_id AND i.id = ANY (p_ids) AND i.budget_mask <> 0
+         GROUP BY k.slot, k.scope, k.scope_id, k.budget_window, k.window_start
+         ORDER BY k.slot, k.scope_id, k.window_start
+    LOOP
+        UPDATE llm.budget_counters AS c
+           SET used_credits = c.used_credits + v_move.used,
+               held_credits = c.held_credits - v_move.released,
+               used_cents = c.used_cents + v_move.cents
+         WHERE c.organization_id = p_organization_id AND c.scope = v_move.scope
+           AND c.scope_id IS NOT DISTINCT FROM v_move.scope_id
+           AND c.budget_window = v_move.budget_window AND c.window_start = v_move.window_start
+        RETURNING c.* INTO v_counter;
+        IF FOUND AND v_move.used > 0 THEN
+            v_rising := v_rising || v_counter;
+            v_olds := v_olds || (v_counter.used_credits - v_move.used);
+        END IF;
+    END LOOP;
+    IF pg_catalog.cardinality(v_rising) > 0 THEN
+        RETURN llm._budget_crossings(p_organization_id, v_rising, v_olds, p_now);
+    END IF;
+    RETURN 0;
+END
+$$;
+COMMENT ON FUNCTION llm._move_budgets(uuid, uuid[], boolean, timestamptz) IS
+    'Moves the budget counters of the given requests (terminal: charge in, hold out; p_true_up: the signed difference) in lock order and owes the thresholds they crossed; returns the notices created.';
+
+-- ---------------------------------------------------------------- set_budget
+
+-- What a set, changed or removed budget owes at once, in the window containing
+-- p_now: every threshold the counters it now governs stand at or above, under the
+-- budget that applies to each now (issue 20 defect 4, for budgets). The counters
+-- are locked in id order, so a movement waits for this or this for it, and the
+-- later one reads the other's figures.
+CREATE OR REPLACE FUNCTION llm._budget_reached(
+    p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_now timestamptz)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_start date := llm._window_start(p_window, p_now);
+    v_own text[] := '{}';
+    v_counter llm.budget_counters;
+    v_counters llm.budget_counters[] := '{}';
+    v_zeros bigint[] := '{}';
+    v_created integer := 0;
+    v_i integer;
+    v_budget record;
+BEGIN
+    IF p_scope_id = '*' THEN
+        -- the ids with a budget of their own are not governed by the default
+        SELECT coalesce(pg_catalog.array_agg(b.scope_id), '{}') INTO v_own
+          FROM llm.budget_limits AS b
+         WHERE b.organization_id = p_organization_id AND b.scope = p_scope
+           AND b.budget_window = p_window AND b.scope_id <> '*';
+    END IF;
+    FOR v_counter IN
+        SELECT * FROM llm.budget_counters AS c
+         WHERE c.organization_id = p_organization_id AND c.scope = p_scope
+           AND c.budget_window = p_window AND c.window_start = v_start
+           AND (c.scope_id IS NOT DISTINCT FROM p_scope_id OR (p_scope_id = '*' AND c.scope_id <> ALL (v_own)))
+         ORDER BY c.scope_id
+           FOR UPDATE
+    LOOP
+        v_counters := v_counters || v_counter;
+    END LOOP;
+    FOR v_i IN 1 .. pg_catalog.cardinality(v_counters) LOOP
+        SELECT b.limit_credits, b.thresholds INTO v_budget
+          FROM llm.budget_limits AS b
+         WHERE b.organization_id = p_organization_id AND b.scope = p_scope AND b.budget_window = p_window
+           AND (b.scope_id IS NOT DISTINCT FROM v_counters[v_i].scope_id OR b.scope_id = '*')
+         ORDER BY b.scope_id = '*'
+         LIMIT 1;
+        CONTINUE WHEN NOT FOUND;
+        v_created := v_created
+            + llm._owe_notices(p_organization_id, v_start, v_budget.thresholds, v_counters[v_i].used_credits,
+                               v_budget.limit_credits, p_now, p_scope, v_counters[v_i].scope_id, p_window);
+    END LOOP;
+    RETURN v_created;
+END
+$$;
+COMMENT ON FUNCTION llm._budget_reached(uuid, text, text, text, timestamptz) IS
+    'With the budget just changed: locks the counters it governs in the window containing p_now (one id, or every id without its own budget for ''*'') and owes every threshold they stand at or above under the budget that applies to each now.';
+
+CREATE OR REPLACE FUNCTION llm._set_budget(
+    p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint,
+    p_thresholds integer[], p_now timestamptz)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_revision uuid := pg_catalog.gen_random_uuid();  -- before the INSERT (Citus rule 6)
+BEGIN
+    -- lock order: the organization's row, the budget's row, its counters
+    PERFORM FROM llm.organizations AS o WHERE o.id = p_organization_id FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM llm._raise_unknown_org(p_organization_id);
+    END IF;
+    IF p_limit_credits IS NULL THEN
+        DELETE FROM llm.budget_limits AS b
+         WHERE b.organization_id = p_organization_id AND b.scope = p_scope
+           AND b.scope_id IS NOT DISTINCT FROM p_scope_id AND b.budget_window = p_window;
+    ELSE
+        INSERT INTO llm.budget_limits AS b
+               (organization_id, scope, scope_id, budget_window, limit_credits, thresholds, revision, updated_at)
+        VALUES (p_organization_id, p_scope, p_scope_id, p_window, p_limit_credits, p_thresholds, v_revision, p_now)
+        ON CONFLICT (organization_id, scope, scope_id, budget_window) DO UPDATE
+           SET limit_credits = excluded.limit_credits, thresholds = excluded.thresholds,
+               revision = excluded.revision, updated_at = excluded.updated_at;
+    END IF;
+    UPDATE llm.organizations AS o
+       SET has_budgets = EXISTS (SELECT FROM llm.budget_limits AS b WHERE b.organization_id = p_organization_id)
+     WHERE o.id = p_organization_id;
+    RETURN llm._budget_reached(p_organization_id, p_scope, p_scope_id, p_window, p_now);
+END
+$$;
+COMMENT ON FUNCTION llm._set_budget(uuid, text, text, text, bigint, integer[], timestamptz) IS
+    'Distributed twin of set_budget (returns the notices it owed); arguments already checked.';
+
+CREATE OR REPLACE FUNCTION llm.set_budget(
+    p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint,
+    p_thresholds integer[] DEFAULT '{80,100}', p_now timestamptz DEFAULT now())
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $$
+DECLARE
+    v_thresholds integer[];
+    v_owed integer;
+BEGIN
+    PERFORM llm._check_call(p_organization_id, p_now);
+    IF p_scope IS NULL OR p_scope NOT IN ('organization', 'project', 'api_key', 'end_user') THEN
+        RAISE EXCEPTION 'llm: invalid budget scope %', pg_catalog.quote_nullable(p_scope)
+            USING ERRCODE = '22023', HINT = 'Use organization, project, api_key or end_user.';
+    END IF;
+    IF p_window IS NULL OR p_window NOT IN ('day', 'week', 'month') THEN
+        RAISE EXCEPTION 'llm: invalid budget window %', pg_catalog.quote_nullable(p_window)
+            USING ERRCODE = '22023', HINT = 'Use day, week or month (calendar windows in UTC; weeks start on Monday).';
+    END IF;
+    IF p_scope = 'organization' THEN
+        IF p_scope_id IS NOT NULL THEN
+            RAISE EXCEPTION 'llm: an organization budget takes no scope id'
+                USING ERRCODE = '22023', HINT = 'Pass NULL as p_scope_id for the organization scope.';
+        END IF;
+        IF p_window = 'month' THEN
+            RAISE EXCEPTION 'llm: the organization''s month budget is its allowance'
+                USING ERRCODE = '22023',
+                      HINT = 'Set the monthly allowance with llm.upsert_organization; an organization may add day and week budgets.';
+        END IF;
+    ELSIF p_scope_id IS NULL THEN
+        RAISE EXCEPTION 'llm: a % budget needs a scope id', p_scope
+            USING ERRCODE = '22023', HINT = 'Pass the id, or ''*'' for the default budget of every id without one.';
+    ELSIF p_scope_id <> '*' THEN
+        PERFORM llm._check_scope_id('p_scope_id', p_scope_id);
+    END IF;
+    PERFORM llm._check_amount('p_limit_credits', p_limit_credits, true);
+    v_thresholds := llm._check_thresholds(p_thresholds);
+    SELECT * INTO v_owed
+      FROM llm._set_budget(p_organization_id, p_scope, p_scope_id, p_window, p_limit_credits,
+                           v_thresholds, coalesce(p_now, pg_catalog.now()));
+END
+$$;
+COMMENT ON FUNCTION llm.set_budget(uuid, text, text, text, bigint, integer[], timestamptz) IS
+    'Sets (or with a NULL limit removes) the budget of a scope id, or of every id of the scope without one (''*''), per day, week or month in UTC; it applies to every admission after it commits, and owes at once the thresholds the window containing p_now stands at or above.';
+
+-- ---------------------------------------------------------------- views
+
+CREATE OR REPLACE VIEW llm.budgets AS
+SELECT b.organization_id, b.scope, b.scope_id, b.budget_window, b.limit_credits, b.thresholds
+  FROM llm.budget_limits AS b;
+COMMENT ON VIEW llm.budgets IS
+    'Every budget set with llm.set_budget (not the monthly allowance, which is in llm.organizations): ''*'' is the default of its scope.';
+
+CREATE OR REPLACE VIEW llm.budget_usage AS
+SELECT c.organization_id, c.scope, c.scope_id, c.budget_window, c.window_start,
+       coalesce(own.limit_credits, dflt.limit_credits) AS limit_credits,
+       c.used_credits, c.held_credits, c.used_cents
+  FROM llm.budget_counters AS c
+  LEFT JOIN llm.budget_limits AS own
+    ON own.organization_id = c.organization_id AND own.scope = c.scope
+   AND own.scope_id IS NOT DISTINCT FROM c.scope_id AND own.budget_window = c.budget_window
+  LEFT JOIN llm.budget_limits AS dflt
+    ON dflt.organization_id = c.organization_id AND dflt.scope = c.scope
+   AND dflt.scope_id = '*' AND dflt.budget_window = c.budget_window;
+COMMENT ON VIEW llm.budget_usage IS
+    'One row per scope id and window that counted a request, under the real id (a default budget''s rows too), with the limit that applies to it now (NULL: none).';
