@@ -3,11 +3,14 @@
 Every error the `llm` schema raises carries an SQLSTATE from docs/design.md; the
 driver maps that code, and only that code, to a class below. Message, DETAIL
 and HINT are kept as attributes for people to read; no code should parse them.
+One exception, written down as a format in docs/design.md "Errors": a budget's
+refusal (LL001) carries its scope id as the DETAIL's first line, which
+``AllowanceExhausted.scope_id`` reads (issue 23).
 
     try:
-        llm.admit(org, 500, "gpt-x")
+        llm.admit(org, 500, "gpt-x", end_user="u-42")
     except AllowanceExhausted as e:
-        log.info("over allowance: %s", e.detail)
+        log.info("over the %s %s budget of %s: %s", e.window, e.scope, e.scope_id, e.detail)
 
 The mapped exception is raised ``from`` the psycopg error, so ``__cause__``
 still holds the original (with its full ``diag``).
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any, Self
 
 import psycopg
 
@@ -64,6 +68,13 @@ class LlmError(Exception):
         self.detail = detail
         self.hint = hint
 
+    @classmethod
+    def _from_diag(cls, sqlstate: str, diag: psycopg.errors.Diagnostic, fallback: str) -> Self:
+        """This error as the server reported it (``fallback``: the message when the
+        diagnostics have none)."""
+        return cls(diag.message_primary or fallback, sqlstate=sqlstate,
+                   detail=diag.message_detail, hint=diag.message_hint)  # fmt: skip
+
     def __str__(self) -> str:
         parts = [self.message]
         if self.detail:
@@ -74,9 +85,53 @@ class LlmError(Exception):
 
 
 class AllowanceExhausted(LlmError):
-    """LL001: admission would take used + held + estimate over the allowance."""
+    """LL001: admission would take used + held + estimate over the allowance or over a
+    budget that applies to the request (issue 23); nothing was held anywhere.
+
+    ``scope``, ``scope_id`` and ``window`` name the one that refused (when several do,
+    the first in the order of docs/design.md "Errors"):
+
+    - the monthly allowance: ``("organization", None, "month")``;
+    - a budget: its scope (``organization``, ``project``, ``api_key``, ``end_user``),
+      the request's real id in that scope (never ``'*'``; None for the organization's
+      day and week budgets, as ``set_budget`` spells them) and its window (``day``,
+      ``week``, ``month``);
+    - a server older than budgets, which names nothing: all three None.
+
+    The scope and window come from the error's diagnostic fields (``TABLE`` ``periods``
+    or ``budgets``, ``CONSTRAINT`` the scope, ``COLUMN`` the window), the id from the
+    DETAIL's first line: the one piece of a DETAIL that code reads, a documented format.
+    The rest of the DETAIL (window start, limit, used, held, estimate) is for people.
+    """
 
     code = "LL001"
+
+    #: the diagnostic ``TABLE`` of a refusal by the allowance, and by a budget
+    _ALLOWANCE, _BUDGET = "periods", "budgets"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        scope: str | None = None,
+        scope_id: str | None = None,
+        window: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.scope = scope
+        self.scope_id = scope_id
+        self.window = window
+
+    @classmethod
+    def _from_diag(cls, sqlstate: str, diag: psycopg.errors.Diagnostic, fallback: str) -> Self:
+        error = super()._from_diag(sqlstate, diag, fallback)
+        if diag.schema_name == "llm" and diag.table_name in (cls._ALLOWANCE, cls._BUDGET):
+            error.scope, error.window = diag.constraint_name, diag.column_name
+            if diag.table_name == cls._BUDGET and error.scope != "organization" and error.detail:
+                # an id has no control character, so no line break: the line is the id
+                error.scope_id = error.detail.split("\n", 1)[0]
+        return error
 
 
 class UnknownOrganization(LlmError):
@@ -188,9 +243,7 @@ def translate(exc: psycopg.Error) -> Exception:
         if not sqlstate.startswith("LL"):
             return exc
         cls = LlmError
-    diag = exc.diag
-    message = diag.message_primary or str(exc)
-    return cls(message, sqlstate=sqlstate, detail=diag.message_detail, hint=diag.message_hint)
+    return cls._from_diag(sqlstate, exc.diag, str(exc))
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ import re
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -24,7 +25,7 @@ from psycopg import sql
 from llm_db import errors, models
 from llm_db.operations import operations
 from llm_db.requests import AsyncLlm, Llm
-from tests.helpers import JANUARY, T0
+from tests.helpers import JANUARY, T0, invariants
 
 HOUR = timedelta(hours=1)
 TASK = "driver.task"
@@ -506,3 +507,189 @@ def test_statuses_are_enums_that_compare_equal_to_their_sql_text(llm: Llm) -> No
     inv = llm.admit(org, 10, "m", now=T0)
     assert inv.status is models.InvocationStatus.RESERVED
     assert llm.settle(org, inv.id, 5, 0, now=T0) is models.Outcome.SETTLED
+
+
+# ---------------------------------------------------------------- budgets (issue 23)
+
+SCOPES = {"project": "proj-1", "api_key": "key-1", "end_user": "user 42 ✓"}
+
+
+def scopes_of(conn: psycopg.Connection, inv_id: uuid.UUID) -> tuple[str | None, ...]:
+    return conn.execute(
+        "SELECT project, api_key, end_user FROM llm.invocations WHERE id = %(id)s::uuid", {"id": inv_id}
+    ).fetchone()
+
+
+def refused(llm: Llm, org: uuid.UUID, estimate: int, **scopes: str) -> errors.AllowanceExhausted:
+    """Admit, expect LL001 mapped to AllowanceExhausted with nothing written; the error."""
+    before = count(llm.source, "invocations")
+    with pytest.raises(errors.AllowanceExhausted) as caught:
+        llm.admit(org, estimate, "model-a", now=T0, **scopes)
+    assert count(llm.source, "invocations") == before
+    return assert_mapped(caught, errors.AllowanceExhausted, "LL001")  # type: ignore[return-value]
+
+
+def test_AllowanceExhausted_names_the_budget_that_refused(llm: Llm, llm_conn: psycopg.Connection) -> None:
+    """issue 23: the driver's AllowanceExhausted exposes scope, scope_id and window: the scope
+    and window from the diagnostic fields, the real id (never '*') from the DETAIL's first line;
+    None for the organization scope, as set_budget spells it. The allowance is
+    ("organization", None, "month")."""
+    org = new_org(llm, 10_000)
+    llm.set_budget(org, "organization", None, "week", 900, now=T0)
+    llm.set_budget(org, "project", "proj-1", "month", 800, now=T0)
+    llm.set_budget(org, "api_key", "*", "day", 700, now=T0)
+    llm.set_budget(org, "end_user", "user 42 ✓", "week", 600, now=T0)
+    llm.admit(org, 500, "model-a", now=T0, **SCOPES)
+
+    cases = [  # (estimate, scopes) -> what refused
+        (101, SCOPES, ("end_user", "user 42 ✓", "week")),
+        (201, {"api_key": "key-1"}, ("api_key", "key-1", "day")),  # '*' names the real id
+        (301, {"project": "proj-1"}, ("project", "proj-1", "month")),
+        (401, {}, ("organization", None, "week")),
+        (9_501, SCOPES, ("organization", None, "month")),  # the allowance, named first
+    ]
+    for estimate, scopes, named in cases:
+        error = refused(llm, org, estimate, **scopes)
+        assert (error.scope, error.scope_id, error.window) == named, estimate
+    assert invariants(llm_conn) == []
+
+
+def test_an_LL001_without_the_budget_fields_names_nothing(llm_conn: psycopg.Connection) -> None:
+    """issue 23: an LL001 from a server older than budgets (no TABLE, CONSTRAINT, COLUMN)
+    maps to AllowanceExhausted with scope, scope_id and window None; so does a TABLE other
+    than the allowance's or a budget's. Nothing is read from its DETAIL."""
+    raise_ll001 = """DO $$ BEGIN RAISE EXCEPTION 'llm: allowance exhausted' USING ERRCODE = 'LL001',
+        DETAIL = E'key-1\\nallowance=1 used=1 held=0 estimate=1 period=2026-01-01' {fields}; END $$"""
+    for fields in ("", ", SCHEMA = 'llm', TABLE = 'invocations', CONSTRAINT = 'api_key', COLUMN = 'day'"):
+        with pytest.raises(errors.AllowanceExhausted) as caught, errors.mapped_errors():
+            llm_conn.execute(raise_ll001.format(fields=fields))
+        assert (caught.value.scope, caught.value.scope_id, caught.value.window) == (None, None, None)
+
+
+def design_errors_section() -> str:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "design.md").read_text(encoding="utf-8")
+    return text.split("\n## Errors\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_budget_DETAIL_is_the_format_design_md_documents(llm: Llm) -> None:
+    """issue 23 (docs/design.md "Errors", amending "Conventions" 3): a budget's LL001 DETAIL
+    is two lines, the id verbatim and then the documented key=value line. The format is read
+    from the doc and matched against a real refusal, so neither can change alone."""
+    documented = re.search(r"\n    (<scope_id>\n    scope=<scope> [^\n]*)\n", design_errors_section())
+    assert documented is not None, "design.md 'Errors' no longer shows the budget DETAIL"
+    detail_format = documented.group(1).replace("\n    ", "\n")  # without the block's indent
+    # a <placeholder> is a value without spaces (<n> a number), the id anything but a line break
+    pattern = "".join(
+        re.escape(part) if i % 2 == 0 else
+        r"\d+" if part == "n" else
+        rf"(?P<{part}>[^\n]+)" if part == "scope_id" else rf"(?P<{part}>[^ ]+)"
+        for i, part in enumerate(re.split(r"<(\w+)>", detail_format))
+    )  # fmt: skip
+    org = new_org(llm, 1000)
+    llm.set_budget(org, "end_user", "*", "day", 10, now=T0)
+    error = refused(llm, org, 11, end_user="user 42 ✓")
+    match = re.fullmatch(pattern, error.detail or "")
+    assert match is not None, (pattern, error.detail)
+    assert match.groupdict() == {"scope_id": "user 42 ✓", "scope": "end_user", "window": "day",
+                                 "date": str(T0.date())}  # fmt: skip
+    assert (error.scope, error.scope_id, error.window) == ("end_user", "user 42 ✓", "day")
+
+
+def test_admit_and_admit_id_store_the_scope_ids_and_a_retry_compares_them(
+    llm: Llm, llm_conn: psycopg.Connection
+) -> None:
+    """issue 23: admit and admit_id take project=, api_key=, end_user=, stored on the request;
+    a retried invocation id with other scope ids is LL007 (IdempotencyConflict)."""
+    org = new_org(llm, 1000)
+    inv = llm.admit(org, 10, "model-a", now=T0, **SCOPES)
+    assert scopes_of(llm_conn, inv.id) == tuple(SCOPES.values())
+    inv_id = llm.admit_id(org, 10, "model-a", now=T0, api_key="key-9")
+    assert scopes_of(llm_conn, inv_id) == (None, "key-9", None)
+    assert llm.admit_id(org, 10, "model-a", invocation_id=inv_id, now=T0, api_key="key-9") == inv_id
+    with pytest.raises(errors.IdempotencyConflict):
+        llm.admit_id(org, 10, "model-a", invocation_id=inv_id, now=T0, api_key="key-8")
+    with pytest.raises(errors.InvalidArgument):
+        llm.admit(org, 10, "model-a", now=T0, end_user="*")  # '*' is reserved
+    assert count(llm_conn, "invocations") == 2
+    assert invariants(llm_conn) == []
+
+
+def budgets(conn: psycopg.Connection, org: uuid.UUID) -> list[tuple]:
+    return conn.execute(
+        "SELECT scope, scope_id, budget_window, limit_credits, thresholds FROM llm.budgets"
+        " WHERE organization_id = %(org)s::uuid ORDER BY scope, scope_id, budget_window", {"org": org}
+    ).fetchall()
+
+
+def test_set_budget_sets_replaces_and_removes_and_maps_its_errors(
+    llm: Llm, llm_conn: psycopg.Connection, llm_role_conn: Any
+) -> None:
+    """issue 23: Llm.set_budget as llm_operator (the one role that may call it) sets, replaces
+    and removes (None) a budget; bad input is 22023 (InvalidArgument, the allowance's HINT
+    naming upsert_organization) and an unknown organization LL002 (UnknownOrganization), each
+    writing nothing; llm_app may not call it (42501)."""
+    org = new_org(llm, 1000)
+    operator = Llm(llm_role_conn("llm_operator"))
+    assert operator.set_budget(org, "end_user", "*", "day", 50, now=T0) is None
+    operator.set_budget(org, "project", "p", "month", 500, thresholds=[50, 90], now=T0)
+    operator.set_budget(org, "project", "p", "month", 400, thresholds=iter([75]), now=T0)
+    assert budgets(llm_conn, org) == [("end_user", "*", "day", 50, [80, 100]),
+                                      ("project", "p", "month", 400, [75])]  # fmt: skip
+    operator.set_budget(org, "end_user", "*", "day", None, now=T0)
+    operator.set_budget(org, "api_key", "never-set", "day", None, now=T0)  # nothing to remove
+    assert budgets(llm_conn, org) == [("project", "p", "month", 400, [75])]
+
+    bad = [
+        ("organization", None, "month", 10),  # the allowance: upsert_organization sets it
+        ("organization", "x", "day", 10),  # the organization scope has no id
+        ("project", None, "day", 10),  # the other scopes need one
+        ("team", "x", "day", 10),
+        ("project", "x", "year", 10),
+        ("project", "x", "day", -1),
+    ]
+    for scope, scope_id, window, limit in bad:
+        with pytest.raises(errors.InvalidArgument) as caught:
+            operator.set_budget(org, scope, scope_id, window, limit, now=T0)
+        assert_mapped(caught, errors.InvalidArgument, "22023")
+    with pytest.raises(errors.InvalidArgument) as caught:
+        operator.set_budget(org, "organization", None, "month", 10, now=T0)
+    assert "upsert_organization" in (caught.value.hint or "")
+    with pytest.raises(errors.UnknownOrganization) as caught:
+        operator.set_budget(uuid.uuid4(), "project", "p", "day", 10, now=T0)
+    assert_mapped(caught, errors.UnknownOrganization, "LL002")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        Llm(llm_role_conn("llm_app")).set_budget(org, "project", "p", "day", 10, now=T0)
+    assert budgets(llm_conn, org) == [("project", "p", "month", 400, [75])]
+    assert invariants(llm_conn) == []
+
+
+def test_the_async_client_admits_with_scope_ids_sets_budgets_and_names_the_refusal(
+    llm_dsn: str, llm_conn: psycopg.Connection
+) -> None:
+    """issue 23 on AsyncLlm: admit and admit_id take project=, api_key=, end_user=;
+    set_budget sets a budget and maps 22023 and LL002; a refusal is AllowanceExhausted
+    naming the budget."""
+
+    async def scenario() -> tuple[uuid.UUID, uuid.UUID, uuid.UUID]:
+        async with await psycopg.AsyncConnection.connect(llm_dsn, autocommit=True) as conn:
+            llm = AsyncLlm(conn)
+            org = uuid.uuid4()
+            await llm.upsert_organization(org, "async budgets", 1000, now=T0)
+            assert await llm.set_budget(org, "api_key", "*", "day", 100, now=T0) is None
+            with pytest.raises(errors.InvalidArgument):
+                await llm.set_budget(org, "api_key", None, "day", 100, now=T0)
+            with pytest.raises(errors.UnknownOrganization):
+                await llm.set_budget(uuid.uuid4(), "api_key", "*", "day", 100, now=T0)
+            inv = await llm.admit(org, 60, "model-a", now=T0, **SCOPES)
+            inv_id = await llm.admit_id(org, 40, "model-a", now=T0, api_key="key-1", end_user="u")
+            with pytest.raises(errors.AllowanceExhausted) as caught:
+                await llm.admit(org, 1, "model-a", now=T0, api_key="key-1")
+            assert (caught.value.scope, caught.value.scope_id, caught.value.window) == (
+                "api_key", "key-1", "day")
+            return org, inv.id, inv_id
+
+    org, first, second = asyncio.run(scenario())
+    assert scopes_of(llm_conn, first) == tuple(SCOPES.values())
+    assert scopes_of(llm_conn, second) == (None, "key-1", "u")
+    assert budgets(llm_conn, org) == [("api_key", "*", "day", 100, [80, 100])]
+    assert invariants(llm_conn) == []
