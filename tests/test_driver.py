@@ -511,13 +511,13 @@ def test_statuses_are_enums_that_compare_equal_to_their_sql_text(llm: Llm) -> No
 
 # ---------------------------------------------------------------- budgets (issue 23)
 
+ROOT = Path(__file__).resolve().parent.parent
 SCOPES = {"project": "proj-1", "api_key": "key-1", "end_user": "user 42 ✓"}
 
 
 def scopes_of(conn: psycopg.Connection, inv_id: uuid.UUID) -> tuple[str | None, ...]:
-    return conn.execute(
-        "SELECT project, api_key, end_user FROM llm.invocations WHERE id = %(id)s::uuid", {"id": inv_id}
-    ).fetchone()
+    query = "SELECT project, api_key, end_user FROM llm.invocations WHERE id = %(id)s::uuid"
+    return conn.execute(query, {"id": inv_id}).fetchone()
 
 
 def refused(llm: Llm, org: uuid.UUID, estimate: int, **scopes: str) -> errors.AllowanceExhausted:
@@ -529,7 +529,9 @@ def refused(llm: Llm, org: uuid.UUID, estimate: int, **scopes: str) -> errors.Al
     return assert_mapped(caught, errors.AllowanceExhausted, "LL001")  # type: ignore[return-value]
 
 
-def test_AllowanceExhausted_names_the_budget_that_refused(llm: Llm, llm_conn: psycopg.Connection) -> None:
+def test_AllowanceExhausted_names_the_budget_that_refused(
+    llm: Llm, llm_conn: psycopg.Connection
+) -> None:
     """issue 23: the driver's AllowanceExhausted exposes scope, scope_id and window: the scope
     and window from the diagnostic fields, the real id (never '*') from the DETAIL's first line;
     None for the organization scope, as set_budget spells it. The allowance is
@@ -560,14 +562,16 @@ def test_an_LL001_without_the_budget_fields_names_nothing(llm_conn: psycopg.Conn
     than the allowance's or a budget's. Nothing is read from its DETAIL."""
     raise_ll001 = """DO $$ BEGIN RAISE EXCEPTION 'llm: allowance exhausted' USING ERRCODE = 'LL001',
         DETAIL = E'key-1\\nallowance=1 used=1 held=0 estimate=1 period=2026-01-01' {fields}; END $$"""
-    for fields in ("", ", SCHEMA = 'llm', TABLE = 'invocations', CONSTRAINT = 'api_key', COLUMN = 'day'"):
+    elsewhere = ", SCHEMA = 'llm', TABLE = 'invocations', CONSTRAINT = 'api_key', COLUMN = 'day'"
+    for fields in ("", elsewhere):
         with pytest.raises(errors.AllowanceExhausted) as caught, errors.mapped_errors():
             llm_conn.execute(raise_ll001.format(fields=fields))
-        assert (caught.value.scope, caught.value.scope_id, caught.value.window) == (None, None, None)
+        error = caught.value
+        assert (error.scope, error.scope_id, error.window) == (None, None, None)
 
 
 def design_errors_section() -> str:
-    text = (Path(__file__).resolve().parent.parent / "docs" / "design.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
     return text.split("\n## Errors\n", 1)[1].split("\n## ", 1)[0]
 
 
@@ -575,7 +579,8 @@ def test_the_budget_DETAIL_is_the_format_design_md_documents(llm: Llm) -> None:
     """issue 23 (docs/design.md "Errors", amending "Conventions" 3): a budget's LL001 DETAIL
     is two lines, the id verbatim and then the documented key=value line. The format is read
     from the doc and matched against a real refusal, so neither can change alone."""
-    documented = re.search(r"\n    (<scope_id>\n    scope=<scope> [^\n]*)\n", design_errors_section())
+    shown = r"\n    (<scope_id>\n    scope=<scope> [^\n]*)\n"  # an indented block of two lines
+    documented = re.search(shown, design_errors_section())
     assert documented is not None, "design.md 'Errors' no longer shows the budget DETAIL"
     detail_format = documented.group(1).replace("\n    ", "\n")  # without the block's indent
     # a <placeholder> is a value without spaces (<n> a number), the id anything but a line break
@@ -617,7 +622,8 @@ def test_admit_and_admit_id_store_the_scope_ids_and_a_retry_compares_them(
 def budgets(conn: psycopg.Connection, org: uuid.UUID) -> list[tuple]:
     return conn.execute(
         "SELECT scope, scope_id, budget_window, limit_credits, thresholds FROM llm.budgets"
-        " WHERE organization_id = %(org)s::uuid ORDER BY scope, scope_id, budget_window", {"org": org}
+        " WHERE organization_id = %(org)s::uuid ORDER BY scope, scope_id, budget_window",
+        {"org": org},
     ).fetchall()
 
 
@@ -684,8 +690,8 @@ def test_the_async_client_admits_with_scope_ids_sets_budgets_and_names_the_refus
             inv_id = await llm.admit_id(org, 40, "model-a", now=T0, api_key="key-1", end_user="u")
             with pytest.raises(errors.AllowanceExhausted) as caught:
                 await llm.admit(org, 1, "model-a", now=T0, api_key="key-1")
-            assert (caught.value.scope, caught.value.scope_id, caught.value.window) == (
-                "api_key", "key-1", "day")
+            error = caught.value
+            assert (error.scope, error.scope_id, error.window) == ("api_key", "key-1", "day")
             return org, inv.id, inv_id
 
     org, first, second = asyncio.run(scenario())
