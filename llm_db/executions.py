@@ -9,7 +9,7 @@
 
     result = with_llm_execution(llm, org_id, "queries.summary", summarize,
                                 subject_type="query", subject_id="42",
-                                replay_key="summary:42")
+                                replay_key="summary:42", end_user="u-42")
     if result.replayed:
         ...  # done before; the body did not run this time
 
@@ -28,8 +28,11 @@ The rules, hop by hop:
   (invalid transition running -> running).
 - hop 3: the body gets an ``ExecutionContext`` whose request helpers
   (``ctx.admit`` ...) link each request to the task, so its settlement adds to
-  the task's totals. The context travels in a ``contextvars.ContextVar``:
-  asyncio tasks created inside the body copy it and keep the association;
+  the task's totals. The wrapper's ``project``, ``api_key`` and ``end_user``
+  are the scope ids of each request the helpers admit (issue 23) unless the
+  call names its own: a value given on the call wins, None too
+  (``end_user=None`` admits a request of no end user). The context travels in
+  a ``contextvars.ContextVar``: asyncio tasks created inside the body copy it and keep the association;
   threads do not, so run thread work with
   ``contextvars.copy_context().run(fn, ...)`` (or pass ``ctx`` explicitly).
   ``current_execution()`` returns it.
@@ -47,7 +50,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 from uuid import UUID
@@ -109,6 +112,11 @@ def _read_clock(now: Clock) -> datetime | None:
     return now() if callable(now) else now
 
 
+def _scopes(**ids: str | None) -> dict[str, str]:
+    """The scope ids the wrapper was given, as defaults of its body's requests."""
+    return {name: value for name, value in ids.items() if value is not None}
+
+
 def _reject_nesting(task_key: str) -> None:
     outer = _current.get()
     if outer is not None:
@@ -121,7 +129,7 @@ def _reject_nesting(task_key: str) -> None:
 
 
 class _ContextBase:
-    __slots__ = ("client", "organization_id", "execution_id", "task_key", "clock")
+    __slots__ = ("client", "organization_id", "execution_id", "task_key", "clock", "scopes")
 
     _asynchronous = False
 
@@ -145,12 +153,16 @@ class _ContextBase:
         execution_id: UUID,
         task_key: str,
         clock: Clock = None,
+        scopes: Mapping[str, str] | None = None,
     ) -> None:
         self.client = client
         self.organization_id = organization_id
         self.execution_id = execution_id
         self.task_key = task_key
         self.clock = clock
+        #: the scope ids (``project``, ``api_key``, ``end_user``) the helpers admit under
+        #: when a call names none
+        self.scopes: Mapping[str, str] = dict(scopes or {})
 
     def __repr__(self) -> str:
         return (
@@ -168,7 +180,8 @@ class ExecutionContext(_ContextBase):
     ``organization_id``, ``execution_id``, ``task_key``, ``client``; request
     helpers (``admit``, ``admit_id``, ``mark_dispatched``, ``settle``, ``fail``:
     the client's, from the table of operations) that pass the organization and
-    link each request to this task. They default ``now`` to the wrapper's clock.
+    link each request to this task. They default ``now`` to the wrapper's clock,
+    and ``project``, ``api_key`` and ``end_user`` to the wrapper's (``scopes``).
     """
 
     __slots__ = ()
@@ -220,7 +233,7 @@ class _Done:
 
 def _hops(
     client: Any, organization_id: UuidLike, task_key: str, body: Callable[[Any], Any],
-    context: type[_ContextBase], options: dict[str, Any], now: Clock,
+    context: type[_ContextBase], options: dict[str, Any], now: Clock, scopes: dict[str, str],
 ) -> Generator[Callable[[], Any], Any, ExecutionResult[Any]]:  # fmt: skip
     _reject_nesting(task_key)  # hop 1: nothing is written
     opened = yield lambda: client.open_execution(  # hop 2: committed before the body runs
@@ -236,7 +249,7 @@ def _hops(
             organization_id, opened.execution_id, outcome, error=error, now=_read_clock(now)
         )
 
-    ctx = context(client, organization_id, opened.execution_id, task_key, now)
+    ctx = context(client, organization_id, opened.execution_id, task_key, now, scopes)
     token = _current.set(ctx)
     try:
         value = yield lambda: body(ctx)  # hop 3
@@ -278,16 +291,22 @@ def with_llm_execution(
     subject_id: str | None = None,
     replay_key: str | None = None,
     now: Clock = None,
+    project: str | None = None,
+    api_key: str | None = None,
+    end_user: str | None = None,
 ) -> ExecutionResult[T]:
     """Run ``body(ctx)`` as one declared task (WF-PFM-LLM-002 hops 1-4, see the module doc).
 
     ``now`` is a datetime or a zero-argument clock, used for the open, the
-    close and as the default of the context's request helpers. The client's
-    connection must not be inside a transaction of the caller's: each client
-    call then commits on its own, so the open is committed before the body.
+    close and as the default of the context's request helpers; ``project``,
+    ``api_key`` and ``end_user`` are the defaults of the helpers' requests (a
+    value given on a call wins). The client's connection must not be inside a
+    transaction of the caller's: each client call then commits on its own, so
+    the open is committed before the body.
     """
     options = {"subject_type": subject_type, "subject_id": subject_id, "replay_key": replay_key}
-    hops = _hops(client, organization_id, task_key, body, ExecutionContext, options, now)
+    scopes = _scopes(project=project, api_key=api_key, end_user=end_user)
+    hops = _hops(client, organization_id, task_key, body, ExecutionContext, options, now, scopes)
     step = _advance(hops, None)
     while not isinstance(step, _Done):
         try:
@@ -308,6 +327,9 @@ async def async_with_llm_execution(
     subject_id: str | None = None,
     replay_key: str | None = None,
     now: Clock = None,
+    project: str | None = None,
+    api_key: str | None = None,
+    end_user: str | None = None,
 ) -> ExecutionResult[T]:
     """``with_llm_execution`` for asyncio: ``await body(ctx)`` as one declared task.
 
@@ -316,7 +338,10 @@ async def async_with_llm_execution(
     body closes the task ``failed`` and the cancellation propagates.
     """
     options = {"subject_type": subject_type, "subject_id": subject_id, "replay_key": replay_key}
-    hops = _hops(client, organization_id, task_key, body, AsyncExecutionContext, options, now)
+    scopes = _scopes(project=project, api_key=api_key, end_user=end_user)
+    hops = _hops(
+        client, organization_id, task_key, body, AsyncExecutionContext, options, now, scopes
+    )
     step = _advance(hops, None)
     while not isinstance(step, _Done):
         try:

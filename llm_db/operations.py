@@ -562,9 +562,10 @@ def operations() -> dict[str, Operation[Any, Any]]:
 
 class Scoped(Generic[T]):
     """A task context's helper for an operation: the context fills in its organization,
-    its task (where the operation takes ``execution_id``) and, for ``now`` left None,
-    its clock. ``ctx.admit(500, "gpt-x")`` is ``client.admit(org, 500, "gpt-x",
-    execution_id=task, now=clock())``."""
+    its task (where the operation takes ``execution_id``), for ``now`` left None, its
+    clock, and for a scope id the call does not name (``project``, ``api_key``,
+    ``end_user``), the wrapper's default (issue 23). ``ctx.admit(500, "gpt-x")`` is
+    ``client.admit(org, 500, "gpt-x", execution_id=task, now=clock(), **defaults)``."""
 
     FILLED = ("organization_id", "execution_id")
 
@@ -597,6 +598,9 @@ def scoped_method(scoped: Scoped[Any], asynchronous: bool) -> Callable[..., Any]
             preset["execution_id"] = ctx.execution_id
         if "now" in op.names and kwargs.get("now") is None:
             kwargs["now"] = ctx._now(None)
+        for name, value in ctx.scopes.items():  # a value given on the call wins, None too
+            if name in op.names:
+                kwargs.setdefault(name, value)
         return op.bind(args, kwargs, preset)
 
     if asynchronous:

@@ -23,9 +23,9 @@ import psycopg
 import pytest
 
 from llm_db import executions
-from llm_db.errors import NestedExecution, UnknownTaskKind
+from llm_db.errors import AllowanceExhausted, NestedExecution, UnknownTaskKind
 from llm_db.requests import AsyncLlm, Llm
-from tests.helpers import T0, execution
+from tests.helpers import T0, execution, invariants
 
 TASK = "report.generate"
 LOGGER = "llm_db.executions"
@@ -563,3 +563,76 @@ def test_async_STATE_PFM_LLM_002_running_to_failed_when_the_body_is_cancelled(
     asyncio.run(scenario())
     stored = execution_row(llm_conn, org, opened[0])
     assert stored["status"] == "failed" and "CancelledError" in stored["error"]
+
+
+# ---------------------------------------------------------------- scope ids (issue 23)
+
+
+def scope_ids(conn: psycopg.Connection, execution_id: uuid.UUID) -> list[tuple]:
+    """(estimate, project, api_key, end_user) of the task's requests, in admission order."""
+    return conn.execute(
+        "SELECT estimate_credits, project, api_key, end_user FROM llm.invocations"
+        " WHERE execution_id = %(id)s::uuid ORDER BY created_at, estimate_credits",
+        {"id": execution_id},
+    ).fetchall()
+
+
+#: what each body below admits, and under which scope ids it must have been admitted
+SCOPED_REQUESTS = [
+    (1, {}, ("proj-1", None, "user-1")),  # the wrapper's defaults
+    (2, {"end_user": "user-2"}, ("proj-1", None, "user-2")),  # a value on the call wins
+    (3, {"end_user": None}, ("proj-1", None, None)),  # None too: no end user
+    (4, {"api_key": "key-1"}, ("proj-1", "key-1", "user-1")),  # the others stay defaults
+]
+
+
+def test_the_wrapper_s_scope_ids_are_its_requests_defaults_and_a_call_s_own_win(
+    llm: Llm, llm_conn: psycopg.Connection, org: uuid.UUID
+) -> None:
+    """issue 23: with_llm_execution takes project=, api_key=, end_user= as the defaults of
+    its body's requests (ctx.admit and ctx.admit_id); a value given on a call wins, None
+    included. A budget that refuses names the default id, and the task closes failed."""
+    Llm(llm_conn).set_budget(org, "end_user", "*", "day", 20, now=T0)
+
+    def body(ctx: executions.ExecutionContext) -> None:
+        for estimate, scopes, _ in SCOPED_REQUESTS:
+            admit = ctx.admit_id if estimate % 2 else ctx.admit
+            admit(estimate, "model-a", **scopes)
+        ctx.admit(20, "model-a")  # user-1 has 1 + 4 held under its default budget of 20
+
+    scopes = {"project": "proj-1", "end_user": "user-1"}
+    with pytest.raises(AllowanceExhausted) as caught:
+        executions.with_llm_execution(llm, org, TASK, body, now=T0, **scopes)
+    error = caught.value
+    assert (error.scope, error.scope_id, error.window) == ("end_user", "user-1", "day")
+    [(execution_id, status)] = llm_conn.execute("SELECT id, status FROM llm.executions").fetchall()
+    assert status == "failed"
+    assert scope_ids(llm_conn, execution_id) == [(e, *ids) for e, _, ids in SCOPED_REQUESTS]
+    assert invariants(llm_conn) == []
+
+
+def test_async_the_wrapper_s_scope_ids_are_its_requests_defaults_and_a_call_s_own_win(
+    llm_dsn: str, llm_conn: psycopg.Connection, org: uuid.UUID
+) -> None:
+    """issue 23 on asyncio: async_with_llm_execution takes project=, api_key=, end_user= as
+    the defaults of its body's requests, including in child tasks; a value on a call wins."""
+
+    async def body(ctx: executions.AsyncExecutionContext) -> int:
+        async def one(estimate: int, scopes: dict) -> None:
+            admit = ctx.admit_id if estimate % 2 else ctx.admit
+            await admit(estimate, "model-a", **scopes)
+
+        for estimate, scopes, _ in SCOPED_REQUESTS:  # one by one: admission order is the check's
+            await asyncio.create_task(one(estimate, scopes))
+        return len(SCOPED_REQUESTS)
+
+    async def scenario() -> executions.ExecutionResult[int]:
+        async with await psycopg.AsyncConnection.connect(llm_dsn, autocommit=True) as conn:
+            return await executions.async_with_llm_execution(
+                AsyncLlm(conn), org, TASK, body, now=T0, project="proj-1", end_user="user-1"
+            )
+
+    result = asyncio.run(scenario())
+    assert (result.status, result.value) == ("completed", 4)
+    assert scope_ids(llm_conn, result.execution_id) == [(e, *ids) for e, _, ids in SCOPED_REQUESTS]
+    assert invariants(llm_conn) == []
