@@ -18,9 +18,10 @@
 --
 -- Under live traffic: new tables, nullable columns of plain types on
 -- invocations and threshold_notices (no rewrite, no scan), two column
--- defaults, a settings column (one row) and an attribute on the type
--- claim_notices returns. Lock order of migrations: organizations,
--- settings (outside the list), invocations, threshold_notices.
+-- defaults, a settings column (one row), a foreign key dropped (no scan) and
+-- an attribute on the type claim_notices returns. Lock order of migrations:
+-- organizations, settings (outside the list), invocations, period_heads,
+-- threshold_notices.
 
 CREATE TABLE llm.budget_limits (
     organization_id uuid NOT NULL,
@@ -77,6 +78,15 @@ ALTER TABLE llm.invocations ADD COLUMN project text, ADD COLUMN api_key text,
     ADD COLUMN end_user text, ADD COLUMN budget_mask smallint;
 COMMENT ON COLUMN llm.invocations.budget_mask IS
     'The budget counters the request moves, fixed at admission: bit 3 * scope + window (organization 0, project 1, api_key 2, end_user 3; day 0, week 1, month 2); NULL or 0 when none.';
+
+-- A notice's period_start is its window's start: a budget's day or week starts
+-- on no period of the organization, so the notices' foreign key to their period
+-- goes (an allowance's notice is still written only under its period's lock,
+-- invariant 5). Dropping it locks period_heads as well: taken first, in the
+-- lock order.
+LOCK TABLE llm.period_heads IN ACCESS EXCLUSIVE MODE;
+ALTER TABLE llm.threshold_notices
+    DROP CONSTRAINT threshold_notices_organization_id_period_start_fkey;
 
 ALTER TABLE llm.threshold_notices ADD COLUMN scope text, ADD COLUMN scope_id text,
     ADD COLUMN budget_window text;

@@ -699,3 +699,27 @@ def test_the_async_client_admits_with_scope_ids_sets_budgets_and_names_the_refus
     assert scopes_of(llm_conn, second) == (None, "key-1", "u")
     assert budgets(llm_conn, org) == [("api_key", "*", "day", 100, [80, 100])]
     assert invariants(llm_conn) == []
+
+
+def test_a_day_or_week_budget_s_crossing_owes_its_notice(
+    llm: Llm, llm_conn: psycopg.Connection
+) -> None:
+    """issue 23, "Notices": each budget's thresholds are notified once per (scope, id,
+    window, window start), with period_start the window's start. A day or a week starts on
+    no period of the organization: before migration 0015 dropped the notices' foreign key to
+    period_heads, the settlement that crossed such a threshold failed (23503), and so did
+    the set_budget that lowered a limit under the usage."""
+    org = new_org(llm, None)
+    monday = T0.date() - timedelta(days=T0.weekday())
+    llm.set_budget(org, "api_key", "*", "day", 100, thresholds=[80], now=T0)
+    inv = llm.admit(org, 90, "model-a", now=T0, api_key="key-1")
+    assert llm.settle(org, inv.id, 90, 1, now=T0) == "settled"
+    llm.set_budget(org, "organization", None, "week", 100, thresholds=[50], now=T0)
+    inv = llm.admit(org, 10, "model-a", now=T0)  # counted from now on: 10 of 100
+    llm.settle(org, inv.id, 10, 0, now=T0)
+    llm.set_budget(org, "organization", None, "week", 20, thresholds=[50], now=T0)  # lowered
+    owed = {(n.scope, n.scope_id, n.budget_window, n.period_start, n.threshold_pct)
+            for n in llm.claim_notices(now=T0)}  # fmt: skip
+    assert owed == {("api_key", "key-1", "day", T0.date(), 80),
+                    ("organization", None, "week", monday, 50)}  # fmt: skip
+    assert invariants(llm_conn) == []
