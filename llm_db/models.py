@@ -229,7 +229,12 @@ class Execution(_Row):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Notice(_Row):
-    """A row of ``llm.threshold_notices``: a crossed threshold owed to the webhook."""
+    """A row of ``llm.threshold_notices``: a crossed threshold owed to the webhook.
+
+    Of the monthly allowance (``scope`` ``organization``, ``scope_id`` None,
+    ``budget_window`` ``month``) or of a budget (issue 23): then ``scope_id`` is the
+    real id (None for the organization's day and week budgets), ``period_start`` the
+    window's start and ``allowance_credits`` the budget's limit."""
 
     organization_id: UUID
     id: UUID
@@ -246,6 +251,14 @@ class Notice(_Row):
     sent_at: datetime | None
     #: the live claim's token while ``sending`` (what ends the claim); None otherwise
     claim_token: UUID | None
+    scope: str
+    scope_id: str | None
+    budget_window: str
+
+    @property
+    def is_allowance(self) -> bool:
+        """True for a notice of the monthly allowance, False for one of a budget."""
+        return self.scope == "organization" and self.budget_window == "month"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ and changes nothing: that notice is counted ``lost`` and logged (logger
 Delivery is at least once: a receiver that answered too slowly, or a claim
 that expired while the POST was under way, can see a notice again. Receivers
 deduplicate on the ``webhook-id`` header (the notice id: one notice per
-organization, period and threshold, the same on every retry).
+organization, budget, window and threshold, the same on every retry).
 
 The request follows the Standard Webhooks specification (standardwebhooks.com),
 so any of its libraries verifies it:
@@ -30,10 +30,20 @@ so any of its libraries verifies it:
     webhook-signature: v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}"> [v1,<...> ...]
 
     {"data": {"allowance_credits": 100, "attempts": 1,
-              "crossed_at": "2030-01-10T12:00:00+00:00", "notice_id": "...",
-              "organization_id": "...", "period_start": "2030-01-01",
-              "threshold_pct": 80, "used_credits": 85},
+              "crossed_at": "2030-01-10T12:00:00+00:00", "limit_credits": 100,
+              "notice_id": "...", "organization_id": "...",
+              "period_start": "2030-01-01", "scope": "organization", "scope_id": null,
+              "threshold_pct": 80, "used_credits": 85, "window": "month",
+              "window_start": "2030-01-01"},
      "timestamp": "2030-01-10T12:00:00+00:00", "type": "llm.threshold_crossed"}
+
+That is a notice of the monthly allowance, as before budgets (issue 23) plus
+``scope``, ``scope_id``, ``window``, ``window_start`` and ``limit_credits``. A
+budget's notice is another event, ``"type": "llm.budget_threshold_crossed"``,
+with the same data but for ``period_start`` and ``allowance_credits``: a receiver
+written for the allowance's notices, which dispatches on ``type``, is never told
+that a per-user daily budget is its organization's allowance. Its ``scope_id`` is
+the real id (null for the organization's day and week budgets).
 
 Secrets have the Standard Webhooks form ``whsec_<base64 of 24 to 64 random
 bytes>`` (``new_secret()``, ``llm-db notices new-secret``). To rotate, give
@@ -74,6 +84,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "BUDGET_EVENT_TYPE",
     "DEFAULT_TOLERANCE",
     "EVENT_TYPE",
     "ID_HEADER",
@@ -95,8 +106,10 @@ ID_HEADER = "webhook-id"
 TIMESTAMP_HEADER = "webhook-timestamp"
 SIGNATURE_HEADER = "webhook-signature"
 SECRET_PREFIX = "whsec_"
-#: the ``type`` of the JSON body
+#: the ``type`` of the JSON body of the monthly allowance's notices
 EVENT_TYPE = "llm.threshold_crossed"
+#: the ``type`` of the JSON body of a budget's notices (issue 23)
+BUDGET_EVENT_TYPE = "llm.budget_threshold_crossed"
 #: seconds a ``webhook-timestamp`` may differ from the receiver's clock (the spec's five minutes)
 DEFAULT_TOLERANCE = 300
 #: the Standard Webhooks range for a secret's random bytes
@@ -171,18 +184,27 @@ def parse_secrets(value: str | Iterable[str]) -> list[str]:
 def notice_body(notice: Notice) -> bytes:
     """The JSON body POSTed for a notice (compact, keys sorted): the Standard Webhooks
     envelope ``{"type", "timestamp", "data"}``; ``timestamp`` is when the threshold was
-    crossed."""
-    data = {
+    crossed. ``type`` is ``EVENT_TYPE`` for the allowance's notices, which keep their
+    fields of 0.2.0 (``period_start``, ``allowance_credits``), and ``BUDGET_EVENT_TYPE``
+    for a budget's (module doc)."""
+    data: dict[str, Any] = {
         "organization_id": str(notice.organization_id),
         "notice_id": str(notice.id),
-        "period_start": notice.period_start.isoformat(),
+        "scope": notice.scope,
+        "scope_id": notice.scope_id,
+        "window": notice.budget_window,
+        "window_start": notice.period_start.isoformat(),
         "threshold_pct": notice.threshold_pct,
         "used_credits": notice.used_credits,
-        "allowance_credits": notice.allowance_credits,
+        "limit_credits": notice.allowance_credits,
         "crossed_at": notice.crossed_at.isoformat(),
         "attempts": notice.attempts,
     }
-    payload = {"type": EVENT_TYPE, "timestamp": notice.crossed_at.isoformat(), "data": data}
+    if notice.is_allowance:
+        data["period_start"] = data["window_start"]
+        data["allowance_credits"] = data["limit_credits"]
+    kind = EVENT_TYPE if notice.is_allowance else BUDGET_EVENT_TYPE
+    payload = {"type": kind, "timestamp": notice.crossed_at.isoformat(), "data": data}
     return json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
 
 

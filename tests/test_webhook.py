@@ -25,6 +25,8 @@ import standardwebhooks
 
 import llm_db
 from llm_db.notices import (
+    BUDGET_EVENT_TYPE,
+    EVENT_TYPE,
     ID_HEADER,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
@@ -104,6 +106,12 @@ def test_notices_are_delivered_signed_and_marked_sent(
             "allowance_credits": 100,
             "crossed_at": n["crossed_at"].isoformat(),
             "attempts": 1,
+            # issue 23: every notice names its budget; the allowance's keeps its 0.2.0 fields
+            "scope": "organization",
+            "scope_id": None,
+            "window": "month",
+            "window_start": str(JANUARY),
+            "limit_credits": 100,
         }
         for n in stored
     ]
@@ -121,6 +129,56 @@ def test_notices_are_delivered_signed_and_marked_sent(
     ]
     # nothing owed any more
     assert deliver_notices(llm, endpoint.url, SECRET, now=at + MINUTE).claimed == 0
+
+
+def test_a_budget_s_notice_is_its_own_event_naming_scope_id_window_and_window_start(
+    llm: Llm, llm_conn: psycopg.Connection, endpoint: Receiver
+) -> None:
+    """issue 23: a budget's thresholds are notified through the same claim and delivery as
+    the allowance's; the payload names scope, scope_id (the real id; null for the
+    organization scope), window and window_start, under the type llm.budget_threshold_crossed
+    and without the allowance's period_start and allowance_credits, so a receiver written for
+    the allowance's llm.threshold_crossed never takes it for the allowance."""
+    org = uuid.uuid4()
+    llm.upsert_organization(org, "budgets", None, now=T0)  # no allowance: no notice of it
+    llm.set_budget(org, "organization", None, "day", 200, thresholds=[40], now=T0)
+    llm.set_budget(org, "end_user", "*", "week", 100, thresholds=[80], now=T0)
+    inv = llm.admit(org, 85, "model-a", now=T0, end_user="user 7")
+    llm.settle(org, inv.id, 85, 10, now=T0)
+    claimed = sorted(llm.claim_notices(now=T0), key=lambda n: n.scope)
+    assert [(n.scope, n.scope_id, n.budget_window, n.is_allowance) for n in claimed] == [
+        ("end_user", "user 7", "week", False), ("organization", None, "day", False)]  # fmt: skip
+    for n in claimed:
+        llm.release_notice(org, n.id, n.claim_token, now=T0)
+
+    endpoint.up()
+    assert deliver_notices(llm, endpoint.url, SECRET, now=T0).sent == 2
+    assert [r.verified for r in endpoint.received] == [True, True]
+    envelopes = sorted((json.loads(r.body) for r in endpoint.received),
+                       key=lambda e: e["data"]["scope"])  # fmt: skip
+    assert {e["type"] for e in envelopes} == {BUDGET_EVENT_TYPE} != {EVENT_TYPE}
+    stored = {n["id"]: n for n in notices(llm_conn, org)}
+    monday = T0.date() - timedelta(days=T0.weekday())
+    expected = [("end_user", "user 7", "week", str(monday), 80, 100),
+                ("organization", None, "day", str(T0.date()), 40, 200)]  # fmt: skip
+    for envelope, (scope, scope_id, window, start, pct, limit) in zip(
+        envelopes, expected, strict=True
+    ):
+        data = envelope["data"]
+        assert data == {
+            "organization_id": str(org),
+            "notice_id": data["notice_id"],
+            "scope": scope,
+            "scope_id": scope_id,
+            "window": window,
+            "window_start": start,
+            "threshold_pct": pct,
+            "used_credits": 85,
+            "limit_credits": limit,
+            "crossed_at": T0.isoformat(),
+            "attempts": 1,  # the release above counted no attempt
+        }
+        assert stored[uuid.UUID(data["notice_id"])]["status"] == "sent"
 
 
 def test_a_run_whose_claims_were_taken_again_counts_them_lost_and_changes_nothing(
