@@ -350,9 +350,12 @@ class Worker:
         self.held.pop((notice.organization_id, notice.id), None)
         fields = {
             "notice_id": notice.id, "organization_id": notice.organization_id,
+            "scope": notice.scope, "window": notice.budget_window,
             "threshold_pct": notice.threshold_pct, "attempt": notice.attempts,
             "ms": round(seconds * 1000, 1),
         }  # fmt: skip
+        if notice.scope_id is not None:  # the budget's id (issue 23); the allowance has none
+            fields["scope_id"] = notice.scope_id
         if attempt.status is not None:
             fields["http_status"] = attempt.status
         self.deliveries.labels(outcome=outcome).inc()

@@ -39,7 +39,16 @@ from llm_db._server import EphemeralServer
 from llm_db.requests import Llm
 from llm_db.testing import LOGINS, create_logins
 from llm_db.worker import Log, SessionRequired, Worker, WorkerConfig, check_session
-from tests.helpers import admit, call_pass, new_org, notices, run_pass, settle, wait_for
+from tests.helpers import (
+    admit,
+    call_pass,
+    new_org,
+    notices,
+    run_pass,
+    set_budget,
+    settle,
+    wait_for,
+)
 from tests.receiver import Receiver
 from tests.tools import require_tool
 
@@ -202,6 +211,33 @@ def test_a_notice_created_after_the_worker_starts_is_delivered_within_5_seconds(
     wait_for(lambda: notices(llm_conn, org)[0]["status"] == "sent", "notice marked sent", 5)
     event = worker.wait_for("delivered")
     assert (event["notice_id"], event["http_status"]) == (str(notice["id"]), 204)
+
+
+def test_a_budget_s_notice_is_delivered_by_the_worker_naming_its_budget(
+    llm_dsn, llm_conn, receiver, start_worker
+):
+    """issue 23: a budget's threshold notice takes the allowance's path (NOTIFY, claim,
+    signed POST) through the running worker: its payload is llm.budget_threshold_crossed
+    naming scope, id, window and window start, and the worker's log line names the budget."""
+    receiver.up()
+    worker = start_worker(llm_dsn, receiver.url, "--poll", "60")
+    worker.started()
+    org = new_org(llm_conn, None, name="worker budgets", now=None)
+    set_budget(llm_conn, org, "end_user", "*", "day", 100, thresholds=[80], now=None)
+    inv = admit(llm_conn, org, 85, "model-w", now=None, end_user="user 7")["id"]
+    assert settle(llm_conn, org, inv, 85, 0, now=None) == "settled"
+    [got] = receiver.wait_for(1, timeout=5)
+    assert got.verified, got.error
+    envelope = json.loads(got.body)
+    [notice] = notices(llm_conn, org)
+    assert envelope["type"] == "llm.budget_threshold_crossed"
+    assert {k: envelope["data"][k] for k in ("scope", "scope_id", "window", "window_start")} == {
+        "scope": "end_user", "scope_id": "user 7", "window": "day",
+        "window_start": str(notice["period_start"]),
+    }  # fmt: skip
+    event = worker.wait_for("delivered")
+    assert (event["notice_id"], event["scope"], event["scope_id"], event["window"]) == (
+        str(notice["id"]), "end_user", "user 7", "day")  # fmt: skip
 
 
 def test_receiver_down_retries_with_backoff_loses_nothing_and_delivers_once_back(
