@@ -6,15 +6,13 @@ moves the counters it was admitted under."""
 from __future__ import annotations
 
 import uuid
-from datetime import date, datetime, timedelta
+from datetime import timedelta
 
 import psycopg
-import pytest
 
 from tests.helpers import (
     ADMIT_SQL,
     T0,
-    UTC,
     admit,
     admit_params,
     assert_sqlstate,
@@ -24,7 +22,6 @@ from tests.helpers import (
     invocation,
     new_org,
     reconcile,
-    rows,
     set_budget,
     settle,
 )
