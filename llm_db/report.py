@@ -142,6 +142,10 @@ SELECT c.organization_id, o.name, c.scope, c.scope_id, c.budget_window, c.window
  ORDER BY o.name, c.organization_id, c.scope, c.scope_id, c.budget_window
 """
 
+BUDGETS_NEAR_LIMIT_BY_SCOPE = f"""
+SELECT n.scope, count(*) AS budgets FROM ({BUDGETS_NEAR_LIMIT}) AS n GROUP BY n.scope
+"""
+
 # ----------------------------------------------------------- the books at a glance
 
 SERVER_CLOCK = "SELECT pg_catalog.now() AS now"
@@ -388,10 +392,11 @@ def build_report(
     )
 
 
-def budgets_near_limit(conn: psycopg.Connection, *, now: datetime | None = None) -> list[Row]:
-    """Every budget counter of a current window at or above its budget's first threshold."""
+def budgets_near_limit(conn: psycopg.Connection, *, now: datetime | None = None) -> dict[str, int]:
+    """How many budget counters of the current windows stand at or above their budget's
+    first threshold, by scope (scopes with none are absent)."""
     params = {"organization_id": None, "scope": None, "now": server_clock(conn, now)}
-    return _rows(conn, BUDGETS_NEAR_LIMIT, params)
+    return {r["scope"]: r["budgets"] for r in _rows(conn, BUDGETS_NEAR_LIMIT_BY_SCOPE, params)}
 
 
 def _utc_day(moment: datetime) -> date:
