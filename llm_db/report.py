@@ -114,6 +114,8 @@ SELECT i.organization_id, o.name, i.{scope} AS scope_id,
   JOIN llm.organizations AS o ON o.id = i.organization_id
  WHERE (%(organization_id)s::uuid IS NULL OR i.organization_id = %(organization_id)s::uuid)
    AND i.{scope} IS NOT NULL
+   -- the periods of those days first, so an organization's index invocations_period serves
+   AND i.period_start BETWEEN pg_catalog.date_trunc('month', %(since)s::date)::date AND %(until)s::date
    AND i.created_at >= (%(since)s::date::timestamp AT TIME ZONE 'UTC')
    AND i.created_at < ((%(until)s::date + 1)::timestamp AT TIME ZONE 'UTC')
  GROUP BY i.organization_id, o.name, i.{scope}
