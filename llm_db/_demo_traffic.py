@@ -228,7 +228,9 @@ class _Worker(threading.Thread):
         org = self.orgs[item.org]
         if item.kind == "single":
             with contextlib.suppress(errors.AllowanceExhausted, errors.OrganizationNotOperational):
-                self._send(org, item.requests[0], clock, project=item.project, end_user=item.end_user)
+                self._send(
+                    org, item.requests[0], clock, project=item.project, end_user=item.end_user
+                )
         elif item.kind == "task":
             self._task(org, item, clock)
         else:
@@ -251,7 +253,8 @@ class _Worker(threading.Thread):
             inv = llm.admit(org.id, req.estimate, req.model, execution_id=execution_id,
                             now=clock.t, project=project, end_user=end_user)  # fmt: skip
         except errors.AllowanceExhausted as exc:
-            self.tally.add(org.key, "refused_budget" if _refused_by_budget(exc) else "refused_allowance")
+            refused = "refused_budget" if _refused_by_budget(exc) else "refused_allowance"
+            self.tally.add(org.key, refused)
             raise
         except errors.OrganizationNotOperational:
             self.tally.add(org.key, "refused_suspended")

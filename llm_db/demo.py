@@ -302,7 +302,8 @@ def _demo(
             )  # fmt: skip
             out(_kv("organizations" if n == 0 else "", f"{o.name:<{names}}  {what}"))
         for n, (scope, scope_id, window, limit) in enumerate(BUDGETS):
-            whom = f"every {scope.replace('_', ' ')} ('*')" if scope_id == "*" else f"{scope} {scope_id}"
+            default = scope_id == "*"
+            whom = f"every {scope.replace('_', ' ')} ('*')" if default else f"{scope} {scope_id}"
             out(_kv("budgets" if n == 0 else "", f"{by_key['globex'].name}: {whom}, "
                     f"{limit:,} credits a {window}, notices at 80 % and 100 %"))  # fmt: skip
         out(_kv("task kinds", ", ".join(TASK_KINDS)))
