@@ -110,7 +110,10 @@ RUN_FIGURES = {
     "daily_rows_rebuilt": "llm.daily_usage rows the last pass rebuilt.",
     "more_pending_orgs": "Organizations with more stranded requests than the last pass's batch.",
     "recovered_uncharged": "Requests the last pass recovered and charged nothing (recovery_charge).",
-    "period_findings": "Periods whose counters disagreed with their requests in the last pass's audit.",
+    "period_findings": (
+        "Periods, and budget counters of the current and previous windows, whose counters"
+        " disagreed with their requests in the last pass's audit."
+    ),
 }
 ORGANIZATION_STATUSES = ("operational", "suspended", "closed")
 BUDGET_SCOPES = ("organization", "project", "api_key", "end_user")
