@@ -1,7 +1,8 @@
 """The demo's traffic (``llm-db demo``, ``llm_db.demo``): its cast of organizations,
 a seeded plan of requests and tasks per worker, and the worker threads that send it
 through the Python driver, some failing at the provider and some crashing after a
-dispatch."""
+dispatch. Globex's requests name a project and an end user of its app, under a
+project budget and a default end-user budget (``BUDGETS``, issue 23)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,16 @@ def _organizations() -> list[DemoOrg]:
     ]
 
 
+# Globex's budgets (issue 23): (scope, id, window, limit credits). Its allowance is
+# unlimited, so what refuses its requests is these: the search project's month,
+# and every end user's day ('*': the default of each id without its own).
+BUDGETS = (
+    ("project", "search", "month", 9_000),
+    ("end_user", "*", "day", 1_500),
+)
+PROJECTS = ("search", "support")
+END_USERS = tuple(f"user-{n:02d}" for n in range(1, 13))
+
 TASK_KINDS = {
     "demo.summarize": "Summarize a document in a few model calls",
     "demo.translate": "Translate a document section by section",
@@ -73,6 +84,8 @@ class Item:
     task_key: str | None
     body_raises: bool
     requests: tuple[PlannedRequest, ...]
+    project: str | None = None  # the scope ids its requests name (Globex's only)
+    end_user: str | None = None
 
 
 def _request(rng: random.Random, *, may_crash: bool) -> PlannedRequest:
@@ -98,6 +111,8 @@ def plan_traffic(seed: int, workers: int, orgs: list[DemoOrg]) -> list[list[Item
     plans = []
     for w in range(workers):
         rng = random.Random(f"llm-db demo {seed} worker {w}")
+        # drawn apart, so the scopes leave the rest of the plan as it was
+        scopes = random.Random(f"llm-db demo {seed} worker {w} scopes")
         offsets = sorted(rng.uniform(0, DAY.total_seconds() - 900) for _ in range(per_worker))
         items = []
         for n, offset in enumerate(offsets):
@@ -114,6 +129,9 @@ def plan_traffic(seed: int, workers: int, orgs: list[DemoOrg]) -> list[list[Item
             else:
                 items.append(Item(timedelta(seconds=offset), org, "single", None, False,
                                   (_request(rng, may_crash=True),)))  # fmt: skip
+            project, end_user = scopes.choice(PROJECTS), scopes.choice(END_USERS)
+            if org == "globex" and items[-1].kind != "stuck_task":
+                items[-1] = dataclasses.replace(items[-1], project=project, end_user=end_user)
         plans.append(items)
     return plans
 
@@ -209,7 +227,10 @@ class _Worker(threading.Thread):
     def _item(self, item: Item, clock: _Clock) -> None:
         org = self.orgs[item.org]
         if item.kind == "single":
-            self._single(org, item.requests[0], clock)
+            with contextlib.suppress(errors.AllowanceExhausted, errors.OrganizationNotOperational):
+                self._send(
+                    org, item.requests[0], clock, project=item.project, end_user=item.end_user
+                )
         elif item.kind == "task":
             self._task(org, item, clock)
         else:
@@ -221,14 +242,19 @@ class _Worker(threading.Thread):
         req: PlannedRequest,
         clock: _Clock,
         execution_id: uuid.UUID | None = None,
+        *,
+        project: str | None = None,
+        end_user: str | None = None,
     ) -> None:
         """One model request: admit, dispatch, then settle, fail or crash."""
         llm = self.llm
         assert llm is not None
         try:
-            inv = llm.admit(org.id, req.estimate, req.model, execution_id=execution_id, now=clock.t)
-        except errors.AllowanceExhausted:
-            self.tally.add(org.key, "refused_allowance")
+            inv = llm.admit(org.id, req.estimate, req.model, execution_id=execution_id,
+                            now=clock.t, project=project, end_user=end_user)  # fmt: skip
+        except errors.AllowanceExhausted as exc:
+            refused = "refused_budget" if _refused_by_budget(exc) else "refused_allowance"
+            self.tally.add(org.key, refused)
             raise
         except errors.OrganizationNotOperational:
             self.tally.add(org.key, "refused_suspended")
@@ -256,16 +282,13 @@ class _Worker(threading.Thread):
             )
             self.tally.add(org.key, "settled")
 
-    def _single(self, org: DemoOrg, req: PlannedRequest, clock: _Clock) -> None:
-        with contextlib.suppress(errors.AllowanceExhausted, errors.OrganizationNotOperational):
-            self._send(org, req, clock)
-
     def _task(self, org: DemoOrg, item: Item, clock: _Clock) -> None:
         assert item.task_key is not None and self.llm is not None
 
         def body(ctx: ExecutionContext) -> None:
             for n, req in enumerate(item.requests):
-                self._send(org, req, clock, execution_id=ctx.execution_id)
+                self._send(org, req, clock, execution_id=ctx.execution_id,
+                           project=item.project, end_user=item.end_user)  # fmt: skip
                 if item.body_raises and n == len(item.requests) - 2:
                     raise _ToolError("the document store timed out")
 
@@ -290,6 +313,13 @@ class _Worker(threading.Thread):
             self._send(org, req, clock, execution_id=opened.execution_id)
         self.tally.task("left_running")
         self._crash()
+
+
+def _refused_by_budget(exc: errors.AllowanceExhausted) -> bool:
+    """Whether an LL001 named a budget (diagnostic TABLE ``budgets``) rather than the
+    allowance (``periods``): read on the psycopg error it was raised from."""
+    cause = exc.__cause__
+    return isinstance(cause, psycopg.Error) and cause.diag.table_name == "budgets"
 
 
 def _run_workers(

@@ -3,18 +3,21 @@
 1. Start a throw-away PostgreSQL 15 with pg_cron (``llm_db._server``), or use
    the database given with ``--dsn``; install llm-db; create three
    organizations (a small allowance so threshold notices fire, an unlimited
-   one, a suspended one) and two task kinds.
+   one, a suspended one) and two task kinds; give the unlimited one a project
+   budget and a default budget for every end user of its app (issue 23).
 2. Send a day of traffic through the Python driver from worker threads, each
    with its own seeded random plan: single requests and tasks
    (``with_llm_execution``); some requests fail at the provider; some workers
    "crash" right after dispatching a request (they close their connection and
-   never settle it); one worker dies inside a task, which stays running. Then
+   never settle it); one worker dies inside a task, which stays running; some
+   of Globex's requests are refused by its budgets (LL001 naming them). Then
    one fault is injected behind the functions' back: a superuser UPDATE of a
    closed task's credits.
 3. Move the clock 25 hours past the end of that day (past the 24 h recovery
    window), run the hourly pass and show the books before and after, side by
    side: stranded holds released, requests recovered, past-window alerts,
-   tasks abandoned, drift found, notices owed, health, invariant violations.
+   tasks abandoned, drift found, notices owed, health, invariant violations;
+   then each organization's books and Globex's budgets.
 4. Deliver the owed threshold notices to a local webhook (throw-away server
    only) and end with ``check_invariants()``.
 
@@ -46,6 +49,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from llm_db._demo_traffic import (
+    BUDGETS,
     DAY,
     TASK_KINDS,
     DemoOrg,
@@ -94,6 +98,30 @@ SELECT x.organization_id, x.id
    AND x.status = 'completed' AND x.request_count > 0
  ORDER BY x.started_at, x.id
  LIMIT 1
+"""
+
+# The demo's budgets as they stand: a project's counters one by one, and the end users
+# under the scope's '*' budget summed per window start (how many counted, how many
+# reached the first threshold, 80 %, of the limit).
+BUDGET_TOTALS = """
+SELECT u.scope, CASE WHEN b.scope_id = '*' THEN '*' ELSE u.scope_id END AS scope_id,
+       u.budget_window, u.window_start, u.limit_credits,
+       count(*) AS ids,
+       sum(u.used_credits)::bigint AS used_credits,
+       max(u.used_credits) AS most_used,
+       count(*) FILTER (WHERE (u.used_credits + u.held_credits)::numeric * 100
+                              >= u.limit_credits::numeric * b.thresholds[1]) AS near_limit
+  FROM llm.budget_usage AS u
+  JOIN llm.budgets AS b
+    ON b.organization_id = u.organization_id AND b.scope = u.scope AND b.budget_window = u.budget_window
+   AND b.scope_id = CASE WHEN EXISTS (SELECT FROM llm.budgets AS own
+                                       WHERE own.organization_id = u.organization_id
+                                         AND own.scope = u.scope AND own.scope_id = u.scope_id
+                                         AND own.budget_window = u.budget_window)
+                         THEN u.scope_id ELSE '*' END
+ WHERE u.organization_id = %(organization_id)s::uuid
+ GROUP BY 1, 2, 3, 4, 5
+ ORDER BY 1 DESC, 2, 3, 4
 """
 
 # The injected fault: an edit behind the functions' back (only a table owner can).
@@ -263,6 +291,8 @@ def _demo(
             llm.upsert_organization(o.id, o.name, o.allowance, status=o.status, now=day_start)
         for key, description in TASK_KINDS.items():
             llm.declare_task_kind(key, description)
+        for scope, scope_id, window, limit in BUDGETS:
+            llm.set_budget(by_key["globex"].id, scope, scope_id, window, limit, now=day_start)
         names = max(len(o.name) for o in orgs)
         for n, o in enumerate(orgs):
             what = (
@@ -271,6 +301,11 @@ def _demo(
                 else f"{o.allowance:,} credits a month, notices at 80 % and 100 %"
             )  # fmt: skip
             out(_kv("organizations" if n == 0 else "", f"{o.name:<{names}}  {what}"))
+        for n, (scope, scope_id, window, limit) in enumerate(BUDGETS):
+            default = scope_id == "*"
+            whom = f"every {scope.replace('_', ' ')} ('*')" if default else f"{scope} {scope_id}"
+            out(_kv("budgets" if n == 0 else "", f"{by_key['globex'].name}: {whom}, "
+                    f"{limit:,} credits a {window}, notices at 80 % and 100 %"))  # fmt: skip
         out(_kv("task kinds", ", ".join(TASK_KINDS)))
 
         # 1. the day of traffic
@@ -297,6 +332,7 @@ def _demo(
         out(f"  {traffic['admitted']:,} requests admitted in {traffic_seconds:.1f} s of wall time "
             f"({workers} threads, each its own connection)")  # fmt: skip
         out(f"  refused: {traffic['refused_allowance']} over the allowance (LL001), "
+            f"{traffic['refused_budget']} over a budget (LL001 naming it), "
             f"{traffic['refused_suspended']} for the suspended organization (LL003)")  # fmt: skip
         out(f"  tasks: {traffic['tasks_completed']} completed, {traffic['tasks_failed']} failed "
             f"(the body raised), {traffic['tasks_left_running']} left running "
@@ -352,6 +388,8 @@ def _demo(
             align="llrrrrrr",
         ))  # fmt: skip
         out("")
+        budgets = _budget_totals(conn, by_key["globex"], out)
+        out("")
         delivered = None
         if embedded is not None:
             delivered = _deliver(llm, pass_clock, out)
@@ -377,6 +415,7 @@ def _demo(
         "clock": {"day_start": day_start, "day_end": day_end, "pass": pass_clock},
         "traffic": traffic,
         "injected_drift": drift,
+        "budgets": budgets,
         "before": before,
         "after": after,
         "run": jsonable(dataclasses.asdict(run)),
@@ -396,13 +435,14 @@ def _traffic_figures(tally: Tally, orgs: list[DemoOrg]) -> dict[str, Any]:
             "crashed": c["crashed"],
             "crashed_hold_credits": c["crashed_hold_credits"],
             "refused_allowance": c["refused_allowance"],
+            "refused_budget": c["refused_budget"],
             "refused_suspended": c["refused_suspended"],
-            "refused": c["refused_allowance"] + c["refused_suspended"],
+            "refused": c["refused_allowance"] + c["refused_budget"] + c["refused_suspended"],
         }
     total = {
         k: sum(v[k] for v in by_org.values())
         for k in ("admitted", "settled", "failed", "crashed", "crashed_hold_credits",
-                  "refused_allowance", "refused_suspended")
+                  "refused_allowance", "refused_budget", "refused_suspended")
     }  # fmt: skip
     return {
         **total,
@@ -411,6 +451,21 @@ def _traffic_figures(tally: Tally, orgs: list[DemoOrg]) -> dict[str, Any]:
         "tasks_left_running": tally.tasks["left_running"],
         "by_organization": by_org,
     }
+
+
+def _budget_totals(conn: psycopg.Connection, org: DemoOrg, out: Out) -> list[dict[str, Any]]:
+    """Print and return the organization's budgets per window (``BUDGET_TOTALS``)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        found = cur.execute(BUDGET_TOTALS, {"organization_id": org.id}).fetchall()
+    out(f"  {org.name}'s budgets, from llm.budget_usage ('*': every end user, each counted "
+        "on its own)")  # fmt: skip
+    out(format_table(
+        ["scope", "id", "window", "start", "limit", "ids", "used", "most used", "at 80 %"],
+        [(r["scope"], r["scope_id"], r["budget_window"], r["window_start"], r["limit_credits"],
+          r["ids"], r["used_credits"], r["most_used"], r["near_limit"]) for r in found],
+        align="llllrrrrr",
+    ))  # fmt: skip
+    return jsonable(found)
 
 
 def _inject_drift(

@@ -45,7 +45,13 @@ Metrics (gauges read at the moment of the scrape, unless said otherwise):
   ``llm_recovered_uncharged_requests_total`` (recovered and charged nothing,
   per the organization's ``recovery_charge``) and
   ``llm_past_window_alerts_total`` (BR-CAP-PFM-LLM-009-07);
-- ``llm_notices{status}``: owed and sending threshold notices.
+- ``llm_notices{status}``: owed and sending threshold notices;
+- ``llm_budgets_near_limit{scope}``: budget counters of the current windows (the
+  day, week and month containing the scrape's clock) whose used + held stand at
+  or above the first threshold of the budget that applies to them (the id's own,
+  else the scope's ``'*'``), by scope (organization, project, api_key,
+  end_user; every scope present, 0 when none). ``llm-db report --by SCOPE``
+  lists them.
 
 ``llm-db worker`` adds the counter ``llm_notice_deliveries_total{outcome}``
 (sent, failed, released) for its own process.
@@ -69,6 +75,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from llm_db.report import (
     books_snapshot,
+    budgets_near_limit,
     last_run,
     server_clock,
     stale_by_organization_status,
@@ -77,6 +84,7 @@ from llm_db.report import (
 from llm_db.requests import Llm
 
 __all__ = [
+    "BUDGET_SCOPES",
     "HEALTH_STATUSES",
     "RUN_FIGURES",
     "RUN_STATUSES",
@@ -102,9 +110,13 @@ RUN_FIGURES = {
     "daily_rows_rebuilt": "llm.daily_usage rows the last pass rebuilt.",
     "more_pending_orgs": "Organizations with more stranded requests than the last pass's batch.",
     "recovered_uncharged": "Requests the last pass recovered and charged nothing (recovery_charge).",
-    "period_findings": "Periods whose counters disagreed with their requests in the last pass's audit.",
+    "period_findings": (
+        "Periods, and budget counters of the current and previous windows, whose counters"
+        " disagreed with their requests in the last pass's audit."
+    ),
 }
 ORGANIZATION_STATUSES = ("operational", "suspended", "closed")
+BUDGET_SCOPES = ("organization", "project", "api_key", "end_user")
 STALE_HELP = (
     "by the status of their organization: operational ones the next pass recovers; suspended"
     " and closed ones no pass visits, so their holds stay until the organization is operational."
@@ -233,6 +245,17 @@ def _books_gauges(conn: psycopg.Connection, clock: datetime, registry: Collector
         found = stale.get(status, {})
         requests.labels(organization_status=status).set(found.get("stale_open_requests", 0))
         credits.labels(organization_status=status).set(found.get("stale_held_credits", 0))
+
+    near = budgets_near_limit(conn, now=clock)
+    budgets = Gauge(
+        "llm_budgets_near_limit",
+        "Budget counters of the current windows at or above their budget's first threshold"
+        " (used + held), by scope.",
+        ["scope"],
+        registry=registry,
+    )
+    for scope in BUDGET_SCOPES:
+        budgets.labels(scope=scope).set(near.get(scope, 0))
 
     totals = sweep_totals(conn)
     Gauge("llm_period_findings", "Periods whose counters disagree with their requests (unresolved"

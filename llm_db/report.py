@@ -29,6 +29,7 @@ __all__ = [
     "Report",
     "books_history",
     "books_snapshot",
+    "budgets_near_limit",
     "build_report",
     "format_table",
     "jsonable",
@@ -93,6 +94,58 @@ SELECT x.organization_id, o.name, x.status,
    AND (x.status = 'running' OR x.started_at >= (%(since)s::date::timestamp AT TIME ZONE 'UTC'))
  GROUP BY x.organization_id, o.name, x.status
  ORDER BY o.name, x.organization_id, x.status
+"""
+
+# ``llm-db report --by SCOPE``: usage per scope id from the requests admitted in the
+# report's days (so ids without a budget show too). The scope's column is chosen from
+# a fixed list (BY_SCOPES), never from free text.
+BY_SCOPES = ("project", "api_key", "end_user")
+USAGE_BY_SCOPE = """
+SELECT i.organization_id, o.name, i.{scope} AS scope_id,
+       count(*) AS requests,
+       count(*) FILTER (WHERE i.status IN ('reserved', 'dispatched')) AS open_requests,
+       coalesce(sum(i.charged_credits) FILTER (WHERE i.status IN ('settled', 'failed')), 0)::bigint
+           AS used_credits,
+       coalesce(sum(i.hold_credits) FILTER (WHERE i.status IN ('reserved', 'dispatched')), 0)::bigint
+           AS held_credits,
+       coalesce(sum(i.charged_cents) FILTER (WHERE i.status IN ('settled', 'failed')), 0)::bigint
+           AS used_cents
+  FROM llm.invocations AS i
+  JOIN llm.organizations AS o ON o.id = i.organization_id
+ WHERE (%(organization_id)s::uuid IS NULL OR i.organization_id = %(organization_id)s::uuid)
+   AND i.{scope} IS NOT NULL
+   -- the periods of those days first, so an organization's index invocations_period serves
+   AND i.period_start BETWEEN pg_catalog.date_trunc('month', %(since)s::date)::date AND %(until)s::date
+   AND i.created_at >= (%(since)s::date::timestamp AT TIME ZONE 'UTC')
+   AND i.created_at < ((%(until)s::date + 1)::timestamp AT TIME ZONE 'UTC')
+ GROUP BY i.organization_id, o.name, i.{scope}
+ ORDER BY o.name, i.organization_id, used_credits DESC, scope_id
+"""
+
+# The budgets near their limit: counters of the windows containing %(now)s whose used +
+# held stand at or above the first threshold of the budget that applies to them now
+# (the id's own, else the scope's '*'), as llm.budget_usage pairs them. %(scope)s NULL:
+# every scope. A scan of llm.budget_counters (the current windows are not indexed).
+BUDGETS_NEAR_LIMIT = """
+SELECT c.organization_id, o.name, c.scope, c.scope_id, c.budget_window, c.window_start,
+       b.limit_credits, b.thresholds[1] AS first_threshold,
+       c.used_credits, c.held_credits, c.used_cents
+  FROM llm.budget_counters AS c
+  JOIN llm.organizations AS o ON o.id = c.organization_id
+ CROSS JOIN LATERAL (SELECT l.limit_credits, l.thresholds FROM llm.budget_limits AS l
+                      WHERE l.organization_id = c.organization_id AND l.scope = c.scope
+                        AND l.budget_window = c.budget_window
+                        AND (l.scope_id IS NOT DISTINCT FROM c.scope_id OR l.scope_id = '*')
+                      ORDER BY l.scope_id = '*' LIMIT 1) AS b
+ WHERE (%(organization_id)s::uuid IS NULL OR c.organization_id = %(organization_id)s::uuid)
+   AND (%(scope)s::text IS NULL OR c.scope = %(scope)s::text)
+   AND c.window_start = pg_catalog.date_trunc(c.budget_window, %(now)s::timestamptz AT TIME ZONE 'UTC')::date
+   AND (c.used_credits + c.held_credits)::numeric * 100 >= b.limit_credits::numeric * b.thresholds[1]
+ ORDER BY o.name, c.organization_id, c.scope, c.scope_id, c.budget_window
+"""
+
+BUDGETS_NEAR_LIMIT_BY_SCOPE = f"""
+SELECT n.scope, count(*) AS budgets FROM ({BUDGETS_NEAR_LIMIT}) AS n GROUP BY n.scope
 """
 
 # ----------------------------------------------------------- the books at a glance
@@ -298,6 +351,10 @@ class Report:
     daily_usage: list[Row]
     open_holds: list[Row]
     tasks: list[Row]
+    #: ``--by``: the scope, its ids' usage (USAGE_BY_SCOPE) and its budgets near their limit
+    by: str | None = None
+    by_usage: list[Row] = dataclasses.field(default_factory=list)
+    budgets_near_limit: list[Row] = dataclasses.field(default_factory=list)
 
 
 def build_report(
@@ -306,10 +363,15 @@ def build_report(
     days: int = 7,
     organization_id: UUID | str | None = None,
     now: datetime | None = None,
+    by: str | None = None,
 ) -> Report:
-    """Read the report for the last ``days`` UTC days up to ``now`` (server clock by default)."""
+    """Read the report for the last ``days`` UTC days up to ``now`` (server clock by default);
+    ``by`` (project, api_key or end_user) adds the usage per id of that scope, from the
+    requests admitted in those days, and its budgets near their limit now."""
     if days < 1:
         raise ValueError("days must be at least 1")
+    if by is not None and by not in BY_SCOPES:
+        raise ValueError(f"by must be one of {', '.join(BY_SCOPES)}")
     clock = server_clock(conn, now)
     until = _utc_day(clock)
     since = until - timedelta(days=days - 1)
@@ -324,7 +386,19 @@ def build_report(
         daily_usage=_rows(conn, DAILY_USAGE, params),
         open_holds=_rows(conn, OPEN_HOLDS, params),
         tasks=_rows(conn, TASKS_BY_STATUS, params),
+        by=by,
+        by_usage=[] if by is None else _rows(conn, USAGE_BY_SCOPE.format(scope=by), params),
+        budgets_near_limit=[]
+        if by is None
+        else _rows(conn, BUDGETS_NEAR_LIMIT, {**params, "scope": by}),
     )
+
+
+def budgets_near_limit(conn: psycopg.Connection, *, now: datetime | None = None) -> dict[str, int]:
+    """How many budget counters of the current windows stand at or above their budget's
+    first threshold, by scope (scopes with none are absent)."""
+    params = {"organization_id": None, "scope": None, "now": server_clock(conn, now)}
+    return {r["scope"]: r["budgets"] for r in _rows(conn, BUDGETS_NEAR_LIMIT_BY_SCOPE, params)}
 
 
 def _utc_day(moment: datetime) -> date:
@@ -353,19 +427,25 @@ def jsonable(value: Any) -> Any:
 
 
 def report_json(report: Report) -> dict[str, Any]:
-    """The report as plain JSON types (the shape ``llm-db report --json`` prints)."""
-    return jsonable(
-        {
-            "now": report.now,
-            "since": report.since,
-            "until": report.until,
-            "organization_id": report.organization_id,
-            "periods": report.periods,
-            "daily_usage": report.daily_usage,
-            "open_holds": report.open_holds,
-            "tasks": report.tasks,
+    """The report as plain JSON types (the shape ``llm-db report --json`` prints; ``by``,
+    ``by_usage`` and ``budgets_near_limit`` only with ``--by``)."""
+    shape: dict[str, Any] = {
+        "now": report.now,
+        "since": report.since,
+        "until": report.until,
+        "organization_id": report.organization_id,
+        "periods": report.periods,
+        "daily_usage": report.daily_usage,
+        "open_holds": report.open_holds,
+        "tasks": report.tasks,
+    }
+    if report.by is not None:
+        shape |= {
+            "by": report.by,
+            "by_usage": report.by_usage,
+            "budgets_near_limit": report.budgets_near_limit,
         }
-    )
+    return jsonable(shape)
 
 
 def _cell(value: Any) -> str:
@@ -488,4 +568,36 @@ def render_report(report: Report) -> str:
             for row in getattr(report, rows)
         ]
         out += ["", title, format_table([header for header, _ in columns], cells, align=align)]
+    if report.by is not None:
+        for title, rows, columns in _by_sections(report.by):
+            cells = [tuple(cell(row) for _, cell in columns) for row in getattr(report, rows)]
+            out += ["", title, format_table([header for header, _ in columns], cells)]
     return "\n".join(out)
+
+
+def _by_sections(
+    by: str,
+) -> tuple[tuple[str, str, tuple[tuple[str, Callable[[Mapping[str, Any]], Any]], ...]], ...]:
+    """The sections ``--by`` adds: usage per id of the scope, and its budgets near their limit."""
+    return (
+        (f"Usage by {by} (requests admitted in these days)", "by_usage", (
+            ("organization", lambda r: r["name"]),
+            (by, lambda r: r["scope_id"]),
+            ("requests", lambda r: r["requests"]),
+            ("open", lambda r: r["open_requests"]),
+            ("used", lambda r: r["used_credits"]),
+            ("held", lambda r: r["held_credits"]),
+            ("cents", lambda r: r["used_cents"]),
+        )),
+        (f"Budgets near their limit ({by}, current windows, used + held at or above the first threshold)",
+         "budgets_near_limit", (
+            ("organization", lambda r: r["name"]),
+            (by, lambda r: r["scope_id"]),
+            ("window", lambda r: r["budget_window"]),
+            ("start", lambda r: r["window_start"]),
+            ("limit", lambda r: r["limit_credits"]),
+            ("used", lambda r: r["used_credits"]),
+            ("held", lambda r: r["held_credits"]),
+            ("used+held %", lambda r: _pct(r["used_credits"] + r["held_credits"], r["limit_credits"])),
+        )),
+    )  # fmt: skip

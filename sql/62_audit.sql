@@ -3,7 +3,76 @@
 -- held credits) recomputed from its requests at least once every 24 hours, and
 -- every older period with an unresolved finding. A mismatch is a finding in
 -- llm.period_findings, logged and counted, never repaired; a finding that no
--- longer holds is resolved.
+-- longer holds is resolved. The budget counters of the windows containing the
+-- audit's clock and of the windows before them are recomputed too (issue 23):
+-- a mismatch is logged and counted with the periods' findings, never repaired.
+
+-- The budget counters of the current and the previous day, week and month that
+-- disagree with their requests (invariant 14, on those windows only), logged as
+-- WARNINGs; returns how many. Counters and requests in one statement, so one
+-- snapshot: a movement moves a request and its counters in one transaction. The
+-- previous week and month start in the previous period at the earliest, so the
+-- requests are those of the two periods (index invocations_period). A counter
+-- that retention deleted is no finding while no open request holds on it.
+CREATE OR REPLACE FUNCTION llm._audit_budgets(p_organization_id uuid, p_now timestamptz)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_current date := llm._period_start(p_now);
+    v_windows date[] := ARRAY[llm._window_start('day', p_now), llm._window_start('day', p_now - interval '1 day'),
+                              llm._window_start('week', p_now), llm._window_start('week', p_now - interval '7 days'),
+                              llm._window_start('month', p_now), llm._window_start('month', p_now - interval '1 month')];
+    v_counter record;
+    v_found integer := 0;
+BEGIN
+    FOR v_counter IN
+        SELECT coalesce(c.scope, r.scope) AS scope, coalesce(c.scope_id, r.scope_id) AS scope_id,
+               coalesce(c.budget_window, r.budget_window) AS budget_window,
+               coalesce(c.window_start, r.window_start) AS window_start,
+               c.used_credits AS recorded_used, coalesce(r.used, 0) AS computed_used,
+               c.used_cents AS recorded_cents, coalesce(r.cents, 0) AS computed_cents,
+               c.held_credits AS recorded_held, coalesce(r.held, 0) AS computed_held
+          FROM (SELECT * FROM llm.budget_counters AS b
+                 WHERE b.organization_id = p_organization_id
+                   AND b.window_start = ANY (v_windows)) AS c
+          FULL JOIN (
+                SELECT k.scope, k.scope_id, k.budget_window, k.window_start,
+                       sum(i.charged_credits) FILTER (WHERE i.status IN ('settled', 'failed'))::bigint AS used,
+                       sum(coalesce(i.charged_cents, 0)) FILTER (WHERE i.status IN ('settled', 'failed'))::bigint AS cents,
+                       sum(i.hold_credits) FILTER (WHERE i.status IN ('reserved', 'dispatched'))::bigint AS held
+                  FROM llm.invocations AS i
+                 CROSS JOIN LATERAL llm._budget_keys(i.budget_mask, i.organization_id, i.project, i.api_key,
+                                                     i.end_user, i.created_at) AS k
+                 WHERE i.organization_id = p_organization_id
+                   AND i.period_start IN (v_current, (v_current - interval '1 month')::date)
+                   AND i.budget_mask <> 0
+                 GROUP BY 1, 2, 3, 4) AS r
+            ON r.scope = c.scope AND r.scope_id IS NOT DISTINCT FROM c.scope_id
+           AND r.budget_window = c.budget_window AND r.window_start = c.window_start
+         -- a window start is current or previous for its own window
+         WHERE coalesce(c.window_start, r.window_start)
+               IN (llm._window_start(coalesce(c.budget_window, r.budget_window), p_now),
+                   llm._window_start(coalesce(c.budget_window, r.budget_window),
+                                     p_now - ('1 ' || coalesce(c.budget_window, r.budget_window))::interval))
+           AND CASE WHEN c.scope IS NULL THEN r.held IS NOT NULL
+                    ELSE (c.used_credits, c.used_cents, c.held_credits)
+                         IS DISTINCT FROM (coalesce(r.used, 0), coalesce(r.cents, 0), coalesce(r.held, 0)) END
+         ORDER BY 1, 2, 3, 4
+    LOOP
+        v_found := v_found + 1;
+        -- 'none': the counter is missing (retention deleted it while a request held on it)
+        RAISE WARNING 'llm: budget counter % % % % of organization % disagrees with its requests: used credits % (requests say %), used cents % (%), held credits % (%)',
+            v_counter.scope, coalesce(v_counter.scope_id, '-'), v_counter.budget_window, v_counter.window_start,
+            p_organization_id, coalesce(v_counter.recorded_used::text, 'none'), v_counter.computed_used,
+            coalesce(v_counter.recorded_cents::text, 'none'), v_counter.computed_cents,
+            coalesce(v_counter.recorded_held::text, 'none'), v_counter.computed_held;
+    END LOOP;
+    RETURN v_found;
+END
+$$;
+COMMENT ON FUNCTION llm._audit_budgets(uuid, timestamptz) IS
+    'Recomputes the organization''s budget counters of the day, week and month containing p_now and of the ones before them from their requests in one statement; logs (WARNING) and returns how many disagree. Never repairs.';
 
 -- Long on purpose: one statement (one snapshot) reads the periods, and each period
 -- is recorded or resolved in the same loop; most of the length is the findings row.
@@ -86,6 +155,10 @@ BEGIN
         END IF;
     END LOOP;
 
+    -- The budget counters: logged and counted with the periods' findings (no table
+    -- keeps them; invariant 14 names them too).
+    v_found := v_found + llm._audit_budgets(p_organization_id, p_now);
+
     -- Due again in 23 hours, so hourly passes audit each organization at least once a
     -- day. Its first audit sets the phase from its id, so audits spread over the day.
     -- (Times computed first: Citus rejects timestamptz arithmetic on columns in an UPDATE.)
@@ -102,4 +175,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm._audit_org(uuid, timestamptz, uuid) IS
-    'When due (at least daily), recomputes the organization''s current and previous period, and every period with an unresolved finding, from their requests in one statement; records, logs and returns the periods that disagree (llm.period_findings), resolves findings that no longer hold; NULL when not due.';
+    'When due (at least daily), recomputes the organization''s current and previous period, and every period with an unresolved finding, from their requests in one statement; records, logs and returns the periods that disagree (llm.period_findings), resolves findings that no longer hold; then logs and adds the budget counters of the current and previous windows that disagree (llm._audit_budgets); NULL when not due.';

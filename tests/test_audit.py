@@ -19,7 +19,20 @@ import pytest
 
 from llm_db import Llm
 from llm_db.metrics import collect
-from tests.helpers import T0, assert_books_right, corrupt_period, row, rows, scalar
+from tests.helpers import (
+    T0,
+    admit,
+    assert_books_right,
+    budget_usage,
+    corrupt_period,
+    new_org,
+    row,
+    rows,
+    run_pass,
+    scalar,
+    set_budget,
+    settle,
+)
 
 HOUR = timedelta(hours=1)
 
@@ -188,3 +201,75 @@ def test_live_traffic_never_makes_a_period_look_wrong_to_the_audit(llm_conn, llm
     assert errors == []
     assert scalar(llm_conn, "SELECT count(*) FROM llm.invocations WHERE organization_id = %s", [org]) > 10
     assert finding(llm_conn, org) is None
+
+
+# ---------------------------------------------------------------- budget counters (issue 23)
+
+
+def key_history(conn: psycopg.Connection) -> uuid.UUID:
+    """An organization whose key k spent 5, 6 and 7 credits on 13, 14 and 15 January, with a
+    request of key k and project p still holding 9 on the 15th (T0)."""
+    org = new_org(conn, 100_000)
+    set_budget(conn, org, "api_key", "*", "day", 1000)
+    set_budget(conn, org, "project", "p", "month", 1000)
+    for days_ago, credits in ((2, 5), (1, 6), (0, 7)):
+        at = T0 - timedelta(days=days_ago)
+        assert settle(conn, org, admit(conn, org, 10, now=at, api_key="k")["id"], credits, 1, now=at) == "settled"
+    admit(conn, org, 9, now=T0, api_key="k", project="p")
+    return org
+
+
+def corrupt_counter(conn: psycopg.Connection, org: uuid.UUID, scope: str, window: str, start, column: str,
+                    delta: int) -> None:
+    """Change a budget counter behind the functions' back."""
+    assert column in ("used_credits", "held_credits", "used_cents")
+    done = conn.execute(f"UPDATE llm.budget_counters SET {column} = {column} + %s WHERE organization_id = %s"
+                        " AND scope = %s AND budget_window = %s AND window_start = %s", [delta, org, scope, window, start])
+    assert done.rowcount == 1
+
+
+def test_the_audit_finds_budget_counters_that_disagree_in_the_current_and_previous_windows(llm_conn):
+    """issue 23 (the daily audit covers budgets: it recomputes the windows containing its clock
+    and the ones before them), invariant 14: at the organization's audit, a budget counter of the
+    current or previous window that disagrees with its requests is logged (a WARNING naming it)
+    and counted on the run with the periods' findings, and left as it is; a window before the
+    previous one is not audited. Put right, the next audit finds nothing."""
+    org = key_history(llm_conn)
+    jan13, jan14 = (T0 - timedelta(days=2)).date(), (T0 - timedelta(days=1)).date()
+    corrupt_counter(llm_conn, org, "api_key", "day", jan13, "used_credits", 7)  # not audited
+    corrupt_counter(llm_conn, org, "api_key", "day", jan14, "used_cents", 7)  # yesterday
+    corrupt_counter(llm_conn, org, "project", "month", T0.date().replace(day=1), "held_credits", 3)
+    before = budget_usage(llm_conn, org)
+    warnings: list[str] = []
+    llm_conn.add_notice_handler(lambda d: warnings.append(d.message_primary or ""))
+
+    run = run_pass(llm_conn, T0 + HOUR)  # the organization's first audit
+
+    assert run["period_findings"] == 2
+    assert sorted(w.split(" of organization")[0] for w in warnings if "budget counter" in w) == [
+        f"llm: budget counter api_key k day {jan14}",
+        "llm: budget counter project p month 2026-01-01",
+    ]
+    assert budget_usage(llm_conn, org) == before  # never repaired
+    corrupt_counter(llm_conn, org, "api_key", "day", jan13, "used_credits", -7)
+    corrupt_counter(llm_conn, org, "api_key", "day", jan14, "used_cents", -7)
+    corrupt_counter(llm_conn, org, "project", "month", T0.date().replace(day=1), "held_credits", -3)
+    assert scalar(llm_conn, "SELECT llm._audit_budgets(%s, %s)", [org, T0 + HOUR]) == 0
+    assert_books_right(llm_conn)
+
+
+def test_a_deleted_budget_counter_is_a_finding_only_while_a_request_holds_on_it(llm_conn):
+    """issue 23, invariant 14 (retention deletes counters of terminal requests only): the audit
+    takes yesterday's missing counter, whose requests are all terminal, for retention's work;
+    today's, which an open request holds on, is a finding."""
+    org = key_history(llm_conn)
+    for day in (T0 - timedelta(days=1), T0):
+        llm_conn.execute("DELETE FROM llm.budget_counters WHERE organization_id = %s AND scope = 'api_key'"
+                         " AND window_start = %s", [org, day.date()])  # fmt: skip
+    warnings: list[str] = []
+    llm_conn.add_notice_handler(lambda d: warnings.append(d.message_primary or ""))
+    assert scalar(llm_conn, "SELECT llm._audit_budgets(%s, %s)", [org, T0 + HOUR]) == 1
+    assert [w for w in warnings if "budget counter" in w] == [
+        f"llm: budget counter api_key k day {T0.date()} of organization {org} disagrees with its"
+        " requests: used credits none (requests say 7), used cents none (1), held credits none (9)"
+    ]

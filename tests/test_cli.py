@@ -555,6 +555,27 @@ def test_report_text_has_a_section_each_and_org_filters(llm_dsn, llm_conn, org):
     assert {p["name"] for p in json.loads(only.stdout)["periods"]} == {"CLI Org"}
 
 
+def test_report_by_end_user_adds_its_two_sections_and_refuses_another_scope(llm_dsn, llm_conn, org):
+    """issue 23: `llm-db report --by end_user` adds the usage per end user and the budgets near
+    their limit (text and JSON); --by takes project, api_key or end_user only (exit 2)."""
+    llm = Llm(llm_conn)
+    llm.set_budget(org, "end_user", "*", "day", 10, now=T0)
+    inv = llm.admit(org, 9, "gpt-x", end_user="user-7", now=T0)
+    llm.settle(org, inv.id, 9, 1, now=T0)
+    text = llm_db("report", "--by", "end_user", "--now", iso(T0), dsn=llm_dsn)
+    assert text.returncode == 0, text.stderr
+    assert "\nUsage by end_user" in text.stdout and "\nBudgets near their limit" in text.stdout
+    assert "user-7" in text.stdout and "90%" in text.stdout
+    report = json.loads(llm_db("report", "--by", "end_user", "--now", iso(T0), "--json",
+                               dsn=llm_dsn).stdout)  # fmt: skip
+    assert report["by"] == "end_user"
+    assert [(r["scope_id"], r["used_credits"]) for r in report["by_usage"]] == [("user-7", 9)]
+    assert [(r["scope_id"], r["limit_credits"]) for r in report["budgets_near_limit"]] == [
+        ("user-7", 10)]  # fmt: skip
+    wrong = llm_db("report", "--by", "model", dsn=llm_dsn)
+    assert wrong.returncode == 2 and "--by" in wrong.stderr
+
+
 def test_report_on_an_empty_database(llm_dsn):
     proc = llm_db("report", dsn=llm_dsn)
     assert proc.returncode == 0, proc.stderr

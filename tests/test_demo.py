@@ -59,6 +59,9 @@ def assert_figures_agree(result: dict[str, Any]) -> None:
     assert traffic["refused_suspended"] > 0
     assert traffic["tasks_left_running"] == 1
     assert traffic["by_organization"]["initech"]["admitted"] == 0
+    # only Globex has budgets (issue 23); what they refused is among its refusals
+    assert traffic["refused_budget"] == traffic["by_organization"]["globex"]["refused_budget"]
+    assert traffic["by_organization"]["acme"]["refused_budget"] == 0
 
     assert before["open_requests"] == before["stale_open_requests"] == traffic["crashed"]
     assert before["held_credits"] == traffic["crashed_hold_credits"]
@@ -90,6 +93,9 @@ def test_demo_on_its_own_server_runs_end_to_end_and_leaves_nothing_running(llm_d
     out = proc.stdout
     for text in ("1. A day of traffic", "2. 25 hours later", "3. The books afterwards",
                  "injected fault: UPDATE llm.executions", "before the pass",
+                 "Globex: project search, 9,000 credits a month",
+                 "Globex: every end user ('*'), 1,500 credits a day",
+                 "over a budget (LL001 naming it)", "Globex's budgets, from llm.budget_usage",
                  "check_invariants(): 0 violations", "the server is stopped"):  # fmt: skip
         assert text in out, text
     assert f"{result['notices_delivered']} of {result['notices_delivered']} signatures verified" in out
@@ -144,6 +150,23 @@ def test_demo_with_dsn_prints_figures_that_match_the_database(llm_dsn, llm_conn)
     assert scalar(llm_conn, "SELECT count(*) FROM llm.invocations WHERE status IN"
                             " ('reserved', 'dispatched')") == after["open_requests"] == 0  # fmt: skip
     assert result["notices_delivered"] is None  # never delivered from someone else's database
+
+    # issue 23: Globex's budgets as printed are its requests', per window: the project's
+    # month, and the end users counted one by one under the '*' day budget
+    globex = orgs["globex"]
+    printed = {(b["scope"], b["budget_window"], b["window_start"]): (b["ids"], b["used_credits"])
+               for b in result["budgets"]}  # fmt: skip
+    requests = {(scope, window, str(start)): (ids, used) for scope, window, start, ids, used in
+                llm_conn.execute("""
+        SELECT 'project', 'month', date_trunc('month', created_at AT TIME ZONE 'UTC')::date,
+               count(DISTINCT project), sum(charged_credits) FILTER (WHERE status IN ('settled', 'failed'))
+          FROM llm.invocations WHERE organization_id = %(org)s AND project = 'search' GROUP BY 3
+        UNION ALL
+        SELECT 'end_user', 'day', (created_at AT TIME ZONE 'UTC')::date,
+               count(DISTINCT end_user), sum(charged_credits) FILTER (WHERE status IN ('settled', 'failed'))
+          FROM llm.invocations WHERE organization_id = %(org)s AND end_user IS NOT NULL GROUP BY 3""",
+                                 {"org": globex}).fetchall()}  # fmt: skip
+    assert printed == requests and printed
     assert_books_right(llm_conn)
     assert health(llm_conn, result["clock"]["pass"])["status"] == after["health"]
 

@@ -17,8 +17,8 @@ from datetime import timedelta
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from llm_db.metrics import RUN_FIGURES, RUN_STATUSES
-from tests.helpers import T0, call_pass
+from llm_db.metrics import BUDGET_SCOPES, RUN_FIGURES, RUN_STATUSES
+from tests.helpers import T0, admit, call_pass, invariants, new_org, set_budget, settle
 from tests.tools import require_tool
 
 DOWN_DSN = "host=127.0.0.1 port=1 dbname=nowhere connect_timeout=3"
@@ -78,3 +78,31 @@ def test_before_the_first_pass_every_run_series_is_present_at_its_documented_val
     counters = {"llm_recovered_requests", "llm_recovered_uncharged_requests", "llm_past_window_alerts"}
     assert {name for name, f in families.items() if f.type != "gauge"} == counters
     assert all(samples[(f"{name}_total", ())] == 0 for name in counters)
+
+
+def test_budgets_near_limit_counts_current_windows_at_their_first_threshold_by_scope(
+    llm_dsn, llm_conn
+):
+    """issue 23, the metrics: llm_budgets_near_limit{scope} counts the budget counters of the
+    windows containing the scrape's clock whose used + held stand at or above the first
+    threshold of the budget that applies (own, else '*'): yesterday's full day does not
+    count, nor a counter under its threshold; every scope is present; promtool accepts it."""
+    org = new_org(llm_conn, 100_000)
+    set_budget(llm_conn, org, "organization", None, "week", 100, thresholds=[50])
+    set_budget(llm_conn, org, "end_user", "*", "day", 10)  # 80, 100
+    set_budget(llm_conn, org, "project", "p", "month", 50)
+    set_budget(llm_conn, org, "api_key", "k", "day", 1000)
+    yesterday = admit(llm_conn, org, 10, end_user="u0", now=T0 - timedelta(days=1))["id"]
+    settle(llm_conn, org, yesterday, 10, 0, now=T0 - timedelta(days=1))  # a full day, ended
+    for user, estimate in (("u1", 8), ("u2", 9), ("u3", 5)):  # 80 %, 90 %: near; 50 %: not
+        admit(llm_conn, org, estimate, end_user=user)
+    admit(llm_conn, org, 40, project="p", api_key="k")  # project 80 %: near; key 4 %: not
+    # the organization's week: 10 + 8 + 9 + 5 + 40 = 72 of 100, past its 50 %: near
+
+    proc = metrics("--dsn", llm_dsn, "--now", (T0 + timedelta(hours=1)).isoformat())
+    assert proc.returncode == 0, proc.stderr
+    check(proc.stdout)
+    near = {s.labels["scope"]: s.value for f in text_string_to_metric_families(proc.stdout.decode())
+            if f.name == "llm_budgets_near_limit" for s in f.samples}  # fmt: skip
+    assert near == dict(zip(BUDGET_SCOPES, (1, 1, 0, 2), strict=True))
+    assert invariants(llm_conn) == []

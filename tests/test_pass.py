@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -21,9 +21,12 @@ import pytest
 
 from tests.helpers import (
     T0,
+    UTC,
     InThread,
+    admit,
     admit_dispatched,
     assert_books_right,
+    budget_usage,
     call,
     call_pass,
     close_task,
@@ -34,6 +37,7 @@ from tests.helpers import (
     row,
     rows,
     run_pass,
+    set_budget,
     settle,
     wait_blocked,
     wait_for,
@@ -434,3 +438,51 @@ def test_wf_pfm_llm_004_hop_6_rebuild_daily_usage_runs_over_the_reporting_days(l
     assert run["daily_rows_rebuilt"] == 2
     days = [r[0] for r in llm_conn.execute("SELECT day FROM llm.daily_usage ORDER BY day").fetchall()]
     assert days == [(T0 + 2 * 24 * HOUR).date(), (T0 + 3 * 24 * HOUR).date()]
+
+
+# ---------------------------------------------------------------- budget retention
+
+
+def test_the_pass_deletes_budget_counters_of_windows_ended_past_the_retention(llm_conn):
+    """issue 23, retention: the pass deletes the counters of windows that ended at least
+    settings.budget_retention before its clock's day (here 30 days before 2026-01-15:
+    2025-12-16) and hold nothing; a window ending after that day, the current windows and
+    a counter still holding an open request's estimate stay. The requests keep their
+    figures, and the books stay right (invariant 14: a terminal request's counter may be
+    gone; an open one's may not)."""
+    llm_conn.execute("UPDATE llm.settings SET budget_retention = '30 days', recovery_window = '365 days'")
+    org = new_org(llm_conn, ALLOWANCE)
+
+    def at(year: int, month: int, day: int) -> datetime:
+        return datetime(year, month, day, 10, tzinfo=UTC)
+
+    set_budget(llm_conn, org, "organization", None, "week", 1000, now=at(2025, 11, 1))
+    set_budget(llm_conn, org, "api_key", "*", "day", 1000, now=at(2025, 11, 1))
+    set_budget(llm_conn, org, "project", "p", "month", 1000, now=at(2025, 11, 1))
+    settled = {}
+    for when in (at(2025, 11, 10), at(2025, 12, 15), at(2025, 12, 16), T0):
+        inv = admit(llm_conn, org, 10, now=when, project="p", api_key="k")["id"]
+        assert settle(llm_conn, org, inv, 7, 1, now=when + HOUR) == "settled"
+        settled[inv] = 7
+    admit(llm_conn, org, 10, now=at(2025, 12, 1), api_key="h")  # open: not past recovery_window
+    before = set(budget_usage(llm_conn, org))
+
+    run_pass(llm_conn, T0 + HOUR)
+
+    gone = {
+        ("organization", None, "week", date(2025, 11, 10)),  # ended 11-17
+        ("project", "p", "month", date(2025, 11, 1)),  # ended 12-01
+        ("api_key", "k", "day", date(2025, 11, 10)),
+        ("api_key", "k", "day", date(2025, 12, 15)),  # ended 12-16: the last day deleted
+    }
+    assert gone <= before
+    assert set(budget_usage(llm_conn, org)) == before - gone
+    kept = budget_usage(llm_conn, org)
+    assert kept[("api_key", "k", "day", date(2025, 12, 16))]["used_credits"] == 7  # ends 12-17
+    assert kept[("api_key", "h", "day", date(2025, 12, 1))]["held_credits"] == 10  # holding
+    assert kept[("organization", None, "week", date(2025, 12, 1))]["held_credits"] == 10
+    assert kept[("project", "p", "month", date(2025, 12, 1))]["used_credits"] == 14  # ends 2026-01-01
+    charged = dict(llm_conn.execute("SELECT id, charged_credits FROM llm.invocations"
+                                    " WHERE organization_id = %s AND status = 'settled'", [org]).fetchall())
+    assert charged == settled
+    assert_books_right(llm_conn)

@@ -11,7 +11,19 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.helpers import JANUARY, T0, admit, call, call_pass, fail, reconcile, settle
+from llm_db.report import build_report, render_report, report_json
+from tests.helpers import (
+    JANUARY,
+    T0,
+    admit,
+    call,
+    call_pass,
+    fail,
+    invariants,
+    reconcile,
+    set_budget,
+    settle,
+)
 from tests.helpers import new_org as _new_org
 
 DAY = timedelta(days=1)
@@ -208,3 +220,60 @@ def test_the_healing_reaches_back_at_most_35_days(llm_conn):
         "SELECT min(d), max(d) FROM unnest(llm._rebuild_days(%s)) AS d", [later + timedelta(days=40)]
     ).fetchone()
     assert (first, last) == ((later + timedelta(days=6)).date(), (later + timedelta(days=40)).date())
+
+
+# ---------------------------------------------------------------- llm-db report --by
+
+
+def test_report_by_scope_counts_every_id_from_the_requests_and_lists_budgets_near_their_limit(
+    llm_conn, llm_role_conn
+):
+    """issue 23, `llm-db report --by`: the usage per end user comes from the requests admitted
+    in the report's days, so an id with no budget shows too, and a request naming no end user
+    does not; the budgets near their limit are the current windows whose used + held stand at
+    or above the first threshold of the budget that applies (own, else '*'): not yesterday's
+    window, not an id under its own higher budget. Read as llm_reader; the report without
+    --by keeps its shape."""
+    org = _new_org(llm_conn, 10_000, name="A org")
+    bare = _new_org(llm_conn, 10_000, name="B org")  # no budget at all
+    set_budget(llm_conn, org, "end_user", "*", "day", 100, thresholds=[50, 100])
+    set_budget(llm_conn, org, "end_user", "vip", "day", 1000)  # thresholds 80, 100
+
+    def spend(org: uuid.UUID, credits: int, at: datetime, **scopes: str) -> None:
+        inv = admit(llm_conn, org, credits, now=at, **scopes)["id"]
+        assert settle(llm_conn, org, inv, credits, 1, now=at) == "settled"
+
+    spend(org, 60, T0 - DAY, end_user="u1")  # yesterday: 60 of 100, past the 50 % then
+    spend(org, 30, T0, end_user="u1")
+    admit(llm_conn, org, 25, now=T0, end_user="u1")  # open: used 30 + held 25 >= 50 %
+    spend(org, 10, T0, end_user="u2")
+    spend(org, 700, T0, end_user="vip")  # 70 % of its own 1000: under its 80 %
+    spend(org, 5, T0, project="p")  # names no end user
+    spend(bare, 3, T0, end_user="u9")
+
+    reader = llm_role_conn("llm_reader")
+    report = build_report(reader, days=1, now=T0 + HOUR, by="end_user")
+    usage = [(r["name"], r["scope_id"], r["requests"], r["open_requests"], r["used_credits"],
+              r["held_credits"], r["used_cents"]) for r in report.by_usage]  # fmt: skip
+    assert usage == [
+        ("A org", "vip", 1, 0, 700, 0, 1),
+        ("A org", "u1", 2, 1, 30, 25, 1),
+        ("A org", "u2", 1, 0, 10, 0, 1),
+        ("B org", "u9", 1, 0, 3, 0, 1),
+    ]
+    near = [(r["name"], r["scope"], r["scope_id"], r["budget_window"], r["window_start"],
+             r["limit_credits"], r["first_threshold"], r["used_credits"], r["held_credits"])
+            for r in report.budgets_near_limit]  # fmt: skip
+    assert near == [("A org", "end_user", "u1", "day", T0.date(), 100, 50, 30, 25)]
+    text = render_report(report)
+    assert "\nUsage by end_user" in text and "\nBudgets near their limit (end_user" in text
+    assert "55%" in text  # u1's used + held of its limit
+
+    by_project = build_report(reader, days=1, now=T0 + HOUR, by="project")
+    assert [(r["scope_id"], r["used_credits"]) for r in by_project.by_usage] == [("p", 5)]
+    assert by_project.budgets_near_limit == []
+    plain = report_json(build_report(reader, days=1, now=T0 + HOUR))
+    assert "by" not in plain and "by_usage" not in plain and "budgets_near_limit" not in plain
+    with pytest.raises(ValueError):
+        build_report(reader, by="model")
+    assert invariants(llm_conn) == []

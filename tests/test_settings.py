@@ -32,6 +32,7 @@ RANGES = {
     "org_lock_timeout": ("1 hour", "61 minutes", "0"),
     "org_time_budget": ("1 day", "25 hours", "0"),
     "pass_lease": ("1 day", "25 hours", "0"),
+    "budget_retention": ("100 years", "100 years 1 day", "0"),
 }
 
 
