@@ -11,10 +11,7 @@
 -- period start, threshold), which the previous release's functions name in their ON
 -- CONFLICT, goes in the transaction that puts the new functions live (docs/design.md
 -- Conventions 14): a budget's notice for a window starting on the first of a month
--- would collide with it. So goes the foreign key from (organization, period start) to
--- the periods: period_start holds a budget's window start, and a day or week window
--- rarely starts on the first of a month (a crossing there failed its settlement).
--- Looked up first, so a later run takes no lock.
+-- would collide with it. Looked up first, so a later run takes no lock.
 DO $$
 BEGIN
     IF EXISTS (SELECT FROM pg_catalog.pg_constraint AS c
@@ -22,11 +19,6 @@ BEGIN
                   AND c.conname = 'threshold_notices_organization_id_period_start_threshold_pc_key') THEN
         ALTER TABLE llm.threshold_notices
             DROP CONSTRAINT threshold_notices_organization_id_period_start_threshold_pc_key;
-    END IF;
-    IF EXISTS (SELECT FROM pg_catalog.pg_constraint AS c
-                WHERE c.conrelid = 'llm.threshold_notices'::regclass
-                  AND c.conname = 'threshold_notices_organization_id_period_start_fkey') THEN
-        ALTER TABLE llm.threshold_notices DROP CONSTRAINT threshold_notices_organization_id_period_start_fkey;
     END IF;
 END
 $$;
