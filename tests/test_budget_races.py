@@ -26,6 +26,7 @@ from tests.helpers import (
     admit,
     admit_params,
     budget_usage,
+    call,
     invariants,
     new_org,
     rows,
@@ -34,7 +35,34 @@ from tests.helpers import (
 )
 
 SESSIONS = 8
+STRIPES = 64  # llm.set_period_stripes' maximum
 DAY = T0.date()
+
+
+def striped_org(conn: psycopg.Connection) -> uuid.UUID:
+    """An organization whose allowance (10^9) is spread over STRIPES rows, so concurrent
+    admissions from sessions on different stripes do not wait for each other on it: only
+    a budget's counter can order them (with one stripe, the allowance's row would
+    serialize every admission of the organization and hide a budget's race)."""
+    org = new_org(conn, 10**9)
+    call(conn, "set_period_stripes", org, STRIPES)
+    admit(conn, org, 1)  # the month's period and its stripes exist before the race
+    return org
+
+
+def app_sessions(
+    connect: Callable[..., psycopg.Connection], n: int, **kwargs: Any
+) -> list[psycopg.Connection]:
+    """``n`` app-role connections on ``n`` different stripes (a session's stripe is its
+    backend pid modulo the stripes); the others opened on the way are closed."""
+    sessions: dict[int, psycopg.Connection] = {}
+    while len(sessions) < n:
+        conn = connect("llm_app", **kwargs)
+        if conn.info.backend_pid % STRIPES in sessions:
+            conn.close()
+        else:
+            sessions[conn.info.backend_pid % STRIPES] = conn
+    return list(sessions.values())
 
 
 def race(
@@ -91,28 +119,35 @@ def assert_names_budget(
 
 
 def test_eight_sessions_on_one_key_day_budget_admit_exactly_what_fits(llm_conn, llm_role_conn):
-    """Issue 23 "Exactness" (8 sessions, one API key's daily budget), invariants 14/15: 8 app
-    sessions x 5 attempts of 7 credits against a limit of 100 admit exactly floor(100/7) = 14,
-    hold exactly 98, and every refusal names that key's day budget."""
-    org = new_org(llm_conn, 10**9)
+    """Issue 23 "Exactness" (8 sessions, one API key's daily budget), invariants 14/15: on
+    each of 5 days, 8 app sessions released together make 4 attempts each of 7 credits
+    against the key's day budget of 100: exactly floor(100/7) = 14 are admitted a day, 98
+    held, and every refusal names that key's day budget."""
+    org = striped_org(llm_conn)
     set_budget(llm_conn, org, "api_key", "key-hot", "day", 100)
-    sessions = [llm_role_conn("llm_app") for _ in range(SESSIONS)]
+    sessions = app_sessions(llm_role_conn, SESSIONS)
+    days = [T0 + timedelta(days=n) for n in range(5)]  # all in January: one period
     lock = threading.Lock()
-    admitted: list[None] = []
+    admitted = {day.date(): 0 for day in days}
     refused: list[psycopg.Error] = []
 
-    def attempt(conn: psycopg.Connection, _round: int) -> None:
-        error = admit_or_refusal(conn, org, 7, api_key="key-hot")
-        with lock:
-            (admitted if error is None else refused).append(error)
+    def attempt(conn: psycopg.Connection, n: int) -> None:
+        for _ in range(4):
+            error = admit_or_refusal(conn, org, 7, api_key="key-hot", now=days[n])
+            with lock:
+                if error is None:
+                    admitted[days[n].date()] += 1
+                else:
+                    refused.append(error)
 
-    race(sessions, attempt, rounds=5)
+    race(sessions, attempt, rounds=len(days))
 
-    assert (len(admitted), len(refused)) == (100 // 7, SESSIONS * 5 - 100 // 7)
+    assert admitted == {day.date(): 100 // 7 for day in days}
+    assert len(refused) == len(days) * (SESSIONS * 4 - 100 // 7)
     for error in refused:
         assert_names_budget(error, "api_key", "key-hot", "day", 100, 7)
-    counter = budget_usage(llm_conn, org)[("api_key", "key-hot", "day", DAY)]
-    assert (counter["held_credits"], counter["used_credits"]) == (7 * (100 // 7), 0)
+    usage = budget_usage(llm_conn, org)
+    assert {k[3]: r["held_credits"] for k, r in usage.items()} == {d.date(): 98 for d in days}
     assert invariants(llm_conn) == []
 
 
@@ -123,9 +158,9 @@ def test_the_first_requests_of_new_end_users_under_a_default_budget_are_exact(
     users never seen before, 8 app sessions released together at a barrier admit their
     first requests (10 credits) under the '*' day budget of 35: the counter is created by
     the race, and exactly 3 are admitted per user, the others refused naming that user."""
-    org = new_org(llm_conn, 10**9)
+    org = striped_org(llm_conn)
     set_budget(llm_conn, org, "end_user", "*", "day", 35)
-    sessions = [llm_role_conn("llm_app") for _ in range(SESSIONS)]
+    sessions = app_sessions(llm_role_conn, SESSIONS)
     users = [f"user-{n}" for n in range(6)]
     lock = threading.Lock()
     outcomes: dict[str, list[psycopg.Error | None]] = {u: [] for u in users}
@@ -155,11 +190,11 @@ def test_seven_sessions_blocked_on_a_new_end_users_first_counter_decide_on_its_f
     '*' day budget 35) is open, its counter row inserted but not committed; 7 more sessions
     admitting that user block on it (pg_blocking_pids); it commits; each then decides on
     the committed counter: exactly 2 more are admitted, 5 refused naming the user."""
-    org = new_org(llm_conn, 10**9)
+    org = striped_org(llm_conn)
     set_budget(llm_conn, org, "end_user", "*", "day", 35)
-    first = llm_role_conn("llm_app", autocommit=False)
+    first, *others = app_sessions(llm_role_conn, SESSIONS)
+    first.autocommit = False
     rows(first, ADMIT_SQL, admit_params(org, 10, end_user="new-user"))  # not committed
-    others = [llm_role_conn("llm_app") for _ in range(SESSIONS - 1)]
     calls = [
         InThread(lambda c=c: admit_or_refusal(c, org, 10, end_user="new-user")) for c in others
     ]
