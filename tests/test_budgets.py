@@ -469,3 +469,18 @@ def test_a_budget_notice_of_a_window_that_is_no_period_is_owed(llm_conn, window)
     assert settle(llm_conn, org, admit(llm_conn, org, 60, api_key="k")["id"], 60) == "settled"
     assert budget_notices(llm_conn, org) == [("api_key", "k", window, window_start(window, T0), 50)]
     assert_books_exact(llm_conn, org)
+
+
+def test_the_refusals_first_detail_line_is_the_id_verbatim(llm_conn):
+    """Issue 23 (the id is the one value code reads from the DETAIL: its first line, a
+    documented format), docs/design.md "Errors": an end user id of 200 characters with
+    spaces, '=', a quote and non-ASCII letters, refused under the '*' budget, is the
+    DETAIL's first line exactly; the rest is the one line of figures."""
+    org = new_org(llm_conn, 10**6)
+    set_budget(llm_conn, org, "end_user", "*", "day", 5)
+    user = ("Zoë O'Brien = user 7 " * 10)[:200]
+    error = refusal(llm_conn, org, 6, end_user=user)
+    first, rest = error.diag.message_detail.split("\n", 1)
+    assert first == user
+    assert rest == f"scope=end_user window=day window_start={DAY} limit=5 used=0 held=0 estimate=6"
+    assert invariants(llm_conn) == []
