@@ -484,3 +484,33 @@ def test_the_refusals_first_detail_line_is_the_id_verbatim(llm_conn):
     assert first == user
     assert rest == f"scope=end_user window=day window_start={DAY} limit=5 used=0 held=0 estimate=6"
     assert invariants(llm_conn) == []
+
+
+def test_an_own_budget_replaces_the_default_only_for_its_window(llm_conn):
+    """Issue 23 (the budgets that apply: for each scope id its own budget for each window,
+    else the scope's '*' for that window): a user with a day budget of their own is still
+    under the '*' week budget; the other users are under both defaults."""
+    org = new_org(llm_conn, 10**6)
+    set_budget(llm_conn, org, "end_user", "*", "day", 10)
+    set_budget(llm_conn, org, "end_user", "*", "week", 50)
+    set_budget(llm_conn, org, "end_user", "u", "day", 1000)
+    admit(llm_conn, org, 40, end_user="u")
+    assert refusal(llm_conn, org, 11, end_user="u").diag.column_name == "week"
+    assert refusal(llm_conn, org, 11, end_user="v").diag.column_name == "day"
+    assert set(budget_usage(llm_conn, org)) == {("end_user", "u", "day", DAY), ("end_user", "u", "week", WEEK)}
+    assert_books_exact(llm_conn, org)
+
+
+def test_a_lowered_default_owes_the_notices_of_the_ids_it_governs_only(llm_conn):
+    """Issue 23 (a lowered limit owes the thresholds its window stands at or above), for a
+    '*' budget: lowered from 100 to 70, it owes 80% for the user it governs (used 60) and
+    nothing for a user with a budget of their own (also used 60)."""
+    org = new_org(llm_conn, 10**6)
+    set_budget(llm_conn, org, "end_user", "*", "day", 100)
+    set_budget(llm_conn, org, "end_user", "own", "day", 1000)
+    for user in ("governed", "own"):
+        settle(llm_conn, org, admit(llm_conn, org, 60, end_user=user)["id"], 60)
+    assert budget_notices(llm_conn, org) == []
+    set_budget(llm_conn, org, "end_user", "*", "day", 70)
+    assert budget_notices(llm_conn, org) == [("end_user", "governed", "day", DAY, 80)]
+    assert invariants(llm_conn) == []
