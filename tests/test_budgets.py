@@ -391,6 +391,7 @@ def test_the_allowance_is_not_a_budget_and_an_unknown_organization_is_ll002(llm_
     assert "upsert_organization" in error.diag.message_hint
     assert_sqlstate(llm_conn, "LL002", SET_BUDGET_SQL,
                     params("set_budget", uuid.uuid4(), "project", "p", "day", 50))  # fmt: skip
+    assert invariants(llm_conn) == []
 
 
 def budget_notices(conn: psycopg.Connection, org: uuid.UUID) -> list[tuple]:

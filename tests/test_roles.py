@@ -241,6 +241,7 @@ def test_only_llm_operator_sets_budgets(llm_conn, llm_role_conn, role):
     set_budget(llm_role_conn("llm_operator"), org, "api_key", "k", "day", 10)
     assert rows(llm_conn, "SELECT scope_id, limit_credits FROM llm.budgets") == [
         {"scope_id": "k", "limit_credits": 10}]
+    assert invariants(llm_conn) == []
 
 
 def test_llm_reader_cannot_admit(llm_conn, llm_role_conn):
