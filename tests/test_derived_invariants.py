@@ -243,7 +243,9 @@ def test_invariant_15_reports_a_counter_above_the_limit_it_was_admitted_under(
     assert reported(llm_conn) == [(15, org)]
 
 
-def test_invariant_15_reports_an_admitted_limit_off_its_unchanged_budget(llm_conn, llm_superuser_conn):
+def test_invariant_15_reports_an_admitted_limit_off_its_unchanged_budget(
+    llm_conn, llm_superuser_conn
+):
     """Invariant 15 (the admitted limit is the budget's limit while the budget's revision is
     the one the counter was admitted under), issue 23: after the budget is raised to 120
     and a request admitted under it, the counter's admitted limit changed to 121 (still a

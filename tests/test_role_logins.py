@@ -78,9 +78,14 @@ def test_the_operator_login_sets_a_budget_the_app_login_admits_under_it(llm_dsn,
             llm.admit(org, 20, "gpt-x", now=T0, api_key="key-1")
         diag = refused.value.__cause__.diag  # the driver's fields for it are the driver's work
         assert (diag.constraint_name, diag.column_name, diag.message_detail.split("\n")[0]) == (
-            "api_key", "day", "key-1")
+            "api_key",
+            "day",
+            "key-1",
+        )
     with psycopg.connect(login_dsn(llm_dsn, "llm_reader"), autocommit=True) as conn:
-        assert conn.execute("SELECT scope_id, held_credits FROM llm.budget_usage").fetchall() == [("key-1", 30)]
+        assert conn.execute("SELECT scope_id, held_credits FROM llm.budget_usage").fetchall() == [
+            ("key-1", 30)
+        ]
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             Llm(conn).set_budget(org, "api_key", "key-1", "day", 1000, now=T0)
     assert invariants(llm_conn) == []
