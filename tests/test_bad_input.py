@@ -46,7 +46,8 @@ SIGNATURES = {
     "declare_task_kind": "llm.declare_task_kind(text,text)",
     "set_recovery_policy": "llm.set_recovery_policy(uuid,text,text)",
     "set_period_stripes": "llm.set_period_stripes(uuid,integer)",
-    "admit_invocation": "llm.admit_invocation(uuid,bigint,text,uuid,uuid,timestamp with time zone)",
+    "set_budget": "llm.set_budget(uuid,text,text,text,bigint,integer[],timestamp with time zone)",
+    "admit_invocation": "llm.admit_invocation(uuid,bigint,text,uuid,uuid,timestamp with time zone,text,text,text)",
     "mark_dispatched": "llm.mark_dispatched(uuid,uuid,timestamp with time zone)",
     "settle_invocation": "llm.settle_invocation(uuid,uuid,bigint,bigint,bigint,bigint,timestamp with time zone)",
     "fail_invocation": "llm.fail_invocation(uuid,uuid,text,bigint,bigint,timestamp with time zone)",
@@ -178,6 +179,10 @@ def prepare(conn: psycopg.Connection) -> dict[str, Any]:
     ids["other_inv"] = helpers.admit(conn, OTHER, 10, "m")["id"]
     ids["done_inv"] = helpers.admit(conn, ORG, 10, "m")["id"]
     helpers.settle(conn, ORG, ids["done_inv"], 60, 7)
+    # a key's day budget of 20, 10 of it held by a request naming all three scope ids
+    helpers.set_budget(conn, ORG, "api_key", "key-b", "day", 20, now=T0)
+    ids["scoped_inv"] = helpers.admit(conn, ORG, 10, "m", project="p", api_key="key-b", end_user="u")["id"]
+    ids["t0"] = T0
     ids["notice"] = one(
         "SELECT id FROM llm.threshold_notices WHERE organization_id = %s AND threshold_pct = 50", ORG
     )

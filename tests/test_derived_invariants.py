@@ -23,6 +23,7 @@ from tests.helpers import (
     call,
     close_task,
     corrupt_period,
+    fail,
     invariants,
     new_org,
     open_task,
@@ -30,6 +31,7 @@ from tests.helpers import (
     row,
     run_pass,
     scalar,
+    set_budget,
     settle,
 )
 
@@ -184,3 +186,73 @@ def test_a_drift_finding_on_a_task_closed_before_the_drift_window_is_dropped_onc
     reconcile(llm_conn, org, now=later + HOUR)
     assert scalar(llm_conn, "SELECT count(*) FROM llm.drift_findings") == 0
     assert_books_right(llm_conn)
+
+
+# ---------------------------------------------------------------- budget counters (issue 23)
+
+
+def budgeted_org(conn: psycopg.Connection) -> uuid.UUID:
+    """An organization with a key's day budget of 100, moved legally to its ceiling's
+    edges: a request settled above its hold (50 charged on 40: a measured overrun of 10),
+    a failed one that used 5, an open one holding 45; then the limit lowered to 60,
+    below used + held (a limit lowered after the usage). Invariants 14 and 15 hold."""
+    org = new_org(conn, 10_000)
+    set_budget(conn, org, "api_key", "k", "day", 100)
+    settle(conn, org, admit(conn, org, 40, api_key="k", now=T0)["id"], 50, 3, now=T0)
+    fail(conn, org, admit(conn, org, 15, api_key="k", now=T0)["id"], credits=5, now=T0)
+    admit(conn, org, 45, api_key="k", now=T0)
+    set_budget(conn, org, "api_key", "k", "day", 60)
+    assert_books_right(conn)
+    return org
+
+
+def corrupt_counter(conn: psycopg.Connection, org: uuid.UUID, assignment: str) -> None:
+    """Change the organization's budget counter behind the functions' back."""
+    conn.execute(f"UPDATE llm.budget_counters SET {assignment} WHERE organization_id = %s", [org])
+
+
+@pytest.mark.parametrize("assignment", ["used_credits = used_credits + 1", "held_credits = held_credits - 1",
+                                        "used_cents = used_cents + 1"])  # fmt: skip
+def test_invariant_14_reports_a_budget_counter_that_differs_from_its_requests(
+    llm_conn, llm_superuser_conn, assignment
+):
+    """Invariant 14 (each counter's used, held and cents equal its requests), issue 23: one
+    counter figure off by one, and that invariant alone reports it."""
+    org = budgeted_org(llm_conn)
+    corrupt_counter(llm_superuser_conn, org, assignment)
+    assert reported(llm_conn) == [(14, org)]
+
+
+def test_invariant_14_reports_an_open_requests_missing_counter(llm_conn, llm_superuser_conn):
+    """Invariant 14 (an open request's counters exist; only a terminal one's may be gone,
+    by retention): the counter deleted under an open request is reported, by 14 alone."""
+    org = budgeted_org(llm_conn)
+    llm_superuser_conn.execute("DELETE FROM llm.budget_counters WHERE organization_id = %s", [org])
+    assert reported(llm_conn) == [(14, org)]
+
+
+def test_invariant_15_reports_a_counter_above_the_limit_it_was_admitted_under(
+    llm_conn, llm_superuser_conn
+):
+    """Invariant 15 (a budget is a ceiling: used + held - overrun <= the limit the last
+    admission was decided against), issue 23: the counter's admitted limit set below its
+    90 of usage that is no measured overrun is reported, by 15 alone. The legal overrun
+    (settled above its hold) and the limit lowered after the usage were not."""
+    org = budgeted_org(llm_conn)
+    corrupt_counter(llm_superuser_conn, org, "admitted_limit = 80")
+    assert reported(llm_conn) == [(15, org)]
+
+
+def test_invariant_15_reports_an_admitted_limit_off_its_unchanged_budget(
+    llm_conn, llm_superuser_conn
+):
+    """Invariant 15 (the admitted limit is the budget's limit while the budget's revision is
+    the one the counter was admitted under), issue 23: after the budget is raised to 120
+    and a request admitted under it, the counter's admitted limit changed to 121 (still a
+    ceiling above its usage) is reported, by 15 alone."""
+    org = budgeted_org(llm_conn)
+    set_budget(llm_conn, org, "api_key", "k", "day", 120)
+    admit(llm_conn, org, 1, api_key="k", now=T0)
+    assert_books_right(llm_conn)
+    corrupt_counter(llm_superuser_conn, org, "admitted_limit = 121")
+    assert reported(llm_conn) == [(15, org)]

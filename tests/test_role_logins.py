@@ -15,6 +15,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
+from llm_db.errors import AllowanceExhausted
 from llm_db.requests import Llm
 from llm_db.testing import LOGINS
 from tests.helpers import T0, call_pass, invariants, run_pass, scalar
@@ -61,6 +62,32 @@ def test_the_app_login_admits_and_settles(llm_dsn, llm_conn, org):
         inv = llm.admit(org, 30, "gpt-x", now=T0)
         llm.mark_dispatched(org, inv.id, now=T0)
         assert llm.settle(org, inv.id, 25, 2, now=T0) == "settled"
+    assert invariants(llm_conn) == []
+
+
+def test_the_operator_login_sets_a_budget_the_app_login_admits_under_it(llm_dsn, llm_conn, org):
+    """Issue 23 (grants): logged in as themselves, through the driver, the operator sets a
+    key's day budget and the app admits with scope ids under it until it is refused naming
+    that budget; the reader reads its usage but may not set one."""
+    with psycopg.connect(login_dsn(llm_dsn, "llm_operator"), autocommit=True) as conn:
+        Llm(conn).set_budget(org, "api_key", "key-1", "day", 40, now=T0)
+    with psycopg.connect(login_dsn(llm_dsn, "llm_app"), autocommit=True) as conn:
+        llm = Llm(conn)
+        llm.admit(org, 30, "gpt-x", now=T0, project="p", api_key="key-1", end_user="u")
+        with pytest.raises(AllowanceExhausted) as refused:
+            llm.admit(org, 20, "gpt-x", now=T0, api_key="key-1")
+        diag = refused.value.__cause__.diag  # the driver's fields for it are the driver's work
+        assert (diag.constraint_name, diag.column_name, diag.message_detail.split("\n")[0]) == (
+            "api_key",
+            "day",
+            "key-1",
+        )
+    with psycopg.connect(login_dsn(llm_dsn, "llm_reader"), autocommit=True) as conn:
+        assert conn.execute("SELECT scope_id, held_credits FROM llm.budget_usage").fetchall() == [
+            ("key-1", 30)
+        ]
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            Llm(conn).set_budget(org, "api_key", "key-1", "day", 1000, now=T0)
     assert invariants(llm_conn) == []
 
 

@@ -20,12 +20,14 @@ from tests.helpers import (
     call,
     call_pass,
     declare_task,
+    fingerprint,
     invariants,
     llm_tables,
     new_org,
     rows,
     run_pass,
     scalar,
+    set_budget,
     settle,
 )
 
@@ -46,6 +48,7 @@ OPERATOR_ROUTINES = {
     "rearm_notices",
     "rebuild_daily_usage",
     "check_daily_usage",
+    "set_budget",
 }
 
 
@@ -193,8 +196,11 @@ def test_llm_app_admits_and_settles_through_security_definer_functions(llm_conn,
         ("reconcile_org", uuid.uuid4()),
         ("check_invariants",),
         ("run_reconciliation",),
+        ("set_budget", uuid.uuid4(), "project", "p", "day", 1),
         "SELECT * FROM llm.invocations",
         "SELECT * FROM llm.periods",
+        "SELECT * FROM llm.budget_limits",
+        "SELECT * FROM llm.budget_counters",
     ],
     ids=lambda q: q[0] if isinstance(q, tuple) else q,
 )
@@ -206,6 +212,36 @@ def test_llm_app_cannot_run_operator_calls_nor_read_the_books(llm_conn, llm_role
             call(app, *query)
         else:
             app.execute(query)
+
+
+def test_llm_app_admits_with_scopes_and_reads_the_budget_views(llm_conn, llm_role_conn):
+    """Issue 23 (grants: llm_app admits with scopes and may SELECT both views): the app
+    names a project, key and end user on a request under a '*' end-user budget, and reads
+    that budget in llm.budgets and its counter in llm.budget_usage."""
+    org = new_org(llm_conn, 1000)
+    set_budget(llm_conn, org, "end_user", "*", "day", 50)
+    app = llm_role_conn("llm_app")
+    admit(app, org, 20, project="p", api_key="k", end_user="u")
+    assert rows(app, "SELECT scope, scope_id, budget_window, limit_credits FROM llm.budgets") == [
+        {"scope": "end_user", "scope_id": "*", "budget_window": "day", "limit_credits": 50}]
+    assert rows(app, "SELECT scope_id, limit_credits, held_credits FROM llm.budget_usage") == [
+        {"scope_id": "u", "limit_credits": 50, "held_credits": 20}]
+    assert invariants(llm_conn) == []
+
+
+@pytest.mark.parametrize("role", ["llm_app", "llm_reader"])
+def test_only_llm_operator_sets_budgets(llm_conn, llm_role_conn, role):
+    """Issue 23 (grants: only llm_operator calls set_budget): llm_app and llm_reader get
+    42501 and write nothing; llm_operator sets the budget."""
+    org = new_org(llm_conn, 1000)
+    before = fingerprint(llm_conn)
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        set_budget(llm_role_conn(role), org, "api_key", "k", "day", 10)
+    assert fingerprint(llm_conn) == before
+    set_budget(llm_role_conn("llm_operator"), org, "api_key", "k", "day", 10)
+    assert rows(llm_conn, "SELECT scope_id, limit_credits FROM llm.budgets") == [
+        {"scope_id": "k", "limit_credits": 10}]
+    assert invariants(llm_conn) == []
 
 
 def test_llm_reader_cannot_admit(llm_conn, llm_role_conn):
@@ -229,17 +265,21 @@ def test_every_security_definer_function_pins_its_search_path(llm_conn):
 def test_every_function_pins_its_search_path_except_the_committing_procedure(llm_conn):
     """docs/design.md "Conventions" 2. A procedure that COMMITs may carry no SET clause (PostgreSQL), so
     run_reconciliation is an exception; it is SECURITY INVOKER and calls only
-    schema-qualified steps. The others are the pure SQL predicates and constants of
-    the request path: a SET clause stops PostgreSQL from inlining an SQL function,
+    schema-qualified steps. The others are the pure SQL predicates, constants and budget
+    calendar of the request path: a SET clause stops PostgreSQL from inlining an SQL function,
     and each is one fully qualified expression (operators included)."""
     unpinned = [r for r in routines(llm_conn) if PINNED_SEARCH_PATH not in (r["proconfig"] or [])]
     assert sorted((r["proname"], r["prokind"], r["prosecdef"]) for r in unpinned) == [
         ("_amount_ok", "f", False),
+        ("_budget_keys", "f", False),
+        ("_budget_slot", "f", False),
         ("_clock_ok", "f", False),
         ("_max_amount", "f", False),
         ("_may_cross", "f", False),
         ("_period_start", "f", False),
+        ("_scope_id_ok", "f", False),
         ("_text_ok", "f", False),
+        ("_window_start", "f", False),
         ("run_reconciliation", "p", False),
     ]
 
