@@ -16,22 +16,6 @@
 -- notices. set_budget takes the organization's row, its budget's row, then the
 -- counters of that budget, in scope id order.
 
--- A budget's notice holds the start of its window in period_start (issue 23), and a
--- day or week window starts on a day that is no period: the notices' foreign key to
--- the period heads (0001) made every such notice, so the settlement that owed it,
--- fail. It goes in the transaction that puts these functions live (docs/design.md
--- Conventions 14; the previous release's functions never need it). Looked up
--- first, so a later run takes no lock.
-DO $$
-BEGIN
-    IF EXISTS (SELECT FROM pg_catalog.pg_constraint AS c
-                WHERE c.conrelid = 'llm.threshold_notices'::regclass
-                  AND c.conname = 'threshold_notices_organization_id_period_start_fkey') THEN
-        ALTER TABLE llm.threshold_notices DROP CONSTRAINT threshold_notices_organization_id_period_start_fkey;
-    END IF;
-END
-$$;
-
 -- ---------------------------------------------------------------- calendar and keys
 
 -- Inlinable (no SET clause, everything qualified).
