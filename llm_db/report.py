@@ -101,7 +101,7 @@ SELECT x.organization_id, o.name, x.status,
 # a fixed list (BY_SCOPES), never from free text.
 BY_SCOPES = ("project", "api_key", "end_user")
 USAGE_BY_SCOPE = """
-SELECT i.organization_id, o.name, i.{scope} AS scope_id,
+SELECT i.organization_id, o.name, s.{scope} AS scope_id,
        count(*) AS requests,
        count(*) FILTER (WHERE i.status IN ('reserved', 'dispatched')) AS open_requests,
        coalesce(sum(i.charged_credits) FILTER (WHERE i.status IN ('settled', 'failed')), 0)::bigint
@@ -111,14 +111,15 @@ SELECT i.organization_id, o.name, i.{scope} AS scope_id,
        coalesce(sum(i.charged_cents) FILTER (WHERE i.status IN ('settled', 'failed')), 0)::bigint
            AS used_cents
   FROM llm.invocations AS i
+  JOIN llm.invocation_scopes AS s ON s.organization_id = i.organization_id AND s.invocation_id = i.id
   JOIN llm.organizations AS o ON o.id = i.organization_id
  WHERE (%(organization_id)s::uuid IS NULL OR i.organization_id = %(organization_id)s::uuid)
-   AND i.{scope} IS NOT NULL
+   AND s.{scope} IS NOT NULL
    -- the periods of those days first, so an organization's index invocations_period serves
    AND i.period_start BETWEEN pg_catalog.date_trunc('month', %(since)s::date)::date AND %(until)s::date
    AND i.created_at >= (%(since)s::date::timestamp AT TIME ZONE 'UTC')
    AND i.created_at < ((%(until)s::date + 1)::timestamp AT TIME ZONE 'UTC')
- GROUP BY i.organization_id, o.name, i.{scope}
+ GROUP BY i.organization_id, o.name, s.{scope}
  ORDER BY o.name, i.organization_id, used_credits DESC, scope_id
 """
 

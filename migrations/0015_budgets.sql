@@ -6,8 +6,8 @@
 -- from Monday, month). Two new tables hold them: budget_limits (what
 -- llm.set_budget sets, listed by the view llm.budgets) and budget_counters (one
 -- row per scope, id, window and window start, moved by every movement of the
--- requests admitted under it). A request records the counters it moves in
--- budget_mask, fixed at admission: bit 3 * scope + window, scopes organization
+-- requests admitted under it). A request records its scope ids and the counters
+-- it moves in a third, invocation_scopes (budget_mask, fixed at admission): bit 3 * scope + window, scopes organization
 -- 0, project 1, api_key 2, end_user 3, windows day 0, week 1, month 2
 -- (organization month is the allowance, never a bit).
 --
@@ -17,11 +17,11 @@
 -- upgrade runs, and 0016 backfills the rest and builds the new unique key.
 --
 -- Under live traffic: new tables, nullable columns of plain types on
--- invocations and threshold_notices (no rewrite, no scan), two column
--- defaults, a settings column (one row), a foreign key dropped (no scan) and
--- an attribute on the type claim_notices returns. Lock order of migrations:
--- organizations, settings (outside the list), invocations, period_heads,
--- threshold_notices.
+-- threshold_notices (no rewrite, no scan), two column defaults, a settings
+-- column (one row), a foreign key dropped (no scan) and an attribute on the type
+-- claim_notices returns. No column of a table whose row a previous release's
+-- public routine returns (invocations, organizations). Lock order of
+-- migrations: settings (outside the list), period_heads, threshold_notices.
 
 CREATE TABLE llm.budget_limits (
     organization_id uuid NOT NULL,
@@ -64,20 +64,31 @@ COMMENT ON COLUMN llm.budget_counters.admitted_limit IS
 COMMENT ON COLUMN llm.budget_counters.admitted_revision IS
     'The revision of the budget that limit came from (budget_limits.revision, new at every set_budget): when the budget that applies now has another, the limit changed after the last admission.';
 
-ALTER TABLE llm.organizations ADD COLUMN has_budgets boolean NOT NULL DEFAULT false;
-COMMENT ON COLUMN llm.organizations.has_budgets IS
-    'Whether the organization has a budget (set_budget keeps it): admission looks its budgets up only then.';
-
 ALTER TABLE llm.settings ADD COLUMN budget_retention interval NOT NULL DEFAULT '400 days',
     ADD CONSTRAINT settings_budget_retention_range
         CHECK (budget_retention > interval '0' AND budget_retention <= interval '100 years');
 COMMENT ON COLUMN llm.settings.budget_retention IS
     'The pass deletes budget counters of windows that ended longer ago than this.';
 
-ALTER TABLE llm.invocations ADD COLUMN project text, ADD COLUMN api_key text,
-    ADD COLUMN end_user text, ADD COLUMN budget_mask smallint;
-COMMENT ON COLUMN llm.invocations.budget_mask IS
-    'The budget counters the request moves, fixed at admission: bit 3 * scope + window (organization 0, project 1, api_key 2, end_user 3; day 0, week 1, month 2); NULL or 0 when none.';
+-- A request's scope ids and budget_mask live beside it, not on llm.invocations: the
+-- previous release's admit_invocation and mark_dispatched return the invocations row,
+-- and a call planned before a column was added there and run after returns a row the
+-- plan does not expect (42804), one call per client under live traffic. From this
+-- release on those functions return their own types (0014), so a later release may
+-- move the columns onto the request.
+CREATE TABLE llm.invocation_scopes (
+    organization_id uuid NOT NULL,
+    invocation_id uuid NOT NULL,
+    project text,
+    api_key text,
+    end_user text,
+    budget_mask smallint NOT NULL,
+    CONSTRAINT invocation_scopes_pkey PRIMARY KEY (organization_id, invocation_id)
+);
+COMMENT ON TABLE llm.invocation_scopes IS
+    'The project, API key and end user a request named at admission, and the budget counters it moves (budget_mask); one row per request that named a scope id or was admitted under a budget.';
+COMMENT ON COLUMN llm.invocation_scopes.budget_mask IS
+    'The budget counters the request moves, fixed at admission: bit 3 * scope + window (organization 0, project 1, api_key 2, end_user 3; day 0, week 1, month 2); 0 when none.';
 
 -- A notice's period_start is its window's start: a budget's day or week starts
 -- on no period of the organization, so the notices' foreign key to their period

@@ -1,8 +1,8 @@
 -- Budgets (issue 23, docs/design.md "Budgets"): a limit per organization, project,
 -- API key or end user, per calendar day, week (from Monday) or month in UTC, on
 -- top of the organization's monthly allowance. A request names its scope ids at
--- admission; the budgets that apply to it then are fixed on it as bits of
--- invocations.budget_mask, one counter row each (llm.budget_counters), and every
+-- admission; the budgets that apply to it then are fixed beside it as bits of
+-- invocation_scopes.budget_mask, one counter row each (llm.budget_counters), and every
 -- movement of the request moves those counters in the windows of its admission
 -- time. Admission checks every one of them, all or nothing (30_admission.sql).
 --
@@ -104,14 +104,15 @@ COMMENT ON FUNCTION llm._check_scope_id(text, text) IS
 -- statement, one snapshot: a concurrent set_budget applies wholly or not at all.
 CREATE OR REPLACE FUNCTION llm._applicable_budgets(
     p_organization_id uuid, p_project text, p_api_key text, p_end_user text,
-    OUT slots integer[], OUT limits bigint[], OUT revisions uuid[])
+    OUT mask integer, OUT slots integer[], OUT limits bigint[], OUT revisions uuid[])
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
-    SELECT coalesce(pg_catalog.array_agg(a.slot ORDER BY a.slot), '{}'),
+    SELECT coalesce(sum(1 << a.slot), 0),
+           coalesce(pg_catalog.array_agg(a.slot ORDER BY a.slot), '{}'),
            coalesce(pg_catalog.array_agg(a.limit_credits ORDER BY a.slot), '{}'),
            coalesce(pg_catalog.array_agg(a.revision ORDER BY a.slot), '{}')
-      INTO slots, limits, revisions
+      INTO mask, slots, limits, revisions
       FROM (SELECT DISTINCT ON (b.scope, b.budget_window)
                    llm._budget_slot(b.scope, b.budget_window) AS slot, b.limit_credits, b.revision
               FROM llm.budget_limits AS b
@@ -124,7 +125,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm._applicable_budgets(uuid, text, text, text) IS
-    'The budgets that apply to a request naming these scope ids: their bits, limits and revisions, in bit order, read in one snapshot.';
+    'The budgets that apply to a request naming these scope ids: their budget_mask, and their bits, limits and revisions in bit order, read in one snapshot.';
 
 -- A request's holds on its budgets' counters, in bit order, after its hold on the
 -- period (the allowance, named first when both refuse). Each counter is created by
@@ -133,7 +134,8 @@ COMMENT ON FUNCTION llm._applicable_budgets(uuid, text, text, text) IS
 -- caller's transaction rolls back every hold). Long on purpose: the counter's
 -- upsert and the refusal's DETAIL read its row, and belong together.
 CREATE OR REPLACE FUNCTION llm._hold_budgets(
-    p_inv llm.invocations, p_slots integer[], p_limits bigint[], p_revisions uuid[])
+    p_inv llm.invocations, p_scopes llm.invocation_scopes, p_slots integer[], p_limits bigint[],
+    p_revisions uuid[])
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -143,8 +145,8 @@ DECLARE
     v_counter llm.budget_counters;
 BEGIN
     FOR v_key IN
-        SELECT k.* FROM llm._budget_keys(p_inv.budget_mask, p_inv.organization_id, p_inv.project,
-                                         p_inv.api_key, p_inv.end_user, p_inv.created_at) AS k
+        SELECT k.* FROM llm._budget_keys(p_scopes.budget_mask, p_inv.organization_id, p_scopes.project,
+                                         p_scopes.api_key, p_scopes.end_user, p_inv.created_at) AS k
     LOOP
         v_i := v_i + 1;  -- the keys and the arrays are both in bit order
         INSERT INTO llm.budget_counters AS c
@@ -178,7 +180,7 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION llm._hold_budgets(llm.invocations, integer[], bigint[], uuid[]) IS
+COMMENT ON FUNCTION llm._hold_budgets(llm.invocations, llm.invocation_scopes, integer[], bigint[], uuid[]) IS
     'Holds a just-admitted request''s estimate on the counter of every budget in its budget_mask, in bit order, each iff used + held + estimate <= its limit (LL001 naming the first that does not fit, with the id as the DETAIL''s first line).';
 
 -- ---------------------------------------------------------------- movements
@@ -223,10 +225,12 @@ COMMENT ON FUNCTION llm._budget_crossings(uuid, llm.budget_counters[], bigint[],
 -- Every movement of terminal or trued-up requests moves the counters they were
 -- admitted under, in the windows of their admission time: the charge in and the
 -- hold out for requests just made terminal (settled, failed, recovered), or the
--- signed difference of a true-up (p_true_up). Counters in lock order (bit, id,
--- window start), after the period's stripes; then the thresholds they crossed.
+-- signed difference of a true-up (p_true_up). Their scope ids and budget_mask are
+-- read beside them (invocation_scopes: none for most requests, and then nothing
+-- else runs). Counters in lock order (slot, id, window start), after the period's
+-- stripes; then the thresholds they crossed.
 CREATE OR REPLACE FUNCTION llm._move_budgets(
-    p_organization_id uuid, p_ids uuid[], p_true_up boolean, p_now timestamptz)
+    p_organization_id uuid, p_invs llm.invocations[], p_true_up boolean, p_now timestamptz)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -242,10 +246,12 @@ BEGIN
                         ELSE i.charged_credits END)::bigint AS used,
                sum(CASE WHEN p_true_up THEN 0 ELSE i.hold_credits END)::bigint AS released,
                sum(coalesce(i.charged_cents, 0))::bigint AS cents
-          FROM llm.invocations AS i
-         CROSS JOIN LATERAL llm._budget_keys(i.budget_mask, i.organization_id, i.project, i.api_key,
-                                             i.end_user, i.created_at) AS k
-         WHERE i.organization_id = p_organization_id AND i.id = ANY (p_ids) AND i.budget_mask <> 0
+          FROM pg_catalog.unnest(p_invs) AS i
+          JOIN llm.invocation_scopes AS s
+            ON s.organization_id = p_organization_id AND s.invocation_id = i.id
+         CROSS JOIN LATERAL llm._budget_keys(s.budget_mask, p_organization_id, s.project, s.api_key,
+                                             s.end_user, i.created_at) AS k
+         WHERE s.budget_mask <> 0
          GROUP BY k.slot, k.scope, k.scope_id, k.budget_window, k.window_start
          ORDER BY k.slot, k.scope_id, k.window_start
     LOOP
@@ -268,7 +274,7 @@ BEGIN
     RETURN 0;
 END
 $$;
-COMMENT ON FUNCTION llm._move_budgets(uuid, uuid[], boolean, timestamptz) IS
+COMMENT ON FUNCTION llm._move_budgets(uuid, llm.invocations[], boolean, timestamptz) IS
     'Moves the budget counters of the given requests (terminal: charge in, hold out; p_true_up: the signed difference) in lock order and owes the thresholds they crossed; returns the notices created.';
 
 -- ---------------------------------------------------------------- set_budget
@@ -337,8 +343,9 @@ AS $$
 DECLARE
     v_revision uuid := pg_catalog.gen_random_uuid();  -- before the INSERT (Citus rule 6)
 BEGIN
-    -- lock order: the organization's row, the budget's row, its counters
-    PERFORM FROM llm.organizations AS o WHERE o.id = p_organization_id FOR UPDATE;
+    -- lock order: the organization's row (kept, not locked against admissions), the
+    -- budget's row, its counters
+    PERFORM FROM llm.organizations AS o WHERE o.id = p_organization_id FOR KEY SHARE;
     IF NOT FOUND THEN
         PERFORM llm._raise_unknown_org(p_organization_id);
     END IF;
@@ -354,9 +361,6 @@ BEGIN
            SET limit_credits = excluded.limit_credits, thresholds = excluded.thresholds,
                revision = excluded.revision, updated_at = excluded.updated_at;
     END IF;
-    UPDATE llm.organizations AS o
-       SET has_budgets = EXISTS (SELECT FROM llm.budget_limits AS b WHERE b.organization_id = p_organization_id)
-     WHERE o.id = p_organization_id;
     RETURN llm._budget_reached(p_organization_id, p_scope, p_scope_id, p_window, p_now);
 END
 $$;

@@ -17,15 +17,14 @@ AS $$
 DECLARE
     v_org_status text;
     v_stripes integer;
-    v_has_budgets boolean;
     v_budgets record;
-    v_mask integer := 0;
+    v_scopes llm.invocation_scopes;
     v_stripe smallint;
     v_inv llm.invocations;
     v_exec_status text;
     v_period date := llm._period_start(p_now);
 BEGIN
-    SELECT o.status, o.period_stripes, o.has_budgets INTO v_org_status, v_stripes, v_has_budgets
+    SELECT o.status, o.period_stripes INTO v_org_status, v_stripes
       FROM llm.organizations AS o
      WHERE o.id = p_organization_id;
     IF v_org_status IS DISTINCT FROM 'operational' THEN
@@ -59,21 +58,17 @@ BEGIN
 
     -- The budgets that apply, fixed on the request (its budget_mask) and decided
     -- against the limits read here, in one snapshot.
-    IF v_has_budgets THEN
-        SELECT * INTO v_budgets
-          FROM llm._applicable_budgets(p_organization_id, p_project, p_api_key, p_end_user);
-        SELECT coalesce(sum(1 << b.slot), 0) INTO v_mask FROM pg_catalog.unnest(v_budgets.slots) AS b(slot);
-    END IF;
+    SELECT * INTO v_budgets
+      FROM llm._applicable_budgets(p_organization_id, p_project, p_api_key, p_end_user);
 
     -- This session's stripe: concurrent sessions of one organization hold on
     -- different rows (a session keeps its stripe, and its cache lines, between calls).
     v_stripe := pg_catalog.mod(pg_catalog.pg_backend_pid(), v_stripes)::smallint;
     INSERT INTO llm.invocations AS i
            (organization_id, id, period_start, execution_id, model, status,
-            estimate_credits, hold_credits, created_at, stripe, project, api_key, end_user, budget_mask)
+            estimate_credits, hold_credits, created_at, stripe)
     VALUES (p_organization_id, coalesce(p_invocation_id, pg_catalog.gen_random_uuid()), v_period,
-            p_execution_id, p_model, 'reserved', p_estimate_credits, p_estimate_credits, p_now, v_stripe,
-            p_project, p_api_key, p_end_user, v_mask)
+            p_execution_id, p_model, 'reserved', p_estimate_credits, p_estimate_credits, p_now, v_stripe)
     ON CONFLICT (organization_id, id) DO NOTHING
     RETURNING i.* INTO v_inv;
     IF NOT FOUND THEN
@@ -84,6 +79,13 @@ BEGIN
         RETURN llm._same_admission(v_inv, p_estimate_credits, p_model, p_execution_id,
                                    p_project, p_api_key, p_end_user);
     END IF;
+    -- its scope ids and budgets beside it, when it has any
+    IF v_budgets.mask <> 0 OR p_project IS NOT NULL OR p_api_key IS NOT NULL OR p_end_user IS NOT NULL THEN
+        INSERT INTO llm.invocation_scopes AS s
+               (organization_id, invocation_id, project, api_key, end_user, budget_mask)
+        VALUES (p_organization_id, v_inv.id, p_project, p_api_key, p_end_user, v_budgets.mask)
+        RETURNING s.* INTO v_scopes;
+    END IF;
 
     -- The hold from this stripe's room, in one row; else the exact path (the period
     -- locked, LL001 unless used + held + estimate <= allowance, the period created on
@@ -92,8 +94,8 @@ BEGIN
     PERFORM llm._move_stripe(p_organization_id, v_period, v_stripe, 0, p_estimate_credits, 0, p_now, true);
     -- Then every budget's counter, in bit order, last: a hot key's row is held from
     -- here to the commit only.
-    IF v_mask <> 0 THEN
-        PERFORM llm._hold_budgets(v_inv, v_budgets.slots, v_budgets.limits, v_budgets.revisions);
+    IF v_budgets.mask <> 0 THEN
+        PERFORM llm._hold_budgets(v_inv, v_scopes, v_budgets.slots, v_budgets.limits, v_budgets.revisions);
     END IF;
     RETURN v_inv;
 END
@@ -105,14 +107,18 @@ CREATE OR REPLACE FUNCTION llm._same_admission(
     p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid,
     p_project text, p_api_key text, p_end_user text)
 RETURNS llm.invocations
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql STABLE
 AS $$
+DECLARE
+    v_scopes llm.invocation_scopes;  -- none when it named no scope id and had no budget
 BEGIN
+    SELECT * INTO v_scopes FROM llm.invocation_scopes AS s
+     WHERE s.organization_id = p_inv.organization_id AND s.invocation_id = p_inv.id;
     PERFORM llm._check_retry(
         pg_catalog.format('llm: invocation %s was admitted with different arguments', p_inv.id),
         'estimate=%s model=%s execution=%s project=%s api_key=%s end_user=%s',
         ARRAY[p_inv.estimate_credits::text, p_inv.model, p_inv.execution_id::text,
-              p_inv.project, p_inv.api_key, p_inv.end_user],
+              v_scopes.project, v_scopes.api_key, v_scopes.end_user],
         ARRAY[p_estimate_credits::text, p_model, p_execution_id::text, p_project, p_api_key, p_end_user],
         'Use a new invocation id for a new request; reuse an id only to retry the same one.');
     RETURN p_inv;

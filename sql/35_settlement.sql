@@ -131,9 +131,7 @@ BEGIN
     PERFORM llm._move_stripe(p_inv.organization_id, p_inv.period_start, p_inv.stripe,
                              v_charge, -p_inv.hold_credits, v_cents, p_now);
     -- then the budgets it was admitted under, in their windows of its admission
-    IF p_inv.budget_mask <> 0 THEN
-        PERFORM llm._move_budgets(p_inv.organization_id, ARRAY[p_inv.id], false, p_now);
-    END IF;
+    PERFORM llm._move_budgets(p_inv.organization_id, ARRAY[p_inv], false, p_now);
 END
 $$;
 COMMENT ON FUNCTION llm._book_terminal(llm.invocations, timestamptz) IS
@@ -244,9 +242,7 @@ BEGIN
     PERFORM llm._move_stripe(p_inv.organization_id, p_inv.period_start, p_inv.stripe,
                              v_credits, 0, v_cents, p_now);
     -- the budgets it was admitted under, by the same difference
-    IF p_inv.budget_mask <> 0 THEN
-        PERFORM llm._move_budgets(p_inv.organization_id, ARRAY[p_inv.id], true, p_now);
-    END IF;
+    PERFORM llm._move_budgets(p_inv.organization_id, ARRAY[p_inv], true, p_now);
     -- the daily usage of its settlement day, last: the cache the pass rebuilds
     PERFORM llm._true_up_daily_usage(p_inv, v_credits, v_cents);
 END

@@ -84,6 +84,7 @@ LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     v_ids uuid[];
+    v_invs llm.invocations[];  -- the same requests, recovered, for their budgets
     v_period record;
     v_head llm.period_heads;
     v_old_used bigint;
@@ -117,12 +118,13 @@ BEGIN
           FROM picked
          WHERE i.organization_id = p_organization_id AND i.id = picked.id
            AND i.status IN ('reserved', 'dispatched')
-        RETURNING i.id, i.hold_credits, picked.charge, i.estimate_credits, picked.first_alert
+        RETURNING i.id, i.hold_credits, picked.charge, i.estimate_credits, picked.first_alert,
+                  i AS inv
     )
-    SELECT pg_catalog.array_agg(r.id), count(*),
+    SELECT pg_catalog.array_agg(r.id), pg_catalog.array_agg(r.inv), count(*),
            count(*) FILTER (WHERE r.charge = 0 AND r.estimate_credits > 0),
            coalesce(sum(r.hold_credits), 0), count(*) FILTER (WHERE r.first_alert)
-      INTO v_ids, p_sweep.recovered_requests, p_sweep.recovered_uncharged,
+      INTO v_ids, v_invs, p_sweep.recovered_requests, p_sweep.recovered_uncharged,
            p_sweep.released_hold_credits, p_sweep.past_window_alerts
       FROM recovered AS r;
     IF p_sweep.recovered_requests = 0 THEN
@@ -178,7 +180,7 @@ BEGIN
     --    periods, each moved like a settlement's (charge in, hold out), and the
     --    thresholds they crossed.
     p_sweep.notices_created := p_sweep.notices_created
-        + llm._move_budgets(p_organization_id, v_ids, false, p_now);
+        + llm._move_budgets(p_organization_id, v_invs, false, p_now);
 
     IF p_sweep.past_window_alerts > 0 THEN
         RAISE LOG 'llm: % request(s) of organization % were past the recovery window and were recovered',

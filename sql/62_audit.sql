@@ -42,11 +42,13 @@ BEGIN
                        sum(coalesce(i.charged_cents, 0)) FILTER (WHERE i.status IN ('settled', 'failed'))::bigint AS cents,
                        sum(i.hold_credits) FILTER (WHERE i.status IN ('reserved', 'dispatched'))::bigint AS held
                   FROM llm.invocations AS i
-                 CROSS JOIN LATERAL llm._budget_keys(i.budget_mask, i.organization_id, i.project, i.api_key,
-                                                     i.end_user, i.created_at) AS k
+                  JOIN llm.invocation_scopes AS s
+                    ON s.organization_id = i.organization_id AND s.invocation_id = i.id
+                 CROSS JOIN LATERAL llm._budget_keys(s.budget_mask, i.organization_id, s.project, s.api_key,
+                                                     s.end_user, i.created_at) AS k
                  WHERE i.organization_id = p_organization_id
                    AND i.period_start IN (v_current, (v_current - interval '1 month')::date)
-                   AND i.budget_mask <> 0
+                   AND s.budget_mask <> 0
                  GROUP BY 1, 2, 3, 4) AS r
             ON r.scope = c.scope AND r.scope_id IS NOT DISTINCT FROM c.scope_id
            AND r.budget_window = c.budget_window AND r.window_start = c.window_start

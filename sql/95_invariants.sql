@@ -303,7 +303,7 @@ BEGIN
         OR (x.request_count, x.credits, x.cents) = (coalesce(s.n, 0), coalesce(s.credits, 0), coalesce(s.cents, 0));
 
     -- 14. each budget counter's used, held and cents equal the requests admitted under
-    --     it (their budget_mask, in the windows of their admission time); an open
+    --     it (their invocation_scopes.budget_mask, in the windows of their admission time); an open
     --     request's counters exist (a terminal one's may be gone: retention)
     RETURN QUERY
     SELECT 14, coalesce(c.organization_id, r.organization_id),
@@ -319,9 +319,11 @@ BEGIN
                         sum(i.hold_credits) FILTER (WHERE i.status IN ('reserved', 'dispatched')) AS held,
                         sum(coalesce(i.charged_cents, 0)) FILTER (WHERE i.status IN ('settled', 'failed')) AS cents
                    FROM llm.invocations AS i
-                  CROSS JOIN LATERAL llm._budget_keys(i.budget_mask, i.organization_id, i.project, i.api_key,
-                                                      i.end_user, i.created_at) AS k
-                  WHERE i.budget_mask <> 0
+                   JOIN llm.invocation_scopes AS s
+                     ON s.organization_id = i.organization_id AND s.invocation_id = i.id
+                  CROSS JOIN LATERAL llm._budget_keys(s.budget_mask, i.organization_id, s.project, s.api_key,
+                                                      s.end_user, i.created_at) AS k
+                  WHERE s.budget_mask <> 0
                   GROUP BY 1, 2, 3, 4, 5) AS r
         ON r.organization_id = c.organization_id AND r.scope = c.scope
        AND r.scope_id IS NOT DISTINCT FROM c.scope_id AND r.budget_window = c.budget_window
@@ -346,9 +348,11 @@ BEGIN
       LEFT JOIN (SELECT i.organization_id, k.scope, k.scope_id, k.budget_window, k.window_start,
                         sum(GREATEST(0, i.charged_credits - coalesce(i.recovered_credits, i.hold_credits))) AS overrun
                    FROM llm.invocations AS i
-                  CROSS JOIN LATERAL llm._budget_keys(i.budget_mask, i.organization_id, i.project, i.api_key,
-                                                      i.end_user, i.created_at) AS k
-                  WHERE i.budget_mask <> 0 AND i.status IN ('settled', 'failed')
+                   JOIN llm.invocation_scopes AS s
+                     ON s.organization_id = i.organization_id AND s.invocation_id = i.id
+                  CROSS JOIN LATERAL llm._budget_keys(s.budget_mask, i.organization_id, s.project, s.api_key,
+                                                      s.end_user, i.created_at) AS k
+                  WHERE s.budget_mask <> 0 AND i.status IN ('settled', 'failed')
                   GROUP BY 1, 2, 3, 4, 5) AS o
         ON o.organization_id = c.organization_id AND o.scope = c.scope
        AND o.scope_id IS NOT DISTINCT FROM c.scope_id AND o.budget_window = c.budget_window

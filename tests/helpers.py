@@ -226,6 +226,7 @@ CLEAN_BOOKS = [
     "DELETE FROM llm.daily_usage",
     "DELETE FROM llm.budget_counters",
     "DELETE FROM llm.budget_limits",
+    "DELETE FROM llm.invocation_scopes",
     "DELETE FROM llm.invocations",
     "DELETE FROM llm.executions",
     "DELETE FROM llm.period_stripes",

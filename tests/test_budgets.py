@@ -6,14 +6,16 @@ moves the counters it was admitted under."""
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from datetime import date, datetime, timedelta
 
 import psycopg
+import pytest
 
 from tests.helpers import (
     ADMIT_SQL,
     MAX_AMOUNT,
     T0,
+    UTC,
     admit,
     admit_params,
     assert_sqlstate,
@@ -28,6 +30,7 @@ from tests.helpers import (
     notices,
     params,
     reconcile,
+    rows,
     set_budget,
     set_org,
     settle,
@@ -58,7 +61,11 @@ def expected_usage(conn: psycopg.Connection, org: uuid.UUID) -> dict[tuple, tupl
     window) in the windows of its admission time; a terminal request its charge, an open one
     its hold."""
     totals: dict[tuple, list[int]] = {}
-    for r in rows(conn, "SELECT * FROM llm.invocations WHERE organization_id = %s", [org]):
+    query = ("SELECT i.*, s.project, s.api_key, s.end_user, s.budget_mask FROM llm.invocations AS i"
+             " JOIN llm.invocation_scopes AS s"
+             " ON s.organization_id = i.organization_id AND s.invocation_id = i.id"
+             " WHERE i.organization_id = %s")  # fmt: skip
+    for r in rows(conn, query, [org]):
         for bit in range(12):
             if not r["budget_mask"] & (1 << bit):
                 continue

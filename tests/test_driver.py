@@ -516,7 +516,7 @@ SCOPES = {"project": "proj-1", "api_key": "key-1", "end_user": "user 42 ✓"}
 
 
 def scopes_of(conn: psycopg.Connection, inv_id: uuid.UUID) -> tuple[str | None, ...]:
-    query = "SELECT project, api_key, end_user FROM llm.invocations WHERE id = %(id)s::uuid"
+    query = "SELECT project, api_key, end_user FROM llm.invocation_scopes WHERE invocation_id = %(id)s::uuid"
     return conn.execute(query, {"id": inv_id}).fetchone()
 
 
