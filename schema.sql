@@ -73,7 +73,10 @@ CREATE TYPE llm.notice_claim AS (
 	next_attempt_at timestamp with time zone,
 	claimed_at timestamp with time zone,
 	sent_at timestamp with time zone,
-	claim_token uuid
+	claim_token uuid,
+	scope text,
+	scope_id text,
+	budget_window text
 );
 
 COMMENT ON TYPE llm.notice_claim IS 'A notice as claim_notices returns it, with its claim''s token: the columns of llm.threshold_notices as of 0.3.0, fixed.';
@@ -166,18 +169,25 @@ COMMENT ON COLUMN llm.invocations.recovered_credits IS 'What recovery charged th
 
 COMMENT ON COLUMN llm.invocations.stripe IS 'The stripe of its period that holds this request''s hold (and takes its charge).';
 
-CREATE FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone) RETURNS llm.invocations
+CREATE FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) RETURNS llm.invocations
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 dbf56e6251b38f39d0e978e7a5e77ce1 $$;
+    AS $$ body in sql/, md5 7f47925962477ef2a5a50ee091ff9800 $$;
 
-COMMENT ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone) IS 'Distributed twin of admit_invocation; arguments already checked.';
+COMMENT ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) IS 'Distributed twin of admit_invocation; arguments already checked.';
 
 CREATE FUNCTION llm._amount_ok(p_value bigint, p_nullable boolean DEFAULT false) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ body in sql/, md5 e5b20d3db77f0c00dd6e14aed344f42f $$;
 
 COMMENT ON FUNCTION llm._amount_ok(p_value bigint, p_nullable boolean) IS 'True for a non-negative amount no larger than _max_amount() (10^15), or a NULL when p_nullable.';
+
+CREATE FUNCTION llm._applicable_budgets(p_organization_id uuid, p_project text, p_api_key text, p_end_user text, OUT mask integer, OUT limits bigint[], OUT revisions uuid[]) RETURNS record
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 bff9ca5208216d2024e9eb494905f420 $$;
+
+COMMENT ON FUNCTION llm._applicable_budgets(p_organization_id uuid, p_project text, p_api_key text, p_end_user text, OUT mask integer, OUT limits bigint[], OUT revisions uuid[]) IS 'The budgets that apply to a request naming these scope ids: their budget_mask, and their limits and revisions in bit order, read in one snapshot.';
 
 CREATE FUNCTION llm._apply_to_periods(p_organization_id uuid, p_allowance bigint, p_thresholds integer[], p_every_period boolean, p_now timestamp with time zone) RETURNS void
     LANGUAGE plpgsql
@@ -186,12 +196,19 @@ CREATE FUNCTION llm._apply_to_periods(p_organization_id uuid, p_allowance bigint
 
 COMMENT ON FUNCTION llm._apply_to_periods(p_organization_id uuid, p_allowance bigint, p_thresholds integer[], p_every_period boolean, p_now timestamp with time zone) IS 'Applies a changed allowance to the period containing p_now and later ones, owing at once the thresholds their usage now stands at or above, and spreads the rooms again of those periods, or of every period of the organization when its threshold list changed (p_every_period); periods locked in period order.';
 
+CREATE FUNCTION llm._audit_budgets(p_organization_id uuid, p_now timestamp with time zone) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 f0b9916408c287e57bdb612724f0452d $$;
+
+COMMENT ON FUNCTION llm._audit_budgets(p_organization_id uuid, p_now timestamp with time zone) IS 'Recomputes the organization''s budget counters of the day, week and month containing p_now and of the ones before them from their requests in one statement; logs (WARNING) and returns how many disagree. Never repairs.';
+
 CREATE FUNCTION llm._audit_org(p_organization_id uuid, p_now timestamp with time zone, p_run_id uuid) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 854ca638c14a4a218938251061420828 $$;
+    AS $$ body in sql/, md5 af5d6ba72b9a4caef43a1a0edef2032c $$;
 
-COMMENT ON FUNCTION llm._audit_org(p_organization_id uuid, p_now timestamp with time zone, p_run_id uuid) IS 'When due (at least daily), recomputes the organization''s current and previous period, and every period with an unresolved finding, from their requests in one statement; records, logs and returns the periods that disagree (llm.period_findings), resolves findings that no longer hold; NULL when not due.';
+COMMENT ON FUNCTION llm._audit_org(p_organization_id uuid, p_now timestamp with time zone, p_run_id uuid) IS 'When due (at least daily), recomputes the organization''s current and previous period, and every period with an unresolved finding, from their requests in one statement; records, logs and returns the periods that disagree (llm.period_findings), resolves findings that no longer hold; then logs and adds the budget counters of the current and previous windows that disagree (llm._audit_budgets); NULL when not due.';
 
 CREATE FUNCTION llm._audits_due(p_now timestamp with time zone) RETURNS uuid[]
     LANGUAGE plpgsql STABLE SECURITY DEFINER
@@ -210,14 +227,14 @@ COMMENT ON FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id uu
 CREATE FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamp with time zone) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 edc40b900aa702f887000a92565ab00d $$;
+    AS $$ body in sql/, md5 4603db9291d5fa95e26a3d67a9c0895d $$;
 
-COMMENT ON FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamp with time zone) IS 'Books a just-terminated invocation: its task''s totals, then its stripe''s movement (charge in, hold out) and the threshold notices the period crosses.';
+COMMENT ON FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamp with time zone) IS 'Books a just-terminated invocation: its task''s totals, then its stripe''s movement (charge in, hold out) and the threshold notices the period crosses, then its budgets'' counters and theirs.';
 
 CREATE FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamp with time zone) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 ade3bf4895606d7b1e83ab6e6a3eb9bc $$;
+    AS $$ body in sql/, md5 66a61ea44a6059ba1a97418245383083 $$;
 
 COMMENT ON FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamp with time zone) IS 'Books a true-up by the signed difference (the request''s adjustment ledger row): the task''s totals, the stripe of the request''s period (crossings when usage rises) and the daily usage of its settlement day, in the settlement''s transaction.';
 
@@ -227,6 +244,53 @@ CREATE FUNCTION llm._bound_locks() RETURNS text
     AS $$ body in sql/, md5 5483e4c321c5f55d5e477f1dcfe12749 $$;
 
 COMMENT ON FUNCTION llm._bound_locks() IS 'Sets lock_timeout to settings.org_lock_timeout for the rest of the transaction (or until restored); returns the value it replaced.';
+
+CREATE TABLE llm.budget_counters (
+    organization_id uuid NOT NULL,
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    scope text NOT NULL,
+    scope_id text,
+    budget_window text NOT NULL,
+    window_start date NOT NULL,
+    used_credits bigint DEFAULT 0 NOT NULL,
+    held_credits bigint DEFAULT 0 NOT NULL,
+    used_cents bigint DEFAULT 0 NOT NULL,
+    admitted_limit bigint NOT NULL,
+    admitted_revision uuid NOT NULL
+)
+WITH (fillfactor='70');
+
+COMMENT ON TABLE llm.budget_counters IS 'What the requests admitted under a budget use, per (organization, scope, id, window, window start); an own budget and its scope''s ''*'' share the row.';
+
+COMMENT ON COLUMN llm.budget_counters.admitted_limit IS 'The limit the last admission counted here was decided against (invariant 14).';
+
+COMMENT ON COLUMN llm.budget_counters.admitted_revision IS 'The revision of the budget that limit came from (budget_limits.revision, new at every set_budget): when the budget that applies now has another, the limit changed after the last admission.';
+
+CREATE FUNCTION llm._budget_crossings(p_organization_id uuid, p_keys llm.budget_counters[], p_olds bigint[], p_now timestamp with time zone) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 823b68ec45bbcf7c75b2d1f671d58fff $$;
+
+COMMENT ON FUNCTION llm._budget_crossings(p_organization_id uuid, p_keys llm.budget_counters[], p_olds bigint[], p_now timestamp with time zone) IS 'Owes one notice per threshold each moved counter crossed (used from p_olds[i] to p_keys[i].used_credits) under the budget that applies to it now.';
+
+CREATE FUNCTION llm._budget_keys(p_mask integer, p_project text, p_api_key text, p_end_user text, p_at timestamp with time zone) RETURNS TABLE(slot integer, scope text, scope_id text, budget_window text, window_start date)
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ body in sql/, md5 fb295e04acaa136bd02f0a1d3487f295 $$;
+
+COMMENT ON FUNCTION llm._budget_keys(p_mask integer, p_project text, p_api_key text, p_end_user text, p_at timestamp with time zone) IS 'The budget counters (scope, real id, window, window start) a request admitted at p_at with budget_mask p_mask moves, in bit order.';
+
+CREATE FUNCTION llm._budget_reached(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_now timestamp with time zone) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 d26d41d54bf5dff237e62c434ee81cdf $$;
+
+COMMENT ON FUNCTION llm._budget_reached(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_now timestamp with time zone) IS 'With the budget just changed: locks the counters it governs in the window containing p_now (one id, or every id without its own budget for ''*'') and owes every threshold they stand at or above under the budget that applies to each now.';
+
+CREATE FUNCTION llm._budget_slot(p_scope text, p_window text) RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ body in sql/, md5 c2b39c4be687cacc050634ab17146548 $$;
+
+COMMENT ON FUNCTION llm._budget_slot(p_scope text, p_window text) IS 'The budget_mask bit of a scope and window (3 * scope + window), NULL for an unknown one.';
 
 CREATE FUNCTION llm._check_amount(p_name text, p_value bigint, p_nullable boolean DEFAULT false) RETURNS void
     LANGUAGE plpgsql IMMUTABLE
@@ -276,6 +340,13 @@ CREATE FUNCTION llm._check_retry(p_message text, p_format text, p_stored text[],
     AS $$ body in sql/, md5 ea4774bd5b152ad86f157aad60383833 $$;
 
 COMMENT ON FUNCTION llm._check_retry(p_message text, p_format text, p_stored text[], p_given text[], p_hint text) IS 'Raises LL007 (DETAIL: stored and given, each in p_format) when a retry''s arguments differ from the first call''s.';
+
+CREATE FUNCTION llm._check_scope_id(p_name text, p_value text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 e27d8dea5a59a24b358cdd21f1f8f370 $$;
+
+COMMENT ON FUNCTION llm._check_scope_id(p_name text, p_value text) IS 'Raises 22023 naming p_name unless p_value is NULL or a valid scope id.';
 
 CREATE FUNCTION llm._check_text(p_name text, p_value text, p_max integer, p_nullable boolean DEFAULT false) RETURNS void
     LANGUAGE plpgsql IMMUTABLE
@@ -370,6 +441,26 @@ CREATE FUNCTION llm._finish_run(p_run_id uuid, p_token uuid) RETURNS llm.reconci
 
 COMMENT ON FUNCTION llm._finish_run(p_run_id uuid, p_token uuid) IS 'Closes a pass that still holds its lease: succeeded without errors, failed when every organization failed, partial otherwise; frees the lease.';
 
+CREATE TABLE llm.invocation_scopes (
+    organization_id uuid NOT NULL,
+    invocation_id uuid NOT NULL,
+    project text,
+    api_key text,
+    end_user text,
+    budget_mask smallint NOT NULL
+);
+
+COMMENT ON TABLE llm.invocation_scopes IS 'The project, API key and end user a request named at admission, and the budget counters it moves (budget_mask); one row per request that named a scope id or was admitted under a budget.';
+
+COMMENT ON COLUMN llm.invocation_scopes.budget_mask IS 'The budget counters the request moves, fixed at admission: bit 3 * scope + window (organization 0, project 1, api_key 2, end_user 3; day 0, week 1, month 2); 0 when none.';
+
+CREATE FUNCTION llm._hold_budgets(p_inv llm.invocations, p_scopes llm.invocation_scopes, p_limits bigint[], p_revisions uuid[]) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 92958f0a98de8825c124784080d2ebb3 $$;
+
+COMMENT ON FUNCTION llm._hold_budgets(p_inv llm.invocations, p_scopes llm.invocation_scopes, p_limits bigint[], p_revisions uuid[]) IS 'Holds a just-admitted request''s estimate on the counter of every budget in its budget_mask, in bit order, each iff used + held + estimate <= its limit (LL001 naming the first that does not fit, with the id as the DETAIL''s first line).';
+
 CREATE TABLE llm.pass_lease (
     singleton boolean DEFAULT true NOT NULL,
     run_id uuid,
@@ -440,10 +531,17 @@ CREATE FUNCTION llm._may_cross(p_old_used bigint, p_new_used bigint, p_allowance
 
 COMMENT ON FUNCTION llm._may_cross(p_old_used bigint, p_new_used bigint, p_allowance bigint) IS 'False when moving used credits from p_old_used to p_new_used cannot have crossed any whole-percent threshold of p_allowance (NULL when unlimited).';
 
+CREATE FUNCTION llm._move_budgets(p_organization_id uuid, p_invs llm.invocations[], p_true_up boolean, p_now timestamp with time zone) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 0181a69309de2dc9fcae3900346b9a7c $$;
+
+COMMENT ON FUNCTION llm._move_budgets(p_organization_id uuid, p_invs llm.invocations[], p_true_up boolean, p_now timestamp with time zone) IS 'Moves the budget counters of the given requests (terminal: charge in, hold out; p_true_up: the signed difference) in lock order and owes the thresholds they crossed; returns the notices created.';
+
 CREATE FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_now timestamp with time zone, p_admission boolean DEFAULT false) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 dfc240591a2bd87abb260a9b72c81535 $$;
+    AS $$ body in sql/, md5 daed34dfb9b79574f0256854634322e4 $$;
 
 COMMENT ON FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_now timestamp with time zone, p_admission boolean) IS 'Moves one stripe''s counters (used + p_used, held + p_held, cents + p_cents): in one row when it fits the stripe''s rooms, else under the period''s lock, refusing an admission that does not fit the whole period (LL001), recording the thresholds the period''s total crosses and spreading the rooms again.';
 
@@ -503,12 +601,12 @@ CREATE FUNCTION llm._operational_org(p_organization_id uuid) RETURNS llm.organiz
 
 COMMENT ON FUNCTION llm._operational_org(p_organization_id uuid) IS 'The organization row, or LL002 when unknown and LL003 when not operational.';
 
-CREATE FUNCTION llm._owe_notices(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint, p_allowance bigint, p_now timestamp with time zone) RETURNS integer
+CREATE FUNCTION llm._owe_notices(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint, p_allowance bigint, p_now timestamp with time zone, p_scope text DEFAULT 'organization'::text, p_scope_id text DEFAULT NULL::text, p_window text DEFAULT 'month'::text) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 ae8116417c61bb297bc8c88d59f44d5a $$;
+    AS $$ body in sql/, md5 4fe392f9fa0a78f8f8ee2f8223d425fc $$;
 
-COMMENT ON FUNCTION llm._owe_notices(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint, p_allowance bigint, p_now timestamp with time zone) IS 'Creates one owed notice (crossed at p_now) for every threshold of p_thresholds that p_used stands at or above under p_allowance and not notified yet; NOTIFY llm_notices at commit when it created one.';
+COMMENT ON FUNCTION llm._owe_notices(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint, p_allowance bigint, p_now timestamp with time zone, p_scope text, p_scope_id text, p_window text) IS 'Creates one owed notice (crossed at p_now) for every threshold of p_thresholds that p_used stands at or above under p_allowance and not notified yet; NOTIFY llm_notices at commit when it created one.';
 
 CREATE FUNCTION llm._pass_organizations() RETURNS uuid[]
     LANGUAGE plpgsql STABLE SECURITY DEFINER
@@ -554,7 +652,7 @@ COMMENT ON FUNCTION llm._rebuild_days(p_now timestamp with time zone) IS 'The da
 CREATE FUNCTION llm._reconcile_org(p_organization_id uuid, p_now timestamp with time zone, p_batch integer, p_run_id uuid) RETURNS llm.org_sweep
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 2bff5c0355ea5f65bf3c73ab4b031b61 $$;
+    AS $$ body in sql/, md5 3667223f4f1134910551ebde63e347c6 $$;
 
 COMMENT ON FUNCTION llm._reconcile_org(p_organization_id uuid, p_now timestamp with time zone, p_batch integer, p_run_id uuid) IS 'Distributed twin of reconcile_org; arguments already checked.';
 
@@ -575,9 +673,9 @@ COMMENT ON FUNCTION llm._record_reached(p_organization_id uuid, p_period_start d
 CREATE FUNCTION llm._recover_stranded(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone, p_batch integer, p_recovery_charge text, INOUT p_sweep llm.org_sweep) RETURNS llm.org_sweep
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 f4e81ace145f7488f099067f22b3532b $$;
+    AS $$ body in sql/, md5 e0d576bf255cd775679919615f02dec5 $$;
 
-COMMENT ON FUNCTION llm._recover_stranded(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone, p_batch integer, p_recovery_charge text, INOUT p_sweep llm.org_sweep) IS 'Recovers up to p_batch of the organization''s requests unsettled since p_cutoff, oldest first, charged per p_recovery_charge: releases their holds, adds to their tasks, moves their periods'' stripes (each period locked) and records crossed thresholds; fills the sweep''s figures.';
+COMMENT ON FUNCTION llm._recover_stranded(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone, p_batch integer, p_recovery_charge text, INOUT p_sweep llm.org_sweep) IS 'Recovers up to p_batch of the organization''s requests unsettled since p_cutoff, oldest first, charged per p_recovery_charge: releases their holds, adds to their tasks, moves their periods'' stripes (each period locked), then their budgets'' counters, and records crossed thresholds; fills the sweep''s figures.';
 
 CREATE FUNCTION llm._refresh_drift(p_organization_id uuid, p_now timestamp with time zone, p_since timestamp with time zone, p_run_id uuid) RETURNS integer
     LANGUAGE plpgsql
@@ -635,12 +733,25 @@ CREATE FUNCTION llm._run_org(p_run_id uuid, p_token uuid, p_organization_id uuid
 
 COMMENT ON FUNCTION llm._run_org(p_run_id uuid, p_token uuid, p_organization_id uuid, p_now timestamp with time zone, p_batch integer) IS 'Sweeps one organization for a pass (bounded by org_lock_timeout and org_time_budget), adds its figures to the run and renews the lease; an error is recorded on the run and the pass goes on. False when the lease was lost: the pass stops.';
 
-CREATE FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid) RETURNS llm.invocations
-    LANGUAGE plpgsql IMMUTABLE
+CREATE FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_project text, p_api_key text, p_end_user text) RETURNS llm.invocations
+    LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 a5f424fc58edaa8bddf75ed7f37e1807 $$;
+    AS $$ body in sql/, md5 0e6c6744a4b8cfe1f4233333e6cfeff5 $$;
 
-COMMENT ON FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid) IS 'Returns the stored invocation when a retried admission repeats its arguments, else raises LL007.';
+COMMENT ON FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_project text, p_api_key text, p_end_user text) IS 'Returns the stored invocation when a retried admission repeats its arguments, else raises LL007.';
+
+CREATE FUNCTION llm._scope_id_ok(p_value text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ body in sql/, md5 558c42baf2819e71c2b0260afecee093 $$;
+
+COMMENT ON FUNCTION llm._scope_id_ok(p_value text) IS 'True for NULL or a valid scope id (1..200 characters, not blank, no control character, not ''*'').';
+
+CREATE FUNCTION llm._set_budget(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint, p_thresholds integer[], p_now timestamp with time zone) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 73ca69d4af78686549f44f83ca37db31 $$;
+
+COMMENT ON FUNCTION llm._set_budget(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint, p_thresholds integer[], p_now timestamp with time zone) IS 'Distributed twin of set_budget (returns the notices it owed); arguments already checked.';
 
 CREATE FUNCTION llm._set_period_stripes(p_organization_id uuid, p_stripes integer) RETURNS integer
     LANGUAGE plpgsql
@@ -669,6 +780,8 @@ CREATE TABLE llm.settings (
     org_lock_timeout interval DEFAULT '00:00:05'::interval NOT NULL,
     org_time_budget interval DEFAULT '00:01:00'::interval NOT NULL,
     pass_lease interval DEFAULT '00:05:00'::interval NOT NULL,
+    budget_retention interval DEFAULT '400 days'::interval NOT NULL,
+    CONSTRAINT settings_budget_retention_range CHECK (((budget_retention > '00:00:00'::interval) AND (budget_retention <= '100 years'::interval))),
     CONSTRAINT settings_drift_window_range CHECK (((drift_window > '00:00:00'::interval) AND (drift_window <= '365 days'::interval))),
     CONSTRAINT settings_health_max_age_range CHECK (((health_max_age > '00:00:00'::interval) AND (health_max_age <= '30 days'::interval))),
     CONSTRAINT settings_notice_backoff_base_range CHECK (((notice_backoff_base > '00:00:00'::interval) AND (notice_backoff_base <= '01:00:00'::interval))),
@@ -690,6 +803,8 @@ COMMENT ON COLUMN llm.settings.org_lock_timeout IS 'Longest wait for one lock in
 COMMENT ON COLUMN llm.settings.org_time_budget IS 'Longest run of one organization''s sweep, checked between its statements: 57014 when exceeded, recorded as that organization''s error.';
 
 COMMENT ON COLUMN llm.settings.pass_lease IS 'How long a pass holds the one-pass-at-a-time lease without renewing it (it renews after each organization); a lapsed lease is taken over.';
+
+COMMENT ON COLUMN llm.settings.budget_retention IS 'The pass deletes budget counters of windows that ended longer ago than this.';
 
 CREATE FUNCTION llm._settings() RETURNS llm.settings
     LANGUAGE plpgsql STABLE
@@ -722,9 +837,16 @@ COMMENT ON FUNCTION llm._skip_run(p_now timestamp with time zone, p_lease llm.pa
 CREATE FUNCTION llm._spread_rooms(p_organization_id uuid, p_period_start date, p_allowance bigint) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 1944ee91837580839e708fab2c0240e2 $$;
+    AS $$ body in sql/, md5 ebde07e087e8ef0401127eb8222e8267 $$;
 
 COMMENT ON FUNCTION llm._spread_rooms(p_organization_id uuid, p_period_start date, p_allowance bigint) IS 'With the period locked: creates the stripes its organization uses now and gives each an even share of what the period has left (admit_room) and of the usage before its next threshold (notice_room).';
+
+CREATE FUNCTION llm._task_admits(p_organization_id uuid, p_execution_id uuid, p_invocation_id uuid, p_estimate_credits bigint, p_model text, p_project text, p_api_key text, p_end_user text) RETURNS llm.invocations
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 b7d97a8c81532b784e40b5f672f53c3a $$;
+
+COMMENT ON FUNCTION llm._task_admits(p_organization_id uuid, p_execution_id uuid, p_invocation_id uuid, p_estimate_credits bigint, p_model text, p_project text, p_api_key text, p_end_user text) IS 'For a request linked to a task: NULL fields when the task runs; the earlier admission when it is a retry of one admitted while it ran; else LL006 (unknown task) or LL009 (closed).';
 
 CREATE FUNCTION llm._terminal_outcome(p_organization_id uuid, p_invocation_id uuid) RETURNS text
     LANGUAGE plpgsql STABLE
@@ -753,12 +875,18 @@ CREATE FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_
 
 COMMENT ON FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) IS 'Distributed twin of upsert_organization; arguments already checked.';
 
-CREATE FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid DEFAULT NULL::uuid, p_invocation_id uuid DEFAULT NULL::uuid, p_now timestamp with time zone DEFAULT now()) RETURNS llm.admission
+CREATE FUNCTION llm._window_start(p_window text, p_at timestamp with time zone) RETURNS date
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ body in sql/, md5 ec51268a0ae69472d136459fb5b318ff $$;
+
+COMMENT ON FUNCTION llm._window_start(p_window text, p_at timestamp with time zone) IS 'The first day of the calendar window (day, week from Monday, month) containing p_at, in UTC.';
+
+CREATE FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid DEFAULT NULL::uuid, p_invocation_id uuid DEFAULT NULL::uuid, p_now timestamp with time zone DEFAULT now(), p_project text DEFAULT NULL::text, p_api_key text DEFAULT NULL::text, p_end_user text DEFAULT NULL::text) RETURNS llm.admission
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 0b61c8593fa4b7334e4be44b2819caaa $$;
+    AS $$ body in sql/, md5 9ab3866e48d91f5f6e8b42a1fb460083 $$;
 
-COMMENT ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone) IS 'Admits a request iff used + held + estimate <= allowance and places its hold on the current period (LL001 otherwise); a repeated p_invocation_id with the same arguments returns the first admission, with different ones LL007.';
+COMMENT ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) IS 'Admits a request iff used + held + estimate fits the allowance and every budget that applies to its project, API key and end user (LL001 naming the first that does not), placing its hold on the current period and on those budgets'' counters; a repeated p_invocation_id with the same arguments returns the first admission, with different ones LL007.';
 
 CREATE FUNCTION llm.check_daily_usage(p_from date, p_to date) RETURNS TABLE(organization_id uuid, day date, recorded jsonb, computed jsonb)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
@@ -770,9 +898,9 @@ COMMENT ON FUNCTION llm.check_daily_usage(p_from date, p_to date) IS 'One row pe
 CREATE FUNCTION llm.check_invariants() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 b9c42b23c90b2688075133b94e5c9156 $$;
+    AS $$ body in sql/, md5 ccb64b6bc457a0e2ef1ebb4aa88b7237 $$;
 
-COMMENT ON FUNCTION llm.check_invariants() IS 'Returns one row per violated invariant (docs/design.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period findings, notice claims and drift findings); empty when the books are right.';
+COMMENT ON FUNCTION llm.check_invariants() IS 'Returns one row per violated invariant (docs/design.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period findings, notice claims, drift findings, budget counters and budget ceilings); empty when the books are right.';
 
 CREATE FUNCTION llm.claim_notices(p_limit integer DEFAULT 50, p_now timestamp with time zone DEFAULT now()) RETURNS SETOF llm.notice_claim
     LANGUAGE plpgsql SECURITY DEFINER
@@ -805,7 +933,7 @@ COMMENT ON FUNCTION llm.declare_task_kind(p_key text, p_description text) IS 'De
 CREATE FUNCTION llm.distribute(p_shard_count integer DEFAULT NULL::integer) RETURNS text
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $_$ body in sql/, md5 373372c5b4657c2c93f9c1173a13ae9a $_$;
+    AS $_$ body in sql/, md5 7afb467536f0044a6af2388953c469b3 $_$;
 
 COMMENT ON FUNCTION llm.distribute(p_shard_count integer) IS 'Under Citus: reference tables for catalogs, per-organization tables distributed on organization_id co-located with organizations, per-organization twins distributed with force_delegation, the other llm routines propagated to the workers; LL011 without citus.';
 
@@ -885,6 +1013,13 @@ CREATE FUNCTION llm.schedule_reconciliation(p_schedule text DEFAULT '0 * * * *':
 
 COMMENT ON FUNCTION llm.schedule_reconciliation(p_schedule text) IS 'Schedules (or reschedules) the pg_cron job llm-reconciliation of the schema owner running CALL llm.run_reconciliation() in this database; returns its job id; LL010 without pg_cron, 42501 without its grants, 42710 when that job runs in another database.';
 
+CREATE FUNCTION llm.set_budget(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint, p_thresholds integer[] DEFAULT '{80,100}'::integer[], p_now timestamp with time zone DEFAULT now()) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 5c218623624942504aac983152fd8455 $$;
+
+COMMENT ON FUNCTION llm.set_budget(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint, p_thresholds integer[], p_now timestamp with time zone) IS 'Sets (or with a NULL limit removes) the budget of a scope id, or of every id of the scope without one (''*''), per day, week or month in UTC; it applies to every admission after it commits, and owes at once the thresholds the window containing p_now stands at or above.';
+
 CREATE FUNCTION llm.set_period_stripes(p_organization_id uuid, p_stripes integer) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -919,6 +1054,52 @@ CREATE FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_m
     AS $$ body in sql/, md5 91726eaed1385f84ec0f51397af637d1 $$;
 
 COMMENT ON FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) IS 'Creates or updates an organization; a changed allowance (NULL = unlimited) also applies to the period containing p_now and later open ones, which owe at once every threshold their usage now stands at or above; a changed threshold list applies to every period.';
+
+CREATE TABLE llm.budget_limits (
+    organization_id uuid NOT NULL,
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    scope text NOT NULL,
+    scope_id text,
+    budget_window text NOT NULL,
+    limit_credits bigint NOT NULL,
+    thresholds integer[] NOT NULL,
+    revision uuid NOT NULL,
+    updated_at timestamp with time zone NOT NULL,
+    CONSTRAINT budget_limits_budget_window_check CHECK ((budget_window = ANY (ARRAY['day'::text, 'week'::text, 'month'::text]))),
+    CONSTRAINT budget_limits_limit_credits_check CHECK (((limit_credits >= 0) AND (limit_credits <= '1000000000000000'::bigint))),
+    CONSTRAINT budget_limits_not_allowance CHECK ((NOT ((scope = 'organization'::text) AND (budget_window = 'month'::text)))),
+    CONSTRAINT budget_limits_scope_check CHECK ((scope = ANY (ARRAY['organization'::text, 'project'::text, 'api_key'::text, 'end_user'::text]))),
+    CONSTRAINT budget_limits_scope_id CHECK (((scope = 'organization'::text) = (scope_id IS NULL)))
+);
+
+COMMENT ON TABLE llm.budget_limits IS 'The budgets llm.set_budget sets: a limit and thresholds per (organization, scope, scope id or ''*'', window); listed by llm.budgets.';
+
+CREATE VIEW llm.budget_usage AS
+ SELECT c.organization_id,
+    c.scope,
+    c.scope_id,
+    c.budget_window,
+    c.window_start,
+    COALESCE(own.limit_credits, dflt.limit_credits) AS limit_credits,
+    c.used_credits,
+    c.held_credits,
+    c.used_cents
+   FROM ((llm.budget_counters c
+     LEFT JOIN llm.budget_limits own ON (((own.organization_id = c.organization_id) AND (own.scope = c.scope) AND (NOT (own.scope_id IS DISTINCT FROM c.scope_id)) AND (own.budget_window = c.budget_window))))
+     LEFT JOIN llm.budget_limits dflt ON (((dflt.organization_id = c.organization_id) AND (dflt.scope = c.scope) AND (dflt.scope_id = '*'::text) AND (dflt.budget_window = c.budget_window))));
+
+COMMENT ON VIEW llm.budget_usage IS 'One row per scope id and window that counted a request, under the real id (a default budget''s rows too), with the limit that applies to it now (NULL: none).';
+
+CREATE VIEW llm.budgets AS
+ SELECT b.organization_id,
+    b.scope,
+    b.scope_id,
+    b.budget_window,
+    b.limit_credits,
+    b.thresholds
+   FROM llm.budget_limits b;
+
+COMMENT ON VIEW llm.budgets IS 'Every budget set with llm.set_budget (not the monthly allowance, which is in llm.organizations): ''*'' is the default of its scope.';
 
 CREATE TABLE llm.daily_usage (
     organization_id uuid NOT NULL,
@@ -1073,6 +1254,9 @@ CREATE TABLE llm.threshold_notices (
     claimed_at timestamp with time zone,
     sent_at timestamp with time zone,
     claim_token uuid,
+    scope text DEFAULT 'organization'::text NOT NULL,
+    scope_id text,
+    budget_window text DEFAULT 'month'::text NOT NULL,
     CONSTRAINT threshold_notices_status_check CHECK ((status = ANY (ARRAY['owed'::text, 'sending'::text, 'sent'::text]))),
     CONSTRAINT threshold_notices_threshold_pct_check CHECK ((threshold_pct > 0))
 );
@@ -1080,6 +1264,22 @@ CREATE TABLE llm.threshold_notices (
 COMMENT ON TABLE llm.threshold_notices IS 'One notice per (organization, period, threshold) crossed: owed -> sending -> sent, with retries and backoff.';
 
 COMMENT ON COLUMN llm.threshold_notices.claim_token IS 'The live claim''s token while sending (claim_notices returns it; complete_notice, fail_notice and release_notice need it); NULL when owed or sent.';
+
+COMMENT ON COLUMN llm.threshold_notices.scope IS 'organization for the allowance and the organization''s day and week budgets; else the budget''s scope.';
+
+COMMENT ON COLUMN llm.threshold_notices.scope_id IS 'The real id the budget counted (never ''*''); NULL for the organization scope.';
+
+ALTER TABLE ONLY llm.budget_counters
+    ADD CONSTRAINT budget_counters_key UNIQUE NULLS NOT DISTINCT (organization_id, scope, scope_id, budget_window, window_start);
+
+ALTER TABLE ONLY llm.budget_counters
+    ADD CONSTRAINT budget_counters_pkey PRIMARY KEY (organization_id, id);
+
+ALTER TABLE ONLY llm.budget_limits
+    ADD CONSTRAINT budget_limits_key UNIQUE NULLS NOT DISTINCT (organization_id, scope, scope_id, budget_window);
+
+ALTER TABLE ONLY llm.budget_limits
+    ADD CONSTRAINT budget_limits_pkey PRIMARY KEY (organization_id, id);
 
 ALTER TABLE ONLY llm.daily_usage
     ADD CONSTRAINT daily_usage_pkey PRIMARY KEY (organization_id, day, model);
@@ -1089,6 +1289,9 @@ ALTER TABLE ONLY llm.drift_findings
 
 ALTER TABLE ONLY llm.executions
     ADD CONSTRAINT executions_pkey PRIMARY KEY (organization_id, id);
+
+ALTER TABLE ONLY llm.invocation_scopes
+    ADD CONSTRAINT invocation_scopes_pkey PRIMARY KEY (organization_id, invocation_id);
 
 ALTER TABLE ONLY llm.invocations
     ADD CONSTRAINT invocations_pkey PRIMARY KEY (organization_id, id);
@@ -1121,9 +1324,6 @@ ALTER TABLE ONLY llm.task_kinds
     ADD CONSTRAINT task_kinds_pkey PRIMARY KEY (key);
 
 ALTER TABLE ONLY llm.threshold_notices
-    ADD CONSTRAINT threshold_notices_organization_id_period_start_threshold_pc_key UNIQUE (organization_id, period_start, threshold_pct);
-
-ALTER TABLE ONLY llm.threshold_notices
     ADD CONSTRAINT threshold_notices_pkey PRIMARY KEY (organization_id, id);
 
 CREATE INDEX daily_usage_day ON llm.daily_usage USING btree (day);
@@ -1146,6 +1346,8 @@ CREATE INDEX period_findings_open ON llm.period_findings USING btree (organizati
 
 CREATE INDEX reconciliation_runs_started ON llm.reconciliation_runs USING btree (started_at DESC);
 
+CREATE UNIQUE INDEX threshold_notices_key ON llm.threshold_notices USING btree (organization_id, scope, scope_id, budget_window, period_start, threshold_pct) NULLS NOT DISTINCT;
+
 CREATE INDEX threshold_notices_owed ON llm.threshold_notices USING btree (next_attempt_at, crossed_at) WHERE (status = 'owed'::text);
 
 CREATE INDEX threshold_notices_sending ON llm.threshold_notices USING btree (claimed_at) WHERE (status = 'sending'::text);
@@ -1165,9 +1367,6 @@ ALTER TABLE ONLY llm.period_stripes
 ALTER TABLE ONLY llm.period_heads
     ADD CONSTRAINT periods_organization_id_fkey FOREIGN KEY (organization_id) REFERENCES llm.organizations(id);
 
-ALTER TABLE ONLY llm.threshold_notices
-    ADD CONSTRAINT threshold_notices_organization_id_period_start_fkey FOREIGN KEY (organization_id, period_start) REFERENCES llm.period_heads(organization_id, period_start);
-
 GRANT USAGE ON SCHEMA llm TO llm_app;
 GRANT USAGE ON SCHEMA llm TO llm_operator;
 GRANT USAGE ON SCHEMA llm TO llm_reader;
@@ -1177,11 +1376,15 @@ REVOKE ALL ON FUNCTION llm._abandon_stale_tasks(p_organization_id uuid, p_now ti
 GRANT SELECT ON TABLE llm.invocations TO llm_reader;
 GRANT SELECT ON TABLE llm.invocations TO llm_operator;
 
-REVOKE ALL ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone) FROM PUBLIC;
+REVOKE ALL ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._amount_ok(p_value bigint, p_nullable boolean) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._applicable_budgets(p_organization_id uuid, p_project text, p_api_key text, p_end_user text, OUT mask integer, OUT limits bigint[], OUT revisions uuid[]) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._apply_to_periods(p_organization_id uuid, p_allowance bigint, p_thresholds integer[], p_every_period boolean, p_now timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._audit_budgets(p_organization_id uuid, p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._audit_org(p_organization_id uuid, p_now timestamp with time zone, p_run_id uuid) FROM PUBLIC;
 
@@ -1197,6 +1400,17 @@ REVOKE ALL ON FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamp 
 
 REVOKE ALL ON FUNCTION llm._bound_locks() FROM PUBLIC;
 
+GRANT SELECT ON TABLE llm.budget_counters TO llm_reader;
+GRANT SELECT ON TABLE llm.budget_counters TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm._budget_crossings(p_organization_id uuid, p_keys llm.budget_counters[], p_olds bigint[], p_now timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._budget_keys(p_mask integer, p_project text, p_api_key text, p_end_user text, p_at timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._budget_reached(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_now timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._budget_slot(p_scope text, p_window text) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._check_amount(p_name text, p_value bigint, p_nullable boolean) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._check_call(p_organization_id uuid, p_now timestamp with time zone, p_what text, p_id uuid) FROM PUBLIC;
@@ -1211,6 +1425,8 @@ REVOKE ALL ON FUNCTION llm._check_day_range(p_from date, p_to date) FROM PUBLIC;
 REVOKE ALL ON FUNCTION llm._check_deadline(p_organization_id uuid, p_deadline timestamp with time zone, p_step text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._check_retry(p_message text, p_format text, p_stored text[], p_given text[], p_hint text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._check_scope_id(p_name text, p_value text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._check_text(p_name text, p_value text, p_max integer, p_nullable boolean) FROM PUBLIC;
 
@@ -1235,6 +1451,11 @@ GRANT SELECT ON TABLE llm.reconciliation_runs TO llm_operator;
 REVOKE ALL ON FUNCTION llm._finish_run(p_run_id uuid, p_token uuid) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm._finish_run(p_run_id uuid, p_token uuid) TO llm_operator;
 
+GRANT SELECT ON TABLE llm.invocation_scopes TO llm_reader;
+GRANT SELECT ON TABLE llm.invocation_scopes TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm._hold_budgets(p_inv llm.invocations, p_scopes llm.invocation_scopes, p_limits bigint[], p_revisions uuid[]) FROM PUBLIC;
+
 GRANT SELECT ON TABLE llm.pass_lease TO llm_reader;
 GRANT SELECT ON TABLE llm.pass_lease TO llm_operator;
 
@@ -1253,6 +1474,8 @@ REVOKE ALL ON FUNCTION llm._max_amount() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._may_cross(p_old_used bigint, p_new_used bigint, p_allowance bigint) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._move_budgets(p_organization_id uuid, p_invs llm.invocations[], p_true_up boolean, p_now timestamp with time zone) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_now timestamp with time zone, p_admission boolean) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint) FROM PUBLIC;
@@ -1266,7 +1489,7 @@ GRANT SELECT ON TABLE llm.organizations TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm._operational_org(p_organization_id uuid) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm._owe_notices(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint, p_allowance bigint, p_now timestamp with time zone) FROM PUBLIC;
+REVOKE ALL ON FUNCTION llm._owe_notices(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint, p_allowance bigint, p_now timestamp with time zone, p_scope text, p_scope_id text, p_window text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._pass_organizations() FROM PUBLIC;
 GRANT ALL ON FUNCTION llm._pass_organizations() TO llm_operator;
@@ -1309,7 +1532,11 @@ GRANT ALL ON FUNCTION llm._run_followup(p_run_id uuid, p_token uuid, p_step text
 REVOKE ALL ON FUNCTION llm._run_org(p_run_id uuid, p_token uuid, p_organization_id uuid, p_now timestamp with time zone, p_batch integer) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm._run_org(p_run_id uuid, p_token uuid, p_organization_id uuid, p_now timestamp with time zone, p_batch integer) TO llm_operator;
 
-REVOKE ALL ON FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_project text, p_api_key text, p_end_user text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._scope_id_ok(p_value text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._set_budget(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint, p_thresholds integer[], p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._set_period_stripes(p_organization_id uuid, p_stripes integer) FROM PUBLIC;
 
@@ -1329,6 +1556,8 @@ REVOKE ALL ON FUNCTION llm._skip_run(p_now timestamp with time zone, p_lease llm
 
 REVOKE ALL ON FUNCTION llm._spread_rooms(p_organization_id uuid, p_period_start date, p_allowance bigint) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._task_admits(p_organization_id uuid, p_execution_id uuid, p_invocation_id uuid, p_estimate_credits bigint, p_model text, p_project text, p_api_key text, p_end_user text) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._terminal_outcome(p_organization_id uuid, p_invocation_id uuid) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._text_ok(p_value text, p_max integer, p_nullable boolean) FROM PUBLIC;
@@ -1337,8 +1566,10 @@ REVOKE ALL ON FUNCTION llm._true_up_daily_usage(p_inv llm.invocations, p_credits
 
 REVOKE ALL ON FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone) FROM PUBLIC;
-GRANT ALL ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone) TO llm_app;
+REVOKE ALL ON FUNCTION llm._window_start(p_window text, p_at timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) TO llm_app;
 
 REVOKE ALL ON FUNCTION llm.check_daily_usage(p_from date, p_to date) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.check_daily_usage(p_from date, p_to date) TO llm_operator;
@@ -1394,6 +1625,9 @@ GRANT ALL ON PROCEDURE llm.run_reconciliation(IN p_now timestamp with time zone,
 REVOKE ALL ON FUNCTION llm.schedule_reconciliation(p_schedule text) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.schedule_reconciliation(p_schedule text) TO llm_operator;
 
+REVOKE ALL ON FUNCTION llm.set_budget(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint, p_thresholds integer[], p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.set_budget(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint, p_thresholds integer[], p_now timestamp with time zone) TO llm_operator;
+
 REVOKE ALL ON FUNCTION llm.set_period_stripes(p_organization_id uuid, p_stripes integer) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.set_period_stripes(p_organization_id uuid, p_stripes integer) TO llm_operator;
 
@@ -1408,6 +1642,17 @@ GRANT ALL ON FUNCTION llm.unschedule_reconciliation() TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) TO llm_operator;
+
+GRANT SELECT ON TABLE llm.budget_limits TO llm_reader;
+GRANT SELECT ON TABLE llm.budget_limits TO llm_operator;
+
+GRANT SELECT ON TABLE llm.budget_usage TO llm_reader;
+GRANT SELECT ON TABLE llm.budget_usage TO llm_operator;
+GRANT SELECT ON TABLE llm.budget_usage TO llm_app;
+
+GRANT SELECT ON TABLE llm.budgets TO llm_reader;
+GRANT SELECT ON TABLE llm.budgets TO llm_operator;
+GRANT SELECT ON TABLE llm.budgets TO llm_app;
 
 GRANT SELECT ON TABLE llm.daily_usage TO llm_reader;
 GRANT SELECT ON TABLE llm.daily_usage TO llm_operator;

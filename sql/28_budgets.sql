@@ -31,8 +31,7 @@ COMMENT ON FUNCTION llm._window_start(text, timestamptz) IS
 -- The counters a request with budget_mask p_mask moves: one row per bit set, in
 -- bit order (the lock order). Reads no table (Citus rule 7).
 CREATE OR REPLACE FUNCTION llm._budget_keys(
-    p_mask integer, p_organization_id uuid, p_project text, p_api_key text, p_end_user text,
-    p_at timestamptz)
+    p_mask integer, p_project text, p_api_key text, p_end_user text, p_at timestamptz)
 RETURNS TABLE (slot integer, scope text, scope_id text, budget_window text, window_start date)
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -48,7 +47,7 @@ AS $$
      WHERE (coalesce(p_mask, 0) OPERATOR(pg_catalog.&) (1 OPERATOR(pg_catalog.<<) k.slot)) OPERATOR(pg_catalog.<>) 0
      ORDER BY k.slot
 $$;
-COMMENT ON FUNCTION llm._budget_keys(integer, uuid, text, text, text, timestamptz) IS
+COMMENT ON FUNCTION llm._budget_keys(integer, text, text, text, timestamptz) IS
     'The budget counters (scope, real id, window, window start) a request admitted at p_at with budget_mask p_mask moves, in bit order.';
 
 CREATE OR REPLACE FUNCTION llm._budget_slot(p_scope text, p_window text)
@@ -104,15 +103,14 @@ COMMENT ON FUNCTION llm._check_scope_id(text, text) IS
 -- statement, one snapshot: a concurrent set_budget applies wholly or not at all.
 CREATE OR REPLACE FUNCTION llm._applicable_budgets(
     p_organization_id uuid, p_project text, p_api_key text, p_end_user text,
-    OUT mask integer, OUT slots integer[], OUT limits bigint[], OUT revisions uuid[])
+    OUT mask integer, OUT limits bigint[], OUT revisions uuid[])
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
     SELECT coalesce(sum(1 << a.slot), 0),
-           coalesce(pg_catalog.array_agg(a.slot ORDER BY a.slot), '{}'),
            coalesce(pg_catalog.array_agg(a.limit_credits ORDER BY a.slot), '{}'),
            coalesce(pg_catalog.array_agg(a.revision ORDER BY a.slot), '{}')
-      INTO mask, slots, limits, revisions
+      INTO mask, limits, revisions
       FROM (SELECT DISTINCT ON (b.scope, b.budget_window)
                    llm._budget_slot(b.scope, b.budget_window) AS slot, b.limit_credits, b.revision
               FROM llm.budget_limits AS b
@@ -125,7 +123,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm._applicable_budgets(uuid, text, text, text) IS
-    'The budgets that apply to a request naming these scope ids: their budget_mask, and their bits, limits and revisions in bit order, read in one snapshot.';
+    'The budgets that apply to a request naming these scope ids: their budget_mask, and their limits and revisions in bit order, read in one snapshot.';
 
 -- A request's holds on its budgets' counters, in bit order, after its hold on the
 -- period (the allowance, named first when both refuse). Each counter is created by
@@ -134,8 +132,7 @@ COMMENT ON FUNCTION llm._applicable_budgets(uuid, text, text, text) IS
 -- caller's transaction rolls back every hold). Long on purpose: the counter's
 -- upsert and the refusal's DETAIL read its row, and belong together.
 CREATE OR REPLACE FUNCTION llm._hold_budgets(
-    p_inv llm.invocations, p_scopes llm.invocation_scopes, p_slots integer[], p_limits bigint[],
-    p_revisions uuid[])
+    p_inv llm.invocations, p_scopes llm.invocation_scopes, p_limits bigint[], p_revisions uuid[])
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -145,7 +142,7 @@ DECLARE
     v_counter llm.budget_counters;
 BEGIN
     FOR v_key IN
-        SELECT k.* FROM llm._budget_keys(p_scopes.budget_mask, p_inv.organization_id, p_scopes.project,
+        SELECT k.* FROM llm._budget_keys(p_scopes.budget_mask, p_scopes.project,
                                          p_scopes.api_key, p_scopes.end_user, p_inv.created_at) AS k
     LOOP
         v_i := v_i + 1;  -- the keys and the arrays are both in bit order
@@ -180,7 +177,7 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION llm._hold_budgets(llm.invocations, llm.invocation_scopes, integer[], bigint[], uuid[]) IS
+COMMENT ON FUNCTION llm._hold_budgets(llm.invocations, llm.invocation_scopes, bigint[], uuid[]) IS
     'Holds a just-admitted request''s estimate on the counter of every budget in its budget_mask, in bit order, each iff used + held + estimate <= its limit (LL001 naming the first that does not fit, with the id as the DETAIL''s first line).';
 
 -- ---------------------------------------------------------------- movements
@@ -194,7 +191,6 @@ RETURNS integer
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    v_i integer;
     v_budget record;
     v_crossed integer[];
     v_created integer := 0;
@@ -237,8 +233,8 @@ AS $$
 DECLARE
     v_move record;
     v_counter llm.budget_counters;
-    v_rising llm.budget_counters[] := '{}';
-    v_olds bigint[] := '{}';
+    v_rising llm.budget_counters[] := ARRAY[]::llm.budget_counters[];
+    v_olds bigint[] := ARRAY[]::bigint[];
 BEGIN
     FOR v_move IN
         SELECT k.slot, k.scope, k.scope_id, k.budget_window, k.window_start,
@@ -249,7 +245,7 @@ BEGIN
           FROM pg_catalog.unnest(p_invs) AS i
           JOIN llm.invocation_scopes AS s
             ON s.organization_id = p_organization_id AND s.invocation_id = i.id
-         CROSS JOIN LATERAL llm._budget_keys(s.budget_mask, p_organization_id, s.project, s.api_key,
+         CROSS JOIN LATERAL llm._budget_keys(s.budget_mask, s.project, s.api_key,
                                              s.end_user, i.created_at) AS k
          WHERE s.budget_mask <> 0
          GROUP BY k.slot, k.scope, k.scope_id, k.budget_window, k.window_start
@@ -291,12 +287,10 @@ LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     v_start date := llm._window_start(p_window, p_now);
-    v_own text[] := '{}';
+    v_own text[] := ARRAY[]::text[];
     v_counter llm.budget_counters;
-    v_counters llm.budget_counters[] := '{}';
-    v_zeros bigint[] := '{}';
+    v_counters llm.budget_counters[] := ARRAY[]::llm.budget_counters[];
     v_created integer := 0;
-    v_i integer;
     v_budget record;
 BEGIN
     IF p_scope_id = '*' THEN
@@ -407,6 +401,9 @@ BEGIN
     SELECT * INTO v_owed
       FROM llm._set_budget(p_organization_id, p_scope, p_scope_id, p_window, p_limit_credits,
                            v_thresholds, coalesce(p_now, pg_catalog.now()));
+    IF v_owed > 0 THEN
+        RAISE DEBUG 'llm: set_budget owed % threshold notice(s)', v_owed;
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION llm.set_budget(uuid, text, text, text, bigint, integer[], timestamptz) IS

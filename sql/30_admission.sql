@@ -7,6 +7,44 @@
 
 -- ---------------------------------------------------------------- admission
 
+-- A request linked to a task: its task must be running (LL006 when unknown, LL009
+-- when closed), but for the retry of a request admitted while it ran, which is
+-- returned as it was (or LL007 when the arguments differ). NULL fields: admit it.
+CREATE OR REPLACE FUNCTION llm._task_admits(
+    p_organization_id uuid, p_execution_id uuid, p_invocation_id uuid, p_estimate_credits bigint,
+    p_model text, p_project text, p_api_key text, p_end_user text)
+RETURNS llm.invocations
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_exec_status text;
+    v_inv llm.invocations;
+BEGIN
+    SELECT x.status INTO v_exec_status
+      FROM llm.executions AS x
+     WHERE x.organization_id = p_organization_id AND x.id = p_execution_id;
+    IF NOT FOUND THEN
+        PERFORM llm._raise_unknown_execution(p_organization_id, p_execution_id);
+    ELSIF v_exec_status = 'running' THEN
+        RETURN v_inv;
+    END IF;
+    IF p_invocation_id IS NOT NULL THEN
+        SELECT * INTO v_inv FROM llm.invocations AS i
+         WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
+        IF FOUND THEN
+            RETURN llm._same_admission(v_inv, p_estimate_credits, p_model, p_execution_id,
+                                       p_project, p_api_key, p_end_user);
+        END IF;
+    END IF;
+    RAISE EXCEPTION 'llm: execution % is %', p_execution_id, v_exec_status
+        USING ERRCODE = 'LL009',
+              DETAIL = 'Only a running execution admits new requests.',
+              HINT = 'Open a new execution for new work.';
+END
+$$;
+COMMENT ON FUNCTION llm._task_admits(uuid, uuid, uuid, bigint, text, text, text, text) IS
+    'For a request linked to a task: NULL fields when the task runs; the earlier admission when it is a retry of one admitted while it ran; else LL006 (unknown task) or LL009 (closed).';
+
 CREATE OR REPLACE FUNCTION llm._admit_invocation(
     p_organization_id uuid, p_estimate_credits bigint, p_model text,
     p_execution_id uuid, p_invocation_id uuid, p_now timestamptz,
@@ -21,7 +59,6 @@ DECLARE
     v_scopes llm.invocation_scopes;
     v_stripe smallint;
     v_inv llm.invocations;
-    v_exec_status text;
     v_period date := llm._period_start(p_now);
 BEGIN
     SELECT o.status, o.period_stripes INTO v_org_status, v_stripes
@@ -32,28 +69,11 @@ BEGIN
     END IF;
 
     IF p_execution_id IS NOT NULL THEN
-        SELECT x.status INTO v_exec_status
-          FROM llm.executions AS x
-         WHERE x.organization_id = p_organization_id AND x.id = p_execution_id;
-        IF NOT FOUND THEN
-            PERFORM llm._raise_unknown_execution(p_organization_id, p_execution_id);
+        v_inv := llm._task_admits(p_organization_id, p_execution_id, p_invocation_id, p_estimate_credits,
+                                  p_model, p_project, p_api_key, p_end_user);
+        IF v_inv.id IS NOT NULL THEN
+            RETURN v_inv;  -- a retry of a request admitted while its task ran
         END IF;
-    END IF;
-
-    IF v_exec_status IS DISTINCT FROM 'running' AND p_execution_id IS NOT NULL THEN
-        -- a retry of a request admitted while its task ran still returns it
-        IF p_invocation_id IS NOT NULL THEN
-            SELECT * INTO v_inv FROM llm.invocations AS i
-             WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
-            IF FOUND THEN
-                RETURN llm._same_admission(v_inv, p_estimate_credits, p_model, p_execution_id,
-                                           p_project, p_api_key, p_end_user);
-            END IF;
-        END IF;
-        RAISE EXCEPTION 'llm: execution % is %', p_execution_id, v_exec_status
-            USING ERRCODE = 'LL009',
-                  DETAIL = 'Only a running execution admits new requests.',
-                  HINT = 'Open a new execution for new work.';
     END IF;
 
     -- The budgets that apply, fixed on the request (its budget_mask) and decided
@@ -95,7 +115,7 @@ BEGIN
     -- Then every budget's counter, in bit order, last: a hot key's row is held from
     -- here to the commit only.
     IF v_budgets.mask <> 0 THEN
-        PERFORM llm._hold_budgets(v_inv, v_scopes, v_budgets.slots, v_budgets.limits, v_budgets.revisions);
+        PERFORM llm._hold_budgets(v_inv, v_scopes, v_budgets.limits, v_budgets.revisions);
     END IF;
     RETURN v_inv;
 END

@@ -44,7 +44,7 @@ BEGIN
                   FROM llm.invocations AS i
                   JOIN llm.invocation_scopes AS s
                     ON s.organization_id = i.organization_id AND s.invocation_id = i.id
-                 CROSS JOIN LATERAL llm._budget_keys(s.budget_mask, i.organization_id, s.project, s.api_key,
+                 CROSS JOIN LATERAL llm._budget_keys(s.budget_mask, s.project, s.api_key,
                                                      s.end_user, i.created_at) AS k
                  WHERE i.organization_id = p_organization_id
                    AND i.period_start IN (v_current, (v_current - interval '1 month')::date)

@@ -321,7 +321,7 @@ BEGIN
                    FROM llm.invocations AS i
                    JOIN llm.invocation_scopes AS s
                      ON s.organization_id = i.organization_id AND s.invocation_id = i.id
-                  CROSS JOIN LATERAL llm._budget_keys(s.budget_mask, i.organization_id, s.project, s.api_key,
+                  CROSS JOIN LATERAL llm._budget_keys(s.budget_mask, s.project, s.api_key,
                                                       s.end_user, i.created_at) AS k
                   WHERE s.budget_mask <> 0
                   GROUP BY 1, 2, 3, 4, 5) AS r
@@ -350,7 +350,7 @@ BEGIN
                    FROM llm.invocations AS i
                    JOIN llm.invocation_scopes AS s
                      ON s.organization_id = i.organization_id AND s.invocation_id = i.id
-                  CROSS JOIN LATERAL llm._budget_keys(s.budget_mask, i.organization_id, s.project, s.api_key,
+                  CROSS JOIN LATERAL llm._budget_keys(s.budget_mask, s.project, s.api_key,
                                                       s.end_user, i.created_at) AS k
                   WHERE s.budget_mask <> 0 AND i.status IN ('settled', 'failed')
                   GROUP BY 1, 2, 3, 4, 5) AS o

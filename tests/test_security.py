@@ -36,7 +36,7 @@ MONTH = {"first": JANUARY, "last": JANUARY.replace(day=31)}  # the days rebuild_
 ROLES = ("llm_app", "llm_operator", "llm_reader", "plain")
 
 APP = {
-    "llm.admit_invocation(uuid,bigint,text,uuid,uuid,timestamp with time zone)",
+    "llm.admit_invocation(uuid,bigint,text,uuid,uuid,timestamp with time zone,text,text,text)",
     "llm.mark_dispatched(uuid,uuid,timestamp with time zone)",
     "llm.settle_invocation(uuid,uuid,bigint,bigint,bigint,bigint,timestamp with time zone)",
     "llm.fail_invocation(uuid,uuid,text,bigint,bigint,timestamp with time zone)",
@@ -49,6 +49,7 @@ OPERATOR = {
     "llm.declare_task_kind(text,text)",
     "llm.set_recovery_policy(uuid,text,text)",
     "llm.set_period_stripes(uuid,integer)",
+    "llm.set_budget(uuid,text,text,text,bigint,integer[],timestamp with time zone)",
     # recovery, health, schedule
     "llm.reconcile_org(uuid,timestamp with time zone,integer,uuid)",
     "llm.run_reconciliation(timestamp with time zone,integer)",
@@ -83,6 +84,7 @@ EXECUTE = {"llm_app": APP, "llm_operator": OPERATOR, "llm_reader": READER, "plai
 
 TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
 CATALOGS = {"task_kinds", "settings"}
+BUDGET_VIEWS = {"budgets", "budget_usage"}  # issue 23: the app reads its budgets and their usage
 
 
 def expected_table_privilege(role: str, table: str, privilege: str) -> bool:
@@ -90,7 +92,7 @@ def expected_table_privilege(role: str, table: str, privilege: str) -> bool:
         return False  # writes go through functions only
     if role in ("llm_operator", "llm_reader"):
         return True
-    return role == "llm_app" and table in CATALOGS
+    return role == "llm_app" and table in CATALOGS | BUDGET_VIEWS
 
 
 SCHEMA = {  # (USAGE, CREATE)
@@ -192,6 +194,8 @@ ALLOWED = {
         "SELECT * FROM llm.open_execution(%(org)s, 'sec.task', p_now => %(now)s)",
         "SELECT * FROM llm.task_kinds",
         "SELECT * FROM llm.settings",
+        "SELECT * FROM llm.budgets",
+        "SELECT * FROM llm.budget_usage",
     ],
     "llm_operator": [
         "SELECT * FROM llm.reconcile_org(%(org)s, %(now)s)",
@@ -220,7 +224,9 @@ REFUSED = {
         "SELECT count(*) FROM llm.invocations",
         "UPDATE llm.period_stripes SET used_credits = 0",
         "INSERT INTO llm.task_kinds (key) VALUES ('app.own')",
-        "SELECT llm._admit_invocation(%(org)s, 1::bigint, 'm', NULL::uuid, NULL::uuid, %(now)s)",
+        "SELECT llm._admit_invocation(%(org)s, 1::bigint, 'm', NULL::uuid, NULL::uuid, %(now)s,"
+        " NULL, NULL, NULL)",
+        "SELECT llm.set_budget(%(org)s, 'api_key', 'k', 'day', 10::bigint)",
         "SELECT llm._book_terminal(NULL::llm.invocations, %(now)s)",
     ],
     "llm_operator": [
