@@ -19,8 +19,9 @@
 -- Under live traffic: new tables, nullable columns of plain types on
 -- invocations and threshold_notices (no rewrite, no scan), two column
 -- defaults, a settings column (one row) and an attribute on the type
--- claim_notices returns. Lock order of migrations: organizations,
--- settings (outside the list), invocations, threshold_notices.
+-- claim_notices returns; the notices' foreign key dropped. Lock order of
+-- migrations: organizations, settings (outside the list), invocations,
+-- period_heads, threshold_notices.
 
 CREATE TABLE llm.budget_limits (
     organization_id uuid NOT NULL,
@@ -78,6 +79,12 @@ ALTER TABLE llm.invocations ADD COLUMN project text, ADD COLUMN api_key text,
 COMMENT ON COLUMN llm.invocations.budget_mask IS
     'The budget counters the request moves, fixed at admission: bit 3 * scope + window (organization 0, project 1, api_key 2, end_user 3; day 0, week 1, month 2); NULL or 0 when none.';
 
+-- A budget's notice holds its window's start in period_start (a day, a Monday, a
+-- month's first day), which is no period of the allowance: the notices lose their
+-- foreign key to llm.period_heads (dropping it locks the referenced table too, so
+-- that table first, in the lock order of migrations).
+LOCK TABLE llm.period_heads IN ACCESS EXCLUSIVE MODE;
+ALTER TABLE llm.threshold_notices DROP CONSTRAINT threshold_notices_organization_id_period_start_fkey;
 ALTER TABLE llm.threshold_notices ADD COLUMN scope text, ADD COLUMN scope_id text,
     ADD COLUMN budget_window text;
 ALTER TABLE llm.threshold_notices ALTER COLUMN scope SET DEFAULT 'organization';
