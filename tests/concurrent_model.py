@@ -123,6 +123,19 @@ def slot(scope: str, window: str) -> int:
     return 3 * SCOPES.index(scope) + WINDOWS.index(window)
 
 
+def request_scopes_sql(conn: Any) -> str:
+    """A query of every request's organization, id, scope ids (project, api_key,
+    end_user) and budget_mask (0 when none): kept beside the request in
+    llm.invocation_scopes where that table exists (main since the scope ids left
+    llm.invocations), else read on llm.invocations (ab12876, where this was written)."""
+    if conn.execute("SELECT to_regclass('llm.invocation_scopes') IS NOT NULL").fetchone()[0]:
+        return ("SELECT i.organization_id, i.id, s.project, s.api_key, s.end_user, coalesce(s.budget_mask, 0)"
+                " FROM llm.invocations AS i LEFT JOIN llm.invocation_scopes AS s"
+                " ON s.organization_id = i.organization_id AND s.invocation_id = i.id")  # fmt: skip
+    return ("SELECT i.organization_id, i.id, i.project, i.api_key, i.end_user, coalesce(i.budget_mask, 0)"
+            " FROM llm.invocations AS i")  # fmt: skip
+
+
 def iso(at: datetime) -> str:
     return at.isoformat()
 

@@ -80,7 +80,18 @@ from typing import Any
 
 import psycopg
 import pytest
-from concurrent_model import ALLOWANCE, SETUP, START, TASK_KIND, Mismatch, Model, iso, plan, when
+from concurrent_model import (
+    ALLOWANCE,
+    SETUP,
+    START,
+    TASK_KIND,
+    Mismatch,
+    Model,
+    iso,
+    plan,
+    request_scopes_sql,
+    when,
+)
 from psycopg import sql
 
 from tests.helpers import CLEAN_BOOKS, call, rows
@@ -341,10 +352,11 @@ def check_books(conn: psycopg.Connection, model: Model) -> None:
         (o, s): tuple(r) for o, s, *r in q(
             "SELECT organization_id::text, period_start, allowance_credits, used_credits, held_credits, used_cents"
             " FROM llm.periods")}, model.periods())  # fmt: skip
-    requests = {i: tuple(r) for i, *r in q(
+    scopes = {str(i): tuple(r) for _, i, *r in q(request_scopes_sql(conn))}
+    requests = {i: (*r, *scopes[i]) for i, *r in q(
         "SELECT id::text, status, settlement_kind, charged_credits, charged_cents, period_start,"
-        " past_window_alerted_at IS NOT NULL, late_reported_at IS NOT NULL, recovered_credits,"
-        " project, api_key, end_user, coalesce(budget_mask, 0) FROM llm.invocations")}  # fmt: skip
+        " past_window_alerted_at IS NOT NULL, late_reported_at IS NOT NULL, recovered_credits"
+        " FROM llm.invocations")}  # fmt: skip
     expected = model.invocations()
     unlate = {k: v[:6] + v[7:] for k, v in expected.items()}  # all but the late record
     late_only = requests.keys() == expected.keys() and all(
@@ -515,8 +527,7 @@ def masks(conn: psycopg.Connection, history: list[dict[str, Any]]) -> None:
     """Each committed admission's budget_mask, the counters it was admitted under (read
     after the round: llm_app may not read llm.invocations), into its history entry."""
     admitted = [e for e in history if e["op"] == "admit" and "err" not in e]
-    found = dict(conn.execute("SELECT id::text, coalesce(budget_mask, 0) FROM llm.invocations WHERE id = ANY (%s::uuid[])",
-                              [[e["args"]["inv"] for e in admitted]]).fetchall())  # fmt: skip
+    found = {str(i): r[-1] for _, i, *r in conn.execute(request_scopes_sql(conn))}
     for e in admitted:
         e["mask"] = found.get(e["args"]["inv"], 0)
 
