@@ -486,7 +486,7 @@ BUDGET_CASES = [
     ),
     Case(
         "set_budget: budget replaced, waiting for the counter it governs (issue 23)",
-        prep_budgets, lock_end_user_counter, call_lower_budget, ("organizations", "budget_limits"),
+        prep_budgets, lock_end_user_counter, call_lower_budget, ("budget_limits",),
         lambda ctx: [row_locked("budget_limits", "organization_id = %s AND scope = 'end_user'", ORG)],
     ),
 ]
