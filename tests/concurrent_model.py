@@ -24,6 +24,20 @@ round without admissions or notice work. So the pass recovers exactly the
 requests open before its round, old enough for its clock, that no live call of
 the round settled or failed first, and it re-arms only claims of earlier rounds.
 Two upserts of one organization in a round apply in commit order.
+
+Budgets (issue 23): operator sessions set, change and remove budgets (own and
+``'*'``, organization day/week, project/api_key/end_user day/week/month) while
+admissions name scope ids from a small pool. Which budgets applied to a request
+is read from its committed ``budget_mask`` (an admission reads the budgets in
+its own snapshot, which may precede a set_budget that commits before it: the
+contract is "wholly with or wholly without"), and the model checks that the
+mask and the decision fit one budget state in force during the admission's
+round up to its commit: every counter the request was admitted under had room,
+and a refusal's named budget had none while every budget before it had. A
+counter's figures are exact in commit order (its row lock orders every mover);
+a pass of the round may have recovered its eligible requests before or after, so
+decisions are checked against the bounds of both. Counters are sums over the
+model's requests and must equal llm.budget_counters at every round end.
 """
 
 from __future__ import annotations
@@ -53,6 +67,13 @@ THRESHOLDS = {
     ORG_B: ((80, 100), (50, 100)),
 }
 MODELS = ("m-1", "m-2")
+# Budgets (issue 23): the scope ids admissions name, and what set_budget sets
+SCOPE_IDS = {"project": ("p-1", "p-2"), "api_key": ("k-1", "k-2"),
+             "end_user": ("u-1", "u-2", "u-3")}  # fmt: skip
+SCOPES = ("organization", "project", "api_key", "end_user")  # in the order a refusal names them
+WINDOWS = ("day", "week", "month")
+BUDGET_LIMITS = (15, 30, 50, 80, None)  # None removes the budget
+BUDGET_THRESHOLDS = ((80, 100), (50, 100), (100,))
 CLOCK_STEPS = (  # between rounds; 25 h and 3 days let the recovery window pass
     timedelta(minutes=5), timedelta(minutes=20), timedelta(hours=2),
     timedelta(hours=13), timedelta(hours=25), timedelta(days=3),
@@ -66,6 +87,7 @@ WEIGHTS = {  # per slot of a session: operator-leaning (False) and consumer-lean
         "policy": 10,
         "stripes": 12,
         "claim": 35,
+        "budget": 25,
     },
     True: {
         "admit": 45,
@@ -75,6 +97,7 @@ WEIGHTS = {  # per slot of a session: operator-leaning (False) and consumer-lean
         "policy": 2,
         "stripes": 3,
         "claim": 6,
+        "budget": 3,
     },
 }
 TASK_KIND = "sim.task"
@@ -83,6 +106,30 @@ TASK_KIND = "sim.task"
 def period_of(at: datetime) -> date:
     """The UTC calendar month containing ``at`` (its first day)."""
     return date(at.year, at.month, 1)
+
+
+def window_start(window: str, at: datetime) -> date:
+    """The first day of the UTC calendar window (day, week from Monday, month) containing ``at``."""
+    day = at.astimezone(UTC).date()
+    if window == "day":
+        return day
+    if window == "week":
+        return day - timedelta(days=day.weekday())
+    return day.replace(day=1)
+
+
+def slot(scope: str, window: str) -> int:
+    """The budget_mask bit of a scope and window (3 * scope + window)."""
+    return 3 * SCOPES.index(scope) + WINDOWS.index(window)
+
+
+def request_scopes_sql(conn: Any) -> str:
+    """A query of every request's organization, id, scope ids (project, api_key,
+    end_user) and budget_mask (0 when none), kept beside the request in
+    llm.invocation_scopes."""
+    return ("SELECT i.organization_id, i.id, s.project, s.api_key, s.end_user, coalesce(s.budget_mask, 0)"
+            " FROM llm.invocations AS i LEFT JOIN llm.invocation_scopes AS s"
+            " ON s.organization_id = i.organization_id AND s.invocation_id = i.id")  # fmt: skip
 
 
 def iso(at: datetime) -> str:
@@ -122,6 +169,8 @@ def plan(seed: int, sessions: int = 4, rounds: int = 5) -> list[dict[str, Any]]:
         for s in range(sessions):
             ops: list[dict[str, Any]] = []
             mine: list[tuple[str, str, int]] = []  # admitted by this session this round
+            if r == 0 and s >= 2:  # budgets from the start: the operator sessions set one each
+                ops.extend(_draw(rng, "budget", r, [], mine, tasks))
             for _ in range(rng.randint(1, 3)):
                 targets = [a for a in admitted if a[2] < r] + mine
                 weights = dict(WEIGHTS[s < 2])
@@ -162,7 +211,9 @@ def _draw(
             ops.append({"op": "open", "org": org, "task": task})
             tasks.append((org, task, r))
         ops.append({"op": "admit", "org": org, "inv": inv, "estimate": rng.choice((5, 10, 20, 30, 40)),
-                    "model": rng.choice(MODELS), "task": task})  # fmt: skip
+                    "model": rng.choice(MODELS), "task": task}
+                   | {scope: rng.choice(ids) if rng.random() < 0.6 else None
+                      for scope, ids in SCOPE_IDS.items()})  # fmt: skip
         mine.append((org, inv, r))
         if rng.random() < 0.6:
             ops.append({"op": "dispatch", "org": org, "inv": inv})
@@ -198,6 +249,12 @@ def _draw(
                  "late": rng.choice(("audit", "true_up", "true_up"))}]  # fmt: skip
     if kind == "stripes":
         return [{"op": "stripes", "org": org, "stripes": rng.choice((1, 2, 3, 4, 8, 0))}]
+    if kind == "budget":
+        scope = rng.choice(SCOPES)
+        scope_id = None if scope == "organization" else "*" if rng.random() < 0.5 else rng.choice(SCOPE_IDS[scope])
+        return [{"op": "budget", "org": org, "scope": scope, "scope_id": scope_id,
+                 "window": rng.choice(WINDOWS[:2] if scope == "organization" else WINDOWS),
+                 "limit": rng.choice(BUDGET_LIMITS), "thresholds": list(rng.choice(BUDGET_THRESHOLDS))}]  # fmt: skip
     return [{"op": "claim", "limit": rng.randint(1, 3), "seed": rng.getrandbits(32)}]
 
 
@@ -225,6 +282,8 @@ class Request:
     late: bool = False
     recovered: int | None = None
     task: str | None = None  # the replay key of its task
+    ids: dict[str, str | None] = field(default_factory=dict)  # project, api_key, end_user
+    mask: int = 0  # the budget counters it moves (its committed budget_mask)
 
 
 @dataclass
@@ -253,6 +312,10 @@ class Notice:
     claim: tuple[int, str] | None = None  # the live claim: (worker, the worker's name for it)
 
 
+ALLOWANCE = ("organization", None, "month")  # a notice key's scope, id and window for the allowance
+Budgets = dict[tuple[str, str, str | None, str], tuple[int, tuple[int, ...]]]
+
+
 class Model:
     """The books as the committed history says they must be."""
 
@@ -261,7 +324,14 @@ class Model:
         self.allowances: dict[tuple[str, date], int] = {}  # per period
         self.requests: dict[str, Request] = {}
         self.tasks: dict[str, Task] = {}  # by replay key
-        self.notices: dict[tuple[str, date, int], Notice] = {}
+        # by (org, window start, threshold, scope, scope id, window)
+        self.notices: dict[tuple, Notice] = {}
+        # (org, scope, scope id or '*' or None, window) -> (limit, thresholds), and how
+        # often each was set or removed (a budget set once and never replaced owes exactly)
+        self.budgets: Budgets = {}
+        self.budget_sets: dict[tuple[str, str, str | None, str], int] = {}
+        self.states: list[Budgets] = []  # the budgets in force at each commit of the round
+        self.eligible: dict[str, datetime] = {}  # the requests the round's pass may recover
 
     # ------------------------------------------------------------ setup and rounds
 
@@ -294,6 +364,8 @@ class Model:
                 policies[e["args"]["org"]].add((e["args"]["charge"], e["args"]["late"]))
         upserts: dict[str, list[dict[str, Any]]] = {}
         load = self._loads()
+        self.states = [dict(self.budgets)]
+        self.eligible = eligible
         for e in history:
             self._apply(e, eligible, stale, policies, upserts, load)
         for key in stale:
@@ -323,6 +395,8 @@ class Model:
             )
         if op == "admit":
             key = (a["org"], period_of(when(a["now"])))
+            if code == "LL001" and (e.get("budget") or ["periods"])[0] == "budgets":
+                return self._budget_refused(e)
             if code == "LL001":
                 # the smallest allowance in force at any moment of the round
                 allowance = min([self.allowances.get(key, self.orgs[a["org"]].allowance)]
@@ -336,9 +410,10 @@ class Model:
             if a.get("task") and (task is None or task.status != "running"):
                 raise Mismatch(f"admitted {a} into a task that is {task and task.status}")
             self.allowances.setdefault(key, self.orgs[a["org"]].allowance)
-            self.requests[a["inv"]] = Request(
-                a["org"], key[1], a["model"], a["estimate"], when(a["now"]), task=a.get("task")
-            )
+            request = Request(a["org"], key[1], a["model"], a["estimate"], when(a["now"]), task=a.get("task"),
+                              ids={s: a.get(s) for s in SCOPE_IDS}, mask=e.get("mask") or 0)  # fmt: skip
+            self._budget_admitted(e, request)
+            self.requests[a["inv"]] = request
             load[key] = load.get(key, 0) + a["estimate"]
         elif op == "dispatch":
             row = self.requests.get(a["inv"])
@@ -357,6 +432,15 @@ class Model:
         elif op == "upsert":
             self._expect(e, None)
             upserts.setdefault(a["org"], []).append(a)  # commit order: the last one stays
+        elif op == "budget":
+            self._expect(e, None)
+            budget = (a["org"], a["scope"], a["scope_id"], a["window"])
+            self.budget_sets[budget] = self.budget_sets.get(budget, 0) + 1
+            if a["limit"] is None:
+                self.budgets.pop(budget, None)
+            else:
+                self.budgets[budget] = (a["limit"], tuple(sorted(set(a["thresholds"]))))
+            self.states.append(dict(self.budgets))
         elif op == "policy":
             self._expect(e, None)
             self.orgs[a["org"]].charge, self.orgs[a["org"]].late = a["charge"], a["late"]
@@ -368,10 +452,9 @@ class Model:
             self._expect(e, None)
         elif op == "claim":
             self._expect(e, None)
-            for org, period, pct, claim in e["ok"]:
-                self._claim(
-                    (org, date.fromisoformat(period), pct), e["session"], claim, when(a["now"])
-                )
+            for org, period, pct, claim, *budget in e["ok"]:
+                key = (org, date.fromisoformat(period), pct, *(budget or ALLOWANCE))
+                self._claim(key, e["session"], claim, when(a["now"]))
         elif op in ("complete", "fail_notice", "release"):
             self._expect(e, None)
             self._end_claim(e, when(a["now"]))
@@ -462,20 +545,96 @@ class Model:
                 0, credits - row.estimate
             )
 
+    def _recovery_charge(self, row: Request) -> int:
+        org = self.orgs[row.org]
+        if org.charge == "estimate" or (org.charge == "dispatched" and row.status == "dispatched"):
+            return row.estimate
+        return 0
+
     def _recover(self, inv: str, at: datetime) -> None:
         row = self.requests[inv]
-        org = self.orgs[row.org]
-        charge = (
-            row.estimate
-            if org.charge == "estimate"
-            or (org.charge == "dispatched" and row.status == "dispatched")
-            else 0
-        )
+        charge = self._recovery_charge(row)
         row.status, row.kind, row.alerted, row.recovered = "settled", "recovered", True, charge
         self._book(row, charge, None, at)
 
     def _true_up(self, row: Request, credits: int, cents: int, tokens: int | None) -> None:
         row.kind, row.charged, row.cents, row.tokens = "trued_up", credits, cents, tokens
+
+    # ------------------------------------------------------------ budgets
+
+    @staticmethod
+    def applying(state: Budgets, org: str, ids: dict[str, str | None]) -> dict[int, tuple]:
+        """The budgets that apply to a request naming ``ids`` under ``state``: bit ->
+        (limit, counter key without its window start), in bit order (issue 23, Admission)."""
+        out = {}
+        for scope in SCOPES:
+            sid = None if scope == "organization" else ids.get(scope)
+            if scope != "organization" and sid is None:
+                continue
+            for window in WINDOWS:
+                budget = state.get((org, scope, sid, window)) or state.get((org, scope, "*", window))
+                if budget:
+                    out[slot(scope, window)] = (budget[0], (org, scope, sid, window))
+        return out
+
+    def _counter_keys(self, r: Request) -> list[tuple]:
+        """The counters request ``r`` moves: (org, scope, id, window, window start) per bit."""
+        keys = []
+        for scope in SCOPES:
+            for window in WINDOWS:
+                if r.mask & (1 << slot(scope, window)):
+                    sid = None if scope == "organization" else r.ids.get(scope)
+                    keys.append((r.org, scope, sid, window, window_start(window, r.created_at)))
+        return keys
+
+    def _counter_bounds(self, key: tuple) -> tuple[int, int]:
+        """A counter's used + held now, in commit order: (lowest, highest) over whether the
+        round's pass recovered its eligible requests yet (it commits at no known place)."""
+        high = low = 0
+        for inv, r in self.requests.items():
+            if key not in self._counter_keys(r):
+                continue
+            load = r.estimate if r.status in OPEN else r.charged
+            high += load
+            low += load - (r.estimate - self._recovery_charge(r) if r.status in OPEN and inv in self.eligible else 0)
+        return low, high
+
+    def _budget_admitted(self, e: dict[str, Any], r: Request) -> None:
+        """An admitted request's mask and holds fit one budget state in force during its
+        round up to its commit (wholly with or wholly without a concurrent set_budget)."""
+        at = r.created_at
+        for state in self.states:
+            applying = self.applying(state, r.org, r.ids)
+            if sum(1 << b for b in applying) != r.mask:
+                continue
+            if all(self._counter_bounds((*k, window_start(k[3], at)))[0] + r.estimate <= limit
+                   for limit, k in applying.values()):  # fmt: skip
+                return
+        raise Mismatch(f"admitted {e['args']} with budget_mask {r.mask}, which no budget state of the round "
+                       f"admits: {[self.applying(st, r.org, r.ids) for st in self.states]} (issue 23)")  # fmt: skip
+
+    def _budget_refused(self, e: dict[str, Any]) -> None:
+        """A refusal naming a budget (TABLE budgets, CONSTRAINT scope, COLUMN window, the
+        DETAIL's first line the real id): in one state of the round that budget applied and
+        had no room, and every budget before it in bit order had (issue 23, Admission)."""
+        a = e["args"]
+        _, scope, window, first = e["budget"]
+        named = slot(scope, window)
+        ids = {s: a.get(s) for s in SCOPE_IDS}
+        if first != (a["org"] if scope == "organization" else ids[scope]):
+            raise Mismatch(f"refusal of {a} names id {first!r}, not the request's {scope} (issue 23)")
+        at = when(a["now"])
+        for state in self.states:
+            applying = self.applying(state, a["org"], ids)
+            if named not in applying:
+                continue
+            bounds = {b: self._counter_bounds((*k, window_start(k[3], at))) for b, (_, k) in applying.items()}
+            if bounds[named][1] + a["estimate"] > applying[named][0] and all(
+                bounds[b][0] + a["estimate"] <= applying[b][0] for b in applying if b < named
+            ):
+                return
+        raise Mismatch(f"refused {a} naming the {scope} {window} budget, which no budget state of the round "
+                       f"refuses first: {[self.applying(st, a['org'], ids) for st in self.states]} (issue 23)")  # fmt: skip
 
     # ------------------------------------------------------------ organizations
 
@@ -514,7 +673,8 @@ class Model:
 
     def _end_claim(self, e: dict[str, Any], now: datetime) -> None:
         a = e["args"]
-        key = (a["org"], date.fromisoformat(a["period"]), a["pct"])
+        key = (a["org"], date.fromisoformat(a["period"]), a["pct"],
+               *(a.get("budget") or ALLOWANCE))  # fmt: skip
         n = self.notices[key]
         live = n.status == "sending" and n.claim == (e["session"], a["claim"])
         if e["ok"] != live:
@@ -561,7 +721,8 @@ class Model:
         return out
 
     def invocations(self) -> dict[str, tuple]:
-        return {inv: (r.status, r.kind, r.charged, r.cents, r.period, r.alerted, r.late, r.recovered)
+        return {inv: (r.status, r.kind, r.charged, r.cents, r.period, r.alerted, r.late, r.recovered,
+                      *(r.ids.get(s) for s in SCOPE_IDS), r.mask)
                 for inv, r in self.requests.items()}  # fmt: skip
 
     def executions(self) -> dict[str, tuple]:
@@ -589,7 +750,38 @@ class Model:
                 always = all(pct in lst for lst in o.lists)
                 current = o.changed_month is None or start >= o.changed_month
                 if used * 100 >= pct * allowance and (always or current):
-                    out.add((org, start, pct))
+                    out.add((org, start, pct, *ALLOWANCE))
+        return out | self._required_budget_notices()
+
+    def _required_budget_notices(self) -> set[tuple]:
+        """A counter's notices for the thresholds its used stands at or above, where the
+        budget that applies to it was set once and never replaced, removed or shadowed
+        (own <-> '*'): then every movement it counted crossed under that budget (issue 23,
+        Notices). A changed budget owes only in the window of its set_budget's clock, and
+        the model keeps no clock of those: it requires nothing there."""
+        out = set()
+        for (org, scope, sid, window, start), (used, _, _) in self.counters().items():
+            own = (org, scope, sid, window)
+            star = None if scope == "organization" else (org, scope, "*", window)
+            applying = own if own in self.budgets else star if star in self.budgets else None
+            other = star if applying == own else own
+            if applying is None or self.budget_sets[applying] != 1 or (other and other in self.budget_sets):
+                continue
+            limit, thresholds = self.budgets[applying]
+            out |= {(org, start, pct, scope, sid, window) for pct in thresholds if used * 100 >= pct * limit}
+        return out
+
+    def counters(self) -> dict[tuple, tuple[int, int, int]]:
+        """Each budget counter's used, held and cents: the sums over the requests admitted
+        under it (invariant 14)."""
+        out: dict[tuple, tuple[int, int, int]] = {}
+        for r in self.requests.values():
+            for key in self._counter_keys(r):
+                used, held, cents = out.get(key, (0, 0, 0))
+                if r.status in OPEN:
+                    out[key] = (used, held + r.estimate, cents)
+                else:
+                    out[key] = (used + r.charged, held, cents + (r.cents or 0))
         return out
 
     def sweep_totals(self) -> dict[str, tuple[int, int, int]]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 RECOVERY_WINDOW = timedelta(hours=24)
 NOTICE_CLAIM_TIMEOUT = timedelta(minutes=15)
@@ -22,6 +22,18 @@ NOTICE_BACKOFF_BASE = timedelta(minutes=1)
 NOTICE_BACKOFF_MAX = timedelta(hours=6)
 REPORTING_DAYS = 2
 OPEN = ("reserved", "dispatched")
+
+
+SCOPES = ("organization", "project", "api_key", "end_user")  # budget bit 3 * scope + window
+WINDOWS = ("day", "week", "month")
+
+
+def window_start(window: str, at: datetime) -> date:
+    """The first day of the UTC calendar window (day, week from Monday, month) containing ``at``."""
+    day = at.astimezone(UTC).date()
+    if window == "week":
+        return day - timedelta(days=day.weekday())
+    return day.replace(day=1) if window == "month" else day
 
 
 class Rejected(Exception):
@@ -74,6 +86,8 @@ class Invocation:
     alerted: bool = False  # past_window_alerted_at is set
     late: bool = False  # a late settlement or failure was recorded (audit) or trued up
     recovered: int | None = None  # what recovery charged (kept after a true-up)
+    ids: tuple[str | None, ...] = (None, None, None)  # project, api_key, end_user (issue 23)
+    mask: int = 0  # budget_mask: the budget counters it moves, fixed at admission
 
 
 @dataclass
@@ -111,6 +125,8 @@ class Books:
     daily: dict[tuple[uuid.UUID, date, str], tuple[int, ...]] = field(default_factory=dict)
     passes: int = 0
     rebuilt_through: date | None = None  # the day of the last pass that rebuilt every day it owed
+    # budgets (issue 23): (org, scope, scope id or '*' or None, window) -> limit
+    budgets: dict[tuple, int] = field(default_factory=dict)
 
     # ------------------------------------------------------------ organizations
 
@@ -166,7 +182,7 @@ class Books:
 
     def admit(
         self, org: uuid.UUID, estimate: int, model: str, execution: uuid.UUID | None,
-        inv: uuid.UUID, now: datetime,
+        inv: uuid.UUID, now: datetime, ids: tuple[str | None, ...] = (None, None, None),
     ) -> Invocation:  # fmt: skip
         tenant = self._operational(org)
         if execution is not None and (org, execution) not in self.executions:
@@ -174,7 +190,8 @@ class Books:
             raise Rejected("LL008" if other else "LL006")
         existing = self.invocations.get((org, inv))
         if existing is not None:  # a retry: same arguments return the first admission
-            if (existing.estimate, existing.model, existing.execution) != (estimate, model, execution):
+            if (existing.estimate, existing.model, existing.execution, existing.ids) != (
+                estimate, model, execution, ids):  # fmt: skip
                 raise Rejected("LL007")
             return existing
         if execution is not None and self.executions[(org, execution)].status != "running":
@@ -183,11 +200,56 @@ class Books:
         period = self.periods.get(key) or Period(tenant.allowance)
         if period.allowance is not None and period.used + period.held + estimate > period.allowance:
             raise Rejected("LL001")  # the period row a first admission would create is rolled back too
+        mask = self._hold_budgets(org, estimate, now, ids)
         self.periods[key] = period
         period.held += estimate
-        row = Invocation(inv, org, key[1], execution, model, estimate, now)
+        row = Invocation(inv, org, key[1], execution, model, estimate, now, ids=ids, mask=mask)
         self.invocations[(org, inv)] = row
         return row
+
+    # ------------------------------------------------------------ budgets (issue 23)
+
+    def set_budget(self, org: uuid.UUID, scope: str, scope_id: str | None, window: str, limit: int | None) -> None:
+        if org not in self.orgs:
+            raise Rejected("LL002")
+        if limit is None:
+            self.budgets.pop((org, scope, scope_id, window), None)
+        else:
+            self.budgets[(org, scope, scope_id, window)] = limit
+
+    def _hold_budgets(self, org: uuid.UUID, estimate: int, now: datetime, ids: tuple[str | None, ...]) -> int:
+        """The admission's budget_mask; LL001 when a budget that applies does not fit: its
+        own, else the scope's '*', per window, in bit order (nothing is held then)."""
+        counters, mask = self.expected_counters(), 0
+        for s, scope in enumerate(SCOPES):
+            sid = None if scope == "organization" else ids[s - 1]
+            if scope != "organization" and sid is None:
+                continue
+            for w, window in enumerate(WINDOWS):
+                limit = self.budgets.get((org, scope, sid, window), self.budgets.get((org, scope, "*", window)))
+                if limit is None or (scope, window) == ("organization", "month"):
+                    continue
+                used, held, _ = counters.get((org, scope, sid, window, window_start(window, now)), (0, 0, 0))
+                if used + held + estimate > limit:
+                    raise Rejected("LL001")
+                mask |= 1 << (3 * s + w)
+        return mask
+
+    def expected_counters(self) -> dict:
+        """Each budget counter's used, held and cents: the sums over its requests."""
+        out: dict[tuple, tuple[int, int, int]] = {}
+        for r in self.invocations.values():
+            for s, scope in enumerate(SCOPES):
+                for w, window in enumerate(WINDOWS):
+                    if not r.mask & (1 << (3 * s + w)):
+                        continue
+                    key = (r.org, scope, None if s == 0 else r.ids[s - 1], window, window_start(window, r.created_at))
+                    used, held, cents = out.get(key, (0, 0, 0))
+                    if r.status in ("reserved", "dispatched"):
+                        out[key] = (used, held + r.estimate, cents)
+                    else:
+                        out[key] = (used + r.charged, held, cents + (r.cents or 0))
+        return out
 
     def mark_dispatched(self, org: uuid.UUID, inv: uuid.UUID, now: datetime) -> Invocation:
         row = self._invocation(org, inv)
@@ -442,7 +504,7 @@ class Books:
     def expected_invocations(self) -> dict:
         return {
             k: (r.status, r.kind, r.charged, r.cents, r.period, r.execution, r.alerted, r.late,
-                r.recovered)
+                r.recovered, *r.ids, r.mask)
             for k, r in self.invocations.items()
         }
 

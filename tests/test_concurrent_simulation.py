@@ -11,7 +11,9 @@ earlier rounds) and one as
 ``sim_operator`` (a LOGIN member of llm_operator: the pass under the round's
 clock or one 20-40 days ahead, sometimes two passes at once,
 ``set_period_stripes``, allowance and threshold changes, recovery-policy
-changes, and notice work: claiming, completing, failing, releasing, going stale,
+changes, budgets set, changed and removed (issue 23: own and ``'*'``,
+organization day/week, project/api_key/end_user day/week/month, while the
+admissions name scope ids of a small pool), and notice work: claiming, completing, failing, releasing, going stale,
 and ending a stale claim rounds later). The superuser only creates the roles and
 empties the tables between histories (a clone per history costs a checkpoint;
 emptying is what tests/test_simulation.py does). Clocks move forward between
@@ -31,7 +33,8 @@ The end of a round is a quiescent point: all sessions idle, all committed. The
 model (``concurrent_model.Model``) is built from the committed results, never by
 re-deciding what the order decided, and the books must equal it: each period's
 allowance, used, held and cents; each request's status, kind, charges, period,
-alert and late record; each task's status and totals (no drift finding); each
+alert and late record, scope ids and budget_mask; each budget counter's used,
+held and cents (issue 23, invariant 14); each task's status and totals (no drift finding); each
 notice's status and attempts, and a notice for
 every level used stands at or above; ``sweep_totals``; every pass succeeded or
 was skipped; ``llm.check_invariants()`` empty (docs/design.md "Invariants");
@@ -77,7 +80,18 @@ from typing import Any
 
 import psycopg
 import pytest
-from concurrent_model import SETUP, START, TASK_KIND, Mismatch, Model, iso, plan, when
+from concurrent_model import (
+    ALLOWANCE,
+    SETUP,
+    START,
+    TASK_KIND,
+    Mismatch,
+    Model,
+    iso,
+    plan,
+    request_scopes_sql,
+    when,
+)
 from psycopg import sql
 
 from tests.helpers import CLEAN_BOOKS, call, rows
@@ -92,7 +106,7 @@ RECORD = os.environ.get("LLM_DB_SIM_RECORD")  # a folder: every history that pas
 CORPUS = Path(__file__).parent / "sim_histories"
 APP_OPS = {"admit", "dispatch", "settle", "fail", "open", "close"}  # on the sim_app connection
 ENDS = {"complete", "fail_notice", "release"}  # the ends of a notice claim
-OPERATIONS = APP_OPS | ENDS | {"pass", "upsert", "policy", "stripes", "claim"}
+OPERATIONS = APP_OPS | ENDS | {"pass", "upsert", "policy", "stripes", "claim", "budget"}
 RESULTS = {"admit", "settle", "fail", "close", "stripes"} | ENDS  # also tallied by result
 ROLES = {"app": ("sim_app", "llm_app"), "operator": ("sim_operator", "llm_operator")}
 
@@ -112,6 +126,7 @@ class NoticeWorker:
             "SELECT EXISTS (SELECT FROM pg_catalog.pg_proc WHERE pronamespace = 'llm'::regnamespace"
             " AND proname = 'complete_notice' AND 'p_claim_token' = ANY (proargnames))"
         ).fetchone()[0]
+        conn.commit()  # idle, not in a transaction: a pass sets autocommit on this connection
 
     def claim(self, limit: int, now: Any) -> list[dict[str, Any]]:
         return rows(self.conn, "SELECT * FROM llm.claim_notices(p_limit => %(limit)s, p_now => %(now)s)",
@@ -170,9 +185,10 @@ class Runner:
                 conn.commit()
             self.history.append(entry)
         self.tally[entry["op"]] += 1
-        self.tally[
-            f"{entry['op']}: {entry.get('err') or entry.get('ok') if entry['op'] in RESULTS else 'ok'}"
-        ] += 1
+        result = entry.get("err") or entry.get("ok") if entry["op"] in RESULTS else "ok"
+        if "budget" in entry:  # a refusal: which budget (periods: the allowance)
+            result = f"{result} {entry['budget'][0]}"
+        self.tally[f"{entry['op']}: {result}"] += 1
         return entry
 
     def call(
@@ -213,8 +229,8 @@ class Runner:
         now = when(a["now"]) if "now" in a else None
         if op == "admit":
             task = self.tasks.get(a["task"], uuid.UUID(int=0)) if a.get("task") else None
-            call(conn, "admit", a["org"], a["estimate"], a["model"], execution_id=task,
-                 invocation_id=a["inv"], now=now)  # fmt: skip
+            call(conn, "admit", a["org"], a["estimate"], a["model"], execution_id=task, invocation_id=a["inv"],
+                 now=now, project=a.get("project"), api_key=a.get("api_key"), end_user=a.get("end_user"))  # fmt: skip
             return "admitted"
         if op == "open":
             opened = call(
@@ -241,21 +257,28 @@ class Runner:
         if op == "policy":
             call(conn, "set_recovery_policy", a["org"], a["charge"], a["late"])
             return None
+        if op == "budget":
+            call(conn, "set_budget", a["org"], a["scope"], a["scope_id"], a["window"], a["limit"],
+                 thresholds=a["thresholds"], now=now)  # fmt: skip
+            return None
         if op == "stripes":
             return call(conn, "set_period_stripes", a["org"], a["stripes"])[0]["value"]
         if op == "claim":
-            names = {tuple(k[:3]): k[3] for k in (recorded or {}).get("ok") or []}
+            # a claim names its notice (org, window start, threshold) and, for a budget's
+            # notice, its scope, id and window after the claim's name (issue 23)
+            names = {(*k[:3], *(k[4:] or ALLOWANCE)): k[3] for k in (recorded or {}).get("ok") or []}
             claimed = []
             for n in s.worker.claim(a["limit"], now):
                 key = (str(n["organization_id"]), n["period_start"].isoformat(), n["threshold_pct"])
+                budget = (n["scope"], n["scope_id"], n["budget_window"])
                 s.claims += 1
                 # a replay names a claim its recording did not make apart from the recorded ones
-                name = names.get(key, f"{'replay' if recorded else s.index}.{s.claims}")
-                s.held[name] = (*key, n["id"], n.get("claim_token"))
-                claimed.append([*key, name])
+                name = names.get((*key, *budget), f"{'replay' if recorded else s.index}.{s.claims}")
+                s.held[name] = (*key, n["id"], n.get("claim_token"), budget)
+                claimed.append([*key, name, *(budget if budget != ALLOWANCE else ())])
             return claimed
         if op in ENDS:
-            org, _, _, notice_id, token = s.held.pop(a["claim"])
+            org, _, _, notice_id, token, _ = s.held.pop(a["claim"])
             return s.worker.end(op, org, notice_id, token, now)
         raise AssertionError(f"unknown op {op}")
 
@@ -272,34 +295,38 @@ class Runner:
             elif kind == "claim":
                 rng = random.Random(op["seed"])
                 entry = self.call(s, "claim", {"limit": op["limit"], "now": clock})
-                for org, period, pct, name in entry.get("ok") or []:
+                for org, period, pct, name, *budget in entry.get("ok") or []:
                     action = rng.choices(
                         ("complete", "fail_notice", "release", "stale"), (35, 15, 10, 40)
                     )[0]
                     # stale: kept, never finished (until end_stale, rounds later)
                     if action != "stale":
-                        self.call(
-                            s,
-                            action,
-                            {"org": org, "period": period, "pct": pct, "claim": name, "now": clock},
-                        )
+                        self.call(s, action, _end_args(org, period, pct, name, budget, clock))
             elif kind == "end_stale":
                 rng = random.Random(op["seed"])
-                for name, (org, period, pct, _, _) in sorted(s.held.items()):
+                for name, (org, period, pct, _, _, budget) in sorted(s.held.items()):
                     action = rng.choice(("complete", "fail_notice", "release"))
-                    self.call(
-                        s,
-                        action,
-                        {"org": org, "period": period, "pct": pct, "claim": name, "now": clock},
-                    )
+                    self.call(s, action, _end_args(org, period, pct, name, budget, clock))
             else:
                 args = {k: v for k, v in op.items() if k != "op"}
                 self.call(s, kind, {**args, "now": clock})
 
 
+def _end_args(org: str, period: str, pct: int, name: str, budget, clock: str) -> dict[str, Any]:
+    """The arguments of the end of a claim; a budget's notice adds its scope, id and window."""
+    args = {"org": org, "period": period, "pct": pct, "claim": name, "now": clock}
+    return args | ({"budget": list(budget)} if budget and tuple(budget) != ALLOWANCE else {})
+
+
 def _error(exc: psycopg.Error) -> dict[str, Any]:
-    """A refused call in the history: its SQLSTATE (the result) and message (for people)."""
-    return {"err": exc.sqlstate or type(exc).__name__, "msg": exc.diag.message_primary}
+    """A refused call in the history: its SQLSTATE (the result) and message (for people);
+    a refusal (LL001) also the budget it names: TABLE (budgets, or periods for the
+    allowance), CONSTRAINT (scope), COLUMN (window) and the DETAIL's first line (the id)."""
+    found = {"err": exc.sqlstate or type(exc).__name__, "msg": exc.diag.message_primary}
+    if exc.sqlstate == "LL001":
+        d = exc.diag
+        found["budget"] = [d.table_name, d.constraint_name, d.column_name, (d.message_detail or "").split("\n")[0]]
+    return found
 
 
 # ---------------------------------------------------------------- checks
@@ -309,12 +336,12 @@ def check_books(conn: psycopg.Connection, model: Model) -> None:
     """The books equal the model at a quiescent point (see the module docstring)."""
     q = conn.execute
     db_notices = {}
-    for org, start, pct, status, attempts, due in q(
-        "SELECT organization_id::text, period_start, threshold_pct, status, attempts, next_attempt_at"
-        " FROM llm.threshold_notices"
+    for org, start, pct, scope, scope_id, window, status, attempts, due in q(
+        "SELECT organization_id::text, period_start, threshold_pct, scope, scope_id, budget_window, status,"
+        " attempts, next_attempt_at FROM llm.threshold_notices"
     ):
-        model.learn_notice((org, start, pct), status, attempts, due)
-        db_notices[(org, start, pct)] = (status, attempts)
+        model.learn_notice((org, start, pct, scope, scope_id, window), status, attempts, due)
+        db_notices[(org, start, pct, scope, scope_id, window)] = (status, attempts)
     _same("notices (status, attempts)", db_notices, model.notice_states())
     missing = model.required_notices() - db_notices.keys()
     if missing:
@@ -325,7 +352,8 @@ def check_books(conn: psycopg.Connection, model: Model) -> None:
         (o, s): tuple(r) for o, s, *r in q(
             "SELECT organization_id::text, period_start, allowance_credits, used_credits, held_credits, used_cents"
             " FROM llm.periods")}, model.periods())  # fmt: skip
-    requests = {i: tuple(r) for i, *r in q(
+    scopes = {str(i): tuple(r) for _, i, *r in q(request_scopes_sql(conn))}
+    requests = {i: (*r, *scopes[i]) for i, *r in q(
         "SELECT id::text, status, settlement_kind, charged_credits, charged_cents, period_start,"
         " past_window_alerted_at IS NOT NULL, late_reported_at IS NOT NULL, recovered_credits"
         " FROM llm.invocations")}  # fmt: skip
@@ -336,6 +364,10 @@ def check_books(conn: psycopg.Connection, model: Model) -> None:
     )
     hint = "; only late records differ: issue 20 defect 7 (a late failure records its figures)"
     _same("requests", requests, expected, hint if late_only else "")
+    _same("budget counters (used, held, cents)", {
+        (o, s, i, w, d): (u, h, c) for o, s, i, w, d, u, h, c in q(
+            "SELECT organization_id::text, scope, scope_id, budget_window, window_start, used_credits,"
+            " held_credits, used_cents FROM llm.budget_counters")}, model.counters())  # fmt: skip
     _same("tasks (status, requests, credits, cents, ended)", {
         k: tuple(r) for k, *r in q(
             "SELECT replay_key, status, request_count, credits, cents, ended_at IS NOT NULL"
@@ -454,13 +486,16 @@ def run_history(record: dict[str, Any], sessions: list[Session], checker: psycop
                 done = runner.call(sessions[0], entry["op"], entry["args"], entry)
                 done["session"] = entry["session"]  # the worker the model knows the claims by
         else:
-            threads = [threading.Thread(target=runner.session_round, args=(s, ops, info["clock"], info["pass_clock"]))
+            crashed: list[BaseException] = []
+            threads = [threading.Thread(target=_session, args=(runner, s, ops, info, crashed))
                        for s, ops in zip(sessions, info["sessions"], strict=True)]  # fmt: skip
             for t in threads:
                 t.start()
             for t in threads:
                 t.join(120)
                 assert not t.is_alive(), "a session did not finish its round"
+            assert not crashed, f"a session stopped in its round: {crashed[0]!r}"
+        masks(checker, runner.history)
         record["rounds"].append({k: v for k, v in info.items() if k not in ("sessions", "history")}
                                 | {"history": runner.history})  # fmt: skip
         model.round(info, runner.history)
@@ -477,6 +512,24 @@ def run_history(record: dict[str, Any], sessions: list[Session], checker: psycop
     check_books(checker, model)
     check_daily(checker, model)
     tally["histories passed"] += 1
+
+
+def _session(runner: Runner, s: Session, ops: list[dict[str, Any]], info: dict[str, Any],
+             crashed: list[BaseException]) -> None:  # fmt: skip
+    """A session's round in its thread; what stops it is kept: a lost round fails the history."""
+    try:
+        runner.session_round(s, ops, info["clock"], info["pass_clock"])
+    except BaseException as exc:
+        crashed.append(exc)
+
+
+def masks(conn: psycopg.Connection, history: list[dict[str, Any]]) -> None:
+    """Each committed admission's budget_mask, the counters it was admitted under (read
+    after the round: llm_app may not read llm.invocations), into its history entry."""
+    admitted = [e for e in history if e["op"] == "admit" and "err" not in e]
+    found = {str(i): r[-1] for _, i, *r in conn.execute(request_scopes_sql(conn))}
+    for e in admitted:
+        e["mask"] = found.get(e["args"]["inv"], 0)
 
 
 def describe(record: dict[str, Any]) -> str:
@@ -540,7 +593,10 @@ def test_concurrent_histories_keep_the_books_equal_to_the_model(sim_sessions, ll
     """Invariants 1-9 and the model at every quiescent point of HISTORIES seeded histories
     of 4 sessions at once (CAP-PFM-LLM-007 admission with stripes, WF-PFM-LLM-004 passes,
     BR-CAP-PFM-LLM-009-01 recovery charges, BR-CAP-PFM-LLM-009-07 sweep totals, notices),
-    with the right behaviour of issue 20 defect 1, 3, 4, 6, 7 and 8."""
+    with the right behaviour of issue 20 defect 1, 3, 4, 6, 7 and 8; and budgets (issue 23,
+    invariants 14 and 15): every admission decided wholly with or wholly without each
+    concurrent set_budget, no counter over its limit, every counter equal to its requests,
+    refusals naming the first budget that does not fit."""
     sessions, checker = sim_sessions[:SESSIONS], sim_sessions[SESSIONS].operator
     started, tally, survey = time.monotonic(), Counter(), []
     for seed in range(FIRST_SEED, FIRST_SEED + HISTORIES):

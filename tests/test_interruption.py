@@ -23,6 +23,11 @@ stays swept, the interrupted one is untouched, the run row stays ``running``
 and the next pass marks it ``failed`` (WF-PFM-LLM-004: one organization's
 failure is logged without stopping other visits).
 
+Budgets (issue 23): an admission and a settlement under two budgets killed
+between their counters (the first counter written, waiting for the second), and
+set_budget killed waiting for the counter it governs, leave nothing behind
+either; retried, the counters equal their requests (invariant 14).
+
 WF-PFM-LLM-004 asks for "interruption proof around each separate write" and
 names the gap this closes: "a request settled before its failed period
 movement will not be selected again".
@@ -420,6 +425,73 @@ def call_rebuild(a: psycopg.Connection, ctx: dict) -> Any:
     return call(a, "rebuild_daily_usage", T0.date(), T0.date() + timedelta(days=2))
 
 
+# ---------------------------------------------------------------- budgets (issue 23)
+
+SCOPE = {"api_key": "key-1", "end_user": "user-1"}  # two budgets: bits 6 (api_key day), 9 (end_user day)
+
+
+def prep_budgets(conn: psycopg.Connection) -> dict:
+    """Day budgets on an API key and an end user, and a settled request under both, so
+    both counters exist; a second request (30) under both is open."""
+    make_org(conn)
+    for scope, scope_id in SCOPE.items():
+        helpers.set_budget(conn, ORG, scope, scope_id, "day", 100, now=T0)
+    helpers.settle(conn, ORG, helpers.admit(conn, ORG, 5, MODEL, now=T0, **SCOPE)["id"], 5, now=T0)
+    inv = helpers.admit(conn, ORG, 30, MODEL, now=T0, **SCOPE)["id"]
+    return {"inv": inv, "new": uuid.uuid4()}
+
+
+def call_admit_under_budgets(a: psycopg.Connection, ctx: dict) -> Any:
+    return helpers.admit(a, ORG, 20, MODEL, invocation_id=ctx["new"], now=T0, **SCOPE)
+
+
+def call_settle_under_budgets(a: psycopg.Connection, ctx: dict) -> Any:
+    # 5 + 80 used of the end user's 100: crosses its 80% threshold
+    return settle(a, ORG, ctx["inv"], 80, 3, now=T0 + timedelta(minutes=1))
+
+
+def call_lower_budget(a: psycopg.Connection, ctx: dict) -> Any:
+    # lowered below what the counter holds: owes its thresholds at once (after the lock)
+    return helpers.set_budget(a, ORG, "end_user", "user-1", "day", 10, now=T0 + timedelta(minutes=1))
+
+
+def lock_end_user_counter(b: psycopg.Connection, ctx: dict) -> None:
+    # NO KEY UPDATE: conflicts with A's update of the counter (and set_budget's FOR UPDATE)
+    b.execute("SELECT FROM llm.budget_counters WHERE organization_id = %s AND scope = 'end_user'"
+              " FOR NO KEY UPDATE", [ORG])  # fmt: skip
+
+
+def api_key_counter_locked(ctx: dict) -> Probe:
+    return row_locked("budget_counters", "organization_id = %s AND scope = 'api_key'", ORG)
+
+
+BUDGET_CASES = [
+    Case(
+        "admit_invocation under two budgets: invocation, stripe and the API key's counter written,"
+        " waiting for the end user's counter (issue 23, invariant 14)",
+        prep_budgets, lock_end_user_counter, call_admit_under_budgets,
+        ("invocations", "period_stripes", "budget_counters"),
+        lambda ctx: [Probe("A must have inserted the invocation (uncommitted)",
+                           "INSERT INTO llm.invocations (organization_id, id, period_start, model, estimate_credits,"
+                           " hold_credits, created_at) VALUES (%s, %s, %s, 'x', 1, 1, %s)",
+                           [ORG, ctx["new"], PERIOD, T0]),
+                     api_key_counter_locked(ctx)],
+    ),
+    Case(
+        "settle_invocation under two budgets: settled, period and the API key's counter moved,"
+        " waiting for the end user's counter (issue 23, invariant 14)",
+        prep_budgets, lock_end_user_counter, call_settle_under_budgets,
+        ("invocations", "period_stripes", "budget_counters"),
+        lambda ctx: [invocation_locked(ctx), api_key_counter_locked(ctx)],
+    ),
+    Case(
+        "set_budget: budget replaced, waiting for the counter it governs (issue 23)",
+        prep_budgets, lock_end_user_counter, call_lower_budget, ("budget_limits",),
+        lambda ctx: [row_locked("budget_limits", "organization_id = %s AND scope = 'end_user'", ORG)],
+    ),
+]
+
+
 def request_written_then_waiting(routine: str, done: str, call: Callable) -> list[Case]:
     """The request's row written (``done``), then waiting for its stripe of the period; and,
     for a request of a task, waiting for its task."""
@@ -500,6 +572,9 @@ CASES = [
         prep_rebuild, lock_last_day, call_rebuild, ("daily_usage",),
     ),
 ]
+
+
+CASES += BUDGET_CASES
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name.split(":")[0] + "-" + str(i) for i, c in enumerate(CASES)])

@@ -5,8 +5,9 @@ This suite runs its OWN throw-away PostgreSQL (the session server of the other
 suites is never stopped): initdb once, then for every cycle
 
 1. a burst of traffic from a few threads, each with its own connection —
-   admit / dispatch / settle / fail / open / close, an organization suspended
-   and reactivated — and a thread running ``CALL llm.run_reconciliation``,
+   admit (naming a project, an API key and an end user, under organization,
+   project, key and end-user budgets, issue 23) / dispatch / settle / fail /
+   open / close, an organization suspended and reactivated — and a thread running ``CALL llm.run_reconciliation``,
    ``llm.reconcile_org`` and the notice calls, all on a moved clock;
 2. at a seeded random moment ``pg_ctl stop -m immediate`` (every backend
    killed as by a power cut of the processes; no shutdown checkpoint);
@@ -49,7 +50,17 @@ from testing.common.database import get_unused_port
 
 from llm_db._server import BIN_DIR, SUPERUSER, check_installation
 from llm_db.migrate import migrate
-from tests.helpers import T0, call, call_pass, declare_task, invariants, new_org, reconcile, scalar
+from tests.helpers import (
+    T0,
+    call,
+    call_pass,
+    declare_task,
+    invariants,
+    new_org,
+    reconcile,
+    scalar,
+    set_budget,
+)
 
 INTERRUPTIONS = int(os.environ.get("LLM_DB_INTERRUPTIONS", "200"))
 SEED = int(os.environ.get("LLM_DB_SEED", "20300101"))
@@ -65,6 +76,13 @@ TRAFFIC_SPAN = timedelta(minutes=50)  # the traffic clock runs from Tc to Tc + 5
 COMPLETION = timedelta(hours=25)  # the completing pass runs at Tc + 25 h
 WINDOW = timedelta(hours=24)
 THRESHOLDS = [50, 80, 100]
+# Budgets (issue 23): every request names a project, an API key and an end user of
+# small pools; the budgets are tight enough to refuse (LL001) and to cross thresholds
+SCOPE_IDS = {"project": ("p-1", "p-2"), "api_key": ("k-1", "k-2", "k-3"), "end_user": ("u-1", "u-2", "u-3", "u-4")}
+BUDGETS = [  # (scope, scope id, window, limit) on every organization
+    ("organization", None, "day", 3000), ("project", "p-1", "month", 20000), ("api_key", "*", "day", 1500),
+    ("api_key", "k-1", "week", 4000), ("end_user", "*", "day", 700),
+]  # fmt: skip
 
 # Errors the contract raises for legitimate races of the traffic (allowance
 # exhausted, suspended organization, closed/abandoned task, replay conflicts…).
@@ -173,6 +191,8 @@ def restart_dsn() -> Any:
             declare_task(conn, TASK, "restart suite")
             for org, allowance in zip(ORGS, (60000, None, 20000), strict=True):
                 new_org(conn, allowance, org_id=org, thresholds=THRESHOLDS, now=START - timedelta(days=1))
+                for scope, scope_id, window, limit in BUDGETS:
+                    set_budget(conn, org, scope, scope_id, window, limit, thresholds=THRESHOLDS, now=START)
         yield server, dsn
     finally:
         server.destroy()
@@ -258,8 +278,9 @@ def request_worker(seed: int, clock: Callable[[], datetime], report: Report) -> 
             tasks = [t for o, t in open_tasks if o == org]
             execution = rng.choice(tasks) if tasks and rng.random() < 0.5 else None
             inv = uuid.uuid4()
+            scopes = {scope: rng.choice(ids) for scope, ids in SCOPE_IDS.items() if rng.random() < 0.8}
             call(conn, "admit_id", org, rng.randint(1, 300), rng.choice(["m-small", "m-large"]),
-                 execution_id=execution, invocation_id=inv, now=clock())
+                 execution_id=execution, invocation_id=inv, now=clock(), **scopes)
             open_invs.append((org, inv))
             report.add("admitted", (org, inv))
         elif op == "dispatch":
@@ -386,6 +407,9 @@ def complete_the_books(conn: psycopg.Connection, at: datetime, where: str) -> in
 
     stale_requests = still_open("invocations", "created_at", "'reserved', 'dispatched'")
     assert stale_requests == 0, f"{where}: {stale_requests} requests older than the window are still open"
+    held = scalar(conn, "SELECT coalesce(sum(c.held_credits), 0) FROM llm.budget_counters AS c"
+                        " JOIN llm.organizations AS o ON o.id = c.organization_id WHERE o.status = 'operational'")  # fmt: skip
+    assert held == 0, f"{where}: budget counters still hold {held} credits of recovered requests (issue 23)"
     stale_tasks = still_open("executions", "started_at", "'running'")
     assert stale_tasks == 0, f"{where}: {stale_tasks} tasks older than the window are still running"
     assert runs("running") == 0, f"{where}: a pass row is still running"
@@ -408,7 +432,9 @@ def reactivate(conn: psycopg.Connection, at: datetime) -> None:
 
 def test_immediate_stops_during_mixed_traffic_keep_the_books(restart_dsn, capsys):
     """Invariants 1-8 hold after every crash, acknowledged calls survive, and the
-    pass completes the books (WF-PFM-LLM-004, BR-CAP-PFM-LLM-009-01/-05)."""
+    pass completes the books (WF-PFM-LLM-004, BR-CAP-PFM-LLM-009-01/-05); the budget
+    counters too (issue 23, invariants 14 and 15): held by the crashed admissions,
+    recovered by the completing pass."""
     server, dsn = restart_dsn
     totals: dict[str, Any] = {"calls": 0, "errors": Counter(), "admitted": 0, "dead_passes": 0}
     restart_seconds: list[float] = []

@@ -13,11 +13,16 @@ steps: admit (with or without a task, a retried id, a foreign task), dispatch,
 settle (also late, after recovery, and for the wrong organization), fail,
 open (with replay keys, unknown task kinds) and close tasks, reconcile one
 organization, run the whole pass, claim / complete / fail notices, and move
-the clock (minutes to days, across month boundaries).
+the clock (minutes to days, across month boundaries). Budgets (issue 23): every
+organization starts with an API key '*' and an end user's own day budget,
+set_budget sets, changes and removes others (organization day/week, project,
+key and end user), and admissions name scope ids; the model decides each
+admission on the allowance, then on every budget that applies in bit order.
 
 After every step: each period's allowance, used, held and cents; each
-request's status, settlement kind, charge, period, task, past-window alert and
-late audit record; each task's status, totals, end and duration; each notice
+request's status, settlement kind, charge, period, task, past-window alert,
+late audit record, scope ids and budget_mask; each budget counter's used, held
+and cents (invariant 14); each task's status, totals, end and duration; each notice
 per threshold with its status and attempts; daily usage; no drift findings;
 ``check_invariants()`` empty.
 
@@ -37,6 +42,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import psycopg
+from concurrent_model import request_scopes_sql
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -76,6 +82,15 @@ picks = st.integers(min_value=0, max_value=10_000)
 estimates = st.sampled_from([10, 20, 30, 50]) | st.integers(0, 70)
 charges = st.sampled_from([0, 10, 20, 30, 50, 80]) | st.integers(0, 120)
 rare = st.integers(min_value=0, max_value=7).map(lambda n: n == 0)  # true one time in eight
+# budgets (issue 23): the scope ids a request names (project, api_key, end_user), and the
+# budgets set_budget sets or removes; no thresholds (the concurrent simulation checks
+# budget notices), so the notices here stay the allowance's
+scope_ids = st.tuples(st.sampled_from([None, "p-1"]), st.sampled_from([None, "k-1", "k-2"]),
+                      st.sampled_from([None, "u-1", "u-2"]))  # fmt: skip
+SETUP_BUDGETS = (("api_key", "*", "day", 60), ("end_user", "u-1", "day", 40))  # on every organization
+BUDGETS = (("organization", None, "day"), ("organization", None, "week"), ("project", "p-1", "month"),
+           ("project", "*", "day"), ("api_key", "k-1", "day"), ("api_key", "*", "week"),
+           ("end_user", "*", "day"), ("end_user", "u-1", "month"))  # fmt: skip
 
 
 SESSIONS = range(3)  # more sessions that admit, so striped holds land on several stripes
@@ -106,6 +121,9 @@ class BooksMachine(RuleBasedStateMachine):
             self._call("set_recovery_policy", org, *POLICIES[org])
             self.books.set_recovery_policy(org, *POLICIES[org])
             self._call("set_period_stripes", org, STRIPES[org])
+            for scope, scope_id, window, limit in SETUP_BUDGETS:
+                self._call("set_budget", org, scope, scope_id, window, limit, thresholds=[], now=self.now)
+                self.books.set_budget(org, scope, scope_id, window, limit)
         BooksMachine.examples_run += 1
 
     # ------------------------------------------------------------ plumbing
@@ -142,12 +160,14 @@ class BooksMachine(RuleBasedStateMachine):
         self._db_upsert(org, allowance, status, thresholds)
         self.books.upsert_organization(org, allowance, status, thresholds, self.now)
 
-    def _admit(self, org, estimate, model, execution, inv, conn: psycopg.Connection | None = None):
+    def _admit(self, org, estimate, model, execution, inv, conn: psycopg.Connection | None = None,
+               ids: tuple = (None, None, None)):  # fmt: skip
         """Admit on the database and the model; the database's answer is the request's id."""
+        project, api_key, end_user = ids
         self._both(
             lambda: self._value("admit_id", org, estimate, model, execution_id=execution, invocation_id=inv,
-                                now=self.now, conn=conn),
-            lambda _: self.books.admit(org, estimate, model, execution, inv, self.now),
+                                now=self.now, conn=conn, project=project, api_key=api_key, end_user=end_user),
+            lambda _: self.books.admit(org, estimate, model, execution, inv, self.now, ids),
         )
 
     def _settle(self, org, inv, credits, cents, tokens) -> None:
@@ -172,8 +192,8 @@ class BooksMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------ requests
 
     @rule(o=st.integers(0, 2), estimate=estimates, with_task=st.booleans(), p=picks,
-          foreign=rare, model=st.sampled_from(["m-1", "m-2"]))  # fmt: skip
-    def admit(self, o, estimate, with_task, p, foreign, model):
+          foreign=rare, model=st.sampled_from(["m-1", "m-2"]), ids=scope_ids)  # fmt: skip
+    def admit(self, o, estimate, with_task, p, foreign, model, ids=(None, None, None)):
         org = ORGS[o]
         execution = None
         if with_task:
@@ -181,12 +201,12 @@ class BooksMachine(RuleBasedStateMachine):
             chosen = self._pick(tasks, p)
             execution = chosen[1] if chosen else None
         self.counter += 1
-        self._admit(org, estimate, model, execution, uuid.UUID(int=(1 << 96) + self.counter))
+        self._admit(org, estimate, model, execution, uuid.UUID(int=(1 << 96) + self.counter), ids=ids)
 
-    @rule(estimate=estimates, p=picks)
-    def admit_small(self, estimate, p):
+    @rule(estimate=estimates, p=picks, ids=scope_ids)
+    def admit_small(self, estimate, p, ids):
         """More admissions for the small allowance: LL001 and overage are reached often."""
-        self.admit(0, estimate, with_task=p % 2 == 0, p=p, foreign=False, model="m-1")
+        self.admit(0, estimate, with_task=p % 2 == 0, p=p, foreign=False, model="m-1", ids=ids)
 
     @rule(o=st.integers(0, 2), estimate=estimates, session=st.integers(0, len(SESSIONS) - 1))
     def admit_from_another_session(self, o, estimate, session):
@@ -203,7 +223,7 @@ class BooksMachine(RuleBasedStateMachine):
         org, inv = self._pick(self._invocations(), p)
         row = self.books.invocations[(org, inv)]
         estimate = row.estimate if same else row.estimate + 1
-        self._admit(org, estimate, row.model, row.execution, inv)
+        self._admit(org, estimate, row.model, row.execution, inv, ids=row.ids)
 
     @precondition(lambda self: self.books.invocations)
     @rule(p=picks)
@@ -232,6 +252,15 @@ class BooksMachine(RuleBasedStateMachine):
             lambda _: self.books.fail(org, inv, credits, cents, self.now),
         )
         assert db is None or db == expected
+
+    @rule(o=st.integers(0, 2), budget=st.sampled_from(BUDGETS), limit=st.sampled_from([20, 50, 100, None]))
+    def set_budget(self, o, budget, limit):
+        """A budget set, changed or removed (issue 23); it applies to the next admission."""
+        org = ORGS[o]
+        self._both(
+            lambda: self._call("set_budget", org, *budget, limit, thresholds=[], now=self.now),
+            lambda _: self.books.set_budget(org, *budget, limit),
+        )
 
     # ------------------------------------------------------------ tasks
 
@@ -459,7 +488,10 @@ class BooksMachine(RuleBasedStateMachine):
                 " FROM llm.periods", books.expected_periods()),
             (2, "SELECT organization_id, id, status, settlement_kind, charged_credits, charged_cents, period_start,"
                 " execution_id, past_window_alerted_at IS NOT NULL, late_reported_at IS NOT NULL,"
-                " recovered_credits FROM llm.invocations", books.expected_invocations()),
+                " recovered_credits FROM llm.invocations", {k: v[:-4] for k, v in books.expected_invocations().items()}),
+            (2, request_scopes_sql(self.conn), {k: v[-4:] for k, v in books.expected_invocations().items()}),
+            (5, "SELECT organization_id, scope, scope_id, budget_window, window_start, used_credits, held_credits,"
+                " used_cents FROM llm.budget_counters", books.expected_counters()),
             (2, "SELECT organization_id, id, status, request_count, credits, cents, ended_at, duration_ms"
                 " FROM llm.executions", books.expected_executions()),
             (3, "SELECT organization_id, period_start, threshold_pct, status, attempts FROM llm.threshold_notices",
@@ -484,7 +516,9 @@ def _raise(sqlstate: str) -> None:
 def test_random_interleavings_keep_the_books_equal_to_the_model(llm_conn, llm_connect, capsys):
     """Invariants 1-9 and the model after every step of random interleavings
     (CAP-PFM-LLM-007 admission, WF-PFM-LLM-002 tasks, WF-PFM-LLM-004 recovery with its
-    recovery-charge policy and late true-ups, allowance changes racing admissions)."""
+    recovery-charge policy and late true-ups, allowance changes racing admissions), and
+    budgets (issue 23, invariants 14 and 15): admissions decided on every budget that
+    applies, counters moved by every movement."""
     llm_conn.execute("SET lock_timeout = '5s'")
     BooksMachine.conn = llm_conn
     BooksMachine.connect = llm_connect

@@ -21,6 +21,7 @@ from llm_db import migrate
 from tests.helpers import (
     FEBRUARY,
     T0,
+    budget_usage,
     call,
     call_pass,
     invariants,
@@ -28,6 +29,7 @@ from tests.helpers import (
     row,
     rows,
     scalar,
+    set_budget,
     settle,
 )
 
@@ -248,6 +250,10 @@ def test_upgrading_a_populated_0_1_0_database_loses_nothing(old_database, llm_se
                 assert after[table] == before[table], f"llm.{table} changed in the upgrade"
         assert table_contents(conn, {"threshold_notices": kept_notice_columns}) == notices_before
         assert_sending_notices_are_owed_again(conn, sending)
+        # issue 23: 0016 backfills every older notice as the allowance's
+        assert rows(conn, "SELECT scope, scope_id, budget_window, count(*) FROM llm.threshold_notices"
+                          " GROUP BY 1, 2, 3") == [  # fmt: skip
+            {"scope": "organization", "scope_id": None, "budget_window": "month", "count": len(notices_before["threshold_notices"])}]  # fmt: skip
         assert invariants(conn) == []
         assert row(conn, "SELECT token, run_id FROM llm.pass_lease") == {"token": None, "run_id": None}
         assert scalar(conn, "SELECT to_regprocedure('llm._pass_lock_key()')") is None
@@ -298,6 +304,7 @@ def exercise_every_public_routine(conn: psycopg.Connection, ids: dict[str, uuid.
         "set_recovery_policy": lambda: call(conn, "set_recovery_policy", unlimited, "dispatched", "true_up"),
         "set_period_stripes": lambda: call(conn, "set_period_stripes", small, 4),
         "admit_invocation": admit,
+        "set_budget": lambda: budgets_work(conn, unlimited, feb),
         "mark_dispatched": lambda: call(conn, "mark_dispatched", small, state["inv"], now=feb),
         "settle_invocation": lambda: settle(conn, small, state["inv"], 25, 1, now=feb),
         "fail_invocation": lambda: call(conn, "fail", small, value("admit_id", small, 5, "gpt-y", now=feb),
@@ -338,6 +345,23 @@ def exercise_every_public_routine(conn: psycopg.Connection, ids: dict[str, uuid.
     assert scalar(conn, "SELECT status FROM llm.invocations WHERE id = %s", [state["inv"]]) == "settled"
     # recorded for audit under 0.1.0: never trued up, whatever the policy now
     assert settle(conn, unlimited, ids["stranded"], 99, 9, now=feb) == "already_recovered"
+
+
+def budgets_work(conn: psycopg.Connection, org: uuid.UUID, now: datetime) -> None:
+    """issue 23 on upgraded books: a '*' end-user day budget set by set_budget holds every
+    unseen end user's first request (the second one of 30 over 50 is refused, naming the
+    budget) and settlement moves the counter; the invariants check it (14, 15)."""
+    set_budget(conn, org, "end_user", "*", "day", 50, now=now)
+    first = call(conn, "admit_id", org, 30, "gpt-y", project="p", api_key="k", end_user="u-1", now=now)
+    with pytest.raises(psycopg.Error) as refused:
+        call(conn, "admit_id", org, 30, "gpt-y", end_user="u-1", now=now)
+    assert (refused.value.sqlstate, refused.value.diag.table_name, refused.value.diag.constraint_name,
+            refused.value.diag.column_name) == ("LL001", "budgets", "end_user", "day")  # fmt: skip
+    assert settle(conn, org, first[0]["value"], 20, 1, now=now) == "settled"
+    usage = budget_usage(conn, org)
+    assert [(k[:3], r["limit_credits"], r["used_credits"], r["held_credits"]) for k, r in usage.items()] == [
+        (("end_user", "u-1", "day"), 50, 20, 0)]  # fmt: skip
+    assert invariants(conn) == []
 
 
 def test_the_sweeps_totals_are_recounted_from_the_books_on_upgrade(old_database):

@@ -6,6 +6,12 @@ while this checkout's ``migrate`` runs. Issue 22 item 1's assertions hold: no cl
 error, no call waiting longer than 2 s, every admitted request in the books, every
 ``settled`` settled, and ``check_invariants()`` empty afterwards.
 
+Issue 23: the books hold 12,000 threshold notices, which 0016 backfills in committed
+batches under the traffic; afterwards they are the allowance's, the new unique key is
+valid, and budgets work (set_budget, scoped admissions, a refusal naming the budget, a
+budget notice). 0016 is re-run after a kill in its index build and from the middle of
+its backfill.
+
 The populated books are written straight into 0.2.0's tables by one INSERT ... SELECT
 each (200k function calls would take minutes), with the period counters equal to the
 requests' sums, so 0.2.0's own ``check_invariants()`` is empty before the upgrade.
@@ -32,7 +38,7 @@ import psycopg
 import pytest
 
 from llm_db import migrate
-from tests.helpers import T0, wait_for
+from tests.helpers import T0, InThread, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 RELEASE_0_2_0 = ROOT / "tests" / "upgrade" / "llm-db-0.2.0-e283082.tar.gz"
@@ -87,8 +93,14 @@ INSERT INTO llm.period_stripes (organization_id, period_start, stripe, used_cred
 SELECT organization_id, period_start, 0, sum(charged_credits), 0, sum(charged_cents), NULL, NULL
   FROM llm.invocations GROUP BY organization_id, period_start;
 
+INSERT INTO llm.threshold_notices (organization_id, period_start, threshold_pct, crossed_at, used_credits,
+                                   allowance_credits, status, attempts, next_attempt_at, sent_at)
+SELECT o.id, %(period)s, t, %(start)s, 0, 100, 'sent', 1, %(start)s, %(start)s
+  FROM llm.organizations AS o CROSS JOIN generate_series(1, %(notices)s) AS t;
+
 INSERT INTO llm.task_kinds (key, description) VALUES (%(task)s, 'live upgrade test');
 """
+NOTICES_PER_ORG = 60  # 12,000 notices: 0016 backfills them in three committed batches
 
 
 def install_0_2_0(dsn: str, target: Path, *, requests: int = REQUESTS) -> None:
@@ -103,6 +115,7 @@ def install_0_2_0(dsn: str, target: Path, *, requests: int = REQUESTS) -> None:
             "task": TASK,
             "start": T0 - timedelta(days=14),
             "period": T0.date().replace(day=1),
+            "notices": NOTICES_PER_ORG,
         }
         with conn.transaction():
             for statement in POPULATE.split(";\n\n"):
@@ -297,6 +310,9 @@ def test_migrate_under_traffic_fails_no_call(old_dsn: str, traffic: Traffic) -> 
     )
     traffic.run_for(500)  # the clients go on against the new functions
     report("live upgrade 0.2.0 -> this checkout", seconds, traffic)
+    with psycopg.connect(old_dsn, autocommit=True) as conn:
+        assert_0016_done(conn)
+        assert_budgets_work(conn)
     assert_no_harm(old_dsn, traffic)
 
 
@@ -333,6 +349,136 @@ def test_migrate_waits_out_an_open_transaction(old_dsn: str, traffic: Traffic) -
     traffic.run_for(500)
     report(f"live upgrade with a transaction open {OPEN_TRANSACTION:.0f} s", seconds, traffic)
     assert_no_harm(old_dsn, traffic)
+
+
+# ---------------------------------------------------------------- a call in flight at 0015
+
+
+def test_a_0_2_0_admission_in_flight_when_0015_commits_completes(old_dsn: str) -> None:
+    """issue 22 item 1 / issue 23: a 0.2.0 admission in flight when 0015 commits must
+    complete. Scripted: 0015 waits for a reader of llm.settings; a 0.2.0 admission starts
+    (its wrapper plans its call of the twin, whose result is a row of llm.invocations) and
+    either waits for 0015 or completes; the reader ends and 0015 commits. When 0015 added
+    columns to llm.invocations (as first written), the twin returned the wider row and the
+    call failed with 42804 "Returned row contains 29 attributes, but query expects 25", as
+    the live test met once per client; the scope ids now live in llm.invocation_scopes,
+    and 0015 changes no table whose row a 0.2.0 routine returns."""
+    org = uuid.UUID(f"00000000-0000-4000-8000-{1:012d}")
+    params = {"org": org, "estimate": 5, "task": None, "id": uuid.uuid4(), "now": T0}
+    with (psycopg.connect(old_dsn) as reader, psycopg.connect(old_dsn, autocommit=True) as client,
+          psycopg.connect(old_dsn, autocommit=True) as observer):  # fmt: skip
+        client.execute(ADMIT, {**params, "id": uuid.uuid4()})  # the session has planned its calls
+
+        def on_event(event: dict[str, Any]) -> None:
+            if event["event"] == "start" and event["step"] == "0015_budgets":
+                reader.execute("SELECT FROM llm.settings")  # held until the rollback below
+
+        upgrade = InThread(lambda: migrate(old_dsn, lock_timeout=60, on_event=on_event))
+        migrate_pid = wait_for(lambda: observer.execute(
+            "SELECT pid FROM pg_stat_activity WHERE %s = ANY (pg_blocking_pids(pid))",
+            [reader.info.backend_pid]).fetchone(), "0015 to wait for the reader of llm.settings")[0]  # fmt: skip
+        admission = InThread(lambda: client.execute(ADMIT, params).fetchone())
+        # it waits for 0015 when 0015 holds a table the twin reads before its row is built
+        wait_for(lambda: not admission.thread.is_alive() or observer.execute(
+            "SELECT %s = ANY (pg_blocking_pids(%s))", [migrate_pid, client.info.backend_pid]).fetchone()[0],
+            "the admission to wait for 0015 or complete")  # fmt: skip
+        reader.rollback()
+        upgrade.result()
+        assert admission.result() is not None
+
+
+# ---------------------------------------------------------------- issue 23 on the upgraded books
+
+
+def assert_0016_done(conn: psycopg.Connection) -> None:
+    """issue 23, migration 0016: every notice 0.2.0 wrote is the allowance's
+    (organization, NULL, month), the new key is valid and the old one gone."""
+    assert conn.execute(
+        "SELECT scope, scope_id, budget_window, count(*) FROM llm.threshold_notices GROUP BY 1, 2, 3"
+    ).fetchall() == [("organization", None, "month", ORGS * NOTICES_PER_ORG)]
+    assert conn.execute(
+        "SELECT i.indisvalid AND i.indisunique FROM pg_catalog.pg_index AS i"
+        " WHERE i.indexrelid = 'llm.threshold_notices_key'::regclass"
+    ).fetchone() == (True,)
+    assert conn.execute(
+        "SELECT count(*) FROM pg_catalog.pg_constraint WHERE conrelid = 'llm.threshold_notices'::regclass"
+        " AND contype = 'u' AND conname <> 'threshold_notices_key'"
+    ).fetchone() == (0,)
+
+
+def assert_budgets_work(conn: psycopg.Connection) -> None:
+    """issue 23 on books upgraded from 0.2.0: set_budget, admissions naming scope ids (the
+    second refused by the key's day budget, naming it), a settlement crossing its
+    thresholds (notices under the new key), and check_invariants() empty."""
+    org = uuid.uuid4()
+    conn.execute("SELECT llm.upsert_organization(%s, 'budgets', 1000, p_now => %s)", [org, T0])
+    conn.execute("SELECT llm.set_budget(%s, 'api_key', 'key-1', 'day', 100, p_now => %s)", [org, T0])
+    first = conn.execute("SELECT id FROM llm.admit_invocation(%s, 60, 'gpt-x', p_now => %s, p_project => 'p',"
+                         " p_api_key => 'key-1', p_end_user => 'u')", [org, T0]).fetchone()[0]  # fmt: skip
+    with pytest.raises(psycopg.Error) as refused:
+        conn.execute("SELECT llm.admit_invocation(%s, 60, 'gpt-x', p_now => %s, p_api_key => 'key-1')", [org, T0])
+    assert (refused.value.sqlstate, refused.value.diag.table_name, refused.value.diag.constraint_name,
+            refused.value.diag.column_name) == ("LL001", "budgets", "api_key", "day")  # fmt: skip
+    assert conn.execute("SELECT llm.settle_invocation(%s, %s, 90, 1, p_now => %s)",
+                        [org, first, T0]).fetchone() == ("settled",)  # fmt: skip
+    assert conn.execute(
+        "SELECT scope, scope_id, budget_window, used_credits, held_credits FROM llm.budget_usage"
+        " WHERE organization_id = %s", [org]).fetchall() == [("api_key", "key-1", "day", 90, 0)]  # fmt: skip
+    assert conn.execute(
+        "SELECT array_agg(threshold_pct ORDER BY threshold_pct) FROM llm.threshold_notices"
+        " WHERE organization_id = %s AND scope = 'api_key'", [org]).fetchone() == ([80],)  # fmt: skip
+    assert conn.execute("SELECT * FROM llm.check_invariants()").fetchall() == []
+
+
+def test_0016_interrupted_in_its_unique_index_reruns(old_dsn: str) -> None:
+    """issue 23: 0016 is re-runnable from any point. migrate killed (SIGKILL, its backends
+    terminated) while 0016 builds its key CONCURRENTLY (held there by a transaction whose
+    snapshot is older, as a long report's is): the backfill is done, the index is left
+    invalid, the old key still serves the previous release's functions; the books work,
+    and a re-run drops the invalid index, builds it and puts this release live."""
+    with psycopg.connect(old_dsn, autocommit=True) as conn, psycopg.connect(old_dsn) as holder:
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT 1")  # its snapshot is taken; it locks no table of migrate's
+        child = start_migrate(old_dsn)
+        waiting = wait_for(lambda: conn.execute(
+            "SELECT query FROM pg_stat_activity WHERE application_name = %s AND %s = ANY (pg_blocking_pids(pid))",
+            [APP, holder.info.backend_pid]).fetchone(), "0016's index build to wait for the old snapshot")  # fmt: skip
+        assert "CREATE UNIQUE INDEX CONCURRENTLY" in waiting[0]
+        kill(conn, child)
+        holder.rollback()
+        assert conn.execute("SELECT indisvalid FROM pg_catalog.pg_index"
+                            " WHERE indexrelid = 'llm.threshold_notices_key'::regclass").fetchone() == (False,)  # fmt: skip
+        assert conn.execute("SELECT count(*) FROM llm.threshold_notices WHERE scope IS NULL").fetchone() == (0,)
+        assert_books_work(conn)
+    assert timed_migrate(old_dsn)[1] == ("0016_notice_scope_key",)
+    with psycopg.connect(old_dsn, autocommit=True) as conn:
+        assert_0016_done(conn)
+        assert_budgets_work(conn)
+
+
+def test_0016_interrupted_in_its_backfill_reruns(old_dsn: str, tmp_path: Path) -> None:
+    """issue 23: 0016 is re-runnable from any point. Its backfill commits batch by batch,
+    so a kill inside it leaves some batches committed and nothing of the one under way:
+    that state (0015 applied, the previous release's functions live, one batch of 5000
+    notices backfilled) is built exactly, then migrate completes it."""
+    with tarfile.open(RELEASE_0_2_0) as archive:
+        archive.extractall(tmp_path, filter="data")
+    upto_0015 = tmp_path / "upto-0015"
+    upto_0015.mkdir()
+    for path in sorted((ROOT / "migrations").glob("*.sql")):
+        if path.stem < "0016":
+            (upto_0015 / path.name).write_text(path.read_text())
+    migrate(old_dsn, migrations_dir=upto_0015, sql_dir=tmp_path / "sql")  # 0.2.0's functions stay live
+    with psycopg.connect(old_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE llm.threshold_notices SET scope = 'organization', budget_window = 'month'"
+                     " WHERE id IN (SELECT id FROM llm.threshold_notices WHERE scope IS NULL LIMIT 5000)")  # fmt: skip
+        assert conn.execute("SELECT count(*) FROM llm.threshold_notices WHERE scope IS NULL").fetchone() == (
+            ORGS * NOTICES_PER_ORG - 5000,)  # fmt: skip
+        assert_books_work(conn)
+    assert timed_migrate(old_dsn)[1] == ("0016_notice_scope_key",)
+    with psycopg.connect(old_dsn, autocommit=True) as conn:
+        assert_0016_done(conn)
+        assert_budgets_work(conn)
 
 
 # ---------------------------------------------------------------- migrate killed
