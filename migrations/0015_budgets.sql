@@ -110,3 +110,5 @@ COMMENT ON COLUMN llm.threshold_notices.scope_id IS
 
 ALTER TYPE llm.notice_claim ADD ATTRIBUTE scope text, ADD ATTRIBUTE scope_id text,
     ADD ATTRIBUTE budget_window text;
+COMMENT ON TYPE llm.notice_claim IS
+    'A notice as claim_notices returns it, with its claim''s token and (schema 0015) the scope, id and window it is for: the columns of llm.threshold_notices as of 0.3.0, fixed.';
