@@ -38,7 +38,11 @@ MIGRATE = "llm-db migrate --dsn ... (as the role that should own the schema)"
 # a few key grants of sql/99_grants.sql, one or two per role's documented ability:
 # (role, privilege, object); tests/test_doctor.py checks each is still granted there
 KEY_GRANTS = (
-    ("llm_app", "EXECUTE", "llm.admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz)"),
+    (
+        "llm_app",
+        "EXECUTE",
+        "llm.admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz, text, text, text)",
+    ),
     (
         "llm_app",
         "EXECUTE",

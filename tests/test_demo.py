@@ -158,13 +158,17 @@ def test_demo_with_dsn_prints_figures_that_match_the_database(llm_dsn, llm_conn)
                for b in result["budgets"]}  # fmt: skip
     requests = {(scope, window, str(start)): (ids, used) for scope, window, start, ids, used in
                 llm_conn.execute("""
+        WITH r AS (SELECT i.*, s.project, s.end_user FROM llm.invocations AS i
+                     JOIN llm.invocation_scopes AS s
+                       ON s.organization_id = i.organization_id AND s.invocation_id = i.id
+                    WHERE i.organization_id = %(org)s)
         SELECT 'project', 'month', date_trunc('month', created_at AT TIME ZONE 'UTC')::date,
                count(DISTINCT project), sum(charged_credits) FILTER (WHERE status IN ('settled', 'failed'))
-          FROM llm.invocations WHERE organization_id = %(org)s AND project = 'search' GROUP BY 3
+          FROM r WHERE project = 'search' GROUP BY 3
         UNION ALL
         SELECT 'end_user', 'day', (created_at AT TIME ZONE 'UTC')::date,
                count(DISTINCT end_user), sum(charged_credits) FILTER (WHERE status IN ('settled', 'failed'))
-          FROM llm.invocations WHERE organization_id = %(org)s AND end_user IS NOT NULL GROUP BY 3""",
+          FROM r WHERE end_user IS NOT NULL GROUP BY 3""",
                                  {"org": globex}).fetchall()}  # fmt: skip
     assert printed == requests and printed
     assert_books_right(llm_conn)
