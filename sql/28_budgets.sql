@@ -161,7 +161,7 @@ BEGIN
         IF NOT FOUND THEN
             SELECT * INTO v_counter FROM llm.budget_counters AS c
              WHERE c.organization_id = p_inv.organization_id AND c.scope = v_key.scope
-               AND c.scope_id IS NOT DISTINCT FROM v_key.scope_id
+               AND (c.scope_id = v_key.scope_id OR (c.scope_id IS NULL AND v_key.scope_id IS NULL))
                AND c.budget_window = v_key.budget_window AND c.window_start = v_key.window_start;
             -- The DETAIL's first line is the id, verbatim (an id has no control character),
             -- the one part of a DETAIL code may read (docs/design.md "Errors").
@@ -202,7 +202,8 @@ BEGIN
           FROM llm.budget_limits AS b
          WHERE b.organization_id = p_organization_id AND b.scope = p_keys[v_i].scope
            AND b.budget_window = p_keys[v_i].budget_window
-           AND (b.scope_id IS NOT DISTINCT FROM p_keys[v_i].scope_id OR b.scope_id = '*')
+           AND (b.scope_id = p_keys[v_i].scope_id OR (b.scope_id IS NULL AND p_keys[v_i].scope_id IS NULL)
+                OR b.scope_id = '*')
          ORDER BY b.scope_id = '*'
          LIMIT 1;
         CONTINUE WHEN NOT FOUND
@@ -219,6 +220,11 @@ END
 $$;
 COMMENT ON FUNCTION llm._budget_crossings(uuid, llm.budget_counters[], bigint[], timestamptz) IS
     'Owes one notice per threshold each moved counter crossed (used from p_olds[i] to p_keys[i].used_credits) under the budget that applies to it now.';
+
+-- A counter (or limit) is found by its key, scope_id NULL for the organization scope:
+-- spelled "= OR both NULL", which the key's index serves (two probes in a generic
+-- plan), never IS NOT DISTINCT FROM, which no index serves (a scan of every
+-- organization's counters, pruning each page it reads, on every settlement).
 
 -- Every movement of terminal or trued-up requests moves the counters they were
 -- admitted under, in the windows of their admission time: the charge in and the
@@ -254,7 +260,7 @@ BEGIN
                held_credits = c.held_credits - v_move.released,
                used_cents = c.used_cents + v_move.cents
          WHERE c.organization_id = p_organization_id AND c.scope = v_move.scope
-           AND c.scope_id IS NOT DISTINCT FROM v_move.scope_id
+           AND (c.scope_id = v_move.scope_id OR (c.scope_id IS NULL AND v_move.scope_id IS NULL))
            AND c.budget_window = v_move.budget_window AND c.window_start = v_move.window_start
         RETURNING c.* INTO v_counter;
         IF FOUND AND v_move.used > 0 THEN
