@@ -104,9 +104,11 @@ def bench_throughput(target: Target, sizes: common.Sizes, profiler: common.Profi
     cpu_cycle = cpu.backend_cpu_per_call(dsn, cpu.cycle_step(sizes.cycle_orgs), n=sizes.cpu_cycles)
     cpu_simple = cpu.backend_cpu_per_call(target.dsn("pgbench"), cpu.simple_update_step(sizes.pgbench_scale),
                                           n=2 * sizes.cpu_cycles)  # fmt: skip
-    results["cpu_us_per_request"] = {"cycle": cpu_cycle, "simple_update": cpu_simple}
+    cpu_budgets = cpu.backend_cpu_per_call(dsn, cpu.budget_cycle_step(sizes.cycle_orgs + 1, sizes.cycle_orgs,
+                                           sizes.budget_projects, sizes.budget_keys), n=sizes.cpu_cycles)  # fmt: skip
+    results["cpu_us_per_request"] = {"cycle": cpu_cycle, "simple_update": cpu_simple, "budgets": cpu_budgets}
     if cpu_cycle and cpu_simple:
-        common.log(f"  cycle {cpu_cycle:.0f} us, simple-update {cpu_simple:.0f} us")
+        common.log(f"  cycle {cpu_cycle:.0f} us, simple-update {cpu_simple:.0f} us, 3 budgets {cpu_budgets or 0:.0f} us")
 
     violations_after, _ = common.invariant_violations(target, "cycle")
     results["invariants_after_runs"] = violations_after
@@ -158,6 +160,11 @@ def bench_throughput(target: Target, sizes: common.Sizes, profiler: common.Profi
                         "us", cpu_simple, "simple-update transaction", common.ratio(cpu_simple, cpu_cycle), ">= 0.50",
                         results["cpu_us_per_request"]))  # fmt: skip
     rows += _budget_rows(results, sizes, spread_mean, base)
+    cpu_budgets = results["cpu_us_per_request"]["budgets"]
+    if cpu_cycle and cpu_budgets:
+        rows.append(common.Row("cpu_budgets", "server CPU per request under 3 budgets, one session (admit + settle)",
+                        cpu_budgets, "us", cpu_cycle, "the cycle without budgets", common.ratio(cpu_cycle, cpu_budgets),
+                        "report", results["cpu_us_per_request"]))  # fmt: skip
     for mode, label in (("threads", f"{sizes.clients} threads"), ("asyncio", f"asyncio, {sizes.clients} tasks")):
         # the driver in its default mode (nothing prepared on the server), reading only the id
         rate = results[f"driver_{mode}"]["rate"]
