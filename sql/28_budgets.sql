@@ -131,7 +131,7 @@ COMMENT ON FUNCTION llm._applicable_budgets(uuid, text, text, text) IS
 -- the first request admitted under it, and decided on its row's latest values
 -- under the row's lock: used + held + estimate <= limit, else LL001 naming it (the
 -- caller's transaction rolls back every hold). Long on purpose: the counter's
--- upsert and the refusal's DETAIL read its row, and belong together.
+-- update, its upsert and the refusal's DETAIL read its row, and belong together.
 CREATE OR REPLACE FUNCTION llm._hold_budgets(
     p_inv llm.invocations, p_slots integer[], p_limits bigint[], p_revisions uuid[])
 RETURNS void
@@ -147,6 +147,18 @@ BEGIN
                                          p_inv.api_key, p_inv.end_user, p_inv.created_at) AS k
     LOOP
         v_i := v_i + 1;  -- the keys and the arrays are both in bit order
+        -- A counter exists from the first request of its id and window on: held by a
+        -- plain UPDATE (HOT; no tuple-lock record and no speculative insertion, as an
+        -- upsert's conflict costs). The upsert below creates it on first use, and
+        -- meets every refusal (its WHERE decides on the row under its lock).
+        UPDATE llm.budget_counters AS c
+           SET held_credits = c.held_credits + p_inv.hold_credits,
+               admitted_limit = p_limits[v_i], admitted_revision = p_revisions[v_i]
+         WHERE c.organization_id = p_inv.organization_id AND c.scope = v_key.scope
+           AND (c.scope_id = v_key.scope_id OR (c.scope_id IS NULL AND v_key.scope_id IS NULL))
+           AND c.budget_window = v_key.budget_window AND c.window_start = v_key.window_start
+           AND c.used_credits + c.held_credits + p_inv.hold_credits <= p_limits[v_i];
+        CONTINUE WHEN FOUND;
         INSERT INTO llm.budget_counters AS c
                (organization_id, scope, scope_id, budget_window, window_start, held_credits,
                 admitted_limit, admitted_revision)
