@@ -64,7 +64,8 @@ def test_settlement_and_refusal_find_counters_by_their_key_not_by_a_scan(llm_con
         seq, idx = counter_scans(llm_conn)
         assert seq == 0, f"{seq} sequential scans of llm.budget_counters"
         assert idx >= 2 * len(requests)
-    assert scalar(llm_conn, "SELECT count(*) FROM llm.budget_counters") == KEYS + 2  # each key, "full" and the organization
+    counters = KEYS + 2  # each key's, "full"'s and the organization's day
+    assert scalar(llm_conn, "SELECT count(*) FROM llm.budget_counters") == counters
     assert invariants(llm_conn) == []
 
 
