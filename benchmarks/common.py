@@ -38,6 +38,8 @@ class Sizes:
     clients: int = 8
     pgbench_scale: int = 8
     cycle_orgs: int = 100
+    budget_projects: int = 100  # project ids per organization in the budget cycles
+    budget_keys: int = 50  # API key ids per organization in the spread budget cycle
     recovery_orgs: int = 500
     recovery_per_org: int = 200
     recovery_rounds: int = 3
@@ -227,14 +229,17 @@ def pgbench(target: Target, name: str, args: Sequence[str]) -> dict[str, Any]:
     cmd = [find_pgbench(), *args, *target.pgbench_args(name)]
     with target.connect(name) as conn:
         wal_start = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+        writes_before = _table_writes(conn)
     with WaitSampler(target, name) as sampler:
         proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PGAPPNAME": "llmbench"})
     if proc.returncode != 0 or not _TPS.search(proc.stdout):
         raise RuntimeError(f"pgbench failed ({proc.returncode}): {' '.join(args)}\n{proc.stderr}\n{proc.stdout}")
     with target.connect(name) as conn:
         wal_bytes = conn.execute("SELECT pg_current_wal_lsn() - %s::pg_lsn", [wal_start]).fetchone()[0]
+        writes_after = _table_writes(conn)  # pgbench's sessions have exited: their counts are flushed
     failed = _FAILED.search(proc.stdout)
     processed = _PROCESSED.search(proc.stdout)
+    runs = int(processed.group(1)) if processed else 0
     return {
         "tps": float(_TPS.search(proc.stdout).group(1)),
         "latency_ms": float(_LAT.search(proc.stdout).group(1)) if _LAT.search(proc.stdout) else None,
@@ -244,7 +249,21 @@ def pgbench(target: Target, name: str, args: Sequence[str]) -> dict[str, Any]:
         # WAL written per script run (the whole server's, the run dominates it): a run whose
         # sessions wait on WALWrite is bounded by this
         "wal_bytes_per_run": round(float(wal_bytes) / int(processed.group(1))) if processed else None,
+        # per script run and table: rows inserted, updated, of which HOT (no index entry)
+        "table_writes": {
+            table: {k: round((v - writes_before.get(table, {}).get(k, 0)) / runs, 2) for k, v in counts.items()}
+            for table, counts in writes_after.items() if runs
+        },  # fmt: skip
     }
+
+
+def _table_writes(conn: psycopg.Connection) -> dict[str, dict[str, int]]:
+    """Rows inserted and updated (and updated HOT, which adds no index entry) per table written."""
+    rows = conn.execute(
+        """SELECT schemaname || '.' || relname, n_tup_ins, n_tup_upd, n_tup_hot_upd
+             FROM pg_stat_user_tables WHERE n_tup_ins + n_tup_upd > 0"""
+    ).fetchall()
+    return {t: {"inserted": i, "updated": u, "hot": h} for t, i, u, h in rows}
 
 
 def run_args(sizes: Sizes, *extra: str, seconds: int | None = None) -> list[str]:

@@ -63,6 +63,22 @@ def cycle_step(orgs: int) -> Callable[[psycopg.Connection, random.Random], None]
     return step
 
 
+def budget_cycle_step(first: int, orgs: int, projects: int, keys: int) -> Callable[[psycopg.Connection, random.Random], None]:
+    """The request cycle of scripts/budgets.sql: the same, naming a project and an API key."""
+
+    def step(conn: psycopg.Connection, rng: random.Random) -> None:
+        k = rng.randint(first, first + orgs - 1)
+        org, inv = org_id(k), uuid.uuid4()
+        conn.execute(
+            "SELECT i.id FROM llm.admit_invocation(%s::uuid, 100, 'bench-model', %s::uuid, %s::uuid,"
+            " p_project => %s, p_api_key => %s) AS i",
+            [org, exec_id(k, 0), inv, f"project-{rng.randint(1, projects)}", f"key-{k}-{rng.randint(1, keys)}"],
+        )
+        conn.execute("SELECT llm.settle_invocation(%s::uuid, %s::uuid, 80, 3, 1200, 300)", [org, inv])
+
+    return step
+
+
 def simple_update_step(scale: int) -> Callable[[psycopg.Connection, random.Random], None]:
     """pgbench's built-in simple-update transaction."""
 

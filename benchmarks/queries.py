@@ -43,6 +43,27 @@ SELECT {ORG_ID.format(n="n")}, {TASK_ID.format(n="n", slot="c")}, 'bench', 'runn
 # Organization n's period counters spread over this many stripes.
 SET_STRIPES = f"SELECT llm.set_period_stripes({ORG_ID.format(n='%(n)s::integer')}, %(stripes)s::integer)"
 
+# Every request of organizations first .. first + orgs - 1 under two budgets besides
+# its allowance: its project's month and its API key's day, each the organization's
+# '*' default, so every id a request names gets a counter of its own (issue 23).
+SET_BUDGETS = f"""
+SELECT count(*) FROM generate_series(%(first)s::integer, %(first)s::integer + %(orgs)s::integer - 1) AS n,
+       LATERAL (VALUES ('project', 'month'), ('api_key', 'day')) AS b(scope, budget_window),
+       LATERAL llm.set_budget({ORG_ID.format(n="n")}, b.scope, '*', b.budget_window, %(limit)s::bigint) AS s
+"""
+
+# One request admitted and settled per project id of each of those organizations (and
+# per key id, keys cycling), as budgets.sql names them: every counter a timed run moves
+# exists already, as in a service whose ids have each made a request that day.
+PREFILL_COUNTERS = f"""
+SELECT count(llm.settle_invocation({ORG_ID.format(n="n")}, a.id, 80, 3, 1200, 300))
+  FROM generate_series(%(first)s::integer, %(first)s::integer + %(orgs)s::integer - 1) AS n,
+       generate_series(1, greatest(%(projects)s::integer, %(keys)s::integer)) AS i,
+       LATERAL llm.admit_invocation({ORG_ID.format(n="n")}, 100, 'bench-model', {TASK_ID.format(n="n", slot="0")},
+                                    gen_random_uuid(), p_project => 'project-' || ((i - 1) %% %(projects)s + 1),
+                                    p_api_key => 'key-' || n || '-' || ((i - 1) %% %(keys)s + 1)) AS a
+"""
+
 # Organizations straight into the table (thousands of them).
 INSERT_ORGS = f"""
 INSERT INTO llm.organizations (id, name, status, monthly_allowance_credits, created_at, updated_at)

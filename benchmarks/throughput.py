@@ -22,11 +22,13 @@ def bench_throughput(target: Target, sizes: common.Sizes, profiler: common.Profi
     target.create_database("pgbench")
     _pgbench_init(target, sizes)
 
-    common.log(f"request-cycle database: {sizes.cycle_orgs} organizations, one running task each")
+    # organizations 1 .. cycle_orgs run the plain cycle; as many more run it under budgets
+    common.log(f"request-cycle database: {2 * sizes.cycle_orgs} organizations, one running task per client slot")
     common.new_llm_database(target, "cycle")
     with target.connect("cycle") as conn:
-        conn.execute(q.UPSERT_ORGS, {"orgs": sizes.cycle_orgs, "allowance": 10**12})
-        conn.execute(q.OPEN_TASKS, {"orgs": sizes.cycle_orgs, "slots": sizes.clients, "started_at": common.now()})
+        conn.execute(q.UPSERT_ORGS, {"orgs": 2 * sizes.cycle_orgs, "allowance": 10**12})
+        conn.execute(q.OPEN_TASKS, {"orgs": 2 * sizes.cycle_orgs, "slots": sizes.clients, "started_at": common.now()})
+        conn.execute(q.SET_BUDGETS, {"first": sizes.cycle_orgs + 1, "orgs": sizes.cycle_orgs, "limit": 10**12})
     violations_loaded, _ = common.invariant_violations(target, "cycle")
 
     # The baseline runs last: simple-update writes gigabytes of WAL in its run,
@@ -73,6 +75,7 @@ def bench_throughput(target: Target, sizes: common.Sizes, profiler: common.Profi
     results["cycle_spread_after"] = common.pgbench(target, "cycle", common.run_args(sizes, "-n", "-f", script,
                                                                       "-D", f"norgs={sizes.cycle_orgs}"))
     common.log(f"  {results['cycle_spread_after']['tps']:.0f} requests/s")
+    results |= _budget_runs(target, sizes, profiler)
 
     dsn = target.dsn("cycle")
     bare_threads = functools.partial(driver.run_threads, bare=True)
@@ -101,9 +104,11 @@ def bench_throughput(target: Target, sizes: common.Sizes, profiler: common.Profi
     cpu_cycle = cpu.backend_cpu_per_call(dsn, cpu.cycle_step(sizes.cycle_orgs), n=sizes.cpu_cycles)
     cpu_simple = cpu.backend_cpu_per_call(target.dsn("pgbench"), cpu.simple_update_step(sizes.pgbench_scale),
                                           n=2 * sizes.cpu_cycles)  # fmt: skip
-    results["cpu_us_per_request"] = {"cycle": cpu_cycle, "simple_update": cpu_simple}
+    cpu_budgets = cpu.backend_cpu_per_call(dsn, cpu.budget_cycle_step(sizes.cycle_orgs + 1, sizes.cycle_orgs,
+                                           sizes.budget_projects, sizes.budget_keys), n=sizes.cpu_cycles)  # fmt: skip
+    results["cpu_us_per_request"] = {"cycle": cpu_cycle, "simple_update": cpu_simple, "budgets": cpu_budgets}
     if cpu_cycle and cpu_simple:
-        common.log(f"  cycle {cpu_cycle:.0f} us, simple-update {cpu_simple:.0f} us")
+        common.log(f"  cycle {cpu_cycle:.0f} us, simple-update {cpu_simple:.0f} us, 3 budgets {cpu_budgets or 0:.0f} us")
 
     violations_after, _ = common.invariant_violations(target, "cycle")
     results["invariants_after_runs"] = violations_after
@@ -150,15 +155,16 @@ def bench_throughput(target: Target, sizes: common.Sizes, profiler: common.Profi
             results["two_commits_hot"]["tps"], "requests/s", simple, "pgbench simple-update",
             common.ratio(results["two_commits_hot"]["tps"], simple), "report", results["two_commits_hot"]),
     ]  # fmt: skip
-    wal_cycle, wal_simple = results["cycle_spread"]["wal_bytes_per_run"], base["wal_bytes_per_run"]
-    if wal_cycle and wal_simple:
-        rows.append(common.Row("wal_per_request", "WAL per request, 100 orgs, 8 clients (the cycle waits on WALWrite)",
-                        wal_cycle, "bytes", wal_simple, "simple-update transaction", common.ratio(wal_simple, wal_cycle),
-                        "report", {"cycle": wal_cycle, "simple_update": wal_simple}))  # fmt: skip
     if cpu_cycle and cpu_simple:
         rows.append(common.Row("cpu_per_request", "server CPU per request, one session (admit + settle)", cpu_cycle,
                         "us", cpu_simple, "simple-update transaction", common.ratio(cpu_simple, cpu_cycle), ">= 0.50",
                         results["cpu_us_per_request"]))  # fmt: skip
+    rows += _budget_rows(results, sizes, spread_mean, base)
+    cpu_budgets = results["cpu_us_per_request"]["budgets"]
+    if cpu_cycle and cpu_budgets:
+        rows.append(common.Row("cpu_budgets", "server CPU per request under 3 budgets, one session (admit + settle)",
+                        cpu_budgets, "us", cpu_cycle, "the cycle without budgets", common.ratio(cpu_cycle, cpu_budgets),
+                        "report", results["cpu_us_per_request"]))  # fmt: skip
     for mode, label in (("threads", f"{sizes.clients} threads"), ("asyncio", f"asyncio, {sizes.clients} tasks")):
         # the driver in its default mode (nothing prepared on the server), reading only the id
         rate = results[f"driver_{mode}"]["rate"]
@@ -178,6 +184,67 @@ def bench_throughput(target: Target, sizes: common.Sizes, profiler: common.Profi
                         "SQL-level cycle (pgbench)", common.ratio(rate, spread), "report",
                         results[f"driver_{mode}"]))  # fmt: skip
     return rows, results
+
+
+def _budget_runs(target: Target, sizes: common.Sizes, profiler: common.Profiler) -> dict[str, Any]:
+    """The cycle under three budgets (issue 23): keys spread over many ids, then every
+    client on one key's day in an organization with 8 stripes, then spread again (the
+    hot run is compared with the mean of the two spread runs around it)."""
+    script, first = str(common.SCRIPTS / "budgets.sql"), sizes.cycle_orgs + 1
+    spread = ["-D", f"first={first}", "-D", f"norgs={sizes.cycle_orgs}",
+              "-D", f"nprojects={sizes.budget_projects}", "-D", f"nkeys={sizes.budget_keys}"]  # fmt: skip
+    hot = ["-D", f"first={first}", "-D", "norgs=1", "-D", f"nprojects={sizes.budget_projects}", "-D", "nkeys=1"]
+    results: dict[str, Any] = {}
+    common.log(f"budget counters: one request per project and key of {sizes.cycle_orgs} organizations")
+    with target.connect("cycle") as conn:
+        # one transaction per organization: in one for all, every admission would walk
+        # the ever longer chain of row versions its own transaction left on each row
+        for n in range(first, first + sizes.cycle_orgs):
+            conn.execute(q.PREFILL_COUNTERS, {"first": n, "orgs": 1, "projects": sizes.budget_projects,
+                                              "keys": sizes.budget_keys})  # fmt: skip
+    # warm-up, as for the plain cycle: the counters' plans
+    common.log(f"warm-up: budgets.sql for {sizes.warmup_seconds} s")
+    results["budgets_warmup"] = common.pgbench(target, "cycle", common.run_args(
+        sizes, "-n", "-f", script, *spread, seconds=sizes.warmup_seconds))  # fmt: skip
+    for key, args in (("budgets_spread", spread), ("budgets_hot_key", hot), ("budgets_spread_after", spread)):
+        with target.connect("cycle") as conn:
+            conn.execute(q.SET_STRIPES, {"n": first, "stripes": 8 if key == "budgets_hot_key" else 1})
+        common.settle(target, "cycle", sizes)
+        profiler.reset("cycle")
+        common.log(f"pgbench budgets.sql ({key}), {sizes.clients} clients")
+        results[key] = common.pgbench(target, "cycle", common.run_args(sizes, "-n", "-f", script, *args))
+        results[key]["profile"] = profiler.top("cycle")
+        common.log(f"  {results[key]['tps']:.0f} requests/s, {results[key]['wal_bytes_per_run']} WAL bytes each")
+    return results
+
+
+def _budget_rows(results: dict[str, Any], sizes: common.Sizes, spread_mean: float,
+                 base: dict[str, Any]) -> list[common.Row]:  # fmt: skip
+    """The three budget targets of issue 23, and WAL per request of each cycle."""
+    budgets = (results["budgets_spread"]["tps"] + results["budgets_spread_after"]["tps"]) / 2
+    hot = results["budgets_hot_key"]["tps"]
+    runs = {"budgets_runs": [results["budgets_spread"]["tps"], results["budgets_spread_after"]["tps"]],
+            "spread_runs": results["spread_runs"]}  # fmt: skip
+    rows = [
+        common.Row("budgets_spread", f"request cycle under 3 budgets (allowance, project month, key day; "
+            f"{sizes.cycle_orgs * sizes.budget_keys:,} keys), {sizes.cycle_orgs} orgs, {sizes.clients} clients "
+            "(pgbench; mean of the runs before and after the hot key)", budgets, "requests/s", spread_mean,
+            "request cycle, no budgets (mean)", common.ratio(budgets, spread_mean), ">= 0.80", runs),
+        common.Row("budgets_hot_key", f"the same, all {sizes.clients} clients on one key's day budget, "
+            "1 org with 8 stripes (pgbench)", hot, "requests/s", budgets, "3 budgets, keys spread (mean)",
+            common.ratio(hot, budgets), ">= 0.80", results["budgets_hot_key"]),
+    ]  # fmt: skip
+    wal_simple = base["wal_bytes_per_run"]
+    for row_key, key, label in (
+            ("wal_per_request", "cycle_spread", f"no budgets, {sizes.cycle_orgs} orgs (the cycle waits on WALWrite)"),
+            ("wal_budgets_spread", "budgets_spread", "3 budgets, keys spread (the first run)"),
+            ("wal_budgets_hot_key", "budgets_hot_key", "3 budgets, one hot key")):  # fmt: skip
+        wal = results[key]["wal_bytes_per_run"]
+        if wal and wal_simple:
+            rows.append(common.Row(row_key, f"WAL per request, {label}", wal, "bytes", wal_simple,
+                            "simple-update transaction", common.ratio(wal_simple, wal), "report",
+                            {"cycle": wal, "simple_update": wal_simple}))  # fmt: skip
+    return rows
 
 
 def _pgbench_init(target: Target, sizes: common.Sizes) -> None:

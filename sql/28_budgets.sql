@@ -130,7 +130,7 @@ COMMENT ON FUNCTION llm._applicable_budgets(uuid, text, text, text) IS
 -- the first request admitted under it, and decided on its row's latest values
 -- under the row's lock: used + held + estimate <= limit, else LL001 naming it (the
 -- caller's transaction rolls back every hold). Long on purpose: the counter's
--- upsert and the refusal's DETAIL read its row, and belong together.
+-- update, its upsert and the refusal's DETAIL read its row, and belong together.
 CREATE OR REPLACE FUNCTION llm._hold_budgets(
     p_inv llm.invocations, p_scopes llm.invocation_scopes, p_limits bigint[], p_revisions uuid[])
 RETURNS void
@@ -146,6 +146,18 @@ BEGIN
                                          p_scopes.api_key, p_scopes.end_user, p_inv.created_at) AS k
     LOOP
         v_i := v_i + 1;  -- the keys and the arrays are both in bit order
+        -- A counter exists from the first request of its id and window on: held by a
+        -- plain UPDATE (HOT; no tuple-lock record and no speculative insertion, as an
+        -- upsert's conflict costs). The upsert below creates it on first use, and
+        -- meets every refusal (its WHERE decides on the row under its lock).
+        UPDATE llm.budget_counters AS c
+           SET held_credits = c.held_credits + p_inv.hold_credits,
+               admitted_limit = p_limits[v_i], admitted_revision = p_revisions[v_i]
+         WHERE c.organization_id = p_inv.organization_id AND c.scope = v_key.scope
+           AND (c.scope_id = v_key.scope_id OR (c.scope_id IS NULL AND v_key.scope_id IS NULL))
+           AND c.budget_window = v_key.budget_window AND c.window_start = v_key.window_start
+           AND c.used_credits + c.held_credits + p_inv.hold_credits <= p_limits[v_i];
+        CONTINUE WHEN FOUND;
         INSERT INTO llm.budget_counters AS c
                (organization_id, scope, scope_id, budget_window, window_start, held_credits,
                 admitted_limit, admitted_revision)
@@ -160,7 +172,7 @@ BEGIN
         IF NOT FOUND THEN
             SELECT * INTO v_counter FROM llm.budget_counters AS c
              WHERE c.organization_id = p_inv.organization_id AND c.scope = v_key.scope
-               AND c.scope_id IS NOT DISTINCT FROM v_key.scope_id
+               AND (c.scope_id = v_key.scope_id OR (c.scope_id IS NULL AND v_key.scope_id IS NULL))
                AND c.budget_window = v_key.budget_window AND c.window_start = v_key.window_start;
             -- The DETAIL's first line is the id, verbatim (an id has no control character),
             -- the one part of a DETAIL code may read (docs/design.md "Errors").
@@ -200,7 +212,8 @@ BEGIN
           FROM llm.budget_limits AS b
          WHERE b.organization_id = p_organization_id AND b.scope = p_keys[v_i].scope
            AND b.budget_window = p_keys[v_i].budget_window
-           AND (b.scope_id IS NOT DISTINCT FROM p_keys[v_i].scope_id OR b.scope_id = '*')
+           AND (b.scope_id = p_keys[v_i].scope_id OR (b.scope_id IS NULL AND p_keys[v_i].scope_id IS NULL)
+                OR b.scope_id = '*')
          ORDER BY b.scope_id = '*'
          LIMIT 1;
         CONTINUE WHEN NOT FOUND
@@ -217,6 +230,11 @@ END
 $$;
 COMMENT ON FUNCTION llm._budget_crossings(uuid, llm.budget_counters[], bigint[], timestamptz) IS
     'Owes one notice per threshold each moved counter crossed (used from p_olds[i] to p_keys[i].used_credits) under the budget that applies to it now.';
+
+-- A counter (or limit) is found by its key, scope_id NULL for the organization scope:
+-- spelled "= OR both NULL", which the key's index serves (two probes in a generic
+-- plan), never IS NOT DISTINCT FROM, which no index serves (a scan of every
+-- organization's counters, pruning each page it reads, on every settlement).
 
 -- Every movement of terminal or trued-up requests moves the counters they were
 -- admitted under, in the windows of their admission time: the charge in and the
@@ -256,7 +274,7 @@ BEGIN
                held_credits = c.held_credits - v_move.released,
                used_cents = c.used_cents + v_move.cents
          WHERE c.organization_id = p_organization_id AND c.scope = v_move.scope
-           AND c.scope_id IS NOT DISTINCT FROM v_move.scope_id
+           AND (c.scope_id = v_move.scope_id OR (c.scope_id IS NULL AND v_move.scope_id IS NULL))
            AND c.budget_window = v_move.budget_window AND c.window_start = v_move.window_start
         RETURNING c.* INTO v_counter;
         IF FOUND AND v_move.used > 0 THEN
