@@ -79,7 +79,7 @@ CREATE TYPE llm.notice_claim AS (
 	budget_window text
 );
 
-COMMENT ON TYPE llm.notice_claim IS 'A notice as claim_notices returns it, with its claim''s token: the columns of llm.threshold_notices as of 0.3.0, fixed.';
+COMMENT ON TYPE llm.notice_claim IS 'A notice as claim_notices returns it, with its claim''s token and (schema 0015) the scope, id and window it is for: the columns of llm.threshold_notices as of 0.3.0, fixed.';
 
 CREATE TYPE llm.org_sweep AS (
 	organization_id uuid,
@@ -269,7 +269,7 @@ COMMENT ON COLUMN llm.budget_counters.admitted_revision IS 'The revision of the 
 CREATE FUNCTION llm._budget_crossings(p_organization_id uuid, p_keys llm.budget_counters[], p_olds bigint[], p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 823b68ec45bbcf7c75b2d1f671d58fff $$;
+    AS $$ body in sql/, md5 d72028ce585728cbadb5662ae2e108fc $$;
 
 COMMENT ON FUNCTION llm._budget_crossings(p_organization_id uuid, p_keys llm.budget_counters[], p_olds bigint[], p_now timestamp with time zone) IS 'Owes one notice per threshold each moved counter crossed (used from p_olds[i] to p_keys[i].used_credits) under the budget that applies to it now.';
 
@@ -457,7 +457,7 @@ COMMENT ON COLUMN llm.invocation_scopes.budget_mask IS 'The budget counters the 
 CREATE FUNCTION llm._hold_budgets(p_inv llm.invocations, p_scopes llm.invocation_scopes, p_limits bigint[], p_revisions uuid[]) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 92958f0a98de8825c124784080d2ebb3 $$;
+    AS $$ body in sql/, md5 487d9d750253b5f4d5095c057bc28790 $$;
 
 COMMENT ON FUNCTION llm._hold_budgets(p_inv llm.invocations, p_scopes llm.invocation_scopes, p_limits bigint[], p_revisions uuid[]) IS 'Holds a just-admitted request''s estimate on the counter of every budget in its budget_mask, in bit order, each iff used + held + estimate <= its limit (LL001 naming the first that does not fit, with the id as the DETAIL''s first line).';
 
@@ -534,7 +534,7 @@ COMMENT ON FUNCTION llm._may_cross(p_old_used bigint, p_new_used bigint, p_allow
 CREATE FUNCTION llm._move_budgets(p_organization_id uuid, p_invs llm.invocations[], p_true_up boolean, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 0181a69309de2dc9fcae3900346b9a7c $$;
+    AS $$ body in sql/, md5 da0c71b0f0952f3f525f194f6a5906dc $$;
 
 COMMENT ON FUNCTION llm._move_budgets(p_organization_id uuid, p_invs llm.invocations[], p_true_up boolean, p_now timestamp with time zone) IS 'Moves the budget counters of the given requests (terminal: charge in, hold out; p_true_up: the signed difference) in lock order and owes the thresholds they crossed; returns the notices created.';
 
