@@ -366,6 +366,10 @@ class Model:
         load = self._loads()
         self.states = [dict(self.budgets)]
         self.eligible = eligible
+        # request -> (the session that moved it this round, its load before): history is
+        # the order the sessions recorded their commits, and another session's admission
+        # may have been decided before a movement recorded ahead of it
+        self.moved_in_round: dict[str, tuple[int, int]] = {}
         for e in history:
             self._apply(e, eligible, stale, policies, upserts, load)
         for key in stale:
@@ -497,6 +501,7 @@ class Model:
                 raise Mismatch(
                     f"{e['op']} of {a['inv']} answered {answer}, but it was {row.status}/{row.kind}"
                 )
+            self.moved_in_round.setdefault(a["inv"], (e["session"], row.estimate))
             row.status = "settled" if fresh == "settled" else "failed"
             row.kind = "measured" if fresh == "settled" else None
             row.tokens = a.get("tokens")
@@ -509,6 +514,7 @@ class Model:
             row.late = True
             allowed = {late for _, late in policies[row.org]}
             if answer == "trued_up" and "true_up" in allowed:
+                self.moved_in_round.setdefault(a["inv"], (e["session"], row.charged))
                 load[(row.org, row.period)] = load.get((row.org, row.period), 0) + max(
                     0, a["credits"] - row.charged
                 )
@@ -587,16 +593,21 @@ class Model:
                     keys.append((r.org, scope, sid, window, window_start(window, r.created_at)))
         return keys
 
-    def _counter_bounds(self, key: tuple) -> tuple[int, int]:
+    def _counter_bounds(self, key: tuple, session: int | None = None) -> tuple[int, int]:
         """A counter's used + held now, in commit order: (lowest, highest) over whether the
-        round's pass recovered its eligible requests yet (it commits at no known place)."""
+        round's pass recovered its eligible requests yet (it commits at no known place) and,
+        as ``session``'s admission may have seen it, whether another session's movement of
+        this round recorded before it had committed yet."""
         high = low = 0
         for inv, r in self.requests.items():
             if key not in self._counter_keys(r):
                 continue
             load = r.estimate if r.status in OPEN else r.charged
-            high += load
-            low += load - (r.estimate - self._recovery_charge(r) if r.status in OPEN and inv in self.eligible else 0)
+            mover, before = self.moved_in_round.get(inv, (session, load))
+            seen = (load, before) if session is not None and mover != session else (load, load)
+            high += max(seen)
+            low += min(seen) - (r.estimate - self._recovery_charge(r)
+                                if r.status in OPEN and inv in self.eligible else 0)  # fmt: skip
         return low, high
 
     def _budget_admitted(self, e: dict[str, Any], r: Request) -> None:
@@ -607,7 +618,7 @@ class Model:
             applying = self.applying(state, r.org, r.ids)
             if sum(1 << b for b in applying) != r.mask:
                 continue
-            if all(self._counter_bounds((*k, window_start(k[3], at)))[0] + r.estimate <= limit
+            if all(self._counter_bounds((*k, window_start(k[3], at)), e["session"])[0] + r.estimate <= limit
                    for limit, k in applying.values()):  # fmt: skip
                 return
         raise Mismatch(f"admitted {e['args']} with budget_mask {r.mask}, which no budget state of the round "
@@ -628,7 +639,8 @@ class Model:
             applying = self.applying(state, a["org"], ids)
             if named not in applying:
                 continue
-            bounds = {b: self._counter_bounds((*k, window_start(k[3], at))) for b, (_, k) in applying.items()}
+            bounds = {b: self._counter_bounds((*k, window_start(k[3], at)), e["session"])
+                      for b, (_, k) in applying.items()}  # fmt: skip
             if bounds[named][1] + a["estimate"] > applying[named][0] and all(
                 bounds[b][0] + a["estimate"] <= applying[b][0] for b in applying if b < named
             ):
