@@ -361,17 +361,21 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM llm._raise_unknown_org(p_organization_id);
     END IF;
+    -- The budget's row, created when missing, even to remove it: a concurrent change
+    -- of the same budget then waits for this one (a DELETE of a missing row would lock
+    -- nothing and lose to a set committing after it), so the last to commit is in force.
+    INSERT INTO llm.budget_limits AS b
+           (organization_id, scope, scope_id, budget_window, limit_credits, thresholds, revision, updated_at)
+    VALUES (p_organization_id, p_scope, p_scope_id, p_window, coalesce(p_limit_credits, 0), p_thresholds,
+            v_revision, p_now)
+    ON CONFLICT (organization_id, scope, scope_id, budget_window) DO UPDATE
+       SET limit_credits = excluded.limit_credits, thresholds = excluded.thresholds,
+           revision = excluded.revision, updated_at = excluded.updated_at;
     IF p_limit_credits IS NULL THEN
         DELETE FROM llm.budget_limits AS b
          WHERE b.organization_id = p_organization_id AND b.scope = p_scope
-           AND b.scope_id IS NOT DISTINCT FROM p_scope_id AND b.budget_window = p_window;
-    ELSE
-        INSERT INTO llm.budget_limits AS b
-               (organization_id, scope, scope_id, budget_window, limit_credits, thresholds, revision, updated_at)
-        VALUES (p_organization_id, p_scope, p_scope_id, p_window, p_limit_credits, p_thresholds, v_revision, p_now)
-        ON CONFLICT (organization_id, scope, scope_id, budget_window) DO UPDATE
-           SET limit_credits = excluded.limit_credits, thresholds = excluded.thresholds,
-               revision = excluded.revision, updated_at = excluded.updated_at;
+           AND (b.scope_id = p_scope_id OR (b.scope_id IS NULL AND p_scope_id IS NULL))
+           AND b.budget_window = p_window;
     END IF;
     RETURN llm._budget_reached(p_organization_id, p_scope, p_scope_id, p_window, p_now);
 END

@@ -330,7 +330,7 @@ class Model:
         # often each was set or removed (a budget set once and never replaced owes exactly)
         self.budgets: Budgets = {}
         self.budget_sets: dict[tuple[str, str, str | None, str], int] = {}
-        self.states: list[Budgets] = []  # the budgets in force at each commit of the round
+        self.states: list[Budgets] = []  # the budgets in force after each change of the round
         self.eligible: dict[str, datetime] = {}  # the requests the round's pass may recover
 
     # ------------------------------------------------------------ setup and rounds
@@ -364,14 +364,35 @@ class Model:
                 policies[e["args"]["org"]].add((e["args"]["charge"], e["args"]["late"]))
         upserts: dict[str, list[dict[str, Any]]] = {}
         load = self._loads()
+        # the budgets in force after each of the round's changes, all of them: a change
+        # recorded after an admission may have committed before its snapshot
         self.states = [dict(self.budgets)]
-        self.eligible = eligible
-        # request -> (the session that moved it this round, its load before): history is
-        # the order the sessions recorded their commits, and another session's admission
-        # may have been decided before a movement recorded ahead of it
-        self.moved_in_round: dict[str, tuple[int, int]] = {}
         for e in history:
+            if e["op"] == "budget" and "ok" in e:
+                a = e["args"]
+                state = dict(self.states[-1])
+                budget = (a["org"], a["scope"], a["scope_id"], a["window"])
+                if a["limit"] is None:
+                    state.pop(budget, None)
+                else:
+                    state[budget] = (a["limit"], tuple(sorted(set(a["thresholds"]))))
+                self.states.append(state)
+        self.eligible = eligible
+        # History is the order the sessions recorded their commits, not the order their
+        # decisions saw each other: a budget decision is checked once the round is known,
+        # against every load its counters could have had (_counter_bounds).
+        self.start_loads = {inv: (r.estimate if r.status in OPEN else r.charged)
+                            for inv, r in self.requests.items()}  # fmt: skip
+        self.admitted_in_round: dict[str, tuple[int, int]] = {}  # request -> (session, index)
+        self.budget_checks: list[tuple[int, dict[str, Any], Request | None]] = []
+        for index, e in enumerate(history):
+            self.index = index
             self._apply(e, eligible, stale, policies, upserts, load)
+        for index, e, request in self.budget_checks:
+            if request is None:
+                self._budget_refused(e, index)
+            else:
+                self._budget_admitted(e, request, index)
         for key in stale:
             if self.tasks[key].status == "running":
                 self.tasks[key].status = "abandoned"
@@ -400,7 +421,7 @@ class Model:
         if op == "admit":
             key = (a["org"], period_of(when(a["now"])))
             if code == "LL001" and (e.get("budget") or ["periods"])[0] == "budgets":
-                return self._budget_refused(e)
+                return self.budget_checks.append((self.index, e, None))
             if code == "LL001":
                 # the smallest allowance in force at any moment of the round
                 allowance = min([self.allowances.get(key, self.orgs[a["org"]].allowance)]
@@ -416,7 +437,8 @@ class Model:
             self.allowances.setdefault(key, self.orgs[a["org"]].allowance)
             request = Request(a["org"], key[1], a["model"], a["estimate"], when(a["now"]), task=a.get("task"),
                               ids={s: a.get(s) for s in SCOPE_IDS}, mask=e.get("mask") or 0)  # fmt: skip
-            self._budget_admitted(e, request)
+            self.budget_checks.append((self.index, e, request))
+            self.admitted_in_round[a["inv"]] = (e["session"], self.index)
             self.requests[a["inv"]] = request
             load[key] = load.get(key, 0) + a["estimate"]
         elif op == "dispatch":
@@ -444,7 +466,6 @@ class Model:
                 self.budgets.pop(budget, None)
             else:
                 self.budgets[budget] = (a["limit"], tuple(sorted(set(a["thresholds"]))))
-            self.states.append(dict(self.budgets))
         elif op == "policy":
             self._expect(e, None)
             self.orgs[a["org"]].charge, self.orgs[a["org"]].late = a["charge"], a["late"]
@@ -501,7 +522,6 @@ class Model:
                 raise Mismatch(
                     f"{e['op']} of {a['inv']} answered {answer}, but it was {row.status}/{row.kind}"
                 )
-            self.moved_in_round.setdefault(a["inv"], (e["session"], row.estimate))
             row.status = "settled" if fresh == "settled" else "failed"
             row.kind = "measured" if fresh == "settled" else None
             row.tokens = a.get("tokens")
@@ -514,7 +534,6 @@ class Model:
             row.late = True
             allowed = {late for _, late in policies[row.org]}
             if answer == "trued_up" and "true_up" in allowed:
-                self.moved_in_round.setdefault(a["inv"], (e["session"], row.charged))
                 load[(row.org, row.period)] = load.get((row.org, row.period), 0) + max(
                     0, a["credits"] - row.charged
                 )
@@ -593,24 +612,30 @@ class Model:
                     keys.append((r.org, scope, sid, window, window_start(window, r.created_at)))
         return keys
 
-    def _counter_bounds(self, key: tuple, session: int | None = None) -> tuple[int, int]:
-        """A counter's used + held now, in commit order: (lowest, highest) over whether the
-        round's pass recovered its eligible requests yet (it commits at no known place) and,
-        as ``session``'s admission may have seen it, whether another session's movement of
-        this round recorded before it had committed yet."""
+    def _counter_bounds(self, key: tuple, session: int, index: int, own: str | None = None) -> tuple[int, int]:
+        """The lowest and highest used + held counter ``key`` could have had when the call
+        at ``index`` of the round by ``session`` decided: each request's load anywhere
+        between its load at the round's start (its estimate when admitted in the round) and
+        now, less what the round's pass may have recovered already; a request another
+        session admitted in the round perhaps not yet, and one this session admitted later
+        (or ``own``, the request being decided) not at all."""
         high = low = 0
         for inv, r in self.requests.items():
-            if key not in self._counter_keys(r):
+            if inv == own or key not in self._counter_keys(r):
                 continue
-            load = r.estimate if r.status in OPEN else r.charged
-            mover, before = self.moved_in_round.get(inv, (session, load))
-            seen = (load, before) if session is not None and mover != session else (load, load)
-            high += max(seen)
-            low += min(seen) - (r.estimate - self._recovery_charge(r)
-                                if r.status in OPEN and inv in self.eligible else 0)  # fmt: skip
+            now = r.estimate if r.status in OPEN else r.charged
+            admitted = self.admitted_in_round.get(inv)
+            if admitted and admitted[0] == session and admitted[1] > index:
+                continue
+            before = r.estimate if admitted else self.start_loads[inv]
+            high += max(before, now)
+            if admitted and admitted[0] != session:
+                continue
+            low += min(before, now) - (r.estimate - self._recovery_charge(r)
+                                       if r.status in OPEN and inv in self.eligible else 0)  # fmt: skip
         return low, high
 
-    def _budget_admitted(self, e: dict[str, Any], r: Request) -> None:
+    def _budget_admitted(self, e: dict[str, Any], r: Request, index: int) -> None:
         """An admitted request's mask and holds fit one budget state in force during its
         round up to its commit (wholly with or wholly without a concurrent set_budget)."""
         at = r.created_at
@@ -618,13 +643,14 @@ class Model:
             applying = self.applying(state, r.org, r.ids)
             if sum(1 << b for b in applying) != r.mask:
                 continue
-            if all(self._counter_bounds((*k, window_start(k[3], at)), e["session"])[0] + r.estimate <= limit
+            if all(self._counter_bounds((*k, window_start(k[3], at)), e["session"], index, e["args"]["inv"])[0]
+                   + r.estimate <= limit
                    for limit, k in applying.values()):  # fmt: skip
                 return
         raise Mismatch(f"admitted {e['args']} with budget_mask {r.mask}, which no budget state of the round "
                        f"admits: {[self.applying(st, r.org, r.ids) for st in self.states]} (issue 23)")  # fmt: skip
 
-    def _budget_refused(self, e: dict[str, Any]) -> None:
+    def _budget_refused(self, e: dict[str, Any], index: int) -> None:
         """A refusal naming a budget (TABLE budgets, CONSTRAINT scope, COLUMN window, the
         DETAIL's first line the real id): in one state of the round that budget applied and
         had no room, and every budget before it in bit order had (issue 23, Admission)."""
@@ -639,7 +665,7 @@ class Model:
             applying = self.applying(state, a["org"], ids)
             if named not in applying:
                 continue
-            bounds = {b: self._counter_bounds((*k, window_start(k[3], at)), e["session"])
+            bounds = {b: self._counter_bounds((*k, window_start(k[3], at)), e["session"], index)
                       for b, (_, k) in applying.items()}  # fmt: skip
             if bounds[named][1] + a["estimate"] > applying[named][0] and all(
                 bounds[b][0] + a["estimate"] <= applying[b][0] for b in applying if b < named
