@@ -265,3 +265,24 @@ def test_a_budget_applies_to_every_admission_called_after_set_budget_commits(
     )
     assert list(budget_usage(llm_conn, org)) == [("api_key", "k", "day", earlier.date())]
     assert invariants(llm_conn) == []
+
+
+def test_a_removal_racing_a_set_of_the_same_budget_waits_and_commits_last(llm_conn, llm_connect):
+    """Issue 23 (set_budget: "NULL removes the budget"; the last change to commit is in
+    force): a key's day budget is set in one transaction, left open; its removal, called
+    meanwhile, waits for that transaction (it would find no row to delete and lose to the
+    set committing after it, found by the concurrent simulation); once the set commits, the
+    removal deletes the budget it set. Admissions of the key are then under no budget."""
+    org = new_org(llm_conn, 10**9)
+    setter = llm_connect(autocommit=False)
+    set_budget(setter, org, "api_key", "k", "day", 10)  # not committed
+    remover = llm_connect(autocommit=True)
+    removal = InThread(lambda: set_budget(remover, org, "api_key", "k", "day", None))
+    wait_blocked(llm_conn, remover.info.backend_pid)
+    setter.commit()
+    removal.join()
+    removal.result()
+    assert rows(llm_conn, "SELECT * FROM llm.budgets WHERE organization_id = %s", [org]) == []
+    admit(llm_conn, org, 50, api_key="k")
+    assert list(budget_usage(llm_conn, org)) == []
+    assert invariants(llm_conn) == []
