@@ -37,6 +37,7 @@ import contextlib
 import dataclasses
 import http.server
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -187,7 +188,8 @@ def _signals_as_interrupt() -> Iterator[None]:
     """Ctrl-C and SIGTERM unwind as KeyboardInterrupt, so the throw-away server is
     stopped. A signal that lands while a finalizer (``__del__``) runs has its exception
     swallowed by Python and the demo would finish as if never interrupted, so a signal
-    received is raised again once the body is done."""
+    received is raised again once the body is done; Python's report of the swallowed one
+    ("Exception ignored in ... Traceback") is not printed."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -197,12 +199,19 @@ def _signals_as_interrupt() -> Iterator[None]:
         received.append(signum)
         raise KeyboardInterrupt(f"signal {signum}")
 
+    def _quiet(unraisable: Any) -> None:
+        if not (received and isinstance(unraisable.exc_value, KeyboardInterrupt)):
+            report(unraisable)
+
+    report = sys.unraisablehook
     previous = {s: signal.signal(s, _raise) for s in (signal.SIGINT, signal.SIGTERM)}
+    sys.unraisablehook = _quiet
     try:
         yield
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        sys.unraisablehook = report
     if received:
         raise KeyboardInterrupt(f"signal {received[0]}")
 
