@@ -749,7 +749,7 @@ COMMENT ON FUNCTION llm._scope_id_ok(p_value text) IS 'True for NULL or a valid 
 CREATE FUNCTION llm._set_budget(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint, p_thresholds integer[], p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 73ca69d4af78686549f44f83ca37db31 $$;
+    AS $$ body in sql/, md5 dadddad645f9c73d45bbcf8bf3e97076 $$;
 
 COMMENT ON FUNCTION llm._set_budget(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint, p_thresholds integer[], p_now timestamp with time zone) IS 'Distributed twin of set_budget (returns the notices it owed); arguments already checked.';
 
