@@ -11,7 +11,9 @@
 -- NULL). The old key (organization, period_start, threshold_pct), which the
 -- previous release's functions name in ON CONFLICT, is dropped by
 -- sql/70_notices.sql in the transaction that puts the new functions live.
--- Re-runnable from any point: each step checks what is done.
+-- Re-runnable from any point: the backfill and the CHECK take up what is left,
+-- and the index is built again (a kill during a CONCURRENTLY build leaves it
+-- invalid; the old key still serves until sql/ goes live).
 
 DO $$
 DECLARE
