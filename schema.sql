@@ -172,7 +172,7 @@ COMMENT ON COLUMN llm.invocations.stripe IS 'The stripe of its period that holds
 CREATE FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) RETURNS llm.invocations
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 7f47925962477ef2a5a50ee091ff9800 $$;
+    AS $$ body in sql/, md5 2bf3bc7141eca395beee7542f4d3fd63 $$;
 
 COMMENT ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) IS 'Distributed twin of admit_invocation; arguments already checked.';
 
@@ -227,7 +227,7 @@ COMMENT ON FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id uu
 CREATE FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamp with time zone) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 4603db9291d5fa95e26a3d67a9c0895d $$;
+    AS $$ body in sql/, md5 f0b68ef811ff7eb15abdeac1c27fcb40 $$;
 
 COMMENT ON FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamp with time zone) IS 'Books a just-terminated invocation: its task''s totals, then its stripe''s movement (charge in, hold out) and the threshold notices the period crosses, then its budgets'' counters and theirs.';
 

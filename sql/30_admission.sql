@@ -55,7 +55,9 @@ AS $$
 DECLARE
     v_org_status text;
     v_stripes integer;
-    v_budgets record;
+    v_mask integer := 0;  -- the budgets that apply: none unless the organization has one
+    v_limits bigint[];
+    v_revisions uuid[];
     v_scopes llm.invocation_scopes;
     v_stripe smallint;
     v_inv llm.invocations;
@@ -77,9 +79,12 @@ BEGIN
     END IF;
 
     -- The budgets that apply, fixed on the request (its budget_mask) and decided
-    -- against the limits read here, in one snapshot.
-    SELECT * INTO v_budgets
-      FROM llm._applicable_budgets(p_organization_id, p_project, p_api_key, p_end_user);
+    -- against the limits read here, in one snapshot; looked up only when the
+    -- organization has a budget (one probe of its key for the others).
+    IF EXISTS (SELECT FROM llm.budget_limits AS b WHERE b.organization_id = p_organization_id) THEN
+        SELECT a.mask, a.limits, a.revisions INTO v_mask, v_limits, v_revisions
+          FROM llm._applicable_budgets(p_organization_id, p_project, p_api_key, p_end_user) AS a;
+    END IF;
 
     -- This session's stripe: concurrent sessions of one organization hold on
     -- different rows (a session keeps its stripe, and its cache lines, between calls).
@@ -100,10 +105,10 @@ BEGIN
                                    p_project, p_api_key, p_end_user);
     END IF;
     -- its scope ids and budgets beside it, when it has any
-    IF v_budgets.mask <> 0 OR p_project IS NOT NULL OR p_api_key IS NOT NULL OR p_end_user IS NOT NULL THEN
+    IF v_mask <> 0 OR p_project IS NOT NULL OR p_api_key IS NOT NULL OR p_end_user IS NOT NULL THEN
         INSERT INTO llm.invocation_scopes AS s
                (organization_id, invocation_id, project, api_key, end_user, budget_mask)
-        VALUES (p_organization_id, v_inv.id, p_project, p_api_key, p_end_user, v_budgets.mask)
+        VALUES (p_organization_id, v_inv.id, p_project, p_api_key, p_end_user, v_mask)
         RETURNING s.* INTO v_scopes;
     END IF;
 
@@ -114,8 +119,8 @@ BEGIN
     PERFORM llm._move_stripe(p_organization_id, v_period, v_stripe, 0, p_estimate_credits, 0, p_now, true);
     -- Then every budget's counter, in bit order, last: a hot key's row is held from
     -- here to the commit only.
-    IF v_budgets.mask <> 0 THEN
-        PERFORM llm._hold_budgets(v_inv, v_scopes, v_budgets.limits, v_budgets.revisions);
+    IF v_mask <> 0 THEN
+        PERFORM llm._hold_budgets(v_inv, v_scopes, v_limits, v_revisions);
     END IF;
     RETURN v_inv;
 END

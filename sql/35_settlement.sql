@@ -130,8 +130,13 @@ BEGIN
     -- charge in, hold out; crossed thresholds recorded on the exact path
     PERFORM llm._move_stripe(p_inv.organization_id, p_inv.period_start, p_inv.stripe,
                              v_charge, -p_inv.hold_credits, v_cents, p_now);
-    -- then the budgets it was admitted under, in their windows of its admission
-    PERFORM llm._move_budgets(p_inv.organization_id, ARRAY[p_inv], false, p_now);
+    -- then the budgets it was admitted under, in their windows of its admission (most
+    -- requests have none: one probe of the key of invocation_scopes)
+    IF EXISTS (SELECT FROM llm.invocation_scopes AS s
+                WHERE s.organization_id = p_inv.organization_id AND s.invocation_id = p_inv.id
+                  AND s.budget_mask <> 0) THEN
+        PERFORM llm._move_budgets(p_inv.organization_id, ARRAY[p_inv], false, p_now);
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION llm._book_terminal(llm.invocations, timestamptz) IS
