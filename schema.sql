@@ -269,9 +269,16 @@ COMMENT ON COLUMN llm.budget_counters.admitted_revision IS 'The revision of the 
 CREATE FUNCTION llm._budget_crossings(p_organization_id uuid, p_keys llm.budget_counters[], p_olds bigint[], p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 d72028ce585728cbadb5662ae2e108fc $$;
+    AS $$ body in sql/, md5 30796e5202a9c8d4eb31678f5bcc5c2c $$;
 
 COMMENT ON FUNCTION llm._budget_crossings(p_organization_id uuid, p_keys llm.budget_counters[], p_olds bigint[], p_now timestamp with time zone) IS 'Owes one notice per threshold each moved counter crossed (used from p_olds[i] to p_keys[i].used_credits) under the budget that applies to it now.';
+
+CREATE FUNCTION llm._budget_in_force(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, OUT limit_credits bigint, OUT thresholds integer[]) RETURNS record
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 f975d6544a96aa98ece08ea78a1da24a $$;
+
+COMMENT ON FUNCTION llm._budget_in_force(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, OUT limit_credits bigint, OUT thresholds integer[]) IS 'The limit and thresholds of the budget that applies now to one id of a scope and window: its own, else the scope''s ''*''; NULL when none.';
 
 CREATE FUNCTION llm._budget_keys(p_mask integer, p_project text, p_api_key text, p_end_user text, p_at timestamp with time zone) RETURNS TABLE(slot integer, scope text, scope_id text, budget_window text, window_start date)
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -282,7 +289,7 @@ COMMENT ON FUNCTION llm._budget_keys(p_mask integer, p_project text, p_api_key t
 CREATE FUNCTION llm._budget_reached(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 d26d41d54bf5dff237e62c434ee81cdf $$;
+    AS $$ body in sql/, md5 f7306683f398fb69d16889ed726f5384 $$;
 
 COMMENT ON FUNCTION llm._budget_reached(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_now timestamp with time zone) IS 'With the budget just changed: locks the counters it governs in the window containing p_now (one id, or every id without its own budget for ''*'') and owes every threshold they stand at or above under the budget that applies to each now.';
 
@@ -1404,6 +1411,8 @@ GRANT SELECT ON TABLE llm.budget_counters TO llm_reader;
 GRANT SELECT ON TABLE llm.budget_counters TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm._budget_crossings(p_organization_id uuid, p_keys llm.budget_counters[], p_olds bigint[], p_now timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._budget_in_force(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, OUT limit_credits bigint, OUT thresholds integer[]) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._budget_keys(p_mask integer, p_project text, p_api_key text, p_end_user text, p_at timestamp with time zone) FROM PUBLIC;
 

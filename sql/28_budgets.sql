@@ -194,6 +194,26 @@ COMMENT ON FUNCTION llm._hold_budgets(llm.invocations, llm.invocation_scopes, bi
 
 -- ---------------------------------------------------------------- movements
 
+-- The budget in force now for one id of a scope and window: its own, else the scope's
+-- '*' (NULL fields: none). Matched by the budget's key (an id NULL only for the
+-- organization scope), so its index serves it.
+CREATE OR REPLACE FUNCTION llm._budget_in_force(
+    p_organization_id uuid, p_scope text, p_scope_id text, p_window text,
+    OUT limit_credits bigint, OUT thresholds integer[])
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    SELECT b.limit_credits, b.thresholds INTO limit_credits, thresholds
+      FROM llm.budget_limits AS b
+     WHERE b.organization_id = p_organization_id AND b.scope = p_scope AND b.budget_window = p_window
+       AND (b.scope_id = p_scope_id OR (b.scope_id IS NULL AND p_scope_id IS NULL) OR b.scope_id = '*')
+     ORDER BY b.scope_id = '*'
+     LIMIT 1;
+END
+$$;
+COMMENT ON FUNCTION llm._budget_in_force(uuid, text, text, text) IS
+    'The limit and thresholds of the budget that applies now to one id of a scope and window: its own, else the scope''s ''*''; NULL when none.';
+
 -- What a changed counter owes: the thresholds of the budget that applies to it now
 -- (its id's own, else the scope's '*'), crossed when used moved from p_olds to p_news.
 -- Read after the counters are locked, so a set_budget that held them is seen.
@@ -208,15 +228,10 @@ DECLARE
     v_created integer := 0;
 BEGIN
     FOR v_i IN 1 .. coalesce(pg_catalog.cardinality(p_keys), 0) LOOP
-        SELECT b.limit_credits, b.thresholds INTO v_budget
-          FROM llm.budget_limits AS b
-         WHERE b.organization_id = p_organization_id AND b.scope = p_keys[v_i].scope
-           AND b.budget_window = p_keys[v_i].budget_window
-           AND (b.scope_id = p_keys[v_i].scope_id OR (b.scope_id IS NULL AND p_keys[v_i].scope_id IS NULL)
-                OR b.scope_id = '*')
-         ORDER BY b.scope_id = '*'
-         LIMIT 1;
-        CONTINUE WHEN NOT FOUND
+        SELECT * INTO v_budget
+          FROM llm._budget_in_force(p_organization_id, p_keys[v_i].scope, p_keys[v_i].scope_id,
+                                    p_keys[v_i].budget_window);
+        CONTINUE WHEN v_budget.limit_credits IS NULL
             OR NOT coalesce(llm._may_cross(p_olds[v_i], p_keys[v_i].used_credits, v_budget.limit_credits), false);
         v_crossed := ARRAY(SELECT t.pct FROM pg_catalog.unnest(v_budget.thresholds) AS t(pct)
                             WHERE p_olds[v_i]::numeric * 100 < t.pct::numeric * v_budget.limit_credits);
@@ -329,13 +344,9 @@ BEGIN
         v_counters := v_counters || v_counter;
     END LOOP;
     FOR v_i IN 1 .. pg_catalog.cardinality(v_counters) LOOP
-        SELECT b.limit_credits, b.thresholds INTO v_budget
-          FROM llm.budget_limits AS b
-         WHERE b.organization_id = p_organization_id AND b.scope = p_scope AND b.budget_window = p_window
-           AND (b.scope_id IS NOT DISTINCT FROM v_counters[v_i].scope_id OR b.scope_id = '*')
-         ORDER BY b.scope_id = '*'
-         LIMIT 1;
-        CONTINUE WHEN NOT FOUND;
+        SELECT * INTO v_budget
+          FROM llm._budget_in_force(p_organization_id, p_scope, v_counters[v_i].scope_id, p_window);
+        CONTINUE WHEN v_budget.limit_credits IS NULL;
         v_created := v_created
             + llm._owe_notices(p_organization_id, v_start, v_budget.thresholds, v_counters[v_i].used_credits,
                                v_budget.limit_credits, p_now, p_scope, v_counters[v_i].scope_id, p_window);
