@@ -220,10 +220,16 @@ def run_examples(conn: psycopg.Connection) -> dict[str, str]:
         with rolled_back(conn):
             outputs[name] = transcript(conn, sections[name])
     database, user = conn.execute("SELECT current_database(), current_user").fetchone()
-    return {
-        name: text.replace(database, DATABASE).replace(user, OWNER)
-        for name, text in outputs.items()
-    }
+    return {name: anonymous(text, database, user) for name, text in outputs.items()}
+
+
+def anonymous(text: str, database: str, user: str) -> str:
+    """``text`` with the database's and the role's names as the pages show them: each
+    name only where it stands alone, so a database named llm leaves llm.settle_invocation
+    and llm-reconciliation as they are."""
+    for name, shown in ((database, DATABASE), (user, OWNER)):
+        text = re.sub(rf"(?<![\w.-]){re.escape(name)}(?![\w.-])", shown, text)
+    return text
 
 
 # ---------------------------------------------------------------- the pages

@@ -80,3 +80,12 @@ def test_every_sqlstate_the_contract_lists_for_a_routine_is_raised_by_it(
         for name, codes in listed.items()
     }
     assert not {name: codes for name, codes in unraised.items() if codes}
+
+
+def test_the_database_name_is_replaced_only_where_it_stands_alone() -> None:
+    """The pages do not depend on the database they were generated in: its name is shown
+    as ``app``, but not inside another name (a database called llm)."""
+    hint = "'llm-reconciliation:llm', 'CALL llm.run_reconciliation()', 'llm'; database llm"
+    assert reference.anonymous(hint, "llm", "llm_owner") == (
+        "'llm-reconciliation:app', 'CALL llm.run_reconciliation()', 'app'; database app"
+    )
