@@ -55,7 +55,7 @@ PG_MAJOR = 15
 BIN_DIR = Path(os.environ.get("LLM_DB_PG_BIN", f"/usr/lib/postgresql/{PG_MAJOR}/bin"))
 SHARE_DIR = Path(os.environ.get("LLM_DB_PG_SHARE", f"/usr/share/postgresql/{PG_MAJOR}"))
 SUPERUSER = "postgres"
-# The deployment's shape (docs/design.md "Roles and grants"): the schema owner is a
+# The deployment's shape (docs/contract.md "Roles and grants"): the schema owner is a
 # LOGIN CREATEROLE role without superuser that owns the application's database, as
 # on a managed service (RDS, Cloud SQL, ...), and each llm role is used through a
 # login of its own that is a member of it.

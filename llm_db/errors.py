@@ -1,9 +1,9 @@
-"""SQLSTATE -> exception classes (docs/design.md "Errors").
+"""SQLSTATE -> exception classes (docs/contract.md "Errors").
 
-Every error the `llm` schema raises carries an SQLSTATE from docs/design.md; the
+Every error the `llm` schema raises carries an SQLSTATE from docs/contract.md; the
 driver maps that code, and only that code, to a class below. Message, DETAIL
 and HINT are kept as attributes for people to read; no code should parse them.
-One exception, written down as a format in docs/design.md "Errors": a budget's
+One exception, written down as a format in docs/contract.md "Errors": a budget's
 refusal (LL001) carries its scope id as the DETAIL's first line, which
 ``AllowanceExhausted.scope_id`` reads (issue 23).
 
@@ -89,7 +89,7 @@ class AllowanceExhausted(LlmError):
     budget that applies to the request (issue 23); nothing was held anywhere.
 
     ``scope``, ``scope_id`` and ``window`` name the one that refused (when several do,
-    the first in the order of docs/design.md "Errors"):
+    the first in the order of docs/contract.md "Errors"):
 
     - the monthly allowance: ``("organization", None, "month")``;
     - a budget: its scope (``organization``, ``project``, ``api_key``, ``end_user``),

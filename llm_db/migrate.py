@@ -45,7 +45,7 @@ that fails with 55P03 are rolled back and retried whole, with exponential
 backoff and jitter, until ``deadline``; then ``MigrationError`` names the
 session that held the lock and its query, read by a watcher connection while
 the statement waited. What was committed before stays: migrations are
-additive (docs/design.md, Conventions 14), so the previous release's
+additive (docs/architecture.md, "Conventions" 14), so the previous release's
 functions work on it and a re-run completes the upgrade.
 
 What migrate says (issue 22 item 4): ``on_event`` receives one dict per event,

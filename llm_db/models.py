@@ -84,7 +84,7 @@ def _columns(cls: type) -> tuple[tuple[str, ...], tuple[tuple[str, Converter], .
 _COLUMNS: dict[type, tuple[tuple[str, ...], tuple[tuple[str, Converter], ...]]] = {}
 
 
-# The fixed sets of text values (docs/design.md, "Schema"). Each member compares equal
+# The fixed sets of text values (docs/architecture.md, "Schema"). Each member compares equal
 # to its SQL text, so ``inv.status == "settled"`` holds as well as
 # ``inv.status is InvocationStatus.SETTLED``.
 
@@ -329,7 +329,7 @@ class DailyUsageFinding(_Row):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class InvariantViolation(_Row):
-    """A row of ``llm.check_invariants()``: which invariant broke, where (docs/design.md)."""
+    """A row of ``llm.check_invariants()``: which invariant broke, where (docs/contract.md)."""
 
     invariant: int
     organization_id: UUID | None

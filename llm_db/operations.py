@@ -300,7 +300,7 @@ def operation(
 
 
 class Operations:
-    """The table: every operation of the driver, in the order of docs/design.md.
+    """The table: every operation of the driver, in the order of docs/contract.md.
 
     Subclasses set ``_asynchronous`` and ``_run(call)``; each stub becomes a method
     that builds its ``Call`` and runs it. Every ``now`` is the clock the SQL uses

@@ -2,7 +2,7 @@
 -- Private helpers start with `_`; none is granted to any role.
 
 -- A public routine returns its own composite type, never a table's row type
--- (docs/design.md Conventions): a column added to a table then changes no public
+-- (docs/architecture.md Conventions): a column added to a table then changes no public
 -- result (issue 22 item 3). CREATE OR REPLACE cannot change a return type, so a
 -- public routine that still returns a table's row (0.2.0's admit_invocation,
 -- mark_dispatched, upsert_organization, set_recovery_policy, claim_notices) is

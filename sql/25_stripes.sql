@@ -1,6 +1,6 @@
 -- A period's counters spread over stripes (schema 0007), and the escrow that
 -- keeps admission exact and threshold notices complete while the requests of one
--- organization update different rows (docs/design.md, "Striped periods").
+-- organization update different rows (docs/architecture.md, "Striped periods").
 --
 -- Each stripe row carries its share of the counters and two rooms:
 --   admit_room  credits it may still hold on its own; the rooms of a period's

@@ -1,4 +1,4 @@
--- Budgets (issue 23, docs/design.md "Budgets"): a limit per organization, project,
+-- Budgets (issue 23, docs/architecture.md "Budgets"): a limit per organization, project,
 -- API key or end user, per calendar day, week (from Monday) or month in UTC, on
 -- top of the organization's monthly allowance. A request names its scope ids at
 -- admission; the budgets that apply to it then are fixed beside it as bits of
@@ -175,7 +175,7 @@ BEGIN
                AND (c.scope_id = v_key.scope_id OR (c.scope_id IS NULL AND v_key.scope_id IS NULL))
                AND c.budget_window = v_key.budget_window AND c.window_start = v_key.window_start;
             -- The DETAIL's first line is the id, verbatim (an id has no control character),
-            -- the one part of a DETAIL code may read (docs/design.md "Errors").
+            -- the one part of a DETAIL code may read (docs/contract.md "Errors").
             RAISE EXCEPTION 'llm: % budget exhausted for organization %', v_key.budget_window, p_inv.organization_id
                 USING ERRCODE = 'LL001',
                       DETAIL = coalesce(v_key.scope_id, p_inv.organization_id::text) || E'\n'

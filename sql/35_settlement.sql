@@ -199,7 +199,7 @@ BEGIN
         RETURN;
     END IF;
     -- rare (a true-up before the pass rebuilt its recovery day): the row as a rebuild
-    -- would give it now; one table per statement (docs/design.md "Citus rules" 9)
+    -- would give it now; one table per statement (docs/architecture.md "Citus rules" 9)
     SELECT p_inv.organization_id, v_day, p_inv.model, count(*),
            count(*) FILTER (WHERE i.settlement_kind IN ('recovered', 'trued_up')),
            coalesce(sum(i.charged_credits), 0), coalesce(sum(i.charged_cents), 0),

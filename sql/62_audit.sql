@@ -1,4 +1,4 @@
--- The daily audit of every period counter (docs/design.md, "The daily audit"):
+-- The daily audit of every period counter (docs/architecture.md, "The daily audit"):
 -- each organization's current and previous period (used credits, used cents,
 -- held credits) recomputed from its requests at least once every 24 hours, and
 -- every older period with an unresolved finding. A mismatch is a finding in
@@ -99,7 +99,7 @@ BEGIN
     -- Periods with an unresolved finding are audited whatever their age, or a finding
     -- on a period older than the previous month would never be resolved (issue 20
     -- defect 9). Read first, on its own: one per-organization table per statement
-    -- inside a delegated twin (docs/design.md, "Citus rules" 9).
+    -- inside a delegated twin (docs/architecture.md, "Citus rules" 9).
     SELECT pg_catalog.array_agg(f.period_start) INTO v_open
       FROM llm.period_findings AS f
      WHERE f.organization_id = p_organization_id AND f.resolved_at IS NULL;

@@ -9,7 +9,7 @@
 -- The contract step of schema 0016 (issue 23): one notice per (organization, scope,
 -- id, window, window start, threshold) is the key now, and the old key (organization,
 -- period start, threshold), which the previous release's functions name in their ON
--- CONFLICT, goes in the transaction that puts the new functions live (docs/design.md
+-- CONFLICT, goes in the transaction that puts the new functions live (docs/architecture.md
 -- Conventions 14): a budget's notice for a window starting on the first of a month
 -- would collide with it. Looked up first, so a later run takes no lock.
 DO $$

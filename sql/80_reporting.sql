@@ -5,7 +5,7 @@
 -- The two never lose each other's work, whatever the interleaving (issue 20 defect 1):
 -- a true-up adds its signed difference to the row a rebuild left, inserting the row
 -- when the day has none yet, and a rebuild that meets a row a true-up inserted under
--- it rebuilds the day again. docs/design.md "Daily usage" says why no lock is shared.
+-- it rebuilds the day again. docs/architecture.md "Daily usage" says why no lock is shared.
 
 CREATE OR REPLACE FUNCTION llm._check_day_range(p_from date, p_to date)
 RETURNS void

@@ -1,7 +1,7 @@
--- The invariants (docs/design.md "Invariants") as one query each:
+-- The invariants (docs/contract.md "Invariants") as one query each:
 -- check_invariants() returns every violation, and nothing when the books are right.
 
--- Long on purpose: one RETURN QUERY per invariant, numbered as in docs/design.md and
+-- Long on purpose: one RETURN QUERY per invariant, numbered as in docs/contract.md and
 -- read in that order; each block stands alone, so splitting would only add routines.
 CREATE OR REPLACE FUNCTION llm.check_invariants()
 RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
@@ -367,4 +367,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm.check_invariants() IS
-    'Returns one row per violated invariant (docs/design.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period findings, notice claims, drift findings, budget counters and budget ceilings); empty when the books are right.';
+    'Returns one row per violated invariant (docs/contract.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period findings, notice claims, drift findings, budget counters and budget ceilings); empty when the books are right.';

@@ -1,4 +1,4 @@
--- docs/design.md "Conventions" 2: every PL/pgSQL function of schema llm runs with
+-- docs/architecture.md "Conventions" 2: every PL/pgSQL function of schema llm runs with
 -- search_path = pg_catalog, llm, pg_temp, so nothing in a caller's schemas can stand
 -- in for an operator, function or table of ours (tests/test_security.py tries).
 --

@@ -1,4 +1,4 @@
--- Roles (docs/design.md "Roles and grants"): PUBLIC has nothing; llm_app runs the request and
+-- Roles (docs/contract.md "Roles and grants"): PUBLIC has nothing; llm_app runs the request and
 -- task calls; llm_operator runs recovery, notices, reporting and scheduling;
 -- llm_reader reads tables. Tables are written only through functions.
 

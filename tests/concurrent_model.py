@@ -11,7 +11,7 @@ the winner of a request is the settlement or failure that answered
 answered true won over the pass's abandonment. Derived figures (a period's used
 and held, a task's totals, sweep_totals, daily usage) are sums over the model's
 requests. What the model checks is the right behaviour as issue 20 states it
-(docs/design.md plus the ten defects): a late failure trues up under
+(docs/contract.md plus the ten defects): a late failure trues up under
 ``true_up`` and is recorded under ``audit``; an allowance or threshold change
 owes the notices of the levels it puts used at or above; a stale notice worker
 cannot end another worker's claim; two passes at once: one runs, one is skipped.

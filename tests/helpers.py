@@ -35,7 +35,7 @@ FEBRUARY = (JANUARY + timedelta(days=31)).replace(day=1)  # the next one
 NEW_MONTH = datetime.combine(FEBRUARY, clock_time(), UTC)  # its first instant: January is over
 MAX_AMOUNT = 10**15  # llm._max_amount()
 
-# The functions granted to llm_app (docs/design.md "Roles and grants"): the request and task calls.
+# The functions granted to llm_app (docs/contract.md "Roles and grants"): the request and task calls.
 APP_FUNCTIONS = frozenset(
     {
         "admit_invocation",
@@ -169,7 +169,7 @@ def _primary_key(conn: psycopg.Connection, table: str) -> list[str]:
 def fingerprint(conn: psycopg.Connection) -> dict[str, list[str]]:
     """Every llm table's full content, each row as text, ordered by primary key.
 
-    Compare two fingerprints to prove a call wrote nothing (docs/design.md "Errors": "A
+    Compare two fingerprints to prove a call wrote nothing (docs/contract.md "Errors": "A
     rejected call writes nothing")."""
     result: dict[str, list[str]] = {}
     for table in llm_tables(conn):

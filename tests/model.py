@@ -1,6 +1,6 @@
 """A small pure-Python model of the books, for the simulation (test_simulation.py).
 
-It follows docs/design.md, not the SQL: what each call must do to periods,
+It follows docs/contract.md, not the SQL: what each call must do to periods,
 invocations, tasks, notices and daily usage, and which SQLSTATE a call must
 raise. Every method either raises ``Rejected(code)`` before changing anything
 (a rejected call writes nothing) or applies the whole change (one transaction).

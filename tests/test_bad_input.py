@@ -1,5 +1,5 @@
 """Bad input: every public routine of schema ``llm`` rejects what it must, with
-the SQLSTATE of docs/design.md ("Errors"), and a rejected call writes nothing.
+the SQLSTATE of docs/contract.md ("Errors"), and a rejected call writes nothing.
 
 The catalogue (tests/bad_input.tsv, one case a line) covers every public function
 and procedure, named below by its identity from ``pg_proc``;

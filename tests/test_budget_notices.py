@@ -1,4 +1,4 @@
-"""A budget's threshold notices (issue 23, docs/design.md "Budgets"): a notice's
+"""A budget's threshold notices (issue 23, docs/architecture.md "Budgets"): a notice's
 period_start holds its budget's window start, which for a day or week window is
 rarely the first of a month, so a notice is not tied to a period."""
 

@@ -1,4 +1,4 @@
-"""Budgets are exact under concurrency (issue 23 "Exactness", docs/design.md "Budgets",
+"""Budgets are exact under concurrency (issue 23 "Exactness", docs/architecture.md "Budgets",
 invariants 14 and 15): sessions admitting at once against one budget admit exactly as
 many requests as fit, whether its counter exists or is created by the race itself (the
 first requests of an end user never seen before, the race the gateways lose); and a

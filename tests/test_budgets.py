@@ -1,4 +1,4 @@
-"""Budgets at every level and window (issue 23, docs/design.md "Budgets"): a request
+"""Budgets at every level and window (issue 23, docs/architecture.md "Budgets"): a request
 names a project, an API key and an end user; every budget that applies to it is a hard
 ceiling, checked with the allowance all or nothing, and every movement of the request
 moves the counters it was admitted under."""
@@ -147,7 +147,7 @@ def test_a_request_under_four_budgets_refused_by_one_holds_nothing_and_names_it(
     llm_conn, scope, scope_id, window
 ):
     """Issue 23 "Exactness" (org day + project month + key day + user day, refused by
-    exactly one), docs/design.md "Errors": the one budget that does not fit refuses with
+    exactly one), docs/contract.md "Errors": the one budget that does not fit refuses with
     LL001, nothing is held anywhere (no table changes), and the refusal names that one: its
     diagnostic fields and its DETAIL, whose first line is the real id (the end user's, not
     '*'; the organization's uuid for its own budget)."""
@@ -478,7 +478,7 @@ def test_a_budget_notice_of_a_window_that_is_no_period_is_owed(llm_conn, window)
 
 def test_the_refusals_first_detail_line_is_the_id_verbatim(llm_conn):
     """Issue 23 (the id is the one value code reads from the DETAIL: its first line, a
-    documented format), docs/design.md "Errors": an end user id of 200 characters with
+    documented format), docs/contract.md "Errors": an end user id of 200 characters with
     spaces, '=', a quote and non-ASCII letters, refused under the '*' budget, is the
     DETAIL's first line exactly; the rest is the one line of figures."""
     org = new_org(llm_conn, 10**6)

@@ -1,4 +1,4 @@
-"""Citus-ready by construction (docs/design.md "Citus rules"): the catalog is read on
+"""Citus-ready by construction (docs/architecture.md "Citus rules"): the catalog is read on
 every run, so a schema or function change that would break sharding by
 organization_id fails here, on plain PostgreSQL, long before a cluster."""
 
@@ -253,7 +253,7 @@ def test_no_sql_language_function_reads_an_llm_table(llm_conn):
 
 
 def test_every_per_organization_function_takes_p_organization_id_first(llm_conn):
-    """docs/design.md "Citus rules": every per-organization function (public ones, their twins and the private
+    """docs/architecture.md "Citus rules": every per-organization function (public ones, their twins and the private
     helpers they call) takes p_organization_id first; the listed pass steps are not
     per-organization operations."""
     per_org = [r for r in per_org_routines(llm_conn) if r["proname"] not in COORDINATOR_STEPS]
@@ -278,13 +278,13 @@ def test_every_twin_listed_in_distribute_exists_and_takes_p_organization_id_firs
     assert [t for t in twins if by_name[t]["arg_names"][:1] != ["p_organization_id"]] == []
 
 
-# docs/design.md "Citus rules" 4: a twin is named `_<public name>`, but for these
+# docs/architecture.md "Citus rules" 4: a twin is named `_<public name>`, but for these
 SHARED_TWINS = {"complete_notice": "_end_claim", "fail_notice": "_end_claim",
                 "release_notice": "_end_claim"}
 
 
 def test_every_public_per_organization_function_delegates_to_a_distributed_twin(llm_conn):
-    """docs/design.md "Citus rules": the public function validates (NULL organization -> 22023) and calls its
+    """docs/architecture.md "Citus rules": the public function validates (NULL organization -> 22023) and calls its
     `_twin` in the FROM form, which Citus delegates; only the twins are distributed."""
     twins = set(distributed_twins(llm_conn))
     public = [r for r in per_org_routines(llm_conn) if not r["proname"].startswith("_")]

@@ -1,4 +1,4 @@
-"""docs/design.md "Conventions" 10: files are small and routines short. A routine
+"""docs/architecture.md "Conventions" 10: files are small and routines short. A routine
 (a Python function, or a function or procedure of sql/) longer than 80 lines says
 why in a comment that starts "Long on purpose", just above it or as the first lines
 of its body, so a reader knows the length was chosen."""

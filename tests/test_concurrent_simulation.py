@@ -37,7 +37,7 @@ alert and late record, scope ids and budget_mask; each budget counter's used,
 held and cents (issue 23, invariant 14); each task's status and totals (no drift finding); each
 notice's status and attempts, and a notice for
 every level used stands at or above; ``sweep_totals``; every pass succeeded or
-was skipped; ``llm.check_invariants()`` empty (docs/design.md "Invariants");
+was skipped; ``llm.check_invariants()`` empty (docs/contract.md "Invariants");
 after a round with a pass, the daily usage of the day before its clock.
 At the end a final pass runs alone; then ``daily_usage`` must equal the
 requests, and ``llm.check_daily_usage`` (when it exists) must return nothing.

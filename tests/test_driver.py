@@ -570,18 +570,18 @@ def test_an_LL001_without_the_budget_fields_names_nothing(llm_conn: psycopg.Conn
         assert (error.scope, error.scope_id, error.window) == (None, None, None)
 
 
-def design_errors_section() -> str:
-    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+def contract_errors_section() -> str:
+    text = (ROOT / "docs" / "contract.md").read_text(encoding="utf-8")
     return text.split("\n## Errors\n", 1)[1].split("\n## ", 1)[0]
 
 
-def test_the_budget_DETAIL_is_the_format_design_md_documents(llm: Llm) -> None:
-    """issue 23 (docs/design.md "Errors", amending "Conventions" 3): a budget's LL001 DETAIL
+def test_the_budget_DETAIL_is_the_format_contract_md_documents(llm: Llm) -> None:
+    """issue 23 (docs/contract.md "Errors", amending "Conventions" 3): a budget's LL001 DETAIL
     is two lines, the id verbatim and then the documented key=value line. The format is read
     from the doc and matched against a real refusal, so neither can change alone."""
     shown = r"\n    (<scope_id>\n    scope=<scope> [^\n]*)\n"  # an indented block of two lines
-    documented = re.search(shown, design_errors_section())
-    assert documented is not None, "design.md 'Errors' no longer shows the budget DETAIL"
+    documented = re.search(shown, contract_errors_section())
+    assert documented is not None, "contract.md 'Errors' no longer shows the budget DETAIL"
     detail_format = documented.group(1).replace("\n    ", "\n")  # without the block's indent
     # a <placeholder> is a value without spaces (<n> a number), the id anything but a line break
     pattern = "".join(

@@ -1,6 +1,6 @@
 """Interruption: a call killed between two of its writes leaves nothing behind.
 
-docs/design.md "Architecture": "Every state change is one PL/pgSQL call in one transaction:
+docs/architecture.md "Architecture": "Every state change is one PL/pgSQL call in one transaction:
 settlement, the period movement (charge in, hold out), task totals, ledger
 rows, threshold notices and the past-window alert stamp commit together or not
 at all."

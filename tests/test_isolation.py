@@ -1,4 +1,4 @@
-"""The lock-order claims of docs/design.md ("Architecture", lock order; "Striped
+"""The lock-order claims of docs/architecture.md ("Architecture", lock order; "Striped
 periods"; "The hourly pass"; "Notices, the worker and metrics"; "Budgets": two
 admissions racing for a counter's last credits, set_budget against an admission,
 issue 23) as isolation specs, run by PostgreSQL's own isolation tester.
@@ -71,7 +71,7 @@ def owner_plays_the_roles(llm_conn):
 @pytest.mark.parametrize("spec", SPECS)
 def test_isolation_spec(spec, llm_dsn, tmp_path, owner_plays_the_roles):
     """The permutations of one spec print exactly its expected output (the lock order
-    of docs/design.md "Architecture": who waits for whom, what each call returns, and
+    of docs/architecture.md "Architecture": who waits for whom, what each call returns, and
     invariants 1 to 9 holding after each permutation)."""
     _require_tester()
     info = psycopg.conninfo.conninfo_to_dict(llm_dsn)

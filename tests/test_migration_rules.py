@@ -1,5 +1,5 @@
 """Every migration from 0010 on follows the expand/contract rules and the lock order
-of docs/design.md, "Conventions" 14 and 15 (issue 22 item 1): what a test can check
+of docs/architecture.md, "Conventions" 14 and 15 (issue 22 item 1): what a test can check
 in the text. Each rule is also fed a bad snippet, to show it is caught.
 
 The checks read SQL as text, without a parser: comments are kept where a rule reads
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DESIGN = ROOT / "docs" / "design.md"
+DESIGN = ROOT / "docs" / "architecture.md"
 FIRST_CHECKED = 10  # the rules came with issue 22; 0001 .. 0009 landed before
 
 LARGE_TABLES = ("llm.invocations", "llm.executions", "llm.threshold_notices", "llm.daily_usage")
@@ -25,10 +25,10 @@ GRANDFATHERED = {("0011_notice_claim_tokens", "UPDATE llm.threshold_notices")}
 
 
 def lock_order() -> list[str]:
-    """The tables of docs/design.md's "lock order of migrations:" line, in order."""
+    """The tables of docs/architecture.md's "lock order of migrations:" line, in order."""
     text = re.sub(r"\s+", " ", DESIGN.read_text(encoding="utf-8"))
     found = re.search(r"lock order of migrations: (.*?)\.(?: |$)", text)
-    assert found, 'docs/design.md, Conventions 15, lost its "lock order of migrations:" line'
+    assert found, 'docs/architecture.md, Conventions 15, lost its "lock order of migrations:" line'
     return re.findall(r"`(llm\.\w+)`", found[1])
 
 
@@ -107,7 +107,7 @@ def checked_migrations() -> list[Path]:
 
 
 def test_lock_order_of_migrations_is_the_functions_order():
-    """docs/design.md Conventions 15: the list names real tables, organizations first,
+    """docs/architecture.md Conventions 15: the list names real tables, organizations first,
     and requests before their tasks, periods and notices ("Lock order")."""
     order = lock_order()
     assert order[:3] == ["llm.organizations", "llm.invocations", "llm.executions"]
@@ -118,7 +118,7 @@ def test_lock_order_of_migrations_is_the_functions_order():
 
 @pytest.mark.parametrize("path", checked_migrations(), ids=lambda p: p.stem)
 def test_every_migration_from_0010_on_follows_the_rules(path):
-    """issue 22 item 1: docs/design.md Conventions 14 and 15 hold for each migration."""
+    """issue 22 item 1: docs/architecture.md Conventions 14 and 15 hold for each migration."""
     assert violations(path.stem, path.read_text(encoding="utf-8")) == []
 
 

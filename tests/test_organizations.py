@@ -144,7 +144,7 @@ def test_invalid_thresholds_error_explains_the_accepted_list(llm_conn):
 
 
 def test_allowance_raised_mid_month_applies_to_the_current_period_at_once(llm_conn):
-    """docs/design.md "Functions", upsert_organization: a changed allowance also applies to the current period;
+    """docs/contract.md "Functions", upsert_organization: a changed allowance also applies to the current period;
     an admission refused with LL001 succeeds right after the raise (CAP-PFM-LLM-007)."""
     org = new_org(llm_conn, 100, now=T0 - timedelta(days=10))
     admit(llm_conn, org, 80, now=T0)

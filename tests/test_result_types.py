@@ -1,4 +1,4 @@
-"""Public result types are stable (issue 22 item 3, docs/design.md Conventions): a public
+"""Public result types are stable (issue 22 item 3, docs/architecture.md Conventions): a public
 routine returns its own composite type, never a table's row type, so a column added to a
 table changes no public result and a statement a client prepared keeps working.
 

@@ -1,4 +1,4 @@
-"""Each role does what docs/design.md "Roles and grants" says, logged in as itself: the
+"""Each role does what docs/contract.md "Roles and grants" says, logged in as itself: the
 commands and calls of a deployment, run by a login that is a plain member of llm_app,
 llm_operator or llm_reader (no SET ROLE from a superuser), against a database the
 non-superuser owner migrated (issue 21 item 2; F4 for the operator's pass).
@@ -127,7 +127,7 @@ def test_the_operator_login_delivers_notices(llm_dsn, llm_conn, org, webhook):
 def test_the_reader_login_reads_the_report_and_the_metrics(llm_dsn, llm_conn, org):
     """issue 21 item 2 (the reader reads the report and the metrics): a monitoring scrape
     runs with the least privilege. `llm-db metrics` reads llm.reconciliation_health(), so
-    llm_reader may execute that one read-only function (docs/design.md "Roles and grants")."""
+    llm_reader may execute that one read-only function (docs/contract.md "Roles and grants")."""
     llm = Llm(llm_conn)
     inv = llm.admit(org, 10, "gpt-x", now=T0)
     llm.settle(org, inv.id, 10, 1, now=T0)

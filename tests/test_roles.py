@@ -1,4 +1,4 @@
-"""Roles and function hygiene (docs/design.md "Roles and grants", "Conventions" 2): tables are
+"""Roles and function hygiene (docs/contract.md "Roles and grants", "Conventions" 2): tables are
 written only through functions, PUBLIC has nothing, llm_app runs exactly the
 request and task calls, llm_reader reads and runs only the read-only health alarm, every SECURITY
 DEFINER function pins its search_path and every routine has a COMMENT."""
@@ -34,7 +34,7 @@ from tests.helpers import (
 ROLES = ("llm_app", "llm_operator", "llm_reader")
 PINNED_SEARCH_PATH = "search_path=pg_catalog, llm, pg_temp"
 
-# What docs/design.md "Roles and grants" gives llm_operator: reconcile, health, schedule, notices, rebuild.
+# What docs/contract.md "Roles and grants" gives llm_operator: reconcile, health, schedule, notices, rebuild.
 OPERATOR_ROUTINES = {
     "reconcile_org",
     "run_reconciliation",
@@ -85,7 +85,7 @@ def executable_by(conn: psycopg.Connection, role: str) -> set[str]:
 
 
 def test_no_role_can_write_any_llm_table(llm_conn):
-    """Writes go through functions (docs/design.md "Conventions" 4): no llm table is writable by the roles."""
+    """Writes go through functions (docs/architecture.md "Conventions" 4): no llm table is writable by the roles."""
     tables = llm_tables(llm_conn)
     assert len(tables) >= 10
     writable = [
@@ -163,7 +163,7 @@ def test_llm_operator_runs_recovery_health_schedule_notices_and_reporting(llm_co
 
 
 def test_llm_operator_runs_the_pass_with_its_clock(llm_conn, llm_role_conn):
-    """docs/design.md "Roles and grants": llm_operator runs the hourly pass
+    """docs/contract.md "Roles and grants": llm_operator runs the hourly pass
     (WF-PFM-LLM-004 hop 1), with a clock or without. The procedure is SECURITY
     INVOKER (it commits), so the clock check it calls runs with the operator's
     rights, and that check calls llm._clock_ok: without a grant on it every
@@ -263,7 +263,7 @@ def test_every_security_definer_function_pins_its_search_path(llm_conn):
 
 
 def test_every_function_pins_its_search_path_except_the_committing_procedure(llm_conn):
-    """docs/design.md "Conventions" 2. A procedure that COMMITs may carry no SET clause (PostgreSQL), so
+    """docs/architecture.md "Conventions" 2. A procedure that COMMITs may carry no SET clause (PostgreSQL), so
     run_reconciliation is an exception; it is SECURITY INVOKER and calls only
     schema-qualified steps. The others are the pure SQL predicates, constants and budget
     calendar of the request path: a SET clause stops PostgreSQL from inlining an SQL function,

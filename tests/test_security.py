@@ -1,4 +1,4 @@
-"""Security: each role can do exactly what docs/design.md ("Roles and grants") gives it and
+"""Security: each role can do exactly what docs/contract.md ("Roles and grants") gives it and
 nothing more, and no routine can be hijacked through the caller's search_path.
 
 1. The privilege matrix: every function and procedure of schema ``llm`` (read

@@ -1,7 +1,7 @@
 """Simulation: Hypothesis drives random interleavings of every call against the
 database and against a pure-Python model of the books (tests/model.py), and
 after every step the two must agree and ``llm.check_invariants()`` must be
-empty (invariants 1-9 of docs/design.md "Invariants").
+empty (invariants 1-9 of docs/contract.md "Invariants").
 
 Three organizations: a small allowance (whose allowance is raised and
 lowered, also while an admission waits for it), an unlimited one, and one that

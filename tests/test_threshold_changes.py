@@ -1,5 +1,5 @@
 """An organization's allowance or threshold list changed while its periods have usage
-(``llm.upsert_organization``; docs/design.md "Notices, the worker and metrics").
+(``llm.upsert_organization``; docs/architecture.md "Notices, the worker and metrics").
 
 Issue 20 defect 3: a changed threshold list re-spreads the notice rooms of every period
 of the organization, so invariant 5b holds right after the change and a later
@@ -130,7 +130,7 @@ def test_an_earlier_period_owes_no_notice_for_a_threshold_it_passed_before_the_l
 def test_a_list_change_waits_for_a_settlement_holding_an_earlier_period_and_spreads_after_it(
     llm_conn, llm_connect
 ):
-    """Issue 20 defect 3, the lock order of docs/design.md (the organization, then its periods
+    """Issue 20 defect 3, the lock order of docs/architecture.md (the organization, then its periods
     in period order, each period's stripes before its notices): an upsert changing the list
     waits for a settlement still holding January's stripes, then spreads January's rooms from
     the usage that settlement committed (invariant 5b right after)."""

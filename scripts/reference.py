@@ -1,0 +1,410 @@
+"""Write docs/reference/: a page per public routine of schema ``llm`` (issue 24 item 7).
+
+    .venv/bin/python scripts/reference.py            # a throw-away server of its own
+    .venv/bin/python scripts/reference.py --dsn DSN  # a fresh migrated database, as its owner
+
+Each page is generated, never edited by hand: the signature, parameters and result come
+from the catalog of a migrated database, the description from the routine's COMMENT, the
+roles from its grants, the SQLSTATEs from the RAISEs of the routine and of the private
+routines it calls, their meaning from docs/contract.md "Errors", the Python method from the
+driver's table of operations (``llm_db.operations``), and the example with its output from
+running scripts/reference_examples.sql. tests/test_reference.py fails when the pages differ
+from what this script writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+from psycopg.adapt import AdaptersMap
+from psycopg.types.string import TextLoader
+
+from llm_db.operations import operations
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "docs" / "reference"
+EXAMPLES = ROOT / "scripts" / "reference_examples.sql"
+CONTRACT = ROOT / "docs" / "contract.md"
+# how a page in docs/reference/ links to it
+CONTRACT_LINK = Path(os.path.relpath(CONTRACT, OUT)).as_posix()
+COMMAND = ".venv/bin/python scripts/reference.py"
+ROLES = ("llm_app", "llm_operator", "llm_reader")
+# Raised inside the stripes' fast path and caught there: never leaves a routine.
+INTERNAL = {"LL099"}
+# Where the example's output names the database or the role it ran as, the page says
+# these instead, so the pages do not depend on where they were generated.
+DATABASE, OWNER = "app", "owner"
+
+ROUTINES = """
+SELECT p.oid, p.proname AS name, p.prokind = 'p' AS procedure,
+       pg_catalog.pg_get_function_arguments(p.oid) AS arguments,
+       pg_catalog.pg_get_function_result(p.oid) AS result,
+       coalesce(pg_catalog.obj_description(p.oid, 'pg_proc'), '') AS comment
+FROM pg_catalog.pg_proc p
+WHERE p.pronamespace = 'llm'::regnamespace AND p.proname !~ '^_'
+ORDER BY p.proname
+"""
+# The body of every routine of the schema, private ones too, to follow the calls.
+BODIES = """
+SELECT p.proname AS name, p.prosrc AS body
+FROM pg_catalog.pg_proc p WHERE p.pronamespace = 'llm'::regnamespace
+"""
+GRANTED = "SELECT pg_catalog.has_function_privilege(%s, %s::oid, 'EXECUTE')"
+
+
+@dataclass(frozen=True)
+class Routine:
+    oid: int
+    name: str
+    procedure: bool
+    arguments: str
+    result: str | None
+    comment: str
+
+
+# ---------------------------------------------------------------- the catalog
+
+
+def split_arguments(arguments: str) -> list[str]:
+    """``pg_get_function_arguments`` split on the commas between arguments (not those
+    inside a quoted default such as '{80,100}'::integer[] or inside parentheses)."""
+    parts, depth, quoted, current = [], 0, False, ""
+    for char in arguments:
+        if char == "'":
+            quoted = not quoted
+        elif not quoted and char in "([":
+            depth += 1
+        elif not quoted and char in ")]":
+            depth -= 1
+        if char == "," and not quoted and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += char
+    return [*parts, current.strip()] if current.strip() else parts
+
+
+def code_of(body: str) -> str:
+    """A routine's body without its comments and string literals: what it calls."""
+    # one pass, so a quote inside a comment or "--" inside a string misleads neither
+    return re.sub(r"'(?:[^']|'')*'|--[^\n]*", "", body)
+
+
+def bodies(conn: psycopg.Connection) -> dict[str, str]:
+    return dict(conn.execute(BODIES).fetchall())
+
+
+def raised(name: str, bodies: dict[str, str]) -> set[str]:
+    """The SQLSTATEs ``name`` and every routine it calls, directly or not, raise with
+    RAISE ... ERRCODE (tests/test_reference.py holds the contract's lists to them)."""
+    codes, seen, todo = set(), set(), [name]
+    while todo:
+        current = todo.pop()
+        if current in seen or current not in bodies:
+            continue
+        seen.add(current)
+        codes.update(re.findall(r"ERRCODE\s*=\s*'([0-9A-Z]{5})'", bodies[current]))
+        todo.extend(re.findall(r"\bllm\.(\w+)\s*\(", code_of(bodies[current])))
+    return codes - INTERNAL
+
+
+def contract_section(title: str) -> str:
+    text = CONTRACT.read_text(encoding="utf-8")
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def documented(name: str) -> list[str]:
+    """The SQLSTATEs docs/contract.md "Functions" lists for ``llm.<name>``."""
+    for entry in re.split(r"\n(?=- `llm\.)", contract_section("Functions")):
+        if entry.startswith(f"- `llm.{name}("):
+            words = entry.split("\n\n")[0].split("`", 2)[2]  # after the signature
+            return sorted(set(re.findall(r"\b(LL[0-9]{3}|[0-9]{2}[0-9A-Z][0-9]{2})\b", words)))
+    return []
+
+
+def errors_table() -> dict[str, tuple[str, str]]:
+    """docs/contract.md "Errors": code -> (exception, meaning)."""
+    text = contract_section("Errors")
+    rows = re.findall(r"^\| ([0-9A-Z]{5}) \| ([^|]*) \| ([^\n]*) \|$", text, re.MULTILINE)
+    return {code: (exception.strip(), meaning.strip()) for code, exception, meaning in rows}
+
+
+# ---------------------------------------------------------------- the examples
+
+
+def examples() -> dict[str, list[str]]:
+    """scripts/reference_examples.sql: the statements of each section, by its name."""
+    sections: dict[str, list[str]] = {}
+    current, statement = None, []
+    for line in EXAMPLES.read_text(encoding="utf-8").splitlines():
+        header = re.fullmatch(r"-- (setup|example: (\w+))", line)
+        if header:
+            current = header.group(2) or "setup"
+            sections[current] = []
+        elif current is not None and (line.strip() and not line.startswith("--")):
+            statement.append(line)
+            if line.endswith(";"):
+                sections[current].append("\n".join(statement))
+                statement = []
+    return sections
+
+
+def table(cursor: psycopg.Cursor) -> str:
+    """The rows of the last statement as psql's aligned format prints them (left-aligned)."""
+    if cursor.description is None:
+        return cursor.statusmessage or ""
+    names = [column.name for column in cursor.description]
+    rows = [["" if value is None else str(value) for value in row] for row in cursor.fetchall()]
+    widths = [max(len(cell) for cell in column) for column in zip(names, *rows, strict=False)]
+    lines = [" | ".join(name.ljust(width) for name, width in zip(names, widths, strict=True))]
+    lines.append("-+-".join("-" * width for width in widths))
+    lines += [" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    lines.append(f"({len(rows)} row{'' if len(rows) == 1 else 's'})")
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def error(exc: psycopg.Error) -> str:
+    diag = exc.diag
+    lines = [f"ERROR:  {diag.sqlstate}: {diag.message_primary}"]
+    lines += [
+        f"{label}:  {value}"
+        for label, value in [("DETAIL", diag.message_detail), ("HINT", diag.message_hint)]
+        if value
+    ]
+    return "\n".join(lines)
+
+
+def transcript(conn: psycopg.Connection, statements: list[str]) -> str:
+    """Each statement and what it printed; an error ends the example."""
+    parts = []
+    with conn.cursor() as cursor:
+        for statement in statements:
+            parts.append(statement)
+            try:
+                cursor.execute(statement)
+            except psycopg.Error as exc:
+                parts.append(error(exc))
+                break
+            parts.append(table(cursor))
+    return "\n\n".join(parts)
+
+
+@contextmanager
+def rolled_back(conn: psycopg.Connection) -> Iterator[None]:
+    conn.execute("BEGIN")
+    try:
+        yield
+    finally:
+        conn.execute("ROLLBACK")
+
+
+def run_examples(conn: psycopg.Connection) -> dict[str, str]:
+    """The transcript of each example: the setup committed, each example rolled back,
+    the committing procedure last."""
+    sections = examples()
+    outputs = {}
+    transcript(conn, sections.pop("setup"))
+    committing = {name for name, lines in sections.items() if lines[0].startswith("CALL ")}
+    for name in sorted(sections, key=lambda n: (n in committing, n)):
+        if name in committing:
+            outputs[name] = transcript(conn, sections[name])
+            continue
+        with rolled_back(conn):
+            outputs[name] = transcript(conn, sections[name])
+    database, user = conn.execute("SELECT current_database(), current_user").fetchone()
+    return {name: anonymous(text, database, user) for name, text in outputs.items()}
+
+
+def anonymous(text: str, database: str, user: str) -> str:
+    """``text`` with the database's and the role's names as the pages show them: each
+    name only where it stands alone, so a database named llm leaves llm.settle_invocation
+    and llm-reconciliation as they are."""
+    for name, shown in ((database, DATABASE), (user, OWNER)):
+        text = re.sub(rf"(?<![\w.-]){re.escape(name)}(?![\w.-])", shown, text)
+    return text
+
+
+# ---------------------------------------------------------------- the pages
+
+
+def unquoted(signature: object) -> str:
+    """A signature without the quotes postponed annotations put around each type."""
+    return re.sub(r"(: |-> )'([^']*)'", r"\1\2", str(signature))
+
+
+def python_methods(routine: str) -> list[str]:
+    """The driver's methods that call ``routine``: ``Llm.<name><signature>`` and their
+    documentation (``AsyncLlm`` has the same, as coroutines)."""
+    return [
+        f"```python\nLlm.{op.name}{unquoted(op.signature)}\n```\n\n{op.doc}"
+        for op in operations().values()
+        if op.routine == routine
+    ]
+
+
+def sqlstates(name: str) -> list[str]:
+    """The table of the SQLSTATEs docs/contract.md documents for the routine."""
+    codes = documented(name)
+    if not codes:
+        return ["None: it raises no error of its own."]
+    errors = errors_table()
+    lines = [
+        f'As [contract.md "Functions"]({CONTRACT_LINK}#functions) lists them, with the meaning'
+        f' its ["Errors"]({CONTRACT_LINK}#errors) gives:',
+        "",
+        "| code | exception | meaning |",
+        "|---|---|---|",
+    ]
+    for code in codes:
+        exception, meaning = errors.get(code, ("", ""))
+        lines.append(f"| {code} | {exception} | {meaning} |")
+    return lines
+
+
+def page(routine: Routine, roles: list[str], example: str) -> str:
+    kind = "PROCEDURE" if routine.procedure else "FUNCTION"
+    returns = "" if routine.procedure else f"\nRETURNS {routine.result}"
+    parameters = "\n".join(f"- `{p}`" for p in split_arguments(routine.arguments)) or "None."
+    result = f"`{routine.result}`" if not routine.procedure else "None: a procedure, run by `CALL`."
+    callers = ", ".join(f"`{role}`" for role in roles) or "No role"
+    lines = [
+        f"# llm.{routine.name}",
+        "",
+        f"<!-- generated by {COMMAND}: do not edit -->",
+        "",
+        routine.comment,
+        "",
+        "## Signature",
+        "",
+        f"```sql\n{kind} llm.{routine.name}({routine.arguments}){returns}\n```",
+        "",
+        "## Parameters",
+        "",
+        parameters,
+        "",
+        "## Result",
+        "",
+        result,
+        "",
+        "## Who may call it",
+        "",
+        f'{callers}, and the schema owner ([contract.md "Roles and grants"]'
+        f"({CONTRACT_LINK}#roles-and-grants)).",
+        "",
+        "## SQLSTATEs",
+        "",
+        *sqlstates(routine.name),
+        "",
+        "## Python",
+        "",
+        *(python_methods(routine.name) or ["No driver method."]),
+        "",
+        "## Example",
+        "",
+        f"```sql\n{example}\n```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def index(routines: list[Routine]) -> str:
+    lines = [
+        "# llm-db reference",
+        "",
+        f"<!-- generated by {COMMAND}: do not edit -->",
+        "",
+        "A page per public routine of schema `llm`: its signature, parameters, result,",
+        "who may call it, the SQLSTATEs it raises, the Python method that calls it, and an",
+        "example with its output. What the routines promise together is",
+        f"[contract.md]({CONTRACT_LINK}).",
+        "",
+        "The examples are scripts/reference_examples.sql, run on a freshly migrated",
+        "database as its owner. First its setup, committed: the organization `acme`",
+        "(00...0a) with an allowance of 10000 credits, the task kind `summarize`, a day",
+        "budget of 500 credits for project `search`, the request 00...01 of project",
+        "`search` admitted at 2026-01-15 10:00 UTC and settled at 420 credits (past the",
+        "budget's 80%: a notice is owed), and the request 00...02 of 30 credits admitted",
+        "at 11:00 and left open. Then each example, in a transaction rolled back after",
+        "it, so no example depends on another; `run_reconciliation`, which commits, last.",
+        f"The database is shown as `{DATABASE}` and the role as `{OWNER}`.",
+        "",
+        "| routine | what it does |",
+        "|---|---|",
+    ]
+    for routine in routines:
+        first = re.split(r"(?<=[\w)]\.)\s", routine.comment, maxsplit=1)[0]
+        lines.append(f"| [llm.{routine.name}]({routine.name}.md) | {first} |")
+    return "\n".join(lines) + "\n"
+
+
+def as_printed() -> AdaptersMap:
+    """Adapters loading every value as the text PostgreSQL prints for it."""
+    adapters = AdaptersMap()
+    adapters.register_loader(0, TextLoader)  # oid 0: the loader of any type without one
+    return adapters
+
+
+def granted(conn: psycopg.Connection, routine: Routine) -> list[str]:
+    return [role for role in ROLES if conn.execute(GRANTED, [role, routine.oid]).fetchone()[0]]
+
+
+def render(dsn: str) -> dict[str, str]:
+    """The pages, by file name, from the fresh migrated database at ``dsn``."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        routines = [Routine(*row) for row in conn.execute(ROUTINES).fetchall()]
+        roles = {routine.name: granted(conn, routine) for routine in routines}
+    options = "-c TimeZone=UTC -c DateStyle=ISO -c IntervalStyle=postgres"
+    with psycopg.connect(dsn, autocommit=True, context=as_printed(), options=options) as conn:
+        outputs = run_examples(conn)
+    missing = sorted({r.name for r in routines} - set(outputs))
+    if missing:
+        raise SystemExit(f"{EXAMPLES.name} has no example for {missing}")
+    pages = {"README.md": index(routines)}
+    for routine in routines:
+        pages[f"{routine.name}.md"] = page(routine, roles[routine.name], outputs[routine.name])
+    return pages
+
+
+def write(pages: dict[str, str], out: Path = OUT) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("*.md"):
+        if old.name not in pages:
+            old.unlink()
+    for name, text in pages.items():
+        (out / name).write_text(text, encoding="utf-8")
+
+
+@contextmanager
+def throwaway_database() -> Iterator[str]:
+    """A fresh migrated database on a throw-away server, owned by a non-superuser."""
+    from llm_db.testing import EphemeralServer, clone_database, create_template
+
+    with EphemeralServer() as server:
+        template = create_template(server)
+        _, dsn = clone_database(server, template)
+        yield dsn
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dsn", help="a fresh migrated database (its examples are run in it)")
+    args = parser.parse_args(argv)
+    if args.dsn:
+        write(render(args.dsn))
+    else:
+        with throwaway_database() as dsn:
+            write(render(dsn))
+    print(f"wrote {OUT.relative_to(ROOT)}/", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

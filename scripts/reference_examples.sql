@@ -1,0 +1,151 @@
+-- The examples of the reference pages (docs/reference/), one section per public routine.
+-- scripts/reference.py runs them on a freshly migrated database, as its owner: first the
+-- setup, committed; then each example in a transaction of its own, rolled back, so the
+-- examples do not depend on each other; the procedure that commits (run_reconciliation)
+-- runs last and keeps its work. Every clock is a fixed p_now, every id is given, and the
+-- examples select columns whose values do not depend on when they run, so the pages are
+-- the same at every run. A section is "-- example: <routine>"; a statement ends with ";"
+-- at the end of a line.
+
+-- setup
+SELECT name FROM llm.upsert_organization(
+    '00000000-0000-0000-0000-00000000000a', 'acme', 10000,
+    p_now => '2026-01-15 09:00+00');
+SELECT llm.declare_task_kind('summarize', 'Summarize one document');
+SELECT llm.set_budget('00000000-0000-0000-0000-00000000000a', 'project', 'search', 'day', 500,
+    p_now => '2026-01-15 09:00+00');
+SELECT status FROM llm.admit_invocation(
+    '00000000-0000-0000-0000-00000000000a', 450, 'gpt-x',
+    p_invocation_id => '00000000-0000-0000-0000-000000000001',
+    p_now => '2026-01-15 10:00+00', p_project => 'search');
+-- 420 of the project's 500: its 80% threshold is crossed, a notice is owed
+SELECT llm.settle_invocation('00000000-0000-0000-0000-00000000000a',
+    '00000000-0000-0000-0000-000000000001', 420, 7, p_input_tokens => 1200,
+    p_output_tokens => 300, p_now => '2026-01-15 10:00:05+00');
+SELECT status FROM llm.admit_invocation(
+    '00000000-0000-0000-0000-00000000000a', 30, 'gpt-x',
+    p_invocation_id => '00000000-0000-0000-0000-000000000002',
+    p_now => '2026-01-15 11:00+00');
+
+-- example: upsert_organization
+SELECT id, name, status, monthly_allowance_credits, notice_thresholds, period_stripes
+FROM llm.upsert_organization(
+    '00000000-0000-0000-0000-00000000000b', 'globex', 50000,
+    p_notice_thresholds => '{50,90,100}', p_now => '2026-01-15 12:00+00');
+
+-- example: set_recovery_policy
+SELECT name, recovery_charge, late_settlement
+FROM llm.set_recovery_policy('00000000-0000-0000-0000-00000000000a', 'dispatched', 'true_up');
+
+-- example: set_period_stripes
+SELECT llm.set_period_stripes('00000000-0000-0000-0000-00000000000a', 8);
+
+-- example: set_budget
+SELECT llm.set_budget('00000000-0000-0000-0000-00000000000a', 'end_user', '*', 'week', 2000,
+    p_thresholds => '{90}', p_now => '2026-01-15 12:00+00');
+SELECT scope, scope_id, budget_window, limit_credits, thresholds FROM llm.budgets
+ORDER BY scope, scope_id;
+
+-- example: declare_task_kind
+SELECT llm.declare_task_kind('translate', 'Translate one document');
+SELECT key, description FROM llm.task_kinds ORDER BY key;
+
+-- example: admit_invocation
+SELECT id, status, estimate_credits, hold_credits, period_start
+FROM llm.admit_invocation(
+    '00000000-0000-0000-0000-00000000000a', 300, 'gpt-x',
+    p_invocation_id => '00000000-0000-0000-0000-000000000003',
+    p_now => '2026-01-15 12:00+00', p_project => 'search');
+
+-- example: mark_dispatched
+SELECT id, status, dispatched_at
+FROM llm.mark_dispatched('00000000-0000-0000-0000-00000000000a',
+    '00000000-0000-0000-0000-000000000002', p_now => '2026-01-15 11:00:01+00');
+
+-- example: settle_invocation
+SELECT llm.settle_invocation('00000000-0000-0000-0000-00000000000a',
+    '00000000-0000-0000-0000-000000000002', 28, 1, p_input_tokens => 90,
+    p_output_tokens => 20, p_now => '2026-01-15 11:00:05+00');
+SELECT llm.settle_invocation('00000000-0000-0000-0000-00000000000a',
+    '00000000-0000-0000-0000-000000000002', 28, 1, p_now => '2026-01-15 11:00:06+00');
+
+-- example: fail_invocation
+SELECT llm.fail_invocation('00000000-0000-0000-0000-00000000000a',
+    '00000000-0000-0000-0000-000000000002', 'provider timeout',
+    p_now => '2026-01-15 11:00:30+00');
+
+-- example: open_execution
+SELECT status, replayed FROM llm.open_execution('00000000-0000-0000-0000-00000000000a',
+    'summarize', p_subject_type => 'document', p_subject_id => '7',
+    p_replay_key => 'doc-7', p_now => '2026-01-15 12:00+00');
+SELECT status, replayed FROM llm.open_execution('00000000-0000-0000-0000-00000000000a',
+    'summarize', p_subject_type => 'document', p_subject_id => '7',
+    p_replay_key => 'doc-7', p_now => '2026-01-15 12:05+00');
+
+-- example: close_execution
+SELECT status FROM llm.open_execution('00000000-0000-0000-0000-00000000000a', 'summarize',
+    p_replay_key => 'doc-8', p_now => '2026-01-15 12:00+00');
+SELECT llm.close_execution('00000000-0000-0000-0000-00000000000a',
+    (SELECT id FROM llm.executions WHERE replay_key = 'doc-8'), 'completed',
+    p_now => '2026-01-15 12:00:42+00');
+SELECT status, duration_ms FROM llm.executions WHERE replay_key = 'doc-8';
+
+-- example: reconcile_org
+SELECT organization_id, recovered_requests, released_hold_credits, more_pending
+FROM llm.reconcile_org('00000000-0000-0000-0000-00000000000a',
+    p_now => '2026-01-17 10:00+00');
+
+-- example: reconciliation_health
+SELECT status, last_run_status FROM llm.reconciliation_health(p_now => '2026-01-17 10:00+00');
+
+-- example: schedule_reconciliation
+SELECT llm.schedule_reconciliation('0 * * * *');
+
+-- example: unschedule_reconciliation
+SELECT llm.unschedule_reconciliation();
+
+-- example: claim_notices
+SELECT scope, scope_id, budget_window, threshold_pct, used_credits, status, attempts
+FROM llm.claim_notices(p_limit => 10, p_now => '2026-01-15 10:01+00');
+
+-- example: complete_notice
+SELECT count(*) AS claimed FROM llm.claim_notices(p_now => '2026-01-15 10:01+00');
+SELECT llm.complete_notice(organization_id, id, claim_token, p_now => '2026-01-15 10:01:02+00')
+FROM llm.threshold_notices WHERE status = 'sending';
+SELECT threshold_pct, status, sent_at FROM llm.threshold_notices;
+
+-- example: fail_notice
+SELECT count(*) AS claimed FROM llm.claim_notices(p_now => '2026-01-15 10:01+00');
+SELECT llm.fail_notice(organization_id, id, claim_token, 'HTTP 503',
+    p_now => '2026-01-15 10:01:02+00')
+FROM llm.threshold_notices WHERE status = 'sending';
+SELECT status, attempts, last_error, next_attempt_at FROM llm.threshold_notices;
+
+-- example: release_notice
+SELECT count(*) AS claimed FROM llm.claim_notices(p_now => '2026-01-15 10:01+00');
+SELECT llm.release_notice(organization_id, id, claim_token, p_now => '2026-01-15 10:01:02+00')
+FROM llm.threshold_notices WHERE status = 'sending';
+SELECT status, attempts, next_attempt_at FROM llm.threshold_notices;
+
+-- example: rearm_notices
+SELECT count(*) AS claimed FROM llm.claim_notices(p_now => '2026-01-15 10:01+00');
+SELECT llm.rearm_notices(p_now => '2026-01-15 11:00+00');
+
+-- example: rebuild_daily_usage
+SELECT llm.rebuild_daily_usage('2026-01-15', '2026-01-15');
+SELECT day, model, requests, credits, cents, input_tokens, output_tokens FROM llm.daily_usage;
+
+-- example: check_daily_usage
+SELECT organization_id, day, recorded, computed
+FROM llm.check_daily_usage('2026-01-15', '2026-01-15');
+
+-- example: check_invariants
+SELECT count(*) AS violations FROM llm.check_invariants();
+
+-- example: distribute
+SELECT llm.distribute();
+
+-- example: run_reconciliation
+CALL llm.run_reconciliation(p_now => '2026-01-17 10:00+00');
+SELECT status, clock, orgs_visited, orgs_failed, requests_recovered, released_hold_credits
+FROM llm.reconciliation_runs;
