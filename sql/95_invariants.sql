@@ -176,9 +176,9 @@ $$;
 COMMENT ON FUNCTION llm._invariant_4() IS
     'Invariant 4: in every period with an allowance, used + held - overrun stays within the allowance plus allowance_excess.';
 
--- 4b. (reported under 4) the stripes' escrow never promises more than the period has left: each
---     stripe's admit_room is set (NULL only when unlimited), and together they are at
---     most allowance - used - held (0 when the period is already over)
+-- 4b. (reported under 4) the stripes' escrow never promises more than the period has
+--     left: each stripe's admit_room is set (NULL only when unlimited), and together
+--     they are at most allowance - used - held (0 when the period is already over)
 CREATE OR REPLACE FUNCTION llm._invariant_4b()
 RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
 LANGUAGE plpgsql STABLE
@@ -201,9 +201,10 @@ $$;
 COMMENT ON FUNCTION llm._invariant_4b() IS
     'Invariant 4b, reported as 4: every stripe''s admit_room is set unless the allowance is unlimited, and together they never promise more than the period has left.';
 
--- 5b. (reported under 5) no threshold crossing can be missed: while a threshold of the organization is
---     ahead and not notified, each stripe's notice_room is set and together they are
---     less than the usage that reaches it (so a movement within them cannot cross it).
+-- 5b. (reported under 5) no threshold crossing can be missed: while a threshold of the
+--     organization is ahead and not notified, each stripe's notice_room is set and
+--     together they are less than the usage that reaches it (so a movement within them
+--     cannot cross it).
 --     Joins on organization_id only, no correlated subquery beside the unnest: Citus
 --     plans it as one query per shard (docs/scaling.md, "The rules").
 CREATE OR REPLACE FUNCTION llm._invariant_5b()
