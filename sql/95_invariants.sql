@@ -1,15 +1,35 @@
--- The invariants (docs/contract.md "Invariants") as one query each:
--- check_invariants() returns every violation, and nothing when the books are right.
+-- The invariants (docs/contract.md "Invariants"), one private function each:
+-- llm._invariant_<N>() returns the rows of its violations, nothing when the books keep
+-- it. 2b, 4b and 5b are checks of their own, reported under 2, 4 and 5. A new invariant
+-- takes the next number (16, then 17...), with its function here, its call in
+-- check_invariants() and its case in tests/test_invariants.py.
+--
+-- Each is PL/pgSQL, not SQL: no SQL-language routine reads distributed tables (docs/architecture.md
+-- "Citus rules"). None is granted: check_invariants() runs them with its owner's rights.
 
--- Long on purpose: one RETURN QUERY per invariant, numbered as in docs/contract.md and
--- read in that order; each block stands alone, so splitting would only add routines.
-CREATE OR REPLACE FUNCTION llm.check_invariants()
-RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
-LANGUAGE plpgsql STABLE SECURITY DEFINER
+-- The detail of a finding kept although its subject no longer differs from its requests
+-- (invariants 11 and 13): the subject is gone, or agrees, with these figures.
+CREATE OR REPLACE FUNCTION llm._kept_finding(p_finding text, p_last_seen_at timestamptz, p_subject text,
+                                             p_subject_exists boolean, p_figures text)
+RETURNS text
+LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
-    -- 1. held = sum of holds of open invocations, for every stripe of a period (so for
-    --    the period too)
+    RETURN pg_catalog.format('%s (last seen %s), but the %s %s', p_finding, p_last_seen_at, p_subject,
+                             CASE WHEN p_subject_exists THEN 'agrees with its requests: ' || p_figures
+                                  ELSE 'does not exist' END);
+END
+$$;
+COMMENT ON FUNCTION llm._kept_finding(text, timestamptz, text, boolean, text) IS
+    'The detail invariants 11 and 13 report for a finding whose subject is gone or agrees with its requests.';
+
+-- 1. held = sum of holds of open invocations, for every stripe of a period (so for
+--    the period too)
+CREATE OR REPLACE FUNCTION llm._invariant_1()
+RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
     RETURN QUERY
     SELECT 1, s.organization_id, 'period ' || s.period_start || ' stripe ' || s.stripe,
            pg_catalog.format('held_credits=%s, open holds=%s', s.held_credits, coalesce(h.held, 0))
@@ -19,8 +39,18 @@ BEGIN
                   GROUP BY 1, 2, 3) AS h
         ON h.organization_id = s.organization_id AND h.period_start = s.period_start AND h.stripe = s.stripe
      WHERE s.held_credits <> coalesce(h.held, 0);
+END
+$$;
+COMMENT ON FUNCTION llm._invariant_1() IS
+    'Invariant 1: every period stripe''s held_credits equals the holds of its reserved and dispatched requests.';
 
-    -- 2b. the same for used credits and cents, stripe by stripe
+-- 2b. used credits and cents, stripe by stripe: invariant 2's first half for each
+--     stripe (its rows are reported under 2)
+CREATE OR REPLACE FUNCTION llm._invariant_2b()
+RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
     RETURN QUERY
     SELECT 2, s.organization_id, 'period ' || s.period_start || ' stripe ' || s.stripe,
            pg_catalog.format('used_credits=%s used_cents=%s; invocations %s/%s',
@@ -32,8 +62,20 @@ BEGIN
                   GROUP BY 1, 2, 3) AS c
         ON c.organization_id = s.organization_id AND c.period_start = s.period_start AND c.stripe = s.stripe
      WHERE (s.used_credits, s.used_cents) IS DISTINCT FROM (coalesce(c.credits, 0), coalesce(c.cents, 0));
+END
+$$;
+COMMENT ON FUNCTION llm._invariant_2b() IS
+    'Invariant 2b, reported as 2: every period stripe''s used_credits and used_cents equal the charges of its terminal requests.';
 
-    -- 2. used = sum of charges of terminal invocations = sum of ledger charges and adjustments
+-- 2. used = sum of charges of terminal invocations = sum of ledger charges and adjustments.
+--    Since the period became the sum of its stripes (schema 0007) and the ledger a view
+--    of the requests (0008), a breach of 2 is also one of 2b or 3: kept as the period's
+--    own statement of the rule, the figure a reader compares first.
+CREATE OR REPLACE FUNCTION llm._invariant_2()
+RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
     RETURN QUERY
     SELECT 2, p.organization_id, 'period ' || p.period_start,
            pg_catalog.format('used_credits=%s used_cents=%s; invocations %s/%s; ledger %s/%s',
@@ -52,9 +94,20 @@ BEGIN
         ON l.organization_id = p.organization_id AND l.period_start = p.period_start
      WHERE (p.used_credits, p.used_cents) IS DISTINCT FROM (coalesce(c.credits, 0), coalesce(c.cents, 0))
         OR (p.used_credits, p.used_cents) IS DISTINCT FROM (coalesce(l.credits, 0), coalesce(l.cents, 0));
+END
+$$;
+COMMENT ON FUNCTION llm._invariant_2() IS
+    'Invariant 2: every period''s used_credits and used_cents equal the charges of its terminal requests and the sum of its ledger charges and adjustments.';
 
-    -- 3. each invocation: one hold, a release iff terminal, at most one charge and at most
-    --    one adjustment (iff trued up, over the recovery charge) adding up to its own charge
+-- 3. each invocation: one hold, a release iff terminal, at most one charge and at most
+--    one adjustment (iff trued up, over the recovery charge) adding up to its own charge.
+--    With the ledger a view (schema 0008), the requests' CHECK constraints keep it; this
+--    catches a row written while one of them was dropped.
+CREATE OR REPLACE FUNCTION llm._invariant_3()
+RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
     RETURN QUERY
     SELECT 3, i.organization_id, 'invocation ' || i.id,
            pg_catalog.format('status=%s kind=%s holds=%s releases=%s charge=%s/%s adjustments=%s (%s/%s) recorded=%s/%s recovered=%s',
@@ -85,15 +138,24 @@ BEGIN
            IS DISTINCT FROM coalesce(i.charged_credits, 0)
         OR coalesce(g.charge_cents, 0) + coalesce(g.adjustment_cents, 0)
            IS DISTINCT FROM coalesce(i.charged_cents, 0);
+END
+$$;
+COMMENT ON FUNCTION llm._invariant_3() IS
+    'Invariant 3: every request has one hold, a release iff it is terminal, at most one charge and at most one adjustment (iff it was trued up), adding up to its own charge.';
 
-    -- 4. admission never takes used + held over the allowance. What may go over it is
-    --    exactly what terminal requests booked beyond what they had reserved, their
-    --    overrun: a settlement or failure above its hold, a true-up above the recovery
-    --    charge (recovery charges the hold or 0, never more; the true-up holds nothing).
-    --    Every other movement lowers used + held - overrun or keeps it, and admission
-    --    raises it only within the allowance, so it stays within allowance +
-    --    allowance_excess: how far used + held stood over the allowance when it was
-    --    last changed (a lowered allowance; recorded under the stripes' locks).
+-- 4. admission never takes used + held over the allowance. What may go over it is
+--    exactly what terminal requests booked beyond what they had reserved, their
+--    overrun: a settlement or failure above its hold, a true-up above the recovery
+--    charge (recovery charges the hold or 0, never more; the true-up holds nothing).
+--    Every other movement lowers used + held - overrun or keeps it, and admission
+--    raises it only within the allowance, so it stays within allowance +
+--    allowance_excess: how far used + held stood over the allowance when it was
+--    last changed (a lowered allowance; recorded under the stripes' locks).
+CREATE OR REPLACE FUNCTION llm._invariant_4()
+RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
     RETURN QUERY
     SELECT 4, p.organization_id, 'period ' || p.period_start,
            pg_catalog.format('allowance=%s used=%s held=%s overrun=%s allowance_excess=%s',
@@ -109,10 +171,19 @@ BEGIN
         ON r.organization_id = p.organization_id AND r.period_start = p.period_start
      WHERE p.allowance_credits IS NOT NULL
        AND p.used_credits + p.held_credits - coalesce(r.overrun, 0) > p.allowance_credits + h.allowance_excess;
+END
+$$;
+COMMENT ON FUNCTION llm._invariant_4() IS
+    'Invariant 4: in every period with an allowance, used + held - overrun stays within the allowance plus allowance_excess.';
 
-    -- 4b. the stripes' escrow never promises more than the period has left: each
-    --     stripe's admit_room is set (NULL only when unlimited), and together they are at
-    --     most allowance - used - held (0 when the period is already over)
+-- 4b. (reported under 4) the stripes' escrow never promises more than the period has
+--     left: each stripe's admit_room is set (NULL only when unlimited), and together
+--     they are at most allowance - used - held (0 when the period is already over)
+CREATE OR REPLACE FUNCTION llm._invariant_4b()
+RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
     RETURN QUERY
     SELECT 4, p.organization_id, 'period ' || p.period_start,
            pg_catalog.format('allowance=%s used=%s held=%s, stripes'' admit_room: sum %s, unset %s',
@@ -125,12 +196,22 @@ BEGIN
      WHERE (p.allowance_credits IS NULL AND r.unset <> r.stripes)
         OR (p.allowance_credits IS NOT NULL
             AND (r.unset > 0 OR r.rooms > GREATEST(0, p.allowance_credits - p.used_credits - p.held_credits)));
+END
+$$;
+COMMENT ON FUNCTION llm._invariant_4b() IS
+    'Invariant 4b, reported as 4: every stripe''s admit_room is set unless the allowance is unlimited, and together they never promise more than the period has left.';
 
-    -- 5b. no threshold crossing can be missed: while a threshold of the organization is
-    --     ahead and not notified, each stripe's notice_room is set and together they are
-    --     less than the usage that reaches it (so a movement within them cannot cross it).
-    --     Joins on organization_id only, no correlated subquery beside the unnest: Citus
-    --     plans it as one query per shard (docs/scaling.md, "The rules").
+-- 5b. (reported under 5) no threshold crossing can be missed: while a threshold of the
+--     organization is ahead and not notified, each stripe's notice_room is set and
+--     together they are less than the usage that reaches it (so a movement within them
+--     cannot cross it).
+--     Joins on organization_id only, no correlated subquery beside the unnest: Citus
+--     plans it as one query per shard (docs/scaling.md, "The rules").
+CREATE OR REPLACE FUNCTION llm._invariant_5b()
+RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
     RETURN QUERY
     SELECT 5, n.organization_id, 'period ' || n.period_start,
            pg_catalog.format('used=%s, next threshold %s%% of %s needs %s more; stripes'' notice_room: sum %s, unset %s',
@@ -154,10 +235,19 @@ BEGIN
               FROM llm.period_stripes AS s GROUP BY 1, 2) AS r
         ON r.organization_id = n.organization_id AND r.period_start = n.period_start
      WHERE r.unset > 0 OR r.rooms > n.need;
+END
+$$;
+COMMENT ON FUNCTION llm._invariant_5b() IS
+    'Invariant 5b, reported as 5: while a threshold is ahead and not notified, every stripe''s notice_room is set and together they stay below the usage that reaches it.';
 
-    -- 5. past_window_alerted_at only on recovered requests (a trued-up one was recovered
-    --    first); at most one notice per threshold (the unique key guarantees the latter;
-    --    checked here against a dropped constraint)
+-- 5. past_window_alerted_at only on recovered requests (a trued-up one was recovered
+--    first); at most one notice per threshold (the unique key guarantees the latter;
+--    checked here against a dropped constraint)
+CREATE OR REPLACE FUNCTION llm._invariant_5()
+RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
     RETURN QUERY
     SELECT 5, i.organization_id, 'invocation ' || i.id, 'past-window alert on a request that was not recovered'
       FROM llm.invocations AS i
@@ -172,8 +262,17 @@ BEGIN
       FROM llm.threshold_notices AS n
      GROUP BY n.organization_id, n.scope, n.scope_id, n.budget_window, n.period_start, n.threshold_pct
     HAVING count(*) > 1;
+END
+$$;
+COMMENT ON FUNCTION llm._invariant_5() IS
+    'Invariant 5: only recovered (or later trued-up) requests carry a past-window alert, and each threshold of a budget window has at most one notice.';
 
-    -- 6. task totals = sum over its terminal invocations, except reported drift
+-- 6. task totals = sum over its terminal invocations, except reported drift
+CREATE OR REPLACE FUNCTION llm._invariant_6()
+RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
     RETURN QUERY
     SELECT 6, x.organization_id, 'execution ' || x.id,
            pg_catalog.format('recorded %s/%s/%s, invocations %s/%s/%s', x.request_count, x.credits, x.cents,
@@ -189,8 +288,17 @@ BEGIN
            IS DISTINCT FROM (coalesce(s.n, 0), coalesce(s.credits, 0), coalesce(s.cents, 0))
        AND NOT EXISTS (SELECT FROM llm.drift_findings AS f
                         WHERE f.organization_id = x.organization_id AND f.execution_id = x.id);
+END
+$$;
+COMMENT ON FUNCTION llm._invariant_6() IS
+    'Invariant 6: every task''s request_count, credits and cents equal the sums over its terminal requests, unless it has a drift finding.';
 
-    -- 7. a closed execution is stamped; an abandoned one has no duration
+-- 7. a closed execution is stamped; an abandoned one has no duration
+CREATE OR REPLACE FUNCTION llm._invariant_7()
+RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
     RETURN QUERY
     SELECT 7, x.organization_id, 'execution ' || x.id,
            pg_catalog.format('status=%s ended_at=%s duration_ms=%s', x.status, x.ended_at, x.duration_ms)
@@ -198,10 +306,19 @@ BEGIN
      WHERE (x.status = 'running') <> (x.ended_at IS NULL)
         OR (x.status = 'abandoned' AND x.duration_ms IS NOT NULL)
         OR (x.status = 'completed' AND x.duration_ms IS NULL);
+END
+$$;
+COMMENT ON FUNCTION llm._invariant_7() IS
+    'Invariant 7: a task has ended_at iff it is closed, an abandoned task has no duration and a completed one has one.';
 
-    -- 8. every invocation belongs to a period (and a stripe of it) and, when linked, a
-    --    task of its own organization (enforced by the functions, not by foreign keys:
-    --    schema 0003)
+-- 8. every invocation belongs to a period (and a stripe of it) and, when linked, a
+--    task of its own organization (enforced by the functions, not by foreign keys:
+--    schema 0003)
+CREATE OR REPLACE FUNCTION llm._invariant_8()
+RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
     RETURN QUERY
     SELECT 8, i.organization_id, 'invocation ' || i.id,
            pg_catalog.format('period %s stripe %s %s, execution %s %s', i.period_start, i.stripe,
@@ -215,10 +332,19 @@ BEGIN
       LEFT JOIN llm.executions AS x
         ON x.organization_id = i.organization_id AND x.id = i.execution_id
      WHERE s.period_start IS NULL OR (i.execution_id IS NOT NULL AND x.id IS NULL);
+END
+$$;
+COMMENT ON FUNCTION llm._invariant_8() IS
+    'Invariant 8: every request belongs to a stripe of a period and, when linked, to a task of its own organization.';
 
-    -- 9. the current period carries the allowance of the last committed
-    --    upsert_organization: with no clock here, "current" is every period starting
-    --    in or after the month of the organization's last update
+-- 9. the current period carries the allowance of the last committed
+--    upsert_organization: with no clock here, "current" is every period starting
+--    in or after the month of the organization's last update
+CREATE OR REPLACE FUNCTION llm._invariant_9()
+RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
     RETURN QUERY
     SELECT 9, p.organization_id, 'period ' || p.period_start,
            pg_catalog.format('allowance_credits=%s, organization allowance=%s (updated %s)',
@@ -227,10 +353,19 @@ BEGIN
       JOIN llm.organizations AS o ON o.id = p.organization_id
      WHERE p.period_start >= llm._period_start(o.updated_at)
        AND p.allowance_credits IS DISTINCT FROM o.monthly_allowance_credits;
+END
+$$;
+COMMENT ON FUNCTION llm._invariant_9() IS
+    'Invariant 9: every period from the month of its organization''s last update on carries the organization''s allowance.';
 
-    -- 10. sweep_totals equal the requests they count: every recovery (recovered_credits
-    --     is set by recovery and kept by a true-up), those charged nothing although they
-    --     had an estimate, and every past-window alert (stamped once, by recovery)
+-- 10. sweep_totals equal the requests they count: every recovery (recovered_credits
+--     is set by recovery and kept by a true-up), those charged nothing although they
+--     had an estimate, and every past-window alert (stamped once, by recovery)
+CREATE OR REPLACE FUNCTION llm._invariant_10()
+RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
     RETURN QUERY
     SELECT 10, o.id, 'sweep_totals',
            pg_catalog.format('recovered_requests=%s recovered_uncharged=%s past_window_alerts=%s; requests %s/%s/%s',
@@ -248,16 +383,22 @@ BEGIN
         ON c.organization_id = o.id
      WHERE (coalesce(t.recovered_requests, 0), coalesce(t.recovered_uncharged, 0), coalesce(t.past_window_alerts, 0))
            IS DISTINCT FROM (coalesce(c.recovered, 0), coalesce(c.uncharged, 0), coalesce(c.alerts, 0));
+END
+$$;
+COMMENT ON FUNCTION llm._invariant_10() IS
+    'Invariant 10: every organization''s sweep_totals equal the counts of its recovered, recovered-uncharged and past-window-alerted requests.';
 
-    -- 11. an unresolved period finding means its period still disagrees with its
-    --     requests (used credits, used cents or held credits, as the audit computes them)
+-- 11. an unresolved period finding means its period still disagrees with its
+--     requests (used credits, used cents or held credits, as the audit computes them)
+CREATE OR REPLACE FUNCTION llm._invariant_11()
+RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
     RETURN QUERY
     SELECT 11, f.organization_id, 'period ' || f.period_start,
-           pg_catalog.format('unresolved finding (last seen %s), but the period %s',
-                             f.last_seen_at,
-                             CASE WHEN p.period_start IS NULL THEN 'does not exist'
-                                  ELSE pg_catalog.format('agrees with its requests: used %s/%s held %s',
-                                                         p.used_credits, p.used_cents, p.held_credits) END)
+           llm._kept_finding('unresolved finding', f.last_seen_at, 'period', p.period_start IS NOT NULL,
+                             pg_catalog.format('used %s/%s held %s', p.used_credits, p.used_cents, p.held_credits))
       FROM llm.period_findings AS f
       LEFT JOIN llm.periods AS p
         ON p.organization_id = f.organization_id AND p.period_start = f.period_start
@@ -272,25 +413,40 @@ BEGIN
        AND (p.period_start IS NULL
             OR (p.used_credits, p.used_cents, p.held_credits)
                = (coalesce(c.used, 0), coalesce(c.cents, 0), coalesce(c.held, 0)));
+END
+$$;
+COMMENT ON FUNCTION llm._invariant_11() IS
+    'Invariant 11: an unresolved period finding means its period''s counters still differ from its requests.';
 
-    -- 12. notice claims: a notice being sent has its claim's token, and no other notice
-    --    has one (issue 20 defect 6), so only the live claim's holder can end it
+-- 12. notice claims: a notice being sent has its claim's token, and no other notice
+--    has one (issue 20 defect 6), so only the live claim's holder can end it
+CREATE OR REPLACE FUNCTION llm._invariant_12()
+RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
     RETURN QUERY
     SELECT 12, n.organization_id, 'notice ' || n.id,
            pg_catalog.format('status=%s claim_token=%s', n.status, coalesce(n.claim_token::text, 'NULL'))
       FROM llm.threshold_notices AS n
      WHERE (n.status = 'sending') <> (n.claim_token IS NOT NULL);
+END
+$$;
+COMMENT ON FUNCTION llm._invariant_12() IS
+    'Invariant 12: a notice carries a claim token iff it is being sent.';
 
-    -- 13. a drift finding means its task still differs from its terminal requests: a
-    --     finding has no resolved state, the sweep deletes it once its task agrees
-    --     (llm._refresh_drift), so every finding kept is an unresolved one
+-- 13. a drift finding means its task still differs from its terminal requests: a
+--     finding has no resolved state, the sweep deletes it once its task agrees
+--     (llm._refresh_drift), so every finding kept is an unresolved one
+CREATE OR REPLACE FUNCTION llm._invariant_13()
+RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
     RETURN QUERY
     SELECT 13, f.organization_id, 'execution ' || f.execution_id,
-           pg_catalog.format('drift finding (last seen %s), but the task %s',
-                             f.last_seen_at,
-                             CASE WHEN x.id IS NULL THEN 'does not exist'
-                                  ELSE pg_catalog.format('agrees with its requests: %s/%s/%s',
-                                                         x.request_count, x.credits, x.cents) END)
+           llm._kept_finding('drift finding', f.last_seen_at, 'task', x.id IS NOT NULL,
+                             pg_catalog.format('%s/%s/%s', x.request_count, x.credits, x.cents))
       FROM llm.drift_findings AS f
       LEFT JOIN llm.executions AS x ON x.organization_id = f.organization_id AND x.id = f.execution_id
       LEFT JOIN (SELECT i.organization_id, i.execution_id, count(*) AS n, sum(i.charged_credits) AS credits,
@@ -301,10 +457,19 @@ BEGIN
         ON s.organization_id = f.organization_id AND s.execution_id = f.execution_id
      WHERE x.id IS NULL
         OR (x.request_count, x.credits, x.cents) = (coalesce(s.n, 0), coalesce(s.credits, 0), coalesce(s.cents, 0));
+END
+$$;
+COMMENT ON FUNCTION llm._invariant_13() IS
+    'Invariant 13: a drift finding means its task still differs from its terminal requests.';
 
-    -- 14. each budget counter's used, held and cents equal the requests admitted under
-    --     it (their invocation_scopes.budget_mask, in the windows of their admission time); an open
-    --     request's counters exist (a terminal one's may be gone: retention)
+-- 14. each budget counter's used, held and cents equal the requests admitted under
+--     it (their invocation_scopes.budget_mask, in the windows of their admission time); an open
+--     request's counters exist (a terminal one's may be gone: retention)
+CREATE OR REPLACE FUNCTION llm._invariant_14()
+RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
     RETURN QUERY
     SELECT 14, coalesce(c.organization_id, r.organization_id),
            pg_catalog.format('budget %s %s %s %s', coalesce(c.scope, r.scope),
@@ -332,11 +497,20 @@ BEGIN
         OR (c.organization_id IS NOT NULL
             AND (c.used_credits, c.held_credits, c.used_cents)
                 IS DISTINCT FROM (coalesce(r.used, 0), coalesce(r.held, 0), coalesce(r.cents, 0)));
+END
+$$;
+COMMENT ON FUNCTION llm._invariant_14() IS
+    'Invariant 14: every budget counter''s used, held and cents equal the requests admitted under it, and an open request''s counters exist.';
 
-    -- 15. a budget is a ceiling: used + held - overrun (as in 4) never exceeds the limit
-    --     the counter's last admission was decided against; and that is the budget's
-    --     limit now unless the budget was changed, replaced (own <-> '*') or removed
-    --     since (another revision applies now)
+-- 15. a budget is a ceiling: used + held - overrun (as in 4) never exceeds the limit
+--     the counter's last admission was decided against; and that is the budget's
+--     limit now unless the budget was changed, replaced (own <-> '*') or removed
+--     since (another revision applies now)
+CREATE OR REPLACE FUNCTION llm._invariant_15()
+RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
     RETURN QUERY
     SELECT 15, c.organization_id,
            pg_catalog.format('budget %s %s %s %s', c.scope, coalesce(c.scope_id, ''), c.budget_window, c.window_start),
@@ -364,6 +538,36 @@ BEGIN
                           ORDER BY l.scope_id = '*' LIMIT 1) AS b ON true
      WHERE c.used_credits + c.held_credits - coalesce(o.overrun, 0) > c.admitted_limit
         OR (b.revision = c.admitted_revision AND b.limit_credits <> c.admitted_limit);
+END
+$$;
+COMMENT ON FUNCTION llm._invariant_15() IS
+    'Invariant 15: a budget counter''s used + held - overrun never exceeds the limit its last admission was decided against, the budget''s limit while its revision is unchanged.';
+
+-- Every violation, invariant by invariant. The calls keep the order of 0.2.0's single
+-- query list (2b before 2, 5b before 5), so the rows come out as they always have.
+CREATE OR REPLACE FUNCTION llm.check_invariants()
+RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM llm._invariant_1();
+    RETURN QUERY SELECT * FROM llm._invariant_2b();
+    RETURN QUERY SELECT * FROM llm._invariant_2();
+    RETURN QUERY SELECT * FROM llm._invariant_3();
+    RETURN QUERY SELECT * FROM llm._invariant_4();
+    RETURN QUERY SELECT * FROM llm._invariant_4b();
+    RETURN QUERY SELECT * FROM llm._invariant_5b();
+    RETURN QUERY SELECT * FROM llm._invariant_5();
+    RETURN QUERY SELECT * FROM llm._invariant_6();
+    RETURN QUERY SELECT * FROM llm._invariant_7();
+    RETURN QUERY SELECT * FROM llm._invariant_8();
+    RETURN QUERY SELECT * FROM llm._invariant_9();
+    RETURN QUERY SELECT * FROM llm._invariant_10();
+    RETURN QUERY SELECT * FROM llm._invariant_11();
+    RETURN QUERY SELECT * FROM llm._invariant_12();
+    RETURN QUERY SELECT * FROM llm._invariant_13();
+    RETURN QUERY SELECT * FROM llm._invariant_14();
+    RETURN QUERY SELECT * FROM llm._invariant_15();
 END
 $$;
 COMMENT ON FUNCTION llm.check_invariants() IS
