@@ -68,12 +68,14 @@ COMMENT ON FUNCTION llm._may_cross(bigint, bigint, bigint) IS
 -- The one place a threshold notice is owed: one per threshold of p_thresholds that
 -- p_used stands at or above under p_allowance, at most one per (organization, scope,
 -- id, window, window start, threshold) by the unique key, and NOTIFY llm_notices at
--- commit. The allowance's notices are (organization, NULL, month) of the period; a
--- budget's name its scope, real id and window, and p_period_start is its window's start.
+-- commit. Given p_old_used, only the thresholds a movement from it crossed: a whole
+-- percentage t is crossed when p_old_used * 100 < t * p_allowance <= p_used * 100.
+-- The allowance's notices are (organization, NULL, month) of the period; a budget's
+-- name its scope, real id and window, and p_period_start is its window's start.
 CREATE OR REPLACE FUNCTION llm._owe_notices(
     p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint,
     p_allowance bigint, p_now timestamptz, p_scope text DEFAULT 'organization',
-    p_scope_id text DEFAULT NULL, p_window text DEFAULT 'month')
+    p_scope_id text DEFAULT NULL, p_window text DEFAULT 'month', p_old_used bigint DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -87,6 +89,7 @@ BEGIN
            p_now, p_used, p_allowance, p_now
       FROM pg_catalog.unnest(p_thresholds) AS t(pct)
      WHERE p_used::numeric * 100 >= t.pct::numeric * p_allowance
+       AND (p_old_used IS NULL OR p_old_used::numeric * 100 < t.pct::numeric * p_allowance)
     ON CONFLICT (organization_id, scope, scope_id, budget_window, period_start, threshold_pct) DO NOTHING;
     GET DIAGNOSTICS v_created = ROW_COUNT;
     IF v_created > 0 THEN
@@ -95,8 +98,8 @@ BEGIN
     RETURN v_created;
 END
 $$;
-COMMENT ON FUNCTION llm._owe_notices(uuid, date, integer[], bigint, bigint, timestamptz, text, text, text) IS
-    'Creates one owed notice (crossed at p_now) for every threshold of p_thresholds that p_used stands at or above under p_allowance and not notified yet; NOTIFY llm_notices at commit when it created one.';
+COMMENT ON FUNCTION llm._owe_notices(uuid, date, integer[], bigint, bigint, timestamptz, text, text, text, bigint) IS
+    'Creates one owed notice (crossed at p_now) for every threshold of p_thresholds that p_used stands at or above under p_allowance (and, given p_old_used, p_old_used stood below) and not notified yet; NOTIFY llm_notices at commit when it created one.';
 
 CREATE OR REPLACE FUNCTION llm._record_crossings(
     p_organization_id uuid, p_period_start date, p_old_used bigint, p_new_used bigint,
@@ -105,19 +108,16 @@ RETURNS integer
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    v_crossed integer[];
+    v_thresholds integer[];
 BEGIN
     IF NOT coalesce(llm._may_cross(p_old_used, p_new_used, p_allowance), false) THEN
         RETURN 0;  -- unlimited, no movement, or no whole percentage passed
     END IF;
-    -- the thresholds the old usage stood below: those the new one reaches were crossed
-    SELECT ARRAY(SELECT t.pct FROM pg_catalog.unnest(o.notice_thresholds) AS t(pct)
-                  WHERE p_old_used::numeric * 100 < t.pct::numeric * p_allowance)
-      INTO v_crossed
+    SELECT o.notice_thresholds INTO v_thresholds
       FROM llm.organizations AS o
      WHERE o.id = p_organization_id;
-    RETURN llm._owe_notices(p_organization_id, p_period_start, v_crossed, p_new_used,
-                            p_allowance, p_now);
+    RETURN llm._owe_notices(p_organization_id, p_period_start, v_thresholds, p_new_used,
+                            p_allowance, p_now, p_old_used => p_old_used);
 END
 $$;
 COMMENT ON FUNCTION llm._record_crossings(uuid, date, bigint, bigint, bigint, timestamptz) IS
