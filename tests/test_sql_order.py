@@ -136,22 +136,25 @@ def read_sql() -> tuple[dict[str, list[str]], list[Call]]:
         found.append((path.name, code, starts))
     calls = []
     for file, code, starts in found:
+        # each routine's body is the first one after its CREATE; other bodies are DO blocks
+        owner = {
+            next(b for b in code.bodies if b[0] > start): f"llm.{name}" for start, name in starts
+        }
         for m in NAMED.finditer(code.text):
             at, callee = m.start(), m.group(1)
             if callee not in defined or NAMING_STATEMENT.match(
                 code.text, statement_start(code, at)
             ):
                 continue  # a table, a type, or a routine named but not run
-            in_body = any(a <= at < b for a, b in code.bodies)
-            caller = next((name for start, name in reversed(starts) if start < at), None)
-            line = code.text.count("\n", 0, at) + 1
-            calls.append(Call(file, line, caller if in_body and caller else "(top level)", callee))
+            body = next((b for b in code.bodies if b[0] <= at < b[1]), None)
+            caller = "(top level)" if body is None else owner.get(body, "(DO block)")
+            calls.append(Call(file, code.text.count("\n", 0, at) + 1, caller, callee))
     return defined, calls
 
 
 def forward_calls(defined: dict[str, list[str]], calls: list[Call]) -> list[str]:
     return [
-        f"{c.file}:{c.line}: llm.{c.caller} calls llm.{c.callee}, defined later in {defined[c.callee][0]}"
+        f"{c.file}:{c.line}: {c.caller} calls llm.{c.callee}, defined later in {defined[c.callee][0]}"
         for c in calls
         if c.file not in MAY_CALL_FORWARD and defined[c.callee][0] > c.file
     ]
