@@ -1,5 +1,14 @@
 -- Shared helpers: the calendar, settings, organization look-ups, argument checks.
--- Private helpers start with `_`; none is granted to any role.
+-- Private helpers start with `_` and are not granted to llm_app or llm_reader. The
+-- exceptions are llm_operator's (99_grants.sql): run_reconciliation is a SECURITY
+-- INVOKER procedure, so that role holds the pass's steps (65_pass.sql) and the clock
+-- check they call, _check_clock and _clock_ok below.
+--
+-- The files of sql/ read in dependency order: each calls only itself and the files
+-- before it in name order (the order migrate applies them), but the pass, which
+-- orchestrates every capability (tests/test_sql_order.py). So 15_notices.sql, which
+-- creates the threshold notices, comes before the stripes (20), organizations (25),
+-- budgets (28) and settlement (35) that create them.
 
 -- A public routine returns its own composite type, never a table's row type
 -- (docs/architecture.md Conventions): a column added to a table then changes no public

@@ -224,7 +224,6 @@ LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     v_budget record;
-    v_crossed integer[];
     v_created integer := 0;
 BEGIN
     FOR v_i IN 1 .. coalesce(pg_catalog.cardinality(p_keys), 0) LOOP
@@ -233,12 +232,11 @@ BEGIN
                                     p_keys[v_i].budget_window);
         CONTINUE WHEN v_budget.limit_credits IS NULL
             OR NOT coalesce(llm._may_cross(p_olds[v_i], p_keys[v_i].used_credits, v_budget.limit_credits), false);
-        v_crossed := ARRAY(SELECT t.pct FROM pg_catalog.unnest(v_budget.thresholds) AS t(pct)
-                            WHERE p_olds[v_i]::numeric * 100 < t.pct::numeric * v_budget.limit_credits);
         v_created := v_created
-            + llm._owe_notices(p_organization_id, p_keys[v_i].window_start, v_crossed,
+            + llm._owe_notices(p_organization_id, p_keys[v_i].window_start, v_budget.thresholds,
                                p_keys[v_i].used_credits, v_budget.limit_credits, p_now,
-                               p_keys[v_i].scope, p_keys[v_i].scope_id, p_keys[v_i].budget_window);
+                               p_keys[v_i].scope, p_keys[v_i].scope_id, p_keys[v_i].budget_window,
+                               p_olds[v_i]);
     END LOOP;
     RETURN v_created;
 END

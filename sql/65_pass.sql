@@ -4,6 +4,11 @@
 -- independent steps. Each step is a SECURITY DEFINER function with its own
 -- exception handler; the procedure only sequences them and commits.
 --
+-- The one file that calls forward (the documented exception to the dependency
+-- order of sql/, tests/test_sql_order.py): it orchestrates, so it calls the daily
+-- usage rebuild of 80_reporting.sql as one of its steps, which keeps its name
+-- beside the reporting it belongs to.
+--
 -- One at a time: a lease (llm.pass_lease), not a session lock, so the guard
 -- keeps nothing past the pass's own transactions. The pass renews it after each
 -- organization and holds it locked through each follow-up step; a pass whose

@@ -1,10 +1,20 @@
--- Threshold notices: created owed in the crossing transaction (_record_crossings),
--- claimed by compare-and-set per notice (works sharded), completed or failed
+-- Threshold notices, from their creation to their delivery. This file calls only
+-- 10_common.sql, and loads before the files that create notices: the stripes and
+-- organizations (a period's allowance), the budgets, settlement and recovery.
+--
+-- Creation: a notice is owed in the transaction that crossed its threshold
+-- (_record_crossings, _budget_crossings in 28_budgets.sql) or that put it behind by
+-- itself (_record_reached, _budget_reached): all through _owe_notices, the one
+-- INSERT of a notice.
+--
+-- Delivery: claimed by compare-and-set per notice (works sharded), completed or failed
 -- with exponential backoff, released by a worker shutting down, re-armed when a
 -- claim was abandoned. Each claim has a token, and only its holder ends it: a
 -- worker whose claim was re-armed and claimed again cannot end the new one
 -- (issue 20 defect 6). Whenever a notice becomes owed the transaction does
 -- NOTIFY llm_notices (sent at commit), which wakes `llm-db worker`.
+--
+-- This file was 70_notices.sql until 0.3.0 (migration 0016 names it so).
 
 -- The contract step of schema 0016 (issue 23): one notice per (organization, scope,
 -- id, window, window start, threshold) is the key now, and the old key (organization,
@@ -35,6 +45,110 @@ END
 $$;
 COMMENT ON FUNCTION llm._notify_notices_owed(text) IS
     'NOTIFY llm_notices with the reason (created, retry, released, rearmed): sent when the calling transaction commits, never if it rolls back.';
+
+-- ---------------------------------------------------------------- creation
+
+-- Inlinable (no SET clause, everything qualified). A threshold t (a whole
+-- percentage) is crossed when old * 100 < t * allowance <= new * 100, which needs
+-- a whole number in (old * 100 / allowance, new * 100 / allowance]: so unless
+-- the integer quotients differ, no threshold can have been crossed and the
+-- notice query is not run. Exact (numeric integer division), so never a miss.
+CREATE OR REPLACE FUNCTION llm._may_cross(p_old_used bigint, p_new_used bigint, p_allowance bigint)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT p_allowance OPERATOR(pg_catalog.>) 0::bigint
+       AND pg_catalog.div(p_new_used::numeric OPERATOR(pg_catalog.*) 100::numeric, p_allowance::numeric)
+           OPERATOR(pg_catalog.>)
+           pg_catalog.div(p_old_used::numeric OPERATOR(pg_catalog.*) 100::numeric, p_allowance::numeric)
+$$;
+COMMENT ON FUNCTION llm._may_cross(bigint, bigint, bigint) IS
+    'False when moving used credits from p_old_used to p_new_used cannot have crossed any whole-percent threshold of p_allowance (NULL when unlimited).';
+
+-- The one place a threshold notice is owed: one per threshold of p_thresholds that
+-- p_used stands at or above under p_allowance, at most one per (organization, scope,
+-- id, window, window start, threshold) by the unique key, and NOTIFY llm_notices at
+-- commit. Given p_old_used, only the thresholds a movement from it crossed: a whole
+-- percentage t is crossed when p_old_used * 100 < t * p_allowance <= p_used * 100.
+-- The allowance's notices are (organization, NULL, month) of the period; a budget's
+-- name its scope, real id and window, and p_period_start is its window's start.
+CREATE OR REPLACE FUNCTION llm._owe_notices(
+    p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint,
+    p_allowance bigint, p_now timestamptz, p_scope text DEFAULT 'organization',
+    p_scope_id text DEFAULT NULL, p_window text DEFAULT 'month', p_old_used bigint DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_created integer;
+BEGIN
+    INSERT INTO llm.threshold_notices
+           (organization_id, scope, scope_id, budget_window, period_start, threshold_pct,
+            crossed_at, used_credits, allowance_credits, next_attempt_at)
+    SELECT p_organization_id, p_scope, p_scope_id, p_window, p_period_start, t.pct,
+           p_now, p_used, p_allowance, p_now
+      FROM pg_catalog.unnest(p_thresholds) AS t(pct)
+     WHERE p_used::numeric * 100 >= t.pct::numeric * p_allowance
+       AND (p_old_used IS NULL OR p_old_used::numeric * 100 < t.pct::numeric * p_allowance)
+    ON CONFLICT (organization_id, scope, scope_id, budget_window, period_start, threshold_pct) DO NOTHING;
+    GET DIAGNOSTICS v_created = ROW_COUNT;
+    IF v_created > 0 THEN
+        PERFORM llm._notify_notices_owed('created');  -- delivered at commit (llm-db worker)
+    END IF;
+    RETURN v_created;
+END
+$$;
+COMMENT ON FUNCTION llm._owe_notices(uuid, date, integer[], bigint, bigint, timestamptz, text, text, text, bigint) IS
+    'Creates one owed notice (crossed at p_now) for every threshold of p_thresholds that p_used stands at or above under p_allowance (and, given p_old_used, p_old_used stood below) and not notified yet; NOTIFY llm_notices at commit when it created one.';
+
+CREATE OR REPLACE FUNCTION llm._record_crossings(
+    p_organization_id uuid, p_period_start date, p_old_used bigint, p_new_used bigint,
+    p_allowance bigint, p_now timestamptz)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_thresholds integer[];
+BEGIN
+    IF NOT coalesce(llm._may_cross(p_old_used, p_new_used, p_allowance), false) THEN
+        RETURN 0;  -- unlimited, no movement, or no whole percentage passed
+    END IF;
+    SELECT o.notice_thresholds INTO v_thresholds
+      FROM llm.organizations AS o
+     WHERE o.id = p_organization_id;
+    RETURN llm._owe_notices(p_organization_id, p_period_start, v_thresholds, p_new_used,
+                            p_allowance, p_now, p_old_used => p_old_used);
+END
+$$;
+COMMENT ON FUNCTION llm._record_crossings(uuid, date, bigint, bigint, bigint, timestamptz) IS
+    'Creates one owed notice per threshold crossed when used credits moved from p_old_used to p_new_used; at most one per (organization, period, threshold); NOTIFY llm_notices at commit when it created one.';
+
+-- A changed allowance or threshold list (upsert_organization) owes, by itself, every
+-- threshold the period's used credits now stand at or above and that was not notified:
+-- no movement crossed it, so _record_crossings never will (issue 20 defect 4). The
+-- caller holds the period (_lock_period), so the used credits read here stay.
+CREATE OR REPLACE FUNCTION llm._record_reached(
+    p_organization_id uuid, p_period_start date, p_thresholds integer[], p_allowance bigint,
+    p_now timestamptz)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_used bigint;
+BEGIN
+    IF p_allowance IS NULL THEN
+        RETURN 0;  -- unlimited: no threshold has a level
+    END IF;
+    SELECT sum(s.used_credits) INTO v_used
+      FROM llm.period_stripes AS s
+     WHERE s.organization_id = p_organization_id AND s.period_start = p_period_start;
+    RETURN llm._owe_notices(p_organization_id, p_period_start, p_thresholds, v_used,
+                            p_allowance, p_now);
+END
+$$;
+COMMENT ON FUNCTION llm._record_reached(uuid, date, integer[], bigint, timestamptz) IS
+    'With the period locked: creates one owed notice (crossed at p_now) for every threshold of p_thresholds its used credits stand at or above under p_allowance and not notified yet; NOTIFY llm_notices at commit when it created one. What an allowance or threshold-list change owes by itself.';
+-- ---------------------------------------------------------------- delivery
 
 CREATE OR REPLACE FUNCTION llm.claim_notices(p_limit integer DEFAULT 50, p_now timestamptz DEFAULT now())
 RETURNS SETOF llm.notice_claim

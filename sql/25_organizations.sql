@@ -1,4 +1,5 @@
--- Organizations, their monthly periods, and the task catalog.
+-- Organizations, what a changed allowance or threshold list does to their periods
+-- (whose stripes 20_stripes.sql keeps), and the task catalog.
 
 CREATE OR REPLACE FUNCTION llm._check_thresholds(p_thresholds integer[])
 RETURNS integer[]
@@ -176,37 +177,6 @@ END
 $$;
 COMMENT ON FUNCTION llm.upsert_organization(uuid, text, bigint, text, integer[], timestamptz) IS
     'Creates or updates an organization; a changed allowance (NULL = unlimited) also applies to the period containing p_now and later open ones, which owe at once every threshold their usage now stands at or above; a changed threshold list applies to every period.';
-
-CREATE OR REPLACE FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date)
-RETURNS void
-LANGUAGE plpgsql VOLATILE
-AS $$
-DECLARE
-    v_allowance bigint;
-BEGIN
-    -- Invariant 9: the month's first admission reads the allowance under a share
-    -- lock of its organization, so an upsert_organization either committed first
-    -- (its allowance is read here) or waits for this transaction and then moves
-    -- the row created here. Only the first admission of a month pays for it.
-    SELECT o.monthly_allowance_credits INTO v_allowance
-      FROM llm.organizations AS o
-     WHERE o.id = p_organization_id
-       FOR SHARE;
-    -- a concurrent first admission of the month may create it first: DO NOTHING
-    INSERT INTO llm.period_heads (organization_id, period_start, period_end, allowance_credits)
-    VALUES (p_organization_id, p_period_start, (p_period_start + interval '1 month')::date, v_allowance)
-    ON CONFLICT (organization_id, period_start) DO NOTHING;
-    -- its stripes: the caller locks the period and spreads the rooms
-    INSERT INTO llm.period_stripes (organization_id, period_start, stripe)
-    SELECT p_organization_id, p_period_start, g
-      FROM llm.organizations AS o
-     CROSS JOIN LATERAL pg_catalog.generate_series(0, o.period_stripes - 1) AS g
-     WHERE o.id = p_organization_id
-    ON CONFLICT (organization_id, period_start, stripe) DO NOTHING;
-END
-$$;
-COMMENT ON FUNCTION llm._ensure_period(uuid, date) IS
-    'Creates the period (its head, with the organization''s allowance read under a share lock of the organization, so a concurrent upsert_organization cannot be lost: invariant 9, and its stripes) on first use.';
 
 CREATE OR REPLACE FUNCTION llm._set_period_stripes(p_organization_id uuid, p_stripes integer)
 RETURNS integer

@@ -1,6 +1,9 @@
--- A period's counters spread over stripes (schema 0007), and the escrow that
--- keeps admission exact and threshold notices complete while the requests of one
--- organization update different rows (docs/architecture.md, "Striped periods").
+-- An organization's monthly periods: created on first use (_ensure_period), their
+-- counters spread over stripes (schema 0007), and the escrow that keeps admission
+-- exact and threshold notices complete while the requests of one organization
+-- update different rows (docs/architecture.md, "Striped periods"). Calls 10_common.sql
+-- and the notices' creation (15_notices.sql); the organizations (25), admission,
+-- settlement and recovery move the stripes through it.
 --
 -- Each stripe row carries its share of the counters and two rooms:
 --   admit_room  credits it may still hold on its own; the rooms of a period's
@@ -22,6 +25,37 @@
 -- would wait for stripes below k while holding k, against the order; rolling the
 -- subtransaction back releases the row. Stripe 0, the first of the order, is safe
 -- to hold, so an unstriped organization (every request on stripe 0) pays nothing.
+
+CREATE OR REPLACE FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_allowance bigint;
+BEGIN
+    -- Invariant 9: the month's first admission reads the allowance under a share
+    -- lock of its organization, so an upsert_organization either committed first
+    -- (its allowance is read here) or waits for this transaction and then moves
+    -- the row created here. Only the first admission of a month pays for it.
+    SELECT o.monthly_allowance_credits INTO v_allowance
+      FROM llm.organizations AS o
+     WHERE o.id = p_organization_id
+       FOR SHARE;
+    -- a concurrent first admission of the month may create it first: DO NOTHING
+    INSERT INTO llm.period_heads (organization_id, period_start, period_end, allowance_credits)
+    VALUES (p_organization_id, p_period_start, (p_period_start + interval '1 month')::date, v_allowance)
+    ON CONFLICT (organization_id, period_start) DO NOTHING;
+    -- its stripes: the caller locks the period and spreads the rooms
+    INSERT INTO llm.period_stripes (organization_id, period_start, stripe)
+    SELECT p_organization_id, p_period_start, g
+      FROM llm.organizations AS o
+     CROSS JOIN LATERAL pg_catalog.generate_series(0, o.period_stripes - 1) AS g
+     WHERE o.id = p_organization_id
+    ON CONFLICT (organization_id, period_start, stripe) DO NOTHING;
+END
+$$;
+COMMENT ON FUNCTION llm._ensure_period(uuid, date) IS
+    'Creates the period (its head, with the organization''s allowance read under a share lock of the organization, so a concurrent upsert_organization cannot be lost: invariant 9, and its stripes) on first use.';
 
 CREATE OR REPLACE FUNCTION llm._lock_period(p_organization_id uuid, p_period_start date)
 RETURNS llm.period_heads
