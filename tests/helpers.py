@@ -90,6 +90,31 @@ def wait_blocked(observer: psycopg.Connection, pid: int, timeout: float = 10.0) 
              f"backend {pid} to block", timeout)
 
 
+def sessions_on_stripes(
+    connect: Callable[[], psycopg.Connection], stripes: int, wanted: list[int], tries: int = 200
+) -> list[psycopg.Connection]:
+    """One connection per entry of ``wanted``, whose admissions hold on that stripe: a
+    session's stripe is its backend pid modulo ``stripes`` (sql/30_admission.sql), so
+    connections are opened until each entry has one, and the others closed. Fails
+    (never skips) after ``tries`` connections."""
+    found: list[psycopg.Connection | None] = [None] * len(wanted)
+    pids = []
+    for _ in range(tries):
+        conn = connect()
+        pids.append(conn.info.backend_pid)
+        slot = next((i for i, s in enumerate(wanted) if s == pids[-1] % stripes and found[i] is None), None)
+        if slot is None:
+            conn.close()
+            continue
+        found[slot] = conn
+        if None not in found:
+            return found  # type: ignore[return-value]
+    for conn in found:
+        if conn is not None:
+            conn.close()
+    raise AssertionError(f"no session on every stripe of {wanted} (of {stripes}) in {tries} backends: pids {pids}")
+
+
 class InThread:
     """Run ``fn`` in a thread at once; ``join()`` waits for it, ``result()`` also re-raises
     what it raised or returns what it returned."""
