@@ -72,22 +72,25 @@ def scalar(conn: psycopg.Connection, query: str, params: Any = None) -> Any:
     return result[0]
 
 
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
-    """Poll ``predicate`` until it returns something true, and return that."""
+def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 10.0, interval: float = 0.01) -> Any:
+    """Poll ``predicate`` every ``interval`` seconds until it returns something true, and
+    return that; an AssertionError naming ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
+            raise AssertionError(f"timed out waiting for {what} ({timeout} s)")
+        time.sleep(interval)
 
 
-def wait_blocked(observer: psycopg.Connection, pid: int, timeout: float = 10.0) -> None:
-    """Poll until backend ``pid`` waits on a lock another backend holds."""
-    wait_for(lambda: observer.execute("SELECT cardinality(pg_blocking_pids(%s)) > 0", [pid]).fetchone()[0],
-             f"backend {pid} to block", timeout)
+def wait_blocked(observer: psycopg.Connection, pid: int, timeout: float = 10.0, *, by: int | None = None) -> None:
+    """Poll until backend ``pid`` waits on a lock another backend holds (backend ``by``, when given)."""
+    query = ("SELECT cardinality(pg_blocking_pids(%(pid)s)) > 0" if by is None
+             else "SELECT %(by)s = ANY (pg_blocking_pids(%(pid)s))")  # fmt: skip
+    wait_for(lambda: observer.execute(query, {"pid": pid, "by": by}).fetchone()[0],
+             f"backend {pid} to block" + ("" if by is None else f" on backend {by}"), timeout)
 
 
 def sessions_on_stripes(
