@@ -531,6 +531,19 @@ def notices(conn: psycopg.Connection, org_id: uuid.UUID) -> list[dict[str, Any]]
     )
 
 
+def notice_listener(connect: Callable[[], psycopg.Connection]) -> psycopg.Connection:
+    """A new connection that LISTENs on llm_notices (a transaction that makes a notice owed
+    notifies it at commit)."""
+    conn = connect()
+    conn.execute("LISTEN llm_notices")
+    return conn
+
+
+def heard(conn: psycopg.Connection) -> list[str]:
+    """Payloads of the llm_notices notifications delivered to ``conn`` so far."""
+    return [n.payload for n in conn.notifies(timeout=0.5) if n.channel == "llm_notices"]
+
+
 def execution(conn: psycopg.Connection, org_id: uuid.UUID,
               execution_id: uuid.UUID) -> dict[str, Any] | None:
     """The llm.executions row, or None."""
