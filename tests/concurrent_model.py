@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
+from model import NoticeDelivery
+
 RECOVERY_WINDOW = timedelta(hours=24)
 NOTICE_CLAIM_TIMEOUT = timedelta(minutes=15)
 NOTICE_BACKOFF_BASE = timedelta(minutes=1)
@@ -304,11 +306,7 @@ class Org:
 
 
 @dataclass
-class Notice:
-    status: str = "owed"
-    attempts: int = 0
-    next_attempt_at: datetime | None = None
-    claimed_at: datetime | None = None
+class Notice(NoticeDelivery):
     claim: tuple[int, str] | None = None  # the live claim: (worker, the worker's name for it)
 
 

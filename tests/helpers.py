@@ -72,22 +72,50 @@ def scalar(conn: psycopg.Connection, query: str, params: Any = None) -> Any:
     return result[0]
 
 
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
-    """Poll ``predicate`` until it returns something true, and return that."""
+def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 10.0, interval: float = 0.01) -> Any:
+    """Poll ``predicate`` every ``interval`` seconds until it returns something true, and
+    return that; an AssertionError naming ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
+            raise AssertionError(f"timed out waiting for {what} ({timeout} s)")
+        time.sleep(interval)
 
 
-def wait_blocked(observer: psycopg.Connection, pid: int, timeout: float = 10.0) -> None:
-    """Poll until backend ``pid`` waits on a lock another backend holds."""
-    wait_for(lambda: observer.execute("SELECT cardinality(pg_blocking_pids(%s)) > 0", [pid]).fetchone()[0],
-             f"backend {pid} to block", timeout)
+def wait_blocked(observer: psycopg.Connection, pid: int, timeout: float = 10.0, *, by: int | None = None) -> None:
+    """Poll until backend ``pid`` waits on a lock another backend holds (backend ``by``, when given)."""
+    query = ("SELECT cardinality(pg_blocking_pids(%(pid)s)) > 0" if by is None
+             else "SELECT %(by)s = ANY (pg_blocking_pids(%(pid)s))")  # fmt: skip
+    wait_for(lambda: observer.execute(query, {"pid": pid, "by": by}).fetchone()[0],
+             f"backend {pid} to block" + ("" if by is None else f" on backend {by}"), timeout)
+
+
+def sessions_on_stripes(
+    connect: Callable[[], psycopg.Connection], stripes: int, wanted: list[int], tries: int = 200
+) -> list[psycopg.Connection]:
+    """One connection per entry of ``wanted``, whose admissions hold on that stripe: a
+    session's stripe is its backend pid modulo ``stripes`` (sql/30_admission.sql), so
+    connections are opened until each entry has one, and the others closed. Fails
+    (never skips) after ``tries`` connections."""
+    found: list[psycopg.Connection | None] = [None] * len(wanted)
+    pids = []
+    for _ in range(tries):
+        conn = connect()
+        pids.append(conn.info.backend_pid)
+        slot = next((i for i, s in enumerate(wanted) if s == pids[-1] % stripes and found[i] is None), None)
+        if slot is None:
+            conn.close()
+            continue
+        found[slot] = conn
+        if None not in found:
+            return found  # type: ignore[return-value]
+    for conn in found:
+        if conn is not None:
+            conn.close()
+    raise AssertionError(f"no session on every stripe of {wanted} (of {stripes}) in {tries} backends: pids {pids}")
 
 
 class InThread:
@@ -501,6 +529,19 @@ def notices(conn: psycopg.Connection, org_id: uuid.UUID) -> list[dict[str, Any]]
         " ORDER BY period_start, threshold_pct",
         {"org": org_id},
     )
+
+
+def notice_listener(connect: Callable[[], psycopg.Connection]) -> psycopg.Connection:
+    """A new connection that LISTENs on llm_notices (a transaction that makes a notice owed
+    notifies it at commit)."""
+    conn = connect()
+    conn.execute("LISTEN llm_notices")
+    return conn
+
+
+def heard(conn: psycopg.Connection) -> list[str]:
+    """Payloads of the llm_notices notifications delivered to ``conn`` so far."""
+    return [n.payload for n in conn.notifies(timeout=0.5) if n.channel == "llm_notices"]
 
 
 def execution(conn: psycopg.Connection, org_id: uuid.UUID,

@@ -106,11 +106,17 @@ class Execution:
 
 
 @dataclass
-class Notice:
+class NoticeDelivery:
+    """Where a threshold notice stands in its delivery (both simulations' models)."""
+
     status: str = "owed"
     attempts: int = 0
     next_attempt_at: datetime | None = None
     claimed_at: datetime | None = None
+
+
+@dataclass
+class Notice(NoticeDelivery):
     crossed_at: datetime | None = None
 
 

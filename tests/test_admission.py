@@ -34,6 +34,7 @@ from tests.helpers import (
     period,
     reconcile,
     scalar,
+    sessions_on_stripes,
     set_org,
     settle,
     wait_blocked,
@@ -377,14 +378,8 @@ def test_an_admission_that_fitted_before_a_lowering_waiting_for_its_stripe_is_le
     org = new_org(llm_conn, 1000, now=T0)
     call(llm_conn, "set_period_stripes", org, 2)
 
-    def on_stripe(stripe: int, *, autocommit: bool = True):
-        while True:  # a session's stripe is its backend pid modulo the stripe count
-            conn = llm_connect(autocommit=autocommit)
-            if conn.info.backend_pid % 2 == stripe:
-                return conn
-            conn.close()
-
-    x, y, u = on_stripe(0, autocommit=False), on_stripe(1), on_stripe(0)
+    (x,) = sessions_on_stripes(lambda: llm_connect(autocommit=False), 2, [0])
+    y, u = sessions_on_stripes(llm_connect, 2, [1, 0])
     admit(y, org, 1, now=T0)  # the period and its two stripes' rooms
     admit(x, org, 100, now=T0 + timedelta(hours=1))  # stripe 0, not committed
     upsert = InThread(lambda: set_org(u, org, 300, now=T0 + timedelta(hours=2)))

@@ -86,6 +86,18 @@ def per_org_routines(conn: psycopg.Connection) -> list[dict]:
     return [r for r in routines(conn) if "p_organization_id" in r["arg_names"]]
 
 
+# Public per-organization functions the catalog query must find: a query that finds none
+# (or misses the calls on the hot path) fails here instead of passing the loops over it.
+KNOWN_PUBLIC_PER_ORG = {"upsert_organization", "admit_invocation", "settle_invocation", "reconcile_org"}
+
+
+def public_per_org_routines(conn: psycopg.Connection) -> list[dict]:
+    """The public (not ``_``-prefixed) per-organization functions; known ones among them."""
+    public = [r for r in per_org_routines(conn) if not r["proname"].startswith("_")]
+    assert KNOWN_PUBLIC_PER_ORG <= {r["proname"] for r in public}, "the catalog query misses known functions"
+    return public
+
+
 def distributed_twins(conn: psycopg.Connection) -> list[str]:
     """The twin names listed in llm.distribute()."""
     source = scalar(conn, "SELECT prosrc FROM pg_proc WHERE oid = 'llm.distribute(integer)'::regprocedure")
@@ -287,7 +299,7 @@ def test_every_public_per_organization_function_delegates_to_a_distributed_twin(
     """docs/architecture.md "Citus rules": the public function validates (NULL organization -> 22023) and calls its
     `_twin` in the FROM form, which Citus delegates; only the twins are distributed."""
     twins = set(distributed_twins(llm_conn))
-    public = [r for r in per_org_routines(llm_conn) if not r["proname"].startswith("_")]
+    public = public_per_org_routines(llm_conn)
     assert len(public) >= 10
     offenders = []
     for r in public:
@@ -301,9 +313,9 @@ def test_every_public_per_organization_function_delegates_to_a_distributed_twin(
 
 def test_every_public_per_organization_function_rejects_a_null_organization_with_22023(llm_conn):
     """Calling a distributed function with a NULL distribution argument crashes a Citus
-    coordinator, so the public function must refuse it first, writing nothing."""
-    public = [r for r in per_org_routines(llm_conn) if not r["proname"].startswith("_")]
-    for r in public:
+    coordinator, so the public function must refuse it first, writing nothing (issue 24
+    item 6: over a list that holds the known functions, never an empty one)."""
+    for r in public_per_org_routines(llm_conn):
         required = r["pronargs"] - r["pronargdefaults"]
         call = sql.SQL("SELECT * FROM llm.{}({})").format(
             sql.Identifier(r["proname"]),

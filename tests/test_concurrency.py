@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +39,7 @@ from tests.helpers import (
     settle,
     settle_params,
     sql_of,
+    wait_blocked,
 )
 
 # the sweep's recovered requests, one column (interleave() reads the first)
@@ -159,21 +159,6 @@ def test_concurrent_admit_settle_fail_keeps_the_books_and_notices_exact(llm_conn
 # ---------------------------------------------------------------- scripted interleavings
 
 
-def wait_until_blocked(observer: psycopg.Connection, waiter: psycopg.Connection,
-                       holder: psycopg.Connection) -> None:
-    """Return once ``waiter``'s backend waits on a lock held by ``holder``'s backend."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if scalar(
-            observer,
-            "SELECT %(holder)s::integer = ANY (pg_catalog.pg_blocking_pids(%(waiter)s::integer))",
-            {"waiter": waiter.info.backend_pid, "holder": holder.info.backend_pid},
-        ):
-            return
-        time.sleep(0.01)  # polling the lock table, not moving the clock
-    raise AssertionError("the second session never waited on the first one's lock")
-
-
 def interleave(
     observer: psycopg.Connection,
     llm_connect: Callable[..., psycopg.Connection],
@@ -201,7 +186,7 @@ def interleave(
         b_future = pool.submit(run_b)
         try:
             if second_blocks:
-                wait_until_blocked(observer, b, a)
+                wait_blocked(observer, b.info.backend_pid, by=a.info.backend_pid)
             else:
                 b_future.result(timeout=10)  # finishes while A still holds its locks
         finally:

@@ -8,12 +8,19 @@ schedules by the minute.
 
 from __future__ import annotations
 
-import time
-
 import psycopg
 import pytest
 
-from tests.helpers import admit, call, call_pass, cron_jobs, lock_period_rows, new_org, scalar
+from tests.helpers import (
+    admit,
+    call,
+    call_pass,
+    cron_jobs,
+    lock_period_rows,
+    new_org,
+    scalar,
+    wait_for,
+)
 
 FIRE_TIMEOUT_S = 90.0
 
@@ -39,9 +46,9 @@ def test_wf_pfm_llm_004_hop_1_schedule_is_idempotent_fires_and_unschedules(cron_
         dbname = cron_conn.info.dbname
         assert cron_jobs(cron_conn) == [(first, "* * * * *", "CALL llm.run_reconciliation()", dbname)]
 
-        cron_pid = wait_for(cron_conn, "SELECT pid FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
-                                       " AND query = 'CALL llm.run_reconciliation()'"
-                                       " AND wait_event_type = 'Lock'")  # fmt: skip
+        cron_pid = fired(cron_conn, "SELECT pid FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+                                   " AND query = 'CALL llm.run_reconciliation()'"
+                                   " AND wait_event_type = 'Lock'")  # fmt: skip
         call_pass(cron_conn, None)  # by hand, while pg_cron's pass runs
         skipped = cron_conn.execute(
             "SELECT errors->0->>'holder_pid' FROM llm.reconciliation_runs"
@@ -52,8 +59,8 @@ def test_wf_pfm_llm_004_hop_1_schedule_is_idempotent_fires_and_unschedules(cron_
         blocker.close()
         cron_conn.execute("UPDATE llm.settings SET org_lock_timeout = DEFAULT")
 
-    run = wait_for(cron_conn, "SELECT status FROM llm.reconciliation_runs WHERE started_at >= %s"
-                              " AND status IN ('succeeded', 'partial', 'failed')", [scheduled_at])  # fmt: skip
+    run = fired(cron_conn, "SELECT status FROM llm.reconciliation_runs WHERE started_at >= %s"
+                           " AND status IN ('succeeded', 'partial', 'failed')", [scheduled_at])  # fmt: skip
     details = cron_conn.execute(
         "SELECT status, return_message FROM cron.job_run_details WHERE jobid = %s ORDER BY start_time",
         [first]).fetchall()
@@ -69,17 +76,15 @@ def schedule(conn: psycopg.Connection, *cron: str) -> int:
     return call(conn, "schedule_reconciliation", *cron)[0]["value"]
 
 
-def wait_for(conn: psycopg.Connection, query: str, params: list | None = None) -> object:
+def fired(conn: psycopg.Connection, query: str, params: list | None = None) -> object:
     """The first column of ``query``'s first row, once there is one (pg_cron fires by the
-    minute: at most FIRE_TIMEOUT_S)."""
-    deadline = time.monotonic() + FIRE_TIMEOUT_S
-    while time.monotonic() < deadline:
-        found = conn.execute(query, params).fetchone()
-        if found is not None:
-            return found[0]
-        time.sleep(0.2)
-    details = conn.execute("SELECT status, return_message FROM cron.job_run_details").fetchall()
-    raise AssertionError(f"pg_cron did not get there within {FIRE_TIMEOUT_S} s; job runs: {details}")
+    minute: at most FIRE_TIMEOUT_S); the job's runs are named when it never comes."""
+    try:
+        found = wait_for(lambda: conn.execute(query, params).fetchone(), "pg_cron's job", FIRE_TIMEOUT_S, interval=0.2)
+    except AssertionError as timeout:
+        details = conn.execute("SELECT status, return_message FROM cron.job_run_details").fetchall()
+        raise AssertionError(f"{timeout}; job runs: {details}") from None
+    return found[0]
 
 
 def test_schedule_reconciliation_replaces_the_schedule_of_the_one_job(cron_conn):

@@ -47,7 +47,16 @@ import pytest
 from fingerprint import changed_tables, fingerprint
 
 from tests import helpers
-from tests.helpers import T0, call, call_pass, invariants, reconcile, settle, wait_for
+from tests.helpers import (
+    T0,
+    call,
+    call_pass,
+    invariants,
+    reconcile,
+    sessions_on_stripes,
+    settle,
+    wait_for,
+)
 
 ORG = uuid.UUID("00000000-0000-4000-8000-0000000000a1")
 ORG2 = uuid.UUID("00000000-0000-4000-8000-0000000000a2")
@@ -649,17 +658,7 @@ def test_run_reconciliation_killed_mid_pass_keeps_each_organization_whole(llm_co
     assert invariants(llm_conn) == []
 
 
-
 # ---------------------------------------------------------------- the rebalance
-
-
-def on_stripe_other_than_0(llm_connect, stripes: int = 4):
-    """A connection whose admissions take their hold from a stripe other than 0
-    (admission picks stripe pg_backend_pid() % stripes)."""
-    conn = llm_connect()
-    while conn.info.backend_pid % stripes == 0:
-        conn = llm_connect()
-    return conn
 
 
 def test_an_admission_killed_in_its_rebalance_leaves_nothing_behind(llm_conn, llm_connect):
@@ -674,7 +673,7 @@ def test_an_admission_killed_in_its_rebalance_leaves_nothing_behind(llm_conn, ll
     call(llm_conn, "set_period_stripes", ORG, 4)
     # a session whose stripe (pid % 4) does not exist yet takes the exact path: the four
     # stripes are made and their rooms spread (on stripe 0 its admission could fit there)
-    spreader = on_stripe_other_than_0(llm_connect)
+    (spreader,) = sessions_on_stripes(llm_connect, 4, [1])
     settle(spreader, ORG, admit(spreader, 10), 10)
     rooms = llm_conn.execute(
         "SELECT stripe, admit_room FROM llm.period_stripes WHERE organization_id = %s ORDER BY stripe",
@@ -686,7 +685,7 @@ def test_an_admission_killed_in_its_rebalance_leaves_nothing_behind(llm_conn, ll
 
     # A must run on a stripe other than 0, so that it reaches the rebalance before it
     # meets B's lock (on stripe 0 its fast path would wait there first).
-    victim_conn = on_stripe_other_than_0(llm_connect)
+    (victim_conn,) = sessions_on_stripes(llm_connect, 4, [1])
     victim_conn.execute("SET lock_timeout = '60s'")
     victim_pid = victim_conn.info.backend_pid
     assert invariants(llm_conn) == []

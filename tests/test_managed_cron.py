@@ -112,17 +112,26 @@ def hint_statement(text: str) -> str:
 # ---------------------------------------------------------------- F2: LL010 for everyone
 
 
+def schedule_errors(conn: psycopg.Connection, code: str) -> list[psycopg.Error]:
+    """schedule_reconciliation, then unschedule_reconciliation, on ``conn``: each refused
+    with SQLSTATE ``code``; their errors."""
+    errors = []
+    for operation in ("schedule_reconciliation", "unschedule_reconciliation"):
+        with pytest.raises(psycopg.Error) as raised:
+            call(conn, operation)
+        assert raised.value.sqlstate == code, raised.value
+        errors.append(raised.value)
+    return errors
+
+
 def test_without_pg_cron_a_non_superuser_owner_gets_ll010_and_its_hint(managed):
     """issue 21 F2: in a database without pg_cron, schedule and unschedule raise LL010 for a
     schema owner that may not read cron.database_name (superuser-only), not 42501; the HINT
     gives the cron.schedule_in_database call, with this database's job name, to run in the
     pg_cron database; ``llm-db schedule`` exits 3 with it."""
     with managed.connect(APP_B) as owner:
-        for operation in ("schedule_reconciliation", "unschedule_reconciliation"):
-            with pytest.raises(psycopg.Error) as raised:
-                call(owner, operation)
-            assert raised.value.sqlstate == "LL010", raised.value
-    hint = raised.value.diag.message_hint or ""
+        *_, unscheduling = schedule_errors(owner, "LL010")
+    hint = unscheduling.diag.message_hint or ""
     assert f"cron.schedule_in_database('{CRON_JOB}:{APP_B}', '0 * * * *', " in hint
     assert "cron.database_name" in hint and "--cron-dsn" in hint
 
@@ -144,11 +153,8 @@ def test_without_usage_on_schema_cron_schedule_is_42501_naming_the_grant(managed
     only as itself), and a malformed schedule is still 22023 (pg_cron's own code) with the
     syntax hint."""
     with managed.connect(CRON_DB) as owner:
-        for operation in ("schedule_reconciliation", "unschedule_reconciliation"):
-            with pytest.raises(psycopg.Error) as raised:
-                call(owner, operation)
-            assert raised.value.sqlstate == "42501", raised.value
-            hint = raised.value.diag.message_hint or ""
+        for error in schedule_errors(owner, "42501"):
+            hint = error.diag.message_hint or ""
             assert hint_statement(hint) == f"GRANT USAGE ON SCHEMA cron TO {OWNER};"
             assert "five-field" not in hint
         proc = llm_db("schedule", dsn=managed.dsn(CRON_DB))

@@ -69,6 +69,18 @@ def waits(events: list[dict[str, Any]], step: str) -> list[dict[str, Any]]:
     return [e for e in list(events) if e["event"] == "wait" and e["step"] == step]
 
 
+def migrate_until_it_waits(
+    dsn: str, step: str, *, migrations_dir: Path, sql_dir: Path, lock_timeout: float
+) -> tuple[InThread, list[dict[str, Any]], dict[str, Any]]:
+    """migrate (deadline 60 s) in a thread, once it logged a wait at ``step``: the thread,
+    the events it logs, and that first wait."""
+    events: list[dict[str, Any]] = []
+    run = InThread(lambda: migrate(dsn, migrations_dir=migrations_dir, sql_dir=sql_dir,
+                                   lock_timeout=lock_timeout, deadline=60, on_event=events.append))  # fmt: skip
+    first = wait_for(lambda: waits(events, step), f"migrate to retry {step}")[0]
+    return run, events, first
+
+
 def test_an_open_transaction_makes_migrate_retry_without_stalling_consumers(
     llm_dsn, llm_conn, llm_connect, tmp_path
 ):
@@ -78,11 +90,9 @@ def test_an_open_transaction_makes_migrate_retry_without_stalling_consumers(
     the transaction is still open; migrate completes once it ends. Invariant 1 holds."""
     org = new_org(llm_conn, 1000)
     consumer = open_consumer_read(llm_connect)
-    events: list[dict[str, Any]] = []
-    run = InThread(lambda: migrate(llm_dsn, migrations_dir=migrations_with(tmp_path, ADD_COLUMN),
-                                   sql_dir=ROOT / "sql", lock_timeout=0.5, deadline=60,
-                                   on_event=events.append))  # fmt: skip
-    first = wait_for(lambda: waits(events, TEST_STEP), "migrate to retry 9999")[0]
+    migrations = migrations_with(tmp_path, ADD_COLUMN)
+    run, events, first = migrate_until_it_waits(llm_dsn, TEST_STEP, migrations_dir=migrations, sql_dir=ROOT / "sql",
+                                                lock_timeout=0.5)  # fmt: skip
     assert first["blocker_pid"] == consumer.info.backend_pid
     assert first["blocker_query"] == OPEN_READ
     assert first["lock"] == "llm.invocations" and first["mode"] == "AccessExclusiveLock"
@@ -146,10 +156,8 @@ def test_the_function_files_are_retried_whole_when_a_view_they_replace_is_read(
     (sql_dir / "96_test_view.sql").write_text(view + "\n")
     consumer = llm_connect(autocommit=False)
     consumer.execute("SELECT * FROM llm.test_view")
-    events: list[dict[str, Any]] = []
-    run = InThread(lambda: migrate(llm_dsn, sql_dir=sql_dir, migrations_dir=ROOT / "migrations",
-                                   lock_timeout=0.3, deadline=60, on_event=events.append))  # fmt: skip
-    wait = wait_for(lambda: waits(events, FUNCTIONS_STEP), "migrate to retry the sql/ phase")[0]
+    run, events, wait = migrate_until_it_waits(llm_dsn, FUNCTIONS_STEP, migrations_dir=ROOT / "migrations",
+                                               sql_dir=sql_dir, lock_timeout=0.3)  # fmt: skip
     assert wait["blocker_pid"] == consumer.info.backend_pid and wait["lock"] == "llm.test_view"
     consumer.rollback()
     run.result()
@@ -187,11 +195,9 @@ def test_a_concurrent_index_build_is_bounded_and_retried_too(
     org = new_org(llm_conn, 1000)
     consumer = llm_connect(autocommit=False)
     admitted = admit(consumer, org, 10)
-    events: list[dict[str, Any]] = []
-    run = InThread(lambda: migrate(llm_dsn, migrations_dir=migrations_with(tmp_path, CONCURRENT_INDEX),
-                                   sql_dir=ROOT / "sql", lock_timeout=0.3, deadline=60,
-                                   on_event=events.append))  # fmt: skip
-    wait = wait_for(lambda: waits(events, TEST_STEP), "migrate to retry the index build")[0]
+    migrations = migrations_with(tmp_path, CONCURRENT_INDEX)
+    run, _, wait = migrate_until_it_waits(llm_dsn, TEST_STEP, migrations_dir=migrations, sql_dir=ROOT / "sql",
+                                          lock_timeout=0.3)  # fmt: skip
     assert wait["blocker_pid"] == consumer.info.backend_pid
     consumer.commit()
     run.result()
@@ -226,10 +232,8 @@ def test_a_lost_connection_is_a_migration_error_and_a_rerun_completes(
     psycopg exception; what was committed stays, the functions work, a re-run completes."""
     migrations = migrations_with(tmp_path, ADD_COLUMN)
     consumer = open_consumer_read(llm_connect)
-    events: list[dict[str, Any]] = []
-    run = InThread(lambda: migrate(llm_dsn, migrations_dir=migrations, sql_dir=ROOT / "sql",
-                                   lock_timeout=0.3, deadline=60, on_event=events.append))  # fmt: skip
-    wait_for(lambda: waits(events, TEST_STEP), "migrate to retry 9999")
+    run, _, _ = migrate_until_it_waits(llm_dsn, TEST_STEP, migrations_dir=migrations, sql_dir=ROOT / "sql",
+                                       lock_timeout=0.3)  # fmt: skip
     holder = scalar(llm_conn, "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted")
     assert scalar(llm_conn, "SELECT pg_terminate_backend(%s)", [holder])
     consumer.rollback()

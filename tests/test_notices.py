@@ -20,8 +20,10 @@ from tests.helpers import (
     T0,
     admit,
     call,
+    heard,
     invariants,
     new_org,
+    notice_listener,
     reconcile,
     rows,
     settle,
@@ -383,22 +385,11 @@ def test_invariant_12_a_claim_token_only_while_sending(llm_conn):
 # ---------------------------------------------------------------- NOTIFY llm_notices
 
 
-def listener(llm_connect) -> psycopg.Connection:
-    conn = llm_connect()
-    conn.execute("LISTEN llm_notices")
-    return conn
-
-
-def heard(conn: psycopg.Connection) -> list[str]:
-    """Payloads of the llm_notices notifications delivered to ``conn`` so far."""
-    return [n.payload for n in conn.notifies(timeout=0.5) if n.channel == "llm_notices"]
-
-
 def test_a_notice_becoming_owed_notifies_llm_notices_at_commit(llm_conn, llm_connect):
     """Issue #13: the settling transaction that creates notices does NOTIFY llm_notices, once per
     transaction (PostgreSQL folds identical payloads), and only when it commits; a settlement that
     crosses nothing notifies nothing."""
-    ear = listener(llm_connect)
+    ear = notice_listener(llm_connect)
     org = new_org(llm_conn, 100, thresholds=[50, 80])
     first, second, third = (admit(llm_conn, org, 10)["id"] for _ in range(3))
     settle(llm_conn, org, first, 10, 0)
@@ -421,7 +412,7 @@ def test_retry_release_and_rearm_notify_llm_notices(llm_conn, llm_connect):
     """Every way a notice becomes owed again notifies: fail_notice (owed after its backoff),
     release_notice, rearm_notices when it re-armed any; claim and complete do not."""
     org_with_notices(llm_conn, [50, 80])
-    ear = listener(llm_connect)
+    ear = notice_listener(llm_connect)
     first, second = claim(llm_conn)
     assert heard(ear) == []
     fail(llm_conn, first, T0)
@@ -443,7 +434,7 @@ def test_recovery_crossing_a_threshold_notifies_llm_notices(llm_conn, llm_connec
     through the same rule, so it notifies too."""
     org = new_org(llm_conn, 100, thresholds=[80])
     admit(llm_conn, org, 90)
-    ear = listener(llm_connect)
+    ear = notice_listener(llm_connect)
     swept = reconcile(llm_conn, org, now=T0 + timedelta(hours=25))
     assert swept["recovered_requests"] == 1
     assert heard(ear) == ["created"]

@@ -9,8 +9,9 @@ suites is never stopped): initdb once, then for every cycle
    project, key and end-user budgets, issue 23) / dispatch / settle / fail /
    open / close, an organization suspended and reactivated — and a thread running ``CALL llm.run_reconciliation``,
    ``llm.reconcile_org`` and the notice calls, all on a moved clock;
-2. at a seeded random moment ``pg_ctl stop -m immediate`` (every backend
-   killed as by a power cut of the processes; no shutdown checkpoint);
+2. right after a seeded number of acknowledged calls, ``pg_ctl stop -m immediate``
+   while the other calls are in flight (every backend killed as by a power cut of
+   the processes; no shutdown checkpoint);
 3. ``pg_ctl start`` (crash recovery from WAL), then:
    * ``llm.check_invariants()`` is empty;
    * every call acknowledged before the stop is still there (commits are
@@ -23,7 +24,7 @@ suites is never stopped): initdb once, then for every cycle
 
 ``LLM_DB_INTERRUPTIONS`` sets the number of stops (default 200);
 ``LLM_DB_SEED`` the base seed (default fixed, printed, so a failure replays the
-same schedule of stop moments and operations; thread timing still varies).
+same schedule of stop points and operations; thread timing still varies).
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ from tests.helpers import (
 )
 
 INTERRUPTIONS = int(os.environ.get("LLM_DB_INTERRUPTIONS", "200"))
+# The server stops right after the Nth acknowledged call of a cycle, N seeded in this range:
+# an event, not a moment of the wall clock, so a slow machine crashes at the same point.
+CRASH_AFTER = (10, 170)
 SEED = int(os.environ.get("LLM_DB_SEED", "20300101"))
 
 ORG_LIMITED = uuid.UUID("00000000-0000-4000-8000-00000000c001")  # small allowance
@@ -203,8 +207,11 @@ def restart_dsn() -> Any:
 
 @dataclass
 class Report:
-    """What the traffic threads saw; acknowledged calls must survive the crash."""
+    """What the traffic threads saw; acknowledged calls must survive the crash. The
+    ``crash_after``-th acknowledged call sets ``crash_point``: the moment of the stop."""
 
+    crash_after: int
+    crash_point: threading.Event = field(default_factory=threading.Event)
     calls: int = 0
     expected_errors: Counter = field(default_factory=Counter)
     unexpected: list[str] = field(default_factory=list)
@@ -217,9 +224,11 @@ class Report:
         with self.lock:
             getattr(self, attr).append(item)
 
-    def count(self, attr: str) -> None:
+    def acknowledged(self) -> None:
         with self.lock:
-            setattr(self, attr, getattr(self, attr) + 1)
+            self.calls += 1
+            if self.calls == self.crash_after:
+                self.crash_point.set()
 
 
 def server_gone(conn: psycopg.Connection, exc: psycopg.Error) -> bool:
@@ -245,7 +254,7 @@ def run_calls(
         while not stop.is_set():
             try:
                 step(conn)
-                report.count("calls")
+                report.acknowledged()
             except psycopg.Error as exc:
                 if server_gone(conn, exc):
                     return  # the server was stopped under us: the outcome is unknown
@@ -450,20 +459,21 @@ def test_immediate_stops_during_mixed_traffic_keep_the_books(restart_dsn, capsys
             # wall time scaled 600x, so the order of calls and of their clocks agree
             return tc + min(timedelta(seconds=(time.monotonic() - t_start) * 600), TRAFFIC_SPAN)
 
-        report = Report()
+        report = Report(crash_after=rng.randint(*CRASH_AFTER))  # the seeded point of the crash
         stop = threading.Event()
         steps = [request_worker(rng.getrandbits(32), clock, report) for _ in range(3)]
         steps.append(operator_worker(rng.getrandbits(32), clock))
         threads = [threading.Thread(target=run_calls, args=(dsn, report, s, stop), daemon=True) for s in steps]
         for t in threads:
             t.start()
-        time.sleep(rng.uniform(0.02, 0.35))  # the seeded moment of the crash
-        server.stop("immediate")
+        reached = report.crash_point.wait(60)
+        server.stop("immediate")  # the other calls in flight die with it
         stop.set()
         for t in threads:
             t.join(30)
             assert not t.is_alive(), f"{where}: a traffic thread hung after the stop"
         assert report.unexpected == [], f"{where}: unexpected errors during traffic: {report.unexpected}"
+        assert reached, f"{where}: the traffic stopped before {report.crash_after} acknowledged calls"
 
         restart_seconds.append(server.start())
         with connect_after_restart(dsn) as conn:

@@ -132,9 +132,15 @@ def test_public_has_no_privilege_on_schema_tables_or_routines(llm_conn):
 
 
 def test_public_can_execute_no_function_or_procedure(llm_conn):
+    """docs/design.md "Roles and grants": PUBLIC executes no llm routine, procedures
+    included (issue 24 item 6: the check must see a grant, so a grant to PUBLIC made and
+    rolled back here is found by the same helper)."""
     all_routines = routines(llm_conn)
     assert any(r["prokind"] == "p" for r in all_routines)
     assert executable_by(llm_conn, "public") == set()
+    with llm_conn.transaction(force_rollback=True):
+        llm_conn.execute("GRANT EXECUTE ON FUNCTION llm.reconciliation_health(timestamptz) TO PUBLIC")
+        assert executable_by(llm_conn, "public") == {"reconciliation_health"}
 
 
 def test_llm_reader_selects_every_table(llm_conn, llm_role_conn):

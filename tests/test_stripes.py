@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 from llm_db import AllowanceExhausted, Llm
-from tests.helpers import T0, invariants, row, rows, scalar, wait_blocked
+from tests.helpers import T0, invariants, row, rows, scalar, sessions_on_stripes, wait_blocked
 
 HOUR = timedelta(hours=1)
 
@@ -31,21 +31,6 @@ def striped_org(llm: Llm, allowance: int | None, stripes: int, *, thresholds=(80
     llm.upsert_organization(org, "hot tenant", allowance, notice_thresholds=thresholds, now=T0)
     assert llm.set_period_stripes(org, stripes) == stripes
     return org
-
-
-def sessions_on_stripes(connect, stripes: int, wanted: list[int]) -> list[psycopg.Connection]:
-    """One connection per wanted stripe, each a backend whose pid % stripes is that stripe."""
-    found: dict[int, psycopg.Connection] = {}
-    for _ in range(200):
-        conn = connect()
-        stripe = conn.info.backend_pid % stripes
-        if stripe in wanted and stripe not in found:
-            found[stripe] = conn
-        else:
-            conn.close()
-        if len(found) == len(wanted):
-            return [found[s] for s in wanted]
-    pytest.skip("could not get backends on every wanted stripe")
 
 
 def stripes_of(conn: psycopg.Connection, org: uuid.UUID) -> dict[int, dict]:

@@ -27,8 +27,10 @@ from tests.helpers import (
     T0,
     InThread,
     admit,
+    heard,
     invariants,
     new_org,
+    notice_listener,
     notices,
     period,
     rows,
@@ -53,16 +55,6 @@ def owed(conn: psycopg.Connection, org: uuid.UUID) -> list[tuple]:
     """(period, threshold, used, allowance, crossed_at, status) of every notice of ``org``."""
     return [(n["period_start"], n["threshold_pct"], n["used_credits"], n["allowance_credits"],
              n["crossed_at"], n["status"]) for n in notices(conn, org)]  # fmt: skip
-
-
-def listener(connect) -> psycopg.Connection:
-    conn = connect()
-    conn.execute("LISTEN llm_notices")
-    return conn
-
-
-def heard(conn: psycopg.Connection) -> list[str]:
-    return [n.payload for n in conn.notifies(timeout=0.5) if n.channel == "llm_notices"]
 
 
 # ---------------------------------------------------------------- defect 3: every period's rooms
@@ -180,7 +172,7 @@ def test_lowering_the_allowance_under_used_credits_owes_the_notices_at_once(llm_
     org = new_org(llm_conn, 1100, thresholds=[80, 100])
     used_up(llm_conn, org, 850, T0)
     assert notices(llm_conn, org) == []
-    ear = listener(llm_connect)
+    ear = notice_listener(llm_connect)
 
     changer = llm_connect(autocommit=False)
     set_org(changer, org, 900, thresholds=[80, 100], now=T0 + HOUR)

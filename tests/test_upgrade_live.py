@@ -294,6 +294,14 @@ def report(label: str, seconds: float, live: Traffic) -> None:
           f"worst wait {max(c.worst for c in live.clients):.3f} s")  # fmt: skip
 
 
+def rerun_completes(dsn: str, live: Traffic, label: str) -> None:
+    """After killed runs, migrate re-run under traffic completes; item 1's assertions hold."""
+    seconds, _ = timed_migrate(dsn)
+    live.run_for(300)
+    report(label, seconds, live)
+    assert_no_harm(dsn, live)
+
+
 # ---------------------------------------------------------------- the tests
 
 
@@ -538,10 +546,7 @@ def test_migrate_killed_in_its_migrations_reruns(old_dsn: str, traffic: Traffic)
         print(f"\nkilled in yoyo's lock, {kill(conn, child)} backends terminated")
         assert_books_work(conn)
         traffic.run_for(100)
-    seconds, _ = timed_migrate(old_dsn)
-    traffic.run_for(300)
-    report("re-run after a kill in the migrations", seconds, traffic)
-    assert_no_harm(old_dsn, traffic)
+    rerun_completes(old_dsn, traffic, "re-run after a kill in the migrations")
 
 
 def test_migrate_killed_at_random_points_reruns(old_dsn: str, traffic: Traffic) -> None:
@@ -567,7 +572,4 @@ def test_migrate_killed_at_random_points_reruns(old_dsn: str, traffic: Traffic) 
                       f"{kill(conn, child)} backends terminated")  # fmt: skip
             assert_books_work(conn)
             traffic.run_for(100)
-    seconds, _ = timed_migrate(old_dsn)
-    traffic.run_for(300)
-    report("re-run after the kills", seconds, traffic)
-    assert_no_harm(old_dsn, traffic)
+    rerun_completes(old_dsn, traffic, "re-run after the kills")
