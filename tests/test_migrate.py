@@ -16,8 +16,8 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 import llm_db
-from llm_db._server import CRON_DATABASE, ServerSetupError, check_installation
 from llm_db.migrate import MigrationError, MigrationReport, default_dirs, migrate, yoyo_url
+from llm_db.testing._server import CRON_DATABASE, ServerSetupError, check_installation
 
 ROOT = Path(__file__).resolve().parents[1]
 REPO_MIGRATIONS = sorted(p.name for p in (ROOT / "migrations").glob("*.sql"))

@@ -30,7 +30,7 @@ __all__ = ["MISSING", "OK", "WARNING", "Check", "run_checks", "worst"]
 OK, WARNING, MISSING = "ok", "warning", "missing"
 _RANK = {OK: 0, WARNING: 1, MISSING: 2}
 
-#: the PostgreSQL major version the suite runs on (llm_db._server)
+#: the PostgreSQL major version the suite runs on (llm_db.testing._server)
 TESTED_MAJOR = 15
 #: the migrate command a fix names (the target's own DSN is the user's to give)
 MIGRATE = "llm-db migrate --dsn ... (as the role that should own the schema)"

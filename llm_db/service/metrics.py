@@ -73,7 +73,7 @@ from typing import Any
 import psycopg
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-from llm_db.report import (
+from llm_db.cli.report import (
     books_snapshot,
     budgets_near_limit,
     last_run,
@@ -81,7 +81,7 @@ from llm_db.report import (
     stale_by_organization_status,
     sweep_totals,
 )
-from llm_db.requests import Llm
+from llm_db.client import Llm
 
 __all__ = [
     "BUDGET_SCOPES",

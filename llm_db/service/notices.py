@@ -12,8 +12,8 @@ Each claim carries a token (``Notice.claim_token``), and only the live claim's
 token ends it. A deliverer so slow that its claim expired, was re-armed and was
 claimed again by another gets False from ``complete_notice`` / ``fail_notice``
 and changes nothing: that notice is counted ``lost`` and logged (logger
-``llm_db.notices``), and the other deliverer's claim stands.
-``llm-db worker`` (``llm_db.worker``) runs the same delivery continuously.
+``llm_db.service.notices``), and the other deliverer's claim stands.
+``llm-db worker`` (``llm_db.service.worker``) runs the same delivery continuously.
 
 Delivery is at least once: a receiver that answered too slowly, or a claim
 that expired while the POST was under way, can see a notice again. Receivers
@@ -75,13 +75,14 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from llm_db._extras import require
+from llm_db.client import AsyncLlm, Llm
 from llm_db.models import Notice
-from llm_db.requests import AsyncLlm, Llm
 
 if TYPE_CHECKING:
     import httpx
 
-log = logging.getLogger(__name__)
+# the name it logged under before the move to llm_db/service/, which log filters use
+log = logging.getLogger("llm_db.notices")
 
 __all__ = [
     "BUDGET_EVENT_TYPE",

@@ -11,7 +11,7 @@ One long-running process with three parts:
   connection holds a transaction open) and exits 2 when it has none.
 - **the delivery loop**: claim up to ``limit`` due notices (``claim_notices``),
   POST each once with ``httpx``, signed as Standard Webhooks
-  (``llm_db.notices``), then ``complete_notice`` or ``fail_notice`` (owed again
+  (``llm_db.service.notices``), then ``complete_notice`` or ``fail_notice`` (owed again
   after the backoff of ``llm.settings``) with the claim's token; repeat while full
   batches come back. A claim that expired and was claimed again by another worker
   is not this worker's any more: those calls answer False and change nothing, and
@@ -20,7 +20,7 @@ One long-running process with three parts:
   seconds (the fallback: under Citus the NOTIFY fires on the node that ran the
   transaction, see docs/scaling.md).
 - **an HTTP server** (a thread) on ``metrics_addr``: ``/metrics`` is
-  ``llm_db.metrics`` (``llm_up``, the scrape duration, the books' gauges) plus
+  ``llm_db.service.metrics`` (``llm_up``, the scrape duration, the books' gauges) plus
   ``llm_notice_deliveries_total{outcome}`` (sent, failed, released, lost); ``/healthz`` answers 200 when the
   database answers and ``llm.reconciliation_health()`` is ok, 503 with a JSON
   reason otherwise.
@@ -61,9 +61,9 @@ from psycopg.conninfo import conninfo_to_dict
 
 from llm_db import queries
 from llm_db._extras import require
+from llm_db.client import Llm
 from llm_db.models import Notice
-from llm_db.notices import Attempt, deliver_claimed, http_client
-from llm_db.requests import Llm
+from llm_db.service.notices import Attempt, deliver_claimed, http_client
 
 __all__ = [
     "CHANNEL",
@@ -455,7 +455,7 @@ class Worker:
                 raise
 
     def metrics_text(self) -> bytes:
-        from llm_db.metrics import scrape
+        from llm_db.service.metrics import scrape
 
         return scrape(self._probe, extra=[self.deliveries]).text
 

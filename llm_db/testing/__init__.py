@@ -84,8 +84,9 @@ import pytest
 from psycopg import sql
 
 from llm_db._extras import MissingExtra
-from llm_db._pgbouncer import PgBouncer
-from llm_db._server import (
+from llm_db.migrate import migrate
+from llm_db.testing._pgbouncer import PgBouncer
+from llm_db.testing._server import (
     CRON_DATABASE,
     LOGINS,
     OWNER,
@@ -93,7 +94,6 @@ from llm_db._server import (
     ServerSetupError,
     check_installation,
 )
-from llm_db.migrate import migrate
 
 __all__ = [
     "DATABASE_SETTINGS",

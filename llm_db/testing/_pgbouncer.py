@@ -9,7 +9,7 @@ land on different server connections, and one server connection serves many
 clients.
 
 PgBouncer refuses to run as root; as root the process drops to the Debian
-``postgres`` user, like the server (``llm_db._server``)::
+``postgres`` user, like the server (``llm_db.testing._server``)::
 
     with EphemeralServer() as server, PgBouncer(server, pool_mode="transaction") as bouncer:
         conn = psycopg.connect(bouncer.dsn("mydb"))
@@ -30,7 +30,7 @@ from typing import Any
 
 import psycopg
 
-from llm_db._server import (
+from llm_db.testing._server import (
     LOGINS,
     OS_USER_WHEN_ROOT,
     OWNER,

@@ -100,10 +100,10 @@ def _describe_pg_error(exc: psycopg.Error) -> str:
 def _failure_for(exc: BaseException, where: str) -> Failure | None:
     """The Failure an exception from a subcommand becomes (None: not ours to map)."""
     from llm_db._extras import MissingExtra
-    from llm_db._server import ServerSetupError
     from llm_db.demo import DemoError
     from llm_db.migrate import DeadlineReached, MigrationError
-    from llm_db.notices import InvalidSecret
+    from llm_db.service.notices import InvalidSecret
+    from llm_db.testing._server import ServerSetupError
 
     if isinstance(exc, MissingExtra | InvalidSecret):
         return Failure(str(exc), EXIT_USAGE, where=where)
@@ -223,7 +223,7 @@ def connect(dsn: str | None, *, option: str = "--dsn") -> Iterator[psycopg.Conne
 
 
 def echo_json(value: Any) -> None:
-    from llm_db.report import jsonable
+    from llm_db.cli.report import jsonable
 
     click.echo(json.dumps(jsonable(value), sort_keys=True))
 

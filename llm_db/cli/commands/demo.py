@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from llm_db.commands import common
+from llm_db.cli.commands import common
 
 # ----------------------------------------------------------- demo
 

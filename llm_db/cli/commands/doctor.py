@@ -1,5 +1,5 @@
 """``llm-db doctor``: the preflight check of a database (the checks and their SQL
-live in ``llm_db.doctor``; this is the command around them)."""
+live in ``llm_db.cli.doctor``; this is the command around them)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import dataclasses
 
 import click
 
-from llm_db.commands import common
+from llm_db.cli.commands import common
 
 _MARK = {"ok": "ok", "warning": "warning", "missing": "MISSING"}
 
@@ -48,7 +48,7 @@ def doctor(dsn: str | None, cron_dsn: str | None, as_json: bool) -> None:
       llm-db doctor --dsn postgresql://owner@db/app --cron-dsn postgresql://owner@db/postgres
       llm-db doctor --json | jq '.[] | select(.status != "ok")'
     """
-    from llm_db.doctor import run_checks, worst
+    from llm_db.cli.doctor import run_checks, worst
 
     with contextlib.ExitStack() as stack:
         conn = stack.enter_context(common.connect(dsn))

@@ -13,7 +13,7 @@ from typing import Any
 import click
 import psycopg
 
-from llm_db.commands import common
+from llm_db.cli.commands import common
 
 DEFAULT_SECRET_ENV = "LLM_DB_WEBHOOK_SECRET"
 
@@ -23,7 +23,7 @@ DEFAULT_SECRET_ENV = "LLM_DB_WEBHOOK_SECRET"
 
 def _webhook_secrets(secret_env: str) -> list[str]:
     """The whsec_ secrets in $secret_env (several separated by spaces), or exit 2."""
-    from llm_db.notices import parse_secrets
+    from llm_db.service.notices import parse_secrets
 
     value = os.environ.get(secret_env)
     if not value or not value.strip():
@@ -90,7 +90,7 @@ def notices_deliver(
 
     Each POST is signed as Standard Webhooks with every secret in the
     environment variable --secret-env (a receiver verifies with the
-    standardwebhooks package, or llm_db.notices.verify_webhook). A 2xx marks the
+    standardwebhooks package, or llm_db.service.notices.verify_webhook). A 2xx marks the
     notice sent; anything else leaves it owed with the error and a backoff, for
     a later run. A claim that expired and was claimed again by another deliverer
     before this run ended it is counted lost (a warning on stderr each) and left
@@ -110,8 +110,8 @@ def notices_deliver(
     common.require_extras()
     secrets = _webhook_secrets(secret_env)
     _check_http_url(url)
-    from llm_db.notices import deliver_notices
-    from llm_db.requests import Llm
+    from llm_db.client import Llm
+    from llm_db.service.notices import deliver_notices
 
     with common.connect(dsn) as conn:
         summary = deliver_notices(Llm(conn), url, secrets, limit=limit, timeout=timeout, now=now)
@@ -142,7 +142,7 @@ def notices_new_secret(nbytes: int) -> None:
       llm-db notices new-secret
       export LLM_DB_WEBHOOK_SECRET="$(llm-db notices new-secret)"
     """
-    from llm_db.notices import new_secret
+    from llm_db.service.notices import new_secret
 
     click.echo(new_secret(nbytes))
 
@@ -154,7 +154,7 @@ class _Address(click.ParamType):
     name = "HOST:PORT"
 
     def convert(self, value: Any, param: Any, ctx: Any) -> tuple[str, int]:
-        from llm_db.worker import parse_address
+        from llm_db.service.worker import parse_address
 
         if isinstance(value, tuple):
             return value
@@ -215,7 +215,7 @@ def worker(
     common.require_extras()
     secrets = _webhook_secrets(secret_env)
     _check_http_url(url)
-    from llm_db.worker import ConfigError, SessionRequired, Worker, WorkerConfig
+    from llm_db.service.worker import ConfigError, SessionRequired, Worker, WorkerConfig
 
     config = WorkerConfig(
         dsn=dsn, url=url, secrets=secrets, metrics_addr=metrics_addr, poll=poll, limit=limit,

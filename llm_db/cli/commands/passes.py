@@ -13,7 +13,7 @@ from uuid import UUID
 import click
 from psycopg.rows import dict_row
 
-from llm_db.commands import common
+from llm_db.cli.commands import common
 
 # ----------------------------------------------------------- reconcile
 
@@ -52,8 +52,8 @@ def _pass_with_progress(dsn: str, now: datetime | None, batch: int | None) -> An
     """CALL the pass on one connection while another one watches its run row
     (the procedure commits after each organization) and moves a progress bar."""
     from llm_db import queries
-    from llm_db.report import OPERATIONAL_ORGANIZATIONS, RUN_PROGRESS
-    from llm_db.requests import Llm
+    from llm_db.cli.report import OPERATIONAL_ORGANIZATIONS, RUN_PROGRESS
+    from llm_db.client import Llm
 
     with common.connect(dsn) as watcher, common.connect(dsn) as worker:
         with watcher.cursor(row_factory=dict_row) as cur:
@@ -133,7 +133,7 @@ def reconcile(
       llm-db reconcile --org 0b6f2d1e-... --batch 1000      # one tenant, bigger batch
       llm-db reconcile --now 2026-02-01T00:00:00Z --json    # a moved clock (tests)
     """
-    from llm_db.requests import Llm
+    from llm_db.client import Llm
 
     dsn = common.require_dsn(dsn)
     if organization_id is not None:
@@ -204,7 +204,7 @@ def health(dsn: str | None, now: datetime | None, as_json: bool) -> None:
       llm-db health --json
       llm-db health --now 2026-01-15T15:00:00Z      # as if it were then
     """
-    from llm_db.requests import Llm
+    from llm_db.client import Llm
 
     with common.connect(dsn) as conn:
         result = Llm(conn).health(now=now)

@@ -13,7 +13,7 @@ from uuid import UUID
 import click
 import psycopg
 
-from llm_db.commands import common
+from llm_db.cli.commands import common
 
 # ----------------------------------------------------------- report
 
@@ -53,7 +53,7 @@ def report(
       llm-db report --by end_user --days 1
       llm-db report --json | jq '.periods[] | {name, used_credits}'
     """
-    from llm_db.report import build_report, render_report, report_json
+    from llm_db.cli.report import build_report, render_report, report_json
 
     with common.connect(dsn) as conn:
         result = build_report(conn, days=days, organization_id=organization_id, now=now, by=by)
@@ -96,7 +96,7 @@ def metrics(dsn: str | None, now: datetime | None, output: Path | None) -> None:
       * * * * * llm-db metrics --output /var/lib/node_exporter/textfile/llm.prom
     """
     common.require_extras()
-    from llm_db.metrics import scrape
+    from llm_db.service.metrics import scrape
 
     result = scrape(lambda: common.connect(dsn), now=now, catch=(psycopg.Error, common.Failure))
     if output is None:

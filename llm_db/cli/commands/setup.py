@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import click
 import psycopg
 
-from llm_db.commands import common
+from llm_db.cli.commands import common
 from llm_db.migrate import Event
 
 JOB_NAME = "llm-reconciliation"
@@ -123,7 +123,7 @@ def distribute(dsn: str | None, shard_count: int | None) -> None:
     Example:
       llm-db distribute --dsn postgresql://owner@coordinator/app --shard-count 64
     """
-    from llm_db.requests import Llm
+    from llm_db.client import Llm
 
     with common.connect(dsn) as conn:
         done = Llm(conn).distribute(shard_count)
@@ -265,7 +265,7 @@ def schedule(dsn: str | None, schedule: str, cron_dsn: str | None, job_name: str
       llm-db schedule --dsn postgresql://owner@db/app --schedule '*/30 * * * *'
       llm-db schedule --dsn postgresql://owner@db/app --cron-dsn postgresql://owner@db/postgres
     """
-    from llm_db.requests import Llm
+    from llm_db.client import Llm
 
     if cron_dsn is None:
         if job_name is not None and job_name != JOB_NAME:
@@ -328,7 +328,7 @@ def unschedule(dsn: str | None, cron_dsn: str | None, job_name: str | None) -> N
       llm-db unschedule --dsn postgresql://owner@db/app
       llm-db unschedule --dsn postgresql://owner@db/app --cron-dsn postgresql://owner@db/postgres
     """
-    from llm_db.requests import Llm
+    from llm_db.client import Llm
 
     if cron_dsn is None:
         with common.connect(dsn) as conn:

@@ -1,0 +1,3 @@
+"""Moved to ``llm_db.cli.commands.doctor``: ``llm_db.commands.doctor`` re-exports it for 0.3.x and is removed in 0.4."""
+
+from llm_db.cli.commands.doctor import *  # noqa: F403

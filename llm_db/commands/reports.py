@@ -1,0 +1,3 @@
+"""Moved to ``llm_db.cli.commands.reports``: ``llm_db.commands.reports`` re-exports it for 0.3.x and is removed in 0.4."""
+
+from llm_db.cli.commands.reports import *  # noqa: F403
