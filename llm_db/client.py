@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Iterator
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
@@ -118,7 +118,7 @@ class AsyncLlm(Operations):
     The same methods, arguments and results as ``Llm``, awaited.
     """
 
-    _asynchronous = True
+    _asynchronous: Literal[True] = True  # operations.AwaitedClient
 
     def __init__(self, source: Any, *, prepare: bool = False) -> None:
         """``source``: a ``psycopg.AsyncConnection``, or anything whose ``.connection()``

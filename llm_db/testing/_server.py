@@ -1,7 +1,7 @@
 """An ephemeral PostgreSQL 15 server for tests, benchmarks and the demo.
 
 Built on ``testing.postgresql`` (the ``testing`` extra, imported by ``start()``
-only: see ``llm_db._postgresql``); llm-db adds what it needs on top:
+only: see ``llm_db.testing._postgresql``); llm-db adds what it needs on top:
 
 * pg_cron preloaded (``cron.database_name = llm_cron``, background workers),
   settings for fast throw-away clusters (fsync off), 200 connections;
@@ -36,8 +36,10 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
+from llm_db.testing._process import SUPERUSER, ServerSetupError, run_as_kwargs
+
 if TYPE_CHECKING:
-    from llm_db._postgresql import ServerProcess
+    from llm_db.testing._postgresql import ServerProcess
 
 __all__ = [
     "CRON_DATABASE",
@@ -54,7 +56,6 @@ __all__ = [
 PG_MAJOR = 15
 BIN_DIR = Path(os.environ.get("LLM_DB_PG_BIN", f"/usr/lib/postgresql/{PG_MAJOR}/bin"))
 SHARE_DIR = Path(os.environ.get("LLM_DB_PG_SHARE", f"/usr/share/postgresql/{PG_MAJOR}"))
-SUPERUSER = "postgres"
 # The deployment's shape (docs/design.md "Roles and grants"): the schema owner is a
 # LOGIN CREATEROLE role without superuser that owns the application's database, as
 # on a managed service (RDS, Cloud SQL, ...), and each llm role is used through a
@@ -89,10 +90,6 @@ SERVER_SETTINGS: dict[str, str] = {
 }
 
 
-class ServerSetupError(RuntimeError):
-    """PostgreSQL or a needed extension is not installed, or the server would not start."""
-
-
 def check_installation(bin_dir: Path = BIN_DIR, share_dir: Path = SHARE_DIR) -> None:
     """Raise ServerSetupError naming what is missing and how to install it."""
     missing = [str(p) for p in (bin_dir / "initdb", bin_dir / "postgres") if not p.exists()]
@@ -120,18 +117,6 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def run_as_kwargs(run_as: pwd.struct_passwd | None, cwd: str) -> dict[str, Any]:
-    """``subprocess`` arguments that start a server process in ``cwd`` as ``run_as``
-    (None: as the caller). Only the server drops privileges; the caller stays who it is."""
-    kwargs: dict[str, Any] = {"cwd": cwd}
-    if run_as is not None:
-        kwargs.update(user=run_as.pw_uid, group=run_as.pw_gid, extra_groups=[])
-        env = dict(os.environ)
-        env.update(HOME=run_as.pw_dir, USER=run_as.pw_name, LOGNAME=run_as.pw_name)
-        kwargs["env"] = env
-    return kwargs
-
-
 def _traversable_by_others(path: Path) -> bool:
     """True when every directory from / down to path can be entered by another user."""
     path = path.resolve()
@@ -150,7 +135,7 @@ def _server_process() -> type[ServerProcess]:
     from llm_db._extras import require
 
     require("testing.postgresql")
-    from llm_db._postgresql import ServerProcess
+    from llm_db.testing._postgresql import ServerProcess
 
     return ServerProcess
 
