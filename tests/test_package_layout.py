@@ -219,3 +219,14 @@ def test_the_docs_show_imports():
 def test_every_import_the_docs_show_imports(doc, statement):
     """issue 24 item 4: every import shown in README.md and docs/ keeps working."""
     exec(compile(statement, f"{doc}: {statement}", "exec"), {})
+
+
+def test_the_cli_package_lists_and_reads_the_groups_names():
+    """``llm_db.cli`` names ``main`` and the exit codes without importing click, and
+    reads each from ``llm_db.cli.group``, where they live."""
+    import llm_db.cli
+    from llm_db.cli import group
+
+    assert llm_db.cli.__all__ == group.__all__
+    for name in group.__all__:
+        assert getattr(llm_db.cli, name) is getattr(group, name)
