@@ -1,16 +1,14 @@
 """pytest plugin: an ephemeral PostgreSQL 15 (pg_cron preloaded), a migrated
 template database, and a fresh clone of it for every test.
 
-Registered through the ``pytest11`` entry point (name ``llm_db.testing``), so
-any project that installs llm-db gets these fixtures; llm-db's own
-``tests/conftest.py`` also lists it in ``pytest_plugins`` (pytest registers a
-plugin name once).
+Opt-in (no entry point registers it, since 0.3.0): a project names it in a
+top-level ``conftest.py`` (``pytest_plugins = ["llm_db.testing"]``, as llm-db's own
+``tests/conftest.py`` does) or runs ``pytest -p llm_db.testing``.
 
-The plugin loads in every install, since the entry point is registered by
-every install; the throw-away server needs the ``testing`` extra
-(``testing.postgresql``), imported when a fixture first starts the server. Without
-it, the tests that use these fixtures fail with one line naming
-``pip install 'llm-db[testing]'``.
+The plugin loads in the core install; the throw-away server needs the ``testing``
+extra (``testing.postgresql``), imported when a fixture first starts the server
+(``llm_db.testing._postgresql``). Without it, the tests that use these fixtures
+fail with one line naming ``pip install 'llm-db[testing]'``.
 
 Fixtures (scope):
 
