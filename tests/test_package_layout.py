@@ -230,3 +230,14 @@ def test_the_cli_package_lists_and_reads_the_groups_names():
     assert llm_db.cli.__all__ == group.__all__
     for name in group.__all__:
         assert getattr(llm_db.cli, name) is getattr(group, name)
+
+
+def test_the_servers_and_the_demo_import_without_pytest():
+    """The ``testing`` extra brings no pytest: ``llm-db demo`` and the benchmarks import
+    the throw-away server without it; only the plugin's fixtures
+    (``llm_db.testing.plugin``) need it."""
+    code = (
+        "import sys, llm_db.testing, llm_db.testing._server, llm_db.demo\n"
+        "assert 'pytest' not in sys.modules and 'llm_db.testing.plugin' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
