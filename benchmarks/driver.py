@@ -20,12 +20,12 @@ from typing import Any
 import psycopg
 
 try:  # the project's driver
-    from llm_db.requests import AsyncLlm, Llm
+    from llm_db.client import AsyncLlm, Llm
 
-    VIA = "llm_db.requests (Llm / AsyncLlm)"
+    VIA = "llm_db.client (Llm / AsyncLlm)"
 except ImportError:  # pragma: no cover - only before the driver existed
     Llm = AsyncLlm = None
-    VIA = "psycopg, calling the SQL functions directly (llm_db.requests not importable)"
+    VIA = "psycopg, calling the SQL functions directly (llm_db.client not importable)"
 
 WARMUP_CYCLES = 20
 SLOTS = 8  # running tasks per organization (queries.OPEN_TASKS: one per client slot)

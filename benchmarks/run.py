@@ -140,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta = {
         "started_at": started.isoformat(), "finished_at": finished.isoformat(),
         "seconds": (finished - started).total_seconds(), "mode": "quick" if args.quick else "full",
-        "server": "--dsn" if args.dsn else "ephemeral (llm_db._server.EphemeralServer)",
+        "server": "--dsn" if args.dsn else "ephemeral (llm_db.testing._server.EphemeralServer)",
         "settings": settings, "sizes": asdict(sizes), "cpus": os.cpu_count(),
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
         "python": platform.python_version(), "driver": driver.VIA, "git": _git_state(), "fk_checks_skipped_during_bulk_load": fast_load,

@@ -134,7 +134,9 @@ def open_target(dsn: str | None, *, profile: bool = False) -> Iterator[Target]:
             target.drop_all()
         return
 
-    from llm_db._server import EphemeralServer  # the project's helper; root runs it as postgres
+    from llm_db.testing._server import (
+        EphemeralServer,  # the project's helper; root runs it as postgres
+    )
 
     settings = dict(DURABLE_SETTINGS)
     if profile:

@@ -11,6 +11,10 @@ A consumer needs no SQL::
     llm.settle(org_id, inv.id, credits=97, cents=3)
 """
 
+from typing import Any
+
+from llm_db.client import AsyncLlm, Llm
+
 # Bound after the submodule import on purpose: `llm_db.migrate` is the function,
 # `llm_db.migrate` the module stays reachable as sys.modules["llm_db.migrate"]
 # (use `from llm_db.migrate import …` for its other names).
@@ -51,17 +55,27 @@ from llm_db.models import (
     Outcome,
     ReconciliationRun,
 )
-from llm_db.notices import (
-    DeliverySummary,
-    InvalidSecret,
-    async_deliver_notices,
-    deliver_notices,
-    new_secret,
-    verify_webhook,
-)
-from llm_db.requests import AsyncLlm, Llm
 
 __version__ = "0.2.0"
+
+# The notice names live with the worker in llm_db.service.notices; they load when
+# first used, so that `import llm_db` (the core) imports nothing of the service folder.
+_NOTICE_NAMES = frozenset(
+    {"DeliverySummary", "InvalidSecret", "async_deliver_notices", "deliver_notices"}
+    | {"new_secret", "verify_webhook"}
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _NOTICE_NAMES:
+        from llm_db.service import notices
+
+        return getattr(notices, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_NOTICE_NAMES})
 
 __all__ = [
     "AllowanceExhausted", "AsyncExecutionContext", "AsyncLlm", "CitusNotInstalled",

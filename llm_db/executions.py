@@ -55,9 +55,9 @@ from datetime import datetime
 from typing import Any, Generic, TypeVar
 from uuid import UUID
 
+from llm_db.client import AsyncLlm, Llm, UuidLike
 from llm_db.errors import NestedExecution
 from llm_db.operations import Operations, Scoped, scoped_method
-from llm_db.requests import AsyncLlm, Llm, UuidLike
 
 __all__ = [
     "AsyncExecutionContext",

@@ -5,7 +5,7 @@ the operation's Python signature and whose docstring is its documentation;
 ``@operation`` reads the stub once, at import, and builds from it the SQL
 statement (``SELECT … FROM llm.<routine>(p_<name> => %(name)s::<type>, …)``,
 the parameter types read from the annotations) and the mapping of the rows to
-the result. ``Llm`` and ``AsyncLlm`` (``llm_db.requests``) inherit the table
+the result. ``Llm`` and ``AsyncLlm`` (``llm_db.client``) inherit the table
 and differ only in how a statement runs; the task contexts
 (``llm_db.executions``) take their request helpers from it with the
 organization, the task and the clock filled in.
@@ -24,7 +24,7 @@ import types
 import typing
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from datetime import date, datetime
-from typing import TYPE_CHECKING, Annotated, Any, Generic, ParamSpec, TypeVar, overload
+from typing import Annotated, Any, Generic, Literal, ParamSpec, Protocol, TypeVar, overload
 from uuid import UUID
 
 from llm_db.models import (
@@ -43,9 +43,6 @@ from llm_db.models import (
     ReconciliationRun,
     RecoveryCharge,
 )
-
-if TYPE_CHECKING:
-    from llm_db.requests import AsyncLlm, Llm
 
 __all__ = ["Call", "Operation", "Operations", "Scoped", "operations", "scoped_method"]
 
@@ -248,13 +245,21 @@ class Operation(Generic[P, T]):
     @overload
     def __get__(self, client: None, owner: type | None = None) -> Operation[P, T]: ...
     @overload
-    def __get__(self, client: AsyncLlm, owner: type | None = None) -> Callable[P, Coroutine[Any, Any, T]]: ...
+    def __get__(self, client: AwaitedClient, owner: type | None = None) -> Callable[P, Coroutine[Any, Any, T]]: ...
     @overload
-    def __get__(self, client: Llm, owner: type | None = None) -> Callable[P, T]: ...
+    def __get__(self, client: Operations, owner: type | None = None) -> Callable[P, T]: ...
     def __get__(self, client: Any, owner: type | None = None) -> Any:
         if client is None:
             return self
         return _method(self, client._asynchronous).__get__(client, owner)
+
+
+class AwaitedClient(Protocol):
+    """A client whose methods are awaited (``llm_db.client.AsyncLlm``), as the typing of
+    ``Operation.__get__`` knows it: by its flag, so that this table imports no client
+    (the clients import the table)."""
+
+    _asynchronous: Literal[True]
 
 
 def _method(op: Operation[Any, Any], asynchronous: bool) -> Callable[..., Any]:

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from llm_db import Llm
-from llm_db.metrics import collect
+from llm_db.service.metrics import collect
 from tests.helpers import (
     T0,
     admit,

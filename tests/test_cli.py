@@ -22,8 +22,8 @@ import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from llm_db.notices import verify_webhook
-from llm_db.requests import Llm
+from llm_db.client import Llm
+from llm_db.service.notices import verify_webhook
 from tests.helpers import (
     CRON_JOB,
     JANUARY,
@@ -493,7 +493,7 @@ def test_notices_new_secret_prints_a_fresh_valid_secret():
     assert first.returncode == second.returncode == 0, first.stderr + second.stderr
     made = [first.stdout.strip(), second.stdout.strip()]
     assert all(m.startswith("whsec_") for m in made) and made[0] != made[1]
-    from llm_db.notices import parse_secrets
+    from llm_db.service.notices import parse_secrets
 
     assert parse_secrets(" ".join(made)) == made
     assert [len(base64.b64decode(m[6:])) for m in made] == [32, 24]

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from llm_db import demo
-from llm_db._demo_traffic import _organizations, plan_traffic
+from llm_db.demo._traffic import _organizations, plan_traffic
 from tests.helpers import assert_books_right, health, row, rows, scalar
 
 DEMO_BUDGET_S = 60.0

@@ -83,7 +83,7 @@ def citing_files() -> list[Path]:
     for folder, patterns in [
         ("sql", ["*.sql"]),
         ("migrations", ["*.sql"]),
-        ("llm_db", ["*.py"]),
+        ("llm_db", ["**/*.py"]),
         ("tests", ["*.py"]),
         ("tests/isolation/specs", ["*.spec"]),
         ("scripts", ["*"]),

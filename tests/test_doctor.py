@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from llm_db.doctor import KEY_GRANTS
+from llm_db.cli.doctor import KEY_GRANTS
 from llm_db.migrate import migrate
 from tests.helpers import call_pass, invariants
 from tests.test_cli import llm_db

@@ -23,8 +23,8 @@ import pytest
 from psycopg import sql
 
 from llm_db import errors, models
+from llm_db.client import AsyncLlm, Llm
 from llm_db.operations import operations
-from llm_db.requests import AsyncLlm, Llm
 from tests.helpers import JANUARY, T0, invariants
 
 HOUR = timedelta(hours=1)

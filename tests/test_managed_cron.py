@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from llm_db import Llm, migrate
-from llm_db._server import EphemeralServer
+from llm_db.testing._server import EphemeralServer
 from tests.helpers import (
     CRON_JOB,
     InThread,

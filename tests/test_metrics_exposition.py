@@ -1,4 +1,4 @@
-"""The Prometheus exposition (``llm_db.metrics``, ``llm-db metrics``) is what Prometheus'
+"""The Prometheus exposition (``llm_db.service.metrics``, ``llm-db metrics``) is what Prometheus'
 own tools accept (issue #13): ``promtool check metrics`` (Debian's prometheus package, which
 scripts/bootstrap.sh installs) passes on it before any pass, after a pass and when the
 database is down; the text parses with prometheus_client's parser; before the first pass
@@ -17,7 +17,7 @@ from datetime import timedelta
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from llm_db.metrics import BUDGET_SCOPES, RUN_FIGURES, RUN_STATUSES
+from llm_db.service.metrics import BUDGET_SCOPES, RUN_FIGURES, RUN_STATUSES
 from tests.helpers import T0, admit, call_pass, invariants, new_org, set_budget, settle
 from tests.tools import require_tool
 
@@ -57,7 +57,7 @@ def test_promtool_accepts_the_exposition_before_a_pass_after_one_and_with_the_da
 
 def test_before_the_first_pass_every_run_series_is_present_at_its_documented_value(llm_dsn):
     """Issue #13: no pass yet is not an absent series: timestamps, age, duration and every
-    figure are 0, and the status series are all 0 (llm_db.metrics, docs/operations.md)."""
+    figure are 0, and the status series are all 0 (llm_db.service.metrics, docs/operations.md)."""
     proc = metrics("--dsn", llm_dsn, "--now", T0.isoformat())
     assert proc.returncode == 0, proc.stderr
     families = {f.name: f for f in text_string_to_metric_families(proc.stdout.decode())}

@@ -16,8 +16,8 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 import llm_db
-from llm_db._server import CRON_DATABASE, ServerSetupError, check_installation
 from llm_db.migrate import MigrationError, MigrationReport, default_dirs, migrate, yoyo_url
+from llm_db.testing._server import CRON_DATABASE, ServerSetupError, check_installation
 
 ROOT = Path(__file__).resolve().parents[1]
 REPO_MIGRATIONS = sorted(p.name for p in (ROOT / "migrations").glob("*.sql"))
@@ -391,7 +391,10 @@ def test_wheel_carries_sql_migrations_and_entry_points(wheel):
     assert {f"llm_db/_migrations/{n}" for n in REPO_MIGRATIONS} <= names
     assert REPO_SQL and REPO_MIGRATIONS
     assert "llm-db = llm_db.__main__:main" in entry_text
-    assert "llm_db.testing = llm_db.testing" in entry_text
+    # issue 24 item 4: the pytest plugin is opt-in, so the wheel registers none
+    assert "pytest11" not in entry_text and "llm_db.testing" not in entry_text, entry_text
+    # and it holds every folder of the package (the wheel is one, the extras its folders)
+    assert {f"llm_db/{folder}/__init__.py" for folder in ("cli", "service", "testing", "demo")} <= names
 
 
 def test_cli_migrate_from_the_unpacked_wheel_works_from_any_directory(wheel, fresh_db, tmp_path):
@@ -518,9 +521,11 @@ def test_who(llm_conn, llm_role_conn):
     ],
 )
 def test_a_consumer_gets_the_owner_or_with_the_ini_option_the_superuser(tmp_path, ini, owner, role):
-    """issue 21 item 2: a project that installs llm-db gets the same fixtures, the owner's
-    llm_conn by default, and the superuser's with ``llm_db_superuser_owner`` (as before)."""
+    """issue 21 item 2: a project that opts in to the plugin (issue 24) gets the same
+    fixtures, the owner's llm_conn by default, and the superuser's with
+    ``llm_db_superuser_owner`` (as before)."""
     (tmp_path / "pytest.ini").write_text(f"[pytest]\n{ini}\n")
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["llm_db.testing"]\n')
     (tmp_path / "test_consumer.py").write_text(CONSUMER_TEST)
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "test_consumer.py"],

@@ -306,7 +306,7 @@ def wait_for_pass_backend(observer: psycopg.Connection, timeout: float = 10.0) -
 def test_the_driver_works_through_session_pooling(llm_server, llm_conn, llm_dsn):
     """Session mode keeps one server connection per client: the driver works with its
     defaults and with prepare=True there."""
-    from llm_db._pgbouncer import PgBouncer
+    from llm_db.testing._pgbouncer import PgBouncer
 
     org = new_org(llm_conn, None)
     dbname = psycopg.conninfo.conninfo_to_dict(llm_dsn)["dbname"]

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from llm_db.report import build_report, render_report, report_json
+from llm_db.cli.report import build_report, render_report, report_json
 from tests.helpers import (
     JANUARY,
     T0,

@@ -49,8 +49,8 @@ import psycopg
 import pytest
 from testing.common.database import get_unused_port
 
-from llm_db._server import BIN_DIR, SUPERUSER, check_installation
 from llm_db.migrate import migrate
+from llm_db.testing._server import BIN_DIR, SUPERUSER, check_installation
 from tests.helpers import (
     T0,
     call,
@@ -113,7 +113,7 @@ class RestartableServer:
     mode and started again on the same data directory.
 
     As root, the server processes run as the ``postgres`` OS user (PostgreSQL
-    refuses root), in a base directory that user owns, as llm_db._server does.
+    refuses root), in a base directory that user owns, as llm_db.testing._server does.
     """
 
     def __init__(self) -> None:

@@ -15,8 +15,8 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
+from llm_db.client import Llm
 from llm_db.errors import AllowanceExhausted
-from llm_db.requests import Llm
 from llm_db.testing import LOGINS
 from tests.helpers import T0, call_pass, invariants, run_pass, scalar
 from tests.receiver import Receiver

@@ -132,7 +132,7 @@ def test_public_has_no_privilege_on_schema_tables_or_routines(llm_conn):
 
 
 def test_public_can_execute_no_function_or_procedure(llm_conn):
-    """docs/design.md "Roles and grants": PUBLIC executes no llm routine, procedures
+    """docs/contract.md "Roles and grants": PUBLIC executes no llm routine, procedures
     included (issue 24 item 6: the check must see a grant, so a grant to PUBLIC made and
     rolled back here is found by the same helper)."""
     all_routines = routines(llm_conn)

@@ -25,7 +25,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from llm_db._server import BIN_DIR
+from llm_db.testing._server import BIN_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOT = ROOT / "schema.sql"

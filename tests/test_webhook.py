@@ -1,4 +1,4 @@
-"""Threshold notice delivery (``llm_db.notices``) against a real HTTP server on
+"""Threshold notice delivery (``llm_db.service.notices``) against a real HTTP server on
 127.0.0.1 run in a thread that verifies every delivery with the
 ``standardwebhooks`` package (issue #13: Standard Webhooks): delivered and
 signed, endpoint down (connection refused, then up), endpoint slow (timeout),
@@ -24,7 +24,8 @@ import pytest
 import standardwebhooks
 
 import llm_db
-from llm_db.notices import (
+from llm_db.client import AsyncLlm, Llm
+from llm_db.service.notices import (
     BUDGET_EVENT_TYPE,
     EVENT_TYPE,
     ID_HEADER,
@@ -39,7 +40,6 @@ from llm_db.notices import (
     parse_secrets,
     verify_webhook,
 )
-from llm_db.requests import AsyncLlm, Llm
 from tests.helpers import JANUARY, T0, notices
 from tests.receiver import Received, Receiver
 

@@ -6,7 +6,7 @@ naming ``pip install 'llm-db[worker]'``.
 
 The slim core install (issue #15): the core dependencies are psycopg and yoyo only.
 ``import llm_db``, the driver and ``migrate`` work with nothing else; the pytest plugin
-(registered by every install) loads without ``testing.postgresql`` and a fixture that
+(opt-in since 0.3.0, issue 24) loads without ``testing.postgresql`` and a fixture that
 starts the server fails naming the ``testing`` extra; ``llm-db`` without click prints one
 line naming the ``cli`` extra.
 
@@ -197,7 +197,7 @@ def test_the_core_blocker_really_blocks(core_env):
 def test_import_llm_db_its_plugin_and_its_servers_need_no_extra():
     proc = core_python(
         "import sys\n"
-        "import llm_db, llm_db.testing, llm_db._server, llm_db._pgbouncer, llm_db.migrate\n"
+        "import llm_db, llm_db.testing, llm_db.testing._server, llm_db.testing._pgbouncer, llm_db.migrate\n"
         "from llm_db import Llm, AsyncLlm, migrate, with_llm_execution\n"
         "assert callable(migrate) and Llm and AsyncLlm and with_llm_execution\n"
         "loaded = sorted(m for m in set(sys.modules) - AT_START"
@@ -232,29 +232,60 @@ def test_the_driver_and_migrate_work_with_the_core_install_only(llm_server, llm_
         llm_server.drop_database(name)
 
 
-def test_the_pytest_plugin_loads_and_a_fixture_names_the_testing_extra(tmp_path, core_env):
+def consumer_pytest(tmp_path: Path, env: dict[str, str], tests: str, *, conftest: str = "",
+                    args: tuple[str, ...] = ()) -> str:
+    """Run pytest in a consumer project holding ``tests`` (and ``conftest``); its output."""
     project = tmp_path / "consumer"
     project.mkdir()
     (project / "pytest.ini").write_text("[pytest]\n")
-    (project / "test_consumer.py").write_text(
+    if conftest:
+        (project / "conftest.py").write_text(conftest)
+    (project / "test_consumer.py").write_text(tests)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rE", "-p", "no:cacheprovider", *args, "test_consumer.py"],
+        cwd=project, capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    return proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("conftest", "args"),
+    [('pytest_plugins = ["llm_db.testing"]\n', ()), ("", ("-p", "llm_db.testing"))],
+    ids=["conftest pytest_plugins", "-p llm_db.testing"],
+)
+def test_the_opted_in_plugin_loads_and_a_fixture_names_the_testing_extra(tmp_path, core_env, conftest, args):
+    """issue 24 item 4: the plugin is opt-in, by the rootdir's conftest or ``-p``."""
+    out = consumer_pytest(
+        tmp_path, core_env,
         "import sys\n\n"
-        "def test_the_plugin_is_loaded_from_its_entry_point(request):\n"
+        "def test_the_plugin_is_loaded(request):\n"
         "    assert request.config.pluginmanager.has_plugin('llm_db.testing')\n"
         "    assert 'testing.postgresql' not in sys.modules\n\n"
         "def test_a_fixture_that_starts_the_server(llm_dsn):\n"
-        "    raise AssertionError('unreachable without the testing extra')\n"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rE", "-p", "no:cacheprovider", "test_consumer.py"],
-        cwd=project, capture_output=True, text=True, env=core_env, timeout=120,
+        "    raise AssertionError('unreachable without the testing extra')\n",
+        conftest=conftest, args=args,
     )  # fmt: skip
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out
     assert re.search(r"\b1 passed, 1 error\b", out), out
     assert "ERROR test_consumer.py::test_a_fixture_that_starts_the_server" in out, out
     assert ("llm_server: testing.postgresql is not installed" in out
             and "pip install 'llm-db[testing]'" in out), out  # fmt: skip
     assert "Traceback" not in out and "ModuleNotFoundError" not in out, out
+
+
+def test_installing_llm_db_adds_no_plugin_to_a_consumers_pytest(tmp_path):
+    """issue 24 item 4: no ``pytest11`` entry point, so a project that installs llm-db
+    and does not opt in runs pytest without its plugin, its fixtures or llm_db itself."""
+    out = consumer_pytest(
+        tmp_path, {k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
+        "import sys\n\n"
+        "def test_no_plugin(request):\n"
+        "    assert not request.config.pluginmanager.has_plugin('llm_db.testing')\n"
+        "    assert 'llm_db' not in sys.modules\n\n"
+        "def test_no_fixture(llm_dsn):\n"
+        "    pass\n",
+    )  # fmt: skip
+    assert re.search(r"\b1 passed, 1 error\b", out), out
+    assert "fixture 'llm_dsn' not found" in out, out
 
 
 CLI_MISSING = (
@@ -282,11 +313,12 @@ def test_the_command_without_the_cli_extra_names_it_in_one_line(core_env, how, a
     assert proc.stderr.strip().splitlines() == [CLI_MISSING], proc.stderr
 
 
-def test_import_llm_db_cli_without_click_raises_the_named_extra():
+def test_the_cli_group_without_click_raises_the_named_extra():
     proc = core_python(
         "from llm_db._extras import MissingExtra\n"
+        "import llm_db.cli, llm_db.cli.report  # the package and the report's rendering need no click\n"
         "try:\n"
-        "    import llm_db.cli\n"
+        "    from llm_db.cli import main\n"
         "except MissingExtra as exc:\n"
         "    assert isinstance(exc, ImportError) and exc.name == 'click' and exc.extra == 'cli'\n"
         "    print(exc)\n"

@@ -35,10 +35,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import llm_db
-from llm_db._server import EphemeralServer
-from llm_db.requests import Llm
+from llm_db.client import Llm
+from llm_db.service.worker import Log, SessionRequired, Worker, WorkerConfig, check_session
 from llm_db.testing import LOGINS, create_logins
-from llm_db.worker import Log, SessionRequired, Worker, WorkerConfig, check_session
+from llm_db.testing._server import EphemeralServer
 from tests.helpers import (
     admit,
     call_pass,

@@ -23,8 +23,8 @@ import psycopg
 import pytest
 
 from llm_db import executions
+from llm_db.client import AsyncLlm, Llm
 from llm_db.errors import AllowanceExhausted, NestedExecution, UnknownTaskKind
-from llm_db.requests import AsyncLlm, Llm
 from tests.helpers import T0, execution, invariants
 
 TASK = "report.generate"

@@ -1,5 +1,3 @@
-"""The subcommands of ``llm-db`` (``llm_db.cli`` assembles them), one module a theme:
-``setup`` (migrate, distribute, schedule, unschedule), ``passes`` (reconcile,
-health), ``notices`` (notices deliver / new-secret, worker), ``reports`` (report,
-metrics) and ``demo``; ``common`` holds what they share. They need click (the
-``cli`` extra): import ``llm_db.cli``, which says so when it is missing."""
+"""Moved to ``llm_db.cli.commands``: ``llm_db.commands`` re-exports it for 0.3.x and is removed in 0.4."""
+
+from llm_db.cli.commands import *  # noqa: F403

@@ -17,8 +17,8 @@ from datetime import datetime, timedelta
 import psycopg
 
 from llm_db import errors
+from llm_db.client import Llm
 from llm_db.executions import ExecutionContext, with_llm_execution
-from llm_db.requests import Llm
 
 DAY = timedelta(hours=24)  # the simulated day of traffic
 TOTAL_ITEMS = 216  # single requests or tasks, shared out between the workers

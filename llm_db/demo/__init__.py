@@ -1,6 +1,6 @@
 """``llm-db demo``: the main job, end to end, in a few seconds.
 
-1. Start a throw-away PostgreSQL 15 with pg_cron (``llm_db._server``), or use
+1. Start a throw-away PostgreSQL 15 with pg_cron (``llm_db.testing._server``), or use
    the database given with ``--dsn``; install llm-db; create three
    organizations (a small allowance so threshold notices fire, an unlimited
    one, a suspended one) and two task kinds; give the unlimited one a project
@@ -28,7 +28,7 @@ would do at that moment; the demo's organizations have fresh ids there.
 
 ``run_demo`` returns every figure it printed as a dict (``llm-db demo --json``
 prints it as the last line). The traffic of step 2 (the cast, the seeded plan, the
-worker threads) is ``llm_db._demo_traffic``.
+worker threads) is ``llm_db.demo._traffic``.
 """
 
 from __future__ import annotations
@@ -49,7 +49,15 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from llm_db._demo_traffic import (
+from llm_db.cli.report import (
+    ORGANIZATION_TOTALS,
+    books_history,
+    books_snapshot,
+    format_table,
+    jsonable,
+)
+from llm_db.client import Llm
+from llm_db.demo._traffic import (
     BUDGETS,
     DAY,
     TASK_KINDS,
@@ -59,14 +67,6 @@ from llm_db._demo_traffic import (
     _run_workers,
     plan_traffic,
 )
-from llm_db.report import (
-    ORGANIZATION_TOTALS,
-    books_history,
-    books_snapshot,
-    format_table,
-    jsonable,
-)
-from llm_db.requests import Llm
 
 __all__ = ["DemoError", "run_demo"]
 
@@ -241,8 +241,8 @@ def run_demo(
 
 
 def _embedded(seed: int, workers: int, out: Out) -> dict[str, Any]:
-    from llm_db._server import EphemeralServer
     from llm_db.migrate import migrate
+    from llm_db.testing._server import EphemeralServer
 
     t0 = time.monotonic()
     server = EphemeralServer()
@@ -543,7 +543,7 @@ def _before_after(before: dict[str, Any], after: dict[str, Any], injected: bool)
 
 def _deliver(llm: Llm, now: datetime, out: Out) -> int | None:
     from llm_db._extras import INSTALL_HINT, WORKER_MODULES, MissingExtra, require
-    from llm_db.notices import deliver_notices
+    from llm_db.service.notices import deliver_notices
 
     try:
         for name in WORKER_MODULES:

@@ -1,16 +1,14 @@
 """pytest plugin: an ephemeral PostgreSQL 15 (pg_cron preloaded), a migrated
 template database, and a fresh clone of it for every test.
 
-Registered through the ``pytest11`` entry point (name ``llm_db.testing``), so
-any project that installs llm-db gets these fixtures; llm-db's own
-``tests/conftest.py`` also lists it in ``pytest_plugins`` (pytest registers a
-plugin name once).
+Opt-in (no entry point registers it, since 0.3.0): a project names it in a
+top-level ``conftest.py`` (``pytest_plugins = ["llm_db.testing"]``, as llm-db's own
+``tests/conftest.py`` does) or runs ``pytest -p llm_db.testing``.
 
-The plugin loads in every install, since the entry point is registered by
-every install; the throw-away server needs the ``testing`` extra
-(``testing.postgresql``), imported when a fixture first starts the server. Without
-it, the tests that use these fixtures fail with one line naming
-``pip install 'llm-db[testing]'``.
+The plugin loads in the core install; the throw-away server needs the ``testing``
+extra (``testing.postgresql``), imported when a fixture first starts the server
+(``llm_db.testing._postgresql``). Without it, the tests that use these fixtures
+fail with one line naming ``pip install 'llm-db[testing]'``.
 
 Fixtures (scope):
 
@@ -65,16 +63,14 @@ Fixtures (scope):
 ``llm_pgbouncer_dsn`` (function)
     conninfo of this test's clone (``llm_dsn``) through that PgBouncer, for the owner.
 
-Plain functions for code outside pytest (benchmarks, the demo):
-``EphemeralServer``, ``PgBouncer``, ``create_template``, ``create_logins``,
-``clone_database``, ``create_cron_database``.
+The plain functions these fixtures use (``create_template``, ``clone_database``, …)
+are ``llm_db.testing``'s, for code outside pytest too.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -84,109 +80,15 @@ import pytest
 from psycopg import sql
 
 from llm_db._extras import MissingExtra
-from llm_db._pgbouncer import PgBouncer
-from llm_db._server import (
-    CRON_DATABASE,
+from llm_db.testing import (
     LOGINS,
     OWNER,
     EphemeralServer,
-    ServerSetupError,
-    check_installation,
+    PgBouncer,
+    clone_database,
+    create_cron_database,
+    create_template,
 )
-from llm_db.migrate import migrate
-
-__all__ = [
-    "DATABASE_SETTINGS",
-    "LOGINS",
-    "OWNER",
-    "TEMPLATE_DATABASE",
-    "EphemeralServer",
-    "PgBouncer",
-    "ServerSetupError",
-    "check_installation",
-    "clone_database",
-    "create_cron_database",
-    "create_logins",
-    "create_template",
-]
-
-TEMPLATE_DATABASE = "llm_template"
-# A test that waits on a lock fails in 5 s instead of hanging the run. Set on
-# each clone (ALTER DATABASE ... SET), not as a connection's startup options:
-# PgBouncer refuses the options parameter, and a database setting reaches every
-# session, the pooler's and pg_cron's included.
-DATABASE_SETTINGS = {"lock_timeout": "5s", "statement_timeout": "60s"}
-
-
-# ---------------------------------------------------------------- plain helpers
-
-
-def create_template(
-    server: EphemeralServer,
-    name: str = TEMPLATE_DATABASE,
-    *,
-    owner: str | None = OWNER,
-    **migrate_kwargs: Any,
-) -> str:
-    """Create database ``name`` (replacing an older one) owned by ``owner``, migrate it
-    as ``owner``, give each llm role its login (``LOGINS``), and mark it a template.
-    ``owner=None``: the superuser owns and migrates it. Returns ``name``."""
-    _drop_template(server, name)
-    if owner is not None:
-        server.create_owner(owner)
-    dsn = server.create_database(name, owner=owner)
-    migrate(dsn, **migrate_kwargs)
-    create_logins(dsn)
-    server.mark_template(name)
-    return name
-
-
-def create_logins(dsn: str) -> None:
-    """Create the login of each llm role (``LOGINS``) unless it exists, as the role at
-    ``dsn``: the schema owner has CREATEROLE, which is all this needs."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for role, login in LOGINS.items():
-            if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [login]).fetchone():
-                continue
-            conn.execute(
-                sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(
-                    sql.Identifier(login), sql.Identifier(role)
-                )
-            )
-
-
-def clone_database(
-    server: EphemeralServer,
-    template: str = TEMPLATE_DATABASE,
-    name: str | None = None,
-    *,
-    owner: str | None = OWNER,
-) -> tuple[str, str]:
-    """Clone ``template`` into a new database owned by ``owner`` (None: the superuser);
-    returns ``(name, dsn of the owner)``. Drop it with ``server.drop_database(name)``."""
-    name = name or f"t_{uuid.uuid4().hex}"
-    dsn = server.create_database(name, template=template, settings=DATABASE_SETTINGS, owner=owner)
-    return name, dsn
-
-
-def create_cron_database(server: EphemeralServer, **migrate_kwargs: Any) -> str:
-    """Install pg_cron and llm-db in the pg_cron database (``llm_cron``); returns its dsn."""
-    dsn = server.dsn(CRON_DATABASE)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_cron")
-    server.set_database_settings(CRON_DATABASE, DATABASE_SETTINGS)
-    migrate(dsn, **migrate_kwargs)
-    return dsn
-
-
-def _drop_template(server: EphemeralServer, name: str) -> None:
-    with server.connect() as conn:
-        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is None:
-            return
-        conn.execute(
-            sql.SQL("ALTER DATABASE {} WITH IS_TEMPLATE false").format(sql.Identifier(name))
-        )
-    server.drop_database(name)
 
 
 @contextmanager

@@ -6,17 +6,15 @@ Errors are one line on stderr (SQLSTATE, message, DETAIL, HINT), never a
 traceback, and the exit code says what happened (see ``EXIT_*``), so each
 subcommand can run as it is from cron or a monitoring check.
 
-``python -m llm_db.cli`` is the same program as the ``llm-db`` script (whose
-entry point is ``llm_db.__main__``). It is built on click, which comes with the
-``cli`` extra: without it, importing this module raises ``MissingExtra`` and
-``llm-db`` prints one line naming ``pip install 'llm-db[cli]'`` (exit 2).
+It is built on click, which comes with the ``cli`` extra: without it,
+importing this module raises ``MissingExtra`` and ``llm-db`` prints one line
+naming ``pip install 'llm-db[cli]'`` (exit 2).
 
-This module is the group; the subcommands live in ``llm_db/commands/``.
+This module is the group (``llm_db.cli.main``); the subcommands live in
+``llm_db/cli/commands/``.
 """
 
 from __future__ import annotations
-
-import sys
 
 from llm_db._extras import missing
 
@@ -25,14 +23,11 @@ try:
 except ModuleNotFoundError as exc:  # the cli extra is not installed
     if exc.name != "click":
         raise
-    if __name__ == "__main__":  # python -m llm_db.cli: one line, as llm-db says it
-        print(f"llm-db: error: {missing('click')}", file=sys.stderr)
-        sys.exit(2)
     raise missing("click") from exc
 
-# the subcommands (one module a theme, llm_db/commands/) need click: imported after it
-from llm_db.commands import demo, doctor, notices, passes, reports, setup  # noqa: E402
-from llm_db.commands.common import (  # noqa: E402
+# the subcommands (one module a theme, llm_db/cli/commands/) need click: imported after it
+from llm_db.cli.commands import demo, doctor, notices, passes, reports, setup  # noqa: E402
+from llm_db.cli.commands.common import (  # noqa: E402
     EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_MISSING,
@@ -113,7 +108,3 @@ for _command in (
     demo.demo,
 ):  # fmt: skip
     main.add_command(_command)
-
-
-if __name__ == "__main__":
-    main(prog_name="llm-db")

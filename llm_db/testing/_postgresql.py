@@ -1,7 +1,7 @@
-"""The server process under ``llm_db._server.EphemeralServer``: ``testing.postgresql``
+"""The server process under ``llm_db.testing._server.EphemeralServer``: ``testing.postgresql``
 (the ``testing`` extra) with what llm-db needs on top.
 
-Imported by ``EphemeralServer.start()`` only, so ``llm_db._server``, ``llm_db._pgbouncer``
+Imported by ``EphemeralServer.start()`` only, so ``llm_db.testing._server``, ``llm_db.testing._pgbouncer``
 and the pytest plugin ``llm_db.testing`` load without the extra; a start without it
 raises ``MissingExtra`` naming ``pip install 'llm-db[testing]'``.
 """
@@ -18,7 +18,7 @@ import psycopg
 from psycopg import sql
 from testing.postgresql import Postgresql
 
-from llm_db._server import SUPERUSER, ServerSetupError, run_as_kwargs
+from llm_db.testing._process import SUPERUSER, ServerSetupError, run_as_kwargs
 
 __all__ = ["ServerProcess"]
 

@@ -1,0 +1,161 @@
+"""The call layer: ``Llm`` (sync) and ``AsyncLlm`` (asyncio) clients.
+
+Both take a psycopg connection or a pool (anything whose ``.connection()`` is a
+context manager yielding a connection, such as ``psycopg_pool.ConnectionPool``)
+and expose one method per ``llm`` function, returning the dataclasses of
+``llm_db.models`` and raising the exceptions of ``llm_db.errors``. A consumer
+writes no SQL:
+
+    llm = Llm(pool)
+    inv = llm.admit(org_id, estimate_credits=500, model="gpt-x")
+    llm.mark_dispatched(org_id, inv.id)
+    llm.settle(org_id, inv.id, credits=420, cents=13)
+
+Both inherit their methods from the table of operations (``llm_db.operations``):
+each method builds a ``Call`` (the operation's SQL, its named parameters, how the
+rows become the result), and the two classes differ only in how they run it,
+like psycopg's own ``Connection`` / ``AsyncConnection``.
+
+Every call is its own transaction, committed when the method returns, whether
+the connection is autocommit or not (on an idle autocommit connection the one
+statement is its own transaction; otherwise ``conn.transaction()`` wraps it). If the caller
+already has a transaction open on that connection, the call runs in a
+savepoint of it instead and commits with it. ``run_reconciliation`` is the
+exception: the procedure commits after each organization, so it needs an idle
+connection (it switches it to autocommit for the call and back).
+
+No statement is prepared on the server unless the client is built with
+``prepare=True``: psycopg's default (prepare after five executions) breaks
+behind PgBouncer in transaction pooling mode, where the next transaction may
+run on another server connection that never saw the statement.
+
+Every method takes an optional ``now=`` (a timezone-aware datetime): the clock
+the SQL uses, so tests move time instead of sleeping; None means ``now()``.
+Share a pool, not a connection, between threads or tasks that work at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, Literal, TypeVar
+
+import psycopg
+from psycopg.rows import dict_row
+
+from llm_db import queries
+from llm_db.errors import mapped_errors
+from llm_db.operations import Call, Operations, UuidLike
+
+__all__ = ["AsyncLlm", "Llm", "UuidLike"]
+
+T = TypeVar("T")
+
+
+def _idle_autocommit(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    return conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+def _own_transaction(conn: Any) -> Any:
+    """Each call is one statement, so on an idle autocommit connection it is its own
+    transaction already; BEGIN/COMMIT would add two round trips for nothing. (The
+    transaction of an ``AsyncConnection`` is an async context manager.)"""
+    return contextlib.nullcontext() if _idle_autocommit(conn) else conn.transaction()
+
+
+class Llm(Operations):
+    """Synchronous client over a ``psycopg.Connection`` or a connection pool."""
+
+    def __init__(self, source: Any, *, prepare: bool = False) -> None:
+        """``source``: a ``psycopg.Connection``, or anything whose ``.connection()``
+        is a context manager yielding one (``psycopg_pool.ConnectionPool``).
+
+        ``prepare``: False (the default) never prepares a statement on the server,
+        so the client works unchanged through PgBouncer in transaction pooling
+        mode, where consecutive transactions land on different server
+        connections; True lets psycopg prepare as it does by default (after
+        ``prepare_threshold`` executions), for direct or session-pooled
+        connections only (docs/operations.md, "Poolers")."""
+        self.source = source
+        self.prepare = prepare
+        self._prepare: bool | None = None if prepare else False
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """The connection the next call uses (borrowed from the pool, if one was given)."""
+        if isinstance(self.source, psycopg.Connection):
+            yield self.source
+        else:
+            with self.source.connection() as conn:
+                yield conn
+
+    def _run(self, call: Call[T]) -> T:
+        with self.connection() as conn, mapped_errors():
+            if call.procedure:
+                return call.result(self._call_procedure(conn, call))
+            with _own_transaction(conn), conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(call.sql, call.params, prepare=self._prepare)
+                rows = cur.fetchall()
+        return call.result(rows)
+
+    def _call_procedure(self, conn: psycopg.Connection[Any], call: Call[Any]) -> list[dict[str, Any]]:
+        """``CALL`` on the connection switched to autocommit (the procedure commits on its
+        own), then the run row it recorded since the server clock read before it."""
+        previous = conn.autocommit
+        conn.autocommit = True
+        try:
+            with conn.cursor(row_factory=dict_row) as cur:
+                since = cur.execute(queries.CLOCK, prepare=self._prepare).fetchall()[0]["clock"]
+                cur.execute(call.sql, call.params, prepare=self._prepare)
+                return cur.execute(queries.RUN_RECORDED_SINCE, {"since": since}, prepare=self._prepare).fetchall()
+        finally:
+            conn.autocommit = previous
+
+
+class AsyncLlm(Operations):
+    """Asyncio client over a ``psycopg.AsyncConnection`` or an async connection pool.
+
+    The same methods, arguments and results as ``Llm``, awaited.
+    """
+
+    _asynchronous: Literal[True] = True  # operations.AwaitedClient
+
+    def __init__(self, source: Any, *, prepare: bool = False) -> None:
+        """``source``: a ``psycopg.AsyncConnection``, or anything whose ``.connection()``
+        is an async context manager yielding one (``psycopg_pool.AsyncConnectionPool``).
+        ``prepare``: as for ``Llm``."""
+        self.source = source
+        self.prepare = prepare
+        self._prepare: bool | None = None if prepare else False
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """The connection the next call uses (borrowed from the pool, if one was given)."""
+        if isinstance(self.source, psycopg.AsyncConnection):
+            yield self.source
+        else:
+            async with self.source.connection() as conn:
+                yield conn
+
+    async def _run(self, call: Call[T]) -> T:  # type: ignore[override]
+        async with self.connection() as conn:
+            with mapped_errors():
+                if call.procedure:
+                    return call.result(await self._call_procedure(conn, call))
+                async with _own_transaction(conn), conn.cursor(row_factory=dict_row) as cur:
+                    await cur.execute(call.sql, call.params, prepare=self._prepare)
+                    rows = await cur.fetchall()
+        return call.result(rows)
+
+    async def _call_procedure(self, conn: psycopg.AsyncConnection[Any], call: Call[Any]) -> list[dict[str, Any]]:
+        previous = conn.autocommit
+        await conn.set_autocommit(True)
+        try:
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(queries.CLOCK, prepare=self._prepare)
+                since = (await cur.fetchall())[0]["clock"]
+                await cur.execute(call.sql, call.params, prepare=self._prepare)
+                await cur.execute(queries.RUN_RECORDED_SINCE, {"since": since}, prepare=self._prepare)
+                return await cur.fetchall()
+        finally:
+            await conn.set_autocommit(previous)

@@ -1,0 +1,333 @@
+"""Prometheus exposition of the books' health (``llm-db metrics``, ``llm-db worker``).
+
+``collect(conn)`` reads the database once and returns a fresh
+``prometheus_client.CollectorRegistry`` (never the process-global one, so
+nothing leaks between calls); ``scrape(connect)`` adds the scrape's own gauges
+and renders the text format, also when the database cannot be read. Run it from
+the node_exporter textfile collector, a sidecar or cron:
+
+    llm-db metrics --dsn "$DATABASE_URL" --output /var/lib/node_exporter/llm.prom
+
+or scrape ``llm-db worker``'s ``/metrics``, which serves the same families plus
+its delivery counters. Needs the ``worker`` extra (``prometheus_client``).
+
+Metrics (gauges read at the moment of the scrape, unless said otherwise):
+
+- ``llm_up``: 1 when this scrape read the database, 0 when it could not (then
+  only ``llm_up`` and ``llm_scrape_duration_seconds`` are present, and
+  ``--output`` still replaces the file, so a stale file never says "ok");
+- ``llm_scrape_duration_seconds``: how long the scrape took;
+- ``llm_reconciliation_health{status}``: 1 for the current status of
+  ``llm.reconciliation_health()`` (ok, late, never, failing), 0 for the others;
+- ``llm_reconciliation_last_success_timestamp_seconds``: when the last
+  completed pass finished; 0 when none ever did;
+- ``llm_reconciliation_last_run_*``: the newest finished pass that was not
+  skipped: its figures, status (one series per status), duration and age
+  (``..._age_seconds``, on the pass's clock, as health computes it). Before the
+  first pass every one of them is present and 0: ``..._timestamp_seconds 0``,
+  ``..._age_seconds 0``, every figure 0, and ``..._status{status}`` 0 for
+  every status (alert on ``llm_reconciliation_health{status="never"} == 1``
+  or ``llm_reconciliation_last_run_timestamp_seconds == 0``);
+- ``llm_open_requests`` / ``llm_open_hold_credits``: requests still holding
+  credits; ``llm_stale_open_requests{organization_status}`` /
+  ``llm_stale_open_hold_credits{organization_status}``: those older than the
+  recovery window, by their organization's status. ``operational``: the next
+  pass recovers them (0 right after a pass, unless a blocked organization or a
+  batch left some); ``suspended`` and ``closed``: no pass visits those
+  organizations, so their holds stay until the organization is operational
+  again. Every status is present, 0 when none;
+- ``llm_running_tasks``, ``llm_stale_running_tasks``, ``llm_drift_findings``;
+- ``llm_period_findings``: periods whose counters disagreed with their requests
+  at their last audit and still do (``llm.period_findings``, unresolved);
+- counters kept by the sweeps themselves (``llm.sweep_totals``), the pass's and
+  direct ``reconcile_org`` calls alike, never lowered (a true-up does not undo
+  a recovery): ``llm_recovered_requests_total``,
+  ``llm_recovered_uncharged_requests_total`` (recovered and charged nothing,
+  per the organization's ``recovery_charge``) and
+  ``llm_past_window_alerts_total`` (BR-CAP-PFM-LLM-009-07);
+- ``llm_notices{status}``: owed and sending threshold notices;
+- ``llm_budgets_near_limit{scope}``: budget counters of the current windows (the
+  day, week and month containing the scrape's clock) whose used + held stand at
+  or above the first threshold of the budget that applies to them (the id's own,
+  else the scope's ``'*'``), by scope (organization, project, api_key,
+  end_user; every scope present, 0 when none). ``llm-db report --by SCOPE``
+  lists them.
+
+``llm-db worker`` adds the counter ``llm_notice_deliveries_total{outcome}``
+(sent, failed, released) for its own process.
+
+A pass that stopped running shows as a growing
+``llm_reconciliation_last_run_age_seconds`` and
+``llm_reconciliation_health{status="late"} 1``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+from llm_db.cli.report import (
+    books_snapshot,
+    budgets_near_limit,
+    last_run,
+    server_clock,
+    stale_by_organization_status,
+    sweep_totals,
+)
+from llm_db.client import Llm
+
+__all__ = [
+    "BUDGET_SCOPES",
+    "HEALTH_STATUSES",
+    "RUN_FIGURES",
+    "RUN_STATUSES",
+    "Scrape",
+    "collect",
+    "exposition",
+    "scrape",
+]
+
+HEALTH_STATUSES = ("ok", "late", "never", "failing")
+RUN_STATUSES = ("succeeded", "partial", "failed")
+
+#: llm.reconciliation_runs column -> what the gauge says
+RUN_FIGURES = {
+    "orgs_visited": "Organizations the last pass visited.",
+    "orgs_failed": "Organizations whose sweep failed in the last pass.",
+    "requests_recovered": "Requests the last pass settled at their estimate.",
+    "released_hold_credits": "Hold credits the last pass released.",
+    "past_window_alerts": "Requests the last pass found past the recovery window (alerted once each).",
+    "executions_abandoned": "Tasks the last pass marked abandoned.",
+    "drift_findings": "Tasks whose totals disagreed with their requests in the last pass.",
+    "notices_rearmed": "Threshold notices the last pass made owed again.",
+    "daily_rows_rebuilt": "llm.daily_usage rows the last pass rebuilt.",
+    "more_pending_orgs": "Organizations with more stranded requests than the last pass's batch.",
+    "recovered_uncharged": "Requests the last pass recovered and charged nothing (recovery_charge).",
+    "period_findings": (
+        "Periods, and budget counters of the current and previous windows, whose counters"
+        " disagreed with their requests in the last pass's audit."
+    ),
+}
+ORGANIZATION_STATUSES = ("operational", "suspended", "closed")
+BUDGET_SCOPES = ("organization", "project", "api_key", "end_user")
+STALE_HELP = (
+    "by the status of their organization: operational ones the next pass recovers; suspended"
+    " and closed ones no pass visits, so their holds stay until the organization is operational."
+)
+#: llm.sweep_totals sum -> (counter name without _total, what it counts)
+SWEEP_COUNTERS = {
+    "recovered_requests": ("llm_recovered_requests", "Requests recovery settled, by any sweep, ever."),
+    "recovered_uncharged": (
+        "llm_recovered_uncharged_requests",
+        "Requests recovery settled and charged nothing (recovery_charge dispatched or none), ever.",
+    ),
+    "past_window_alerts": (
+        "llm_past_window_alerts",
+        "Requests found past the recovery window, each alerted once, by any sweep, ever.",
+    ),
+}
+
+#: what ``last_run`` would say of a pass before the first one
+_NO_RUN: dict[str, Any] = {
+    "finished_at": None, "age_seconds": 0, "duration_seconds": 0, "status": None, "errors": [],
+    **{column: 0 for column in RUN_FIGURES},
+}  # fmt: skip
+
+SNAPSHOT_GAUGES = {
+    "open_requests": ("llm_open_requests", "Requests admitted and not yet settled or failed."),
+    "held_credits": ("llm_open_hold_credits", "Credits held by open requests."),
+    "running_tasks": ("llm_running_tasks", "Tasks running."),
+    "stale_running_tasks": (
+        "llm_stale_running_tasks",
+        "Tasks running longer than the recovery window (the next pass abandons them).",
+    ),
+    "drift_findings": ("llm_drift_findings", "Tasks currently listed in llm.drift_findings."),
+}
+
+
+def collect(
+    conn: psycopg.Connection,
+    *,
+    now: datetime | None = None,
+    registry: CollectorRegistry | None = None,
+) -> CollectorRegistry:
+    """Every llm-db gauge, read from ``conn`` at ``now`` (the server's clock by
+    default), in ``registry`` (default: a fresh one)."""
+    clock = server_clock(conn, now)
+    if registry is None:
+        registry = CollectorRegistry(auto_describe=True)
+    _health_gauges(conn, clock, registry)
+    _last_run_gauges(conn, clock, registry)
+    _books_gauges(conn, clock, registry)
+    return registry
+
+
+def _health_gauges(conn: psycopg.Connection, clock: datetime, registry: CollectorRegistry) -> None:
+    """llm.reconciliation_health(): the missing-run alarm."""
+    health = Llm(conn).health(now=clock)
+    gauge = Gauge(
+        "llm_reconciliation_health",
+        "1 for the current status of llm.reconciliation_health() (the missing-run alarm).",
+        ["status"],
+        registry=registry,
+    )
+    for status in HEALTH_STATUSES:
+        gauge.labels(status=status).set(1 if health.status == status else 0)
+    Gauge(
+        "llm_reconciliation_last_success_timestamp_seconds",
+        "When the last completed pass finished (on its own clock), Unix seconds; 0: never.",
+        registry=registry,
+    ).set(0 if health.last_success_at is None else health.last_success_at.timestamp())
+
+
+def _last_run_gauges(conn: psycopg.Connection, clock: datetime, registry: CollectorRegistry) -> None:
+    """The last (not skipped) pass's llm.reconciliation_runs row."""
+    # before the first pass every series is present, at 0 (documented above)
+    run = last_run(conn, now=clock) or _NO_RUN
+    Gauge(
+        "llm_reconciliation_last_run_timestamp_seconds",
+        "When the last (not skipped) pass finished, Unix seconds; 0: no pass yet.",
+        registry=registry,
+    ).set(0 if run["finished_at"] is None else run["finished_at"].timestamp())
+    Gauge(
+        "llm_reconciliation_last_run_age_seconds",
+        "Seconds since the last (not skipped) pass finished, on the pass's clock; 0: no pass yet.",
+        registry=registry,
+    ).set(run["age_seconds"])
+    Gauge(
+        "llm_reconciliation_last_run_duration_seconds",
+        "How long the last pass took; 0: no pass yet.",
+        registry=registry,
+    ).set(run["duration_seconds"])
+    status_gauge = Gauge(
+        "llm_reconciliation_last_run_status",
+        "1 for the status of the last (not skipped) pass; all 0: no pass yet.",
+        ["status"],
+        registry=registry,
+    )
+    for status in RUN_STATUSES:
+        status_gauge.labels(status=status).set(1 if run["status"] == status else 0)
+    Gauge(
+        "llm_reconciliation_last_run_errors",
+        "Errors the last pass recorded (organizations and follow-up steps).",
+        registry=registry,
+    ).set(len(run["errors"]))
+    for column, doc in RUN_FIGURES.items():
+        Gauge(f"llm_reconciliation_last_run_{column}", doc, registry=registry).set(run[column])
+
+
+def _books_gauges(conn: psycopg.Connection, clock: datetime, registry: CollectorRegistry) -> None:
+    """What the next pass would act on, the stale requests by organization status, and
+    the sweeps' totals (counters)."""
+    books = books_snapshot(conn, now=clock)
+    for column, (name, doc) in SNAPSHOT_GAUGES.items():
+        Gauge(name, doc, registry=registry).set(books[column])
+    notices = Gauge(
+        "llm_notices", "Threshold notices not yet delivered, by status.", ["status"],
+        registry=registry,
+    )  # fmt: skip
+    notices.labels(status="owed").set(books["notices_owed"])
+    notices.labels(status="sending").set(books["notices_sending"])
+
+    stale = stale_by_organization_status(conn, now=clock)
+    requests = Gauge("llm_stale_open_requests", "Open requests older than the recovery window, "
+                     + STALE_HELP, ["organization_status"], registry=registry)  # fmt: skip
+    credits = Gauge("llm_stale_open_hold_credits", "Credits held by open requests older than the"
+                    " recovery window, " + STALE_HELP, ["organization_status"], registry=registry)  # fmt: skip
+    for status in ORGANIZATION_STATUSES:
+        found = stale.get(status, {})
+        requests.labels(organization_status=status).set(found.get("stale_open_requests", 0))
+        credits.labels(organization_status=status).set(found.get("stale_held_credits", 0))
+
+    near = budgets_near_limit(conn, now=clock)
+    budgets = Gauge(
+        "llm_budgets_near_limit",
+        "Budget counters of the current windows at or above their budget's first threshold"
+        " (used + held), by scope.",
+        ["scope"],
+        registry=registry,
+    )
+    for scope in BUDGET_SCOPES:
+        budgets.labels(scope=scope).set(near.get(scope, 0))
+
+    totals = sweep_totals(conn)
+    Gauge("llm_period_findings", "Periods whose counters disagree with their requests (unresolved"
+          " rows of llm.period_findings).", registry=registry).set(totals["period_findings"])  # fmt: skip
+    registry.register(_SweepCounters(totals))
+
+
+class _SweepCounters:
+    """The sweeps' own monotonic totals (llm.sweep_totals), exposed as counters."""
+
+    def __init__(self, totals: dict[str, Any]) -> None:
+        self.totals = totals
+
+    def collect(self) -> Iterable[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        for column, (name, doc) in SWEEP_COUNTERS.items():
+            yield CounterMetricFamily(name, doc, value=self.totals[column])
+
+    def describe(self) -> Iterable[Any]:
+        return self.collect()
+
+
+def _scrape_gauges(registry: CollectorRegistry, *, up: bool, seconds: float) -> None:
+    Gauge(
+        "llm_up", "1 when this scrape read the llm database, 0 when it could not.",
+        registry=registry,
+    ).set(1 if up else 0)  # fmt: skip
+    Gauge(
+        "llm_scrape_duration_seconds", "How long this scrape of the llm database took.",
+        registry=registry,
+    ).set(seconds)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Scrape:
+    """One scrape: the exposition (always renderable) and the error that made it
+    ``llm_up 0`` (None when the database was read)."""
+
+    text: bytes
+    error: BaseException | None
+
+    @property
+    def up(self) -> bool:
+        return self.error is None
+
+
+def scrape(
+    connect: Callable[[], contextlib.AbstractContextManager[psycopg.Connection]],
+    *,
+    now: datetime | None = None,
+    extra: Iterable[Any] = (),
+    catch: tuple[type[BaseException], ...] = (psycopg.Error,),
+) -> Scrape:
+    """Connect with ``connect()``, collect, and render with ``llm_up`` and the scrape's
+    duration; an exception of ``catch`` gives ``llm_up 0`` instead (and is returned).
+    ``extra``: more collectors to render with it (the worker's counters)."""
+    started = time.monotonic()
+    registry = CollectorRegistry(auto_describe=True)
+    error: BaseException | None = None
+    try:
+        with connect() as conn:
+            collect(conn, now=now, registry=registry)
+    except catch as exc:
+        error = exc
+        registry = CollectorRegistry(auto_describe=True)  # nothing half-read
+    _scrape_gauges(registry, up=error is None, seconds=time.monotonic() - started)
+    for collector in extra:
+        registry.register(collector)
+    return Scrape(generate_latest(registry), error)
+
+
+def exposition(conn: psycopg.Connection, *, now: datetime | None = None) -> bytes:
+    """The Prometheus text exposition of ``collect(conn, now=now)`` with ``llm_up 1``."""
+    return scrape(lambda: contextlib.nullcontext(conn), now=now, catch=()).text
