@@ -206,7 +206,7 @@ COMMENT ON FUNCTION llm._audit_budgets(p_organization_id uuid, p_now timestamp w
 CREATE FUNCTION llm._audit_org(p_organization_id uuid, p_now timestamp with time zone, p_run_id uuid) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 af5d6ba72b9a4caef43a1a0edef2032c $$;
+    AS $$ body in sql/, md5 5068491123a9af7d0bea6168420de49f $$;
 
 COMMENT ON FUNCTION llm._audit_org(p_organization_id uuid, p_now timestamp with time zone, p_run_id uuid) IS 'When due (at least daily), recomputes the organization''s current and previous period, and every period with an unresolved finding, from their requests in one statement; records, logs and returns the periods that disagree (llm.period_findings), resolves findings that no longer hold; then logs and adds the budget counters of the current and previous windows that disagree (llm._audit_budgets); NULL when not due.';
 
@@ -269,7 +269,7 @@ COMMENT ON COLUMN llm.budget_counters.admitted_revision IS 'The revision of the 
 CREATE FUNCTION llm._budget_crossings(p_organization_id uuid, p_keys llm.budget_counters[], p_olds bigint[], p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 30796e5202a9c8d4eb31678f5bcc5c2c $$;
+    AS $$ body in sql/, md5 92c66593adbacd17834a76c6d03224ec $$;
 
 COMMENT ON FUNCTION llm._budget_crossings(p_organization_id uuid, p_keys llm.budget_counters[], p_olds bigint[], p_now timestamp with time zone) IS 'Owes one notice per threshold each moved counter crossed (used from p_olds[i] to p_keys[i].used_credits) under the budget that applies to it now.';
 
@@ -464,9 +464,142 @@ COMMENT ON COLUMN llm.invocation_scopes.budget_mask IS 'The budget counters the 
 CREATE FUNCTION llm._hold_budgets(p_inv llm.invocations, p_scopes llm.invocation_scopes, p_limits bigint[], p_revisions uuid[]) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 487d9d750253b5f4d5095c057bc28790 $$;
+    AS $$ body in sql/, md5 ca6d35fe6904dde74dfc644d003f4bb3 $$;
 
 COMMENT ON FUNCTION llm._hold_budgets(p_inv llm.invocations, p_scopes llm.invocation_scopes, p_limits bigint[], p_revisions uuid[]) IS 'Holds a just-admitted request''s estimate on the counter of every budget in its budget_mask, in bit order, each iff used + held + estimate <= its limit (LL001 naming the first that does not fit, with the id as the DETAIL''s first line).';
+
+CREATE FUNCTION llm._invariant_1() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 fe4c2d135c4e70348306c1f9f3816ab7 $$;
+
+COMMENT ON FUNCTION llm._invariant_1() IS 'Invariant 1: every period stripe''s held_credits equals the holds of its reserved and dispatched requests.';
+
+CREATE FUNCTION llm._invariant_10() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 eca48f5b946403c0de8f03611a9340b3 $$;
+
+COMMENT ON FUNCTION llm._invariant_10() IS 'Invariant 10: every organization''s sweep_totals equal the counts of its recovered, recovered-uncharged and past-window-alerted requests.';
+
+CREATE FUNCTION llm._invariant_11() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 4a42b112b7717bdf5ec65cd20c1c376f $$;
+
+COMMENT ON FUNCTION llm._invariant_11() IS 'Invariant 11: an unresolved period finding means its period''s counters still differ from its requests.';
+
+CREATE FUNCTION llm._invariant_12() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 bbb069e4da7f141a8f136d3191a6ec28 $$;
+
+COMMENT ON FUNCTION llm._invariant_12() IS 'Invariant 12: a notice carries a claim token iff it is being sent.';
+
+CREATE FUNCTION llm._invariant_13() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 4b31c1d67cfd7538c93541c9cb75a24f $$;
+
+COMMENT ON FUNCTION llm._invariant_13() IS 'Invariant 13: a drift finding means its task still differs from its terminal requests.';
+
+CREATE FUNCTION llm._invariant_14() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 11b09ec72412df200c4d20ba8fef8ddd $$;
+
+COMMENT ON FUNCTION llm._invariant_14() IS 'Invariant 14: every budget counter''s used, held and cents equal the requests admitted under it, and an open request''s counters exist.';
+
+CREATE FUNCTION llm._invariant_15() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 b2b773bdce911cfc84323c0f6cf9f94c $$;
+
+COMMENT ON FUNCTION llm._invariant_15() IS 'Invariant 15: a budget counter''s used + held - overrun never exceeds the limit its last admission was decided against, the budget''s limit while its revision is unchanged.';
+
+CREATE FUNCTION llm._invariant_2() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 94283a88e4f9a7d4563dba24dc8592e7 $$;
+
+COMMENT ON FUNCTION llm._invariant_2() IS 'Invariant 2: every period''s used_credits and used_cents equal the charges of its terminal requests and the sum of its ledger charges and adjustments.';
+
+CREATE FUNCTION llm._invariant_2b() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 a5f7101fa5bbb628b53e3ac9bd30d51a $$;
+
+COMMENT ON FUNCTION llm._invariant_2b() IS 'Invariant 2b, reported as 2: every period stripe''s used_credits and used_cents equal the charges of its terminal requests.';
+
+CREATE FUNCTION llm._invariant_3() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 4e6f97b0e05eb71052feca24b7fe6c1b $$;
+
+COMMENT ON FUNCTION llm._invariant_3() IS 'Invariant 3: every request has one hold, a release iff it is terminal, at most one charge and at most one adjustment (iff it was trued up), adding up to its own charge.';
+
+CREATE FUNCTION llm._invariant_4() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 6e1b060f39baedc6ba7c1b2cd683dce1 $$;
+
+COMMENT ON FUNCTION llm._invariant_4() IS 'Invariant 4: in every period with an allowance, used + held - overrun stays within the allowance plus allowance_excess.';
+
+CREATE FUNCTION llm._invariant_4b() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 d15a484eb30870a7bb52d81624f32461 $$;
+
+COMMENT ON FUNCTION llm._invariant_4b() IS 'Invariant 4b, reported as 4: every stripe''s admit_room is set unless the allowance is unlimited, and together they never promise more than the period has left.';
+
+CREATE FUNCTION llm._invariant_5() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 14e0197b754d51b7dc85eda5afbcce80 $$;
+
+COMMENT ON FUNCTION llm._invariant_5() IS 'Invariant 5: only recovered (or later trued-up) requests carry a past-window alert, and each threshold of a budget window has at most one notice.';
+
+CREATE FUNCTION llm._invariant_5b() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 94e7ad2553b67cff26262d2431fb003e $$;
+
+COMMENT ON FUNCTION llm._invariant_5b() IS 'Invariant 5b, reported as 5: while a threshold is ahead and not notified, every stripe''s notice_room is set and together they stay below the usage that reaches it.';
+
+CREATE FUNCTION llm._invariant_6() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 c6e8bebb865eef30d7bca48cabb837d9 $$;
+
+COMMENT ON FUNCTION llm._invariant_6() IS 'Invariant 6: every task''s request_count, credits and cents equal the sums over its terminal requests, unless it has a drift finding.';
+
+CREATE FUNCTION llm._invariant_7() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 cd187518d7346a0882d37bfb4fc627ed $$;
+
+COMMENT ON FUNCTION llm._invariant_7() IS 'Invariant 7: a task has ended_at iff it is closed, an abandoned task has no duration and a completed one has one.';
+
+CREATE FUNCTION llm._invariant_8() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 20fc099948ee573b2cf9b7c333a82b0d $$;
+
+COMMENT ON FUNCTION llm._invariant_8() IS 'Invariant 8: every request belongs to a stripe of a period and, when linked, to a task of its own organization.';
+
+CREATE FUNCTION llm._invariant_9() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 7c861d69089364268462c3199ee9e04e $$;
+
+COMMENT ON FUNCTION llm._invariant_9() IS 'Invariant 9: every period from the month of its organization''s last update on carries the organization''s allowance.';
+
+CREATE FUNCTION llm._kept_finding(p_finding text, p_last_seen_at timestamp with time zone, p_subject text, p_subject_exists boolean, p_figures text) RETURNS text
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 e1b22b93fa55edb52741f52f9e434bc4 $$;
+
+COMMENT ON FUNCTION llm._kept_finding(p_finding text, p_last_seen_at timestamp with time zone, p_subject text, p_subject_exists boolean, p_figures text) IS 'The detail invariants 11 and 13 report for a finding whose subject is gone or agrees with its requests.';
 
 CREATE TABLE llm.pass_lease (
     singleton boolean DEFAULT true NOT NULL,
@@ -608,12 +741,12 @@ CREATE FUNCTION llm._operational_org(p_organization_id uuid) RETURNS llm.organiz
 
 COMMENT ON FUNCTION llm._operational_org(p_organization_id uuid) IS 'The organization row, or LL002 when unknown and LL003 when not operational.';
 
-CREATE FUNCTION llm._owe_notices(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint, p_allowance bigint, p_now timestamp with time zone, p_scope text DEFAULT 'organization'::text, p_scope_id text DEFAULT NULL::text, p_window text DEFAULT 'month'::text) RETURNS integer
+CREATE FUNCTION llm._owe_notices(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint, p_allowance bigint, p_now timestamp with time zone, p_scope text DEFAULT 'organization'::text, p_scope_id text DEFAULT NULL::text, p_window text DEFAULT 'month'::text, p_old_used bigint DEFAULT NULL::bigint) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 4fe392f9fa0a78f8f8ee2f8223d425fc $$;
+    AS $$ body in sql/, md5 5652ef5a71fdc39c1cce2d6225eae56e $$;
 
-COMMENT ON FUNCTION llm._owe_notices(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint, p_allowance bigint, p_now timestamp with time zone, p_scope text, p_scope_id text, p_window text) IS 'Creates one owed notice (crossed at p_now) for every threshold of p_thresholds that p_used stands at or above under p_allowance and not notified yet; NOTIFY llm_notices at commit when it created one.';
+COMMENT ON FUNCTION llm._owe_notices(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint, p_allowance bigint, p_now timestamp with time zone, p_scope text, p_scope_id text, p_window text, p_old_used bigint) IS 'Creates one owed notice (crossed at p_now) for every threshold of p_thresholds that p_used stands at or above under p_allowance (and, given p_old_used, p_old_used stood below) and not notified yet; NOTIFY llm_notices at commit when it created one.';
 
 CREATE FUNCTION llm._pass_organizations() RETURNS uuid[]
     LANGUAGE plpgsql STABLE SECURITY DEFINER
@@ -666,7 +799,7 @@ COMMENT ON FUNCTION llm._reconcile_org(p_organization_id uuid, p_now timestamp w
 CREATE FUNCTION llm._record_crossings(p_organization_id uuid, p_period_start date, p_old_used bigint, p_new_used bigint, p_allowance bigint, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 d110f049356248ce0d58b79dca8a82f4 $$;
+    AS $$ body in sql/, md5 92a5bc82b1617971106308b07686e9e5 $$;
 
 COMMENT ON FUNCTION llm._record_crossings(p_organization_id uuid, p_period_start date, p_old_used bigint, p_new_used bigint, p_allowance bigint, p_now timestamp with time zone) IS 'Creates one owed notice per threshold crossed when used credits moved from p_old_used to p_new_used; at most one per (organization, period, threshold); NOTIFY llm_notices at commit when it created one.';
 
@@ -871,7 +1004,7 @@ COMMENT ON FUNCTION llm._text_ok(p_value text, p_max integer, p_nullable boolean
 CREATE FUNCTION llm._true_up_daily_usage(p_inv llm.invocations, p_credits bigint, p_cents bigint) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 97aaa7046f248fcb4dfc8c841bd9a801 $$;
+    AS $$ body in sql/, md5 859a2a79f242ae1e022bf421963f75b8 $$;
 
 COMMENT ON FUNCTION llm._true_up_daily_usage(p_inv llm.invocations, p_credits bigint, p_cents bigint) IS 'Moves the daily usage row of a trued-up request''s settlement day and model by the signed difference (inserting the row, computed from the requests, when the day has none); never lost to a concurrent rebuild_daily_usage.';
 
@@ -905,9 +1038,9 @@ COMMENT ON FUNCTION llm.check_daily_usage(p_from date, p_to date) IS 'One row pe
 CREATE FUNCTION llm.check_invariants() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 ccb64b6bc457a0e2ef1ebb4aa88b7237 $$;
+    AS $$ body in sql/, md5 8434988fb8b034a2c030c5b84b87beea $$;
 
-COMMENT ON FUNCTION llm.check_invariants() IS 'Returns one row per violated invariant (docs/design.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period findings, notice claims, drift findings, budget counters and budget ceilings); empty when the books are right.';
+COMMENT ON FUNCTION llm.check_invariants() IS 'Returns one row per violated invariant (docs/contract.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period findings, notice claims, drift findings, budget counters and budget ceilings); empty when the books are right.';
 
 CREATE FUNCTION llm.claim_notices(p_limit integer DEFAULT 50, p_now timestamp with time zone DEFAULT now()) RETURNS SETOF llm.notice_claim
     LANGUAGE plpgsql SECURITY DEFINER
@@ -1465,6 +1598,44 @@ GRANT SELECT ON TABLE llm.invocation_scopes TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm._hold_budgets(p_inv llm.invocations, p_scopes llm.invocation_scopes, p_limits bigint[], p_revisions uuid[]) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._invariant_1() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._invariant_10() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._invariant_11() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._invariant_12() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._invariant_13() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._invariant_14() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._invariant_15() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._invariant_2() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._invariant_2b() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._invariant_3() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._invariant_4() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._invariant_4b() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._invariant_5() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._invariant_5b() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._invariant_6() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._invariant_7() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._invariant_8() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._invariant_9() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._kept_finding(p_finding text, p_last_seen_at timestamp with time zone, p_subject text, p_subject_exists boolean, p_figures text) FROM PUBLIC;
+
 GRANT SELECT ON TABLE llm.pass_lease TO llm_reader;
 GRANT SELECT ON TABLE llm.pass_lease TO llm_operator;
 
@@ -1498,7 +1669,7 @@ GRANT SELECT ON TABLE llm.organizations TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm._operational_org(p_organization_id uuid) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm._owe_notices(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint, p_allowance bigint, p_now timestamp with time zone, p_scope text, p_scope_id text, p_window text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION llm._owe_notices(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint, p_allowance bigint, p_now timestamp with time zone, p_scope text, p_scope_id text, p_window text, p_old_used bigint) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._pass_organizations() FROM PUBLIC;
 GRANT ALL ON FUNCTION llm._pass_organizations() TO llm_operator;
