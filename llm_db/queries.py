@@ -10,6 +10,9 @@ import dataclasses
 
 from llm_db.models import ReconciliationRun
 
+# The server's clock of the transaction: the ``now`` of a read given none.
+NOW = "SELECT pg_catalog.now() AS now"
+
 # ----------------------------------------------------------- the pass (run_reconciliation)
 
 # The server clock before the CALL, to find the run row the CALL recorded.
