@@ -129,3 +129,111 @@ def _show_diff() -> bool:
     import os
 
     return os.environ.get("LLM_DB_GOLDEN_DIFF") == "1"
+
+
+# ---------------------------------------------------------------- the reads themselves
+
+# Each read of sql/81_report.sql and sql/82_books.sql (llm.sweep_summary is a view),
+# with arguments that pass on the books above.
+READS = {
+    "report_periods": ((T0 - DAY).date(), T0.date()),
+    "report_daily_usage": ((T0 - DAY).date(), T0.date()),
+    "report_open_holds": (),
+    "report_tasks": ((T0 - DAY).date(),),
+    "report_scope_usage": ("end_user", (T0 - DAY).date(), T0.date()),
+    "report_budgets_near_limit": (),
+    "books_snapshot": (),
+    "stale_by_organization_status": (),
+    "books_history": ([ORG_A],),
+    "organization_totals": ([ORG_A],),
+    "last_run": (),
+    "pass_progress": (T0,),
+    "metrics": (),
+}
+
+
+def test_the_reads_are_every_public_read_and_run_as_llm_reader_and_llm_operator(
+    books, llm_role_conn
+):
+    """issue 24 item 2, docs/design.md "Roles and grants": the monitoring and reporting roles
+    run every read; llm_app, the application's role, runs none (42501)."""
+    granted = {
+        r[0]
+        for r in books.execute(
+            "SELECT p.proname FROM pg_catalog.pg_proc AS p"
+            " WHERE p.pronamespace = 'llm'::regnamespace"
+            " AND has_function_privilege('llm_reader', p.oid, 'EXECUTE')"
+        )
+    }
+    assert granted == {*READS, "reconciliation_health"}
+    for role in ("llm_reader", "llm_operator"):
+        conn = llm_role_conn(role)
+        for name, args in READS.items():
+            call(conn, name, *args)
+    app = llm_role_conn("llm_app")
+    for name, args in READS.items():
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            call(app, name, *args)
+        app.rollback()
+
+
+@pytest.mark.parametrize(
+    ("name", "args"),
+    [
+        ("report_scope_usage", ("model", T0.date(), T0.date())),  # not a scope of a request
+        ("report_scope_usage", (None, T0.date(), T0.date())),
+        ("report_periods", (T0.date(), (T0 - DAY).date())),  # days out of order
+        ("report_daily_usage", (None, T0.date())),
+        ("report_tasks", (None,)),
+    ],
+)
+def test_a_read_refuses_a_bad_argument_with_22023(llm_conn, name, args):
+    """issue 24 item 2: a read's scope and days are checked as the other calls' are."""
+    with pytest.raises(psycopg.errors.InvalidParameterValue):
+        call(llm_conn, name, *args)
+
+
+def test_the_books_reads_on_known_books(books):
+    """issue 24 item 2: the reads the demo and `reconcile --progress` use, on the books above:
+    each organization's allowance, period sums and notices; what passes did to them; the
+    operational organizations a pass visits (C is suspended) and none visited while no pass
+    runs; the stale open request of the suspended organization only."""
+    totals = call(books, "organization_totals", [ORG_C, ORG_B, ORG_A])
+    assert [(r["name"], r["status"], r["allowance_credits"], r["used_credits"], r["held_credits"],
+             r["used_cents"], r["notices"]) for r in totals] == [
+        ("A org", "operational", 10_000, 8_125, 25, 808, 1),
+        ("B org", "operational", None, 127, 0, 12, 0),
+        ("C org", "suspended", 500, 0, 70, 0, 0),
+    ]  # fmt: skip
+    history = call(books, "books_history", [ORG_A, ORG_B, ORG_C])[0]
+    assert history == {
+        "recovered_requests": 1,
+        "past_window_alerts": 1,
+        "abandoned_tasks": 0,
+        "notices_sent": 0,
+    }
+    assert call(books, "books_history", [ORG_B])[0]["recovered_requests"] == 0
+    assert call(books, "pass_progress", T0 - 2 * DAY)[0] == {
+        "organizations": 2,
+        "orgs_visited": None,
+    }
+    stale = {r["organization_status"]: (r["stale_open_requests"], r["stale_held_credits"])
+             for r in call(books, "stale_by_organization_status", now=T0)}  # fmt: skip
+    assert stale == {"operational": (0, 0), "suspended": (1, 70), "closed": (0, 0)}
+    # T0 - 4 days + 24 h: the suspended organization's request just entered the window
+    assert call(books, "books_snapshot", now=T0 - 3 * DAY - HOUR)[0]["stale_open_requests"] == 0
+
+
+def test_before_the_first_pass_last_run_is_no_row_and_metrics_says_0(llm_conn):
+    """issue 24 item 2, docs/operations.md: no pass yet is no run row, and every series of the
+    pass in llm.metrics() is present at 0 but the health's never."""
+    assert call(llm_conn, "last_run", now=T0) == []
+    series = {
+        (r["metric"], json.dumps(r["labels"])): r["value"]
+        for r in call(llm_conn, "metrics", now=T0)
+    }
+    pass_series = {k: v for k, v in series.items() if k[0].startswith("llm_reconciliation_")}
+    assert len(pass_series) == 4 + 1 + 3 + 1 + 15
+    assert {k for k, v in pass_series.items() if v != 0} == {
+        ("llm_reconciliation_health", '{"status": "never"}')
+    }
