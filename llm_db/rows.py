@@ -10,7 +10,7 @@ by name.
 from __future__ import annotations
 
 from datetime import date, datetime
-from typing import Any, TypedDict
+from typing import TypedDict
 from uuid import UUID
 
 __all__ = [
@@ -18,7 +18,6 @@ __all__ = [
     "BooksSnapshot",
     "BudgetNearLimit",
     "DailyUsage",
-    "LastRun",
     "MetricSeries",
     "OpenHolds",
     "OrganizationTotals",
@@ -153,31 +152,6 @@ class OrganizationTotals(TypedDict):
     held_credits: int
     used_cents: int
     notices: int
-
-
-class LastRun(TypedDict):
-    """``llm.last_run``: the newest finished pass not skipped, its duration and age."""
-
-    id: UUID
-    started_at: datetime
-    finished_at: datetime
-    clock: datetime
-    status: str
-    orgs_visited: int
-    orgs_failed: int
-    requests_recovered: int
-    released_hold_credits: int
-    past_window_alerts: int
-    executions_abandoned: int
-    drift_findings: int
-    notices_rearmed: int
-    daily_rows_rebuilt: int
-    more_pending_orgs: int
-    errors: list[dict[str, Any]]
-    recovered_uncharged: int
-    period_findings: int
-    duration_seconds: float
-    age_seconds: float
 
 
 class PassProgress(TypedDict):

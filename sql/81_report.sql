@@ -54,8 +54,6 @@ RETURNS TABLE (organization_id uuid, name text, open_requests bigint, held_credi
                oldest_created_at timestamptz, past_window bigint)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 AS $$
-DECLARE
-    v_now timestamptz := coalesce(p_now, pg_catalog.now());
 BEGIN
     PERFORM llm._check_clock(p_now);
     -- past_window: what the next pass recovers (of operational organizations)
@@ -64,7 +62,7 @@ BEGIN
            count(*),
            sum(i.hold_credits)::bigint,
            min(i.created_at),
-           count(*) FILTER (WHERE i.created_at <= v_now - s.recovery_window)
+           count(*) FILTER (WHERE i.created_at <= coalesce(p_now, pg_catalog.now()) - s.recovery_window)
       FROM llm.invocations AS i
       JOIN llm.organizations AS o ON o.id = i.organization_id
      CROSS JOIN llm.settings AS s

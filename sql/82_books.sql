@@ -137,7 +137,7 @@ RETURNS TABLE (id uuid, started_at timestamptz, finished_at timestamptz, clock t
                released_hold_credits bigint, past_window_alerts bigint, executions_abandoned bigint,
                drift_findings bigint, notices_rearmed bigint, daily_rows_rebuilt bigint,
                more_pending_orgs integer, errors jsonb, recovered_uncharged bigint, period_findings bigint,
-               duration_seconds double precision, age_seconds double precision)
+               daily_rebuilt_through date, duration_seconds double precision, age_seconds double precision)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 AS $$
 BEGIN
@@ -146,7 +146,7 @@ BEGIN
     SELECT r.id, r.started_at, r.finished_at, r.clock, r.status, r.orgs_visited, r.orgs_failed,
            r.requests_recovered, r.released_hold_credits, r.past_window_alerts, r.executions_abandoned,
            r.drift_findings, r.notices_rearmed, r.daily_rows_rebuilt, r.more_pending_orgs, r.errors,
-           r.recovered_uncharged, r.period_findings,
+           r.recovered_uncharged, r.period_findings, r.daily_rebuilt_through,
            pg_catalog.date_part('epoch', r.finished_at - r.started_at),
            pg_catalog.date_part('epoch', coalesce(p_now, pg_catalog.now()) - (r.clock + (r.finished_at - r.started_at)))
       FROM llm.reconciliation_runs AS r

@@ -20,6 +20,7 @@ import pytest
 
 from llm_db.metrics import exposition
 from llm_db.report import build_report, render_report, report_json
+from llm_db.requests import Llm
 from tests.helpers import (
     T0,
     admit,
@@ -197,7 +198,8 @@ def test_the_books_reads_on_known_books(books):
     """issue 24 item 2: the reads the demo and `reconcile --progress` use, on the books above:
     each organization's allowance, period sums and notices; what passes did to them; the
     operational organizations a pass visits (C is suspended) and none visited while no pass
-    runs; the stale open request of the suspended organization only."""
+    runs; the last pass, its age on its own clock; the stale open request of the suspended
+    organization only."""
     totals = call(books, "organization_totals", [ORG_C, ORG_B, ORG_A])
     assert [(r["name"], r["status"], r["allowance_credits"], r["used_credits"], r["held_credits"],
              r["used_cents"], r["notices"]) for r in totals] == [
@@ -220,6 +222,15 @@ def test_the_books_reads_on_known_books(books):
     stale = {r["organization_status"]: (r["stale_open_requests"], r["stale_held_credits"])
              for r in call(books, "stale_by_organization_status", now=T0)}  # fmt: skip
     assert stale == {"operational": (0, 0), "suspended": (1, 70), "closed": (0, 0)}
+    run = Llm(books).last_run(now=T0)
+    assert (run.status, run.orgs_visited, run.requests_recovered, run.clock) == (
+        "succeeded",
+        2,
+        1,
+        T0 - DAY,
+    )
+    assert run.duration_seconds >= 0
+    assert run.age_seconds == pytest.approx(DAY.total_seconds() - run.duration_seconds, abs=1e-6)
     # T0 - 4 days + 24 h: the suspended organization's request just entered the window
     assert call(books, "books_snapshot", now=T0 - 3 * DAY - HOUR)[0]["stale_open_requests"] == 0
 
