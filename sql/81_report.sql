@@ -81,7 +81,7 @@ RETURNS TABLE (organization_id uuid, name text, status text, tasks bigint, reque
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 AS $$
 BEGIN
-    PERFORM llm._check_day_range(p_from, p_from);
+    PERFORM llm._check_day_range(p_from, p_from);  -- a finite day
     RETURN QUERY
     SELECT x.organization_id, o.name, x.status::text,
            count(*),
