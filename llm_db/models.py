@@ -26,6 +26,7 @@ __all__ = [
     "InvariantViolation",
     "Invocation",
     "InvocationStatus",
+    "LastRun",
     "LateSettlement",
     "Notice",
     "NoticeStatus",
@@ -299,6 +300,15 @@ class ReconciliationRun(_Row):
     recovered_uncharged: int
     period_findings: int
     daily_rebuilt_through: date | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LastRun(ReconciliationRun):
+    """``llm.last_run()``: the newest finished pass that was not skipped, how long it
+    took and its age, in seconds (on the pass's clock, as health judges it)."""
+
+    duration_seconds: float
+    age_seconds: float
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

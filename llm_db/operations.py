@@ -34,6 +34,7 @@ from llm_db.models import (
     Health,
     InvariantViolation,
     Invocation,
+    LastRun,
     LateSettlement,
     Notice,
     Organization,
@@ -42,6 +43,20 @@ from llm_db.models import (
     Outcome,
     ReconciliationRun,
     RecoveryCharge,
+)
+from llm_db.rows import (
+    BooksHistory,
+    BooksSnapshot,
+    BudgetNearLimit,
+    DailyUsage,
+    MetricSeries,
+    OpenHolds,
+    OrganizationTotals,
+    PassProgress,
+    PeriodUsage,
+    ScopeUsage,
+    StaleByStatus,
+    TasksByStatus,
 )
 
 __all__ = ["Call", "Operation", "Operations", "Scoped", "operations", "scoped_method"]
@@ -54,6 +69,8 @@ UuidLike = UUID | str
 
 #: an ``int`` passed as SQL ``integer`` (every other ``int`` is ``bigint``)
 Int4 = Annotated[int, "integer"]
+#: organizations passed as SQL ``uuid[]`` (the reads' filter; None: every organization)
+UuidArray = Annotated[Sequence[UuidLike], "uuid[]"]
 
 
 # ----------------------------------------------------------- what a call is
@@ -78,16 +95,24 @@ class Call(Generic[T]):
 # ----------------------------------------------------------- results
 
 
+def _from_row(model: Any) -> Callable[[Row], Any]:
+    """A model's ``from_row``; a ``TypedDict`` (``llm_db.rows``) keeps the row a dict."""
+    return model.from_row if hasattr(model, "from_row") else dict
+
+
 def _one(model: Any) -> Callable[[list[Row]], Any]:
-    return lambda rows: model.from_row(rows[0])
+    build = _from_row(model)
+    return lambda rows: build(rows[0])
 
 
 def _many(model: Any) -> Callable[[list[Row]], Any]:
-    return lambda rows: [model.from_row(row) for row in rows]
+    build = _from_row(model)
+    return lambda rows: [build(row) for row in rows]
 
 
 def _maybe_one(model: Any) -> Callable[[list[Row]], Any]:
-    return lambda rows: model.from_row(rows[0]) if rows else None
+    build = _from_row(model)
+    return lambda rows: build(rows[0]) if rows else None
 
 
 def _value(kind: type) -> Callable[[list[Row]], Any]:
@@ -113,7 +138,7 @@ def _result_of(hint: Any) -> tuple[Callable[[list[Row]], Any], bool]:
     if origin in (types.UnionType, typing.Union):  # ``Model | None``: a row that may be absent
         (model,) = [a for a in typing.get_args(hint) if a is not type(None)]
         return _maybe_one(model), True
-    if hasattr(hint, "from_row"):
+    if hasattr(hint, "from_row") or typing.is_typeddict(hint):
         return _one(hint), True
     return _value(hint), False
 
@@ -123,6 +148,8 @@ def _columns_of(hint: Any) -> tuple[str, ...]:
     # ``list[Model]`` and ``Model | None`` read Model's columns
     wrapped = typing.get_origin(hint) in (list, types.UnionType, typing.Union)
     (model,) = [a for a in typing.get_args(hint) if a is not type(None)] if wrapped else [hint]
+    if typing.is_typeddict(model):
+        return tuple(model.__annotations__)
     return tuple(f.name for f in dataclasses.fields(model))
 
 
@@ -158,8 +185,10 @@ def _convert(hint: Any) -> Callable[[Any], Any] | None:
     """Iterables go to the server as lists (psycopg adapts a list, not a generator)."""
     union = typing.get_origin(hint) in (types.UnionType, typing.Union)
     for member in typing.get_args(hint) if union else (hint,):
+        if typing.get_origin(member) is Annotated:  # ``UuidArray``: the sequence it annotates
+            member = typing.get_args(member)[0]
         origin = typing.get_origin(member)
-        if origin is not None and origin is not Annotated and issubclass(origin, Iterable):
+        if origin is not None and issubclass(origin, Iterable):
             return lambda v: list(v) if v is not None else None
     return None
 
@@ -551,6 +580,80 @@ class Operations:
     @operation("check_invariants")
     def check_invariants(self) -> list[InvariantViolation]:
         """Every violated invariant; empty when the books are right."""
+
+    # the books' reads (sql/81_report.sql, 82_books.sql): rows as dicts (llm_db.rows);
+    # ``organization_ids`` None: every organization
+
+    @operation("report_periods", sql_names={"day_from": "p_from", "day_to": "p_to"})
+    def report_periods(
+        self, day_from: date, day_to: date, organization_ids: UuidArray | None = None
+    ) -> list[PeriodUsage]:
+        """The periods overlapping those UTC days: allowance, used, held, cents."""
+
+    @operation("report_daily_usage", sql_names={"day_from": "p_from", "day_to": "p_to"})
+    def report_daily_usage(
+        self, day_from: date, day_to: date, organization_ids: UuidArray | None = None
+    ) -> list[DailyUsage]:
+        """The ``llm.daily_usage`` rows of those UTC days, newest first."""
+
+    @operation("report_open_holds")
+    def report_open_holds(
+        self, organization_ids: UuidArray | None = None, *, now: datetime | None = None
+    ) -> list[OpenHolds]:
+        """Per organization, the requests still holding credits, and how many are past
+        the recovery window."""
+
+    @operation("report_tasks", sql_names={"day_from": "p_from"})
+    def report_tasks(self, day_from: date, organization_ids: UuidArray | None = None) -> list[TasksByStatus]:
+        """Per organization and status, the tasks started since that UTC day and every
+        running one."""
+
+    @operation("report_scope_usage", sql_names={"day_from": "p_from", "day_to": "p_to"})
+    def report_scope_usage(
+        self, scope: str, day_from: date, day_to: date, organization_ids: UuidArray | None = None
+    ) -> list[ScopeUsage]:
+        """Usage per id of ``scope`` (project, api_key, end_user) of the requests admitted
+        in those UTC days (``InvalidArgument`` for another scope)."""
+
+    @operation("report_budgets_near_limit")
+    def report_budgets_near_limit(
+        self,
+        scope: str | None = None,
+        organization_ids: UuidArray | None = None,
+        *,
+        now: datetime | None = None,
+    ) -> list[BudgetNearLimit]:
+        """The current windows' budget counters at or past their first threshold."""
+
+    @operation("books_snapshot")
+    def books_snapshot(
+        self, organization_ids: UuidArray | None = None, *, now: datetime | None = None
+    ) -> BooksSnapshot:
+        """What the next pass would act on: open and stale requests, tasks, findings, notices."""
+
+    @operation("stale_by_organization_status")
+    def stale_by_organization_status(self, *, now: datetime | None = None) -> list[StaleByStatus]:
+        """Open requests past the recovery window, and their holds, by organization status."""
+
+    @operation("books_history")
+    def books_history(self, organization_ids: UuidArray) -> BooksHistory:
+        """Requests recovered, past-window alerts, tasks abandoned, notices sent, ever."""
+
+    @operation("organization_totals")
+    def organization_totals(self, organization_ids: UuidArray) -> list[OrganizationTotals]:
+        """Per organization: allowance, sums over its periods, notices."""
+
+    @operation("last_run")
+    def last_run(self, *, now: datetime | None = None) -> LastRun | None:
+        """The newest finished pass not skipped, its duration and age; None before any."""
+
+    @operation("pass_progress")
+    def pass_progress(self, since: datetime) -> PassProgress:
+        """The organizations a pass visits, and how many the pass running since ``since`` has."""
+
+    @operation("metrics")
+    def metrics(self, *, now: datetime | None = None) -> list[MetricSeries]:
+        """Every series of the Prometheus exposition: metric, labels, value."""
 
     @operation("distribute")
     def distribute(self, shard_count: Int4 | None = None) -> str:

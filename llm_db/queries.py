@@ -1,5 +1,10 @@
-"""The SQL statements the driver runs besides its operations (``llm_db.operations``
-builds each operation's statement from its entry).
+"""The SQL statements the driver and the notice worker run besides the operations
+(``llm_db.operations`` builds each operation's statement from its entry, and the
+reads of the report and the metrics are operations too: sql/81, sql/82). The
+other modules that speak SQL keep theirs in their own module:
+``llm_db.migrate`` and ``llm_db.doctor`` (the catalog), ``llm_db.commands.setup``
+(pg_cron), ``llm_db.demo`` (its books and its injected fault) and the test server
+(``llm_db.testing``).
 
 Parameters are named (``%(name)s``) and cast explicitly. Rows are read by named
 columns, never ``*``: a statement prepared on the server keeps its result when a
@@ -9,6 +14,9 @@ table gains a column (issue 22 item 3).
 import dataclasses
 
 from llm_db.models import ReconciliationRun
+
+# The server's clock of the transaction: the ``now`` of a read given none.
+NOW = "SELECT pg_catalog.now() AS now"
 
 # ----------------------------------------------------------- the pass (run_reconciliation)
 
@@ -35,6 +43,9 @@ SELECT GREATEST(0, EXTRACT(EPOCH FROM min(n.next_attempt_at) - pg_catalog.now())
   FROM llm.threshold_notices AS n
  WHERE n.status = 'owed'
 """
+
+# The session a LISTEN holds, compared with another's to detect transaction pooling.
+BACKEND_PID = "SELECT pg_catalog.pg_backend_pid() AS pid"
 
 NOTICE_CLAIM_TIMEOUT = """
 SELECT EXTRACT(EPOCH FROM s.notice_claim_timeout)::float8 AS seconds FROM llm.settings AS s

@@ -142,6 +142,61 @@ FROM llm.check_daily_usage('2026-01-15', '2026-01-15');
 -- example: check_invariants
 SELECT count(*) AS violations FROM llm.check_invariants();
 
+-- example: report_periods
+SELECT name, period_start, period_end, allowance_credits, used_credits, held_credits, used_cents
+FROM llm.report_periods('2026-01-01', '2026-01-31');
+
+-- example: report_daily_usage
+SELECT llm.rebuild_daily_usage('2026-01-15', '2026-01-15');
+SELECT day, name, model, requests, credits, cents, input_tokens, output_tokens
+FROM llm.report_daily_usage('2026-01-15', '2026-01-15');
+
+-- example: report_open_holds
+SELECT name, open_requests, held_credits, oldest_created_at, past_window
+FROM llm.report_open_holds(p_now => '2026-01-15 12:00+00');
+
+-- example: report_tasks
+SELECT status FROM llm.open_execution('00000000-0000-0000-0000-00000000000a', 'summarize',
+    p_now => '2026-01-15 12:00+00');
+SELECT name, status, tasks, requests, credits, cents FROM llm.report_tasks('2026-01-15');
+
+-- example: report_scope_usage
+SELECT name, scope_id, requests, open_requests, used_credits, held_credits, used_cents
+FROM llm.report_scope_usage('project', '2026-01-15', '2026-01-15');
+
+-- example: report_budgets_near_limit
+SELECT name, scope, scope_id, budget_window, window_start, limit_credits, first_threshold,
+       used_credits, held_credits
+FROM llm.report_budgets_near_limit(p_now => '2026-01-15 12:00+00');
+
+-- example: books_snapshot
+SELECT open_requests, held_credits, stale_open_requests, running_tasks, notices_owed
+FROM llm.books_snapshot(p_now => '2026-01-15 12:00+00');
+
+-- example: stale_by_organization_status
+SELECT organization_status, stale_open_requests, stale_held_credits
+FROM llm.stale_by_organization_status(p_now => '2026-01-17 12:00+00');
+
+-- example: books_history
+SELECT recovered_requests, past_window_alerts, abandoned_tasks, notices_sent
+FROM llm.books_history(ARRAY['00000000-0000-0000-0000-00000000000a']::uuid[]);
+
+-- example: organization_totals
+SELECT name, status, allowance_credits, used_credits, held_credits, used_cents, notices
+FROM llm.organization_totals(ARRAY['00000000-0000-0000-0000-00000000000a']::uuid[]);
+
+-- example: last_run
+-- no pass has run yet in this database: no row
+SELECT status, orgs_visited FROM llm.last_run(p_now => '2026-01-15 12:00+00');
+
+-- example: pass_progress
+SELECT organizations, orgs_visited FROM llm.pass_progress(NULL);
+
+-- example: metrics
+SELECT metric, labels, value FROM llm.metrics(p_now => '2026-01-15 12:00+00')
+WHERE metric IN ('llm_open_requests', 'llm_open_hold_credits', 'llm_budgets_near_limit')
+ORDER BY metric, labels::text;
+
 -- example: distribute
 SELECT llm.distribute();
 

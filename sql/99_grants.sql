@@ -57,3 +57,20 @@ GRANT EXECUTE ON PROCEDURE llm.run_reconciliation(timestamptz, integer) TO llm_o
 -- The missing-run alarm is a read, and `llm-db metrics` reports it: a monitoring scrape
 -- runs as llm_reader, the least privilege (issue 21 item 2).
 GRANT EXECUTE ON FUNCTION llm.reconciliation_health(timestamptz) TO llm_reader;
+-- The reads of `llm-db report`, `metrics`, `demo` and the pass's progress (sql/81, 82:
+-- issue 24 item 2) only read what both roles may SELECT already; llm_app has none.
+GRANT EXECUTE ON FUNCTION
+    llm.report_periods(date, date, uuid[]),
+    llm.report_daily_usage(date, date, uuid[]),
+    llm.report_open_holds(uuid[], timestamptz),
+    llm.report_tasks(date, uuid[]),
+    llm.report_scope_usage(text, date, date, uuid[]),
+    llm.report_budgets_near_limit(text, uuid[], timestamptz),
+    llm.books_snapshot(uuid[], timestamptz),
+    llm.stale_by_organization_status(timestamptz),
+    llm.books_history(uuid[]),
+    llm.organization_totals(uuid[]),
+    llm.last_run(timestamptz),
+    llm.pass_progress(timestamptz),
+    llm.metrics(timestamptz)
+TO llm_reader, llm_operator;

@@ -29,19 +29,13 @@ from tests.helpers import new_org as _new_org
 DAY = timedelta(days=1)
 HOUR = timedelta(hours=1)
 
-DIRECT_AGGREGATE = """
+# The terminal requests, which the oracle below sums in Python: an aggregate independent
+# of the SQL under test (llm.rebuild_daily_usage), not a copy of it.
+TERMINAL_REQUESTS = """
     SELECT i.organization_id, (i.settled_at AT TIME ZONE 'UTC')::date AS day, i.model,
-           count(*) AS requests,
-           count(*) FILTER (WHERE i.settlement_kind IN ('recovered', 'trued_up')) AS recovered_requests,
-           coalesce(sum(i.charged_credits), 0) AS credits,
-           coalesce(sum(i.charged_cents), 0) AS cents,
-           coalesce(sum(i.input_tokens), 0) AS input_tokens,
-           coalesce(sum(i.output_tokens), 0) AS output_tokens
+           i.settlement_kind, i.charged_credits, i.charged_cents, i.input_tokens, i.output_tokens
       FROM llm.invocations AS i
      WHERE i.status IN ('settled', 'failed')
-       AND (i.settled_at AT TIME ZONE 'UTC')::date BETWEEN %(from)s AND %(to)s
-     GROUP BY 1, 2, 3
-     ORDER BY 1, 2, 3
 """
 DAILY_USAGE = """
     SELECT organization_id, day, model, requests, recovered_requests, credits, cents, input_tokens, output_tokens
@@ -78,7 +72,16 @@ def daily(conn: psycopg.Connection) -> list[tuple[Any, ...]]:
 
 
 def direct(conn: psycopg.Connection, start: date, end: date) -> list[tuple[Any, ...]]:
-    return conn.execute(DIRECT_AGGREGATE, {"from": start, "to": end}).fetchall()
+    """What llm.daily_usage should hold for days start .. end, summed here from the requests:
+    per (organization, UTC settlement day, model), requests, recovered (or trued-up) ones,
+    credits, cents and tokens."""
+    sums: dict[tuple[Any, ...], list[int]] = {}
+    for org, day, model, kind, credits, cents, tokens_in, tokens_out in conn.execute(TERMINAL_REQUESTS):
+        if start <= day <= end:
+            row = sums.setdefault((org, day, model), [0] * 6)
+            for i, value in enumerate((1, kind in ("recovered", "trued_up"), credits, cents, tokens_in, tokens_out)):
+                row[i] += value or 0
+    return [(*key, *row) for key, row in sorted(sums.items())]
 
 
 def mixed_history(conn: psycopg.Connection) -> tuple[uuid.UUID, uuid.UUID]:

@@ -156,10 +156,19 @@ def test_llm_app_executes_exactly_the_request_and_task_functions(llm_conn):
     assert executable_by(llm_conn, "llm_app") == APP_FUNCTIONS
 
 
-def test_llm_reader_executes_only_the_health_alarm(llm_conn):
-    """issue 21 item 2: a monitoring scrape (`llm-db metrics`) runs as llm_reader and reads
-    llm.reconciliation_health(), a STABLE function that writes nothing."""
-    assert executable_by(llm_conn, "llm_reader") == {"reconciliation_health"}
+def test_llm_reader_executes_only_the_health_alarm_and_the_reads_none_of_which_writes(llm_conn):
+    """issue 21 item 2, issue 24 item 2: a monitoring scrape (`llm-db metrics`) and the report
+    run as llm_reader: llm.reconciliation_health() and the reads of sql/81, 82 (the exact list:
+    tests/test_read_outputs.py), every one STABLE, so none can write."""
+    granted = executable_by(llm_conn, "llm_reader")
+    assert "reconciliation_health" in granted and "metrics" in granted
+    volatile = scalar(
+        llm_conn,
+        "SELECT array_agg(p.proname) FROM pg_catalog.pg_proc AS p"
+        " WHERE p.pronamespace = 'llm'::regnamespace AND p.provolatile = 'v'"
+        " AND has_function_privilege('llm_reader', p.oid, 'EXECUTE')",
+    )
+    assert volatile is None
 
 
 def test_llm_operator_runs_recovery_health_schedule_notices_and_reporting(llm_conn):

@@ -1,11 +1,9 @@
-"""What the operator reads: the report, the books' snapshot, the last pass.
+"""What the operator reads: ``llm-db report``, rendered as text or JSON.
 
-The SQL that ``llm-db report``, ``llm-db metrics``, ``llm-db reconcile`` and
-``llm-db demo`` run lives here, once, as named constants with named
-parameters and explicit casts (the driver's own calls are in
-``llm_db.queries``). Every statement only reads tables, so ``llm_reader`` can
-run it; the organization filter ``%(organization_id)s`` / ``%(organization_ids)s``
-is NULL for "all organizations".
+The report's sections are read by the functions of sql/81_report.sql through
+the driver (``Llm.report_periods`` and the like): this module only picks the
+days and renders the rows. Every one only reads, so ``llm_reader`` can run
+the report.
 
     with psycopg.connect(dsn) as conn:
         report = build_report(conn, days=7)
@@ -25,15 +23,14 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import dict_row
 
+from llm_db import queries
+from llm_db.client import Llm
+
 __all__ = [
     "Report",
-    "books_history",
-    "books_snapshot",
-    "budgets_near_limit",
     "build_report",
     "format_table",
     "jsonable",
-    "last_run",
     "render_report",
     "report_json",
     "server_clock",
@@ -41,303 +38,19 @@ __all__ = [
 
 Row = dict[str, Any]
 
-# ----------------------------------------------------------- the report
-
-# Periods that overlap the report's days [since, until].
-PERIOD_USAGE = """
-SELECT o.id AS organization_id, o.name, o.status, p.period_start, p.period_end,
-       p.allowance_credits, p.used_credits, p.held_credits, p.used_cents
-  FROM llm.periods AS p
-  JOIN llm.organizations AS o ON o.id = p.organization_id
- WHERE (%(organization_id)s::uuid IS NULL OR p.organization_id = %(organization_id)s::uuid)
-   AND p.period_end > %(since)s::date
-   AND p.period_start <= %(until)s::date
- ORDER BY o.name, o.id, p.period_start
-"""
-
-DAILY_USAGE = """
-SELECT d.day, d.organization_id, o.name, d.model, d.requests, d.recovered_requests,
-       d.credits, d.cents, d.input_tokens, d.output_tokens
-  FROM llm.daily_usage AS d
-  JOIN llm.organizations AS o ON o.id = d.organization_id
- WHERE (%(organization_id)s::uuid IS NULL OR d.organization_id = %(organization_id)s::uuid)
-   AND d.day BETWEEN %(since)s::date AND %(until)s::date
- ORDER BY d.day DESC, o.name, d.organization_id, d.model
-"""
-
-# Requests still holding credits; past_window ones are what the next pass recovers.
-OPEN_HOLDS = """
-SELECT i.organization_id, o.name,
-       count(*) AS open_requests,
-       sum(i.hold_credits)::bigint AS held_credits,
-       min(i.created_at) AS oldest_created_at,
-       count(*) FILTER (WHERE i.created_at <= %(now)s::timestamptz - s.recovery_window) AS past_window
-  FROM llm.invocations AS i
-  JOIN llm.organizations AS o ON o.id = i.organization_id
- CROSS JOIN llm.settings AS s
- WHERE i.status IN ('reserved', 'dispatched')
-   AND (%(organization_id)s::uuid IS NULL OR i.organization_id = %(organization_id)s::uuid)
- GROUP BY i.organization_id, o.name, s.recovery_window
- ORDER BY o.name, i.organization_id
-"""
-
-# Tasks started within the report's days, and every task still running.
-TASKS_BY_STATUS = """
-SELECT x.organization_id, o.name, x.status,
-       count(*) AS tasks,
-       sum(x.request_count)::bigint AS requests,
-       sum(x.credits)::bigint AS credits,
-       sum(x.cents)::bigint AS cents
-  FROM llm.executions AS x
-  JOIN llm.organizations AS o ON o.id = x.organization_id
- WHERE (%(organization_id)s::uuid IS NULL OR x.organization_id = %(organization_id)s::uuid)
-   AND (x.status = 'running' OR x.started_at >= (%(since)s::date::timestamp AT TIME ZONE 'UTC'))
- GROUP BY x.organization_id, o.name, x.status
- ORDER BY o.name, x.organization_id, x.status
-"""
-
-# ``llm-db report --by SCOPE``: usage per scope id from the requests admitted in the
-# report's days (so ids without a budget show too). The scope's column is chosen from
-# a fixed list (BY_SCOPES), never from free text.
+# ``llm-db report --by SCOPE``: the scopes a request names an id of.
 BY_SCOPES = ("project", "api_key", "end_user")
-USAGE_BY_SCOPE = """
-SELECT i.organization_id, o.name, s.{scope} AS scope_id,
-       count(*) AS requests,
-       count(*) FILTER (WHERE i.status IN ('reserved', 'dispatched')) AS open_requests,
-       coalesce(sum(i.charged_credits) FILTER (WHERE i.status IN ('settled', 'failed')), 0)::bigint
-           AS used_credits,
-       coalesce(sum(i.hold_credits) FILTER (WHERE i.status IN ('reserved', 'dispatched')), 0)::bigint
-           AS held_credits,
-       coalesce(sum(i.charged_cents) FILTER (WHERE i.status IN ('settled', 'failed')), 0)::bigint
-           AS used_cents
-  FROM llm.invocations AS i
-  JOIN llm.invocation_scopes AS s ON s.organization_id = i.organization_id AND s.invocation_id = i.id
-  JOIN llm.organizations AS o ON o.id = i.organization_id
- WHERE (%(organization_id)s::uuid IS NULL OR i.organization_id = %(organization_id)s::uuid)
-   AND s.{scope} IS NOT NULL
-   -- the periods of those days first, so an organization's index invocations_period serves
-   AND i.period_start BETWEEN pg_catalog.date_trunc('month', %(since)s::date)::date AND %(until)s::date
-   AND i.created_at >= (%(since)s::date::timestamp AT TIME ZONE 'UTC')
-   AND i.created_at < ((%(until)s::date + 1)::timestamp AT TIME ZONE 'UTC')
- GROUP BY i.organization_id, o.name, s.{scope}
- ORDER BY o.name, i.organization_id, used_credits DESC, scope_id
-"""
-
-# The budgets near their limit: counters of the windows containing %(now)s whose used +
-# held stand at or above the first threshold of the budget that applies to them now
-# (the id's own, else the scope's '*'), as llm.budget_usage pairs them. %(scope)s NULL:
-# every scope. A scan of llm.budget_counters (the current windows are not indexed).
-BUDGETS_NEAR_LIMIT = """
-SELECT c.organization_id, o.name, c.scope, c.scope_id, c.budget_window, c.window_start,
-       b.limit_credits, b.thresholds[1] AS first_threshold,
-       c.used_credits, c.held_credits, c.used_cents
-  FROM llm.budget_counters AS c
-  JOIN llm.organizations AS o ON o.id = c.organization_id
- CROSS JOIN LATERAL (SELECT l.limit_credits, l.thresholds FROM llm.budget_limits AS l
-                      WHERE l.organization_id = c.organization_id AND l.scope = c.scope
-                        AND l.budget_window = c.budget_window
-                        AND (l.scope_id IS NOT DISTINCT FROM c.scope_id OR l.scope_id = '*')
-                      ORDER BY l.scope_id = '*' LIMIT 1) AS b
- WHERE (%(organization_id)s::uuid IS NULL OR c.organization_id = %(organization_id)s::uuid)
-   AND (%(scope)s::text IS NULL OR c.scope = %(scope)s::text)
-   AND c.window_start = pg_catalog.date_trunc(c.budget_window, %(now)s::timestamptz AT TIME ZONE 'UTC')::date
-   AND (c.used_credits + c.held_credits)::numeric * 100 >= b.limit_credits::numeric * b.thresholds[1]
- ORDER BY o.name, c.organization_id, c.scope, c.scope_id, c.budget_window
-"""
-
-BUDGETS_NEAR_LIMIT_BY_SCOPE = f"""
-SELECT n.scope, count(*) AS budgets FROM ({BUDGETS_NEAR_LIMIT}) AS n GROUP BY n.scope
-"""
-
-# ----------------------------------------------------------- the books at a glance
-
-SERVER_CLOCK = "SELECT pg_catalog.now() AS now"
-
-# One row: what the next pass would act on, for some organizations (NULL: all).
-# Cheap on a large database: every count is over a partial index (open requests,
-# running tasks, owed / sending notices) or a small table (drift findings), so
-# `llm-db metrics` can run it at every scrape. The open requests and the running
-# tasks are each read once, their stale share counted by FILTER.
-BOOKS_SNAPSHOT = """
-WITH s AS (SELECT st.recovery_window FROM llm.settings AS st)
-SELECT i.open_requests, i.held_credits, i.stale_open_requests, i.stale_held_credits,
-       x.running_tasks, x.stale_running_tasks,
-    (SELECT count(*) FROM llm.drift_findings AS f
-      WHERE (%(organization_ids)s::uuid[] IS NULL OR f.organization_id = ANY (%(organization_ids)s::uuid[])))
-        AS drift_findings,
-    (SELECT count(*) FROM llm.threshold_notices AS n
-      WHERE n.status = 'owed'
-        AND (%(organization_ids)s::uuid[] IS NULL OR n.organization_id = ANY (%(organization_ids)s::uuid[])))
-        AS notices_owed,
-    (SELECT count(*) FROM llm.threshold_notices AS n
-      WHERE n.status = 'sending'
-        AND (%(organization_ids)s::uuid[] IS NULL OR n.organization_id = ANY (%(organization_ids)s::uuid[])))
-        AS notices_sending
-  FROM (SELECT count(*) AS open_requests,
-               coalesce(sum(i.hold_credits), 0)::bigint AS held_credits,
-               count(*) FILTER (WHERE i.stale) AS stale_open_requests,
-               coalesce(sum(i.hold_credits) FILTER (WHERE i.stale), 0)::bigint AS stale_held_credits
-          FROM (SELECT i.hold_credits, i.created_at <= %(now)s::timestamptz - s.recovery_window AS stale
-                  FROM llm.invocations AS i CROSS JOIN s
-                 WHERE i.status IN ('reserved', 'dispatched')
-                   AND (%(organization_ids)s::uuid[] IS NULL
-                        OR i.organization_id = ANY (%(organization_ids)s::uuid[]))) AS i) AS i
- CROSS JOIN
-       (SELECT count(*) AS running_tasks,
-               count(*) FILTER (WHERE x.started_at <= %(now)s::timestamptz - s.recovery_window)
-                   AS stale_running_tasks
-          FROM llm.executions AS x CROSS JOIN s
-         WHERE x.status = 'running'
-           AND (%(organization_ids)s::uuid[] IS NULL OR x.organization_id = ANY (%(organization_ids)s::uuid[])))
-           AS x
-"""
-
-# The stale open requests by their organization's status, what every sweep ever
-# recovered (the totals the sweeps keep, llm.sweep_totals: one row per organization)
-# and the open period findings: the rest of what `llm-db metrics` reads at a scrape.
-STALE_BY_ORGANIZATION_STATUS = """
-SELECT o.status AS organization_status, count(*) AS stale_open_requests,
-       coalesce(sum(i.hold_credits), 0)::bigint AS stale_held_credits
-  FROM llm.invocations AS i
-  JOIN llm.organizations AS o ON o.id = i.organization_id
- CROSS JOIN llm.settings AS s
- WHERE i.status IN ('reserved', 'dispatched')
-   AND i.created_at <= %(now)s::timestamptz - s.recovery_window
- GROUP BY o.status
-"""
-
-SWEEP_TOTALS = """
-SELECT coalesce(sum(t.recovered_requests), 0)::bigint AS recovered_requests,
-       coalesce(sum(t.recovered_uncharged), 0)::bigint AS recovered_uncharged,
-       coalesce(sum(t.past_window_alerts), 0)::bigint AS past_window_alerts,
-       (SELECT count(*) FROM llm.period_findings AS f WHERE f.resolved_at IS NULL) AS period_findings
-  FROM llm.sweep_totals AS t
-"""
-
-# What passes have done to some organizations, over their whole history: requests
-# recovered, past-window alerts, tasks abandoned, notices sent. These scan the
-# organizations' rows, so only the demo (a handful of organizations) reads them.
-BOOKS_HISTORY = """
-SELECT
-    (SELECT count(*) FROM llm.invocations AS i
-      WHERE i.organization_id = ANY (%(organization_ids)s::uuid[])
-        AND i.settlement_kind = 'recovered') AS recovered_requests,
-    (SELECT count(*) FROM llm.invocations AS i
-      WHERE i.organization_id = ANY (%(organization_ids)s::uuid[])
-        AND i.past_window_alerted_at IS NOT NULL) AS past_window_alerts,
-    (SELECT count(*) FROM llm.executions AS x
-      WHERE x.organization_id = ANY (%(organization_ids)s::uuid[])
-        AND x.status = 'abandoned') AS abandoned_tasks,
-    (SELECT count(*) FROM llm.threshold_notices AS n
-      WHERE n.organization_id = ANY (%(organization_ids)s::uuid[])
-        AND n.status = 'sent') AS notices_sent
-"""
-
-# The newest finished pass that was not skipped (the one health judges), with
-# its age on the pass's own clock, as llm.reconciliation_health computes it.
-LAST_RUN = """
-SELECT r.*,
-       pg_catalog.date_part('epoch', r.finished_at - r.started_at) AS duration_seconds,
-       pg_catalog.date_part('epoch', %(now)s::timestamptz - (r.clock + (r.finished_at - r.started_at)))
-           AS age_seconds
-  FROM llm.reconciliation_runs AS r
- WHERE r.finished_at IS NOT NULL AND r.status <> 'skipped'
- ORDER BY r.clock DESC, r.started_at DESC
- LIMIT 1
-"""
-
-# Per organization: its allowance and the sum over its periods, and its notices.
-ORGANIZATION_TOTALS = """
-SELECT o.id AS organization_id, o.name, o.status,
-       o.monthly_allowance_credits AS allowance_credits,
-       coalesce(sum(p.used_credits), 0)::bigint AS used_credits,
-       coalesce(sum(p.held_credits), 0)::bigint AS held_credits,
-       coalesce(sum(p.used_cents), 0)::bigint AS used_cents,
-       (SELECT count(*) FROM llm.threshold_notices AS n WHERE n.organization_id = o.id) AS notices
-  FROM llm.organizations AS o
-  LEFT JOIN llm.periods AS p ON p.organization_id = o.id
- WHERE o.id = ANY (%(organization_ids)s::uuid[])
- GROUP BY o.id, o.name, o.status, o.monthly_allowance_credits
- ORDER BY o.name, o.id
-"""
-
-# ----------------------------------------------------------- a pass in progress
-
-OPERATIONAL_ORGANIZATIONS = """
-SELECT count(*) AS organizations FROM llm.organizations AS o WHERE o.status = 'operational'
-"""
-
-# How far the pass that started after %(since)s has got (it commits after each organization).
-RUN_PROGRESS = """
-SELECT r.orgs_visited
-  FROM llm.reconciliation_runs AS r
- WHERE r.started_at >= %(since)s::timestamptz AND r.status = 'running'
- ORDER BY r.started_at DESC
- LIMIT 1
-"""
-
-CURRENT_DATABASE = "SELECT pg_catalog.current_database() AS dbname"
 
 
 # ----------------------------------------------------------- reading
-
-
-def _rows(conn: psycopg.Connection, query: str, params: Mapping[str, Any]) -> list[Row]:
-    with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(query, params)  # type: ignore[arg-type]
-        return cur.fetchall()
 
 
 def server_clock(conn: psycopg.Connection, now: datetime | None = None) -> datetime:
     """``now`` when given, else the server's ``now()``."""
     if now is not None:
         return now
-    return _rows(conn, SERVER_CLOCK, {})[0]["now"]
-
-
-def books_snapshot(
-    conn: psycopg.Connection,
-    *,
-    now: datetime | None = None,
-    organization_ids: Sequence[UUID | str] | None = None,
-) -> Row:
-    """Open requests and holds (all, and older than the recovery window), tasks running
-    (all, and older than the window), drift findings, and owed / sending notices, for
-    ``organization_ids`` (None: every organization)."""
-    params = {
-        "now": server_clock(conn, now),
-        "organization_ids": None
-        if organization_ids is None
-        else [str(i) for i in organization_ids],
-    }
-    return _rows(conn, BOOKS_SNAPSHOT, params)[0]
-
-
-def stale_by_organization_status(conn: psycopg.Connection, *, now: datetime | None = None) -> dict[str, Row]:
-    """Open requests older than the recovery window, and their holds, by the status of
-    their organization (operational ones the next pass recovers; the others it never
-    visits)."""
-    found = _rows(conn, STALE_BY_ORGANIZATION_STATUS, {"now": server_clock(conn, now)})
-    return {r["organization_status"]: r for r in found}
-
-
-def sweep_totals(conn: psycopg.Connection) -> Row:
-    """Requests recovered (and of them, charged nothing) and past-window alerts, ever, as
-    the sweeps counted them, and the period findings still open."""
-    return _rows(conn, SWEEP_TOTALS, {})[0]
-
-
-def books_history(conn: psycopg.Connection, organization_ids: Sequence[UUID | str]) -> Row:
-    """Requests recovered, past-window alerts, tasks abandoned and notices sent, ever,
-    for these organizations (a scan of their rows: not for every scrape)."""
-    return _rows(conn, BOOKS_HISTORY, {"organization_ids": [str(i) for i in organization_ids]})[0]
-
-
-def last_run(conn: psycopg.Connection, *, now: datetime | None = None) -> Row | None:
-    """The newest finished, not skipped ``llm.reconciliation_runs`` row, with
-    ``duration_seconds`` and ``age_seconds`` (on the pass's clock); None if none."""
-    found = _rows(conn, LAST_RUN, {"now": server_clock(conn, now)})
-    return found[0] if found else None
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(queries.NOW).fetchone()["now"]  # type: ignore[index]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -352,7 +65,7 @@ class Report:
     daily_usage: list[Row]
     open_holds: list[Row]
     tasks: list[Row]
-    #: ``--by``: the scope, its ids' usage (USAGE_BY_SCOPE) and its budgets near their limit
+    #: ``--by``: the scope, its ids' usage and its budgets near their limit
     by: str | None = None
     by_usage: list[Row] = dataclasses.field(default_factory=list)
     budgets_near_limit: list[Row] = dataclasses.field(default_factory=list)
@@ -376,30 +89,22 @@ def build_report(
     clock = server_clock(conn, now)
     until = _utc_day(clock)
     since = until - timedelta(days=days - 1)
-    org = None if organization_id is None else str(organization_id)
-    params = {"organization_id": org, "since": since, "until": until, "now": clock}
+    org = None if organization_id is None else UUID(str(organization_id))
+    orgs = None if org is None else [str(org)]
+    llm = Llm(conn)
     return Report(
         now=clock,
         since=since,
         until=until,
-        organization_id=None if org is None else UUID(org),
-        periods=_rows(conn, PERIOD_USAGE, params),
-        daily_usage=_rows(conn, DAILY_USAGE, params),
-        open_holds=_rows(conn, OPEN_HOLDS, params),
-        tasks=_rows(conn, TASKS_BY_STATUS, params),
+        organization_id=org,
+        periods=llm.report_periods(since, until, orgs),
+        daily_usage=llm.report_daily_usage(since, until, orgs),
+        open_holds=llm.report_open_holds(orgs, now=clock),
+        tasks=llm.report_tasks(since, orgs),
         by=by,
-        by_usage=[] if by is None else _rows(conn, USAGE_BY_SCOPE.format(scope=by), params),
-        budgets_near_limit=[]
-        if by is None
-        else _rows(conn, BUDGETS_NEAR_LIMIT, {**params, "scope": by}),
+        by_usage=[] if by is None else llm.report_scope_usage(by, since, until, orgs),
+        budgets_near_limit=[] if by is None else llm.report_budgets_near_limit(by, orgs, now=clock),
     )
-
-
-def budgets_near_limit(conn: psycopg.Connection, *, now: datetime | None = None) -> dict[str, int]:
-    """How many budget counters of the current windows stand at or above their budget's
-    first threshold, by scope (scopes with none are absent)."""
-    params = {"organization_id": None, "scope": None, "now": server_clock(conn, now)}
-    return {r["scope"]: r["budgets"] for r in _rows(conn, BUDGETS_NEAR_LIMIT_BY_SCOPE, params)}
 
 
 def _utc_day(moment: datetime) -> date:

@@ -49,13 +49,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from llm_db.cli.report import (
-    ORGANIZATION_TOTALS,
-    books_history,
-    books_snapshot,
-    format_table,
-    jsonable,
-)
+from llm_db.cli.report import format_table, jsonable
 from llm_db.client import Llm
 from llm_db.demo._traffic import (
     BUDGETS,
@@ -352,7 +346,7 @@ def _demo(
         drift = _inject_drift(conn, ids, out)
 
         # 2. the pass, 25 hours later
-        before = _state(conn, llm, pass_clock, ids)
+        before = _state(llm, pass_clock, ids)
         out("")
         out(f"2. 25 hours later: the clock moves to {pass_clock:%Y-%m-%d %H:%M} UTC, past the "
             "24 h recovery window,")  # fmt: skip
@@ -362,7 +356,7 @@ def _demo(
         if run is None:
             raise DemoError("the pass recorded no llm.reconciliation_runs row")
         llm.rebuild_daily_usage(day_start.date(), pass_clock.date())
-        after = _state(conn, llm, pass_clock, ids)
+        after = _state(llm, pass_clock, ids)
         out("")
         out(_before_after(before, after, drift is not None))
         out("")
@@ -381,8 +375,7 @@ def _demo(
         out("")
         out("3. The books afterwards")
         out("")
-        with conn.cursor(row_factory=dict_row) as cur:
-            totals = cur.execute(ORGANIZATION_TOTALS, {"organization_ids": ids}).fetchall()
+        totals = llm.organization_totals(ids)
         out(format_table(
             ["organization", "status", "allowance", "used", "held", "used %", "cents", "notices"],
             [
@@ -500,11 +493,8 @@ def _inject_drift(
             "credits_added": DRIFT_CREDITS}  # fmt: skip
 
 
-def _state(
-    conn: psycopg.Connection, llm: Llm, now: datetime, ids: list[uuid.UUID]
-) -> dict[str, Any]:
-    state = dict(books_snapshot(conn, now=now, organization_ids=ids))
-    state.update(books_history(conn, ids))
+def _state(llm: Llm, now: datetime, ids: list[uuid.UUID]) -> dict[str, Any]:
+    state: dict[str, Any] = {**llm.books_snapshot(ids, now=now), **llm.books_history(ids)}
     state["health"] = llm.health(now=now).status
     state["invariant_violations"] = sum(
         1 for v in llm.check_invariants() if v.organization_id in set(ids)

@@ -1,6 +1,7 @@
 """Prometheus exposition of the books' health (``llm-db metrics``, ``llm-db worker``).
 
-``collect(conn)`` reads the database once and returns a fresh
+``collect(conn)`` reads the database once, every series by ``llm.metrics()``
+(sql/82_books.sql: this module adds HELP and TYPE), and returns a fresh
 ``prometheus_client.CollectorRegistry`` (never the process-global one, so
 nothing leaks between calls); ``scrape(connect)`` adds the scrape's own gauges
 and renders the text format, also when the database cannot be read. Run it from
@@ -73,14 +74,6 @@ from typing import Any
 import psycopg
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-from llm_db.cli.report import (
-    books_snapshot,
-    budgets_near_limit,
-    last_run,
-    server_clock,
-    stale_by_organization_status,
-    sweep_totals,
-)
 from llm_db.client import Llm
 
 __all__ = [
@@ -134,12 +127,6 @@ SWEEP_COUNTERS = {
     ),
 }
 
-#: what ``last_run`` would say of a pass before the first one
-_NO_RUN: dict[str, Any] = {
-    "finished_at": None, "age_seconds": 0, "duration_seconds": 0, "status": None, "errors": [],
-    **{column: 0 for column in RUN_FIGURES},
-}  # fmt: skip
-
 SNAPSHOT_GAUGES = {
     "open_requests": ("llm_open_requests", "Requests admitted and not yet settled or failed."),
     "held_credits": ("llm_open_hold_credits", "Credits held by open requests."),
@@ -152,6 +139,10 @@ SNAPSHOT_GAUGES = {
 }
 
 
+#: a series of ``llm.metrics()``: its metric and the value of its one label (None: no label)
+Series = dict[tuple[str, str | None], float]
+
+
 def collect(
     conn: psycopg.Connection,
     *,
@@ -159,19 +150,21 @@ def collect(
     registry: CollectorRegistry | None = None,
 ) -> CollectorRegistry:
     """Every llm-db gauge, read from ``conn`` at ``now`` (the server's clock by
-    default), in ``registry`` (default: a fresh one)."""
-    clock = server_clock(conn, now)
+    default) by ``llm.metrics()``, in ``registry`` (default: a fresh one)."""
+    series: Series = {
+        (r["metric"], next(iter(r["labels"].values()), None)): r["value"]
+        for r in Llm(conn).metrics(now=now)
+    }
     if registry is None:
         registry = CollectorRegistry(auto_describe=True)
-    _health_gauges(conn, clock, registry)
-    _last_run_gauges(conn, clock, registry)
-    _books_gauges(conn, clock, registry)
+    _health_gauges(series, registry)
+    _last_run_gauges(series, registry)
+    _books_gauges(series, registry)
     return registry
 
 
-def _health_gauges(conn: psycopg.Connection, clock: datetime, registry: CollectorRegistry) -> None:
+def _health_gauges(series: Series, registry: CollectorRegistry) -> None:
     """llm.reconciliation_health(): the missing-run alarm."""
-    health = Llm(conn).health(now=clock)
     gauge = Gauge(
         "llm_reconciliation_health",
         "1 for the current status of llm.reconciliation_health() (the missing-run alarm).",
@@ -179,33 +172,25 @@ def _health_gauges(conn: psycopg.Connection, clock: datetime, registry: Collecto
         registry=registry,
     )
     for status in HEALTH_STATUSES:
-        gauge.labels(status=status).set(1 if health.status == status else 0)
+        gauge.labels(status=status).set(series["llm_reconciliation_health", status])
     Gauge(
         "llm_reconciliation_last_success_timestamp_seconds",
         "When the last completed pass finished (on its own clock), Unix seconds; 0: never.",
         registry=registry,
-    ).set(0 if health.last_success_at is None else health.last_success_at.timestamp())
+    ).set(series["llm_reconciliation_last_success_timestamp_seconds", None])
 
 
-def _last_run_gauges(conn: psycopg.Connection, clock: datetime, registry: CollectorRegistry) -> None:
-    """The last (not skipped) pass's llm.reconciliation_runs row."""
-    # before the first pass every series is present, at 0 (documented above)
-    run = last_run(conn, now=clock) or _NO_RUN
-    Gauge(
-        "llm_reconciliation_last_run_timestamp_seconds",
-        "When the last (not skipped) pass finished, Unix seconds; 0: no pass yet.",
-        registry=registry,
-    ).set(0 if run["finished_at"] is None else run["finished_at"].timestamp())
-    Gauge(
-        "llm_reconciliation_last_run_age_seconds",
-        "Seconds since the last (not skipped) pass finished, on the pass's clock; 0: no pass yet.",
-        registry=registry,
-    ).set(run["age_seconds"])
-    Gauge(
-        "llm_reconciliation_last_run_duration_seconds",
-        "How long the last pass took; 0: no pass yet.",
-        registry=registry,
-    ).set(run["duration_seconds"])
+def _last_run_gauges(series: Series, registry: CollectorRegistry) -> None:
+    """The last (not skipped) pass's llm.reconciliation_runs row; every series at 0
+    before the first pass (documented above)."""
+    for name, doc in (
+        ("timestamp_seconds", "When the last (not skipped) pass finished, Unix seconds; 0: no pass yet."),
+        ("age_seconds", "Seconds since the last (not skipped) pass finished, on the pass's clock; 0: no pass yet."),
+        ("duration_seconds", "How long the last pass took; 0: no pass yet."),
+    ):
+        Gauge(f"llm_reconciliation_last_run_{name}", doc, registry=registry).set(
+            series[f"llm_reconciliation_last_run_{name}", None]
+        )
     status_gauge = Gauge(
         "llm_reconciliation_last_run_status",
         "1 for the status of the last (not skipped) pass; all 0: no pass yet.",
@@ -213,40 +198,37 @@ def _last_run_gauges(conn: psycopg.Connection, clock: datetime, registry: Collec
         registry=registry,
     )
     for status in RUN_STATUSES:
-        status_gauge.labels(status=status).set(1 if run["status"] == status else 0)
+        status_gauge.labels(status=status).set(series["llm_reconciliation_last_run_status", status])
     Gauge(
         "llm_reconciliation_last_run_errors",
         "Errors the last pass recorded (organizations and follow-up steps).",
         registry=registry,
-    ).set(len(run["errors"]))
+    ).set(series["llm_reconciliation_last_run_errors", None])
     for column, doc in RUN_FIGURES.items():
-        Gauge(f"llm_reconciliation_last_run_{column}", doc, registry=registry).set(run[column])
+        name = f"llm_reconciliation_last_run_{column}"
+        Gauge(name, doc, registry=registry).set(series[name, None])
 
 
-def _books_gauges(conn: psycopg.Connection, clock: datetime, registry: CollectorRegistry) -> None:
+def _books_gauges(series: Series, registry: CollectorRegistry) -> None:
     """What the next pass would act on, the stale requests by organization status, and
     the sweeps' totals (counters)."""
-    books = books_snapshot(conn, now=clock)
-    for column, (name, doc) in SNAPSHOT_GAUGES.items():
-        Gauge(name, doc, registry=registry).set(books[column])
+    for name, doc in SNAPSHOT_GAUGES.values():
+        Gauge(name, doc, registry=registry).set(series[name, None])
     notices = Gauge(
         "llm_notices", "Threshold notices not yet delivered, by status.", ["status"],
         registry=registry,
     )  # fmt: skip
-    notices.labels(status="owed").set(books["notices_owed"])
-    notices.labels(status="sending").set(books["notices_sending"])
+    for status in ("owed", "sending"):
+        notices.labels(status=status).set(series["llm_notices", status])
 
-    stale = stale_by_organization_status(conn, now=clock)
     requests = Gauge("llm_stale_open_requests", "Open requests older than the recovery window, "
                      + STALE_HELP, ["organization_status"], registry=registry)  # fmt: skip
     credits = Gauge("llm_stale_open_hold_credits", "Credits held by open requests older than the"
                     " recovery window, " + STALE_HELP, ["organization_status"], registry=registry)  # fmt: skip
     for status in ORGANIZATION_STATUSES:
-        found = stale.get(status, {})
-        requests.labels(organization_status=status).set(found.get("stale_open_requests", 0))
-        credits.labels(organization_status=status).set(found.get("stale_held_credits", 0))
+        requests.labels(organization_status=status).set(series["llm_stale_open_requests", status])
+        credits.labels(organization_status=status).set(series["llm_stale_open_hold_credits", status])
 
-    near = budgets_near_limit(conn, now=clock)
     budgets = Gauge(
         "llm_budgets_near_limit",
         "Budget counters of the current windows at or above their budget's first threshold"
@@ -255,25 +237,24 @@ def _books_gauges(conn: psycopg.Connection, clock: datetime, registry: Collector
         registry=registry,
     )
     for scope in BUDGET_SCOPES:
-        budgets.labels(scope=scope).set(near.get(scope, 0))
+        budgets.labels(scope=scope).set(series["llm_budgets_near_limit", scope])
 
-    totals = sweep_totals(conn)
     Gauge("llm_period_findings", "Periods whose counters disagree with their requests (unresolved"
-          " rows of llm.period_findings).", registry=registry).set(totals["period_findings"])  # fmt: skip
-    registry.register(_SweepCounters(totals))
+          " rows of llm.period_findings).", registry=registry).set(series["llm_period_findings", None])  # fmt: skip
+    registry.register(_SweepCounters(series))
 
 
 class _SweepCounters:
     """The sweeps' own monotonic totals (llm.sweep_totals), exposed as counters."""
 
-    def __init__(self, totals: dict[str, Any]) -> None:
-        self.totals = totals
+    def __init__(self, series: Series) -> None:
+        self.series = series
 
     def collect(self) -> Iterable[Any]:
         from prometheus_client.core import CounterMetricFamily
 
-        for column, (name, doc) in SWEEP_COUNTERS.items():
-            yield CounterMetricFamily(name, doc, value=self.totals[column])
+        for name, doc in SWEEP_COUNTERS.values():
+            yield CounterMetricFamily(name, doc, value=self.series[f"{name}_total", None])
 
     def describe(self) -> Iterable[Any]:
         return self.collect()

@@ -169,7 +169,7 @@ def connect(dsn: str, purpose: str, **extra: Any) -> psycopg.Connection:
 
 
 def _backend_pid(conn: psycopg.Connection) -> int:
-    return conn.execute("SELECT pg_catalog.pg_backend_pid()").fetchone()[0]
+    return conn.execute(queries.BACKEND_PID).fetchone()[0]
 
 
 def check_session(listen: psycopg.Connection, other: psycopg.Connection) -> int:

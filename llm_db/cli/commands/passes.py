@@ -52,13 +52,13 @@ def _pass_with_progress(dsn: str, now: datetime | None, batch: int | None) -> An
     """CALL the pass on one connection while another one watches its run row
     (the procedure commits after each organization) and moves a progress bar."""
     from llm_db import queries
-    from llm_db.cli.report import OPERATIONAL_ORGANIZATIONS, RUN_PROGRESS
     from llm_db.client import Llm
 
     with common.connect(dsn) as watcher, common.connect(dsn) as worker:
         with watcher.cursor(row_factory=dict_row) as cur:
-            total = cur.execute(OPERATIONAL_ORGANIZATIONS).fetchone()["organizations"]
             since = cur.execute(queries.CLOCK).fetchone()["clock"]
+        progress = Llm(watcher).pass_progress
+        total = progress(since)["organizations"]
         outcome: dict[str, Any] = {}
 
         def work() -> None:
@@ -74,8 +74,8 @@ def _pass_with_progress(dsn: str, now: datetime | None, batch: int | None) -> An
                 shown = 0
                 while thread.is_alive():
                     thread.join(0.2)
-                    row = watcher.execute(RUN_PROGRESS, {"since": since}).fetchone()
-                    visited = min(row[0], total) if row else shown
+                    visited = progress(since)["orgs_visited"]
+                    visited = shown if visited is None else min(visited, total)
                     bar.update(visited - shown)
                     shown = visited
                 bar.update(max(total, 1) - shown)

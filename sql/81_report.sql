@@ -1,0 +1,191 @@
+-- The report's sections (`llm-db report`, issue 24 item 2): what the operator reads of
+-- the books, for some UTC days p_from .. p_to, as rows the client only renders.
+--
+-- Every function here only reads. p_organization_ids filters the organizations (NULL:
+-- every organization), so none is a per-organization operation (docs/architecture.md "Citus
+-- rules": those take p_organization_id first and are distributed); they run on the
+-- coordinator like any report. SECURITY DEFINER so llm_reader and llm_operator need
+-- only EXECUTE (sql/99_grants.sql), and p_now is the clock of anything timed.
+
+CREATE OR REPLACE FUNCTION llm.report_periods(p_from date, p_to date, p_organization_ids uuid[] DEFAULT NULL)
+RETURNS TABLE (organization_id uuid, name text, status text, period_start date, period_end date,
+               allowance_credits bigint, used_credits bigint, held_credits bigint, used_cents bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+AS $$
+BEGIN
+    PERFORM llm._check_day_range(p_from, p_to);
+    RETURN QUERY
+    SELECT o.id, o.name, o.status, p.period_start, p.period_end,
+           p.allowance_credits::bigint, p.used_credits::bigint, p.held_credits::bigint, p.used_cents::bigint
+      FROM llm.periods AS p
+      JOIN llm.organizations AS o ON o.id = p.organization_id
+     WHERE (p_organization_ids IS NULL OR p.organization_id = ANY (p_organization_ids))
+       AND p.period_end > p_from
+       AND p.period_start <= p_to
+     ORDER BY o.name, o.id, p.period_start;
+END
+$$;
+COMMENT ON FUNCTION llm.report_periods(date, date, uuid[]) IS
+    'The periods overlapping days p_from .. p_to, with their organization: allowance, used, held and cents; by organization name and period.';
+
+CREATE OR REPLACE FUNCTION llm.report_daily_usage(p_from date, p_to date, p_organization_ids uuid[] DEFAULT NULL)
+RETURNS TABLE (day date, organization_id uuid, name text, model text, requests bigint,
+               recovered_requests bigint, credits bigint, cents bigint, input_tokens bigint,
+               output_tokens bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+AS $$
+BEGIN
+    PERFORM llm._check_day_range(p_from, p_to);
+    RETURN QUERY
+    SELECT d.day, d.organization_id, o.name, d.model, d.requests, d.recovered_requests,
+           d.credits, d.cents, d.input_tokens, d.output_tokens
+      FROM llm.daily_usage AS d
+      JOIN llm.organizations AS o ON o.id = d.organization_id
+     WHERE (p_organization_ids IS NULL OR d.organization_id = ANY (p_organization_ids))
+       AND d.day BETWEEN p_from AND p_to
+     ORDER BY d.day DESC, o.name, d.organization_id, d.model;
+END
+$$;
+COMMENT ON FUNCTION llm.report_daily_usage(date, date, uuid[]) IS
+    'The rows of llm.daily_usage for days p_from .. p_to (UTC settlement day), newest day first, with the organization''s name.';
+
+CREATE OR REPLACE FUNCTION llm.report_open_holds(p_organization_ids uuid[] DEFAULT NULL, p_now timestamptz DEFAULT NULL)
+RETURNS TABLE (organization_id uuid, name text, open_requests bigint, held_credits bigint,
+               oldest_created_at timestamptz, past_window bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+AS $$
+BEGIN
+    PERFORM llm._check_clock(p_now);
+    -- past_window: what the next pass recovers (of operational organizations)
+    RETURN QUERY
+    SELECT i.organization_id, o.name,
+           count(*),
+           sum(i.hold_credits)::bigint,
+           min(i.created_at),
+           count(*) FILTER (WHERE i.created_at <= coalesce(p_now, pg_catalog.now()) - s.recovery_window)
+      FROM llm.invocations AS i
+      JOIN llm.organizations AS o ON o.id = i.organization_id
+     CROSS JOIN llm.settings AS s
+     WHERE i.status IN ('reserved', 'dispatched')
+       AND (p_organization_ids IS NULL OR i.organization_id = ANY (p_organization_ids))
+     GROUP BY i.organization_id, o.name, s.recovery_window
+     ORDER BY o.name, i.organization_id;
+END
+$$;
+COMMENT ON FUNCTION llm.report_open_holds(uuid[], timestamptz) IS
+    'Per organization, the requests still holding credits: how many, their holds, the oldest, and how many are older than the recovery window at p_now.';
+
+CREATE OR REPLACE FUNCTION llm.report_tasks(p_from date, p_organization_ids uuid[] DEFAULT NULL)
+RETURNS TABLE (organization_id uuid, name text, status text, tasks bigint, requests bigint,
+               credits bigint, cents bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+AS $$
+BEGIN
+    PERFORM llm._check_day_range(p_from, p_from);  -- a finite day
+    RETURN QUERY
+    SELECT x.organization_id, o.name, x.status::text,
+           count(*),
+           sum(x.request_count)::bigint,
+           sum(x.credits)::bigint,
+           sum(x.cents)::bigint
+      FROM llm.executions AS x
+      JOIN llm.organizations AS o ON o.id = x.organization_id
+     WHERE (p_organization_ids IS NULL OR x.organization_id = ANY (p_organization_ids))
+       AND (x.status = 'running' OR x.started_at >= (p_from::timestamp AT TIME ZONE 'UTC'))
+     GROUP BY x.organization_id, o.name, x.status
+     ORDER BY o.name, x.organization_id, x.status;
+END
+$$;
+COMMENT ON FUNCTION llm.report_tasks(date, uuid[]) IS
+    'Per organization and status, the tasks started since day p_from (UTC) and every task still running: how many, and their requests, credits and cents.';
+
+CREATE OR REPLACE FUNCTION llm._check_report_scope(p_scope text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_scope IS NULL OR p_scope NOT IN ('project', 'api_key', 'end_user') THEN
+        RAISE EXCEPTION 'llm: cannot report by scope %', coalesce(p_scope, 'NULL')
+            USING ERRCODE = '22023', HINT = 'Report by project, api_key or end_user.';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION llm._check_report_scope(text) IS
+    'Raises 22023 unless p_scope is a scope a request names an id of: project, api_key or end_user.';
+
+CREATE OR REPLACE FUNCTION llm.report_scope_usage(p_scope text, p_from date, p_to date,
+                                                  p_organization_ids uuid[] DEFAULT NULL)
+RETURNS TABLE (organization_id uuid, name text, scope_id text, requests bigint, open_requests bigint,
+               used_credits bigint, held_credits bigint, used_cents bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+AS $$
+BEGIN
+    PERFORM llm._check_report_scope(p_scope);
+    PERFORM llm._check_day_range(p_from, p_to);
+    -- from the requests admitted in those days, so ids without a budget show too
+    RETURN QUERY
+    WITH scoped AS (
+        SELECT i.organization_id, o.name, i.status, i.hold_credits, i.charged_credits, i.charged_cents,
+               CASE p_scope WHEN 'project' THEN s.project
+                            WHEN 'api_key' THEN s.api_key
+                            ELSE s.end_user END AS scope_id
+          FROM llm.invocations AS i
+          JOIN llm.invocation_scopes AS s
+            ON s.organization_id = i.organization_id AND s.invocation_id = i.id
+          JOIN llm.organizations AS o ON o.id = i.organization_id
+         WHERE (p_organization_ids IS NULL OR i.organization_id = ANY (p_organization_ids))
+           -- the periods of those days first, so an organization's index invocations_period serves
+           AND i.period_start BETWEEN pg_catalog.date_trunc('month', p_from)::date AND p_to
+           AND i.created_at >= (p_from::timestamp AT TIME ZONE 'UTC')
+           AND i.created_at < ((p_to + 1)::timestamp AT TIME ZONE 'UTC')
+    )
+    SELECT c.organization_id, c.name, c.scope_id,
+           count(*),
+           count(*) FILTER (WHERE c.status IN ('reserved', 'dispatched')),
+           coalesce(sum(c.charged_credits) FILTER (WHERE c.status IN ('settled', 'failed')), 0)::bigint,
+           coalesce(sum(c.hold_credits) FILTER (WHERE c.status IN ('reserved', 'dispatched')), 0)::bigint,
+           coalesce(sum(c.charged_cents) FILTER (WHERE c.status IN ('settled', 'failed')), 0)::bigint
+      FROM scoped AS c
+     WHERE c.scope_id IS NOT NULL
+     GROUP BY c.organization_id, c.name, c.scope_id
+     ORDER BY c.name, c.organization_id, 6 DESC, c.scope_id;
+END
+$$;
+COMMENT ON FUNCTION llm.report_scope_usage(text, date, date, uuid[]) IS
+    'Usage per id of scope p_scope (project, api_key or end_user) of the requests admitted in days p_from .. p_to: requests, open ones, used, held and cents; 22023 for another scope.';
+
+-- The counters of the windows containing p_now whose used + held stand at or above the
+-- first threshold of the budget that applies to them now (the id's own, else the
+-- scope's '*'), as llm.budget_usage pairs them. A scan of llm.budget_counters (the
+-- current windows are not indexed): fine for a report and a scrape.
+CREATE OR REPLACE FUNCTION llm.report_budgets_near_limit(p_scope text DEFAULT NULL,
+                                                         p_organization_ids uuid[] DEFAULT NULL,
+                                                         p_now timestamptz DEFAULT NULL)
+RETURNS TABLE (organization_id uuid, name text, scope text, scope_id text, budget_window text,
+               window_start date, limit_credits bigint, first_threshold integer,
+               used_credits bigint, held_credits bigint, used_cents bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_now, pg_catalog.now());
+BEGIN
+    PERFORM llm._check_clock(p_now);
+    RETURN QUERY
+    SELECT c.organization_id, o.name, c.scope, c.scope_id, c.budget_window, c.window_start,
+           b.limit_credits, b.thresholds[1], c.used_credits, c.held_credits, c.used_cents
+      FROM llm.budget_counters AS c
+      JOIN llm.organizations AS o ON o.id = c.organization_id
+     CROSS JOIN LATERAL (SELECT l.limit_credits, l.thresholds FROM llm.budget_limits AS l
+                          WHERE l.organization_id = c.organization_id AND l.scope = c.scope
+                            AND l.budget_window = c.budget_window
+                            AND (l.scope_id IS NOT DISTINCT FROM c.scope_id OR l.scope_id = '*')
+                          ORDER BY l.scope_id = '*' LIMIT 1) AS b
+     WHERE (p_organization_ids IS NULL OR c.organization_id = ANY (p_organization_ids))
+       AND (p_scope IS NULL OR c.scope = p_scope)
+       AND c.window_start = pg_catalog.date_trunc(c.budget_window, v_now AT TIME ZONE 'UTC')::date
+       AND (c.used_credits + c.held_credits)::numeric * 100 >= b.limit_credits::numeric * b.thresholds[1]
+     ORDER BY o.name, c.organization_id, c.scope, c.scope_id, c.budget_window;
+END
+$$;
+COMMENT ON FUNCTION llm.report_budgets_near_limit(text, uuid[], timestamptz) IS
+    'The budget counters of the windows containing p_now at or above the first threshold of the budget that applies to them (used + held), for scope p_scope (NULL: every scope).';
