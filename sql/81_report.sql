@@ -170,6 +170,10 @@ DECLARE
     v_now timestamptz := coalesce(p_now, pg_catalog.now());
 BEGIN
     PERFORM llm._check_clock(p_now);
+    IF p_scope NOT IN ('organization', 'project', 'api_key', 'end_user') THEN
+        RAISE EXCEPTION 'llm: no budget has scope %', p_scope
+            USING ERRCODE = '22023', HINT = 'A budget''s scope is organization, project, api_key or end_user (NULL: every scope).';
+    END IF;
     RETURN QUERY
     SELECT c.organization_id, o.name, c.scope, c.scope_id, c.budget_window, c.window_start,
            b.limit_credits, b.thresholds[1], c.used_credits, c.held_credits, c.used_cents

@@ -67,6 +67,19 @@ SIGNATURES = {
     "unschedule_reconciliation": "llm.unschedule_reconciliation()",
     "check_invariants": "llm.check_invariants()",
     "distribute": "llm.distribute(integer)",
+    "report_periods": "llm.report_periods(date,date,uuid[])",
+    "report_daily_usage": "llm.report_daily_usage(date,date,uuid[])",
+    "report_open_holds": "llm.report_open_holds(uuid[],timestamp with time zone)",
+    "report_tasks": "llm.report_tasks(date,uuid[])",
+    "report_scope_usage": "llm.report_scope_usage(text,date,date,uuid[])",
+    "report_budgets_near_limit": "llm.report_budgets_near_limit(text,uuid[],timestamp with time zone)",
+    "books_snapshot": "llm.books_snapshot(uuid[],timestamp with time zone)",
+    "stale_by_organization_status": "llm.stale_by_organization_status(timestamp with time zone)",
+    "books_history": "llm.books_history(uuid[])",
+    "organization_totals": "llm.organization_totals(uuid[])",
+    "last_run": "llm.last_run(timestamp with time zone)",
+    "pass_progress": "llm.pass_progress(timestamp with time zone)",
+    "metrics": "llm.metrics(timestamp with time zone)",
 }
 
 PUBLIC_ROUTINES = """
