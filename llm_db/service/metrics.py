@@ -163,16 +163,23 @@ def collect(
     return registry
 
 
+def _labelled(
+    name: str, doc: str, label: str, values: Iterable[str], series: Series, registry: CollectorRegistry
+) -> None:
+    """A gauge with one label, a series for each of ``values`` (every one present, so a
+    dashboard sees 0 rather than nothing)."""
+    gauge = Gauge(name, doc, [label], registry=registry)
+    for value in values:
+        gauge.labels(**{label: value}).set(series[name, value])
+
+
 def _health_gauges(series: Series, registry: CollectorRegistry) -> None:
     """llm.reconciliation_health(): the missing-run alarm."""
-    gauge = Gauge(
+    _labelled(
         "llm_reconciliation_health",
         "1 for the current status of llm.reconciliation_health() (the missing-run alarm).",
-        ["status"],
-        registry=registry,
-    )
-    for status in HEALTH_STATUSES:
-        gauge.labels(status=status).set(series["llm_reconciliation_health", status])
+        "status", HEALTH_STATUSES, series, registry,
+    )  # fmt: skip
     Gauge(
         "llm_reconciliation_last_success_timestamp_seconds",
         "When the last completed pass finished (on its own clock), Unix seconds; 0: never.",
@@ -191,14 +198,11 @@ def _last_run_gauges(series: Series, registry: CollectorRegistry) -> None:
         Gauge(f"llm_reconciliation_last_run_{name}", doc, registry=registry).set(
             series[f"llm_reconciliation_last_run_{name}", None]
         )
-    status_gauge = Gauge(
+    _labelled(
         "llm_reconciliation_last_run_status",
         "1 for the status of the last (not skipped) pass; all 0: no pass yet.",
-        ["status"],
-        registry=registry,
-    )
-    for status in RUN_STATUSES:
-        status_gauge.labels(status=status).set(series["llm_reconciliation_last_run_status", status])
+        "status", RUN_STATUSES, series, registry,
+    )  # fmt: skip
     Gauge(
         "llm_reconciliation_last_run_errors",
         "Errors the last pass recorded (organizations and follow-up steps).",
@@ -214,12 +218,8 @@ def _books_gauges(series: Series, registry: CollectorRegistry) -> None:
     the sweeps' totals (counters)."""
     for name, doc in SNAPSHOT_GAUGES.values():
         Gauge(name, doc, registry=registry).set(series[name, None])
-    notices = Gauge(
-        "llm_notices", "Threshold notices not yet delivered, by status.", ["status"],
-        registry=registry,
-    )  # fmt: skip
-    for status in ("owed", "sending"):
-        notices.labels(status=status).set(series["llm_notices", status])
+    _labelled("llm_notices", "Threshold notices not yet delivered, by status.",
+              "status", ("owed", "sending"), series, registry)  # fmt: skip
 
     requests = Gauge("llm_stale_open_requests", "Open requests older than the recovery window, "
                      + STALE_HELP, ["organization_status"], registry=registry)  # fmt: skip
@@ -229,15 +229,12 @@ def _books_gauges(series: Series, registry: CollectorRegistry) -> None:
         requests.labels(organization_status=status).set(series["llm_stale_open_requests", status])
         credits.labels(organization_status=status).set(series["llm_stale_open_hold_credits", status])
 
-    budgets = Gauge(
+    _labelled(
         "llm_budgets_near_limit",
         "Budget counters of the current windows at or above their budget's first threshold"
         " (used + held), by scope.",
-        ["scope"],
-        registry=registry,
-    )
-    for scope in BUDGET_SCOPES:
-        budgets.labels(scope=scope).set(series["llm_budgets_near_limit", scope])
+        "scope", BUDGET_SCOPES, series, registry,
+    )  # fmt: skip
 
     Gauge("llm_period_findings", "Periods whose counters disagree with their requests (unresolved"
           " rows of llm.period_findings).", registry=registry).set(series["llm_period_findings", None])  # fmt: skip
