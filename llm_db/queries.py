@@ -2,7 +2,7 @@
 (``llm_db.operations`` builds each operation's statement from its entry, and the
 reads of the report and the metrics are operations too: sql/81, sql/82). The
 other modules that speak SQL keep theirs in their own module:
-``llm_db.migrate`` and ``llm_db.doctor`` (the catalog), ``llm_db.commands.setup``
+``llm_db.migrate`` and ``llm_db.cli.doctor`` (the catalog), ``llm_db.cli.commands.setup``
 (pg_cron), ``llm_db.demo`` (its books and its injected fault) and the test server
 (``llm_db.testing``).
 
