@@ -55,9 +55,10 @@ from datetime import datetime
 from typing import Any, Generic, TypeVar
 from uuid import UUID
 
+from llm_db._client_methods import AsyncExecutionContextMethods, ExecutionContextMethods
 from llm_db.client import AsyncLlm, Llm, UuidLike
 from llm_db.errors import NestedExecution
-from llm_db.operations import Operations, Scoped, scoped_method
+from llm_db.operations import TASK_DEFAULT, TaskDefault
 
 __all__ = [
     "AsyncExecutionContext",
@@ -131,21 +132,6 @@ def _reject_nesting(task_key: str) -> None:
 class _ContextBase:
     __slots__ = ("client", "organization_id", "execution_id", "task_key", "clock", "scopes")
 
-    _asynchronous = False
-
-    # the request helpers: these operations of the table, scoped to the task
-    admit = Scoped(Operations.admit)
-    admit_id = Scoped(Operations.admit_id)
-    mark_dispatched = Scoped(Operations.mark_dispatched)
-    settle = Scoped(Operations.settle)
-    fail = Scoped(Operations.fail)
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        for name, value in vars(_ContextBase).items():  # plain methods: no descriptor per call
-            if isinstance(value, Scoped):
-                setattr(cls, name, scoped_method(value, cls._asynchronous))
-
     def __init__(
         self,
         client: Any,
@@ -173,13 +159,18 @@ class _ContextBase:
     def _now(self, now: datetime | None) -> datetime | None:
         return now if now is not None else _read_clock(self.clock)
 
+    def _scope(self, name: str, given: str | None | TaskDefault) -> str | None:
+        """A scope id as a request helper passes it: the call's, None too; else the wrapper's."""
+        return self.scopes.get(name) if given is TASK_DEFAULT else given
 
-class ExecutionContext(_ContextBase):
+
+class ExecutionContext(_ContextBase, ExecutionContextMethods):
     """The body's handle on its task (WF-PFM-LLM-002 hop 3).
 
     ``organization_id``, ``execution_id``, ``task_key``, ``client``; request
     helpers (``admit``, ``admit_id``, ``mark_dispatched``, ``settle``, ``fail``:
-    the client's, from the table of operations) that pass the organization and
+    the client's, generated from the table of operations into
+    ``llm_db._client_methods``) that pass the organization and
     link each request to this task. They default ``now`` to the wrapper's clock,
     and ``project``, ``api_key`` and ``end_user`` to the wrapper's (``scopes``).
     """
@@ -188,11 +179,10 @@ class ExecutionContext(_ContextBase):
     client: Llm
 
 
-class AsyncExecutionContext(_ContextBase):
+class AsyncExecutionContext(_ContextBase, AsyncExecutionContextMethods):
     """``ExecutionContext`` for ``AsyncLlm``: the same helpers, awaited."""
 
     __slots__ = ()
-    _asynchronous = True
     client: AsyncLlm
 
 

@@ -23,7 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "llm_db"
 
-CORE = ["llm_db", "llm_db.client", "llm_db.operations", "llm_db.models", "llm_db.errors",
+CORE = ["llm_db", "llm_db.client", "llm_db._client_methods", "llm_db.operations", "llm_db.models", "llm_db.errors",
         "llm_db.migrate", "llm_db.executions", "llm_db._extras", "llm_db.queries",
         "llm_db.__main__"]  # fmt: skip
 EXTRA_FOLDERS = ("llm_db.cli", "llm_db.service", "llm_db.testing", "llm_db.demo")
