@@ -199,6 +199,15 @@ def helper_method(op: table.Operation, asynchronous: bool) -> list[str]:
 # ---------------------------------------------------------------- the file
 
 
+# What a task context's helpers read of it (llm_db.executions._ContextBase provides it).
+CONTEXT = """
+    __slots__ = ()
+    client: {client}
+    organization_id: UuidLike
+    execution_id: UUID
+    _now: Callable[[datetime | None], datetime | None]
+    _scope: Callable[[str, str | None | TaskDefault], str | None]"""
+
 CLASSES = {
     "LlmMethods": '''\
     """The methods of ``Llm``: each runs its statement in one transaction (``Llm._execute``)
@@ -215,22 +224,12 @@ CLASSES = {
     "ExecutionContextMethods": '''\
     """The request helpers of ``ExecutionContext``: the client's methods with the task's
     organization, its task, its clock and its scope ids filled in (``_ContextBase``)."""
-
-    __slots__ = ()
-    client: LlmMethods
-    organization_id: UuidLike
-    execution_id: UUID
-    _now: Callable[[datetime | None], datetime | None]
-    _scope: Callable[[str, str | None | TaskDefault], str | None]''',
+'''
+    + CONTEXT.format(client="LlmMethods"),
     "AsyncExecutionContextMethods": '''\
     """The request helpers of ``AsyncExecutionContext``: ``ExecutionContextMethods``, awaited."""
-
-    __slots__ = ()
-    client: AsyncLlmMethods
-    organization_id: UuidLike
-    execution_id: UUID
-    _now: Callable[[datetime | None], datetime | None]
-    _scope: Callable[[str, str | None | TaskDefault], str | None]''',
+'''
+    + CONTEXT.format(client="AsyncLlmMethods"),
 }
 
 
