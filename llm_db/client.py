@@ -11,10 +11,11 @@ writes no SQL:
     llm.mark_dispatched(org_id, inv.id)
     llm.settle(org_id, inv.id, credits=420, cents=13)
 
-Both inherit their methods from the table of operations (``llm_db.operations``):
-each method builds a ``Call`` (the operation's SQL, its named parameters, how the
-rows become the result), and the two classes differ only in how they run it,
-like psycopg's own ``Connection`` / ``AsyncConnection``.
+Their methods are plain code generated from the table of operations
+(``llm_db.operations``) into ``llm_db._client_methods``: each passes its arguments
+by name to its statement, a named constant there, and maps the rows to its result.
+The two classes here differ only in how a statement runs (``_execute``,
+``_call_procedure``), like psycopg's own ``Connection`` / ``AsyncConnection``.
 
 Every call is its own transaction, committed when the method returns, whether
 the connection is autocommit or not (on an idle autocommit connection the one
@@ -37,19 +38,18 @@ Share a pool, not a connection, between threads or tasks that work at once.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
-from typing import Any, Literal, TypeVar
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
 from llm_db import queries
+from llm_db._client_methods import AsyncLlmMethods, LlmMethods
 from llm_db.errors import mapped_errors
-from llm_db.operations import Call, Operations, UuidLike
+from llm_db.operations import Row, UuidLike
 
 __all__ = ["AsyncLlm", "Llm", "UuidLike"]
-
-T = TypeVar("T")
 
 
 def _idle_autocommit(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
@@ -63,7 +63,7 @@ def _own_transaction(conn: Any) -> Any:
     return contextlib.nullcontext() if _idle_autocommit(conn) else conn.transaction()
 
 
-class Llm(Operations):
+class Llm(LlmMethods):
     """Synchronous client over a ``psycopg.Connection`` or a connection pool."""
 
     def __init__(self, source: Any, *, prepare: bool = False) -> None:
@@ -89,36 +89,38 @@ class Llm(Operations):
             with self.source.connection() as conn:
                 yield conn
 
-    def _run(self, call: Call[T]) -> T:
-        with self.connection() as conn, mapped_errors():
-            if call.procedure:
-                return call.result(self._call_procedure(conn, call))
-            with _own_transaction(conn), conn.cursor(row_factory=dict_row) as cur:
-                cur.execute(call.sql, call.params, prepare=self._prepare)
-                rows = cur.fetchall()
-        return call.result(rows)
+    def _execute(self, sql: str, params: Mapping[str, Any]) -> list[Row]:
+        """Run one statement in its own transaction (module doc); its rows."""
+        with (
+            self.connection() as conn,
+            mapped_errors(),
+            _own_transaction(conn),
+            conn.cursor(row_factory=dict_row) as cur,
+        ):
+            cur.execute(sql, params, prepare=self._prepare)
+            return cur.fetchall()
 
-    def _call_procedure(self, conn: psycopg.Connection[Any], call: Call[Any]) -> list[dict[str, Any]]:
+    def _call_procedure(self, sql: str, params: Mapping[str, Any]) -> list[Row]:
         """``CALL`` on the connection switched to autocommit (the procedure commits on its
         own), then the run row it recorded since the server clock read before it."""
-        previous = conn.autocommit
-        conn.autocommit = True
-        try:
-            with conn.cursor(row_factory=dict_row) as cur:
-                since = cur.execute(queries.CLOCK, prepare=self._prepare).fetchall()[0]["clock"]
-                cur.execute(call.sql, call.params, prepare=self._prepare)
-                return cur.execute(queries.RUN_RECORDED_SINCE, {"since": since}, prepare=self._prepare).fetchall()
-        finally:
-            conn.autocommit = previous
+        with self.connection() as conn, mapped_errors():
+            previous = conn.autocommit
+            conn.autocommit = True
+            try:
+                with conn.cursor(row_factory=dict_row) as cur:
+                    since = cur.execute(queries.CLOCK, prepare=self._prepare).fetchall()[0]["clock"]
+                    cur.execute(sql, params, prepare=self._prepare)
+                    recorded = cur.execute(queries.RUN_RECORDED_SINCE, {"since": since}, prepare=self._prepare)
+                    return recorded.fetchall()
+            finally:
+                conn.autocommit = previous
 
 
-class AsyncLlm(Operations):
+class AsyncLlm(AsyncLlmMethods):
     """Asyncio client over a ``psycopg.AsyncConnection`` or an async connection pool.
 
     The same methods, arguments and results as ``Llm``, awaited.
     """
-
-    _asynchronous: Literal[True] = True  # operations.AwaitedClient
 
     def __init__(self, source: Any, *, prepare: bool = False) -> None:
         """``source``: a ``psycopg.AsyncConnection``, or anything whose ``.connection()``
@@ -137,25 +139,24 @@ class AsyncLlm(Operations):
             async with self.source.connection() as conn:
                 yield conn
 
-    async def _run(self, call: Call[T]) -> T:  # type: ignore[override]
+    async def _execute(self, sql: str, params: Mapping[str, Any]) -> list[Row]:
         async with self.connection() as conn:
             with mapped_errors():
-                if call.procedure:
-                    return call.result(await self._call_procedure(conn, call))
                 async with _own_transaction(conn), conn.cursor(row_factory=dict_row) as cur:
-                    await cur.execute(call.sql, call.params, prepare=self._prepare)
-                    rows = await cur.fetchall()
-        return call.result(rows)
+                    await cur.execute(sql, params, prepare=self._prepare)
+                    return await cur.fetchall()
 
-    async def _call_procedure(self, conn: psycopg.AsyncConnection[Any], call: Call[Any]) -> list[dict[str, Any]]:
-        previous = conn.autocommit
-        await conn.set_autocommit(True)
-        try:
-            async with conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(queries.CLOCK, prepare=self._prepare)
-                since = (await cur.fetchall())[0]["clock"]
-                await cur.execute(call.sql, call.params, prepare=self._prepare)
-                await cur.execute(queries.RUN_RECORDED_SINCE, {"since": since}, prepare=self._prepare)
-                return await cur.fetchall()
-        finally:
-            await conn.set_autocommit(previous)
+    async def _call_procedure(self, sql: str, params: Mapping[str, Any]) -> list[Row]:
+        async with self.connection() as conn:
+            with mapped_errors():
+                previous = conn.autocommit
+                await conn.set_autocommit(True)
+                try:
+                    async with conn.cursor(row_factory=dict_row) as cur:
+                        await cur.execute(queries.CLOCK, prepare=self._prepare)
+                        since = (await cur.fetchall())[0]["clock"]
+                        await cur.execute(sql, params, prepare=self._prepare)
+                        await cur.execute(queries.RUN_RECORDED_SINCE, {"since": since}, prepare=self._prepare)
+                        return await cur.fetchall()
+                finally:
+                    await conn.set_autocommit(previous)

@@ -50,14 +50,16 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 from uuid import UUID
 
+from llm_db._client_methods import AsyncExecutionContextMethods, ExecutionContextMethods
+from llm_db._steps import Steps, run, run_async
 from llm_db.client import AsyncLlm, Llm, UuidLike
 from llm_db.errors import NestedExecution
-from llm_db.operations import Operations, Scoped, scoped_method
+from llm_db.operations import TASK_DEFAULT, TaskDefault
 
 __all__ = [
     "AsyncExecutionContext",
@@ -131,21 +133,6 @@ def _reject_nesting(task_key: str) -> None:
 class _ContextBase:
     __slots__ = ("client", "organization_id", "execution_id", "task_key", "clock", "scopes")
 
-    _asynchronous = False
-
-    # the request helpers: these operations of the table, scoped to the task
-    admit = Scoped(Operations.admit)
-    admit_id = Scoped(Operations.admit_id)
-    mark_dispatched = Scoped(Operations.mark_dispatched)
-    settle = Scoped(Operations.settle)
-    fail = Scoped(Operations.fail)
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        for name, value in vars(_ContextBase).items():  # plain methods: no descriptor per call
-            if isinstance(value, Scoped):
-                setattr(cls, name, scoped_method(value, cls._asynchronous))
-
     def __init__(
         self,
         client: Any,
@@ -173,13 +160,18 @@ class _ContextBase:
     def _now(self, now: datetime | None) -> datetime | None:
         return now if now is not None else _read_clock(self.clock)
 
+    def _scope(self, name: str, given: str | None | TaskDefault) -> str | None:
+        """A scope id as a request helper passes it: the call's, None too; else the wrapper's."""
+        return self.scopes.get(name) if given is TASK_DEFAULT else given
 
-class ExecutionContext(_ContextBase):
+
+class ExecutionContext(_ContextBase, ExecutionContextMethods):
     """The body's handle on its task (WF-PFM-LLM-002 hop 3).
 
     ``organization_id``, ``execution_id``, ``task_key``, ``client``; request
     helpers (``admit``, ``admit_id``, ``mark_dispatched``, ``settle``, ``fail``:
-    the client's, from the table of operations) that pass the organization and
+    the client's, generated from the table of operations into
+    ``llm_db._client_methods``) that pass the organization and
     link each request to this task. They default ``now`` to the wrapper's clock,
     and ``project``, ``api_key`` and ``end_user`` to the wrapper's (``scopes``).
     """
@@ -188,11 +180,10 @@ class ExecutionContext(_ContextBase):
     client: Llm
 
 
-class AsyncExecutionContext(_ContextBase):
+class AsyncExecutionContext(_ContextBase, AsyncExecutionContextMethods):
     """``ExecutionContext`` for ``AsyncLlm``: the same helpers, awaited."""
 
     __slots__ = ()
-    _asynchronous = True
     client: AsyncLlm
 
 
@@ -215,32 +206,20 @@ def _log_not_running(execution_id: UUID, outcome: str) -> None:
     )
 
 
-# The wrapper's hops, written once for both clients: a generator that yields each step
-# (a zero-argument call: open the task, run the body, close the task) and receives its
-# result, or ``_Raised`` with what it raised. The sync and asyncio runners only perform
-# the steps, calling or awaiting them.
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Raised:
-    exc: BaseException
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Done:
-    result: ExecutionResult[Any]
+# The wrapper's hops, written once for both clients (``llm_db._steps``): a generator that
+# yields each step (open the task, run the body, close the task) and gets back its result,
+# or has what it raised thrown in. ``run`` and ``run_async`` only call or await the steps.
 
 
 def _hops(
     client: Any, organization_id: UuidLike, task_key: str, body: Callable[[Any], Any],
     context: type[_ContextBase], options: dict[str, Any], now: Clock, scopes: dict[str, str],
-) -> Generator[Callable[[], Any], Any, ExecutionResult[Any]]:  # fmt: skip
+) -> Steps[ExecutionResult[Any]]:  # fmt: skip
     _reject_nesting(task_key)  # hop 1: nothing is written
-    opened = yield lambda: client.open_execution(  # hop 2: committed before the body runs
+    # hop 2: the open is committed before the body runs; if it raises, the body does not run
+    opened = yield lambda: client.open_execution(
         organization_id, task_key, now=_read_clock(now), **options
     )
-    if isinstance(opened, _Raised):
-        raise opened.exc  # the body does not run
     if opened.replayed:  # branch: the earlier execution, without running the body
         return ExecutionResult(opened.execution_id, True, None, opened.status)
 
@@ -251,34 +230,28 @@ def _hops(
 
     ctx = context(client, organization_id, opened.execution_id, task_key, now, scopes)
     token = _current.set(ctx)
+    failure: BaseException | None = None
     try:
         value = yield lambda: body(ctx)  # hop 3
+    except BaseException as exc:
+        failure = exc
     finally:
         _current.reset(token)
-    if isinstance(value, _Raised):  # hop 4, running -> failed; the body's error propagates
-        closed = yield close("failed", _error_text(value.exc))
-        if isinstance(closed, _Raised) and not isinstance(closed.exc, Exception):
-            raise closed.exc
-        if isinstance(closed, _Raised):
-            _log_close_failure(opened.execution_id, closed.exc)
-        elif not closed:
-            _log_not_running(opened.execution_id, "failed")
-        raise value.exc
+    if failure is not None:  # hop 4, running -> failed; the body's error propagates
+        try:
+            closed = yield close("failed", _error_text(failure))
+        except Exception as close_error:  # logged; anything else (a KeyboardInterrupt) propagates
+            _log_close_failure(opened.execution_id, close_error)
+        else:
+            if not closed:
+                _log_not_running(opened.execution_id, "failed")
+        raise failure
 
-    closed = yield close("completed")  # hop 4, running -> completed
-    if isinstance(closed, _Raised):
-        raise closed.exc  # a close error reaches the caller
+    # hop 4, running -> completed; a close error reaches the caller
+    closed = yield close("completed")
     if not closed:
         _log_not_running(opened.execution_id, "completed")
     return ExecutionResult(opened.execution_id, False, value, "completed" if closed else None)
-
-
-def _advance(hops: Generator[Callable[[], Any], Any, ExecutionResult[Any]], result: Any) -> Any:
-    """The next step of the hops, or ``_Done`` with the wrapper's result."""
-    try:
-        return hops.send(result)
-    except StopIteration as done:
-        return _Done(done.value)
 
 
 def with_llm_execution(
@@ -307,14 +280,7 @@ def with_llm_execution(
     options = {"subject_type": subject_type, "subject_id": subject_id, "replay_key": replay_key}
     scopes = _scopes(project=project, api_key=api_key, end_user=end_user)
     hops = _hops(client, organization_id, task_key, body, ExecutionContext, options, now, scopes)
-    step = _advance(hops, None)
-    while not isinstance(step, _Done):
-        try:
-            result = step()
-        except BaseException as exc:  # sent back into the hops, which decide
-            result = _Raised(exc)
-        step = _advance(hops, result)
-    return step.result
+    return run(hops)
 
 
 async def async_with_llm_execution(
@@ -342,11 +308,4 @@ async def async_with_llm_execution(
     hops = _hops(
         client, organization_id, task_key, body, AsyncExecutionContext, options, now, scopes
     )
-    step = _advance(hops, None)
-    while not isinstance(step, _Done):
-        try:
-            result = await step()
-        except BaseException as exc:
-            result = _Raised(exc)
-        step = _advance(hops, result)
-    return step.result
+    return await run_async(hops)

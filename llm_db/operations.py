@@ -1,30 +1,34 @@
 """The driver's operations, each spelled once: name, SQL, parameters, result.
 
-``Operations`` is the table. Each entry is a stub method whose signature is
-the operation's Python signature and whose docstring is its documentation;
+``Operations`` is the table. Each entry is a stub method whose signature is the
+operation's Python signature and whose docstring is its documentation;
 ``@operation`` reads the stub once, at import, and builds from it the SQL
 statement (``SELECT … FROM llm.<routine>(p_<name> => %(name)s::<type>, …)``,
-the parameter types read from the annotations) and the mapping of the rows to
-the result. ``Llm`` and ``AsyncLlm`` (``llm_db.client``) inherit the table
-and differ only in how a statement runs; the task contexts
-(``llm_db.executions``) take their request helpers from it with the
-organization, the task and the clock filled in.
+the parameter types read from the annotations) and the shape of its result.
 
-A new SQL routine becomes a driver method by one entry here;
-tests/test_driver.py fails while a public routine of schema ``llm`` has no
-entry, or an entry names no routine.
+Nothing calls the stubs. ``scripts/generate_client.py`` writes from the table the
+plain methods of ``Llm`` and ``AsyncLlm`` and the request helpers of the task
+contexts (``TASK_HELPERS``), into ``llm_db/_client_methods.py``, which is checked
+in: "go to definition" on ``Llm.settle`` lands on a real method naming its
+statement and how its rows become the result. tests/test_generated_client.py
+fails when that file differs from what the script writes.
+
+A new SQL routine becomes a driver method by one entry here and a run of the
+script; tests/test_driver.py fails while a public routine of schema ``llm`` has
+no entry, or an entry names no routine.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import enum
 import inspect
 import types
 import typing
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import date, datetime
-from typing import Annotated, Any, Generic, Literal, ParamSpec, Protocol, TypeVar, overload
+from typing import Annotated, Any, Literal, TypeVar
 from uuid import UUID
 
 from llm_db.models import (
@@ -59,11 +63,18 @@ from llm_db.rows import (
     TasksByStatus,
 )
 
-__all__ = ["Call", "Operation", "Operations", "Scoped", "operations", "scoped_method"]
+__all__ = [
+    "SCOPE_IDS",
+    "TASK_DEFAULT",
+    "TASK_HELPERS",
+    "Operation",
+    "Operations",
+    "TaskDefault",
+    "operations",
+    "value_of",
+]
 
-P = ParamSpec("P")
 T = TypeVar("T")
-U = TypeVar("U")
 Row = dict[str, Any]
 UuidLike = UUID | str
 
@@ -72,82 +83,38 @@ Int4 = Annotated[int, "integer"]
 #: organizations passed as SQL ``uuid[]`` (the reads' filter; None: every organization)
 UuidArray = Annotated[Sequence[UuidLike], "uuid[]"]
 
+#: How a statement's rows become the result: ``nothing``; ``one`` row, ``many`` rows or
+#: ``maybe_one`` (a row that may be absent) of a model; the ``value`` of one column.
+Shape = Literal["nothing", "one", "many", "maybe_one", "value"]
 
-# ----------------------------------------------------------- what a call is
 
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Call(Generic[T]):
-    """One statement, its named parameters, and how its rows become the result.
-
-    ``procedure``: a ``CALL`` of a procedure that commits on its own, so it runs on
-    an idle connection in autocommit; its result comes from ``RUN_RECORDED_SINCE``
-    (the run row recorded since the server clock read just before the ``CALL``).
-    """
-
-    sql: str
-    params: Mapping[str, Any]
-    result: Callable[[list[Row]], T]
-    procedure: bool = False
-
+def value_of(rows: list[Row], kind: type[T]) -> T:
+    """The one value of a statement ``SELECT … AS value``, as ``kind``: an ``Outcome`` from
+    its text; an int, bool, str or UUID (or NULL) as psycopg read it."""
+    value = rows[0]["value"]
+    return value if type(value) is kind or value is None else kind(value)  # type: ignore[call-arg]
 
 
 # ----------------------------------------------------------- results
 
 
-def _from_row(model: Any) -> Callable[[Row], Any]:
-    """A model's ``from_row``; a ``TypedDict`` (``llm_db.rows``) keeps the row a dict."""
-    return model.from_row if hasattr(model, "from_row") else dict
-
-
-def _one(model: Any) -> Callable[[list[Row]], Any]:
-    build = _from_row(model)
-    return lambda rows: build(rows[0])
-
-
-def _many(model: Any) -> Callable[[list[Row]], Any]:
-    build = _from_row(model)
-    return lambda rows: [build(row) for row in rows]
-
-
-def _maybe_one(model: Any) -> Callable[[list[Row]], Any]:
-    build = _from_row(model)
-    return lambda rows: build(rows[0]) if rows else None
-
-
-def _value(kind: type) -> Callable[[list[Row]], Any]:
-    def pick(rows: list[Row]) -> Any:
-        value = rows[0]["value"]
-        return value if type(value) is kind or value is None else kind(value)
-
-    return pick
-
-
-def _nothing(rows: list[Row]) -> None:
-    return None
-
-
-def _result_of(hint: Any) -> tuple[Callable[[list[Row]], Any], bool]:
-    """How rows become a result of type ``hint``, and whether the routine returns rows
-    (a composite or a set: ``SELECT <columns> FROM``) rather than one value (``SELECT llm.f() AS value``)."""
+def _result_of(hint: Any) -> tuple[Shape, Any]:
+    """The shape of a result of type ``hint`` and its model (or, for a value, its type)."""
     if hint is None or hint is type(None):
-        return _nothing, False
+        return "nothing", None
     origin = typing.get_origin(hint)
     if origin is list:
-        return _many(typing.get_args(hint)[0]), True
+        return "many", typing.get_args(hint)[0]
     if origin in (types.UnionType, typing.Union):  # ``Model | None``: a row that may be absent
         (model,) = [a for a in typing.get_args(hint) if a is not type(None)]
-        return _maybe_one(model), True
+        return "maybe_one", model
     if hasattr(hint, "from_row") or typing.is_typeddict(hint):
-        return _one(hint), True
-    return _value(hint), False
+        return "one", hint
+    return "value", hint
 
 
-def _columns_of(hint: Any) -> tuple[str, ...]:
-    """The columns a row result of type ``hint`` reads: its model's fields, by name."""
-    # ``list[Model]`` and ``Model | None`` read Model's columns
-    wrapped = typing.get_origin(hint) in (list, types.UnionType, typing.Union)
-    (model,) = [a for a in typing.get_args(hint) if a is not type(None)] if wrapped else [hint]
+def _columns_of(model: Any) -> tuple[str, ...]:
+    """The columns a row result reads: its model's fields (a ``TypedDict``'s keys), by name."""
     if typing.is_typeddict(model):
         return tuple(model.__annotations__)
     return tuple(f.name for f in dataclasses.fields(model))
@@ -181,27 +148,28 @@ def _sql_type(hint: Any) -> str:
     raise TypeError(f"no SQL type for a parameter annotated {hint!r}")
 
 
-def _convert(hint: Any) -> Callable[[Any], Any] | None:
-    """Iterables go to the server as lists (psycopg adapts a list, not a generator)."""
+def _iterable(hint: Any) -> bool:
+    """Whether a parameter annotated ``hint`` takes any iterable, which goes to the server
+    as a list (psycopg adapts a list, not a generator)."""
     union = typing.get_origin(hint) in (types.UnionType, typing.Union)
     for member in typing.get_args(hint) if union else (hint,):
         if typing.get_origin(member) is Annotated:  # ``UuidArray``: the sequence it annotates
             member = typing.get_args(member)[0]
         origin = typing.get_origin(member)
         if origin is not None and issubclass(origin, Iterable):
-            return lambda v: list(v) if v is not None else None
-    return None
+            return True
+    return False
 
 
 # ----------------------------------------------------------- one operation
 
 
-class Operation(Generic[P, T]):
+class Operation:
     """One entry of the table: built from its stub method by ``@operation``."""
 
     def __init__(
         self,
-        stub: Callable[..., T],
+        stub: Callable[..., Any],
         *,
         routine: str,
         sql_names: Mapping[str, str] | None = None,
@@ -213,143 +181,74 @@ class Operation(Generic[P, T]):
         signature = inspect.signature(stub)
         hints = typing.get_type_hints(stub, include_extras=True)
         parameters = list(signature.parameters.values())[1:]  # without self
-        #: the signature a caller sees (bound: without ``self``)
+        #: the signature a caller sees (bound: without ``self``), annotations as written
         self.signature = signature.replace(parameters=parameters)
         self.names = tuple(p.name for p in parameters)
-        self.positional = tuple(p.name for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD)
-        self.required = frozenset(p.name for p in parameters if p.default is p.empty)
-        self.defaults = {p.name: p.default for p in parameters if p.default is not p.empty}
-        self.converters = {n: c for n in self.names if (c := _convert(hints[n])) is not None}
+        #: the parameters that take any iterable and go to the server as a list
+        self.listed = frozenset(n for n in self.names if _iterable(hints[n]))
 
         names = sql_names or {}
         arguments = ",\n    ".join(
             f"{names.get(n, 'p_' + n)} => %({n})s::{_sql_type(hints[n])}" for n in self.names
         )
         self.call = call = f"llm.{routine}(\n    {arguments})" if arguments else f"llm.{routine}()"
-        self.result, returns_rows = _result_of(hints["return"])
+        self.shape, self.returns = _result_of(hints["return"])
         if procedure:
             self.sql = f"CALL {call}"
-        elif returns_rows:
+        elif self.shape == "value" or self.shape == "nothing":
+            self.sql = f"SELECT {call} AS value"
+        else:
             # Named columns, never ``*``: a statement prepared on the server keeps its
             # result when the routine's type gains a column (issue 22 item 3).
-            self.sql = f"SELECT {', '.join(_columns_of(hints['return']))} FROM {call}"
-        else:
-            self.sql = f"SELECT {call} AS value"
+            self.sql = f"SELECT {', '.join(_columns_of(self.returns))} FROM {call}"
         self.procedure = procedure
 
-    def one_column(self, column: str, kind: type[U], *, name: str, doc: str) -> Operation[P, U]:
+    def one_column(self, column: str, kind: type, *, name: str, doc: str) -> Operation:
         """This operation under another name, returning only one column of its row (as
         a value of ``kind``): the same signature, parameters and routine."""
-        narrow: Operation[P, U] = copy.copy(self)  # type: ignore[assignment]
+        narrow = copy.copy(self)
         narrow.name, narrow.doc = name, doc
         narrow.signature = self.signature.replace(return_annotation=kind.__name__)  # as the stubs spell it
         narrow.sql = f"SELECT r.{column} AS value FROM {self.call} AS r"
-        narrow.result = _value(kind)
+        narrow.shape, narrow.returns = "value", kind
         return narrow
 
     def __repr__(self) -> str:
         return f"<operation {self.name}{self.signature} -> llm.{self.routine}>"
 
-    def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any], preset: Mapping[str, Any] = {}) -> Call[T]:  # noqa: B006
-        """The call of this operation with these arguments (``preset``: values the caller
-        does not pass, such as a task context's organization)."""
-        positional = [n for n in self.positional if n not in preset] if preset else self.positional
-        if len(args) > len(positional):
-            raise TypeError(f"{self.name}() takes {len(positional)} positional arguments but {len(args)} were given")
-        params = {**self.defaults, **preset, **dict(zip(positional, args, strict=False))}
-        for name, value in kwargs.items():
-            if name not in self.names or name in preset:
-                raise TypeError(f"{self.name}() got an unexpected keyword argument {name!r}")
-            if name in positional[: len(args)]:
-                raise TypeError(f"{self.name}() got multiple values for argument {name!r}")
-            params[name] = value
-        missing = self.required.difference(params)
-        if missing:
-            raise TypeError(f"{self.name}() missing required arguments: {', '.join(sorted(missing))}")
-        for name, convert in self.converters.items():
-            params[name] = convert(params[name])
-        return Call(self.sql, params, self.result, self.procedure)
-
-    # Llm.admit(...) returns an Invocation, AsyncLlm.admit(...) an awaitable of one.
-    @overload
-    def __get__(self, client: None, owner: type | None = None) -> Operation[P, T]: ...
-    @overload
-    def __get__(self, client: AwaitedClient, owner: type | None = None) -> Callable[P, Coroutine[Any, Any, T]]: ...
-    @overload
-    def __get__(self, client: Operations, owner: type | None = None) -> Callable[P, T]: ...
-    def __get__(self, client: Any, owner: type | None = None) -> Any:
-        if client is None:
-            return self
-        return _method(self, client._asynchronous).__get__(client, owner)
-
-
-class AwaitedClient(Protocol):
-    """A client whose methods are awaited (``llm_db.client.AsyncLlm``), as the typing of
-    ``Operation.__get__`` knows it: by its flag, so that this table imports no client
-    (the clients import the table)."""
-
-    _asynchronous: Literal[True]
-
-
-def _method(op: Operation[Any, Any], asynchronous: bool) -> Callable[..., Any]:
-    """The method a client class gets for ``op`` (made once per class and operation)."""
-    cached = _METHODS.get((op, asynchronous))
-    if cached is not None:
-        return cached
-    bind = op.bind
-    if asynchronous:
-
-        async def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return await self._run(bind(args, kwargs))
-    else:
-
-        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return self._run(bind(args, kwargs))
-
-    method.__name__ = method.__qualname__ = op.name
-    method.__doc__ = op.doc
-    method.__signature__ = op.signature.replace(  # type: ignore[attr-defined]
-        parameters=[inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY), *op.signature.parameters.values()]
-    )
-    _METHODS[op, asynchronous] = method
-    return method
-
-
-_METHODS: dict[tuple[Operation[Any, Any], bool], Callable[..., Any]] = {}
+    def params(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The named parameters of ``sql`` for these arguments, as the generated method
+        passes them (for tests and tools: the clients never call this)."""
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        for name in self.listed:
+            values[name] = list(values[name]) if values[name] is not None else None
+        return values
 
 
 def operation(
     routine: str, *, sql_names: Mapping[str, str] | None = None, procedure: bool = False
-) -> Callable[[Callable[P, T]], Operation[P, T]]:
+) -> Callable[[Callable[..., Any]], Operation]:
     """Make the stub below an entry of the table: it calls ``llm.<routine>``.
 
     ``sql_names``: SQL parameter names that are not ``p_`` + the Python name.
     ``procedure``: a ``CALL``. (``Operation.one_column``: an entry returning one
     column of another's row.)"""
 
-    def build(stub: Callable[..., T]) -> Operation[P, T]:
+    def build(stub: Callable[..., Any]) -> Operation:
         return Operation(stub, routine=routine, sql_names=sql_names, procedure=procedure)
 
-    return build  # type: ignore[return-value]
+    return build
 
 
 class Operations:
     """The table: every operation of the driver, in the order of docs/contract.md.
 
-    Subclasses set ``_asynchronous`` and ``_run(call)``; each stub becomes a method
-    that builds its ``Call`` and runs it. Every ``now`` is the clock the SQL uses
-    (a timezone-aware datetime; None means the server's ``now()``).
+    Each stub is the signature and documentation of the method ``Llm`` and ``AsyncLlm``
+    get (``llm_db/_client_methods.py``, generated). Every ``now`` is the clock the SQL
+    uses (a timezone-aware datetime; None means the server's ``now()``).
     """
-
-    _asynchronous = False
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        for op in operations().values():  # plain methods: no descriptor on each call
-            setattr(cls, op.name, _method(op, cls._asynchronous))
-
-    def _run(self, call: Call[T]) -> T | Awaitable[T]:  # pragma: no cover - each client has its own
-        raise NotImplementedError
 
     # organizations and catalog
 
@@ -660,70 +559,30 @@ class Operations:
         """Shard the schema with Citus (``CitusNotInstalled`` without it); what it did."""
 
 
-def operations() -> dict[str, Operation[Any, Any]]:
+def operations() -> dict[str, Operation]:
     """The table by name."""
     return {name: op for name, op in vars(Operations).items() if isinstance(op, Operation)}
 
 
 # ----------------------------------------------------------- task contexts
 
+#: The operations a task context (``llm_db.executions``) offers as request helpers: the
+#: client's, with the context's organization and, where the operation takes one, its task
+#: (``execution_id``) filled in, and ``now`` left None read from its clock.
+TASK_HELPERS = ("admit", "admit_id", "mark_dispatched", "settle", "fail")
 
-class Scoped(Generic[T]):
-    """A task context's helper for an operation: the context fills in its organization,
-    its task (where the operation takes ``execution_id``), for ``now`` left None, its
-    clock, and for a scope id the call does not name (``project``, ``api_key``,
-    ``end_user``), the wrapper's default (issue 23). ``ctx.admit(500, "gpt-x")`` is
-    ``client.admit(org, 500, "gpt-x", execution_id=task, now=clock(), **defaults)``."""
-
-    FILLED = ("organization_id", "execution_id")
-
-    def __init__(self, op: Operation[Any, T]) -> None:
-        self.op = op
-        self.name = op.name
-        kept = [p for p in op.signature.parameters.values() if p.name not in self.FILLED]
-        self.signature = op.signature.replace(parameters=kept)
-
-    @overload
-    def __get__(self, ctx: None, owner: type | None = None) -> Scoped[T]: ...
-    @overload
-    def __get__(self, ctx: Any, owner: type | None = None) -> Callable[..., T]: ...
-    def __get__(self, ctx: Any, owner: type | None = None) -> Any:
-        if ctx is None:
-            return self
-        return scoped_method(self, ctx._asynchronous).__get__(ctx, owner)
+#: The scope ids a request helper takes from its wrapper when the call names none (issue 23).
+SCOPE_IDS = ("project", "api_key", "end_user")
 
 
-def scoped_method(scoped: Scoped[Any], asynchronous: bool) -> Callable[..., Any]:
-    cached = _METHODS.get((scoped, asynchronous))  # type: ignore[arg-type]
-    if cached is not None:
-        return cached
-    op = scoped.op
-    links_task = "execution_id" in op.names
+class TaskDefault(enum.Enum):
+    """The default of a request helper's scope id: the wrapper's. A value given on the
+    call wins, None too (``end_user=None`` admits a request of no end user)."""
 
-    def call(ctx: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Call[Any]:
-        preset = {"organization_id": ctx.organization_id}
-        if links_task:
-            preset["execution_id"] = ctx.execution_id
-        if "now" in op.names and kwargs.get("now") is None:
-            kwargs["now"] = ctx._now(None)
-        for name, value in ctx.scopes.items():  # a value given on the call wins, None too
-            if name in op.names:
-                kwargs.setdefault(name, value)
-        return op.bind(args, kwargs, preset)
+    TASK_DEFAULT = "the task's"
 
-    if asynchronous:
+    def __repr__(self) -> str:
+        return "TASK_DEFAULT"
 
-        async def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return await self.client._run(call(self, args, kwargs))
-    else:
 
-        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return self.client._run(call(self, args, kwargs))
-
-    method.__name__ = method.__qualname__ = scoped.name
-    method.__doc__ = op.doc + "\n\nOf this task's organization" + (", linked to this task." if links_task else ".")
-    method.__signature__ = scoped.signature.replace(  # type: ignore[attr-defined]
-        parameters=[inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY), *scoped.signature.parameters.values()]
-    )
-    _METHODS[scoped, asynchronous] = method  # type: ignore[index]
-    return method
+TASK_DEFAULT = TaskDefault.TASK_DEFAULT

@@ -271,8 +271,8 @@ def call(conn: psycopg.Connection, operation: str, *args: Any, **kwargs: Any) ->
     """Run one operation of the driver's table (``llm_db.operations``) on ``conn``, with
     the driver's signature, and return its rows as dicts: the raw rows, and psycopg's
     own errors with their SQLSTATE (the driver would map them to ``llm_db.errors``)."""
-    bound = OPERATIONS[operation].bind(args, kwargs)
-    return rows(conn, bound.sql, bound.params)
+    op = OPERATIONS[operation]
+    return rows(conn, op.sql, op.params(*args, **kwargs))
 
 
 def sql_of(operation: str) -> str:
@@ -283,7 +283,7 @@ def sql_of(operation: str) -> str:
 
 def params(operation: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
     """The named parameters of ``sql_of(operation)`` for these arguments."""
-    return dict(OPERATIONS[operation].bind(args, kwargs).params)
+    return OPERATIONS[operation].params(*args, **kwargs)
 
 
 def new_org(

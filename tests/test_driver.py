@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import re
 import uuid
 from collections.abc import Iterator
@@ -465,38 +464,6 @@ def test_each_operation_passes_only_parameters_its_routine_has_and_all_it_requir
 def _same_type(cast: str, declared: str) -> bool:
     aliases = {"timestamptz": "timestamp with time zone", "integer[]": "integer[]"}
     return aliases.get(cast, cast) == declared or declared.startswith("llm.")  # a domain over the cast type
-
-
-def test_clients_and_task_contexts_take_their_methods_from_the_table() -> None:
-    """One entry, four classes: the sync and asyncio clients and task contexts have the
-    entry's signature and documentation, the asyncio ones as coroutine functions."""
-    from llm_db.executions import AsyncExecutionContext, ExecutionContext
-
-    for op in operations().values():
-        for cls, asynchronous in ((Llm, False), (AsyncLlm, True)):
-            method = getattr(cls, op.name)
-            assert inspect.iscoroutinefunction(method) is asynchronous
-            assert str(inspect.signature(method)).replace("self, /, ", "").replace("(self, /)", "()") == str(
-                op.signature
-            )
-            assert method.__doc__ == op.doc
-    for name in ("admit", "admit_id", "mark_dispatched", "settle", "fail"):
-        for cls, asynchronous in ((ExecutionContext, False), (AsyncExecutionContext, True)):
-            method = getattr(cls, name)
-            assert inspect.iscoroutinefunction(method) is asynchronous
-            hidden = {"organization_id", "execution_id"}
-            assert hidden.isdisjoint(inspect.signature(method).parameters)
-
-
-def test_wrong_arguments_raise_TypeError_before_any_statement(llm: Llm) -> None:
-    with pytest.raises(TypeError, match="unexpected keyword argument 'estimate'"):
-        llm.admit(uuid.uuid4(), 1, "m", estimate=3)
-    with pytest.raises(TypeError, match="missing required arguments: model"):
-        llm.admit(uuid.uuid4(), 1)
-    with pytest.raises(TypeError, match="takes 3 positional arguments"):
-        llm.admit(uuid.uuid4(), 1, "m", uuid.uuid4())
-    with pytest.raises(TypeError, match="multiple values for argument 'model'"):
-        llm.admit(uuid.uuid4(), 1, "m", model="n")
 
 
 def test_statuses_are_enums_that_compare_equal_to_their_sql_text(llm: Llm) -> None:

@@ -65,6 +65,7 @@ import asyncio
 import base64
 import binascii
 import dataclasses
+import functools
 import json
 import logging
 import secrets as _random
@@ -75,6 +76,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from llm_db._extras import require
+from llm_db._steps import Steps, run, run_async
 from llm_db.client import AsyncLlm, Llm
 from llm_db.models import Notice
 
@@ -421,6 +423,45 @@ class _Tally:
 ResultHook = Callable[[Notice, Attempt, str, float], None]
 
 
+def _deliveries(
+    client: Llm | AsyncLlm,
+    notices: Sequence[Notice],
+    post: Callable[[Notice], Any],
+    sleep: Callable[[float], Any],
+    *,
+    max_attempts_per_run: int,
+    pause: float,
+    now: datetime | None,
+    should_stop: Callable[[], bool] | None = None,
+    on_result: ResultHook | None = None,
+) -> Steps[tuple[DeliverySummary, list[Notice]]]:
+    """The delivery of notices already claimed, written once for both clients
+    (``llm_db._steps``): it yields each step (a POST, a pause, the call that ends the
+    claim), which ``deliver_claimed`` calls and ``async_deliver_notices`` awaits."""
+    tally = _Tally(len(notices))
+    for index, notice in enumerate(notices):
+        if should_stop is not None and should_stop():
+            return tally.summary(), list(notices[index:])
+        started = time.monotonic()
+        attempt: Attempt | None = None
+        for n in range(tally.attempts(max_attempts_per_run)):
+            if n and pause > 0:
+                yield functools.partial(sleep, pause)
+            attempt = yield functools.partial(post, notice)
+            if attempt.error is None or not attempt.retry or (should_stop is not None and should_stop()):
+                break
+        attempt = tally.record(attempt)
+        key = (notice.organization_id, notice.id, notice.claim_token)
+        if attempt.error is None:
+            ended = yield functools.partial(client.complete_notice, *key, now=now)
+        else:
+            ended = yield functools.partial(client.fail_notice, *key, attempt.error, now=now)
+        outcome = tally.count(notice, attempt, ended)
+        if on_result is not None:
+            on_result(notice, attempt, outcome, time.monotonic() - started)
+    return tally.summary(), []
+
+
 def deliver_claimed(
     client: Llm,
     http: httpx.Client,
@@ -438,29 +479,11 @@ def deliver_claimed(
     """Deliver notices already claimed, one after another; returns the summary and the
     notices not started because ``should_stop()`` turned true (still ``sending``: the
     caller releases them)."""
-    tally = _Tally(len(notices))
-    for index, notice in enumerate(notices):
-        if should_stop is not None and should_stop():
-            return tally.summary(), list(notices[index:])
-        started = time.monotonic()
-        attempt: Attempt | None = None
-        for n in range(tally.attempts(max_attempts_per_run)):
-            if n and pause > 0:
-                time.sleep(pause)
-            attempt = post_notice(http, url, notice, secrets, timeout)
-            if attempt.error is None or not attempt.retry or (should_stop is not None and should_stop()):
-                break
-        attempt = tally.record(attempt)
-        if attempt.error is None:
-            ended = client.complete_notice(notice.organization_id, notice.id, notice.claim_token,
-                                           now=now)  # fmt: skip
-        else:
-            ended = client.fail_notice(notice.organization_id, notice.id, notice.claim_token,
-                                       attempt.error, now=now)  # fmt: skip
-        outcome = tally.count(notice, attempt, ended)
-        if on_result is not None:
-            on_result(notice, attempt, outcome, time.monotonic() - started)
-    return tally.summary(), []
+    post = functools.partial(post_notice, http, url, secrets=secrets, timeout=timeout)
+    return run(_deliveries(
+        client, notices, post, time.sleep, max_attempts_per_run=max_attempts_per_run,
+        pause=pause, now=now, should_stop=should_stop, on_result=on_result,
+    ))  # fmt: skip
 
 
 def deliver_notices(
@@ -518,21 +541,9 @@ async def async_deliver_notices(
         timeout=timeout, follow_redirects=False, headers={"User-Agent": USER_AGENT}
     ) as http:
         notices = await client.claim_notices(limit=limit, now=now)
-        tally = _Tally(len(notices))
-        for notice in notices:
-            attempt: Attempt | None = None
-            for n in range(tally.attempts(max_attempts_per_run)):
-                if n and pause > 0:
-                    await asyncio.sleep(pause)
-                attempt = await _apost_notice(http, url, notice, keys, timeout)
-                if attempt.error is None or not attempt.retry:
-                    break
-            attempt = tally.record(attempt)
-            if attempt.error is None:
-                ended = await client.complete_notice(notice.organization_id, notice.id,
-                                                     notice.claim_token, now=now)  # fmt: skip
-            else:
-                ended = await client.fail_notice(notice.organization_id, notice.id,
-                                                 notice.claim_token, attempt.error, now=now)  # fmt: skip
-            tally.count(notice, attempt, ended)
-    return tally.summary()
+        post = functools.partial(_apost_notice, http, url, secrets=keys, timeout=timeout)
+        summary, _ = await run_async(_deliveries(
+            client, notices, post, asyncio.sleep, max_attempts_per_run=max_attempts_per_run,
+            pause=pause, now=now,
+        ))  # fmt: skip
+    return summary
