@@ -341,6 +341,13 @@ CREATE FUNCTION llm._check_deadline(p_organization_id uuid, p_deadline timestamp
 
 COMMENT ON FUNCTION llm._check_deadline(p_organization_id uuid, p_deadline timestamp with time zone, p_step text) IS 'Raises 57014 (column org_time_budget of llm.settings in its diagnostics) when clock_timestamp() is past p_deadline: the bound on one organization''s sweep, checked between its statements.';
 
+CREATE FUNCTION llm._check_report_scope(p_scope text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 163b57624936d2bd890fd76ffec02ed0 $$;
+
+COMMENT ON FUNCTION llm._check_report_scope(p_scope text) IS 'Raises 22023 unless p_scope is a scope a request names an id of: project, api_key or end_user.';
+
 CREATE FUNCTION llm._check_retry(p_message text, p_format text, p_stored text[], p_given text[], p_hint text) RETURNS void
     LANGUAGE plpgsql IMMUTABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -748,6 +755,13 @@ CREATE FUNCTION llm._owe_notices(p_organization_id uuid, p_period_start date, p_
 
 COMMENT ON FUNCTION llm._owe_notices(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint, p_allowance bigint, p_now timestamp with time zone, p_scope text, p_scope_id text, p_window text, p_old_used bigint) IS 'Creates one owed notice (crossed at p_now) for every threshold of p_thresholds that p_used stands at or above under p_allowance (and, given p_old_used, p_old_used stood below) and not notified yet; NOTIFY llm_notices at commit when it created one.';
 
+CREATE FUNCTION llm._pass_metrics(p_now timestamp with time zone) RETURNS TABLE(metric text, labels jsonb, value double precision)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 0d15d63589764a7751246277204ef7ed $$;
+
+COMMENT ON FUNCTION llm._pass_metrics(p_now timestamp with time zone) IS 'The series of llm.metrics about the pass at p_now: the health alarm by status, the last success, and the last run''s status, errors, figures, finish, age and duration (0 before the first pass).';
+
 CREATE FUNCTION llm._pass_organizations() RETURNS uuid[]
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -1028,6 +1042,20 @@ CREATE FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits 
 
 COMMENT ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) IS 'Admits a request iff used + held + estimate fits the allowance and every budget that applies to its project, API key and end user (LL001 naming the first that does not), placing its hold on the current period and on those budgets'' counters; a repeated p_invocation_id with the same arguments returns the first admission, with different ones LL007.';
 
+CREATE FUNCTION llm.books_history(p_organization_ids uuid[]) RETURNS TABLE(recovered_requests bigint, past_window_alerts bigint, abandoned_tasks bigint, notices_sent bigint)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 e59f12b1cf34b4e50db1129c7f5c6f3e $$;
+
+COMMENT ON FUNCTION llm.books_history(p_organization_ids uuid[]) IS 'One row: requests recovered, past-window alerts, tasks abandoned and notices sent, ever, for these organizations (a scan of their rows).';
+
+CREATE FUNCTION llm.books_snapshot(p_organization_ids uuid[] DEFAULT NULL::uuid[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(open_requests bigint, held_credits bigint, stale_open_requests bigint, stale_held_credits bigint, running_tasks bigint, stale_running_tasks bigint, drift_findings bigint, notices_owed bigint, notices_sending bigint)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 85b089b6b7b56546ee74c3cae8703696 $$;
+
+COMMENT ON FUNCTION llm.books_snapshot(p_organization_ids uuid[], p_now timestamp with time zone) IS 'One row: what the next pass would act on at p_now: open requests and holds (all, and older than the recovery window), running tasks (all, and stale), drift findings, owed and sending notices.';
+
 CREATE FUNCTION llm.check_daily_usage(p_from date, p_to date) RETURNS TABLE(organization_id uuid, day date, recorded jsonb, computed jsonb)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -1091,6 +1119,13 @@ CREATE FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_clai
 
 COMMENT ON FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_error text, p_now timestamp with time zone) IS 'Returns a claimed notice to owed with its error and an exponential backoff (base * 2^(attempts-1), capped by settings; NOTIFY llm_notices); false, changing nothing, unless it is being sent under p_claim_token.';
 
+CREATE FUNCTION llm.last_run(p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(id uuid, started_at timestamp with time zone, finished_at timestamp with time zone, clock timestamp with time zone, status text, orgs_visited integer, orgs_failed integer, requests_recovered bigint, released_hold_credits bigint, past_window_alerts bigint, executions_abandoned bigint, drift_findings bigint, notices_rearmed bigint, daily_rows_rebuilt bigint, more_pending_orgs integer, errors jsonb, recovered_uncharged bigint, period_findings bigint, daily_rebuilt_through date, duration_seconds double precision, age_seconds double precision)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 b7e5d35e846361e13c9ddb5873a571f5 $$;
+
+COMMENT ON FUNCTION llm.last_run(p_now timestamp with time zone) IS 'The newest finished pass that was not skipped (its llm.reconciliation_runs figures), how long it took and its age at p_now on the pass''s clock, in seconds; no row before the first pass.';
+
 CREATE FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone DEFAULT now()) RETURNS llm.admission
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -1098,12 +1133,33 @@ CREATE FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id uuid
 
 COMMENT ON FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) IS 'Marks a reserved request as sent to the provider (idempotent when already dispatched); LL009 when it is already terminal.';
 
+CREATE FUNCTION llm.metrics(p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(metric text, labels jsonb, value double precision)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 70e26ce557135e17432ee4f3493e949e $$;
+
+COMMENT ON FUNCTION llm.metrics(p_now timestamp with time zone) IS 'Every series of the Prometheus exposition at p_now (metric, labels, value): the health alarm, the last pass, what the next pass would act on, the stale requests by organization status, budgets near their limit and the sweeps'' totals; every series present, 0 when none.';
+
 CREATE FUNCTION llm.open_execution(p_organization_id uuid, p_task_key text, p_subject_type text DEFAULT NULL::text, p_subject_id text DEFAULT NULL::text, p_replay_key text DEFAULT NULL::text, p_now timestamp with time zone DEFAULT now()) RETURNS TABLE(execution_id uuid, status text, replayed boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
     AS $$ body in sql/, md5 93fcb079d46ffadd2eaf234813ad4ae4 $$;
 
 COMMENT ON FUNCTION llm.open_execution(p_organization_id uuid, p_task_key text, p_subject_type text, p_subject_id text, p_replay_key text, p_now timestamp with time zone) IS 'Opens a running task of a declared kind (LL004 otherwise). A replay key is unique per organization: opening it again returns the earlier task, whatever its status, with replayed = true; with a different task or subject, LL007.';
+
+CREATE FUNCTION llm.organization_totals(p_organization_ids uuid[]) RETURNS TABLE(organization_id uuid, name text, status text, allowance_credits bigint, used_credits bigint, held_credits bigint, used_cents bigint, notices bigint)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 586ca8af17fdbf50b1ecf7083aa1a08a $$;
+
+COMMENT ON FUNCTION llm.organization_totals(p_organization_ids uuid[]) IS 'Per organization of p_organization_ids: its allowance, the sums over its periods (used, held, cents) and its threshold notices.';
+
+CREATE FUNCTION llm.pass_progress(p_since timestamp with time zone) RETURNS TABLE(organizations bigint, orgs_visited integer)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 bb75920df60e348a1675f7c7f4df41e0 $$;
+
+COMMENT ON FUNCTION llm.pass_progress(p_since timestamp with time zone) IS 'One row: the operational organizations (what a pass visits) and the organizations visited so far by the pass running since p_since (NULL: none running).';
 
 CREATE FUNCTION llm.rearm_notices(p_now timestamp with time zone DEFAULT now()) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
@@ -1139,6 +1195,48 @@ CREATE FUNCTION llm.release_notice(p_organization_id uuid, p_notice_id uuid, p_c
     AS $$ body in sql/, md5 26ef74594bc96fc8b289483d5f5ac816 $$;
 
 COMMENT ON FUNCTION llm.release_notice(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_now timestamp with time zone) IS 'Gives a claimed notice back unsent (sending -> owed, due at p_now, no attempt counted, NOTIFY llm_notices): a worker shutting down; false, changing nothing, unless it is being sent under p_claim_token.';
+
+CREATE FUNCTION llm.report_budgets_near_limit(p_scope text DEFAULT NULL::text, p_organization_ids uuid[] DEFAULT NULL::uuid[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(organization_id uuid, name text, scope text, scope_id text, budget_window text, window_start date, limit_credits bigint, first_threshold integer, used_credits bigint, held_credits bigint, used_cents bigint)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 1859df7b55d98122914b9e859118dad7 $$;
+
+COMMENT ON FUNCTION llm.report_budgets_near_limit(p_scope text, p_organization_ids uuid[], p_now timestamp with time zone) IS 'The budget counters of the windows containing p_now at or above the first threshold of the budget that applies to them (used + held), for scope p_scope (NULL: every scope).';
+
+CREATE FUNCTION llm.report_daily_usage(p_from date, p_to date, p_organization_ids uuid[] DEFAULT NULL::uuid[]) RETURNS TABLE(day date, organization_id uuid, name text, model text, requests bigint, recovered_requests bigint, credits bigint, cents bigint, input_tokens bigint, output_tokens bigint)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 6dbfdb5b5292f297d083beaef63059e3 $$;
+
+COMMENT ON FUNCTION llm.report_daily_usage(p_from date, p_to date, p_organization_ids uuid[]) IS 'The rows of llm.daily_usage for days p_from .. p_to (UTC settlement day), newest day first, with the organization''s name.';
+
+CREATE FUNCTION llm.report_open_holds(p_organization_ids uuid[] DEFAULT NULL::uuid[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(organization_id uuid, name text, open_requests bigint, held_credits bigint, oldest_created_at timestamp with time zone, past_window bigint)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 0e449caa5a4cfd538fe07f90aae9ab57 $$;
+
+COMMENT ON FUNCTION llm.report_open_holds(p_organization_ids uuid[], p_now timestamp with time zone) IS 'Per organization, the requests still holding credits: how many, their holds, the oldest, and how many are older than the recovery window at p_now.';
+
+CREATE FUNCTION llm.report_periods(p_from date, p_to date, p_organization_ids uuid[] DEFAULT NULL::uuid[]) RETURNS TABLE(organization_id uuid, name text, status text, period_start date, period_end date, allowance_credits bigint, used_credits bigint, held_credits bigint, used_cents bigint)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 530e44151a66073f0e76839f52b0d494 $$;
+
+COMMENT ON FUNCTION llm.report_periods(p_from date, p_to date, p_organization_ids uuid[]) IS 'The periods overlapping days p_from .. p_to, with their organization: allowance, used, held and cents; by organization name and period.';
+
+CREATE FUNCTION llm.report_scope_usage(p_scope text, p_from date, p_to date, p_organization_ids uuid[] DEFAULT NULL::uuid[]) RETURNS TABLE(organization_id uuid, name text, scope_id text, requests bigint, open_requests bigint, used_credits bigint, held_credits bigint, used_cents bigint)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 2fb10aed51c851c42f87974c94abbc3e $$;
+
+COMMENT ON FUNCTION llm.report_scope_usage(p_scope text, p_from date, p_to date, p_organization_ids uuid[]) IS 'Usage per id of scope p_scope (project, api_key or end_user) of the requests admitted in days p_from .. p_to: requests, open ones, used, held and cents; 22023 for another scope.';
+
+CREATE FUNCTION llm.report_tasks(p_from date, p_organization_ids uuid[] DEFAULT NULL::uuid[]) RETURNS TABLE(organization_id uuid, name text, status text, tasks bigint, requests bigint, credits bigint, cents bigint)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 5c8f76e1e911c81881d2f3d43f0fdf3f $$;
+
+COMMENT ON FUNCTION llm.report_tasks(p_from date, p_organization_ids uuid[]) IS 'Per organization and status, the tasks started since day p_from (UTC) and every task still running: how many, and their requests, credits and cents.';
 
 CREATE PROCEDURE llm.run_reconciliation(IN p_now timestamp with time zone DEFAULT NULL::timestamp with time zone, IN p_batch integer DEFAULT NULL::integer)
     LANGUAGE plpgsql
@@ -1180,6 +1278,13 @@ CREATE FUNCTION llm.settle_invocation(p_organization_id uuid, p_invocation_id uu
     AS $$ body in sql/, md5 bd0ffc331781ea1b09aab16d3a75a361 $$;
 
 COMMENT ON FUNCTION llm.settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) IS 'Settles a request with measured usage: charges it once, releases its hold, moves its own period, adds to its task and records crossed thresholds. Returns settled, or already_settled / already_recovered / already_failed with nothing charged; under late_settlement = true_up the first measured settlement of a recovered request returns trued_up and moves the books by the signed difference.';
+
+CREATE FUNCTION llm.stale_by_organization_status(p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(organization_status text, stale_open_requests bigint, stale_held_credits bigint)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 d0489ec4ab9c865fb91321aa16cfaef5 $$;
+
+COMMENT ON FUNCTION llm.stale_by_organization_status(p_now timestamp with time zone) IS 'Per organization status (operational, suspended, closed: every one, 0 when none), the open requests older than the recovery window at p_now and their holds.';
 
 CREATE FUNCTION llm.unschedule_reconciliation() RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
@@ -1369,6 +1474,17 @@ CREATE TABLE llm.sweep_totals (
 );
 
 COMMENT ON TABLE llm.sweep_totals IS 'Per organization, written by its sweeps (the pass''s and direct reconcile_org calls alike): monotonic totals of requests recovered, of those charged nothing, and of past-window alerts; and when its periods were last audited and are due again.';
+
+CREATE VIEW llm.sweep_summary AS
+ SELECT (COALESCE(sum(t.recovered_requests), (0)::numeric))::bigint AS recovered_requests,
+    (COALESCE(sum(t.recovered_uncharged), (0)::numeric))::bigint AS recovered_uncharged,
+    (COALESCE(sum(t.past_window_alerts), (0)::numeric))::bigint AS past_window_alerts,
+    ( SELECT count(*) AS count
+           FROM llm.period_findings f
+          WHERE (f.resolved_at IS NULL)) AS period_findings
+   FROM llm.sweep_totals t;
+
+COMMENT ON VIEW llm.sweep_summary IS 'One row: requests recovered (and of them, charged nothing) and past-window alerts by every sweep, ever, and the period findings not yet resolved.';
 
 CREATE TABLE llm.task_kinds (
     key text NOT NULL,
@@ -1566,6 +1682,8 @@ REVOKE ALL ON FUNCTION llm._check_day_range(p_from date, p_to date) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._check_deadline(p_organization_id uuid, p_deadline timestamp with time zone, p_step text) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._check_report_scope(p_scope text) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._check_retry(p_message text, p_format text, p_stored text[], p_given text[], p_hint text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._check_scope_id(p_name text, p_value text) FROM PUBLIC;
@@ -1671,6 +1789,8 @@ REVOKE ALL ON FUNCTION llm._operational_org(p_organization_id uuid) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._owe_notices(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint, p_allowance bigint, p_now timestamp with time zone, p_scope text, p_scope_id text, p_window text, p_old_used bigint) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._pass_metrics(p_now timestamp with time zone) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._pass_organizations() FROM PUBLIC;
 GRANT ALL ON FUNCTION llm._pass_organizations() TO llm_operator;
 
@@ -1751,6 +1871,14 @@ REVOKE ALL ON FUNCTION llm._window_start(p_window text, p_at timestamp with time
 REVOKE ALL ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) TO llm_app;
 
+REVOKE ALL ON FUNCTION llm.books_history(p_organization_ids uuid[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.books_history(p_organization_ids uuid[]) TO llm_reader;
+GRANT ALL ON FUNCTION llm.books_history(p_organization_ids uuid[]) TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm.books_snapshot(p_organization_ids uuid[], p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.books_snapshot(p_organization_ids uuid[], p_now timestamp with time zone) TO llm_reader;
+GRANT ALL ON FUNCTION llm.books_snapshot(p_organization_ids uuid[], p_now timestamp with time zone) TO llm_operator;
+
 REVOKE ALL ON FUNCTION llm.check_daily_usage(p_from date, p_to date) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.check_daily_usage(p_from date, p_to date) TO llm_operator;
 
@@ -1777,11 +1905,27 @@ GRANT ALL ON FUNCTION llm.fail_invocation(p_organization_id uuid, p_invocation_i
 REVOKE ALL ON FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_error text, p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_error text, p_now timestamp with time zone) TO llm_operator;
 
+REVOKE ALL ON FUNCTION llm.last_run(p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.last_run(p_now timestamp with time zone) TO llm_reader;
+GRANT ALL ON FUNCTION llm.last_run(p_now timestamp with time zone) TO llm_operator;
+
 REVOKE ALL ON FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) TO llm_app;
 
+REVOKE ALL ON FUNCTION llm.metrics(p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.metrics(p_now timestamp with time zone) TO llm_reader;
+GRANT ALL ON FUNCTION llm.metrics(p_now timestamp with time zone) TO llm_operator;
+
 REVOKE ALL ON FUNCTION llm.open_execution(p_organization_id uuid, p_task_key text, p_subject_type text, p_subject_id text, p_replay_key text, p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.open_execution(p_organization_id uuid, p_task_key text, p_subject_type text, p_subject_id text, p_replay_key text, p_now timestamp with time zone) TO llm_app;
+
+REVOKE ALL ON FUNCTION llm.organization_totals(p_organization_ids uuid[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.organization_totals(p_organization_ids uuid[]) TO llm_reader;
+GRANT ALL ON FUNCTION llm.organization_totals(p_organization_ids uuid[]) TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm.pass_progress(p_since timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.pass_progress(p_since timestamp with time zone) TO llm_reader;
+GRANT ALL ON FUNCTION llm.pass_progress(p_since timestamp with time zone) TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm.rearm_notices(p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.rearm_notices(p_now timestamp with time zone) TO llm_operator;
@@ -1798,6 +1942,30 @@ GRANT ALL ON FUNCTION llm.reconciliation_health(p_now timestamp with time zone) 
 
 REVOKE ALL ON FUNCTION llm.release_notice(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.release_notice(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_now timestamp with time zone) TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm.report_budgets_near_limit(p_scope text, p_organization_ids uuid[], p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.report_budgets_near_limit(p_scope text, p_organization_ids uuid[], p_now timestamp with time zone) TO llm_reader;
+GRANT ALL ON FUNCTION llm.report_budgets_near_limit(p_scope text, p_organization_ids uuid[], p_now timestamp with time zone) TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm.report_daily_usage(p_from date, p_to date, p_organization_ids uuid[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.report_daily_usage(p_from date, p_to date, p_organization_ids uuid[]) TO llm_reader;
+GRANT ALL ON FUNCTION llm.report_daily_usage(p_from date, p_to date, p_organization_ids uuid[]) TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm.report_open_holds(p_organization_ids uuid[], p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.report_open_holds(p_organization_ids uuid[], p_now timestamp with time zone) TO llm_reader;
+GRANT ALL ON FUNCTION llm.report_open_holds(p_organization_ids uuid[], p_now timestamp with time zone) TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm.report_periods(p_from date, p_to date, p_organization_ids uuid[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.report_periods(p_from date, p_to date, p_organization_ids uuid[]) TO llm_reader;
+GRANT ALL ON FUNCTION llm.report_periods(p_from date, p_to date, p_organization_ids uuid[]) TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm.report_scope_usage(p_scope text, p_from date, p_to date, p_organization_ids uuid[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.report_scope_usage(p_scope text, p_from date, p_to date, p_organization_ids uuid[]) TO llm_reader;
+GRANT ALL ON FUNCTION llm.report_scope_usage(p_scope text, p_from date, p_to date, p_organization_ids uuid[]) TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm.report_tasks(p_from date, p_organization_ids uuid[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.report_tasks(p_from date, p_organization_ids uuid[]) TO llm_reader;
+GRANT ALL ON FUNCTION llm.report_tasks(p_from date, p_organization_ids uuid[]) TO llm_operator;
 
 REVOKE ALL ON PROCEDURE llm.run_reconciliation(IN p_now timestamp with time zone, IN p_batch integer) FROM PUBLIC;
 GRANT ALL ON PROCEDURE llm.run_reconciliation(IN p_now timestamp with time zone, IN p_batch integer) TO llm_operator;
@@ -1816,6 +1984,10 @@ GRANT ALL ON FUNCTION llm.set_recovery_policy(p_organization_id uuid, p_recovery
 
 REVOKE ALL ON FUNCTION llm.settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) TO llm_app;
+
+REVOKE ALL ON FUNCTION llm.stale_by_organization_status(p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.stale_by_organization_status(p_now timestamp with time zone) TO llm_reader;
+GRANT ALL ON FUNCTION llm.stale_by_organization_status(p_now timestamp with time zone) TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm.unschedule_reconciliation() FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.unschedule_reconciliation() TO llm_operator;
@@ -1857,6 +2029,9 @@ GRANT SELECT ON TABLE llm.periods TO llm_operator;
 
 GRANT SELECT ON TABLE llm.sweep_totals TO llm_reader;
 GRANT SELECT ON TABLE llm.sweep_totals TO llm_operator;
+
+GRANT SELECT ON TABLE llm.sweep_summary TO llm_reader;
+GRANT SELECT ON TABLE llm.sweep_summary TO llm_operator;
 
 GRANT SELECT ON TABLE llm.task_kinds TO llm_reader;
 GRANT SELECT ON TABLE llm.task_kinds TO llm_operator;
