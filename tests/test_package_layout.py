@@ -25,7 +25,7 @@ PACKAGE = ROOT / "llm_db"
 
 CORE = ["llm_db", "llm_db.client", "llm_db._client_methods", "llm_db.operations", "llm_db.models", "llm_db.errors",
         "llm_db.migrate", "llm_db.executions", "llm_db._extras", "llm_db._steps", "llm_db.queries",
-        "llm_db.__main__"]  # fmt: skip
+        "llm_db._moved", "llm_db.__main__"]  # fmt: skip
 EXTRA_FOLDERS = ("llm_db.cli", "llm_db.service", "llm_db.testing", "llm_db.demo")
 FOLDER_PREFIXES = tuple(f"{folder}." for folder in EXTRA_FOLDERS)
 # the module paths before 0.3.0 -> where the module lives now
@@ -172,8 +172,13 @@ def test_an_old_module_path_re_exports_the_moved_module(old, new):
     names = public_names(moved)
     assert names or hasattr(moved, "__path__"), new  # a package may hold only its modules
     assert {n: getattr(shim, n, None) for n in names} == {n: getattr(moved, n) for n in names}
+    # and every other name the moved module holds, private ones too, as 0.2.0 had them
+    others = [n for n in vars(moved) if not n.startswith("__") and n not in names]
+    assert {n: getattr(shim, n, None) for n in others} == {n: getattr(moved, n) for n in others}
+    with pytest.raises(AttributeError, match="moved from 0.2.0's path"):
+        shim.no_such_name  # noqa: B018
     assert f"``{new}``" in shim.__doc__ and "removed in 0.4" in shim.__doc__
-    assert Path(shim.__file__).read_text(encoding="utf-8").count("\n") <= 5  # a shim, no code
+    assert Path(shim.__file__).read_text(encoding="utf-8").count("\n") <= 8  # a shim, no code
 
 
 # the public modules of 0.2.0 (`git ls-tree -r 935d250 llm_db`, private ones left out)
