@@ -94,22 +94,29 @@ def wait_blocked(observer: psycopg.Connection, pid: int, timeout: float = 10.0, 
 
 
 def sessions_on_stripes(
-    connect: Callable[[], psycopg.Connection], stripes: int, wanted: list[int], tries: int = 200
+    connect: Callable[[], psycopg.Connection], stripes: int, wanted: list[int] | int, tries: int = 200
 ) -> list[psycopg.Connection]:
-    """One connection per entry of ``wanted``, whose admissions hold on that stripe: a
-    session's stripe is its backend pid modulo ``stripes`` (sql/30_admission.sql), so
-    connections are opened until each entry has one, and the others closed. Fails
-    (never skips) after ``tries`` connections."""
-    found: list[psycopg.Connection | None] = [None] * len(wanted)
+    """One connection per entry of ``wanted``, whose admissions hold on that stripe (or,
+    ``wanted`` a number, that many connections on different stripes, any): a session's
+    stripe is its backend pid modulo ``stripes`` (sql/30_admission.sql), so connections
+    are opened until each entry has one, and the others closed. Fails (never skips)
+    after ``tries`` connections."""
+    any_stripes = isinstance(wanted, int)
+    slots: list[int | None] = [None] * wanted if any_stripes else list(wanted)  # type: ignore[list-item, operator]
+    found: list[psycopg.Connection | None] = [None] * len(slots)
+    taken: set[int] = set()
     pids = []
     for _ in range(tries):
         conn = connect()
         pids.append(conn.info.backend_pid)
-        slot = next((i for i, s in enumerate(wanted) if s == pids[-1] % stripes and found[i] is None), None)
+        stripe = pids[-1] % stripes
+        slot = next((i for i, s in enumerate(slots)
+                     if found[i] is None and (s == stripe or (s is None and stripe not in taken))), None)  # fmt: skip
         if slot is None:
             conn.close()
             continue
         found[slot] = conn
+        taken.add(stripe)
         if None not in found:
             return found  # type: ignore[return-value]
     for conn in found:

@@ -30,6 +30,7 @@ from tests.helpers import (
     invariants,
     new_org,
     rows,
+    sessions_on_stripes,
     set_budget,
     wait_blocked,
 )
@@ -55,14 +56,7 @@ def app_sessions(
 ) -> list[psycopg.Connection]:
     """``n`` app-role connections on ``n`` different stripes (a session's stripe is its
     backend pid modulo the stripes); the others opened on the way are closed."""
-    sessions: dict[int, psycopg.Connection] = {}
-    while len(sessions) < n:
-        conn = connect("llm_app", **kwargs)
-        if conn.info.backend_pid % STRIPES in sessions:
-            conn.close()
-        else:
-            sessions[conn.info.backend_pid % STRIPES] = conn
-    return list(sessions.values())
+    return sessions_on_stripes(lambda: connect("llm_app", **kwargs), STRIPES, n)
 
 
 def race(
