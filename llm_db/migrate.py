@@ -282,10 +282,7 @@ class _Run:
     @property
     def settings(self) -> str:
         """The statement every transaction of this run starts with."""
-        return (
-            f"SET LOCAL lock_timeout = '{max(1, round(self.lock_timeout * 1000))}ms'; "
-            "SET LOCAL statement_timeout = 0; SET LOCAL idle_in_transaction_session_timeout = 0"
-        )
+        return _RUN_SETTINGS.format(lock_timeout_ms=max(1, round(self.lock_timeout * 1000)))
 
     def emit(self, event: str, **fields: Any) -> None:
         self.on_event({"event": event, "step": self.step_name, **fields})
@@ -411,9 +408,7 @@ def _begin_locked(conn: psycopg.Connection, run: _Run) -> None:
     pause = 0.02
     while True:
         conn.execute("BEGIN")
-        if conn.execute(
-            f"SELECT pg_catalog.pg_try_advisory_xact_lock({int(MIGRATE_LOCK_KEY)})"
-        ).fetchone()[0]:  # type: ignore[arg-type,index]
+        if conn.execute(_TRY_MIGRATE_LOCK, {"key": MIGRATE_LOCK_KEY}).fetchone()[0]:  # type: ignore[index]
             conn.execute(run.settings)  # type: ignore[arg-type]
             return
         conn.execute("ROLLBACK")
@@ -425,6 +420,25 @@ def _begin_locked(conn: psycopg.Connection, run: _Run) -> None:
 
 YOYO_LOCK_WAIT = 30.0  # seconds, at most, for yoyo's lock row
 _RESET = "RESET lock_timeout; RESET statement_timeout; RESET idle_in_transaction_session_timeout"
+
+# The statement every transaction of a run starts with (``_Run.settings``): a lock
+# wait gives up after the run's lock timeout, nothing else times out.
+_RUN_SETTINGS = (
+    "SET LOCAL lock_timeout = '{lock_timeout_ms}ms'; "
+    "SET LOCAL statement_timeout = 0; SET LOCAL idle_in_transaction_session_timeout = 0"
+)
+
+# One migrate at a time per database: the advisory lock of MIGRATE_LOCK_KEY, for the
+# transaction (``_begin_locked``).
+_TRY_MIGRATE_LOCK = "SELECT pg_catalog.pg_try_advisory_xact_lock(%(key)s::bigint)"
+
+# yoyo's lock row (``_break_stale_yoyo_lock``), in yoyo's paramstyle; the table's name
+# is yoyo's own quoted identifier.
+_YOYO_LOCK_TABLE_EXISTS = "SELECT pg_catalog.to_regclass(:name) IS NOT NULL"
+_CLEAR_YOYO_LOCK = "DELETE FROM {table} RETURNING pid, ctime"
+
+# A routine no file defines any more (a regprocedure's text: a valid, quoted reference).
+_DROP_ROUTINE = "DROP ROUTINE {routine}"
 
 
 def _yoyo_backend(url: str, run: _Run) -> Any:
@@ -531,12 +545,10 @@ def _break_stale_yoyo_lock(backend: Any, run: _Run) -> None:
     apply`` against the same database would not be excluded; migrate is the one way
     to apply llm-db's migrations.) Emits ``stale_lock`` with the killed run's pid."""
     with backend.transaction():
-        exists = backend.execute(
-            "SELECT pg_catalog.to_regclass(:name) IS NOT NULL", {"name": backend.lock_table_quoted}
-        ).fetchone()[0]
+        exists = backend.execute(_YOYO_LOCK_TABLE_EXISTS, {"name": backend.lock_table_quoted}).fetchone()[0]
         if not exists:
             return  # a first install: yoyo creates its lock table when it locks
-        rows = backend.execute(f"DELETE FROM {backend.lock_table_quoted} RETURNING pid, ctime").fetchall()
+        rows = backend.execute(_CLEAR_YOYO_LOCK.format(table=backend.lock_table_quoted)).fetchall()
     for pid, ctime in rows:
         run.emit("stale_lock", pid=pid, since=str(ctime))
 
@@ -615,7 +627,7 @@ def _apply_sql_files(conn: psycopg.Connection, files: Sequence[Path]) -> list[st
     for routine in stale:
         try:
             # a regprocedure's text is a valid, quoted routine reference
-            conn.execute(f"DROP ROUTINE {routine}")  # type: ignore[arg-type]
+            conn.execute(_DROP_ROUTINE.format(routine=routine))  # type: ignore[arg-type]
         except pg_errors.LockNotAvailable:
             raise  # retried whole by the caller
         except psycopg.Error as exc:
