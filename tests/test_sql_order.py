@@ -54,6 +54,7 @@ NAMING_STATEMENT = re.compile(
     r"\s*(?:COMMENT\s+ON|GRANT|REVOKE|(?:DROP|ALTER)\s+(?:FUNCTION|PROCEDURE|ROUTINE))\b",
     re.I,
 )
+CREATE_ROUTINE = re.compile(r"\s*CREATE\s+(?:OR\s+REPLACE\s+)?(?:FUNCTION|PROCEDURE)\b", re.I)
 DO_BLOCK = re.compile(r"\s*DO\b", re.I)
 ATOMIC = re.compile(r"\bBEGIN\s+ATOMIC\b", re.I)
 # the words of code, a quoted identifier being one word ("end" is no END)
@@ -266,6 +267,21 @@ def test_each_routine_is_defined_by_one_file():
         f"llm.{name}: {', '.join(files)}" for name, files in defined.items() if len(set(files)) > 1
     ]
     assert not twice, "routines defined by two files:\n" + "\n".join(twice)
+
+
+def test_each_routine_is_created_under_its_qualified_name():
+    """issue 24 item 1: the parser knows a routine by its CREATE llm.name (...), so a
+    routine created without the schema, or in another, would escape the order check."""
+    elsewhere = []
+    for file, text in sorted(sql_files().items()):
+        code = strip(text)
+        for start, _ in statements(code):
+            d = DEFINITION.match(code.text, start)
+            c = CREATE_ROUTINE.match(code.text, start)
+            if c and not (d and ident(d["schema"]) == "llm"):
+                line = code.text.count("\n", 0, c.end()) + 1
+                elsewhere.append(f"{file}:{line}")
+    assert not elsewhere, "routines created outside llm., or unqualified:\n" + "\n".join(elsewhere)
 
 
 def test_the_exception_is_used():
