@@ -49,6 +49,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from llm_db import queries
 from llm_db.cli.report import format_table, jsonable
 from llm_db.client import Llm
 from llm_db.demo._traffic import (
@@ -76,12 +77,8 @@ WEBHOOK_SECRET = "whsec_bGxtLWRiIGRlbW8gd2ViaG9vaywgbm90IGEgc2VjcmV0IQ=="
 class DemoError(RuntimeError):
     """The demo cannot run (e.g. llm-db is not installed in the --dsn database)."""
 
-# ----------------------------------------------------------- the demo's own SQL
 
-LLM_INSTALLED = """
-SELECT pg_catalog.to_regproc('llm.run_reconciliation') IS NOT NULL AS installed,
-       pg_catalog.current_database() AS dbname
-"""
+# ----------------------------------------------------------- the demo's own SQL
 
 PASS_CLOCK = "SELECT pg_catalog.date_trunc('second', pg_catalog.now()) AS now"
 
@@ -268,7 +265,7 @@ def _demo(
     with psycopg.connect(
         dsn, autocommit=True, prepare_threshold=None, application_name="llm-db demo"
     ) as conn:
-        installed, dbname = conn.execute(LLM_INSTALLED).fetchone()
+        installed, dbname = conn.execute(queries.LLM_INSTALLED).fetchone()
         if not installed:
             raise DemoError(
                 f"llm-db is not installed in database {dbname}: run `llm-db migrate --dsn ...` "
