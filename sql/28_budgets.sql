@@ -459,9 +459,13 @@ SELECT c.organization_id, c.scope, c.scope_id, c.budget_window, c.window_start,
        -- the budget's key in llm.budgets (an organization budget's id is NULL)
        CASE WHEN own.organization_id IS NOT NULL THEN own.scope_id ELSE dflt.scope_id END AS budget_scope_id
   FROM llm.budget_counters AS c
+  -- An id is NULL for the organization scope only and never '' (_scope_id_ok), so
+  -- coalesce(id, '') is the same match as IS NOT DISTINCT FROM, one a hash join can
+  -- take: the view stays linear in counters and budgets, not their product.
   LEFT JOIN llm.budget_limits AS own
     ON own.organization_id = c.organization_id AND own.scope = c.scope
-   AND own.scope_id IS NOT DISTINCT FROM c.scope_id AND own.budget_window = c.budget_window
+   AND own.budget_window = c.budget_window
+   AND coalesce(own.scope_id, '') = coalesce(c.scope_id, '')
   LEFT JOIN llm.budget_limits AS dflt
     ON dflt.organization_id = c.organization_id AND dflt.scope = c.scope
    AND dflt.scope_id = '*' AND dflt.budget_window = c.budget_window;
