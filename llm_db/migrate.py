@@ -264,6 +264,12 @@ def migrate(
 
 
 FUNCTIONS_STEP = "functions (sql/)"
+# A run's settings, the first statement of each of its transactions (an integer
+# formatted in: no parameters, so the simple query protocol sends the three at once).
+_SETTINGS = (
+    "SET LOCAL lock_timeout = '{lock_timeout_ms}ms'; "
+    "SET LOCAL statement_timeout = 0; SET LOCAL idle_in_transaction_session_timeout = 0"
+)
 _T = TypeVar("_T")
 
 
@@ -282,7 +288,7 @@ class _Run:
     @property
     def settings(self) -> str:
         """The statement every transaction of this run starts with."""
-        return _RUN_SETTINGS.format(lock_timeout_ms=max(1, round(self.lock_timeout * 1000)))
+        return _SETTINGS.format(lock_timeout_ms=max(1, round(self.lock_timeout * 1000)))
 
     def emit(self, event: str, **fields: Any) -> None:
         self.on_event({"event": event, "step": self.step_name, **fields})
@@ -394,6 +400,10 @@ class _Watcher:
             return  # the run goes on; its errors then only lack the holder's name
 
 
+# The migrate lock, tried (transaction-level); an integer formatted in: no parameters.
+_TRY_MIGRATE_LOCK = f"SELECT pg_catalog.pg_try_advisory_xact_lock({int(MIGRATE_LOCK_KEY)})"
+
+
 def _begin_locked(conn: psycopg.Connection, run: _Run) -> None:
     """Open a transaction on ``conn`` that holds the migrate lock (transaction-level).
 
@@ -408,7 +418,7 @@ def _begin_locked(conn: psycopg.Connection, run: _Run) -> None:
     pause = 0.02
     while True:
         conn.execute("BEGIN")
-        if conn.execute(_TRY_MIGRATE_LOCK, {"key": MIGRATE_LOCK_KEY}).fetchone()[0]:  # type: ignore[index]
+        if conn.execute(_TRY_MIGRATE_LOCK).fetchone()[0]:  # type: ignore[arg-type,index]
             conn.execute(run.settings)  # type: ignore[arg-type]
             return
         conn.execute("ROLLBACK")
@@ -420,25 +430,6 @@ def _begin_locked(conn: psycopg.Connection, run: _Run) -> None:
 
 YOYO_LOCK_WAIT = 30.0  # seconds, at most, for yoyo's lock row
 _RESET = "RESET lock_timeout; RESET statement_timeout; RESET idle_in_transaction_session_timeout"
-
-# The statement every transaction of a run starts with (``_Run.settings``): a lock
-# wait gives up after the run's lock timeout, nothing else times out.
-_RUN_SETTINGS = (
-    "SET LOCAL lock_timeout = '{lock_timeout_ms}ms'; "
-    "SET LOCAL statement_timeout = 0; SET LOCAL idle_in_transaction_session_timeout = 0"
-)
-
-# One migrate at a time per database: the advisory lock of MIGRATE_LOCK_KEY, for the
-# transaction (``_begin_locked``).
-_TRY_MIGRATE_LOCK = "SELECT pg_catalog.pg_try_advisory_xact_lock(%(key)s::bigint)"
-
-# yoyo's lock row (``_break_stale_yoyo_lock``), in yoyo's paramstyle; the table's name
-# is yoyo's own quoted identifier.
-_YOYO_LOCK_TABLE_EXISTS = "SELECT pg_catalog.to_regclass(:name) IS NOT NULL"
-_CLEAR_YOYO_LOCK = "DELETE FROM {table} RETURNING pid, ctime"
-
-# A routine no file defines any more (a regprocedure's text: a valid, quoted reference).
-_DROP_ROUTINE = "DROP ROUTINE {routine}"
 
 
 def _yoyo_backend(url: str, run: _Run) -> Any:
@@ -536,6 +527,12 @@ def _apply_migrations(url: str, migrations_dir: Path, run: _Run) -> list[str]:
         backend.connection.close()
 
 
+# yoyo's lock row, read and removed through yoyo's backend (its :name parameters);
+# the table's name is yoyo's, already quoted.
+_YOYO_LOCK_TABLE_EXISTS = "SELECT pg_catalog.to_regclass(:name) IS NOT NULL"
+_YOYO_REMOVE_LOCK = "DELETE FROM {lock_table} RETURNING pid, ctime"
+
+
 def _break_stale_yoyo_lock(backend: Any, run: _Run) -> None:
     """Remove yoyo's lock row left behind by a killed migrate, so a re-run completes.
 
@@ -545,10 +542,14 @@ def _break_stale_yoyo_lock(backend: Any, run: _Run) -> None:
     apply`` against the same database would not be excluded; migrate is the one way
     to apply llm-db's migrations.) Emits ``stale_lock`` with the killed run's pid."""
     with backend.transaction():
-        exists = backend.execute(_YOYO_LOCK_TABLE_EXISTS, {"name": backend.lock_table_quoted}).fetchone()[0]
+        exists = backend.execute(
+            _YOYO_LOCK_TABLE_EXISTS, {"name": backend.lock_table_quoted}
+        ).fetchone()[0]
         if not exists:
             return  # a first install: yoyo creates its lock table when it locks
-        rows = backend.execute(_CLEAR_YOYO_LOCK.format(table=backend.lock_table_quoted)).fetchall()
+        rows = backend.execute(
+            _YOYO_REMOVE_LOCK.format(lock_table=backend.lock_table_quoted)
+        ).fetchall()
     for pid, ctime in rows:
         run.emit("stale_lock", pid=pid, since=str(ctime))
 
@@ -565,17 +566,23 @@ def _apply_one(backend: Any, migration: Any, migrations_dir: Path) -> None:
         ) from exc
 
 
+# The function files' attempt, a savepoint of migrate's transaction.
+_SAVEPOINT = "SAVEPOINT llm_db_functions"
+_ROLLBACK_TO_SAVEPOINT = "ROLLBACK TO SAVEPOINT llm_db_functions"
+_RELEASE_SAVEPOINT = "RELEASE SAVEPOINT llm_db_functions"
+
+
 def _apply_sql_phase(conn: psycopg.Connection, files: Sequence[Path]) -> list[str]:
     """One attempt at the function files, in a savepoint of migrate's transaction
     (which keeps the migrate lock and the settings across attempts)."""
-    conn.execute("SAVEPOINT llm_db_functions")
+    conn.execute(_SAVEPOINT)
     try:
         dropped = _apply_sql_files(conn, files)
     except BaseException:
         if not conn.closed and not conn.broken:
-            conn.execute("ROLLBACK TO SAVEPOINT llm_db_functions")
+            conn.execute(_ROLLBACK_TO_SAVEPOINT)
         raise
-    conn.execute("RELEASE SAVEPOINT llm_db_functions")
+    conn.execute(_RELEASE_SAVEPOINT)
     return dropped
 
 
@@ -605,6 +612,8 @@ SELECT p.oid::regprocedure::text AS routine
    AND p.proconfig @> ARRAY['application_name=llm-db migrate: stale']
  ORDER BY 1
 """
+# a routine _STILL_MARKED names: a regprocedure's text is a valid, quoted reference
+_DROP_ROUTINE = "DROP ROUTINE {routine}"
 
 
 def _apply_sql_files(conn: psycopg.Connection, files: Sequence[Path]) -> list[str]:
@@ -626,7 +635,6 @@ def _apply_sql_files(conn: psycopg.Connection, files: Sequence[Path]) -> list[st
     stale = [row[0] for row in conn.execute(_STILL_MARKED).fetchall()]
     for routine in stale:
         try:
-            # a regprocedure's text is a valid, quoted routine reference
             conn.execute(_DROP_ROUTINE.format(routine=routine))  # type: ignore[arg-type]
         except pg_errors.LockNotAvailable:
             raise  # retried whole by the caller

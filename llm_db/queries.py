@@ -1,10 +1,12 @@
-"""The SQL statements the driver and the notice worker run besides the operations
+"""The SQL statements the core and the notice worker run besides the operations
 (``llm_db.operations`` builds each operation's statement from its entry, and the
-reads of the report and the metrics are operations too: sql/81, sql/82). The
-other modules that speak SQL keep theirs in their own module:
-``llm_db.migrate`` and ``llm_db.cli.doctor`` (the catalog), ``llm_db.cli.commands.setup``
-(pg_cron), ``llm_db.demo`` (its books and its injected fault) and the test server
-(``llm_db.testing``).
+reads of the report and the metrics are operations too: sql/81, sql/82). The CLI
+and the demo use these too. The other components that speak SQL keep theirs, as
+named constants, in one module each: ``llm_db.migrate`` (the catalog, the migrate
+lock, yoyo's lock row), ``llm_db.cli.doctor`` (its checks),
+``llm_db.cli.commands.setup`` (pg_cron), ``llm_db.demo`` (its books and its
+injected fault) and ``llm_db.testing._sql`` (the test server's roles and
+databases). docs/architecture.md "Conventions" 6.
 
 Parameters are named (``%(name)s``) and cast explicitly. Rows are read by named
 columns, never ``*``: a statement prepared on the server keeps its result when a
@@ -17,6 +19,13 @@ from llm_db.models import ReconciliationRun
 
 # The server's clock of the transaction: the ``now`` of a read given none.
 NOW = "SELECT pg_catalog.now() AS now"
+
+# Whether llm-db is installed in the connected database (named in the error when not):
+# asked by ``llm-db schedule``/``unschedule`` and the demo before they use it.
+LLM_INSTALLED = """
+SELECT pg_catalog.to_regproc('llm.run_reconciliation') IS NOT NULL AS installed,
+       pg_catalog.current_database() AS dbname
+"""
 
 # ----------------------------------------------------------- the pass (run_reconciliation)
 
@@ -43,6 +52,11 @@ SELECT GREATEST(0, EXTRACT(EPOCH FROM min(n.next_attempt_at) - pg_catalog.now())
   FROM llm.threshold_notices AS n
  WHERE n.status = 'owed'
 """
+
+# The channel llm._notify_notices_owed signals (sql/15_notices.sql), which the
+# worker LISTENs on. A channel is an identifier, never a parameter.
+NOTICES_CHANNEL = "llm_notices"
+LISTEN_NOTICES = f"LISTEN {NOTICES_CHANNEL}"
 
 # The session a LISTEN holds, compared with another's to detect transaction pooling.
 BACKEND_PID = "SELECT pg_catalog.pg_backend_pid() AS pid"

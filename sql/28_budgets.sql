@@ -448,16 +448,26 @@ SELECT b.organization_id, b.scope, b.scope_id, b.budget_window, b.limit_credits,
 COMMENT ON VIEW llm.budgets IS
     'Every budget set with llm.set_budget (not the monthly allowance, which is in llm.organizations): ''*'' is the default of its scope.';
 
+-- The one read of "the budget in force for a counter: its id's own, else the scope's
+-- '*'" (the writers decide by llm._budget_in_force): the report, the metric and the
+-- demo read it here. Columns are only ever appended (CREATE OR REPLACE VIEW).
 CREATE OR REPLACE VIEW llm.budget_usage AS
 SELECT c.organization_id, c.scope, c.scope_id, c.budget_window, c.window_start,
        coalesce(own.limit_credits, dflt.limit_credits) AS limit_credits,
-       c.used_credits, c.held_credits, c.used_cents
+       c.used_credits, c.held_credits, c.used_cents,
+       coalesce(own.thresholds, dflt.thresholds) AS thresholds,
+       -- the budget's key in llm.budgets (an organization budget's id is NULL)
+       CASE WHEN own.organization_id IS NOT NULL THEN own.scope_id ELSE dflt.scope_id END AS budget_scope_id
   FROM llm.budget_counters AS c
+  -- An id is NULL for the organization scope only and never '' (_scope_id_ok), so
+  -- coalesce(id, '') is the same match as IS NOT DISTINCT FROM, one a hash join can
+  -- take: the view stays linear in counters and budgets, not their product.
   LEFT JOIN llm.budget_limits AS own
     ON own.organization_id = c.organization_id AND own.scope = c.scope
-   AND own.scope_id IS NOT DISTINCT FROM c.scope_id AND own.budget_window = c.budget_window
+   AND own.budget_window = c.budget_window
+   AND coalesce(own.scope_id, '') = coalesce(c.scope_id, '')
   LEFT JOIN llm.budget_limits AS dflt
     ON dflt.organization_id = c.organization_id AND dflt.scope = c.scope
    AND dflt.scope_id = '*' AND dflt.budget_window = c.budget_window;
 COMMENT ON VIEW llm.budget_usage IS
-    'One row per scope id and window that counted a request, under the real id (a default budget''s rows too), with the limit that applies to it now (NULL: none).';
+    'One row per scope id and window that counted a request, under the real id (a default budget''s rows too), with the budget that applies to it now (the id''s own, else the scope''s ''*''): its limit, thresholds and scope_id in llm.budgets (budget_scope_id; NULL columns: none).';

@@ -156,7 +156,7 @@ COMMENT ON FUNCTION llm.report_scope_usage(text, date, date, uuid[]) IS
 
 -- The counters of the windows containing p_now whose used + held stand at or above the
 -- first threshold of the budget that applies to them now (the id's own, else the
--- scope's '*'), as llm.budget_usage pairs them. A scan of llm.budget_counters (the
+-- scope's '*'), read from llm.budget_usage. A scan of llm.budget_counters (the
 -- current windows are not indexed): fine for a report and a scrape.
 CREATE OR REPLACE FUNCTION llm.report_budgets_near_limit(p_scope text DEFAULT NULL,
                                                          p_organization_ids uuid[] DEFAULT NULL,
@@ -175,20 +175,16 @@ BEGIN
             USING ERRCODE = '22023', HINT = 'A budget''s scope is organization, project, api_key or end_user (NULL: every scope).';
     END IF;
     RETURN QUERY
-    SELECT c.organization_id, o.name, c.scope, c.scope_id, c.budget_window, c.window_start,
-           b.limit_credits, b.thresholds[1], c.used_credits, c.held_credits, c.used_cents
-      FROM llm.budget_counters AS c
-      JOIN llm.organizations AS o ON o.id = c.organization_id
-     CROSS JOIN LATERAL (SELECT l.limit_credits, l.thresholds FROM llm.budget_limits AS l
-                          WHERE l.organization_id = c.organization_id AND l.scope = c.scope
-                            AND l.budget_window = c.budget_window
-                            AND (l.scope_id IS NOT DISTINCT FROM c.scope_id OR l.scope_id = '*')
-                          ORDER BY l.scope_id = '*' LIMIT 1) AS b
-     WHERE (p_organization_ids IS NULL OR c.organization_id = ANY (p_organization_ids))
-       AND (p_scope IS NULL OR c.scope = p_scope)
-       AND c.window_start = pg_catalog.date_trunc(c.budget_window, v_now AT TIME ZONE 'UTC')::date
-       AND (c.used_credits + c.held_credits)::numeric * 100 >= b.limit_credits::numeric * b.thresholds[1]
-     ORDER BY o.name, c.organization_id, c.scope, c.scope_id, c.budget_window;
+    SELECT u.organization_id, o.name, u.scope, u.scope_id, u.budget_window, u.window_start,
+           u.limit_credits, u.thresholds[1], u.used_credits, u.held_credits, u.used_cents
+      FROM llm.budget_usage AS u
+      JOIN llm.organizations AS o ON o.id = u.organization_id
+     WHERE (p_organization_ids IS NULL OR u.organization_id = ANY (p_organization_ids))
+       AND (p_scope IS NULL OR u.scope = p_scope)
+       AND u.window_start = pg_catalog.date_trunc(u.budget_window, v_now AT TIME ZONE 'UTC')::date
+       -- no budget in force: a NULL limit, never near it
+       AND (u.used_credits + u.held_credits)::numeric * 100 >= u.limit_credits::numeric * u.thresholds[1]
+     ORDER BY o.name, u.organization_id, u.scope, u.scope_id, u.budget_window;
 END
 $$;
 COMMENT ON FUNCTION llm.report_budgets_near_limit(text, uuid[], timestamptz) IS

@@ -519,3 +519,32 @@ def test_a_lowered_default_owes_the_notices_of_the_ids_it_governs_only(llm_conn)
     set_budget(llm_conn, org, "end_user", "*", "day", 70)
     assert budget_notices(llm_conn, org) == [("end_user", "governed", "day", DAY, 80)]
     assert invariants(llm_conn) == []
+
+
+def test_budget_usage_pairs_each_counter_with_the_budget_the_writers_apply(llm_conn):
+    """Issue 24 (item 2: one read of the rule "the budget in force for a counter is its
+    id's own, else the scope's '*'"): llm.budget_usage gives each counter the limit,
+    thresholds and llm.budgets key (budget_scope_id) of the budget in force, the same as
+    llm._budget_in_force, by which the writers owe notices: an own budget, a '*', an
+    organization budget (id NULL) and a removed one (NULL: none)."""
+    org = new_org(llm_conn, 10**6)
+    set_budget(llm_conn, org, "organization", None, "day", 500, thresholds=[60])
+    set_budget(llm_conn, org, "end_user", "*", "day", 100, thresholds=[50])
+    set_budget(llm_conn, org, "end_user", "u", "day", 200, thresholds=[90, 100])
+    set_budget(llm_conn, org, "api_key", "k", "day", 300)
+    admit(llm_conn, org, 10, end_user="u", api_key="k")
+    admit(llm_conn, org, 10, end_user="v")
+    set_budget(llm_conn, org, "api_key", "k", "day", None)
+    usage = {k[:2]: (r["limit_credits"], r["thresholds"], r["budget_scope_id"])
+             for k, r in budget_usage(llm_conn, org).items()}  # fmt: skip
+    assert usage == {("organization", None): (500, [60], None),
+                     ("end_user", "u"): (200, [90, 100], "u"),
+                     ("end_user", "v"): (100, [50], "*"),
+                     ("api_key", "k"): (None, None, None)}  # fmt: skip
+    in_force = rows(llm_conn, """
+        SELECT u.limit_credits, u.thresholds, b.limit_credits AS b_limit, b.thresholds AS b_thresholds
+          FROM llm.budget_usage AS u
+         CROSS JOIN LATERAL llm._budget_in_force(u.organization_id, u.scope, u.scope_id, u.budget_window) AS b
+         WHERE u.organization_id = %s""", [org])
+    assert len(in_force) == 4
+    assert all((r["limit_credits"], r["thresholds"]) == (r["b_limit"], r["b_thresholds"]) for r in in_force)

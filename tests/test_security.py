@@ -80,7 +80,24 @@ OPERATOR = {
 # Every other routine (private helpers, the twins, llm.distribute): no role at all.
 # llm_reader runs the one read-only alarm `llm-db metrics` reports (issue 21 item 2).
 READER = {"llm.reconciliation_health(timestamp with time zone)"}
-EXECUTE = {"llm_app": APP, "llm_operator": OPERATOR, "llm_reader": READER, "plain": set()}
+# The reads of the books (sql/81_report.sql, sql/82_books.sql; issue 24 item 2): what
+# `llm-db report`, `metrics` and the demo print, for operators and readers.
+READS = {
+    "llm.report_periods(date,date,uuid[])",
+    "llm.report_daily_usage(date,date,uuid[])",
+    "llm.report_open_holds(uuid[],timestamp with time zone)",
+    "llm.report_tasks(date,uuid[])",
+    "llm.report_scope_usage(text,date,date,uuid[])",
+    "llm.report_budgets_near_limit(text,uuid[],timestamp with time zone)",
+    "llm.books_snapshot(uuid[],timestamp with time zone)",
+    "llm.stale_by_organization_status(timestamp with time zone)",
+    "llm.books_history(uuid[])",
+    "llm.organization_totals(uuid[])",
+    "llm.last_run(timestamp with time zone)",
+    "llm.pass_progress(timestamp with time zone)",
+    "llm.metrics(timestamp with time zone)",
+}
+EXECUTE = {"llm_app": APP, "llm_operator": OPERATOR | READS, "llm_reader": READER | READS, "plain": set()}
 
 TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
 CATALOGS = {"task_kinds", "settings"}
@@ -125,7 +142,7 @@ def test_execute_privileges_match_the_matrix_for_every_routine(llm_conn, plain_r
     routines = [r for (r,) in llm_conn.execute(
         "SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc AS p"
         " WHERE p.pronamespace = 'llm'::regnamespace ORDER BY 1")]  # fmt: skip
-    granted_somewhere = APP | OPERATOR
+    granted_somewhere = APP | OPERATOR | READS
     assert granted_somewhere <= set(routines), f"matrix names missing routines: {granted_somewhere - set(routines)}"
     wrong = []
     for role in ROLES:

@@ -49,6 +49,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from llm_db import queries
 from llm_db.cli.report import format_table, jsonable
 from llm_db.client import Llm
 from llm_db.demo._traffic import (
@@ -76,12 +77,8 @@ WEBHOOK_SECRET = "whsec_bGxtLWRiIGRlbW8gd2ViaG9vaywgbm90IGEgc2VjcmV0IQ=="
 class DemoError(RuntimeError):
     """The demo cannot run (e.g. llm-db is not installed in the --dsn database)."""
 
-# ----------------------------------------------------------- the demo's own SQL
 
-LLM_INSTALLED = """
-SELECT pg_catalog.to_regproc('llm.run_reconciliation') IS NOT NULL AS installed,
-       pg_catalog.current_database() AS dbname
-"""
+# ----------------------------------------------------------- the demo's own SQL
 
 PASS_CLOCK = "SELECT pg_catalog.date_trunc('second', pg_catalog.now()) AS now"
 
@@ -97,24 +94,18 @@ SELECT x.organization_id, x.id
 
 # The demo's budgets as they stand: a project's counters one by one, and the end users
 # under the scope's '*' budget summed per window start (how many counted, how many
-# reached the first threshold, 80 %, of the limit).
+# reached the first threshold, 80 %, of the limit). llm.budget_usage pairs each
+# counter with the budget in force (NULL limit: none).
 BUDGET_TOTALS = """
-SELECT u.scope, CASE WHEN b.scope_id = '*' THEN '*' ELSE u.scope_id END AS scope_id,
+SELECT u.scope, CASE WHEN u.budget_scope_id = '*' THEN '*' ELSE u.scope_id END AS scope_id,
        u.budget_window, u.window_start, u.limit_credits,
        count(*) AS ids,
        sum(u.used_credits)::bigint AS used_credits,
        max(u.used_credits) AS most_used,
        count(*) FILTER (WHERE (u.used_credits + u.held_credits)::numeric * 100
-                              >= u.limit_credits::numeric * b.thresholds[1]) AS near_limit
+                              >= u.limit_credits::numeric * u.thresholds[1]) AS near_limit
   FROM llm.budget_usage AS u
-  JOIN llm.budgets AS b
-    ON b.organization_id = u.organization_id AND b.scope = u.scope AND b.budget_window = u.budget_window
-   AND b.scope_id = CASE WHEN EXISTS (SELECT FROM llm.budgets AS own
-                                       WHERE own.organization_id = u.organization_id
-                                         AND own.scope = u.scope AND own.scope_id = u.scope_id
-                                         AND own.budget_window = u.budget_window)
-                         THEN u.scope_id ELSE '*' END
- WHERE u.organization_id = %(organization_id)s::uuid
+ WHERE u.organization_id = %(organization_id)s::uuid AND u.limit_credits IS NOT NULL
  GROUP BY 1, 2, 3, 4, 5
  ORDER BY 1 DESC, 2, 3, 4
 """
@@ -274,7 +265,7 @@ def _demo(
     with psycopg.connect(
         dsn, autocommit=True, prepare_threshold=None, application_name="llm-db demo"
     ) as conn:
-        installed, dbname = conn.execute(LLM_INSTALLED).fetchone()
+        installed, dbname = conn.execute(queries.LLM_INSTALLED).fetchone()
         if not installed:
             raise DemoError(
                 f"llm-db is not installed in database {dbname}: run `llm-db migrate --dsn ...` "

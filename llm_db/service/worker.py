@@ -75,7 +75,7 @@ __all__ = [
     "parse_address",
 ]
 
-CHANNEL = "llm_notices"
+CHANNEL = queries.NOTICES_CHANNEL
 #: how often a sleeping worker looks at its stop flag (a NOTIFY wakes it at once)
 WAIT_SLICE = 0.25
 #: shortest pause before reconnecting to a lost database (doubles up to ``poll``)
@@ -268,7 +268,7 @@ class Worker:
         self.listen = connect(self.config.dsn, "listen")
         self.work = connect(self.config.dsn, "deliver")
         self.listen_pid = check_session(self.listen, self.work)
-        self.listen.execute(f"LISTEN {CHANNEL}")
+        self.listen.execute(queries.LISTEN_NOTICES)
         self.database_up = True
 
     def _check_claim_timeout(self) -> None:

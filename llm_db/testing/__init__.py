@@ -22,6 +22,7 @@ import psycopg
 from psycopg import sql
 
 from llm_db.migrate import migrate
+from llm_db.testing import _sql
 from llm_db.testing._pgbouncer import PgBouncer
 from llm_db.testing._server import (
     CRON_DATABASE,
@@ -84,12 +85,10 @@ def create_logins(dsn: str) -> None:
     ``dsn``: the schema owner has CREATEROLE, which is all this needs."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         for role, login in LOGINS.items():
-            if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [login]).fetchone():
+            if conn.execute(_sql.ROLE_EXISTS, {"name": login}).fetchone():
                 continue
             conn.execute(
-                sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(
-                    sql.Identifier(login), sql.Identifier(role)
-                )
+                _sql.CREATE_LOGIN.format(login=sql.Identifier(login), role=sql.Identifier(role))
             )
 
 
@@ -111,7 +110,7 @@ def create_cron_database(server: EphemeralServer, **migrate_kwargs: Any) -> str:
     """Install pg_cron and llm-db in the pg_cron database (``llm_cron``); returns its dsn."""
     dsn = server.dsn(CRON_DATABASE)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_cron")
+        conn.execute(_sql.CREATE_PG_CRON)
     server.set_database_settings(CRON_DATABASE, DATABASE_SETTINGS)
     migrate(dsn, **migrate_kwargs)
     return dsn
@@ -119,9 +118,7 @@ def create_cron_database(server: EphemeralServer, **migrate_kwargs: Any) -> str:
 
 def _drop_template(server: EphemeralServer, name: str) -> None:
     with server.connect() as conn:
-        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is None:
+        if conn.execute(_sql.DATABASE_EXISTS, {"name": name}).fetchone() is None:
             return
-        conn.execute(
-            sql.SQL("ALTER DATABASE {} WITH IS_TEMPLATE false").format(sql.Identifier(name))
-        )
+        conn.execute(_sql.UNMARK_TEMPLATE.format(name=sql.Identifier(name)))
     server.drop_database(name)

@@ -18,6 +18,7 @@ import psycopg
 from psycopg import sql
 from testing.postgresql import Postgresql
 
+from llm_db.testing import _sql
 from llm_db.testing._process import SUPERUSER, ServerSetupError, run_as_kwargs
 
 __all__ = ["ServerProcess"]
@@ -125,11 +126,8 @@ class ServerProcess(Postgresql):
         if not cron_db:
             return
         with psycopg.connect(**self.dsn(database="postgres"), autocommit=True) as conn:
-            exists = conn.execute(
-                "SELECT 1 FROM pg_database WHERE datname = %s", [cron_db]
-            ).fetchone()
-            if not exists:
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(cron_db)))
+            if conn.execute(_sql.DATABASE_EXISTS, {"name": cron_db}).fetchone() is None:
+                conn.execute(_sql.CREATE_DATABASE.format(name=sql.Identifier(cron_db)))
 
     def cleanup(self) -> None:
         if self.child_process is not None:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
+from llm_db.testing import _sql
 from llm_db.testing._process import SUPERUSER, ServerSetupError, run_as_kwargs
 
 if TYPE_CHECKING:
@@ -284,12 +285,8 @@ class EphemeralServer:
         """Create role ``name`` (LOGIN CREATEROLE, no superuser) unless it exists: the
         schema owner of a managed service. Returns ``name``."""
         with self._admin() as conn:
-            if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [name]).fetchone() is None:
-                conn.execute(
-                    sql.SQL("CREATE ROLE {} LOGIN CREATEROLE NOSUPERUSER").format(
-                        sql.Identifier(name)
-                    )
-                )
+            if conn.execute(_sql.ROLE_EXISTS, {"name": name}).fetchone() is None:
+                conn.execute(_sql.CREATE_OWNER.format(name=sql.Identifier(name)))
         return name
 
     def create_database(
@@ -306,20 +303,14 @@ class EphemeralServer:
         ``settings``: defaults for every later session of that database
         (``ALTER DATABASE name SET key = value``); a clone does not inherit its
         template's. ``owner``: the database's owner, as a provider's admin creates it."""
-        query = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        query = _sql.CREATE_DATABASE.format(name=sql.Identifier(name))
         if owner is not None:
-            query = sql.SQL("{} OWNER {}").format(query, sql.Identifier(owner))
+            query += _sql.WITH_OWNER.format(owner=sql.Identifier(owner))
         if template is not None:
-            query = sql.SQL("{} TEMPLATE {} STRATEGY FILE_COPY").format(
-                query, sql.Identifier(template)
-            )
+            query += _sql.WITH_TEMPLATE.format(template=sql.Identifier(template))
         with self._admin() as conn:
             if template is not None:
-                conn.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                    " WHERE datname = %s AND pid <> pg_backend_pid()",
-                    [template],
-                )
+                conn.execute(_sql.END_SESSIONS, {"name": template})
             conn.execute(query)
         self.set_database_settings(name, settings or {})
         return self.dsn(name) if owner is None else self.dsn(name, user=owner)
@@ -330,27 +321,17 @@ class EphemeralServer:
         with self._admin() as conn:
             for key, value in settings.items():
                 conn.execute(
-                    sql.SQL("ALTER DATABASE {} SET {} = {}").format(
-                        sql.Identifier(name), sql.Identifier(key), sql.Literal(value)
+                    _sql.SET_DATABASE_SETTING.format(
+                        name=sql.Identifier(name), key=sql.Identifier(key), value=sql.Literal(value)
                     )
                 )
 
     def drop_database(self, name: str) -> None:
         with self._admin() as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+            conn.execute(_sql.DROP_DATABASE.format(name=sql.Identifier(name)))
 
     def mark_template(self, name: str) -> None:
         """Make ``name`` a template that nobody can connect to, so clones never wait."""
         with self._admin() as conn:
-            conn.execute(
-                sql.SQL("ALTER DATABASE {} WITH IS_TEMPLATE true ALLOW_CONNECTIONS false").format(
-                    sql.Identifier(name)
-                )
-            )
-            conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE datname = %s AND pid <> pg_backend_pid()",
-                [name],
-            )
+            conn.execute(_sql.MARK_TEMPLATE.format(name=sql.Identifier(name)))
+            conn.execute(_sql.END_SESSIONS, {"name": name})

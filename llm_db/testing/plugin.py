@@ -85,6 +85,7 @@ from llm_db.testing import (
     OWNER,
     EphemeralServer,
     PgBouncer,
+    _sql,
     clone_database,
     create_cron_database,
     create_template,
@@ -119,7 +120,7 @@ def _connect(
     role = set_role
     if role is not None:
         try:
-            conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+            conn.execute(_sql.SET_ROLE.format(role=sql.Identifier(role)))
             if not autocommit:
                 conn.commit()
         except BaseException:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import click
 import psycopg
 
+from llm_db import queries
 from llm_db.cli.commands import common
 from llm_db.migrate import Event
 
@@ -163,10 +164,6 @@ SELECT current_user AS role,
 """
 _SCHEDULE_IN_DATABASE = "cron.schedule_in_database(text, text, text, text, text, boolean)"
 _UNSCHEDULE = "cron.unschedule(bigint)"
-_LLM_INSTALLED = (
-    "SELECT pg_catalog.to_regproc('llm.run_reconciliation') IS NOT NULL AS installed, "
-    "pg_catalog.current_database() AS dbname"
-)
 
 
 def default_job_name(dbname: str) -> str:
@@ -177,7 +174,7 @@ def default_job_name(dbname: str) -> str:
 
 def _llm_database(dsn: str | None) -> str:
     with common.connect(dsn) as conn:
-        installed, dbname = conn.execute(_LLM_INSTALLED).fetchone()
+        installed, dbname = conn.execute(queries.LLM_INSTALLED).fetchone()
     if not installed:
         raise common.Failure(
             f"llm-db is not installed in database {dbname}: run llm-db migrate --dsn ... first",
