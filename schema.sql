@@ -1199,7 +1199,7 @@ COMMENT ON FUNCTION llm.release_notice(p_organization_id uuid, p_notice_id uuid,
 CREATE FUNCTION llm.report_budgets_near_limit(p_scope text DEFAULT NULL::text, p_organization_ids uuid[] DEFAULT NULL::uuid[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(organization_id uuid, name text, scope text, scope_id text, budget_window text, window_start date, limit_credits bigint, first_threshold integer, used_credits bigint, held_credits bigint, used_cents bigint)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 1859df7b55d98122914b9e859118dad7 $$;
+    AS $$ body in sql/, md5 62673f664caa42530aceb175d19756e8 $$;
 
 COMMENT ON FUNCTION llm.report_budgets_near_limit(p_scope text, p_organization_ids uuid[], p_now timestamp with time zone) IS 'The budget counters of the windows containing p_now at or above the first threshold of the budget that applies to them (used + held), for scope p_scope (NULL: every scope).';
 
@@ -1328,12 +1328,17 @@ CREATE VIEW llm.budget_usage AS
     COALESCE(own.limit_credits, dflt.limit_credits) AS limit_credits,
     c.used_credits,
     c.held_credits,
-    c.used_cents
+    c.used_cents,
+    COALESCE(own.thresholds, dflt.thresholds) AS thresholds,
+        CASE
+            WHEN (own.organization_id IS NOT NULL) THEN own.scope_id
+            ELSE dflt.scope_id
+        END AS budget_scope_id
    FROM ((llm.budget_counters c
-     LEFT JOIN llm.budget_limits own ON (((own.organization_id = c.organization_id) AND (own.scope = c.scope) AND (NOT (own.scope_id IS DISTINCT FROM c.scope_id)) AND (own.budget_window = c.budget_window))))
+     LEFT JOIN llm.budget_limits own ON (((own.organization_id = c.organization_id) AND (own.scope = c.scope) AND (own.budget_window = c.budget_window) AND (COALESCE(own.scope_id, ''::text) = COALESCE(c.scope_id, ''::text)))))
      LEFT JOIN llm.budget_limits dflt ON (((dflt.organization_id = c.organization_id) AND (dflt.scope = c.scope) AND (dflt.scope_id = '*'::text) AND (dflt.budget_window = c.budget_window))));
 
-COMMENT ON VIEW llm.budget_usage IS 'One row per scope id and window that counted a request, under the real id (a default budget''s rows too), with the limit that applies to it now (NULL: none).';
+COMMENT ON VIEW llm.budget_usage IS 'One row per scope id and window that counted a request, under the real id (a default budget''s rows too), with the budget that applies to it now (the id''s own, else the scope''s ''*''): its limit, thresholds and scope_id in llm.budgets (budget_scope_id; NULL columns: none).';
 
 CREATE VIEW llm.budgets AS
  SELECT b.organization_id,
