@@ -25,7 +25,7 @@ PACKAGE = ROOT / "llm_db"
 
 CORE = ["llm_db", "llm_db.client", "llm_db._client_methods", "llm_db.operations", "llm_db.models", "llm_db.errors",
         "llm_db.migrate", "llm_db.executions", "llm_db._extras", "llm_db._steps", "llm_db.queries",
-        "llm_db._moved", "llm_db.__main__"]  # fmt: skip
+        "llm_db._moved", "llm_db._text", "llm_db.__main__"]  # fmt: skip
 EXTRA_FOLDERS = ("llm_db.cli", "llm_db.service", "llm_db.testing", "llm_db.demo")
 FOLDER_PREFIXES = tuple(f"{folder}." for folder in EXTRA_FOLDERS)
 # the module paths before 0.3.0 -> where the module lives now

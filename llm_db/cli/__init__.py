@@ -4,8 +4,7 @@ report's rendering.
 ``python -m llm_db.cli`` is the same program as the ``llm-db`` script (whose entry
 point is ``llm_db.__main__``). The group is ``llm_db.cli.group``; ``main`` and the
 ``EXIT_*`` codes are read from it when first asked for, so that importing this
-package, or the report's rendering (``llm_db.cli.report``, which the demo and the
-metrics use), needs no click. ``from llm_db.cli import main`` without click raises
+package, or the report's rendering (``llm_db.cli.report``), needs no click. ``from llm_db.cli import main`` without click raises
 ``MissingExtra`` naming ``pip install 'llm-db[cli]'``.
 """
 

@@ -14,8 +14,7 @@ the report.
 from __future__ import annotations
 
 import dataclasses
-import decimal
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from datetime import date, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -24,6 +23,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from llm_db import queries
+from llm_db._text import format_table, jsonable
 from llm_db.client import Llm
 
 __all__ = [
@@ -115,23 +115,6 @@ def _utc_day(moment: datetime) -> date:
 # ----------------------------------------------------------- rendering
 
 
-def jsonable(value: Any) -> Any:
-    """``value`` with uuids, dates, datetimes and decimals turned into JSON types."""
-    if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
-    if isinstance(value, UUID):
-        return str(value)
-    if isinstance(value, datetime | date):
-        return value.isoformat()
-    if isinstance(value, timedelta):
-        return value.total_seconds()
-    if isinstance(value, decimal.Decimal):
-        return int(value) if value == value.to_integral_value() else float(value)
-    return value
-
-
 def report_json(report: Report) -> dict[str, Any]:
     """The report as plain JSON types (the shape ``llm-db report --json`` prints; ``by``,
     ``by_usage`` and ``budgets_near_limit`` only with ``--by``)."""
@@ -152,59 +135,6 @@ def report_json(report: Report) -> dict[str, Any]:
             "budgets_near_limit": report.budgets_near_limit,
         }
     return jsonable(shape)
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int | decimal.Decimal):
-        return f"{value:,}"
-    if isinstance(value, float):
-        return f"{value:,.1f}"
-    if isinstance(value, datetime):
-        return value.strftime("%Y-%m-%d %H:%M")
-    if isinstance(value, date):
-        return value.isoformat()
-    return str(value)
-
-
-def format_table(
-    headers: Sequence[str],
-    rows: Sequence[Sequence[Any]],
-    *,
-    align: str | None = None,
-    indent: int = 2,
-    empty: str = "none",
-) -> str:
-    """An aligned text table: numbers right-aligned (with thousands separators),
-    text left-aligned, None as ``-``; ``align`` ("lrr…") overrides per column.
-    ``empty`` is printed when there are no rows."""
-    pad = " " * indent
-    if not rows:
-        return f"{pad}({empty})"
-    cells = [[_cell(v) for v in r] for r in rows]
-    if align is not None:
-        numeric = [a == "r" for a in align.ljust(len(headers), "l")]
-    else:
-        numeric = [
-            all(isinstance(r[i], int | float | decimal.Decimal) or r[i] is None for r in rows)
-            and not all(r[i] is None for r in rows)
-            for i in range(len(headers))
-        ]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
-
-    def line(values: Sequence[str]) -> str:
-        parts = [
-            v.rjust(w) if num else v.ljust(w)
-            for v, w, num in zip(values, widths, numeric, strict=True)
-        ]
-        return (pad + "  ".join(parts)).rstrip()
-
-    out = [line(headers), line(["-" * w for w in widths])]
-    out += [line(c) for c in cells]
-    return "\n".join(out)
 
 
 def _pct(used: int, allowance: int | None) -> str:

@@ -50,7 +50,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from llm_db import queries
-from llm_db.cli.report import format_table, jsonable
+from llm_db._text import format_table, jsonable
 from llm_db.client import Llm
 from llm_db.demo._traffic import (
     BUDGETS,

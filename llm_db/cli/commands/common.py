@@ -223,7 +223,7 @@ def connect(dsn: str | None, *, option: str = "--dsn") -> Iterator[psycopg.Conne
 
 
 def echo_json(value: Any) -> None:
-    from llm_db.cli.report import jsonable
+    from llm_db._text import jsonable
 
     click.echo(json.dumps(jsonable(value), sort_keys=True))
 
