@@ -45,6 +45,8 @@ INTERNAL = {"LL099"}
 # Codes whose "Errors" row is the union of every routine's reasons: a routine's bullet
 # must say which apply to it, or its page would list reasons that cannot.
 NEEDS_REASON = {"22023"}
+# A SQLSTATE in a contract bullet, and the parenthesis of its reason when one follows.
+CODE = re.compile(r"\b(LL[0-9]{3}|[0-9]{2}[0-9A-Z][0-9]{2})\b( \()?")
 # Where the example's output names the database or the role it ran as, the page says
 # these instead, so the pages do not depend on where they were generated.
 DATABASE, OWNER = "app", "owner"
@@ -134,11 +136,11 @@ def documented(name: str) -> dict[str, str | None]:
         if entry.startswith(f"- `llm.{name}("):
             words = " ".join(entry.split("\n\n")[0].split("`", 2)[2].split())  # after the signature
             reasons: dict[str, str | None] = {}
-            reasoned_to = 0  # a number inside a reason ("1 to 10000") is no code
-            for m in re.finditer(r"\b(LL[0-9]{3}|[0-9]{2}[0-9A-Z][0-9]{2})\b( \()?", words):
-                if m.start() >= reasoned_to:
-                    reasons[m.group(1)] = reason_at(words, m.end()) if m.group(2) else None
-                    reasoned_to = m.end() + len(reasons[m.group(1)] or "")
+            at = 0
+            while code := CODE.search(words, at):
+                reason = reason_at(words, code.end()) if code.group(2) else None
+                reasons[code.group(1)] = reason
+                at = code.end() + len(reason or "")  # "1 to 10000" in a reason is no code
             return dict(sorted(reasons.items()))
     return {}
 
