@@ -5,11 +5,13 @@
 
 Each page is generated, never edited by hand: the signature, parameters and result come
 from the catalog of a migrated database, the description from the routine's COMMENT, the
-roles from its grants, the SQLSTATEs from the RAISEs of the routine and of the private
-routines it calls, their meaning from docs/contract.md "Errors", the Python method from the
-driver's table of operations (``llm_db.operations``), and the example with its output from
-running scripts/reference_examples.sql. tests/test_reference.py fails when the pages differ
-from what this script writes.
+roles from its grants, what each parameter means from scripts/reference_parameters.tsv, the
+SQLSTATEs and their reasons from the routine's bullet in docs/contract.md "Functions" (a
+code the bullet gives no reason for takes its meaning from "Errors"), the Python method
+from the driver's table of operations (``llm_db.operations``), and the example with its
+output from running scripts/reference_examples.sql. It stops, naming them, on a parameter
+without a meaning and on a 22023 without its reason. tests/test_reference.py fails when the
+pages differ from what this script writes.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from llm_db.operations import operations
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "reference"
 EXAMPLES = ROOT / "scripts" / "reference_examples.sql"
+PARAMETERS = ROOT / "scripts" / "reference_parameters.tsv"
 CONTRACT = ROOT / "docs" / "contract.md"
 # how a page in docs/reference/ links to it
 CONTRACT_LINK = Path(os.path.relpath(CONTRACT, OUT)).as_posix()
@@ -39,6 +42,11 @@ COMMAND = ".venv/bin/python scripts/reference.py"
 ROLES = ("llm_app", "llm_operator", "llm_reader")
 # Raised inside the stripes' fast path and caught there: never leaves a routine.
 INTERNAL = {"LL099"}
+# Codes whose "Errors" row is the union of every routine's reasons: a routine's bullet
+# must say which apply to it, or its page would list reasons that cannot.
+NEEDS_REASON = {"22023"}
+# A SQLSTATE in a contract bullet, and the parenthesis of its reason when one follows.
+CODE = re.compile(r"\b(LL[0-9]{3}|[0-9]{2}[0-9A-Z][0-9]{2})\b( \()?")
 # Where the example's output names the database or the role it ran as, the page says
 # these instead, so the pages do not depend on where they were generated.
 DATABASE, OWNER = "app", "owner"
@@ -121,13 +129,30 @@ def contract_section(title: str) -> str:
     return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
 
 
-def documented(name: str) -> list[str]:
-    """The SQLSTATEs docs/contract.md "Functions" lists for ``llm.<name>``."""
+def documented(name: str) -> dict[str, str | None]:
+    """The SQLSTATEs docs/contract.md "Functions" lists for ``llm.<name>``, in code order,
+    each with the reason in parentheses after it ("22023 (a bad scope)"), or None."""
     for entry in re.split(r"\n(?=- `llm\.)", contract_section("Functions")):
         if entry.startswith(f"- `llm.{name}("):
-            words = entry.split("\n\n")[0].split("`", 2)[2]  # after the signature
-            return sorted(set(re.findall(r"\b(LL[0-9]{3}|[0-9]{2}[0-9A-Z][0-9]{2})\b", words)))
-    return []
+            words = " ".join(entry.split("\n\n")[0].split("`", 2)[2].split())  # after the signature
+            reasons: dict[str, str | None] = {}
+            at = 0
+            while code := CODE.search(words, at):
+                reason = reason_at(words, code.end()) if code.group(2) else None
+                reasons[code.group(1)] = reason
+                at = code.end() + len(reason or "")  # "1 to 10000" in a reason is no code
+            return dict(sorted(reasons.items()))
+    return {}
+
+
+def reason_at(words: str, start: int) -> str:
+    """The text from ``start`` to the parenthesis that closes the one just before it."""
+    depth = 1
+    for end in range(start, len(words)):
+        depth += {"(": 1, ")": -1}.get(words[end], 0)
+        if depth == 0:
+            return words[start:end]
+    raise SystemExit(f"{CONTRACT.name}: an unclosed parenthesis after {words[:start]!r}")
 
 
 def errors_table() -> dict[str, tuple[str, str]]:
@@ -137,11 +162,55 @@ def errors_table() -> dict[str, tuple[str, str]]:
     return {code: (exception.strip(), meaning.strip()) for code, exception, meaning in rows}
 
 
+# ---------------------------------------------------------------- the parameters
+
+
+def meanings() -> dict[tuple[str, str], str]:
+    """scripts/reference_parameters.tsv: (routine or "*", parameter) -> its meaning."""
+    table = {}
+    for line in PARAMETERS.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            routine, parameter, meaning = line.split("\t")
+            table[routine, parameter] = meaning
+    return table
+
+
+def parameter_name(argument: str) -> str:
+    """``p_scope text DEFAULT NULL::text`` -> ``p_scope`` (a procedure's may start IN)."""
+    words = argument.split()
+    return words[1] if words[0] in ("IN", "OUT", "INOUT") else words[0]
+
+
+def meaning_of(routine: str, parameter: str, table: dict[tuple[str, str], str]) -> str | None:
+    """The routine's own line for the parameter, else the shared one, else None."""
+    return table.get((routine, parameter), table.get(("*", parameter)))
+
+
+def unexplained(routines: list[Routine], table: dict[tuple[str, str], str]) -> list[str]:
+    """Each parameter without a meaning, and each line of the table no routine uses."""
+    wanted = {(r.name, parameter_name(a)) for r in routines for a in split_arguments(r.arguments)}
+    used = {(r, p) if (r, p) in table else ("*", p) for r, p in wanted}
+    return [
+        f"llm.{r}({p}) has no meaning" for r, p in sorted(wanted) if not meaning_of(r, p, table)
+    ] + [f"{r} {p} is no parameter of a public routine" for r, p in sorted(set(table) - used)]
+
+
+def unreasoned(routines: list[Routine]) -> list[str]:
+    """Each routine whose contract bullet lists a code of NEEDS_REASON without its reason."""
+    return [
+        f"llm.{r.name}: {code} has no reason in {CONTRACT.name}"
+        for r in routines
+        for code, reason in documented(r.name).items()
+        if code in NEEDS_REASON and not reason
+    ]
+
+
 # ---------------------------------------------------------------- the examples
 
 
 def examples() -> dict[str, list[str]]:
-    """scripts/reference_examples.sql: the statements of each section, by its name."""
+    """scripts/reference_examples.sql: the statements of each section, by its name, and
+    its "-- note:" lines, which the page shows as comments before the statements."""
     sections: dict[str, list[str]] = {}
     current, statement = None, []
     for line in EXAMPLES.read_text(encoding="utf-8").splitlines():
@@ -149,6 +218,8 @@ def examples() -> dict[str, list[str]]:
         if header:
             current = header.group(2) or "setup"
             sections[current] = []
+        elif current is not None and line.startswith("-- note: "):
+            sections[current].append("-- " + line.removeprefix("-- note: "))
         elif current is not None and (line.strip() and not line.startswith("--")):
             statement.append(line)
             if line.endswith(";"):
@@ -188,6 +259,8 @@ def transcript(conn: psycopg.Connection, statements: list[str]) -> str:
     with conn.cursor() as cursor:
         for statement in statements:
             parts.append(statement)
+            if statement.startswith("--"):  # a note, shown as it is
+                continue
             try:
                 cursor.execute(statement)
             except psycopg.Error as exc:
@@ -212,7 +285,7 @@ def run_examples(conn: psycopg.Connection) -> dict[str, str]:
     sections = examples()
     outputs = {}
     transcript(conn, sections.pop("setup"))
-    committing = {name for name, lines in sections.items() if lines[0].startswith("CALL ")}
+    committing = {n for n, lines in sections.items() if any(s.startswith("CALL ") for s in lines)}
     for name in sorted(sections, key=lambda n: (n in committing, n)):
         if name in committing:
             outputs[name] = transcript(conn, sections[name])
@@ -251,28 +324,43 @@ def python_methods(routine: str) -> list[str]:
 
 
 def sqlstates(name: str) -> list[str]:
-    """The table of the SQLSTATEs docs/contract.md documents for the routine."""
+    """The table of the SQLSTATEs docs/contract.md documents for the routine, each with
+    the routine's own reason, else the meaning of "Errors"."""
     codes = documented(name)
     if not codes:
         return ["None: it raises no error of its own."]
     errors = errors_table()
     lines = [
-        f'As [contract.md "Functions"]({CONTRACT_LINK}#functions) lists them, with the meaning'
-        f' its ["Errors"]({CONTRACT_LINK}#errors) gives:',
+        f'As [contract.md "Functions"]({CONTRACT_LINK}#functions) lists them for this routine'
+        f' (a code it gives no reason for: as ["Errors"]({CONTRACT_LINK}#errors) says):',
         "",
-        "| code | exception | meaning |",
+        "| code | exception | when |",
         "|---|---|---|",
     ]
-    for code in codes:
+    for code, reason in codes.items():
         exception, meaning = errors.get(code, ("", ""))
-        lines.append(f"| {code} | {exception} | {meaning} |")
+        lines.append(f"| {code} | {exception} | {reason or meaning} |")
     return lines
 
 
-def page(routine: Routine, roles: list[str], example: str) -> str:
+def parameters(routine: Routine, table: dict[tuple[str, str], str]) -> list[str]:
+    """The table of the routine's parameters: name, type (and default), meaning."""
+    arguments = split_arguments(routine.arguments)
+    if not arguments:
+        return ["None."]
+    lines = ["| parameter | type | meaning |", "|---|---|---|"]
+    for argument in arguments:
+        name = parameter_name(argument)
+        declared = argument.split(name, 1)[1].strip()
+        lines.append(f"| `{name}` | `{declared}` | {meaning_of(routine.name, name, table)} |")
+    return lines
+
+
+def page(
+    routine: Routine, roles: list[str], example: str, table: dict[tuple[str, str], str]
+) -> str:
     kind = "PROCEDURE" if routine.procedure else "FUNCTION"
     returns = "" if routine.procedure else f"\nRETURNS {routine.result}"
-    parameters = "\n".join(f"- `{p}`" for p in split_arguments(routine.arguments)) or "None."
     result = f"`{routine.result}`" if not routine.procedure else "None: a procedure, run by `CALL`."
     callers = ", ".join(f"`{role}`" for role in roles) or "No role"
     lines = [
@@ -288,7 +376,7 @@ def page(routine: Routine, roles: list[str], example: str) -> str:
         "",
         "## Parameters",
         "",
-        parameters,
+        *parameters(routine, table),
         "",
         "## Result",
         "",
@@ -367,9 +455,16 @@ def render(dsn: str) -> dict[str, str]:
     missing = sorted({r.name for r in routines} - set(outputs))
     if missing:
         raise SystemExit(f"{EXAMPLES.name} has no example for {missing}")
+    table = meanings()
+    unkept = unexplained(routines, table) + unreasoned(routines)
+    if unkept:
+        raise SystemExit(
+            "\n".join([f"{PARAMETERS.name} and {CONTRACT.name} are not kept:", *unkept])
+        )
     pages = {"README.md": index(routines)}
     for routine in routines:
-        pages[f"{routine.name}.md"] = page(routine, roles[routine.name], outputs[routine.name])
+        name = routine.name
+        pages[f"{name}.md"] = page(routine, roles[name], outputs[name], table)
     return pages
 
 

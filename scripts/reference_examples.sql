@@ -5,7 +5,8 @@
 -- runs last and keeps its work. Every clock is a fixed p_now, every id is given, and the
 -- examples select columns whose values do not depend on when they run, so the pages are
 -- the same at every run. A section is "-- example: <routine>"; a statement ends with ";"
--- at the end of a line.
+-- at the end of a line; a line "-- note: <text>" in a section is shown on its page as a
+-- comment before the statements.
 
 -- setup
 SELECT name FROM llm.upsert_organization(
@@ -198,6 +199,7 @@ WHERE metric IN ('llm_open_requests', 'llm_open_hold_credits', 'llm_budgets_near
 ORDER BY metric, labels::text;
 
 -- example: distribute
+-- note: These pages are generated on a server without Citus, so the example is its error.
 SELECT llm.distribute();
 
 -- example: run_reconciliation

@@ -1,8 +1,10 @@
 """The operator's reads keep their output (issue 24 item 2): ``llm-db report`` (text,
 JSON, ``--by``, ``--org``) and the ``llm-db metrics`` exposition of one known set of books,
 built with a fixed clock, equal the golden files in tests/golden/, captured from 0.2.0
-before the reads moved into SQL (sql/81_reads.sql). A change of a read's SQL that
-changes what an operator sees fails here.
+before the reads moved into SQL (sql/81_report.sql, sql/82_books.sql). So do the demo's
+text (``llm-db demo --dsn``) and the lines ``llm-db reconcile --progress`` draws on a
+terminal, also rendered from those reads. A change of a read's SQL that changes what an
+operator sees fails here.
 
 To see a diff: ``LLM_DB_GOLDEN_DIFF=1`` prints the new output under the assertion.
 """
@@ -10,7 +12,12 @@ To see a diff: ``LLM_DB_GOLDEN_DIFF=1`` prints the new output under the assertio
 from __future__ import annotations
 
 import json
+import os
+import pty
 import re
+import subprocess
+import sys
+import threading
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -18,6 +25,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from llm_db import demo
 from llm_db.cli.report import build_report, render_report, report_json
 from llm_db.client import Llm
 from llm_db.service.metrics import exposition
@@ -29,10 +37,12 @@ from tests.helpers import (
     close_task,
     fail,
     invariants,
+    lock_period_rows,
     new_org,
     open_task,
     set_budget,
     settle,
+    wait_for,
 )
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -127,8 +137,6 @@ def test_report_and_metrics_outputs_are_the_golden_ones(books, llm_role_conn):
 
 
 def _show_diff() -> bool:
-    import os
-
     return os.environ.get("LLM_DB_GOLDEN_DIFF") == "1"
 
 
@@ -248,3 +256,121 @@ def test_before_the_first_pass_last_run_is_no_row_and_metrics_says_0(llm_conn):
     assert {k for k, v in pass_series.items() if v != 0} == {
         ("llm_reconciliation_health", '{"status": "never"}')
     }
+
+
+# ---------------------------------------------------------------- the demo, the progress bar
+
+# What follows the wall clock or the machine, masked in the texts below: durations, ids
+# (fresh at every run), the clone's database name.
+DURATION = re.compile(r"\b\d+(?:\.\d+)? s\b")
+AN_ID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
+DATABASE = re.compile(r"^(  database +)\S+", re.MULTILINE)
+# The pass of the demo runs at this clock instead of the real time to the second, so the
+# day of traffic, its UTC days and months, and what the budgets refuse are the same at
+# every run.
+DEMO_PASS_CLOCK = "SELECT timestamptz '2026-03-12 10:00:00+00' AS now"
+
+
+def masked(text: str) -> str:
+    text = DATABASE.sub(r"\1<database>", text)
+    return AN_ID.sub("<id>", DURATION.sub("<n> s", text))
+
+
+def assert_golden(name: str, text: str) -> None:
+    expected = (GOLDEN / name).read_text()
+    assert text == expected, name + (f"\n{text}" if _show_diff() else "")
+
+
+def demo_text(dsn: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """What ``llm-db demo --dsn DSN --seed 3 --workers 1`` prints, with the pass's clock
+    fixed; one worker thread, so the order of the requests is the seed's alone."""
+    monkeypatch.setattr(demo, "PASS_CLOCK", DEMO_PASS_CLOCK)
+    lines: list[str] = []
+    demo.run_demo(dsn=dsn, seed=3, workers=1, out=lines.append)
+    return masked("\n".join(lines) + "\n")
+
+
+def test_the_demo_prints_the_golden_text(llm_dsn, monkeypatch):
+    """issue 24 item 2: the demo's story (its traffic table, the books before and after
+    the pass, each organization's books, Globex's budgets), rendered from the reads of
+    sql/82_books.sql, is unchanged, but for durations, ids and the database's name."""
+    assert_golden("demo_seed3.txt", demo_text(llm_dsn, monkeypatch))
+
+
+ORGS = [uuid.UUID(f"00000000-0000-4000-8000-00000000001{n}") for n in range(5)]
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+ETA = re.compile(r"  \d\d:\d\d:\d\d$")  # the bar's estimate of the time left, once it has one
+BAR = "organizations  ["
+
+
+def terminal_lines(output: bytes) -> list[str]:
+    """What a terminal showed, line by line: the bar redraws its line after each carriage
+    return; colours and cursor codes and the time estimate are dropped."""
+    text = ANSI.sub("", output.decode())
+    lines = (ETA.sub("", line.rstrip()) for line in re.split(r"\r\n|\r|\n", text))
+    return [line for line in lines if line]
+
+
+def progress_text(output: bytes, released_at: int) -> str:
+    """The bar when the pass started, when it was let go (the frame drawn last before
+    ``released_at``: click draws each frame after a carriage return, and draws none while
+    nothing moves) and when it ended, then the lines printed after it. While the pass runs
+    freely the bar shows wherever a poll caught it, so only those three are the same at
+    every run."""
+    held = output.rindex(b"\r", 0, released_at)
+    before, after = terminal_lines(output[:held]), terminal_lines(output[held:])
+    started = [line for line in before if line.startswith(BAR)][0]
+    drawn = [line for line in after if line.startswith(BAR)]  # from the held frame on
+    printed = [line for line in before + after if not line.startswith(BAR)]
+    return masked("\n".join([started, drawn[0], drawn[-1], *printed]) + "\n")
+
+
+def reconcile_on_a_terminal(dsn: str, conn: psycopg.Connection, connect, env=None) -> str:
+    """``llm-db reconcile --progress`` under a pseudo-terminal, the pass held at the third
+    of five organizations (their period rows locked) until the bar has drawn it."""
+    conn.execute("UPDATE llm.settings SET org_lock_timeout = '60s'")
+    blocker = connect(autocommit=False)
+    lock_period_rows(blocker, ORGS[2])
+    leader, follower = pty.openpty()
+    command = [sys.executable, "-m", "llm_db.cli", "reconcile", "--progress"]
+    proc = subprocess.Popen(
+        [*command, "--now", (T0 + 25 * HOUR).isoformat()],
+        stdout=follower, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "DATABASE_URL": dsn, **(env or {})},
+    )  # fmt: skip
+    os.close(follower)
+    output = bytearray()
+
+    def read() -> None:
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the process closed the terminal
+                return
+            if not chunk:
+                return
+            output.extend(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: b"40%" in output, "the bar at 2 of 5 organizations", timeout=30)
+        released_at = len(output)
+    finally:
+        blocker.rollback()
+        _, errors = proc.communicate(timeout=60)
+        reader.join(10)
+        os.close(leader)
+    assert proc.returncode == 0, errors
+    return progress_text(bytes(output), released_at)
+
+
+def test_reconcile_progress_draws_the_golden_lines(llm_dsn, llm_conn, llm_connect):
+    """issue 24 item 2: on a terminal, ``llm-db reconcile --progress`` draws its bar from
+    llm.pass_progress (sql/82_books.sql): empty, then 2 of 5 organizations while the pass
+    waits on the third, then full; and prints the pass's figures. Unchanged, but for the
+    time estimate, the duration and the run's id."""
+    for org in ORGS:
+        new_org(llm_conn, None, org_id=org, name=f"P{org.int % 16}", now=T0)
+        admit(llm_conn, org, 10, now=T0)
+    assert_golden("reconcile_progress.txt", reconcile_on_a_terminal(llm_dsn, llm_conn, llm_connect))

@@ -89,3 +89,47 @@ def test_the_database_name_is_replaced_only_where_it_stands_alone() -> None:
     assert reference.anonymous(hint, "llm", "llm_owner") == (
         "'llm-reconciliation:app', 'CALL llm.run_reconciliation()', 'app'; database app"
     )
+
+
+def test_every_parameter_of_a_public_routine_has_a_meaning(llm_conn: psycopg.Connection) -> None:
+    """issue 24 item 7: each parameter on a reference page says what it means, from
+    scripts/reference_parameters.tsv, and that file holds no line for a parameter that is
+    gone; a 22023 in a contract bullet gives the routine's own reason."""
+    routines = [reference.Routine(*row) for row in llm_conn.execute(reference.ROUTINES)]
+    table = reference.meanings()
+    assert len(table) >= 50
+    assert reference.unexplained(routines, table) == []
+    assert reference.unreasoned(routines) == []
+
+
+def test_a_parameter_without_a_meaning_or_a_line_left_over_is_reported() -> None:
+    """The check above can fail: a routine's own line wins over the shared one, a
+    parameter with neither is named, and so is a line no routine uses."""
+    routine = reference.Routine(
+        0, "r", False, "p_now timestamp with time zone, p_x text", "void", ""
+    )
+    table = {("*", "p_now"): "The clock.", ("r", "p_gone"): "Was.", ("*", "p_spare"): "Unused."}
+    assert reference.unexplained([routine], table) == [
+        "llm.r(p_x) has no meaning",
+        "* p_spare is no parameter of a public routine",
+        "r p_gone is no parameter of a public routine",
+    ]
+    table["r", "p_now"] = "Its own clock."
+    assert reference.meaning_of("r", "p_now", table) == "Its own clock."
+
+
+def test_a_pages_sqlstates_are_the_routines_own_reasons() -> None:
+    """issue 24 item 7: a page gives the reason its routine's contract bullet gives for
+    each code, not the union of every routine's ("an unknown notice" is a notice
+    routine's reason, never a report's); a code without one takes the "Errors" meaning,
+    and a number inside a reason is no code."""
+    near_limit = reference.documented("report_budgets_near_limit")
+    assert list(near_limit) == ["22023"]
+    assert near_limit["22023"].startswith("a scope other than organization, project")
+    assert "notice" not in "\n".join(reference.sqlstates("report_budgets_near_limit"))
+    claim = reference.documented("claim_notices")
+    assert list(claim) == ["22023"] and "1 to 10000" in claim["22023"]  # not code 10000
+    admit = reference.documented("admit_invocation")
+    assert admit["LL009"] == "the task is not running" and admit["LL002"] is None
+    page = "\n".join(reference.sqlstates("admit_invocation"))
+    assert "| LL002 | `UnknownOrganization` | no organization with that id |" in page
