@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import tarfile
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -293,9 +294,6 @@ def exercise_every_public_routine(conn: psycopg.Connection, ids: dict[str, uuid.
     def sent_notice() -> uuid.UUID:
         return scalar(conn, "SELECT id FROM llm.threshold_notices WHERE status = 'sent' LIMIT 1")
 
-    def seen(rows: list[dict[str, Any]], at_least: int = 1) -> None:
-        assert len(rows) >= at_least, rows
-
     def expect(sqlstate: str, operation: str) -> None:
         with pytest.raises(psycopg.Error) as raised:
             call(conn, operation)
@@ -334,21 +332,7 @@ def exercise_every_public_routine(conn: psycopg.Connection, ids: dict[str, uuid.
         "schedule_reconciliation": lambda: expect("LL010", "schedule_reconciliation"),  # pg_cron: in llm_cron
         "unschedule_reconciliation": lambda: expect("LL010", "unschedule_reconciliation"),
         "distribute": lambda: expect("LL011", "distribute"),
-        # the reads of the books (issue 24), on the upgraded books: each returns what it
-        # must see there, not merely no error
-        "report_periods": lambda: seen(call(conn, "report_periods", DEC.date(), FEBRUARY.replace(day=28), [small])),
-        "report_daily_usage": lambda: call(conn, "report_daily_usage", DEC.date(), FEBRUARY.replace(day=28), [small]),
-        "report_open_holds": lambda: call(conn, "report_open_holds", [small], now=feb),
-        "report_tasks": lambda: seen(call(conn, "report_tasks", DEC.date(), [small])),
-        "report_scope_usage": lambda: call(conn, "report_scope_usage", "project", DEC.date(), FEBRUARY.replace(day=28)),
-        "report_budgets_near_limit": lambda: call(conn, "report_budgets_near_limit", now=feb),
-        "books_snapshot": lambda: seen(call(conn, "books_snapshot", [small], now=feb)),
-        "stale_by_organization_status": lambda: seen(call(conn, "stale_by_organization_status", now=feb)),
-        "books_history": lambda: seen(call(conn, "books_history", [small, unlimited])),
-        "organization_totals": lambda: seen(call(conn, "organization_totals", [small, unlimited]), 2),
-        "last_run": lambda: seen(call(conn, "last_run", now=feb + 4 * HOUR)),  # after run_reconciliation
-        "pass_progress": lambda: seen(call(conn, "pass_progress", feb)),
-        "metrics": lambda: seen(call(conn, "metrics", now=feb + 4 * HOUR), 20),
+        **read_calls(conn, small, unlimited, feb),
     }
     public = {
         r[0] for r in conn.execute(
@@ -363,6 +347,32 @@ def exercise_every_public_routine(conn: psycopg.Connection, ids: dict[str, uuid.
     assert scalar(conn, "SELECT status FROM llm.invocations WHERE id = %s", [state["inv"]]) == "settled"
     # recorded for audit under 0.1.0: never trued up, whatever the policy now
     assert settle(conn, unlimited, ids["stranded"], 99, 9, now=feb) == "already_recovered"
+
+
+def seen(rows: list[dict[str, Any]], at_least: int = 1) -> None:
+    assert len(rows) >= at_least, rows
+
+
+def read_calls(
+    conn: psycopg.Connection, small: uuid.UUID, unlimited: uuid.UUID, feb: datetime
+) -> dict[str, Callable[[], Any]]:
+    """The reads of the books (issue 24), on the upgraded books: each returns what it
+    must see there, not merely no error (last_run and metrics after the pass)."""
+    return {
+        "report_periods": lambda: seen(call(conn, "report_periods", DEC.date(), FEBRUARY.replace(day=28), [small])),
+        "report_daily_usage": lambda: call(conn, "report_daily_usage", DEC.date(), FEBRUARY.replace(day=28), [small]),
+        "report_open_holds": lambda: call(conn, "report_open_holds", [small], now=feb),
+        "report_tasks": lambda: seen(call(conn, "report_tasks", DEC.date(), [small])),
+        "report_scope_usage": lambda: call(conn, "report_scope_usage", "project", DEC.date(), FEBRUARY.replace(day=28)),
+        "report_budgets_near_limit": lambda: call(conn, "report_budgets_near_limit", now=feb),
+        "books_snapshot": lambda: seen(call(conn, "books_snapshot", [small], now=feb)),
+        "stale_by_organization_status": lambda: seen(call(conn, "stale_by_organization_status", now=feb)),
+        "books_history": lambda: seen(call(conn, "books_history", [small, unlimited])),
+        "organization_totals": lambda: seen(call(conn, "organization_totals", [small, unlimited]), 2),
+        "last_run": lambda: seen(call(conn, "last_run", now=feb + 4 * HOUR)),  # after run_reconciliation
+        "pass_progress": lambda: seen(call(conn, "pass_progress", feb)),
+        "metrics": lambda: seen(call(conn, "metrics", now=feb + 4 * HOUR), 20),
+    }
 
 
 def budgets_work(conn: psycopg.Connection, org: uuid.UUID, now: datetime) -> None:
