@@ -237,6 +237,22 @@ def test_the_cli_package_lists_and_reads_the_groups_names():
         assert getattr(llm_db.cli, name) is getattr(group, name)
 
 
+def test_the_fixtures_import_by_their_0_2_0_path():
+    """issue 24 item 4: 0.2.0's ``llm_db.testing`` defined the fixtures, so a conftest
+    could import them from it; they are ``llm_db.testing.plugin``'s now, loaded on first
+    use. Hooks are not forwarded (pytest registers each once)."""
+    import llm_db.testing
+    from llm_db.testing import plugin
+
+    for name in ("llm_conn", "llm_dsn", "llm_connect", "llm_role_conn", "llm_server", "llm_template",
+                 "llm_cron_dsn", "llm_pgbouncer", "llm_pgbouncer_dsn", "llm_superuser_conn", "llm_owner"):  # fmt: skip
+        assert getattr(llm_db.testing, name) is getattr(plugin, name), name
+    with pytest.raises(AttributeError):
+        llm_db.testing.pytest_addoption  # noqa: B018
+    with pytest.raises(AttributeError):
+        llm_db.testing.llm_nothing  # noqa: B018
+
+
 def test_the_servers_and_the_demo_import_without_pytest():
     """The ``testing`` extra brings no pytest: ``llm-db demo`` and the benchmarks import
     the throw-away server without it; only the plugin's fixtures

@@ -80,16 +80,10 @@ import pytest
 from psycopg import sql
 
 from llm_db._extras import MissingExtra
-from llm_db.testing import (
-    LOGINS,
-    OWNER,
-    EphemeralServer,
-    PgBouncer,
-    _sql,
-    clone_database,
-    create_cron_database,
-    create_template,
-)
+from llm_db.testing import _sql
+from llm_db.testing._databases import clone_database, create_cron_database, create_template
+from llm_db.testing._pgbouncer import PgBouncer
+from llm_db.testing._server import LOGINS, OWNER, EphemeralServer
 
 
 @contextmanager
