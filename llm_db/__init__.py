@@ -11,6 +11,7 @@ A consumer needs no SQL::
     llm.settle(org_id, inv.id, credits=97, cents=3)
 """
 
+import importlib
 from typing import Any
 
 from llm_db.client import AsyncLlm, Llm
@@ -71,6 +72,11 @@ def __getattr__(name: str) -> Any:
         from llm_db.service import notices
 
         return getattr(notices, name)
+    # 0.2.0's `import llm_db` imported these two modules, so `llm_db.notices.…` and
+    # `llm_db.requests.…` worked without their own import: their 0.2.0 paths, on first
+    # use (import_module: `from llm_db import notices` would ask this function again)
+    if name in ("notices", "requests"):
+        return importlib.import_module(f"llm_db.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

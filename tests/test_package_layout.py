@@ -237,6 +237,17 @@ def test_the_cli_package_lists_and_reads_the_groups_names():
         assert getattr(llm_db.cli, name) is getattr(group, name)
 
 
+def test_llm_db_reaches_the_modules_0_2_0_imported_with_it():
+    """issue 24 item 4: after ``import llm_db``, 0.2.0 code reached ``llm_db.notices`` and
+    ``llm_db.requests`` without importing them; they load on first use now."""
+    code = (
+        "import sys, llm_db\n"
+        "assert 'llm_db.service.notices' not in sys.modules\n"
+        "assert callable(llm_db.notices.verify_webhook) and llm_db.requests.Llm is llm_db.Llm\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
 def test_the_fixtures_import_by_their_0_2_0_path():
     """issue 24 item 4: 0.2.0's ``llm_db.testing`` defined the fixtures, so a conftest
     could import them from it; they are ``llm_db.testing.plugin``'s now, loaded on first
