@@ -148,13 +148,14 @@ def test_two_claimers_never_get_the_same_notice_under_load(llm_conn, llm_connect
     def drain(conn: psycopg.Connection) -> list[uuid.UUID]:
         got: list[uuid.UUID] = []
         start.wait(timeout=10)
-        while True:
+        for _ in range(200):  # 80 notices, 3 a claim: bounded, never a spin
             batch = claim(conn, limit=3)
             got.extend(n["id"] for n in batch)
             # an empty batch may only mean the other worker took every candidate just now
             if not batch and conn.execute(
                     "SELECT NOT EXISTS (SELECT FROM llm.threshold_notices WHERE status = 'owed')").fetchone()[0]:
                 return got
+        raise AssertionError(f"owed notices left after 200 claims; this worker got {len(got)}")
 
     with ThreadPoolExecutor(max_workers=len(workers)) as pool:
         results = list(pool.map(drain, workers))
