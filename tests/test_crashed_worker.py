@@ -44,6 +44,10 @@ WORKER = textwrap.dedent(
 
 
 def test_sc_cap_pfm_llm_009_01_killed_worker_hold_released_by_the_pass_25h_later(llm_conn, llm_dsn):
+    """SC-CAP-PFM-LLM-009-01 with a SIGKILLed worker: the pass settles its request at the
+    estimate with no money figure and releases the hold (BR-CAP-PFM-LLM-009-01), abandons
+    its task with no duration and its totals (BR-CAP-PFM-LLM-009-05), and stamps the
+    request's one past-window alert (BR-CAP-PFM-LLM-009-07)."""
     org = new_org(llm_conn, 1000, name="crashy")
     declare_task(llm_conn, "crash.demo")
 
