@@ -18,6 +18,7 @@ from datetime import date, datetime
 from typing import Any
 from uuid import UUID
 
+from llm_db._types import TASK_DEFAULT, Int4, Row, TaskDefault, UuidArray, UuidLike, value_of
 from llm_db.models import (
     CloseOutcome,
     DailyUsageFinding,
@@ -35,7 +36,6 @@ from llm_db.models import (
     ReconciliationRun,
     RecoveryCharge,
 )
-from llm_db.operations import TASK_DEFAULT, Int4, Row, TaskDefault, UuidArray, UuidLike, value_of
 from llm_db.rows import (
     BooksHistory,
     BooksSnapshot,

@@ -46,8 +46,8 @@ from psycopg.rows import dict_row
 
 from llm_db import queries
 from llm_db._client_methods import AsyncLlmMethods, LlmMethods
+from llm_db._types import Row, UuidLike
 from llm_db.errors import mapped_errors
-from llm_db.operations import Row, UuidLike
 
 __all__ = ["AsyncLlm", "Llm", "UuidLike"]
 

@@ -57,9 +57,9 @@ from uuid import UUID
 
 from llm_db._client_methods import AsyncExecutionContextMethods, ExecutionContextMethods
 from llm_db._steps import Steps, run, run_async
+from llm_db._types import TASK_DEFAULT, TaskDefault
 from llm_db.client import AsyncLlm, Llm, UuidLike
 from llm_db.errors import NestedExecution
-from llm_db.operations import TASK_DEFAULT, TaskDefault
 
 __all__ = [
     "AsyncExecutionContext",

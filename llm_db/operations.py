@@ -22,15 +22,15 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import enum
 import inspect
 import types
 import typing
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from datetime import date, datetime
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
+from llm_db._types import TASK_DEFAULT, Int4, TaskDefault, UuidArray, UuidLike, value_of
 from llm_db.models import (
     CloseOutcome,
     DailyUsageFinding,
@@ -74,25 +74,9 @@ __all__ = [
     "value_of",
 ]
 
-T = TypeVar("T")
-Row = dict[str, Any]
-UuidLike = UUID | str
-
-#: an ``int`` passed as SQL ``integer`` (every other ``int`` is ``bigint``)
-Int4 = Annotated[int, "integer"]
-#: organizations passed as SQL ``uuid[]`` (the reads' filter; None: every organization)
-UuidArray = Annotated[Sequence[UuidLike], "uuid[]"]
-
 #: How a statement's rows become the result: ``nothing``; ``one`` row, ``many`` rows or
 #: ``maybe_one`` (a row that may be absent) of a model; the ``value`` of one column.
 Shape = Literal["nothing", "one", "many", "maybe_one", "value"]
-
-
-def value_of(rows: list[Row], kind: type[T]) -> T:
-    """The one value of a statement ``SELECT … AS value``, as ``kind``: an ``Outcome`` from
-    its text; an int, bool, str or UUID (or NULL) as psycopg read it."""
-    value = rows[0]["value"]
-    return value if type(value) is kind or value is None else kind(value)  # type: ignore[call-arg]
 
 
 # ----------------------------------------------------------- results
@@ -575,14 +559,3 @@ TASK_HELPERS = ("admit", "admit_id", "mark_dispatched", "settle", "fail")
 SCOPE_IDS = ("project", "api_key", "end_user")
 
 
-class TaskDefault(enum.Enum):
-    """The default of a request helper's scope id: the wrapper's. A value given on the
-    call wins, None too (``end_user=None`` admits a request of no end user)."""
-
-    TASK_DEFAULT = "the task's"
-
-    def __repr__(self) -> str:
-        return "TASK_DEFAULT"
-
-
-TASK_DEFAULT = TaskDefault.TASK_DEFAULT

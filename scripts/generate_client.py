@@ -34,6 +34,7 @@ if "llm_db" not in sys.modules:
     package = sys.modules["llm_db"] = types.ModuleType("llm_db")
     package.__path__ = [str(ROOT / "llm_db")]
 table = importlib.import_module("llm_db.operations")
+TYPES = importlib.import_module("llm_db._types")
 
 OUT = ROOT / "llm_db" / "_client_methods.py"
 COMMAND = ".venv/bin/python scripts/generate_client.py"
@@ -60,7 +61,7 @@ RUNTIME = {
     "collections.abc": ["Awaitable", "Callable", "Mapping"],
     "datetime": ["datetime"],
     "uuid": ["UUID"],
-    "llm_db.operations": ["TASK_DEFAULT", "Row", "TaskDefault", "UuidLike", "value_of"],
+    "llm_db._types": ["TASK_DEFAULT", "Row", "TaskDefault", "UuidLike", "value_of"],
 }
 BUILTINS = {"None", "int", "str", "bool", "list", "dict", "tuple", "float", "bytes"}
 FILLED = ("organization_id", "execution_id")  # what a task context passes itself
@@ -258,7 +259,10 @@ def spelled_names(ops: list[table.Operation]) -> set[str]:
 
 
 def home(name: str) -> str:
-    """The module to import ``name`` from: where it is defined, else the table's."""
+    """The module to import ``name`` from: ``llm_db._types`` for the run-time pieces of the
+    table (so the generated file does not import the table), else where it is defined."""
+    if name in TYPES.__all__:
+        return TYPES.__name__
     value = vars(table)[name]
     module = getattr(value, "__module__", None)
     if module and getattr(sys.modules.get(module), name, None) is value:

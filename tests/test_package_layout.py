@@ -25,7 +25,7 @@ PACKAGE = ROOT / "llm_db"
 
 CORE = ["llm_db", "llm_db.client", "llm_db._client_methods", "llm_db.operations", "llm_db.models", "llm_db.errors",
         "llm_db.migrate", "llm_db.executions", "llm_db._extras", "llm_db._steps", "llm_db.queries",
-        "llm_db._moved", "llm_db._text", "llm_db.__main__"]  # fmt: skip
+        "llm_db._moved", "llm_db._text", "llm_db._types", "llm_db.__main__"]  # fmt: skip
 EXTRA_FOLDERS = ("llm_db.cli", "llm_db.service", "llm_db.testing", "llm_db.demo")
 FOLDER_PREFIXES = tuple(f"{folder}." for folder in EXTRA_FOLDERS)
 # the module paths before 0.3.0 -> where the module lives now
@@ -235,6 +235,17 @@ def test_the_cli_package_lists_and_reads_the_groups_names():
     assert llm_db.cli.__all__ == group.__all__
     for name in group.__all__:
         assert getattr(llm_db.cli, name) is getattr(group, name)
+
+
+def test_a_consumer_does_not_import_the_table_of_operations():
+    """issue 24 item 3: the generated methods are the driver at run time; the table they
+    were generated from (which reads every entry's signature when imported) is for the
+    generator, the docs and the tests, so ``import llm_db`` and a call do not load it."""
+    code = (
+        "import sys, llm_db, llm_db.executions\n"
+        "assert 'llm_db.operations' not in sys.modules, 'the table was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def test_llm_db_reaches_the_modules_0_2_0_imported_with_it():
