@@ -57,7 +57,7 @@ from llm_db.models import (
     ReconciliationRun,
 )
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 # The notice names live with the worker in llm_db.service.notices; they load when
 # first used, so that `import llm_db` (the core) imports nothing of the service folder.
