@@ -47,7 +47,7 @@ from psycopg.rows import dict_row
 from llm_db import queries
 from llm_db._client_methods import AsyncLlmMethods, LlmMethods
 from llm_db._types import Row, UuidLike
-from llm_db.errors import mapped_errors
+from llm_db.errors import mapped_errors, sent
 
 __all__ = ["AsyncLlm", "Llm", "UuidLike"]
 
@@ -97,7 +97,8 @@ class Llm(LlmMethods):
             _own_transaction(conn),
             conn.cursor(row_factory=dict_row) as cur,
         ):
-            cur.execute(sql, params, prepare=self._prepare)
+            with sent():
+                cur.execute(sql, params, prepare=self._prepare)
             return cur.fetchall()
 
     def _call_procedure(self, sql: str, params: Mapping[str, Any]) -> list[Row]:
@@ -109,7 +110,8 @@ class Llm(LlmMethods):
             try:
                 with conn.cursor(row_factory=dict_row) as cur:
                     since = cur.execute(queries.CLOCK, prepare=self._prepare).fetchall()[0]["clock"]
-                    cur.execute(sql, params, prepare=self._prepare)
+                    with sent():
+                        cur.execute(sql, params, prepare=self._prepare)
                     recorded = cur.execute(queries.RUN_RECORDED_SINCE, {"since": since}, prepare=self._prepare)
                     return recorded.fetchall()
             finally:
@@ -143,7 +145,8 @@ class AsyncLlm(AsyncLlmMethods):
         async with self.connection() as conn:
             with mapped_errors():
                 async with _own_transaction(conn), conn.cursor(row_factory=dict_row) as cur:
-                    await cur.execute(sql, params, prepare=self._prepare)
+                    with sent():
+                        await cur.execute(sql, params, prepare=self._prepare)
                     return await cur.fetchall()
 
     async def _call_procedure(self, sql: str, params: Mapping[str, Any]) -> list[Row]:
@@ -155,7 +158,8 @@ class AsyncLlm(AsyncLlmMethods):
                     async with conn.cursor(row_factory=dict_row) as cur:
                         await cur.execute(queries.CLOCK, prepare=self._prepare)
                         since = (await cur.fetchall())[0]["clock"]
-                        await cur.execute(sql, params, prepare=self._prepare)
+                        with sent():
+                            await cur.execute(sql, params, prepare=self._prepare)
                         await cur.execute(queries.RUN_RECORDED_SINCE, {"since": since}, prepare=self._prepare)
                         return await cur.fetchall()
                 finally:

@@ -40,6 +40,7 @@ __all__ = [
     "UnknownOrganization",
     "UnknownTaskKind",
     "mapped_errors",
+    "sent",
     "translate",
 ]
 
@@ -260,3 +261,20 @@ def mapped_errors() -> Iterator[None]:
         if mapped is exc:
             raise
         raise mapped from exc
+
+
+@contextlib.contextmanager
+def sent() -> Iterator[None]:
+    """Around the statement's ``execute``: a value psycopg cannot send (a NUL in a text
+    argument, which no PostgreSQL text can hold) is refused before anything reaches the
+    server, as ``psycopg.DataError`` with no SQLSTATE; raise it as the ``InvalidArgument``
+    (22023) the server gives every other malformed argument. Nothing was written.
+
+    Only the sending side: a ``DataError`` without SQLSTATE while *reading* a result (a
+    value Python cannot hold) comes after the statement ran, and is no bad argument."""
+    try:
+        yield
+    except psycopg.DataError as exc:
+        if exc.sqlstate is not None:
+            raise
+        raise InvalidArgument(f"llm: invalid argument: {exc}", sqlstate=InvalidArgument.code) from exc

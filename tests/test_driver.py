@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import re
 import uuid
 from collections.abc import Iterator
@@ -690,3 +691,85 @@ def test_a_day_or_week_budget_s_crossing_owes_its_notice(
     assert owed == {("api_key", "key-1", "day", T0.date(), 80),
                     ("organization", None, "week", monday, 50)}  # fmt: skip
     assert invariants(llm_conn) == []
+
+
+# ----------------------------------------------------------- a NUL in a text argument
+
+
+def _placeholder(hint: Any) -> Any:
+    """A value of a parameter's type that psycopg can send, whatever the routine makes of it."""
+    text = str(hint)
+    if "UUID" in text or "Uuid" in text:
+        return [uuid.uuid4()] if "Sequence" in text or "UuidArray" in text else uuid.uuid4()
+    if "datetime" in text:
+        return T0
+    if "date" in text:
+        return JANUARY
+    if "bool" in text:
+        return True
+    if "int" in text:
+        return [80, 100] if "Iterable" in text or "Sequence" in text else 1
+    return "x"
+
+
+def _text_parameters() -> list[tuple[str, str]]:
+    """Every (operation, parameter) of the driver that takes a str (enums given as text too)."""
+    found = []
+    for op in operations().values():
+        for name, parameter in op.signature.parameters.items():
+            hint = str(parameter.annotation)
+            if "str" in hint and "UuidLike" not in hint:
+                found.append((op.name, name))
+    return found
+
+
+def _nul_call(op_name: str, name: str) -> tuple[str, dict[str, Any]]:
+    op = operations()[op_name]
+    arguments = {p: _placeholder(parameter.annotation) for p, parameter in op.signature.parameters.items()
+                 if parameter.default is inspect.Parameter.empty}  # fmt: skip
+    arguments[name] = "a\x00b"
+    return op.name, arguments
+
+
+@pytest.mark.parametrize(("op_name", "name"), _text_parameters())
+def test_a_NUL_in_any_text_argument_is_InvalidArgument_sync_and_async(
+    llm_conn: psycopg.Connection, llm_dsn: str, op_name: str, name: str
+) -> None:
+    """A NUL in a text argument: psycopg refuses to send it (no PostgreSQL text holds
+    one) with a bare ``psycopg.DataError``; the driver gives the documented
+    ``InvalidArgument`` (22023), as the server does for 'a\\x01b', on both clients,
+    and nothing reaches the server (the connection is still idle, in no transaction)."""
+    method, arguments = _nul_call(op_name, name)
+    with pytest.raises(errors.InvalidArgument) as caught:
+        getattr(Llm(llm_conn), method)(**arguments)
+    assert caught.value.sqlstate == "22023" and "NUL" in caught.value.message
+    assert llm_conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+    async def scenario() -> None:
+        async with await psycopg.AsyncConnection.connect(llm_dsn, autocommit=True) as conn:
+            with pytest.raises(errors.InvalidArgument):
+                await getattr(AsyncLlm(conn), method)(**arguments)
+
+    asyncio.run(scenario())
+
+
+def test_a_NUL_in_an_end_user_writes_nothing_like_a_control_character(llm: Llm) -> None:
+    """The reproduction: ``admit(org, 1, 'm', end_user='a\\x00b')`` raised psycopg's
+    DataError while 'a\\x01b' raised InvalidArgument; both are now InvalidArgument and
+    neither admits anything."""
+    org = new_org(llm)
+    for bad in ("a\x00b", "a\x01b"):
+        with pytest.raises(errors.InvalidArgument):
+            llm.admit(org, 1, "m", end_user=bad, now=T0)
+    assert llm.admit(org, 1, "m", end_user="ab", now=T0).hold_credits == 1
+    with llm.connection() as conn:
+        assert conn.execute("SELECT count(*) FROM llm.invocations WHERE organization_id = %s",
+                            [org]).fetchone() == (1,)  # fmt: skip
+
+
+def test_a_value_python_cannot_read_is_no_bad_argument() -> None:
+    """``sent()`` maps only what psycopg refuses to send; a server-side DataError keeps
+    its own SQLSTATE and mapping."""
+    server_side = psycopg.errors.NumericValueOutOfRange("out of range")
+    with pytest.raises(psycopg.errors.NumericValueOutOfRange), errors.sent():
+        raise server_side
