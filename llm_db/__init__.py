@@ -34,6 +34,7 @@ from llm_db.errors import (
     UnknownInvocation,
     UnknownOrganization,
     UnknownTaskKind,
+    WindowRetired,
 )
 from llm_db.executions import (
     AsyncExecutionContext,
@@ -92,7 +93,7 @@ __all__ = [
     "InvalidTransition", "InvariantViolation", "Invocation", "Llm", "LlmError",
     "NestedExecution", "Notice", "OrgSweep", "Organization", "OrganizationNotOperational",
     "Outcome", "ReconciliationRun", "UnknownExecution", "UnknownInvocation",
-    "UnknownOrganization", "UnknownTaskKind", "__version__", "async_deliver_notices",
+    "UnknownOrganization", "UnknownTaskKind", "WindowRetired", "__version__", "async_deliver_notices",
     "async_with_llm_execution", "current_execution", "deliver_notices", "migrate", "new_secret",
     "verify_webhook", "with_llm_execution",
 ]

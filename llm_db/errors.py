@@ -39,6 +39,7 @@ __all__ = [
     "UnknownInvocation",
     "UnknownOrganization",
     "UnknownTaskKind",
+    "WindowRetired",
     "mapped_errors",
     "sent",
     "translate",
@@ -195,6 +196,40 @@ class CitusNotInstalled(LlmError):
     code = "LL011"
 
 
+class WindowRetired(LlmError):
+    """LL012: admission would create the counter of a budget window that ended on or
+    before the organization's retention horizon (docs/architecture.md "Budgets",
+    Retention): its counter may have been purged, so the window is not admitted
+    again; nothing was held anywhere.
+
+    ``scope``, ``scope_id`` and ``window`` name the budget, read as for
+    ``AllowanceExhausted`` (the DETAIL's first line is the id)."""
+
+    code = "LL012"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        scope: str | None = None,
+        scope_id: str | None = None,
+        window: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.scope = scope
+        self.scope_id = scope_id
+        self.window = window
+
+    @classmethod
+    def _from_diag(cls, sqlstate: str, diag: psycopg.errors.Diagnostic, fallback: str) -> Self:
+        error = super()._from_diag(sqlstate, diag, fallback)
+        error.scope, error.window = diag.constraint_name, diag.column_name
+        if error.scope != "organization" and error.detail:
+            error.scope_id = error.detail.split("\n", 1)[0]
+        return error
+
+
 class InvalidArgument(LlmError):
     """22023: a NULL, negative, empty or out-of-range argument; nothing was written."""
 
@@ -222,6 +257,7 @@ _BY_SQLSTATE: dict[str, type[LlmError]] = {
         InvalidTransition,
         CronNotInstalled,
         CitusNotInstalled,
+        WindowRetired,
         InvalidArgument,
     )
     if cls.code is not None

@@ -50,6 +50,19 @@ $$;
 COMMENT ON FUNCTION llm._budget_keys(integer, text, text, text, timestamptz) IS
     'The budget counters (scope, real id, window, window start) a request admitted at p_at with budget_mask p_mask moves, in bit order.';
 
+-- Inlinable. The day after the window starting p_start (its end, exclusive). A
+-- searched CASE: Citus rewrites a simple CASE in a distributed statement wrongly.
+CREATE OR REPLACE FUNCTION llm._window_end(p_window text, p_start date)
+RETURNS date
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN p_window OPERATOR(pg_catalog.=) 'day' THEN p_start OPERATOR(pg_catalog.+) 1
+                WHEN p_window OPERATOR(pg_catalog.=) 'week' THEN p_start OPERATOR(pg_catalog.+) 7
+                ELSE (p_start OPERATOR(pg_catalog.+) interval '1 month')::date END
+$$;
+COMMENT ON FUNCTION llm._window_end(text, date) IS
+    'The first day after the calendar window (day, week, month) that starts on p_start.';
+
 CREATE OR REPLACE FUNCTION llm._budget_slot(p_scope text, p_window text)
 RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -129,8 +142,21 @@ COMMENT ON FUNCTION llm._applicable_budgets(uuid, text, text, text) IS
 -- period (the allowance, named first when both refuse). Each counter is created by
 -- the first request admitted under it, and decided on its row's latest values
 -- under the row's lock: used + held + estimate <= limit, else LL001 naming it (the
--- caller's transaction rolls back every hold). Long on purpose: the counter's
--- update, its upsert and the refusal's DETAIL read its row, and belong together.
+-- caller's transaction rolls back every hold).
+--
+-- Retention (docs/architecture.md "Budgets"): only the creation of a counter looks
+-- at the organization's horizon, and refuses a window that ended on or before it
+-- (LL012): its counter may have been purged, and a new one would start from zero.
+-- The horizon is read inside the INSERT itself, a fresh snapshot, so a pass that
+-- committed a higher one is seen. An existing counter needs no check: it was never
+-- purged since it was created, and if retention deletes it meanwhile, the UPDATE
+-- waits for the deletion, finds nothing and comes here.
+--
+-- Citus: the limits are read into variables (an array element in a distributed
+-- statement crashes it), and the upsert's outcome is read from RETURNING (after an
+-- INSERT ... ON CONFLICT DO UPDATE ... WHERE it reports FOUND even when the WHERE
+-- refused the row). Long on purpose: the counter's update, its upsert and the two
+-- refusals read its row, and belong together.
 CREATE OR REPLACE FUNCTION llm._hold_budgets(
     p_inv llm.invocations, p_scopes llm.invocation_scopes, p_limits bigint[], p_revisions uuid[])
 RETURNS void
@@ -139,58 +165,82 @@ AS $$
 DECLARE
     v_key record;
     v_i integer := 0;
+    v_limit bigint;
+    v_revision uuid;
+    v_held uuid;
     v_counter llm.budget_counters;
+    v_horizon date;
 BEGIN
     FOR v_key IN
         SELECT k.* FROM llm._budget_keys(p_scopes.budget_mask, p_scopes.project,
                                          p_scopes.api_key, p_scopes.end_user, p_inv.created_at) AS k
     LOOP
         v_i := v_i + 1;  -- the keys and the arrays are both in bit order
+        v_limit := p_limits[v_i];
+        v_revision := p_revisions[v_i];
         -- A counter exists from the first request of its id and window on: held by a
         -- plain UPDATE (HOT; no tuple-lock record and no speculative insertion, as an
         -- upsert's conflict costs). The upsert below creates it on first use, and
         -- meets every refusal (its WHERE decides on the row under its lock).
         UPDATE llm.budget_counters AS c
            SET held_credits = c.held_credits + p_inv.hold_credits,
-               admitted_limit = p_limits[v_i], admitted_revision = p_revisions[v_i]
+               admitted_limit = v_limit, admitted_revision = v_revision
          WHERE c.organization_id = p_inv.organization_id AND c.scope = v_key.scope
            AND (c.scope_id = v_key.scope_id OR (c.scope_id IS NULL AND v_key.scope_id IS NULL))
            AND c.budget_window = v_key.budget_window AND c.window_start = v_key.window_start
-           AND c.used_credits + c.held_credits + p_inv.hold_credits <= p_limits[v_i];
+           AND c.used_credits + c.held_credits + p_inv.hold_credits <= v_limit;
         CONTINUE WHEN FOUND;
+        v_held := NULL;
         INSERT INTO llm.budget_counters AS c
                (organization_id, scope, scope_id, budget_window, window_start, held_credits,
                 admitted_limit, admitted_revision)
         SELECT p_inv.organization_id, v_key.scope, v_key.scope_id, v_key.budget_window, v_key.window_start,
-               p_inv.hold_credits, p_limits[v_i], p_revisions[v_i]
-         WHERE p_inv.hold_credits <= p_limits[v_i]
+               p_inv.hold_credits, v_limit, v_revision
+         WHERE p_inv.hold_credits <= v_limit
+           AND NOT EXISTS (SELECT FROM llm.budget_horizons AS h
+                            WHERE h.organization_id = p_inv.organization_id
+                              AND llm._window_end(v_key.budget_window, v_key.window_start) <= h.horizon)
         ON CONFLICT (organization_id, scope, scope_id, budget_window, window_start) DO UPDATE
            SET held_credits = c.held_credits + excluded.held_credits,
                admitted_limit = excluded.admitted_limit,
                admitted_revision = excluded.admitted_revision
-         WHERE c.used_credits + c.held_credits + excluded.held_credits <= excluded.admitted_limit;
-        IF NOT FOUND THEN
-            SELECT * INTO v_counter FROM llm.budget_counters AS c
-             WHERE c.organization_id = p_inv.organization_id AND c.scope = v_key.scope
-               AND (c.scope_id = v_key.scope_id OR (c.scope_id IS NULL AND v_key.scope_id IS NULL))
-               AND c.budget_window = v_key.budget_window AND c.window_start = v_key.window_start;
-            -- The DETAIL's first line is the id, verbatim (an id has no control character),
-            -- the one part of a DETAIL code may read (docs/contract.md "Errors").
-            RAISE EXCEPTION 'llm: % budget exhausted for organization %', v_key.budget_window, p_inv.organization_id
-                USING ERRCODE = 'LL001',
-                      DETAIL = coalesce(v_key.scope_id, p_inv.organization_id::text) || E'\n'
-                               || pg_catalog.format('scope=%s window=%s window_start=%s limit=%s used=%s held=%s estimate=%s',
-                                                    v_key.scope, v_key.budget_window, v_key.window_start, p_limits[v_i],
-                                                    coalesce(v_counter.used_credits, 0), coalesce(v_counter.held_credits, 0),
-                                                    p_inv.hold_credits),
-                      HINT = 'Wait for holds to settle or for the next window, lower the estimate, or raise the budget with llm.set_budget.',
-                      SCHEMA = 'llm', TABLE = 'budgets', CONSTRAINT = v_key.scope, COLUMN = v_key.budget_window;
+         WHERE c.used_credits + c.held_credits + excluded.held_credits <= excluded.admitted_limit
+        RETURNING c.id INTO v_held;
+        CONTINUE WHEN v_held IS NOT NULL;
+        SELECT * INTO v_counter FROM llm.budget_counters AS c
+         WHERE c.organization_id = p_inv.organization_id AND c.scope = v_key.scope
+           AND (c.scope_id = v_key.scope_id OR (c.scope_id IS NULL AND v_key.scope_id IS NULL))
+           AND c.budget_window = v_key.budget_window AND c.window_start = v_key.window_start;
+        IF v_counter.id IS NULL THEN
+            SELECT h.horizon INTO v_horizon FROM llm.budget_horizons AS h
+             WHERE h.organization_id = p_inv.organization_id;
+            IF llm._window_end(v_key.budget_window, v_key.window_start) <= v_horizon THEN
+                RAISE EXCEPTION 'llm: % budget window % of organization % is past retention', v_key.budget_window,
+                                v_key.window_start, p_inv.organization_id
+                    USING ERRCODE = 'LL012',
+                          DETAIL = coalesce(v_key.scope_id, p_inv.organization_id::text) || E'\n'
+                                   || pg_catalog.format('scope=%s window=%s window_start=%s horizon=%s',
+                                                        v_key.scope, v_key.budget_window, v_key.window_start, v_horizon),
+                          HINT = 'The window ended on or before the retention horizon, so its counter may be gone: admit with the current clock, or raise budget_retention before such windows are purged.',
+                          SCHEMA = 'llm', TABLE = 'budgets', CONSTRAINT = v_key.scope, COLUMN = v_key.budget_window;
+            END IF;
         END IF;
+        -- The DETAIL's first line is the id, verbatim (an id has no control character),
+        -- the one part of a DETAIL code may read (docs/contract.md "Errors").
+        RAISE EXCEPTION 'llm: % budget exhausted for organization %', v_key.budget_window, p_inv.organization_id
+            USING ERRCODE = 'LL001',
+                  DETAIL = coalesce(v_key.scope_id, p_inv.organization_id::text) || E'\n'
+                           || pg_catalog.format('scope=%s window=%s window_start=%s limit=%s used=%s held=%s estimate=%s',
+                                                v_key.scope, v_key.budget_window, v_key.window_start, v_limit,
+                                                coalesce(v_counter.used_credits, 0), coalesce(v_counter.held_credits, 0),
+                                                p_inv.hold_credits),
+                  HINT = 'Wait for holds to settle or for the next window, lower the estimate, or raise the budget with llm.set_budget.',
+                  SCHEMA = 'llm', TABLE = 'budgets', CONSTRAINT = v_key.scope, COLUMN = v_key.budget_window;
     END LOOP;
 END
 $$;
 COMMENT ON FUNCTION llm._hold_budgets(llm.invocations, llm.invocation_scopes, bigint[], uuid[]) IS
-    'Holds a just-admitted request''s estimate on the counter of every budget in its budget_mask, in bit order, each iff used + held + estimate <= its limit (LL001 naming the first that does not fit, with the id as the DETAIL''s first line).';
+    'Holds a just-admitted request''s estimate on the counter of every budget in its budget_mask, in bit order, each iff used + held + estimate <= its limit (LL001 naming the first that does not fit, with the id as the DETAIL''s first line); a counter it would create for a window past the organization''s retention horizon is LL012.';
 
 -- ---------------------------------------------------------------- movements
 
@@ -303,6 +353,77 @@ END
 $$;
 COMMENT ON FUNCTION llm._move_budgets(uuid, llm.invocations[], boolean, timestamptz) IS
     'Moves the budget counters of the given requests (terminal: charge in, hold out; p_true_up: the signed difference) in lock order and owes the thresholds they crossed; returns the notices created.';
+
+-- ---------------------------------------------------------------- retention
+
+-- Retention (docs/architecture.md "Budgets"): the counters of windows that ended
+-- budget_retention before the pass's clock go, their requests keep their figures.
+-- Three rules make it safe under every clock and interleaving:
+-- 1. The clock is LEAST(p_now, now()): nothing goes on the strength of a clock
+--    ahead of the server's (a pass run ahead vouches for no day it did not see).
+-- 2. The horizon (llm.budget_horizons) is raised first, never lowered, and never
+--    past the UTC day of the organization's oldest open request: whatever
+--    budget_retention and sweep_batch are, an open request's windows end after it.
+--    Admission refuses to create a counter of a window ended on or before it
+--    (LL012, _hold_budgets), so a purged window is never admitted again.
+-- 3. The counters are locked in the lock order (bit, scope id, window start),
+--    skipping any a call holds (the next pass takes them), and deleted by a second
+--    statement, a fresh snapshot, only if they still hold nothing and no open
+--    request is admitted under them (one admitted with estimate 0 holds nothing).
+-- Returns how many counters went.
+CREATE OR REPLACE FUNCTION llm._retain_budgets(
+    p_organization_id uuid, p_now timestamptz, p_retention interval)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_horizon date := llm._window_start('day', LEAST(p_now, pg_catalog.now()) - p_retention);
+    v_oldest_open timestamptz;
+    v_locked uuid[];
+    v_deleted integer;
+BEGIN
+    SELECT min(i.created_at) INTO v_oldest_open
+      FROM llm.invocations AS i
+     WHERE i.organization_id = p_organization_id AND i.status IN ('reserved', 'dispatched');
+    v_horizon := LEAST(v_horizon, llm._window_start('day', v_oldest_open));
+    INSERT INTO llm.budget_horizons AS h (organization_id, horizon, updated_at)
+    VALUES (p_organization_id, v_horizon, p_now)
+    ON CONFLICT (organization_id) DO UPDATE
+       SET horizon = GREATEST(h.horizon, excluded.horizon), updated_at = excluded.updated_at
+    RETURNING h.horizon INTO v_horizon;
+
+    SELECT pg_catalog.array_agg(l.id) INTO v_locked
+      FROM (SELECT c.id FROM llm.budget_counters AS c
+             WHERE c.organization_id = p_organization_id AND c.held_credits = 0
+               AND llm._window_end(c.budget_window, c.window_start) <= v_horizon
+             ORDER BY llm._budget_slot(c.scope, c.budget_window), c.scope_id, c.window_start
+               FOR UPDATE SKIP LOCKED) AS l;
+    IF v_locked IS NULL THEN
+        RETURN 0;
+    END IF;
+    WITH gone AS (
+        DELETE FROM llm.budget_counters AS c
+         WHERE c.organization_id = p_organization_id AND c.id = ANY (v_locked) AND c.held_credits = 0
+           AND NOT EXISTS (
+                 SELECT FROM llm.invocations AS i
+                   JOIN llm.invocation_scopes AS s
+                     ON s.organization_id = i.organization_id AND s.invocation_id = i.id
+                  CROSS JOIN LATERAL llm._budget_keys(s.budget_mask, s.project, s.api_key,
+                                                      s.end_user, i.created_at) AS k
+                  WHERE i.organization_id = p_organization_id
+                    AND i.status IN ('reserved', 'dispatched')
+                    AND i.created_at < (llm._window_end(c.budget_window, c.window_start)::timestamp AT TIME ZONE 'UTC')
+                    AND s.budget_mask <> 0
+                    AND k.scope = c.scope AND k.budget_window = c.budget_window
+                    AND k.window_start = c.window_start
+                    AND (k.scope_id = c.scope_id OR (k.scope_id IS NULL AND c.scope_id IS NULL)))
+        RETURNING 1)
+    SELECT count(*) INTO v_deleted FROM gone;
+    RETURN v_deleted;
+END
+$$;
+COMMENT ON FUNCTION llm._retain_budgets(uuid, timestamptz, interval) IS
+    'Raises the organization''s retention horizon (LEAST(p_now, now()) - p_retention, never past its oldest open request''s day) and deletes the counters of windows ended on or before it that hold nothing and no open request is admitted under, locked in lock order, skipping locked ones; returns how many.';
 
 -- ---------------------------------------------------------------- set_budget
 

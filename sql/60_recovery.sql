@@ -234,14 +234,8 @@ BEGIN
                                                   p_now - v_settings.drift_window, p_run_id);
     PERFORM llm._check_deadline(p_organization_id, v_deadline, 'checking drift');
 
-    -- Retention (issue 23): the budget counters of windows that ended longer than
-    -- budget_retention ago and hold nothing; their requests keep their figures.
-    DELETE FROM llm.budget_counters AS c
-     WHERE c.organization_id = p_organization_id AND c.held_credits = 0
-       AND CASE c.budget_window WHEN 'day' THEN c.window_start + 1
-                                WHEN 'week' THEN c.window_start + 7
-                                ELSE (c.window_start + interval '1 month')::date END
-           <= llm._window_start('day', p_now - v_settings.budget_retention);
+    -- Retention: the counters of windows long ended (docs/architecture.md "Budgets")
+    PERFORM llm._retain_budgets(p_organization_id, p_now, v_settings.budget_retention);
 
     -- BR-CAP-PFM-LLM-009-07: every recovery and past-window alert is counted where it
     -- happens, by the pass or by a direct call alike (monotonic totals)

@@ -12,8 +12,9 @@
 -- WARNINGs; returns how many. Counters and requests in one statement, so one
 -- snapshot: a movement moves a request and its counters in one transaction. The
 -- previous week and month start in the previous period at the earliest, so the
--- requests are those of the two periods (index invocations_period). A counter
--- that retention deleted is no finding while no open request holds on it.
+-- requests are those of the two periods (index invocations_period). A missing
+-- counter is a finding unless retention may have deleted it (invariant 14: its
+-- window ended on or before the organization's horizon, no open request under it).
 CREATE OR REPLACE FUNCTION llm._audit_budgets(p_organization_id uuid, p_now timestamptz)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
@@ -25,7 +26,9 @@ DECLARE
                               llm._window_start('month', p_now), llm._window_start('month', p_now - interval '1 month')];
     v_counter record;
     v_found integer := 0;
+    v_horizon date;
 BEGIN
+    SELECT h.horizon INTO v_horizon FROM llm.budget_horizons AS h WHERE h.organization_id = p_organization_id;
     FOR v_counter IN
         SELECT coalesce(c.scope, r.scope) AS scope, coalesce(c.scope_id, r.scope_id) AS scope_id,
                coalesce(c.budget_window, r.budget_window) AS budget_window,
@@ -57,13 +60,15 @@ BEGIN
                IN (llm._window_start(coalesce(c.budget_window, r.budget_window), p_now),
                    llm._window_start(coalesce(c.budget_window, r.budget_window),
                                      p_now - ('1 ' || coalesce(c.budget_window, r.budget_window))::interval))
-           AND CASE WHEN c.scope IS NULL THEN r.held IS NOT NULL
+           AND CASE WHEN c.scope IS NULL
+                    THEN r.held IS NOT NULL OR v_horizon IS NULL
+                         OR llm._window_end(r.budget_window, r.window_start) > v_horizon
                     ELSE (c.used_credits, c.used_cents, c.held_credits)
                          IS DISTINCT FROM (coalesce(r.used, 0), coalesce(r.cents, 0), coalesce(r.held, 0)) END
          ORDER BY 1, 2, 3, 4
     LOOP
         v_found := v_found + 1;
-        -- 'none': the counter is missing (retention deleted it while a request held on it)
+        -- 'none': the counter is missing where retention could not have deleted it
         RAISE WARNING 'llm: budget counter % % % % of organization % disagrees with its requests: used credits % (requests say %), used cents % (%), held credits % (%)',
             v_counter.scope, coalesce(v_counter.scope_id, '-'), v_counter.budget_window, v_counter.window_start,
             p_organization_id, coalesce(v_counter.recorded_used::text, 'none'), v_counter.computed_used,

@@ -463,8 +463,10 @@ COMMENT ON FUNCTION llm._invariant_13() IS
     'Invariant 13: a drift finding means its task still differs from its terminal requests.';
 
 -- 14. each budget counter's used, held and cents equal the requests admitted under
---     it (their invocation_scopes.budget_mask, in the windows of their admission time); an open
---     request's counters exist (a terminal one's may be gone: retention)
+--     it (their invocation_scopes.budget_mask, in the windows of their admission time);
+--     every counter a request was admitted under exists, unless retention may have
+--     deleted it: its window ended on or before the organization's horizon and no
+--     open request is admitted under it
 CREATE OR REPLACE FUNCTION llm._invariant_14()
 RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
 LANGUAGE plpgsql STABLE
@@ -493,14 +495,17 @@ BEGIN
         ON r.organization_id = c.organization_id AND r.scope = c.scope
        AND r.scope_id IS NOT DISTINCT FROM c.scope_id AND r.budget_window = c.budget_window
        AND r.window_start = c.window_start
-     WHERE (c.organization_id IS NULL AND r.held IS NOT NULL)
+      LEFT JOIN llm.budget_horizons AS h ON h.organization_id = r.organization_id
+     WHERE (c.organization_id IS NULL
+            AND (r.held IS NOT NULL OR h.horizon IS NULL
+                 OR llm._window_end(r.budget_window, r.window_start) > h.horizon))
         OR (c.organization_id IS NOT NULL
             AND (c.used_credits, c.held_credits, c.used_cents)
                 IS DISTINCT FROM (coalesce(r.used, 0), coalesce(r.held, 0), coalesce(r.cents, 0)));
 END
 $$;
 COMMENT ON FUNCTION llm._invariant_14() IS
-    'Invariant 14: every budget counter''s used, held and cents equal the requests admitted under it, and an open request''s counters exist.';
+    'Invariant 14: every budget counter''s used, held and cents equal the requests admitted under it, and every counter a request was admitted under exists unless retention may have deleted it (window ended on or before the organization''s horizon, no open request under it).';
 
 -- 15. a budget is a ceiling: used + held - overrun (as in 4) never exceeds the limit
 --     the counter's last admission was decided against; and that is the budget's

@@ -40,7 +40,8 @@ BEGIN
     FOREACH v_table IN ARRAY ARRAY['llm.period_heads', 'llm.period_stripes', 'llm.executions',
                                    'llm.invocations', 'llm.threshold_notices', 'llm.daily_usage',
                                    'llm.drift_findings', 'llm.period_findings', 'llm.sweep_totals',
-                                   'llm.budget_limits', 'llm.budget_counters', 'llm.invocation_scopes'] LOOP
+                                   'llm.budget_limits', 'llm.budget_counters', 'llm.invocation_scopes',
+                                   'llm.budget_horizons'] LOOP
         EXECUTE pg_catalog.format('SELECT %I($1, $2, colocate_with => $3)', 'create_distributed_table')
           USING v_table, 'organization_id', 'llm.organizations';
         v_done := pg_catalog.array_append(v_done, v_table);

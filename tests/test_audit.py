@@ -258,16 +258,23 @@ def test_the_audit_finds_budget_counters_that_disagree_in_the_current_and_previo
     assert_books_right(llm_conn)
 
 
-def test_a_deleted_budget_counter_is_a_finding_only_while_a_request_holds_on_it(llm_conn):
-    """issue 23, invariant 14 (retention deletes counters of terminal requests only): the audit
-    takes yesterday's missing counter, whose requests are all terminal, for retention's work;
-    today's, which an open request holds on, is a finding."""
+def test_a_deleted_budget_counter_is_a_finding_unless_retention_could_have_deleted_it(llm_conn):
+    """Invariant 14 as the audit applies it: a missing counter is a finding unless its
+    window ended on or before the organization's retention horizon and no open request
+    is admitted under it. Before, yesterday's counter, whose requests are all terminal,
+    was taken for retention's work whatever the horizon (the checker went blind to a
+    counter lost by a hand edit or a partial restore); today's, held by an open request,
+    is a finding even past the horizon."""
     org = key_history(llm_conn)
     for day in (T0 - timedelta(days=1), T0):
         llm_conn.execute("DELETE FROM llm.budget_counters WHERE organization_id = %s AND scope = 'api_key'"
                          " AND window_start = %s", [org, day.date()])  # fmt: skip
     warnings: list[str] = []
     llm_conn.add_notice_handler(lambda d: warnings.append(d.message_primary or ""))
+    assert scalar(llm_conn, "SELECT llm._audit_budgets(%s, %s)", [org, T0 + HOUR]) == 2
+    # retention's horizon at today: yesterday's window ended on it, so it may be gone
+    llm_conn.execute("INSERT INTO llm.budget_horizons VALUES (%s, %s, %s)", [org, T0.date(), T0])
+    warnings.clear()
     assert scalar(llm_conn, "SELECT llm._audit_budgets(%s, %s)", [org, T0 + HOUR]) == 1
     assert [w for w in warnings if "budget counter" in w] == [
         f"llm: budget counter api_key k day {T0.date()} of organization {org} disagrees with its"

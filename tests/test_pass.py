@@ -444,12 +444,13 @@ def test_wf_pfm_llm_004_hop_6_rebuild_daily_usage_runs_over_the_reporting_days(l
 
 
 def test_the_pass_deletes_budget_counters_of_windows_ended_past_the_retention(llm_conn):
-    """issue 23, retention: the pass deletes the counters of windows that ended at least
+    """Retention: the pass deletes the counters of windows that ended at least
     settings.budget_retention before its clock's day (here 30 days before 2026-01-15:
-    2025-12-16) and hold nothing; a window ending after that day, the current windows and
-    a counter still holding an open request's estimate stay. The requests keep their
-    figures, and the books stay right (invariant 14: a terminal request's counter may be
-    gone; an open one's may not)."""
+    2025-12-16) and hold nothing, but never past the day of the organization's oldest
+    open request (its horizon): while a request admitted on 2025-12-01 is open, the
+    windows ending after 2025-12-01 stay; once it settles, the next pass takes the
+    horizon to 2025-12-16. A window ending after that day and the current windows stay.
+    The requests keep their figures, and the books stay right (invariant 14)."""
     llm_conn.execute("UPDATE llm.settings SET budget_retention = '30 days', recovery_window = '365 days'")
     org = new_org(llm_conn, ALLOWANCE)
 
@@ -464,23 +465,35 @@ def test_the_pass_deletes_budget_counters_of_windows_ended_past_the_retention(ll
         inv = admit(llm_conn, org, 10, now=when, project="p", api_key="k")["id"]
         assert settle(llm_conn, org, inv, 7, 1, now=when + HOUR) == "settled"
         settled[inv] = 7
-    admit(llm_conn, org, 10, now=at(2025, 12, 1), api_key="h")  # open: not past recovery_window
+    held = admit(llm_conn, org, 10, now=at(2025, 12, 1), api_key="h")["id"]  # open: not past recovery_window
     before = set(budget_usage(llm_conn, org))
 
     run_pass(llm_conn, T0 + HOUR)
 
     gone = {
         ("organization", None, "week", date(2025, 11, 10)),  # ended 11-17
-        ("project", "p", "month", date(2025, 11, 1)),  # ended 12-01
+        ("project", "p", "month", date(2025, 11, 1)),  # ended 12-01: the open request's day
         ("api_key", "k", "day", date(2025, 11, 10)),
-        ("api_key", "k", "day", date(2025, 12, 15)),  # ended 12-16: the last day deleted
     }
     assert gone <= before
     assert set(budget_usage(llm_conn, org)) == before - gone
     kept = budget_usage(llm_conn, org)
-    assert kept[("api_key", "k", "day", date(2025, 12, 16))]["used_credits"] == 7  # ends 12-17
+    assert kept[("api_key", "k", "day", date(2025, 12, 15))]["used_credits"] == 7  # after the horizon
     assert kept[("api_key", "h", "day", date(2025, 12, 1))]["held_credits"] == 10  # holding
     assert kept[("organization", None, "week", date(2025, 12, 1))]["held_credits"] == 10
+    assert_books_right(llm_conn)
+
+    assert settle(llm_conn, org, held, 4, 0, now=T0) == "settled"
+    settled[held] = 4
+    run_pass(llm_conn, T0 + 2 * HOUR)
+    gone |= {
+        ("api_key", "k", "day", date(2025, 12, 15)),  # ended 12-16: the last day deleted
+        ("api_key", "h", "day", date(2025, 12, 1)),
+        ("organization", None, "week", date(2025, 12, 1)),  # ended 12-08
+    }
+    assert set(budget_usage(llm_conn, org)) == before - gone
+    kept = budget_usage(llm_conn, org)
+    assert kept[("api_key", "k", "day", date(2025, 12, 16))]["used_credits"] == 7  # ends 12-17
     assert kept[("project", "p", "month", date(2025, 12, 1))]["used_credits"] == 14  # ends 2026-01-01
     charged = dict(llm_conn.execute("SELECT id, charged_credits FROM llm.invocations"
                                     " WHERE organization_id = %s AND status = 'settled'", [org]).fetchall())
