@@ -199,7 +199,7 @@ COMMENT ON FUNCTION llm._apply_to_periods(p_organization_id uuid, p_allowance bi
 CREATE FUNCTION llm._audit_budgets(p_organization_id uuid, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 f0b9916408c287e57bdb612724f0452d $$;
+    AS $$ body in sql/, md5 01cdc19bb4157ebfe2c282e165b7cae3 $$;
 
 COMMENT ON FUNCTION llm._audit_budgets(p_organization_id uuid, p_now timestamp with time zone) IS 'Recomputes the organization''s budget counters of the day, week and month containing p_now and of the ones before them from their requests in one statement; logs (WARNING) and returns how many disagree. Never repairs.';
 
@@ -471,9 +471,9 @@ COMMENT ON COLUMN llm.invocation_scopes.budget_mask IS 'The budget counters the 
 CREATE FUNCTION llm._hold_budgets(p_inv llm.invocations, p_scopes llm.invocation_scopes, p_limits bigint[], p_revisions uuid[]) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 ca6d35fe6904dde74dfc644d003f4bb3 $$;
+    AS $$ body in sql/, md5 321684b20b731a18b4a2d677919c2499 $$;
 
-COMMENT ON FUNCTION llm._hold_budgets(p_inv llm.invocations, p_scopes llm.invocation_scopes, p_limits bigint[], p_revisions uuid[]) IS 'Holds a just-admitted request''s estimate on the counter of every budget in its budget_mask, in bit order, each iff used + held + estimate <= its limit (LL001 naming the first that does not fit, with the id as the DETAIL''s first line).';
+COMMENT ON FUNCTION llm._hold_budgets(p_inv llm.invocations, p_scopes llm.invocation_scopes, p_limits bigint[], p_revisions uuid[]) IS 'Holds a just-admitted request''s estimate on the counter of every budget in its budget_mask, in bit order, each iff used + held + estimate <= its limit (LL001 naming the first that does not fit, with the id as the DETAIL''s first line); a counter it would create for a window past the organization''s retention horizon is LL012.';
 
 CREATE FUNCTION llm._invariant_1() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE
@@ -513,9 +513,9 @@ COMMENT ON FUNCTION llm._invariant_13() IS 'Invariant 13: a drift finding means 
 CREATE FUNCTION llm._invariant_14() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 11b09ec72412df200c4d20ba8fef8ddd $$;
+    AS $$ body in sql/, md5 e6fb006b90109390b27d0db007512e73 $$;
 
-COMMENT ON FUNCTION llm._invariant_14() IS 'Invariant 14: every budget counter''s used, held and cents equal the requests admitted under it, and an open request''s counters exist.';
+COMMENT ON FUNCTION llm._invariant_14() IS 'Invariant 14: every budget counter''s used, held and cents equal the requests admitted under it, and every counter a request was admitted under exists unless retention may have deleted it (window ended on or before the organization''s horizon, no open request under it).';
 
 CREATE FUNCTION llm._invariant_15() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE
@@ -806,7 +806,7 @@ COMMENT ON FUNCTION llm._rebuild_days(p_now timestamp with time zone) IS 'The da
 CREATE FUNCTION llm._reconcile_org(p_organization_id uuid, p_now timestamp with time zone, p_batch integer, p_run_id uuid) RETURNS llm.org_sweep
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 3667223f4f1134910551ebde63e347c6 $$;
+    AS $$ body in sql/, md5 a3fc638251c085dfc0f8d683a5507231 $$;
 
 COMMENT ON FUNCTION llm._reconcile_org(p_organization_id uuid, p_now timestamp with time zone, p_batch integer, p_run_id uuid) IS 'Distributed twin of reconcile_org; arguments already checked.';
 
@@ -865,6 +865,13 @@ CREATE FUNCTION llm._require_org_id(p_organization_id uuid) RETURNS void
     AS $$ body in sql/, md5 b6409a2973d6fe378a26c5b0914a128f $$;
 
 COMMENT ON FUNCTION llm._require_org_id(p_organization_id uuid) IS 'Raises 22023 for a NULL organization id, before any distributed twin is called (Citus crashes on a NULL distribution argument).';
+
+CREATE FUNCTION llm._retain_budgets(p_organization_id uuid, p_now timestamp with time zone, p_retention interval) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 9cf87b2287266722808d259709c3d8ef $$;
+
+COMMENT ON FUNCTION llm._retain_budgets(p_organization_id uuid, p_now timestamp with time zone, p_retention interval) IS 'Raises the organization''s retention horizon (LEAST(p_now, now()) - p_retention, never past its oldest open request''s day) and deletes the counters of windows ended on or before it that hold nothing and no open request is admitted under, locked in lock order, skipping locked ones; returns how many.';
 
 CREATE FUNCTION llm._run_audit(p_run_id uuid, p_organization_id uuid, p_now timestamp with time zone) RETURNS void
     LANGUAGE plpgsql SECURITY DEFINER
@@ -1029,6 +1036,12 @@ CREATE FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_
 
 COMMENT ON FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) IS 'Distributed twin of upsert_organization; arguments already checked.';
 
+CREATE FUNCTION llm._window_end(p_window text, p_start date) RETURNS date
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ body in sql/, md5 9b83d03681bc460f8505085e3fa8f0b6 $$;
+
+COMMENT ON FUNCTION llm._window_end(p_window text, p_start date) IS 'The first day after the calendar window (day, week, month) that starts on p_start.';
+
 CREATE FUNCTION llm._window_start(p_window text, p_at timestamp with time zone) RETURNS date
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ body in sql/, md5 ec51268a0ae69472d136459fb5b318ff $$;
@@ -1101,7 +1114,7 @@ COMMENT ON FUNCTION llm.declare_task_kind(p_key text, p_description text) IS 'De
 CREATE FUNCTION llm.distribute(p_shard_count integer DEFAULT NULL::integer) RETURNS text
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $_$ body in sql/, md5 7afb467536f0044a6af2388953c469b3 $_$;
+    AS $_$ body in sql/, md5 71612b82a2a2819f560a3ca08564b0de $_$;
 
 COMMENT ON FUNCTION llm.distribute(p_shard_count integer) IS 'Under Citus: reference tables for catalogs, per-organization tables distributed on organization_id co-located with organizations, per-organization twins distributed with force_delegation, the other llm routines propagated to the workers; LL011 without citus.';
 
@@ -1299,6 +1312,14 @@ CREATE FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_m
     AS $$ body in sql/, md5 91726eaed1385f84ec0f51397af637d1 $$;
 
 COMMENT ON FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) IS 'Creates or updates an organization; a changed allowance (NULL = unlimited) also applies to the period containing p_now and later open ones, which owe at once every threshold their usage now stands at or above; a changed threshold list applies to every period.';
+
+CREATE TABLE llm.budget_horizons (
+    organization_id uuid NOT NULL,
+    horizon date NOT NULL,
+    updated_at timestamp with time zone NOT NULL
+);
+
+COMMENT ON TABLE llm.budget_horizons IS 'Per organization, the day on or before which every budget window ended may have lost its counter to retention; admissions that would create a counter of such a window are refused (LL012). Only raised.';
 
 CREATE TABLE llm.budget_limits (
     organization_id uuid NOT NULL,
@@ -1535,6 +1556,9 @@ ALTER TABLE ONLY llm.budget_counters
 
 ALTER TABLE ONLY llm.budget_counters
     ADD CONSTRAINT budget_counters_pkey PRIMARY KEY (organization_id, id);
+
+ALTER TABLE ONLY llm.budget_horizons
+    ADD CONSTRAINT budget_horizons_pkey PRIMARY KEY (organization_id);
 
 ALTER TABLE ONLY llm.budget_limits
     ADD CONSTRAINT budget_limits_key UNIQUE NULLS NOT DISTINCT (organization_id, scope, scope_id, budget_window);
@@ -1828,6 +1852,8 @@ REVOKE ALL ON FUNCTION llm._require_notice(p_organization_id uuid, p_notice_id u
 
 REVOKE ALL ON FUNCTION llm._require_org_id(p_organization_id uuid) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._retain_budgets(p_organization_id uuid, p_now timestamp with time zone, p_retention interval) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._run_audit(p_run_id uuid, p_organization_id uuid, p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm._run_audit(p_run_id uuid, p_organization_id uuid, p_now timestamp with time zone) TO llm_operator;
 
@@ -1870,6 +1896,8 @@ REVOKE ALL ON FUNCTION llm._text_ok(p_value text, p_max integer, p_nullable bool
 REVOKE ALL ON FUNCTION llm._true_up_daily_usage(p_inv llm.invocations, p_credits bigint, p_cents bigint) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._window_end(p_window text, p_start date) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._window_start(p_window text, p_at timestamp with time zone) FROM PUBLIC;
 
@@ -1999,6 +2027,9 @@ GRANT ALL ON FUNCTION llm.unschedule_reconciliation() TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) TO llm_operator;
+
+GRANT SELECT ON TABLE llm.budget_horizons TO llm_reader;
+GRANT SELECT ON TABLE llm.budget_horizons TO llm_operator;
 
 GRANT SELECT ON TABLE llm.budget_limits TO llm_reader;
 GRANT SELECT ON TABLE llm.budget_limits TO llm_operator;

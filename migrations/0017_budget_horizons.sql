@@ -15,7 +15,7 @@
 -- could have deleted with a true clock: the UTC day of now() - budget_retention.
 
 CREATE TABLE llm.budget_horizons (
-    organization_id uuid NOT NULL REFERENCES llm.organizations (id),
+    organization_id uuid NOT NULL,
     horizon date NOT NULL,
     updated_at timestamptz NOT NULL,
     CONSTRAINT budget_horizons_pkey PRIMARY KEY (organization_id)

@@ -147,10 +147,13 @@ COMMENT ON FUNCTION llm._applicable_budgets(uuid, text, text, text) IS
 -- Retention (docs/architecture.md "Budgets"): only the creation of a counter looks
 -- at the organization's horizon, and refuses a window that ended on or before it
 -- (LL012): its counter may have been purged, and a new one would start from zero.
--- The horizon is read inside the INSERT itself, a fresh snapshot, so a pass that
--- committed a higher one is seen. An existing counter needs no check: it was never
--- purged since it was created, and if retention deletes it meanwhile, the UPDATE
--- waits for the deletion, finds nothing and comes here.
+-- The horizon is read inside the INSERT, and again after it: the INSERT may have
+-- waited on the unique key of the very counter a pass was deleting, and only a
+-- snapshot taken after that wait sees the horizon the pass committed with the
+-- deletion. An existing counter needs no check: it was never purged since it was
+-- created, and if retention deletes it meanwhile, the UPDATE waits for the
+-- deletion, finds nothing and comes here. (Refusing in this path a counter that a
+-- concurrent first request has just created is the conservative side.)
 --
 -- Citus: the limits are read into variables (an array element in a distributed
 -- statement crashes it), and the upsert's outcome is read from RETURNING (after an
@@ -206,14 +209,19 @@ BEGIN
                admitted_revision = excluded.admitted_revision
          WHERE c.used_credits + c.held_credits + excluded.held_credits <= excluded.admitted_limit
         RETURNING c.id INTO v_held;
-        CONTINUE WHEN v_held IS NOT NULL;
-        SELECT * INTO v_counter FROM llm.budget_counters AS c
-         WHERE c.organization_id = p_inv.organization_id AND c.scope = v_key.scope
-           AND (c.scope_id = v_key.scope_id OR (c.scope_id IS NULL AND v_key.scope_id IS NULL))
-           AND c.budget_window = v_key.budget_window AND c.window_start = v_key.window_start;
-        IF v_counter.id IS NULL THEN
+        IF v_held IS NULL THEN
+            SELECT * INTO v_counter FROM llm.budget_counters AS c
+             WHERE c.organization_id = p_inv.organization_id AND c.scope = v_key.scope
+               AND (c.scope_id = v_key.scope_id OR (c.scope_id IS NULL AND v_key.scope_id IS NULL))
+               AND c.budget_window = v_key.budget_window AND c.window_start = v_key.window_start;
+        END IF;
+        IF v_held IS NOT NULL OR v_counter.id IS NULL THEN
+            -- The horizon once more, in a snapshot taken after the INSERT: its own was
+            -- taken before it waited on the unique key of a counter a pass was deleting.
             SELECT h.horizon INTO v_horizon FROM llm.budget_horizons AS h
              WHERE h.organization_id = p_inv.organization_id;
+            CONTINUE WHEN v_held IS NOT NULL
+                AND (v_horizon IS NULL OR llm._window_end(v_key.budget_window, v_key.window_start) > v_horizon);
             IF llm._window_end(v_key.budget_window, v_key.window_start) <= v_horizon THEN
                 RAISE EXCEPTION 'llm: % budget window % of organization % is past retention', v_key.budget_window,
                                 v_key.window_start, p_inv.organization_id

@@ -256,6 +256,7 @@ def assert_sqlstate(
 CLEAN_BOOKS = [
     "DELETE FROM llm.period_findings",
     "DELETE FROM llm.sweep_totals",
+    "DELETE FROM llm.budget_horizons",
     "DELETE FROM llm.drift_findings",
     "DELETE FROM llm.threshold_notices",
     "DELETE FROM llm.daily_usage",
