@@ -320,6 +320,7 @@ def test_every_function_pins_its_search_path_except_the_committing_procedure(llm
         ("_period_start", "f", False),
         ("_scope_id_ok", "f", False),
         ("_text_ok", "f", False),
+        ("_window_end", "f", False),
         ("_window_start", "f", False),
         ("run_reconciliation", "p", False),
     ]
