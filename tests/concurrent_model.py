@@ -191,7 +191,15 @@ def plan(seed: int, sessions: int = 4, rounds: int = 5) -> list[dict[str, Any]]:
                 ops.insert(rng.randint(0, len(ops)), {"op": "pass"})
             round_ops.append(ops)
             admitted.extend(mine)
-        pass_clock = clock + timedelta(days=rng.randint(20, 40)) if far else clock
+        # a pass far ahead of the requests, or behind them (a lagging scheduler's clock:
+        # up to two days before the round's, which may precede the round's admissions)
+        behind = has_pass and not far and rng.random() < 0.25
+        if far:
+            pass_clock = clock + timedelta(days=rng.randint(20, 40))
+        elif behind:
+            pass_clock = clock - timedelta(hours=rng.randint(1, 48))
+        else:
+            pass_clock = clock
         out.append({"clock": iso(clock), "pass_clock": iso(pass_clock), "pass": has_pass, "far": far,
                     "sessions": round_ops})  # fmt: skip
     return out
@@ -212,7 +220,7 @@ def _draw(
             task = f"t-{rng.getrandbits(48):x}"
             ops.append({"op": "open", "org": org, "task": task})
             tasks.append((org, task, r))
-        ops.append({"op": "admit", "org": org, "inv": inv, "estimate": rng.choice((5, 10, 20, 30, 40)),
+        ops.append({"op": "admit", "org": org, "inv": inv, "estimate": rng.choice((0, 5, 10, 20, 30, 40)),
                     "model": rng.choice(MODELS), "task": task}
                    | {scope: rng.choice(ids) if rng.random() < 0.6 else None
                       for scope, ids in SCOPE_IDS.items()})  # fmt: skip

@@ -5,11 +5,12 @@ sessions. In a round every session runs its short list of operations (1 to 3
 slots, an admission often followed by its dispatch, a claim by the ends of what
 it claimed) at once with the others, each in its own thread on its own real
 connections: one logged in as role ``sim_app`` (a LOGIN member of llm_app:
-admissions, some into a task opened just before and sometimes closed just
-after, dispatches, settlements, failures, late settlements, closing tasks of
+admissions (estimates from 0, which hold nothing, to 40), some into a task
+opened just before and sometimes closed just after, dispatches, settlements, failures, late settlements, closing tasks of
 earlier rounds) and one as
 ``sim_operator`` (a LOGIN member of llm_operator: the pass under the round's
-clock or one 20-40 days ahead, sometimes two passes at once,
+clock, one 20-40 days ahead or one up to two days behind (a lagging scheduler's
+clock, which may precede the round's own admissions), sometimes two passes at once,
 ``set_period_stripes``, allowance and threshold changes, recovery-policy
 changes, budgets set, changed and removed (issue 23: own and ``'*'``,
 organization day/week, project/api_key/end_user day/week/month, while the
