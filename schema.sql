@@ -84,7 +84,7 @@ COMMENT ON TYPE llm.notice_claim IS 'A notice as claim_notices returns it, with 
 CREATE TYPE llm.org_sweep AS (
 	organization_id uuid,
 	recovered_requests integer,
-	released_hold_credits bigint,
+	released_hold_credits numeric,
 	past_window_alerts integer,
 	abandoned_executions integer,
 	drift_findings integer,
@@ -114,6 +114,11 @@ CREATE DOMAIN llm.stripe AS smallint
 	CONSTRAINT stripe_check CHECK (((VALUE >= 0) AND (VALUE <= 63)));
 
 COMMENT ON DOMAIN llm.stripe IS 'A stripe of a period''s counters: 0 to 63.';
+
+CREATE DOMAIN llm.total AS numeric
+	CONSTRAINT total_check CHECK (((VALUE >= (0)::numeric) AND (VALUE = trunc(VALUE))));
+
+COMMENT ON DOMAIN llm.total IS 'A non-negative whole sum of amounts that nothing bounds (a task''s, a day''s): numeric, so it never overflows.';
 
 CREATE FUNCTION llm._abandon_stale_tasks(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
@@ -282,7 +287,7 @@ COMMENT ON FUNCTION llm._budget_in_force(p_organization_id uuid, p_scope text, p
 
 CREATE FUNCTION llm._budget_keys(p_mask integer, p_project text, p_api_key text, p_end_user text, p_at timestamp with time zone) RETURNS TABLE(slot integer, scope text, scope_id text, budget_window text, window_start date)
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    AS $$ body in sql/, md5 fb295e04acaa136bd02f0a1d3487f295 $$;
+    AS $$ body in sql/, md5 e791d70f6092bff94d8dccc037a97cc4 $$;
 
 COMMENT ON FUNCTION llm._budget_keys(p_mask integer, p_project text, p_api_key text, p_end_user text, p_at timestamp with time zone) IS 'The budget counters (scope, real id, window, window start) a request admitted at p_at with budget_mask p_mask moves, in bit order.';
 
@@ -426,7 +431,7 @@ CREATE TABLE llm.reconciliation_runs (
     orgs_visited integer DEFAULT 0 NOT NULL,
     orgs_failed integer DEFAULT 0 NOT NULL,
     requests_recovered bigint DEFAULT 0 NOT NULL,
-    released_hold_credits bigint DEFAULT 0 NOT NULL,
+    released_hold_credits llm.total DEFAULT 0 NOT NULL,
     past_window_alerts bigint DEFAULT 0 NOT NULL,
     executions_abandoned bigint DEFAULT 0 NOT NULL,
     drift_findings bigint DEFAULT 0 NOT NULL,
@@ -555,9 +560,9 @@ COMMENT ON FUNCTION llm._invariant_4() IS 'Invariant 4: in every period with an 
 CREATE FUNCTION llm._invariant_4b() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 d15a484eb30870a7bb52d81624f32461 $$;
+    AS $$ body in sql/, md5 93f96604724dc7db4c0d40e8069e932d $$;
 
-COMMENT ON FUNCTION llm._invariant_4b() IS 'Invariant 4b, reported as 4: every stripe''s admit_room is set unless the allowance is unlimited, and together they never promise more than the period has left.';
+COMMENT ON FUNCTION llm._invariant_4b() IS 'Invariant 4b, reported as 4: the stripes'' admit_rooms (each set under an allowance) and cents_rooms together never promise more than the period has left to its allowance and to the sum limit.';
 
 CREATE FUNCTION llm._invariant_5() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE
@@ -670,7 +675,13 @@ CREATE FUNCTION llm._max_amount() RETURNS bigint
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ body in sql/, md5 0f5a641a0888d1c24956e22397f7db6c $$;
 
-COMMENT ON FUNCTION llm._max_amount() IS 'The largest credit, cent or token amount one call accepts (10^15), so period sums can never overflow bigint.';
+COMMENT ON FUNCTION llm._max_amount() IS 'The largest credit, cent or token amount one call accepts (10^15).';
+
+CREATE FUNCTION llm._max_sum() RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ body in sql/, md5 2667abcb73df49ecf8caae383001ce5d $$;
+
+COMMENT ON FUNCTION llm._max_sum() IS 'The sum limit (10^18): the most a period''s used + held credits, its used cents, or a budget counter''s may reach (LL013 beyond).';
 
 CREATE FUNCTION llm._may_cross(p_old_used bigint, p_new_used bigint, p_allowance bigint) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -681,21 +692,21 @@ COMMENT ON FUNCTION llm._may_cross(p_old_used bigint, p_new_used bigint, p_allow
 CREATE FUNCTION llm._move_budgets(p_organization_id uuid, p_invs llm.invocations[], p_true_up boolean, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 da0c71b0f0952f3f525f194f6a5906dc $$;
+    AS $$ body in sql/, md5 6c5c4dff4ab075c0c8121a695bf85baf $$;
 
-COMMENT ON FUNCTION llm._move_budgets(p_organization_id uuid, p_invs llm.invocations[], p_true_up boolean, p_now timestamp with time zone) IS 'Moves the budget counters of the given requests (terminal: charge in, hold out; p_true_up: the signed difference) in lock order and owes the thresholds they crossed; returns the notices created.';
+COMMENT ON FUNCTION llm._move_budgets(p_organization_id uuid, p_invs llm.invocations[], p_true_up boolean, p_now timestamp with time zone) IS 'Moves the budget counters of the given requests (terminal: charge in, hold out; p_true_up: the signed difference) in lock order, refusing growth past the sum limit (LL013), and owes the thresholds they crossed; returns the notices created.';
 
 CREATE FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_now timestamp with time zone, p_admission boolean DEFAULT false) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 daed34dfb9b79574f0256854634322e4 $$;
+    AS $$ body in sql/, md5 adfa218f4b3f7f4a3157c19ad2d59ad8 $$;
 
-COMMENT ON FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_now timestamp with time zone, p_admission boolean) IS 'Moves one stripe''s counters (used + p_used, held + p_held, cents + p_cents): in one row when it fits the stripe''s rooms, else under the period''s lock, refusing an admission that does not fit the whole period (LL001), recording the thresholds the period''s total crosses and spreading the rooms again.';
+COMMENT ON FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_now timestamp with time zone, p_admission boolean) IS 'Moves one stripe''s counters (used + p_used, held + p_held, cents + p_cents): in one row when it fits the stripe''s rooms, else under the period''s lock, refusing an admission that does not fit the whole period (LL001) and any movement that would take its used + held credits or used cents past the sum limit (LL013), recording the thresholds the period''s total crosses and spreading the rooms again.';
 
 CREATE FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint) RETURNS boolean
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 75dbd7fec1fb1f06a3b240738980de89 $$;
+    AS $$ body in sql/, md5 93425cd22decf68e09d107ebd578aa77 $$;
 
 COMMENT ON FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint) IS 'Moves one stripe''s counters in one row when the movement fits its rooms; false (nothing moved) otherwise, or when the stripe does not exist.';
 
@@ -758,7 +769,7 @@ COMMENT ON FUNCTION llm._owe_notices(p_organization_id uuid, p_period_start date
 CREATE FUNCTION llm._pass_metrics(p_now timestamp with time zone) RETURNS TABLE(metric text, labels jsonb, value double precision)
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 0d15d63589764a7751246277204ef7ed $$;
+    AS $$ body in sql/, md5 2e563df8c3b7c6f7a41442a0d2bcb1be $$;
 
 COMMENT ON FUNCTION llm._pass_metrics(p_now timestamp with time zone) IS 'The series of llm.metrics about the pass at p_now: the health alarm by status, the last success, and the last run''s status, errors, figures, finish, age and duration (0 before the first pass).';
 
@@ -827,16 +838,23 @@ COMMENT ON FUNCTION llm._record_reached(p_organization_id uuid, p_period_start d
 CREATE FUNCTION llm._recover_stranded(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone, p_batch integer, p_recovery_charge text, INOUT p_sweep llm.org_sweep) RETURNS llm.org_sweep
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 e0d576bf255cd775679919615f02dec5 $$;
+    AS $$ body in sql/, md5 779eea9d8a615fd94637bb6835eeb446 $$;
 
 COMMENT ON FUNCTION llm._recover_stranded(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone, p_batch integer, p_recovery_charge text, INOUT p_sweep llm.org_sweep) IS 'Recovers up to p_batch of the organization''s requests unsettled since p_cutoff, oldest first, charged per p_recovery_charge: releases their holds, adds to their tasks, moves their periods'' stripes (each period locked), then their budgets'' counters, and records crossed thresholds; fills the sweep''s figures.';
 
 CREATE FUNCTION llm._refresh_drift(p_organization_id uuid, p_now timestamp with time zone, p_since timestamp with time zone, p_run_id uuid) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 12a0d2f809288851ba3fa36f4c9bdae6 $$;
+    AS $$ body in sql/, md5 6cbb1143e883d2d0c7dff1f5f7aa3046 $$;
 
 COMMENT ON FUNCTION llm._refresh_drift(p_organization_id uuid, p_now timestamp with time zone, p_since timestamp with time zone, p_run_id uuid) IS 'Compares tasks closed since p_since with their terminal requests; stores and logs each disagreement, drops findings (of any age) that no longer disagree, changes no totals.';
+
+CREATE FUNCTION llm._refuse_sum(p_table text, p_column text, p_sum numeric, p_subject text) RETURNS bigint
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 d244f8d4efebd447d5b6be64adc16353 $$;
+
+COMMENT ON FUNCTION llm._refuse_sum(p_table text, p_column text, p_sum numeric, p_subject text) IS 'Raises LL013 (the sum limit): p_table.p_column would be p_sum, past _max_sum(); nothing of the call is kept.';
 
 CREATE FUNCTION llm._renew_lease(p_run_id uuid, p_token uuid) RETURNS boolean
     LANGUAGE plpgsql
@@ -998,9 +1016,9 @@ COMMENT ON FUNCTION llm._skip_run(p_now timestamp with time zone, p_lease llm.pa
 CREATE FUNCTION llm._spread_rooms(p_organization_id uuid, p_period_start date, p_allowance bigint) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 ebde07e087e8ef0401127eb8222e8267 $$;
+    AS $$ body in sql/, md5 a0b0b13415fcb36b4f9e1afd04ab7f74 $$;
 
-COMMENT ON FUNCTION llm._spread_rooms(p_organization_id uuid, p_period_start date, p_allowance bigint) IS 'With the period locked: creates the stripes its organization uses now and gives each an even share of what the period has left (admit_room) and of the usage before its next threshold (notice_room).';
+COMMENT ON FUNCTION llm._spread_rooms(p_organization_id uuid, p_period_start date, p_allowance bigint) IS 'With the period locked: creates the stripes its organization uses now and gives each an even share of what the period has left (admit_room: to its allowance and the sum limit), of the cents it may still charge (cents_room: to the sum limit) and of the usage before its next threshold (notice_room).';
 
 CREATE FUNCTION llm._task_admits(p_organization_id uuid, p_execution_id uuid, p_invocation_id uuid, p_estimate_credits bigint, p_model text, p_project text, p_api_key text, p_end_user text) RETURNS llm.invocations
     LANGUAGE plpgsql STABLE
@@ -1062,10 +1080,10 @@ CREATE FUNCTION llm.books_history(p_organization_ids uuid[]) RETURNS TABLE(recov
 
 COMMENT ON FUNCTION llm.books_history(p_organization_ids uuid[]) IS 'One row: requests recovered, past-window alerts, tasks abandoned and notices sent, ever, for these organizations (a scan of their rows).';
 
-CREATE FUNCTION llm.books_snapshot(p_organization_ids uuid[] DEFAULT NULL::uuid[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(open_requests bigint, held_credits bigint, stale_open_requests bigint, stale_held_credits bigint, running_tasks bigint, stale_running_tasks bigint, drift_findings bigint, notices_owed bigint, notices_sending bigint)
+CREATE FUNCTION llm.books_snapshot(p_organization_ids uuid[] DEFAULT NULL::uuid[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(open_requests bigint, held_credits numeric, stale_open_requests bigint, stale_held_credits numeric, running_tasks bigint, stale_running_tasks bigint, drift_findings bigint, notices_owed bigint, notices_sending bigint)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 85b089b6b7b56546ee74c3cae8703696 $$;
+    AS $$ body in sql/, md5 efde95548b621afc03080efeeee06f34 $$;
 
 COMMENT ON FUNCTION llm.books_snapshot(p_organization_ids uuid[], p_now timestamp with time zone) IS 'One row: what the next pass would act on at p_now: open requests and holds (all, and older than the recovery window), running tasks (all, and stale), drift findings, owed and sending notices.';
 
@@ -1132,10 +1150,10 @@ CREATE FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_clai
 
 COMMENT ON FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_error text, p_now timestamp with time zone) IS 'Returns a claimed notice to owed with its error and an exponential backoff (base * 2^(attempts-1), capped by settings; NOTIFY llm_notices); false, changing nothing, unless it is being sent under p_claim_token.';
 
-CREATE FUNCTION llm.last_run(p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(id uuid, started_at timestamp with time zone, finished_at timestamp with time zone, clock timestamp with time zone, status text, orgs_visited integer, orgs_failed integer, requests_recovered bigint, released_hold_credits bigint, past_window_alerts bigint, executions_abandoned bigint, drift_findings bigint, notices_rearmed bigint, daily_rows_rebuilt bigint, more_pending_orgs integer, errors jsonb, recovered_uncharged bigint, period_findings bigint, daily_rebuilt_through date, duration_seconds double precision, age_seconds double precision)
+CREATE FUNCTION llm.last_run(p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(id uuid, started_at timestamp with time zone, finished_at timestamp with time zone, clock timestamp with time zone, status text, orgs_visited integer, orgs_failed integer, requests_recovered bigint, released_hold_credits numeric, past_window_alerts bigint, executions_abandoned bigint, drift_findings bigint, notices_rearmed bigint, daily_rows_rebuilt bigint, more_pending_orgs integer, errors jsonb, recovered_uncharged bigint, period_findings bigint, daily_rebuilt_through date, duration_seconds double precision, age_seconds double precision)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 b7e5d35e846361e13c9ddb5873a571f5 $$;
+    AS $$ body in sql/, md5 2e3c3e8e7ddb0073ee77339d22e9d11a $$;
 
 COMMENT ON FUNCTION llm.last_run(p_now timestamp with time zone) IS 'The newest finished pass that was not skipped (its llm.reconciliation_runs figures), how long it took and its age at p_now on the pass''s clock, in seconds; no row before the first pass.';
 
@@ -1160,10 +1178,10 @@ CREATE FUNCTION llm.open_execution(p_organization_id uuid, p_task_key text, p_su
 
 COMMENT ON FUNCTION llm.open_execution(p_organization_id uuid, p_task_key text, p_subject_type text, p_subject_id text, p_replay_key text, p_now timestamp with time zone) IS 'Opens a running task of a declared kind (LL004 otherwise). A replay key is unique per organization: opening it again returns the earlier task, whatever its status, with replayed = true; with a different task or subject, LL007.';
 
-CREATE FUNCTION llm.organization_totals(p_organization_ids uuid[]) RETURNS TABLE(organization_id uuid, name text, status text, allowance_credits bigint, used_credits bigint, held_credits bigint, used_cents bigint, notices bigint)
+CREATE FUNCTION llm.organization_totals(p_organization_ids uuid[]) RETURNS TABLE(organization_id uuid, name text, status text, allowance_credits bigint, used_credits numeric, held_credits numeric, used_cents numeric, notices bigint)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 586ca8af17fdbf50b1ecf7083aa1a08a $$;
+    AS $$ body in sql/, md5 a074ef14eac040778dca7c222f3785b4 $$;
 
 COMMENT ON FUNCTION llm.organization_totals(p_organization_ids uuid[]) IS 'Per organization of p_organization_ids: its allowance, the sums over its periods (used, held, cents) and its threshold notices.';
 
@@ -1216,17 +1234,17 @@ CREATE FUNCTION llm.report_budgets_near_limit(p_scope text DEFAULT NULL::text, p
 
 COMMENT ON FUNCTION llm.report_budgets_near_limit(p_scope text, p_organization_ids uuid[], p_now timestamp with time zone) IS 'The budget counters of the windows containing p_now at or above the first threshold of the budget that applies to them (used + held), for scope p_scope (NULL: every scope).';
 
-CREATE FUNCTION llm.report_daily_usage(p_from date, p_to date, p_organization_ids uuid[] DEFAULT NULL::uuid[]) RETURNS TABLE(day date, organization_id uuid, name text, model text, requests bigint, recovered_requests bigint, credits bigint, cents bigint, input_tokens bigint, output_tokens bigint)
+CREATE FUNCTION llm.report_daily_usage(p_from date, p_to date, p_organization_ids uuid[] DEFAULT NULL::uuid[]) RETURNS TABLE(day date, organization_id uuid, name text, model text, requests bigint, recovered_requests bigint, credits numeric, cents numeric, input_tokens numeric, output_tokens numeric)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 6dbfdb5b5292f297d083beaef63059e3 $$;
+    AS $$ body in sql/, md5 e1581ff04c09396c16e92dfcaf819f05 $$;
 
 COMMENT ON FUNCTION llm.report_daily_usage(p_from date, p_to date, p_organization_ids uuid[]) IS 'The rows of llm.daily_usage for days p_from .. p_to (UTC settlement day), newest day first, with the organization''s name.';
 
-CREATE FUNCTION llm.report_open_holds(p_organization_ids uuid[] DEFAULT NULL::uuid[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(organization_id uuid, name text, open_requests bigint, held_credits bigint, oldest_created_at timestamp with time zone, past_window bigint)
+CREATE FUNCTION llm.report_open_holds(p_organization_ids uuid[] DEFAULT NULL::uuid[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(organization_id uuid, name text, open_requests bigint, held_credits numeric, oldest_created_at timestamp with time zone, past_window bigint)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 0e449caa5a4cfd538fe07f90aae9ab57 $$;
+    AS $$ body in sql/, md5 e5142e302320a8fe06e7bb420018cff7 $$;
 
 COMMENT ON FUNCTION llm.report_open_holds(p_organization_ids uuid[], p_now timestamp with time zone) IS 'Per organization, the requests still holding credits: how many, their holds, the oldest, and how many are older than the recovery window at p_now.';
 
@@ -1237,17 +1255,17 @@ CREATE FUNCTION llm.report_periods(p_from date, p_to date, p_organization_ids uu
 
 COMMENT ON FUNCTION llm.report_periods(p_from date, p_to date, p_organization_ids uuid[]) IS 'The periods overlapping days p_from .. p_to, with their organization: allowance, used, held and cents; by organization name and period.';
 
-CREATE FUNCTION llm.report_scope_usage(p_scope text, p_from date, p_to date, p_organization_ids uuid[] DEFAULT NULL::uuid[]) RETURNS TABLE(organization_id uuid, name text, scope_id text, requests bigint, open_requests bigint, used_credits bigint, held_credits bigint, used_cents bigint)
+CREATE FUNCTION llm.report_scope_usage(p_scope text, p_from date, p_to date, p_organization_ids uuid[] DEFAULT NULL::uuid[]) RETURNS TABLE(organization_id uuid, name text, scope_id text, requests bigint, open_requests bigint, used_credits numeric, held_credits numeric, used_cents numeric)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 2fb10aed51c851c42f87974c94abbc3e $$;
+    AS $$ body in sql/, md5 f1d14147f7899e87e86df43190c35ef7 $$;
 
 COMMENT ON FUNCTION llm.report_scope_usage(p_scope text, p_from date, p_to date, p_organization_ids uuid[]) IS 'Usage per id of scope p_scope (project, api_key or end_user) of the requests admitted in days p_from .. p_to: requests, open ones, used, held and cents; 22023 for another scope.';
 
-CREATE FUNCTION llm.report_tasks(p_from date, p_organization_ids uuid[] DEFAULT NULL::uuid[]) RETURNS TABLE(organization_id uuid, name text, status text, tasks bigint, requests bigint, credits bigint, cents bigint)
+CREATE FUNCTION llm.report_tasks(p_from date, p_organization_ids uuid[] DEFAULT NULL::uuid[]) RETURNS TABLE(organization_id uuid, name text, status text, tasks bigint, requests bigint, credits numeric, cents numeric)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 5c8f76e1e911c81881d2f3d43f0fdf3f $$;
+    AS $$ body in sql/, md5 c00c91b2ac68c187147b5d70df23e00d $$;
 
 COMMENT ON FUNCTION llm.report_tasks(p_from date, p_organization_ids uuid[]) IS 'Per organization and status, the tasks started since day p_from (UTC) and every task still running: how many, and their requests, credits and cents.';
 
@@ -1292,10 +1310,10 @@ CREATE FUNCTION llm.settle_invocation(p_organization_id uuid, p_invocation_id uu
 
 COMMENT ON FUNCTION llm.settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) IS 'Settles a request with measured usage: charges it once, releases its hold, moves its own period, adds to its task and records crossed thresholds. Returns settled, or already_settled / already_recovered / already_failed with nothing charged; under late_settlement = true_up the first measured settlement of a recovered request returns trued_up and moves the books by the signed difference.';
 
-CREATE FUNCTION llm.stale_by_organization_status(p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(organization_status text, stale_open_requests bigint, stale_held_credits bigint)
+CREATE FUNCTION llm.stale_by_organization_status(p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(organization_status text, stale_open_requests bigint, stale_held_credits numeric)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 d0489ec4ab9c865fb91321aa16cfaef5 $$;
+    AS $$ body in sql/, md5 c0878f05b9d4a1dec1ae697bbaf6aeeb $$;
 
 COMMENT ON FUNCTION llm.stale_by_organization_status(p_now timestamp with time zone) IS 'Per organization status (operational, suspended, closed: every one, 0 when none), the open requests older than the recovery window at p_now and their holds.';
 
@@ -1378,10 +1396,10 @@ CREATE TABLE llm.daily_usage (
     model text NOT NULL,
     requests bigint NOT NULL,
     recovered_requests bigint NOT NULL,
-    credits bigint NOT NULL,
-    cents bigint NOT NULL,
-    input_tokens bigint NOT NULL,
-    output_tokens bigint NOT NULL
+    credits llm.total NOT NULL,
+    cents llm.total NOT NULL,
+    input_tokens llm.total NOT NULL,
+    output_tokens llm.total NOT NULL
 );
 
 COMMENT ON TABLE llm.daily_usage IS 'Terminal invocations aggregated by UTC settlement day and model; rebuilt idempotently by rebuild_daily_usage.';
@@ -1390,11 +1408,11 @@ CREATE TABLE llm.drift_findings (
     organization_id uuid NOT NULL,
     execution_id uuid NOT NULL,
     recorded_request_count bigint NOT NULL,
-    recorded_credits bigint NOT NULL,
-    recorded_cents bigint NOT NULL,
+    recorded_credits llm.total NOT NULL,
+    recorded_cents llm.total NOT NULL,
     settled_request_count bigint NOT NULL,
-    settled_credits bigint NOT NULL,
-    settled_cents bigint NOT NULL,
+    settled_credits llm.total NOT NULL,
+    settled_cents llm.total NOT NULL,
     first_seen_at timestamp with time zone NOT NULL,
     last_seen_at timestamp with time zone NOT NULL,
     last_run_id uuid
@@ -1414,8 +1432,8 @@ CREATE TABLE llm.executions (
     ended_at timestamp with time zone,
     duration_ms llm.amount,
     request_count llm.amount DEFAULT 0 NOT NULL,
-    credits llm.amount DEFAULT 0 NOT NULL,
-    cents llm.amount DEFAULT 0 NOT NULL,
+    credits llm.total DEFAULT 0 NOT NULL,
+    cents llm.total DEFAULT 0 NOT NULL,
     error text,
     CONSTRAINT executions_check CHECK ((((status)::text = 'running'::text) = (ended_at IS NULL))),
     CONSTRAINT executions_check1 CHECK ((((status)::text <> 'abandoned'::text) OR (duration_ms IS NULL)))
@@ -1466,14 +1484,17 @@ CREATE TABLE llm.period_stripes (
     held_credits llm.amount DEFAULT 0 NOT NULL,
     used_cents llm.amount DEFAULT 0 NOT NULL,
     admit_room llm.amount,
-    notice_room llm.amount
+    notice_room llm.amount,
+    cents_room llm.amount
 );
 
 COMMENT ON TABLE llm.period_stripes IS 'A period''s counters, spread over stripes: used and held credits and used cents of the requests whose hold is on the stripe, and its escrow: admit_room (credits it may hold without the other stripes; NULL: unlimited) and notice_room (usage it may add before the period could reach its next threshold; NULL: no threshold ahead).';
 
-COMMENT ON COLUMN llm.period_stripes.admit_room IS 'Credits this stripe may still hold on its own; the stripes'' rooms never add up to more than the period has left (NULL: unlimited allowance).';
+COMMENT ON COLUMN llm.period_stripes.admit_room IS 'Credits this stripe may still hold on its own; the stripes'' rooms never add up to more than the period has left to its allowance and to the sum limit (NULL: spread on its next exact movement).';
 
 COMMENT ON COLUMN llm.period_stripes.notice_room IS 'Usage this stripe may still add on its own before the period could reach its next threshold (NULL: none ahead); a movement that does not fit decides on the exact totals.';
+
+COMMENT ON COLUMN llm.period_stripes.cents_room IS 'Cents this stripe may still charge on its own; the stripes'' rooms never add up to more than the sum limit less the period''s used cents (NULL: spread on its next exact movement).';
 
 CREATE VIEW llm.periods AS
  SELECT h.organization_id,
@@ -1799,6 +1820,8 @@ REVOKE ALL ON FUNCTION llm._mark_dispatched(p_organization_id uuid, p_invocation
 
 REVOKE ALL ON FUNCTION llm._max_amount() FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._max_sum() FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._may_cross(p_old_used bigint, p_new_used bigint, p_allowance bigint) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._move_budgets(p_organization_id uuid, p_invs llm.invocations[], p_true_up boolean, p_now timestamp with time zone) FROM PUBLIC;
@@ -1843,6 +1866,8 @@ REVOKE ALL ON FUNCTION llm._record_reached(p_organization_id uuid, p_period_star
 REVOKE ALL ON FUNCTION llm._recover_stranded(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone, p_batch integer, p_recovery_charge text, INOUT p_sweep llm.org_sweep) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._refresh_drift(p_organization_id uuid, p_now timestamp with time zone, p_since timestamp with time zone, p_run_id uuid) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._refuse_sum(p_table text, p_column text, p_sum numeric, p_subject text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._renew_lease(p_run_id uuid, p_token uuid) FROM PUBLIC;
 

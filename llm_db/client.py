@@ -30,6 +30,11 @@ No statement is prepared on the server unless the client is built with
 behind PgBouncer in transaction pooling mode, where the next transaction may
 run on another server connection that never saw the statement.
 
+A sum of the books that nothing bounds (a task's credits, a day's tokens, a
+report's totals) is ``numeric`` in SQL and so never overflows; the client reads
+every whole ``numeric`` as a Python ``int`` (exact, unbounded) and one with a
+fractional part as ``decimal.Decimal``, never a float.
+
 Every method takes an optional ``now=`` (a timezone-aware datetime): the clock
 the SQL uses, so tests move time instead of sleeping; None means ``now()``.
 Share a pool, not a connection, between threads or tasks that work at once.
@@ -43,6 +48,7 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
+from psycopg.types.numeric import NumericLoader
 
 from llm_db import queries
 from llm_db._client_methods import AsyncLlmMethods, LlmMethods
@@ -50,6 +56,24 @@ from llm_db._types import Row, UuidLike
 from llm_db.errors import mapped_errors, sent
 
 __all__ = ["AsyncLlm", "Llm", "UuidLike"]
+
+
+class _WholeNumberLoader(NumericLoader):
+    """``numeric`` in text: a whole number (no point, as every sum of amounts is) as
+    ``int``, anything else as psycopg's ``Decimal``."""
+
+    def load(self, data: Any) -> Any:
+        text = bytes(data)
+        if text.lstrip(b"-").isdigit():
+            return int(text)
+        return super().load(data)
+
+
+def _cursor(conn: Any) -> Any:
+    """A cursor of ``conn`` with dict rows that reads whole numerics as ``int``."""
+    cur = conn.cursor(row_factory=dict_row)
+    cur.adapters.register_loader("numeric", _WholeNumberLoader)
+    return cur
 
 
 def _idle_autocommit(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
@@ -95,7 +119,7 @@ class Llm(LlmMethods):
             self.connection() as conn,
             mapped_errors(),
             _own_transaction(conn),
-            conn.cursor(row_factory=dict_row) as cur,
+            _cursor(conn) as cur,
         ):
             with sent():
                 cur.execute(sql, params, prepare=self._prepare)
@@ -108,7 +132,7 @@ class Llm(LlmMethods):
             previous = conn.autocommit
             conn.autocommit = True
             try:
-                with conn.cursor(row_factory=dict_row) as cur:
+                with _cursor(conn) as cur:
                     since = cur.execute(queries.CLOCK, prepare=self._prepare).fetchall()[0]["clock"]
                     with sent():
                         cur.execute(sql, params, prepare=self._prepare)
@@ -144,7 +168,7 @@ class AsyncLlm(AsyncLlmMethods):
     async def _execute(self, sql: str, params: Mapping[str, Any]) -> list[Row]:
         async with self.connection() as conn:
             with mapped_errors():
-                async with _own_transaction(conn), conn.cursor(row_factory=dict_row) as cur:
+                async with _own_transaction(conn), _cursor(conn) as cur:
                     with sent():
                         await cur.execute(sql, params, prepare=self._prepare)
                     return await cur.fetchall()
@@ -155,7 +179,7 @@ class AsyncLlm(AsyncLlmMethods):
                 previous = conn.autocommit
                 await conn.set_autocommit(True)
                 try:
-                    async with conn.cursor(row_factory=dict_row) as cur:
+                    async with _cursor(conn) as cur:
                         await cur.execute(queries.CLOCK, prepare=self._prepare)
                         since = (await cur.fetchall())[0]["clock"]
                         with sent():

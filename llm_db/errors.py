@@ -35,6 +35,7 @@ __all__ = [
     "LlmError",
     "NestedExecution",
     "OrganizationNotOperational",
+    "SumLimitExceeded",
     "UnknownExecution",
     "UnknownInvocation",
     "UnknownOrganization",
@@ -230,6 +231,30 @@ class WindowRetired(LlmError):
         return error
 
 
+class SumLimitExceeded(LlmError):
+    """LL013: the call would take a sum the books keep past the sum limit, 10^18 of
+    its unit (docs/architecture.md "Sum limits"): a period's used + held credits or
+    used cents, or a budget counter's; nothing was written.
+
+    ``table`` and ``column`` name the sum (``periods`` or ``budget_counters``, and
+    ``held_credits``, ``used_credits`` or ``used_cents``)."""
+
+    code = "LL013"
+
+    def __init__(
+        self, message: str, *, table: str | None = None, column: str | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.table = table
+        self.column = column
+
+    @classmethod
+    def _from_diag(cls, sqlstate: str, diag: psycopg.errors.Diagnostic, fallback: str) -> Self:
+        error = super()._from_diag(sqlstate, diag, fallback)
+        error.table, error.column = diag.table_name, diag.column_name
+        return error
+
+
 class InvalidArgument(LlmError):
     """22023: a NULL, negative, empty or out-of-range argument; nothing was written."""
 
@@ -258,6 +283,7 @@ _BY_SQLSTATE: dict[str, type[LlmError]] = {
         CronNotInstalled,
         CitusNotInstalled,
         WindowRetired,
+        SumLimitExceeded,
         InvalidArgument,
     )
     if cls.code is not None

@@ -51,7 +51,35 @@ RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 1000000000000000::bigint $$;
 COMMENT ON FUNCTION llm._max_amount() IS
-    'The largest credit, cent or token amount one call accepts (10^15), so period sums can never overflow bigint.';
+    'The largest credit, cent or token amount one call accepts (10^15).';
+
+-- The sum limit (docs/architecture.md "Sum limits"): what a period's used + held
+-- credits, its used cents, and a budget counter's, may reach. Amounts are capped at
+-- 10^15, so a sum at the limit plus one more amount still fits a bigint; a movement
+-- that would take a sum past it is refused (LL013) instead of failing 22003 in the
+-- middle of the books. Sums nothing bounds (tasks, daily usage, reports) are numeric.
+CREATE OR REPLACE FUNCTION llm._max_sum()
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 1000000000000000000::bigint $$;
+COMMENT ON FUNCTION llm._max_sum() IS
+    'The sum limit (10^18): the most a period''s used + held credits, its used cents, or a budget counter''s may reach (LL013 beyond).';
+
+CREATE OR REPLACE FUNCTION llm._refuse_sum(p_table text, p_column text, p_sum numeric, p_subject text)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    -- returns bigint so that a CASE branch of an UPDATE can raise through it
+    RAISE EXCEPTION 'llm: % would exceed the sum limit', p_subject
+        USING ERRCODE = 'LL013',
+              DETAIL = pg_catalog.format('%s.%s would be %s; the limit is %s.', p_table, p_column, p_sum, llm._max_sum()),
+              HINT = 'The books keep sums up to 10^18 of a unit per period and budget window; settle or fail open requests, or spread usage over organizations.',
+              SCHEMA = 'llm', TABLE = p_table, COLUMN = p_column;
+END
+$$;
+COMMENT ON FUNCTION llm._refuse_sum(text, text, numeric, text) IS
+    'Raises LL013 (the sum limit): p_table.p_column would be p_sum, past _max_sum(); nothing of the call is kept.';
 
 -- The argument rules as inlinable predicates (no SET clause, everything
 -- qualified, like _period_start): a public function tests all its arguments in

@@ -5,11 +5,14 @@
 -- and the notices' creation (15_notices.sql); the organizations (25), admission,
 -- settlement and recovery move the stripes through it.
 --
--- Each stripe row carries its share of the counters and two rooms:
+-- Each stripe row carries its share of the counters and three rooms:
 --   admit_room  credits it may still hold on its own; the rooms of a period's
 --               stripes never add up to more than the period has left
---               (allowance - used - held), so a hold that fits its stripe's room
---               fits the period (NULL: unlimited);
+--               (allowance - used - held; without an allowance, the sum limit
+--               _max_sum() - used - held), so a hold that fits its stripe's room
+--               fits the period (NULL: spread again on the next movement);
+--   cents_room  cents it may still charge on its own, the same way under the sum
+--               limit (_max_sum() - used cents);
 --   notice_room usage it may still add on its own; the rooms never add up to more
 --               than the period's used credits can grow before reaching its next
 --               threshold not notified yet, so a movement that fits cannot cross
@@ -106,7 +109,9 @@ DECLARE
     v_thresholds integer[];
     v_used bigint;
     v_held bigint;
+    v_cents bigint;
     v_free bigint;
+    v_cents_free bigint;
     v_next integer;
     v_need bigint;
 BEGIN
@@ -118,12 +123,14 @@ BEGIN
     SELECT p_organization_id, p_period_start, g
       FROM pg_catalog.generate_series(0, v_stripes - 1) AS g
     ON CONFLICT (organization_id, period_start, stripe) DO NOTHING;
-    SELECT sum(s.used_credits), sum(s.held_credits) INTO v_used, v_held
+    SELECT sum(s.used_credits), sum(s.held_credits), sum(s.used_cents) INTO v_used, v_held, v_cents
       FROM llm.period_stripes AS s
      WHERE s.organization_id = p_organization_id AND s.period_start = p_period_start;
 
+    -- what the period has left: to its allowance, and never past the sum limit
+    v_free := GREATEST(0, LEAST(coalesce(p_allowance, llm._max_sum()), llm._max_sum()) - v_used - v_held);
+    v_cents_free := GREATEST(0, llm._max_sum() - v_cents);
     IF p_allowance IS NOT NULL THEN
-        v_free := GREATEST(0, p_allowance - v_used - v_held);
         -- the next threshold not reached yet and not notified (usage that fell back below
         -- a notified one makes no second notice), and how much usage reaches it
         SELECT min(t.pct) INTO v_next
@@ -140,9 +147,10 @@ BEGIN
     -- an even share for each stripe in use (the remainder to the first ones), nothing
     -- for stripes beyond them, which only settle the holds they still carry
     UPDATE llm.period_stripes AS s
-       SET admit_room = CASE WHEN v_free IS NULL THEN NULL
-                             WHEN s.stripe >= v_stripes THEN 0
+       SET admit_room = CASE WHEN s.stripe >= v_stripes THEN 0
                              ELSE v_free / v_stripes + (s.stripe < v_free % v_stripes)::integer END,
+           cents_room = CASE WHEN s.stripe >= v_stripes THEN 0
+                             ELSE v_cents_free / v_stripes + (s.stripe < v_cents_free % v_stripes)::integer END,
            notice_room = CASE WHEN v_need IS NULL THEN NULL
                               WHEN s.stripe >= v_stripes THEN 0
                               ELSE v_need / v_stripes + (s.stripe < v_need % v_stripes)::integer END
@@ -150,7 +158,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm._spread_rooms(uuid, date, bigint) IS
-    'With the period locked: creates the stripes its organization uses now and gives each an even share of what the period has left (admit_room) and of the usage before its next threshold (notice_room).';
+    'With the period locked: creates the stripes its organization uses now and gives each an even share of what the period has left (admit_room: to its allowance and the sum limit), of the cents it may still charge (cents_room: to the sum limit) and of the usage before its next threshold (notice_room).';
 
 CREATE OR REPLACE FUNCTION llm._move_within_rooms(
     p_organization_id uuid, p_period_start date, p_stripe smallint,
@@ -161,7 +169,8 @@ AS $$
 BEGIN
     -- Used grows by p_used (a charge), held by p_held (a hold, or minus a release). What
     -- the period has left shrinks by their sum, which must fit this stripe's admit_room;
-    -- used growing must stay within its notice_room. The rooms never grow here: credits a
+    -- cents must fit its cents_room; used growing must stay within its notice_room. A
+    -- NULL room (a stripe not spread yet) fits nothing: the exact path spreads it. The rooms never grow here: credits a
     -- release frees go back to the rooms at the next spread (a period already over its
     -- allowance has less left than a release frees), and usage that falls (a true-up
     -- below the recovery charge) takes the exact path, since it can bring a threshold
@@ -171,14 +180,16 @@ BEGIN
            held_credits = s.held_credits + p_held,
            used_cents = s.used_cents + p_cents,
            admit_room = s.admit_room - GREATEST(0, p_used + p_held),
+           cents_room = s.cents_room - p_cents,
            notice_room = s.notice_room - p_used
      WHERE s.organization_id = p_organization_id AND s.period_start = p_period_start
        AND s.stripe = p_stripe
        AND p_used >= 0
-       AND (s.admit_room IS NULL OR s.admit_room >= p_used + p_held)
+       AND s.admit_room >= p_used + p_held
+       AND s.cents_room >= p_cents
        -- a movement of nothing (an admission of 0) fits only a positive room: a room of
        -- 0 cannot tell a period with nothing left from one already over its allowance
-       AND (s.admit_room IS NULL OR s.admit_room > 0 OR p_used <> 0 OR p_held <> 0)
+       AND (s.admit_room > 0 OR p_used <> 0 OR p_held <> 0)
        AND (s.notice_room IS NULL OR p_used = 0 OR s.notice_room > p_used);
     RETURN FOUND;
 END
@@ -197,6 +208,7 @@ DECLARE
     v_head llm.period_heads;
     v_used bigint;
     v_held bigint;
+    v_cents bigint;
 BEGIN
     -- fast: within the stripe's rooms (off stripe 0 in a subtransaction: see the top)
     IF p_stripe = 0 THEN
@@ -228,7 +240,7 @@ BEGIN
     INSERT INTO llm.period_stripes (organization_id, period_start, stripe)
     VALUES (p_organization_id, p_period_start, p_stripe)
     ON CONFLICT (organization_id, period_start, stripe) DO NOTHING;
-    SELECT sum(s.used_credits), sum(s.held_credits) INTO v_used, v_held
+    SELECT sum(s.used_credits), sum(s.held_credits), sum(s.used_cents) INTO v_used, v_held, v_cents
       FROM llm.period_stripes AS s
      WHERE s.organization_id = p_organization_id AND s.period_start = p_period_start;
     -- CAP-PFM-LLM-007: admit iff used + held + estimate <= allowance over the whole period
@@ -240,6 +252,16 @@ BEGIN
                                              v_head.allowance_credits, v_used, v_held, p_held, p_period_start),
                   HINT = 'Wait for holds to settle, lower the estimate, or raise the allowance with llm.upsert_organization.',
                   SCHEMA = 'llm', TABLE = 'periods', CONSTRAINT = 'organization', COLUMN = 'month';
+    END IF;
+    -- the sum limit: used + held never grows past it, nor used cents (a hold, an overage)
+    IF p_used + p_held > 0 AND v_used + v_held + p_used + p_held > llm._max_sum() THEN
+        PERFORM llm._refuse_sum('periods', CASE WHEN p_held > 0 THEN 'held_credits' ELSE 'used_credits' END,
+                                v_used::numeric + v_held + p_used + p_held,
+                                pg_catalog.format('the period %s of organization %s', p_period_start, p_organization_id));
+    END IF;
+    IF p_cents > 0 AND v_cents + p_cents > llm._max_sum() THEN
+        PERFORM llm._refuse_sum('periods', 'used_cents', v_cents::numeric + p_cents,
+                                pg_catalog.format('the period %s of organization %s', p_period_start, p_organization_id));
     END IF;
     UPDATE llm.period_stripes AS s
        SET used_credits = s.used_credits + p_used,
@@ -255,4 +277,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm._move_stripe(uuid, date, smallint, bigint, bigint, bigint, timestamptz, boolean) IS
-    'Moves one stripe''s counters (used + p_used, held + p_held, cents + p_cents): in one row when it fits the stripe''s rooms, else under the period''s lock, refusing an admission that does not fit the whole period (LL001), recording the thresholds the period''s total crosses and spreading the rooms again.';
+    'Moves one stripe''s counters (used + p_used, held + p_held, cents + p_cents): in one row when it fits the stripe''s rooms, else under the period''s lock, refusing an admission that does not fit the whole period (LL001) and any movement that would take its used + held credits or used cents past the sum limit (LL013), recording the thresholds the period''s total crosses and spreading the rooms again.';

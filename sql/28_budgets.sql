@@ -36,8 +36,10 @@ RETURNS TABLE (slot integer, scope text, scope_id text, budget_window text, wind
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
     SELECT k.slot, k.scope,
-           CASE k.scope WHEN 'project' THEN p_project WHEN 'api_key' THEN p_api_key
-                        WHEN 'end_user' THEN p_end_user END,
+           -- a searched CASE: Citus rewrites a simple one wrongly (docs/scaling.md)
+           CASE WHEN k.scope OPERATOR(pg_catalog.=) 'project' THEN p_project
+                WHEN k.scope OPERATOR(pg_catalog.=) 'api_key' THEN p_api_key
+                WHEN k.scope OPERATOR(pg_catalog.=) 'end_user' THEN p_end_user END,
            k.budget_window, llm._window_start(k.budget_window, p_at)
       FROM (VALUES (0, 'organization', 'day'), (1, 'organization', 'week'),
                    (3, 'project', 'day'), (4, 'project', 'week'), (5, 'project', 'month'),
@@ -340,10 +342,25 @@ BEGIN
          GROUP BY k.slot, k.scope, k.scope_id, k.budget_window, k.window_start
          ORDER BY k.slot, k.scope_id, k.window_start
     LOOP
+        -- the sum limit (LL013): used + held and used cents never grow past it (an
+        -- overage of requests admitted with estimate 0, a week across two periods)
         UPDATE llm.budget_counters AS c
-           SET used_credits = c.used_credits + v_move.used,
+           SET used_credits = CASE WHEN v_move.used - v_move.released > 0
+                                    AND c.used_credits::numeric + c.held_credits + v_move.used - v_move.released
+                                        > llm._max_sum()
+                                   THEN llm._refuse_sum('budget_counters', 'used_credits',
+                                                        c.used_credits::numeric + c.held_credits
+                                                        + v_move.used - v_move.released,
+                                                        pg_catalog.format('the %s budget counter %s of %s',
+                                                                          c.budget_window, c.window_start, c.scope))
+                                   ELSE c.used_credits + v_move.used END,
                held_credits = c.held_credits - v_move.released,
-               used_cents = c.used_cents + v_move.cents
+               used_cents = CASE WHEN v_move.cents > 0 AND c.used_cents::numeric + v_move.cents > llm._max_sum()
+                                 THEN llm._refuse_sum('budget_counters', 'used_cents',
+                                                      c.used_cents::numeric + v_move.cents,
+                                                      pg_catalog.format('the %s budget counter %s of %s',
+                                                                        c.budget_window, c.window_start, c.scope))
+                                 ELSE c.used_cents + v_move.cents END
          WHERE c.organization_id = p_organization_id AND c.scope = v_move.scope
            AND (c.scope_id = v_move.scope_id OR (c.scope_id IS NULL AND v_move.scope_id IS NULL))
            AND c.budget_window = v_move.budget_window AND c.window_start = v_move.window_start
@@ -360,7 +377,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm._move_budgets(uuid, llm.invocations[], boolean, timestamptz) IS
-    'Moves the budget counters of the given requests (terminal: charge in, hold out; p_true_up: the signed difference) in lock order and owes the thresholds they crossed; returns the notices created.';
+    'Moves the budget counters of the given requests (terminal: charge in, hold out; p_true_up: the signed difference) in lock order, refusing growth past the sum limit (LL013), and owes the thresholds they crossed; returns the notices created.';
 
 -- ---------------------------------------------------------------- retention
 

@@ -134,7 +134,7 @@ BEGIN
     -- 2. Their tasks' totals (also of closed tasks, which never reopen).
     UPDATE llm.executions AS x
        SET request_count = x.request_count + t.n, credits = x.credits + t.credits
-      FROM (SELECT i.execution_id, count(*) AS n, sum(i.charged_credits)::bigint AS credits
+      FROM (SELECT i.execution_id, count(*) AS n, sum(i.charged_credits) AS credits
               FROM llm.invocations AS i
              WHERE i.organization_id = p_organization_id AND i.id = ANY (v_ids)
                AND i.execution_id IS NOT NULL
@@ -292,8 +292,8 @@ BEGIN
                    IS DISTINCT FROM (coalesce(s.n, 0), coalesce(s.credits, 0), coalesce(s.cents, 0)) AS drifts
           FROM llm.executions AS x
           LEFT JOIN LATERAL (
-                SELECT count(*) AS n, sum(i.charged_credits)::bigint AS credits,
-                       sum(coalesce(i.charged_cents, 0))::bigint AS cents
+                SELECT count(*) AS n, sum(i.charged_credits) AS credits,
+                       sum(coalesce(i.charged_cents, 0)) AS cents
                   FROM llm.invocations AS i
                  WHERE i.organization_id = p_organization_id AND i.execution_id = x.id
                    AND i.status IN ('settled', 'failed')) AS s ON true

@@ -30,15 +30,15 @@ COMMENT ON FUNCTION llm.report_periods(date, date, uuid[]) IS
 
 CREATE OR REPLACE FUNCTION llm.report_daily_usage(p_from date, p_to date, p_organization_ids uuid[] DEFAULT NULL)
 RETURNS TABLE (day date, organization_id uuid, name text, model text, requests bigint,
-               recovered_requests bigint, credits bigint, cents bigint, input_tokens bigint,
-               output_tokens bigint)
+               recovered_requests bigint, credits numeric, cents numeric, input_tokens numeric,
+               output_tokens numeric)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 AS $$
 BEGIN
     PERFORM llm._check_day_range(p_from, p_to);
     RETURN QUERY
     SELECT d.day, d.organization_id, o.name, d.model, d.requests, d.recovered_requests,
-           d.credits, d.cents, d.input_tokens, d.output_tokens
+           d.credits::numeric, d.cents::numeric, d.input_tokens::numeric, d.output_tokens::numeric
       FROM llm.daily_usage AS d
       JOIN llm.organizations AS o ON o.id = d.organization_id
      WHERE (p_organization_ids IS NULL OR d.organization_id = ANY (p_organization_ids))
@@ -50,7 +50,7 @@ COMMENT ON FUNCTION llm.report_daily_usage(date, date, uuid[]) IS
     'The rows of llm.daily_usage for days p_from .. p_to (UTC settlement day), newest day first, with the organization''s name.';
 
 CREATE OR REPLACE FUNCTION llm.report_open_holds(p_organization_ids uuid[] DEFAULT NULL, p_now timestamptz DEFAULT NULL)
-RETURNS TABLE (organization_id uuid, name text, open_requests bigint, held_credits bigint,
+RETURNS TABLE (organization_id uuid, name text, open_requests bigint, held_credits numeric,
                oldest_created_at timestamptz, past_window bigint)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 AS $$
@@ -60,7 +60,7 @@ BEGIN
     RETURN QUERY
     SELECT i.organization_id, o.name,
            count(*),
-           sum(i.hold_credits)::bigint,
+           sum(i.hold_credits),
            min(i.created_at),
            count(*) FILTER (WHERE i.created_at <= coalesce(p_now, pg_catalog.now()) - s.recovery_window)
       FROM llm.invocations AS i
@@ -77,7 +77,7 @@ COMMENT ON FUNCTION llm.report_open_holds(uuid[], timestamptz) IS
 
 CREATE OR REPLACE FUNCTION llm.report_tasks(p_from date, p_organization_ids uuid[] DEFAULT NULL)
 RETURNS TABLE (organization_id uuid, name text, status text, tasks bigint, requests bigint,
-               credits bigint, cents bigint)
+               credits numeric, cents numeric)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 AS $$
 BEGIN
@@ -86,8 +86,8 @@ BEGIN
     SELECT x.organization_id, o.name, x.status::text,
            count(*),
            sum(x.request_count)::bigint,
-           sum(x.credits)::bigint,
-           sum(x.cents)::bigint
+           sum(x.credits),
+           sum(x.cents)
       FROM llm.executions AS x
       JOIN llm.organizations AS o ON o.id = x.organization_id
      WHERE (p_organization_ids IS NULL OR x.organization_id = ANY (p_organization_ids))
@@ -116,7 +116,7 @@ COMMENT ON FUNCTION llm._check_report_scope(text) IS
 CREATE OR REPLACE FUNCTION llm.report_scope_usage(p_scope text, p_from date, p_to date,
                                                   p_organization_ids uuid[] DEFAULT NULL)
 RETURNS TABLE (organization_id uuid, name text, scope_id text, requests bigint, open_requests bigint,
-               used_credits bigint, held_credits bigint, used_cents bigint)
+               used_credits numeric, held_credits numeric, used_cents numeric)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 AS $$
 BEGIN
@@ -126,9 +126,9 @@ BEGIN
     RETURN QUERY
     WITH scoped AS (
         SELECT i.organization_id, o.name, i.status, i.hold_credits, i.charged_credits, i.charged_cents,
-               CASE p_scope WHEN 'project' THEN s.project
-                            WHEN 'api_key' THEN s.api_key
-                            ELSE s.end_user END AS scope_id
+               CASE WHEN p_scope = 'project' THEN s.project
+                    WHEN p_scope = 'api_key' THEN s.api_key
+                    ELSE s.end_user END AS scope_id
           FROM llm.invocations AS i
           JOIN llm.invocation_scopes AS s
             ON s.organization_id = i.organization_id AND s.invocation_id = i.id
@@ -142,9 +142,9 @@ BEGIN
     SELECT c.organization_id, c.name, c.scope_id,
            count(*),
            count(*) FILTER (WHERE c.status IN ('reserved', 'dispatched')),
-           coalesce(sum(c.charged_credits) FILTER (WHERE c.status IN ('settled', 'failed')), 0)::bigint,
-           coalesce(sum(c.hold_credits) FILTER (WHERE c.status IN ('reserved', 'dispatched')), 0)::bigint,
-           coalesce(sum(c.charged_cents) FILTER (WHERE c.status IN ('settled', 'failed')), 0)::bigint
+           coalesce(sum(c.charged_credits) FILTER (WHERE c.status IN ('settled', 'failed')), 0),
+           coalesce(sum(c.hold_credits) FILTER (WHERE c.status IN ('reserved', 'dispatched')), 0),
+           coalesce(sum(c.charged_cents) FILTER (WHERE c.status IN ('settled', 'failed')), 0)
       FROM scoped AS c
      WHERE c.scope_id IS NOT NULL
      GROUP BY c.organization_id, c.name, c.scope_id

@@ -10,8 +10,8 @@
 -- scrape can run it. The open requests and the running tasks are each read once,
 -- their stale share counted by FILTER.
 CREATE OR REPLACE FUNCTION llm.books_snapshot(p_organization_ids uuid[] DEFAULT NULL, p_now timestamptz DEFAULT NULL)
-RETURNS TABLE (open_requests bigint, held_credits bigint, stale_open_requests bigint,
-               stale_held_credits bigint, running_tasks bigint, stale_running_tasks bigint,
+RETURNS TABLE (open_requests bigint, held_credits numeric, stale_open_requests bigint,
+               stale_held_credits numeric, running_tasks bigint, stale_running_tasks bigint,
                drift_findings bigint, notices_owed bigint, notices_sending bigint)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 AS $$
@@ -27,9 +27,9 @@ BEGIN
              WHERE p_organization_ids IS NULL OR f.organization_id = ANY (p_organization_ids)),
            n.owed, n.sending
       FROM (SELECT count(*) AS open_requests,
-                   coalesce(sum(r.hold_credits), 0)::bigint AS held_credits,
+                   coalesce(sum(r.hold_credits), 0) AS held_credits,
                    count(*) FILTER (WHERE r.created_at <= v_stale_before) AS stale_open_requests,
-                   coalesce(sum(r.hold_credits) FILTER (WHERE r.created_at <= v_stale_before), 0)::bigint
+                   coalesce(sum(r.hold_credits) FILTER (WHERE r.created_at <= v_stale_before), 0)
                        AS stale_held_credits
               FROM llm.invocations AS r
              WHERE r.status IN ('reserved', 'dispatched')
@@ -52,16 +52,16 @@ COMMENT ON FUNCTION llm.books_snapshot(uuid[], timestamptz) IS
     'One row: what the next pass would act on at p_now: open requests and holds (all, and older than the recovery window), running tasks (all, and stale), drift findings, owed and sending notices.';
 
 CREATE OR REPLACE FUNCTION llm.stale_by_organization_status(p_now timestamptz DEFAULT NULL)
-RETURNS TABLE (organization_status text, stale_open_requests bigint, stale_held_credits bigint)
+RETURNS TABLE (organization_status text, stale_open_requests bigint, stale_held_credits numeric)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 AS $$
 BEGIN
     PERFORM llm._check_clock(p_now);
     -- operational organizations' the next pass recovers; the others' no pass visits
     RETURN QUERY
-    SELECT s.status, coalesce(i.requests, 0), coalesce(i.credits, 0)
+    SELECT s.status, coalesce(i.requests, 0), coalesce(i.credits, 0::numeric)
       FROM pg_catalog.unnest(ARRAY['operational', 'suspended', 'closed']) WITH ORDINALITY AS s(status, n)
-      LEFT JOIN (SELECT o.status, count(*) AS requests, sum(r.hold_credits)::bigint AS credits
+      LEFT JOIN (SELECT o.status, count(*) AS requests, sum(r.hold_credits) AS credits
                    FROM llm.invocations AS r
                    JOIN llm.organizations AS o ON o.id = r.organization_id
                   WHERE r.status IN ('reserved', 'dispatched')
@@ -107,17 +107,18 @@ COMMENT ON FUNCTION llm.books_history(uuid[]) IS
 
 CREATE OR REPLACE FUNCTION llm.organization_totals(p_organization_ids uuid[])
 RETURNS TABLE (organization_id uuid, name text, status text, allowance_credits bigint,
-               used_credits bigint, held_credits bigint, used_cents bigint, notices bigint)
+               used_credits numeric, held_credits numeric, used_cents numeric, notices bigint)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 AS $$
 BEGIN
     RETURN QUERY
     SELECT o.id, o.name, o.status, o.monthly_allowance_credits,
-           coalesce(p.used_credits, 0), coalesce(p.held_credits, 0), coalesce(p.used_cents, 0),
+           coalesce(p.used_credits, 0::numeric), coalesce(p.held_credits, 0::numeric),
+           coalesce(p.used_cents, 0::numeric),
            (SELECT count(*) FROM llm.threshold_notices AS n WHERE n.organization_id = o.id)
       FROM llm.organizations AS o
-      LEFT JOIN (SELECT q.organization_id, sum(q.used_credits)::bigint AS used_credits,
-                        sum(q.held_credits)::bigint AS held_credits, sum(q.used_cents)::bigint AS used_cents
+      LEFT JOIN (SELECT q.organization_id, sum(q.used_credits) AS used_credits,
+                        sum(q.held_credits) AS held_credits, sum(q.used_cents) AS used_cents
                    FROM llm.periods AS q
                   WHERE q.organization_id = ANY (p_organization_ids)
                   GROUP BY q.organization_id) AS p ON p.organization_id = o.id
@@ -134,7 +135,7 @@ COMMENT ON FUNCTION llm.organization_totals(uuid[]) IS
 CREATE OR REPLACE FUNCTION llm.last_run(p_now timestamptz DEFAULT NULL)
 RETURNS TABLE (id uuid, started_at timestamptz, finished_at timestamptz, clock timestamptz, status text,
                orgs_visited integer, orgs_failed integer, requests_recovered bigint,
-               released_hold_credits bigint, past_window_alerts bigint, executions_abandoned bigint,
+               released_hold_credits numeric, past_window_alerts bigint, executions_abandoned bigint,
                drift_findings bigint, notices_rearmed bigint, daily_rows_rebuilt bigint,
                more_pending_orgs integer, errors jsonb, recovered_uncharged bigint, period_findings bigint,
                daily_rebuilt_through date, duration_seconds double precision, age_seconds double precision)
@@ -144,7 +145,7 @@ BEGIN
     PERFORM llm._check_clock(p_now);
     RETURN QUERY
     SELECT r.id, r.started_at, r.finished_at, r.clock, r.status, r.orgs_visited, r.orgs_failed,
-           r.requests_recovered, r.released_hold_credits, r.past_window_alerts, r.executions_abandoned,
+           r.requests_recovered, r.released_hold_credits::numeric, r.past_window_alerts, r.executions_abandoned,
            r.drift_findings, r.notices_rearmed, r.daily_rows_rebuilt, r.more_pending_orgs, r.errors,
            r.recovered_uncharged, r.period_findings, r.daily_rebuilt_through,
            pg_catalog.date_part('epoch', r.finished_at - r.started_at),
@@ -203,7 +204,7 @@ BEGIN
     -- the run's figures, and when it finished, how long ago and for how long
     RETURN QUERY
     SELECT 'llm_reconciliation_last_run_' || f.figure, '{}'::jsonb,
-           coalesce(CASE f.figure WHEN 'timestamp_seconds'
+           coalesce(CASE WHEN f.figure = 'timestamp_seconds'
                         THEN pg_catalog.date_part('epoch', (v_run ->> 'finished_at')::timestamptz)
                         ELSE (v_run ->> f.figure)::double precision END, 0)
       FROM pg_catalog.unnest(ARRAY['timestamp_seconds', 'age_seconds', 'duration_seconds',

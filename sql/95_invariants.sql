@@ -177,8 +177,11 @@ COMMENT ON FUNCTION llm._invariant_4() IS
     'Invariant 4: in every period with an allowance, used + held - overrun stays within the allowance plus allowance_excess.';
 
 -- 4b. (reported under 4) the stripes' escrow never promises more than the period has
---     left: each stripe's admit_room is set (NULL only when unlimited), and together
---     they are at most allowance - used - held (0 when the period is already over)
+--     left: together the admit_rooms are at most what is left to the allowance and to
+--     the sum limit (0 when the period is already over), each set under an allowance,
+--     and the cents_rooms at most what is left to the sum limit. Otherwise a NULL room
+--     promises nothing: the stripe's next movement takes the exact path, which spreads
+--     it (0.3.0 left an unlimited period's admit_rooms NULL, and no cents_room)
 CREATE OR REPLACE FUNCTION llm._invariant_4b()
 RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
 LANGUAGE plpgsql STABLE
@@ -186,20 +189,23 @@ AS $$
 BEGIN
     RETURN QUERY
     SELECT 4, p.organization_id, 'period ' || p.period_start,
-           pg_catalog.format('allowance=%s used=%s held=%s, stripes'' admit_room: sum %s, unset %s',
-                             p.allowance_credits, p.used_credits, p.held_credits, r.rooms, r.unset)
+           pg_catalog.format('allowance=%s used=%s held=%s cents=%s, stripes'' admit_room: sum %s, unset %s; cents_room: sum %s',
+                             p.allowance_credits, p.used_credits, p.held_credits, p.used_cents,
+                             r.rooms, r.unset, r.cents_rooms)
       FROM llm.periods AS p
       JOIN (SELECT s.organization_id, s.period_start, coalesce(sum(s.admit_room), 0) AS rooms,
-                   count(*) FILTER (WHERE s.admit_room IS NULL) AS unset, count(*) AS stripes
+                   coalesce(sum(s.cents_room), 0) AS cents_rooms,
+                   count(*) FILTER (WHERE s.admit_room IS NULL) AS unset
               FROM llm.period_stripes AS s GROUP BY 1, 2) AS r
         ON r.organization_id = p.organization_id AND r.period_start = p.period_start
-     WHERE (p.allowance_credits IS NULL AND r.unset <> r.stripes)
-        OR (p.allowance_credits IS NOT NULL
-            AND (r.unset > 0 OR r.rooms > GREATEST(0, p.allowance_credits - p.used_credits - p.held_credits)));
+     WHERE (p.allowance_credits IS NOT NULL AND r.unset > 0)
+        OR r.rooms > GREATEST(0, LEAST(coalesce(p.allowance_credits, llm._max_sum()), llm._max_sum())
+                                 - p.used_credits - p.held_credits)
+        OR r.cents_rooms > GREATEST(0, llm._max_sum() - p.used_cents);
 END
 $$;
 COMMENT ON FUNCTION llm._invariant_4b() IS
-    'Invariant 4b, reported as 4: every stripe''s admit_room is set unless the allowance is unlimited, and together they never promise more than the period has left.';
+    'Invariant 4b, reported as 4: the stripes'' admit_rooms (each set under an allowance) and cents_rooms together never promise more than the period has left to its allowance and to the sum limit.';
 
 -- 5b. (reported under 5) no threshold crossing can be missed: while a threshold of the
 --     organization is ahead and not notified, each stripe's notice_room is set and

@@ -316,6 +316,7 @@ def test_every_function_pins_its_search_path_except_the_committing_procedure(llm
         ("_budget_slot", "f", False),
         ("_clock_ok", "f", False),
         ("_max_amount", "f", False),
+        ("_max_sum", "f", False),
         ("_may_cross", "f", False),
         ("_period_start", "f", False),
         ("_scope_id_ok", "f", False),
