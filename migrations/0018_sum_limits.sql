@@ -22,10 +22,9 @@
 -- (numeric arithmetic and assignment); its report and books functions are gone until
 -- migrate puts the new sql/ live, moments later.
 
--- the locks, in the functions' lock order (docs/architecture.md Conventions 15)
-LOCK TABLE llm.executions IN ACCESS EXCLUSIVE MODE;
-LOCK TABLE llm.period_stripes IN SHARE ROW EXCLUSIVE MODE;
-LOCK TABLE llm.daily_usage IN ACCESS EXCLUSIVE MODE;
+-- The ALTERs take their tables' locks in the functions' lock order (executions,
+-- period_stripes, daily_usage; docs/architecture.md Conventions 15), the two tables
+-- outside that order last.
 
 CREATE DOMAIN llm.total AS numeric CHECK (VALUE >= 0 AND VALUE = pg_catalog.trunc(VALUE));
 COMMENT ON DOMAIN llm.total IS
