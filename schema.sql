@@ -762,7 +762,7 @@ COMMENT ON FUNCTION llm._operational_org(p_organization_id uuid) IS 'The organiz
 CREATE FUNCTION llm._owe_notices(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint, p_allowance bigint, p_now timestamp with time zone, p_scope text DEFAULT 'organization'::text, p_scope_id text DEFAULT NULL::text, p_window text DEFAULT 'month'::text, p_old_used bigint DEFAULT NULL::bigint) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 5652ef5a71fdc39c1cce2d6225eae56e $$;
+    AS $$ body in sql/, md5 326532fd40d3878595503adbc153e904 $$;
 
 COMMENT ON FUNCTION llm._owe_notices(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint, p_allowance bigint, p_now timestamp with time zone, p_scope text, p_scope_id text, p_window text, p_old_used bigint) IS 'Creates one owed notice (crossed at p_now) for every threshold of p_thresholds that p_used stands at or above under p_allowance (and, given p_old_used, p_old_used stood below) and not notified yet; NOTIFY llm_notices at commit when it created one.';
 
@@ -1313,7 +1313,7 @@ COMMENT ON FUNCTION llm.settle_invocation(p_organization_id uuid, p_invocation_i
 CREATE FUNCTION llm.stale_by_organization_status(p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(organization_status text, stale_open_requests bigint, stale_held_credits numeric)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 c0878f05b9d4a1dec1ae697bbaf6aeeb $$;
+    AS $$ body in sql/, md5 7a362966f1aa361b3f0ccfd1872f075e $$;
 
 COMMENT ON FUNCTION llm.stale_by_organization_status(p_now timestamp with time zone) IS 'Per organization status (operational, suspended, closed: every one, 0 when none), the open requests older than the recovery window at p_now and their holds.';
 
@@ -1523,13 +1523,17 @@ CREATE TABLE llm.sweep_totals (
 COMMENT ON TABLE llm.sweep_totals IS 'Per organization, written by its sweeps (the pass''s and direct reconcile_org calls alike): monotonic totals of requests recovered, of those charged nothing, and of past-window alerts; and when its periods were last audited and are due again.';
 
 CREATE VIEW llm.sweep_summary AS
- SELECT (COALESCE(sum(t.recovered_requests), (0)::numeric))::bigint AS recovered_requests,
-    (COALESCE(sum(t.recovered_uncharged), (0)::numeric))::bigint AS recovered_uncharged,
-    (COALESCE(sum(t.past_window_alerts), (0)::numeric))::bigint AS past_window_alerts,
-    ( SELECT count(*) AS count
-           FROM llm.period_findings f
-          WHERE (f.resolved_at IS NULL)) AS period_findings
-   FROM llm.sweep_totals t;
+ SELECT t.recovered_requests,
+    t.recovered_uncharged,
+    t.past_window_alerts,
+    f.period_findings
+   FROM (( SELECT (COALESCE(sum(s.recovered_requests), (0)::numeric))::bigint AS recovered_requests,
+            (COALESCE(sum(s.recovered_uncharged), (0)::numeric))::bigint AS recovered_uncharged,
+            (COALESCE(sum(s.past_window_alerts), (0)::numeric))::bigint AS past_window_alerts
+           FROM llm.sweep_totals s) t
+     CROSS JOIN ( SELECT count(*) AS period_findings
+           FROM llm.period_findings p
+          WHERE (p.resolved_at IS NULL)) f);
 
 COMMENT ON VIEW llm.sweep_summary IS 'One row: requests recovered (and of them, charged nothing) and past-window alerts by every sweep, ever, and the period findings not yet resolved.';
 

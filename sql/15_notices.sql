@@ -82,16 +82,21 @@ AS $$
 DECLARE
     v_created integer;
 BEGIN
-    INSERT INTO llm.threshold_notices
-           (organization_id, scope, scope_id, budget_window, period_start, threshold_pct,
-            crossed_at, used_credits, allowance_credits, next_attempt_at)
-    SELECT p_organization_id, p_scope, p_scope_id, p_window, p_period_start, t.pct,
-           p_now, p_used, p_allowance, p_now
-      FROM pg_catalog.unnest(p_thresholds) AS t(pct)
-     WHERE p_used::numeric * 100 >= t.pct::numeric * p_allowance
-       AND (p_old_used IS NULL OR p_old_used::numeric * 100 < t.pct::numeric * p_allowance)
-    ON CONFLICT (organization_id, scope, scope_id, budget_window, period_start, threshold_pct) DO NOTHING;
-    GET DIAGNOSTICS v_created = ROW_COUNT;
+    -- counted from RETURNING, not ROW_COUNT: under Citus an INSERT ... SELECT ... ON
+    -- CONFLICT may report rows its conflict skipped (docs/scaling.md)
+    WITH created AS (
+        INSERT INTO llm.threshold_notices
+               (organization_id, scope, scope_id, budget_window, period_start, threshold_pct,
+                crossed_at, used_credits, allowance_credits, next_attempt_at)
+        SELECT p_organization_id, p_scope, p_scope_id, p_window, p_period_start, t.pct,
+               p_now, p_used, p_allowance, p_now
+          FROM pg_catalog.unnest(p_thresholds) AS t(pct)
+         WHERE p_used::numeric * 100 >= t.pct::numeric * p_allowance
+           AND (p_old_used IS NULL OR p_old_used::numeric * 100 < t.pct::numeric * p_allowance)
+        ON CONFLICT (organization_id, scope, scope_id, budget_window, period_start, threshold_pct) DO NOTHING
+        RETURNING threshold_notices.threshold_pct
+    )
+    SELECT count(*) INTO v_created FROM created;
     IF v_created > 0 THEN
         PERFORM llm._notify_notices_owed('created');  -- delivered at commit (llm-db worker)
     END IF;

@@ -55,8 +55,13 @@ CREATE OR REPLACE FUNCTION llm.stale_by_organization_status(p_now timestamptz DE
 RETURNS TABLE (organization_status text, stale_open_requests bigint, stale_held_credits numeric)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 AS $$
+DECLARE
+    v_stale_before timestamptz;
 BEGIN
     PERFORM llm._check_clock(p_now);
+    -- read before the query: under Citus a function reading a table inside a
+    -- multi-shard query runs on the shards, where it cannot (docs/scaling.md)
+    v_stale_before := coalesce(p_now, pg_catalog.now()) - (llm._settings()).recovery_window;
     -- operational organizations' the next pass recovers; the others' no pass visits
     RETURN QUERY
     SELECT s.status, coalesce(i.requests, 0), coalesce(i.credits, 0::numeric)
@@ -65,7 +70,7 @@ BEGIN
                    FROM llm.invocations AS r
                    JOIN llm.organizations AS o ON o.id = r.organization_id
                   WHERE r.status IN ('reserved', 'dispatched')
-                    AND r.created_at <= coalesce(p_now, pg_catalog.now()) - (llm._settings()).recovery_window
+                    AND r.created_at <= v_stale_before
                   GROUP BY o.status) AS i ON i.status = s.status
      ORDER BY s.n;
 END
@@ -75,12 +80,16 @@ COMMENT ON FUNCTION llm.stale_by_organization_status(timestamptz) IS
 
 -- What every sweep ever did (llm.sweep_totals keeps it per organization) and the
 -- period findings still open: the monotonic counters of the exposition.
+-- Two aggregates joined, not a scalar subquery beside the aggregates, which Citus
+-- cannot push down (docs/scaling.md).
 CREATE OR REPLACE VIEW llm.sweep_summary AS
-SELECT coalesce(sum(t.recovered_requests), 0)::bigint AS recovered_requests,
-       coalesce(sum(t.recovered_uncharged), 0)::bigint AS recovered_uncharged,
-       coalesce(sum(t.past_window_alerts), 0)::bigint AS past_window_alerts,
-       (SELECT count(*) FROM llm.period_findings AS f WHERE f.resolved_at IS NULL) AS period_findings
-  FROM llm.sweep_totals AS t;
+SELECT t.recovered_requests, t.recovered_uncharged, t.past_window_alerts, f.period_findings
+  FROM (SELECT coalesce(sum(s.recovered_requests), 0)::bigint AS recovered_requests,
+               coalesce(sum(s.recovered_uncharged), 0)::bigint AS recovered_uncharged,
+               coalesce(sum(s.past_window_alerts), 0)::bigint AS past_window_alerts
+          FROM llm.sweep_totals AS s) AS t
+ CROSS JOIN (SELECT count(*) AS period_findings
+               FROM llm.period_findings AS p WHERE p.resolved_at IS NULL) AS f;
 COMMENT ON VIEW llm.sweep_summary IS
     'One row: requests recovered (and of them, charged nothing) and past-window alerts by every sweep, ever, and the period findings not yet resolved.';
 

@@ -1,0 +1,130 @@
+"""The SQL constructs Citus is known to mishandle, kept out of sql/ by a lint
+(docs/scaling.md "Constructs Citus mishandles").
+
+A single-node test cannot see them: each ran fine on plain PostgreSQL and failed only
+on a 3-node Citus 13.2.2 cluster (the budgets-airtight attacks on 0.3.0). The checks
+read the SQL as text, comments dropped; each rule is also fed a bad snippet, to show it
+is caught.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SQL_FILES = sorted((ROOT / "sql").glob("*.sql"))
+AGGREGATE = re.compile(r"\b(?:sum|count|min|max|avg|array_agg|jsonb_object_agg|bool_or|bool_and)\s*\(", re.I)
+
+
+def _code(sql: str) -> str:
+    """The SQL without comments or string literals' contents, on one line."""
+    sql = re.sub(r"--[^\n]*", "", sql)
+    sql = re.sub(r"'(?:[^']|'')*'", "''", sql)
+    return re.sub(r"\s+", " ", sql)
+
+
+def _statements(code: str) -> list[str]:
+    return [s.strip() for s in code.split(";") if s.strip()]
+
+
+def _without_subqueries(text: str) -> str:
+    """``text`` without its parenthesized ``(SELECT ...)`` groups."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "(" and text[i + 1:i + 7].upper() == "SELECT":
+            depth = 0
+            while i < len(text):
+                depth += {"(": 1, ")": -1}.get(text[i], 0)
+                i += 1
+                if depth == 0:
+                    break
+            continue
+        out.append(text[i])
+        i += 1
+    return "".join(out)
+
+
+def violations(name: str, sql: str) -> list[str]:
+    """What file ``name`` with text ``sql`` does that Citus mishandles."""
+    found: list[str] = []
+    code = _code(sql)
+    statements = _statements(code)
+    # 1. a simple CASE in a distributed statement is rewritten wrongly (42883)
+    for m in re.finditer(r"\bCASE\s+(?!WHEN\b)(\S+)", code, re.I):
+        found.append(f"{name}: simple CASE ({m.group(0)} ...): write CASE WHEN x = ... instead")
+    for i, statement in enumerate(statements):
+        # 2. an array element in a distributed UPDATE's SET crashed a worker
+        update = re.search(r"\bUPDATE\s+llm\.\w+.*?\bSET\b(.*?)(?:\bWHERE\b|\bFROM\b|\bRETURNING\b|$)",
+                           statement, re.I)  # fmt: skip
+        if update and re.search(r"\w\s*\[", update.group(1)):
+            found.append(f"{name}: an array element in UPDATE ... SET: read it into a variable first")
+        # 3. FOUND / ROW_COUNT after an INSERT ... SELECT ... ON CONFLICT count the rows
+        #    the conflict skipped (an INSERT ... VALUES ... RETURNING INTO is delegated
+        #    whole, and reads right)
+        if (re.search(r"\bON CONFLICT\b", statement, re.I) and i + 1 < len(statements)
+                and re.search(r"\bINSERT INTO [\w.]+(?: AS \w+)? \([^)]*\) SELECT\b", statement, re.I)):
+            after = statements[i + 1]
+            if re.match(r"(?:GET DIAGNOSTICS \w+ = ROW_COUNT|IF (?:NOT )?FOUND\b|RETURN FOUND)", after, re.I):
+                found.append(f"{name}: {after.split()[0]} ... after ON CONFLICT: read RETURNING instead")
+        # 4. a scalar subquery beside aggregates in a view cannot be pushed down (0A000)
+        view = re.match(r"CREATE (?:OR REPLACE )?VIEW \S+ AS SELECT (.*?) FROM ", statement, re.I)
+        if view:
+            select_list = view.group(1)
+            if "(SELECT" in select_list.upper() and AGGREGATE.search(_without_subqueries(select_list)):
+                found.append(f"{name}: a scalar subquery beside aggregates in a view: join two aggregates")
+        # 5. a function reading a table inside a query over distributed tables (XX000)
+        if re.search(r"\bllm\._settings\(\)", statement) and re.search(
+            r"(?:^|\b)(?:RETURN QUERY|SELECT|WITH|INSERT|DELETE)\b.*\bFROM llm\.(?!settings\b)\w+", statement, re.I
+        ):
+            found.append(f"{name}: llm._settings() inside a query over the tables: read it into a variable first")
+    return found
+
+
+@pytest.mark.parametrize("path", SQL_FILES, ids=lambda p: p.name)
+def test_no_file_of_sql_uses_a_construct_citus_mishandles(path):
+    """docs/scaling.md "Constructs Citus mishandles": none of them in sql/."""
+    assert violations(path.name, path.read_text(encoding="utf-8")) == []
+
+
+BAD = {
+    "simple CASE": "SELECT CASE c.budget_window WHEN 'day' THEN 1 END FROM llm.budget_counters AS c;",
+    "array element": "UPDATE llm.budget_counters AS c SET admitted_limit = p_limits[v_i] WHERE c.id = v_id;",
+    "ROW_COUNT after ON CONFLICT": (
+        "INSERT INTO llm.threshold_notices (a) SELECT 1 ON CONFLICT (a) DO NOTHING;"
+        " GET DIAGNOSTICS v_created = ROW_COUNT;"
+    ),
+    "FOUND after ON CONFLICT": (
+        "INSERT INTO llm.budget_counters AS c (a) SELECT 1 ON CONFLICT (a) DO UPDATE SET a = 2 WHERE c.a < 3;"
+        " IF FOUND THEN RETURN; END IF;"
+    ),
+    "scalar subquery beside aggregates": (
+        "CREATE OR REPLACE VIEW llm.sweep_summary AS SELECT coalesce(sum(t.n), 0) AS n,"
+        " (SELECT count(*) FROM llm.period_findings AS f) AS findings FROM llm.sweep_totals AS t;"
+    ),
+    "_settings() in a query": (
+        "RETURN QUERY SELECT count(*) FROM llm.invocations AS r"
+        " WHERE r.created_at <= p_now - (llm._settings()).recovery_window;"
+    ),
+}
+
+
+@pytest.mark.parametrize("construct", sorted(BAD))
+def test_the_lint_catches_each_construct(construct):
+    assert violations("bad.sql", BAD[construct]) != []
+
+
+def test_the_lint_passes_the_forms_that_replace_them():
+    good = (
+        "SELECT CASE WHEN c.budget_window = 'day' THEN 1 END FROM llm.budget_counters AS c;"
+        " v_limit := p_limits[v_i];"
+        " UPDATE llm.budget_counters AS c SET admitted_limit = v_limit WHERE c.id = v_id;"
+        " INSERT INTO llm.budget_counters AS c (a) SELECT 1 ON CONFLICT (a) DO NOTHING RETURNING c.id INTO v_held;"
+        " v_stale_before := p_now - (llm._settings()).recovery_window;"
+        " CREATE OR REPLACE VIEW llm.sweep_summary AS SELECT t.n, f.findings"
+        " FROM (SELECT coalesce(sum(s.n), 0) AS n FROM llm.sweep_totals AS s) AS t"
+        " CROSS JOIN (SELECT count(*) AS findings FROM llm.period_findings AS p) AS f;"
+    )
+    assert violations("good.sql", good) == []
