@@ -1358,7 +1358,7 @@ CREATE TABLE llm.budget_limits (
 
 COMMENT ON TABLE llm.budget_limits IS 'The budgets llm.set_budget sets: a limit and thresholds per (organization, scope, scope id or ''*'', window); listed by llm.budgets.';
 
-CREATE VIEW llm.budget_usage AS
+CREATE VIEW llm.budget_usage WITH (security_invoker='true') AS
  SELECT c.organization_id,
     c.scope,
     c.scope_id,
@@ -1379,7 +1379,7 @@ CREATE VIEW llm.budget_usage AS
 
 COMMENT ON VIEW llm.budget_usage IS 'One row per scope id and window that counted a request, under the real id (a default budget''s rows too), with the budget that applies to it now (the id''s own, else the scope''s ''*''): its limit, thresholds and scope_id in llm.budgets (budget_scope_id; NULL columns: none).';
 
-CREATE VIEW llm.budgets AS
+CREATE VIEW llm.budgets WITH (security_invoker='true') AS
  SELECT b.organization_id,
     b.scope,
     b.scope_id,
@@ -1712,6 +1712,7 @@ REVOKE ALL ON FUNCTION llm._bound_locks() FROM PUBLIC;
 
 GRANT SELECT ON TABLE llm.budget_counters TO llm_reader;
 GRANT SELECT ON TABLE llm.budget_counters TO llm_operator;
+GRANT SELECT ON TABLE llm.budget_counters TO llm_app;
 
 REVOKE ALL ON FUNCTION llm._budget_crossings(p_organization_id uuid, p_keys llm.budget_counters[], p_olds bigint[], p_now timestamp with time zone) FROM PUBLIC;
 
@@ -2062,6 +2063,7 @@ GRANT SELECT ON TABLE llm.budget_horizons TO llm_operator;
 
 GRANT SELECT ON TABLE llm.budget_limits TO llm_reader;
 GRANT SELECT ON TABLE llm.budget_limits TO llm_operator;
+GRANT SELECT ON TABLE llm.budget_limits TO llm_app;
 
 GRANT SELECT ON TABLE llm.budget_usage TO llm_reader;
 GRANT SELECT ON TABLE llm.budget_usage TO llm_operator;

@@ -588,7 +588,11 @@ COMMENT ON FUNCTION llm.set_budget(uuid, text, text, text, bigint, integer[], ti
 
 -- ---------------------------------------------------------------- views
 
-CREATE OR REPLACE VIEW llm.budgets AS
+-- Both views run with the reader's rights (security_invoker), as Citus runs a view's shard
+-- queries anyway: a role reads a view only where it may read the tables under it, so
+-- llm_app holds SELECT on budget_limits and budget_counters too (sql/99_grants.sql), and a
+-- missing grant fails on one node as it would on a cluster (docs/scaling.md).
+CREATE OR REPLACE VIEW llm.budgets WITH (security_invoker = true) AS
 SELECT b.organization_id, b.scope, b.scope_id, b.budget_window, b.limit_credits, b.thresholds
   FROM llm.budget_limits AS b;
 COMMENT ON VIEW llm.budgets IS
@@ -597,7 +601,7 @@ COMMENT ON VIEW llm.budgets IS
 -- The one read of "the budget in force for a counter: its id's own, else the scope's
 -- '*'" (the writers decide by llm._budget_in_force): the report, the metric and the
 -- demo read it here. Columns are only ever appended (CREATE OR REPLACE VIEW).
-CREATE OR REPLACE VIEW llm.budget_usage AS
+CREATE OR REPLACE VIEW llm.budget_usage WITH (security_invoker = true) AS
 SELECT c.organization_id, c.scope, c.scope_id, c.budget_window, c.window_start,
        coalesce(own.limit_credits, dflt.limit_credits) AS limit_credits,
        c.used_credits, c.held_credits, c.used_cents,

@@ -13,6 +13,8 @@ REVOKE ALL ON ALL TABLES IN SCHEMA llm FROM llm_app, llm_operator, llm_reader;
 GRANT USAGE ON SCHEMA llm TO llm_app, llm_operator, llm_reader;
 GRANT SELECT ON ALL TABLES IN SCHEMA llm TO llm_reader, llm_operator;
 GRANT SELECT ON llm.task_kinds, llm.settings, llm.budgets, llm.budget_usage TO llm_app;
+-- The two views are security_invoker (sql/28_budgets.sql): their reader needs the tables.
+GRANT SELECT ON llm.budget_limits, llm.budget_counters TO llm_app;
 
 GRANT EXECUTE ON FUNCTION
     llm.admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz, text, text, text),

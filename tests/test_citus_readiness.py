@@ -210,6 +210,46 @@ def test_no_view_depends_on_a_constraint(llm_conn):
     assert dependent == []
 
 
+VIEW_READS_SQL = """
+SELECT DISTINCT v.relname AS view, t.relname AS reads, g.role
+  FROM pg_catalog.pg_class AS v
+  JOIN pg_catalog.pg_rewrite AS r ON r.ev_class = v.oid
+  JOIN pg_catalog.pg_depend AS d ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = r.oid
+   AND d.refclassid = 'pg_catalog.pg_class'::regclass AND d.refobjid <> v.oid
+  JOIN pg_catalog.pg_class AS t ON t.oid = d.refobjid
+ CROSS JOIN unnest(ARRAY['llm_app', 'llm_operator', 'llm_reader']) AS g(role)
+ WHERE v.relnamespace = 'llm'::regnamespace AND v.relkind = 'v'
+   AND pg_catalog.has_table_privilege(g.role, v.oid, 'SELECT')
+   AND NOT pg_catalog.has_table_privilege(g.role, t.oid, 'SELECT')
+ ORDER BY 1, 2, 3
+"""
+
+
+def test_every_role_that_reads_a_view_may_read_what_the_view_reads(llm_conn):
+    """Learned on a real Citus 13.2.2 cluster (issue 30, Citus cause 5): Citus runs a view's
+    shard queries as the caller, so llm_app, with SELECT on llm.budget_usage but not on
+    budget_counters, got 42501 there while one node answered. A role that may read a view
+    must be able to read every relation under it."""
+    assert rows(llm_conn, VIEW_READS_SQL) == []
+
+
+def test_the_views_llm_app_reads_run_with_its_rights_on_one_node_too(llm_conn, llm_role_conn):
+    """security_invoker makes one node check the reader's rights on the tables as Citus does,
+    so a grant missing from the rule above fails every llm_app read in the suite, not only
+    on a cluster."""
+    invoker = rows(llm_conn, """
+        SELECT c.relname, coalesce('security_invoker=true' = ANY (c.reloptions), false) AS invoker
+          FROM pg_catalog.pg_class AS c
+         WHERE c.relnamespace = 'llm'::regnamespace AND c.relkind = 'v'
+           AND pg_catalog.has_table_privilege('llm_app', c.oid, 'SELECT')
+         ORDER BY 1""")  # fmt: skip
+    assert invoker == [{"relname": "budget_usage", "invoker": True}, {"relname": "budgets", "invoker": True}]
+    llm_conn.execute("REVOKE SELECT ON llm.budget_counters FROM llm_app")
+    app = llm_role_conn("llm_app")
+    assert_sqlstate(app, "42501", "SELECT * FROM llm.budget_usage", unchanged=False)
+    assert rows(llm_conn, VIEW_READS_SQL) == [{"view": "budget_usage", "reads": "budget_counters", "role": "llm_app"}]
+
+
 def test_no_routine_forces_a_generic_plan(llm_conn):
     """Learned on a real Citus 13.2.2 cluster: `SET plan_cache_mode = force_generic_plan` on a
     delegated routine makes Citus fail to plan its parameterized shard queries ("could not

@@ -102,6 +102,9 @@ EXECUTE = {"llm_app": APP, "llm_operator": OPERATOR | READS, "llm_reader": READE
 TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
 CATALOGS = {"task_kinds", "settings"}
 BUDGET_VIEWS = {"budgets", "budget_usage"}  # issue 23: the app reads its budgets and their usage
+# ... and, the views being security_invoker (Citus runs their shard queries as the caller),
+# the two tables under them
+BUDGET_TABLES = {"budget_limits", "budget_counters"}
 
 
 def expected_table_privilege(role: str, table: str, privilege: str) -> bool:
@@ -109,7 +112,7 @@ def expected_table_privilege(role: str, table: str, privilege: str) -> bool:
         return False  # writes go through functions only
     if role in ("llm_operator", "llm_reader"):
         return True
-    return role == "llm_app" and table in CATALOGS | BUDGET_VIEWS
+    return role == "llm_app" and table in CATALOGS | BUDGET_VIEWS | BUDGET_TABLES
 
 
 SCHEMA = {  # (USAGE, CREATE)
