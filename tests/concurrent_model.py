@@ -38,6 +38,21 @@ counter's figures are exact in commit order (its row lock orders every mover);
 a pass of the round may have recovered its eligible requests before or after, so
 decisions are checked against the bounds of both. Counters are sums over the
 model's requests and must equal llm.budget_counters at every round end.
+
+Retention (issue 30): each history runs under a budget_retention from one hour (the
+shortest the settings allow, well under the 24 h recovery window) to the default,
+with estimate-0 requests, passes ahead of and behind the requests, and admissions
+dated up to 72 h before their round's clock (in rounds without a pass, so no pass
+can reach them in their round), into windows retention may have purged. The
+horizons are read from the books after each round and checked: only raised, only
+by a pass, never past the pass's clock less budget_retention nor past the day of a
+request open throughout the round. A counter the books lost is taken as purged only
+where retention could have deleted it (a window ended on or before the horizon,
+nothing held, no open request admitted under it); a purged window's counter never
+comes back, no admission creates a counter of a window the horizon had passed at
+its round's start, and an LL012 refusal must name a window the horizon passed. A
+late true-up into a purged window moves no counter and owes no notice: nothing can
+be admitted there again.
 """
 
 from __future__ import annotations
@@ -103,6 +118,17 @@ WEIGHTS = {  # per slot of a session: operator-leaning (False) and consumer-lean
     },
 }
 TASK_KIND = "sim.task"
+# Retention (issue 30): a history's budget_retention, from the shortest the settings allow
+# to beyond the history; admissions in a round without a pass may be dated this many hours
+# before the round's clock, into windows retention may have purged.
+RETENTIONS = {"1 hour": timedelta(hours=1), "6 hours": timedelta(hours=6), "1 day": timedelta(days=1),
+              "2 days": timedelta(days=2), "400 days": timedelta(days=400)}  # fmt: skip
+BACK_HOURS = (1, 3, 8, 20, 30, 50, 72)
+
+
+def retention_of(seed: int) -> str:
+    """The budget_retention of history ``seed`` (a key of RETENTIONS)."""
+    return random.Random(seed ^ 0x2E7E).choice(sorted(RETENTIONS))
 
 
 def period_of(at: datetime) -> date:
@@ -118,6 +144,15 @@ def window_start(window: str, at: datetime) -> date:
     if window == "week":
         return day - timedelta(days=day.weekday())
     return day.replace(day=1)
+
+
+def window_end(window: str, start: date) -> date:
+    """The day after the last day of the window starting at ``start`` (llm._window_end)."""
+    if window == "day":
+        return start + timedelta(days=1)
+    if window == "week":
+        return start + timedelta(days=7)
+    return (start.replace(day=28) + timedelta(days=4)).replace(day=1)
 
 
 def slot(scope: str, window: str) -> int:
@@ -185,6 +220,10 @@ def plan(seed: int, sessions: int = 4, rounds: int = 5) -> list[dict[str, Any]]:
                     weights.pop("settle")
                 kind = rng.choices(list(weights), list(weights.values()))[0]
                 ops.extend(_draw(rng, kind, r, targets, mine, tasks))
+            if not has_pass:  # dated back: no pass of the round can reach them (decidable)
+                for op in ops:
+                    if op["op"] == "admit" and not op["task"] and rng.random() < 0.3:
+                        op["back_hours"] = rng.choice(BACK_HOURS)
             if not has_pass and rng.random() < 0.7:
                 ops.append({"op": "end_stale", "seed": rng.getrandbits(32)})
             if s in passers:
@@ -261,7 +300,13 @@ def _draw(
         return [{"op": "stripes", "org": org, "stripes": rng.choice((1, 2, 3, 4, 8, 0))}]
     if kind == "budget":
         scope = rng.choice(SCOPES)
-        scope_id = None if scope == "organization" else "*" if rng.random() < 0.5 else rng.choice(SCOPE_IDS[scope])
+        scope_id = (
+            None
+            if scope == "organization"
+            else "*"
+            if rng.random() < 0.5
+            else rng.choice(SCOPE_IDS[scope])
+        )
         return [{"op": "budget", "org": org, "scope": scope, "scope_id": scope_id,
                  "window": rng.choice(WINDOWS[:2] if scope == "organization" else WINDOWS),
                  "limit": rng.choice(BUDGET_LIMITS), "thresholds": list(rng.choice(BUDGET_THRESHOLDS))}]  # fmt: skip
@@ -338,6 +383,17 @@ class Model:
         self.budget_sets: dict[tuple[str, str, str | None, str], int] = {}
         self.states: list[Budgets] = []  # the budgets in force after each change of the round
         self.eligible: dict[str, datetime] = {}  # the requests the round's pass may recover
+        # Retention (issue 30): the organizations' horizons at the round's start and, read
+        # from the books before the round is applied (observe), at its end; the counters
+        # retention deleted (their windows are never admitted again)
+        self.retention = RETENTIONS["400 days"]
+        self.horizons: dict[str, date] = {}
+        self.horizons_end: dict[str, date] = {}
+        self.purged: set[tuple] = set()
+        self.round_passes: list[datetime] = []
+        self.open_at_start: set[str] = set()
+        self.counters_at_start: set[tuple] = set()
+        self.horizons_at_start: dict[str, date] = {}
 
     # ------------------------------------------------------------ setup and rounds
 
@@ -350,6 +406,10 @@ class Model:
         """Apply one round's committed history (commit order); raise Mismatch where a
         result is not one the right behaviour allows."""
         passes = [when(e["args"]["now"]) for e in history if e["op"] == "pass"]
+        self.round_passes = passes
+        self.open_at_start = {k for k, r in self.requests.items() if r.status in OPEN}
+        self.counters_at_start = set(self.counters())
+        self.horizons_at_start = dict(self.horizons)
         eligible: dict[str, datetime] = {}  # requests the pass recovers unless a live call won
         stale: set[str] = set()  # tasks the pass abandons unless a close came first
         if passes:  # the plan keeps everything a pass decides to what was there before the round
@@ -408,6 +468,7 @@ class Model:
         for org, changes in upserts.items():  # after the round's periods exist (same month)
             for args in changes:
                 self._upsert(org, args["allowance"], tuple(args["thresholds"]), when(args["now"]))
+        self._check_horizons()
 
     def _loads(self) -> dict[tuple[str, date], int]:
         load: dict[tuple[str, date], int] = {}
@@ -424,6 +485,8 @@ class Model:
             return self._expect(
                 e, "LL006" if task is None else None if task.status == "running" else "LL009"
             )
+        if op == "admit" and code == "LL012":
+            return self._horizon_refused(e)
         if op == "admit":
             key = (a["org"], period_of(when(a["now"])))
             if code == "LL001" and (e.get("budget") or ["periods"])[0] == "budgets":
@@ -603,7 +666,9 @@ class Model:
             if scope != "organization" and sid is None:
                 continue
             for window in WINDOWS:
-                budget = state.get((org, scope, sid, window)) or state.get((org, scope, "*", window))
+                budget = state.get((org, scope, sid, window)) or state.get(
+                    (org, scope, "*", window)
+                )
                 if budget:
                     out[slot(scope, window)] = (budget[0], (org, scope, sid, window))
         return out
@@ -618,7 +683,9 @@ class Model:
                     keys.append((r.org, scope, sid, window, window_start(window, r.created_at)))
         return keys
 
-    def _counter_bounds(self, key: tuple, session: int, index: int, own: str | None = None) -> tuple[int, int]:
+    def _counter_bounds(
+        self, key: tuple, session: int, index: int, own: str | None = None
+    ) -> tuple[int, int]:
         """The lowest and highest used + held counter ``key`` could have had when the call
         at ``index`` of the round by ``session`` decided: each request's load anywhere
         between its load at the round's start (its estimate when admitted in the round) and
@@ -665,7 +732,9 @@ class Model:
         named = slot(scope, window)
         ids = {s: a.get(s) for s in SCOPE_IDS}
         if first != (a["org"] if scope == "organization" else ids[scope]):
-            raise Mismatch(f"refusal of {a} names id {first!r}, not the request's {scope} (issue 23)")
+            raise Mismatch(
+                f"refusal of {a} names id {first!r}, not the request's {scope} (issue 23)"
+            )
         at = when(a["now"])
         for state in self.states:
             applying = self.applying(state, a["org"], ids)
@@ -681,6 +750,82 @@ class Model:
                        f"refuses first: {[self.applying(st, a['org'], ids) for st in self.states]} (issue 23)")  # fmt: skip
 
     # ------------------------------------------------------------ organizations
+
+    # ------------------------------------------------------------ retention (issue 30)
+
+    def observe(self, horizons: dict[str, date]) -> None:
+        """The horizons the books hold after the round about to be applied."""
+        self.horizons_end = dict(horizons)
+
+    def _horizon_refused(self, e: dict[str, Any]) -> None:
+        """LL012: in one budget state of the round the request applied to a counter of a
+        window that ended on or before its organization's horizon (by the round's end at
+        the latest: it is only raised). That the counter did not exist is checked by
+        retain: a counter such a window gains after the horizon passed it is a Mismatch."""
+        a = e["args"]
+        horizon, at = self.horizons_end.get(a["org"]), when(a["now"])
+        ids = {s: a.get(s) for s in SCOPE_IDS}
+        for state in self.states:
+            for _, k in self.applying(state, a["org"], ids).values():
+                if horizon is not None and window_end(k[3], window_start(k[3], at)) <= horizon:
+                    return
+        raise Mismatch(f"LL012 refused {a}, but none of its windows ended on or before the horizon "
+                       f"{horizon} (issue 30 defect 1)")  # fmt: skip
+
+    def _check_horizons(self) -> None:
+        """A horizon is only raised, only by a pass, never past the day of the pass's clock
+        less budget_retention (the sim's clocks are behind the server's: LEAST(p_now, now())
+        is p_now) nor past the day of a request open throughout the round (defect 4)."""
+        for org in self.orgs:
+            old, new = self.horizons.get(org), self.horizons_end.get(org)
+            if old is not None and (new is None or new < old):
+                raise Mismatch(f"{org}'s horizon went from {old} to {new}: it is only raised")
+            if new == old:
+                continue
+            if not self.round_passes:
+                raise Mismatch(f"{org}'s horizon moved to {new} in a round without a pass")
+            bound = (max(self.round_passes) - self.retention).astimezone(UTC).date()
+            if new > bound:
+                raise Mismatch(
+                    f"{org}'s horizon {new} is past the pass's clock less budget_retention {bound}"
+                )
+            for inv in self.open_at_start:
+                r = self.requests[inv]
+                if r.org == org and r.status in OPEN and new > r.created_at.astimezone(UTC).date():
+                    raise Mismatch(f"{org}'s horizon {new} passed request {inv}, open since {r.created_at} "
+                                   "(issue 30 defect 4)")  # fmt: skip
+        self.horizons = dict(self.horizons_end)
+
+    def retain(self, db: dict[tuple, tuple[int, int, int]]) -> None:
+        """Take the counters retention deleted in the round into ``purged``, where it may
+        have: a round with a pass, a window ended on or before the horizon, nothing held
+        and no open request admitted under it (defect 4). A purged window's counter never
+        comes back (defect 1), and no admission creates a counter of a window the horizon
+        had passed at the round's start (LL012)."""
+        expected = self.counters()
+        for key in expected.keys() - db.keys():
+            horizon = self.horizons_end.get(key[0])
+            if (
+                not self.round_passes
+                or horizon is None
+                or window_end(key[3], key[4]) > horizon
+                or expected[key][1] != 0
+                or any(
+                    r.status in OPEN and key in self._counter_keys(r)
+                    for r in self.requests.values()
+                )
+            ):
+                continue  # not retention's: the comparison of the counters reports it
+            self.purged.add(key)
+        back = sorted(self.purged & db.keys())
+        if back:
+            raise Mismatch(f"counters of purged windows are back: {back} (issue 30 defect 1)")
+        for key in db.keys() - self.counters_at_start:
+            start = self.horizons_at_start.get(key[0])
+            if start is not None and window_end(key[3], key[4]) <= start:
+                raise Mismatch(
+                    f"counter {key} was created past the horizon {start} (issue 30 defect 1, LL012)"
+                )
 
     def _upsert(self, org: str, allowance: int, thresholds: tuple[int, ...], now: datetime) -> None:
         o = self.orgs[org]
@@ -809,10 +954,18 @@ class Model:
             star = None if scope == "organization" else (org, scope, "*", window)
             applying = own if own in self.budgets else star if star in self.budgets else None
             other = star if applying == own else own
-            if applying is None or self.budget_sets[applying] != 1 or (other and other in self.budget_sets):
+            if (
+                applying is None
+                or self.budget_sets[applying] != 1
+                or (other and other in self.budget_sets)
+            ):
                 continue
             limit, thresholds = self.budgets[applying]
-            out |= {(org, start, pct, scope, sid, window) for pct in thresholds if used * 100 >= pct * limit}
+            out |= {
+                (org, start, pct, scope, sid, window)
+                for pct in thresholds
+                if used * 100 >= pct * limit
+            }
         return out
 
     def counters(self) -> dict[tuple, tuple[int, int, int]]:
@@ -826,7 +979,7 @@ class Model:
                     out[key] = (used, held + r.estimate, cents)
                 else:
                     out[key] = (used + r.charged, held, cents + (r.cents or 0))
-        return out
+        return {k: v for k, v in out.items() if k not in self.purged}
 
     def sweep_totals(self) -> dict[str, tuple[int, int, int]]:
         out = {}

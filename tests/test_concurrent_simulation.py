@@ -83,6 +83,7 @@ import psycopg
 import pytest
 from concurrent_model import (
     ALLOWANCE,
+    RETENTIONS,
     SETUP,
     START,
     TASK_KIND,
@@ -91,6 +92,7 @@ from concurrent_model import (
     iso,
     plan,
     request_scopes_sql,
+    retention_of,
     when,
 )
 from psycopg import sql
@@ -267,7 +269,9 @@ class Runner:
         if op == "claim":
             # a claim names its notice (org, window start, threshold) and, for a budget's
             # notice, its scope, id and window after the claim's name (issue 23)
-            names = {(*k[:3], *(k[4:] or ALLOWANCE)): k[3] for k in (recorded or {}).get("ok") or []}
+            names = {
+                (*k[:3], *(k[4:] or ALLOWANCE)): k[3] for k in (recorded or {}).get("ok") or []
+            }
             claimed = []
             for n in s.worker.claim(a["limit"], now):
                 key = (str(n["organization_id"]), n["period_start"].isoformat(), n["threshold_pct"])
@@ -309,8 +313,13 @@ class Runner:
                     action = rng.choice(("complete", "fail_notice", "release"))
                     self.call(s, action, _end_args(org, period, pct, name, budget, clock))
             else:
-                args = {k: v for k, v in op.items() if k != "op"}
-                self.call(s, kind, {**args, "now": clock})
+                args = {k: v for k, v in op.items() if k not in ("op", "back_hours")}
+                now = (
+                    clock
+                    if "back_hours" not in op
+                    else iso(when(clock) - timedelta(hours=op["back_hours"]))
+                )
+                self.call(s, kind, {**args, "now": now})
 
 
 def _end_args(org: str, period: str, pct: int, name: str, budget, clock: str) -> dict[str, Any]:
@@ -326,7 +335,12 @@ def _error(exc: psycopg.Error) -> dict[str, Any]:
     found = {"err": exc.sqlstate or type(exc).__name__, "msg": exc.diag.message_primary}
     if exc.sqlstate == "LL001":
         d = exc.diag
-        found["budget"] = [d.table_name, d.constraint_name, d.column_name, (d.message_detail or "").split("\n")[0]]
+        found["budget"] = [
+            d.table_name,
+            d.constraint_name,
+            d.column_name,
+            (d.message_detail or "").split("\n")[0],
+        ]
     return found
 
 
@@ -336,6 +350,10 @@ def _error(exc: psycopg.Error) -> dict[str, Any]:
 def check_books(conn: psycopg.Connection, model: Model) -> None:
     """The books equal the model at a quiescent point (see the module docstring)."""
     q = conn.execute
+    counters = {(o, s, i, w, d): (u, h, c) for o, s, i, w, d, u, h, c in q(
+        "SELECT organization_id::text, scope, scope_id, budget_window, window_start, used_credits,"
+        " held_credits, used_cents FROM llm.budget_counters")}  # fmt: skip
+    model.retain(counters)  # first: a purged window owes no notice (a late true-up moves nothing)
     db_notices = {}
     for org, start, pct, scope, scope_id, window, status, attempts, due in q(
         "SELECT organization_id::text, period_start, threshold_pct, scope, scope_id, budget_window, status,"
@@ -365,10 +383,7 @@ def check_books(conn: psycopg.Connection, model: Model) -> None:
     )
     hint = "; only late records differ: issue 20 defect 7 (a late failure records its figures)"
     _same("requests", requests, expected, hint if late_only else "")
-    _same("budget counters (used, held, cents)", {
-        (o, s, i, w, d): (u, h, c) for o, s, i, w, d, u, h, c in q(
-            "SELECT organization_id::text, scope, scope_id, budget_window, window_start, used_credits,"
-            " held_credits, used_cents FROM llm.budget_counters")}, model.counters())  # fmt: skip
+    _same("budget counters (used, held, cents)", counters, model.counters())
     _same("tasks (status, requests, credits, cents, ended)", {
         k: tuple(r) for k, *r in q(
             "SELECT replay_key, status, request_count, credits, cents, ended_at IS NOT NULL"
@@ -477,7 +492,13 @@ def run_history(record: dict[str, Any], sessions: list[Session], checker: psycop
     for s in sessions:
         s.held.clear()
     model = Model()
-    record.update(setup=setup_books(checker, model, seed), rounds=[])
+    # budget_retention: a replay keeps its recording's (none recorded: the default)
+    retention = (replay or {}).get("retention", "400 days") if replay else retention_of(seed)
+    superuser.execute("UPDATE llm.settings SET budget_retention = %s::interval", [retention])
+    model.retention = RETENTIONS[retention]
+    record.update(retention=retention, setup=setup_books(checker, model, seed), rounds=[])
+    model.observe(horizons(checker))
+    model.horizons = dict(model.horizons_end)  # where the setup's pass left them
     runner = Runner(tally)
     rounds = replay["rounds"] if replay else plan(seed, len(sessions))
     for info in rounds:
@@ -499,6 +520,7 @@ def run_history(record: dict[str, Any], sessions: list[Session], checker: psycop
         masks(checker, runner.history)
         record["rounds"].append({k: v for k, v in info.items() if k not in ("sessions", "history")}
                                 | {"history": runner.history})  # fmt: skip
+        model.observe(horizons(checker))
         model.round(info, runner.history)
         check_books(checker, model)
         if any(e["op"] == "pass" for e in runner.history):
@@ -506,13 +528,25 @@ def run_history(record: dict[str, Any], sessions: list[Session], checker: psycop
     final = iso(when(rounds[-1]["clock"]) + timedelta(hours=1)) if rounds else iso(START)
     call(checker, "run_reconciliation", now=when(final))
     record["final_pass"] = final
+    model.observe(horizons(checker))
     model.round(
         {"clock": final, "pass_clock": final},
         [{"session": -1, "op": "pass", "args": {"now": final}}],
     )
     check_books(checker, model)
     check_daily(checker, model)
+    tally["counters purged"] += len(model.purged)
+    tally["admitted dated back"] += sum(
+        1 for r in record["rounds"] for e in r["history"]
+        if e["op"] == "admit" and "err" not in e and when(e["args"]["now"]) < when(r["clock"]))  # fmt: skip
     tally["histories passed"] += 1
+
+
+def horizons(conn: psycopg.Connection) -> dict[str, date]:
+    """Each organization's budget retention horizon (llm.budget_horizons)."""
+    return dict(
+        conn.execute("SELECT organization_id::text, horizon FROM llm.budget_horizons").fetchall()
+    )
 
 
 def _session(runner: Runner, s: Session, ops: list[dict[str, Any]], info: dict[str, Any],
@@ -597,7 +631,10 @@ def test_concurrent_histories_keep_the_books_equal_to_the_model(sim_sessions, ll
     with the right behaviour of issue 20 defect 1, 3, 4, 6, 7 and 8; and budgets (issue 23,
     invariants 14 and 15): every admission decided wholly with or wholly without each
     concurrent set_budget, no counter over its limit, every counter equal to its requests,
-    refusals naming the first budget that does not fit."""
+    refusals naming the first budget that does not fit; and retention (issue 30) under a
+    budget_retention from 1 hour to 400 days with admissions dated into old windows: no
+    purged window admitted again, LL012 only past the horizon, the horizon never past an
+    open request."""
     sessions, checker = sim_sessions[:SESSIONS], sim_sessions[SESSIONS].operator
     started, tally, survey = time.monotonic(), Counter(), []
     for seed in range(FIRST_SEED, FIRST_SEED + HISTORIES):
