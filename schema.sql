@@ -476,7 +476,7 @@ COMMENT ON COLUMN llm.invocation_scopes.budget_mask IS 'The budget counters the 
 CREATE FUNCTION llm._hold_budgets(p_inv llm.invocations, p_scopes llm.invocation_scopes, p_limits bigint[], p_revisions uuid[]) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 321684b20b731a18b4a2d677919c2499 $$;
+    AS $$ body in sql/, md5 478c0fcb39540727621e458fa1b59d47 $$;
 
 COMMENT ON FUNCTION llm._hold_budgets(p_inv llm.invocations, p_scopes llm.invocation_scopes, p_limits bigint[], p_revisions uuid[]) IS 'Holds a just-admitted request''s estimate on the counter of every budget in its budget_mask, in bit order, each iff used + held + estimate <= its limit (LL001 naming the first that does not fit, with the id as the DETAIL''s first line); a counter it would create for a window past the organization''s retention horizon is LL012.';
 
@@ -692,7 +692,7 @@ COMMENT ON FUNCTION llm._may_cross(p_old_used bigint, p_new_used bigint, p_allow
 CREATE FUNCTION llm._move_budgets(p_organization_id uuid, p_invs llm.invocations[], p_true_up boolean, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 6c5c4dff4ab075c0c8121a695bf85baf $$;
+    AS $$ body in sql/, md5 7cf5e0f9042adc2caa05b72c1e45ff7b $$;
 
 COMMENT ON FUNCTION llm._move_budgets(p_organization_id uuid, p_invs llm.invocations[], p_true_up boolean, p_now timestamp with time zone) IS 'Moves the budget counters of the given requests (terminal: charge in, hold out; p_true_up: the signed difference) in lock order, refusing growth past the sum limit (LL013), and owes the thresholds they crossed; returns the notices created.';
 

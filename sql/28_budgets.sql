@@ -158,9 +158,10 @@ COMMENT ON FUNCTION llm._applicable_budgets(uuid, text, text, text) IS
 -- concurrent first request has just created is the conservative side.)
 --
 -- Citus: the limits are read into variables (an array element in a distributed
--- statement crashes it), and the upsert's outcome is read from RETURNING (after an
--- INSERT ... ON CONFLICT DO UPDATE ... WHERE it reports FOUND even when the WHERE
--- refused the row). Long on purpose: the counter's update, its upsert and the two
+-- statement crashes it), and the upsert's outcome is read from its RETURNING through
+-- a CTE (after an INSERT ... SELECT ... ON CONFLICT DO UPDATE ... WHERE it reports a
+-- row even when the WHERE refused it: FOUND lies, and RETURNING ... INTO fails with
+-- XX000 "consistency check on SPI tuple count failed"). Long on purpose: the counter's update, its upsert and the two
 -- refusals read its row, and belong together.
 CREATE OR REPLACE FUNCTION llm._hold_budgets(
     p_inv llm.invocations, p_scopes llm.invocation_scopes, p_limits bigint[], p_revisions uuid[])
@@ -196,21 +197,23 @@ BEGIN
            AND c.used_credits + c.held_credits + p_inv.hold_credits <= v_limit;
         CONTINUE WHEN FOUND;
         v_held := NULL;
-        INSERT INTO llm.budget_counters AS c
-               (organization_id, scope, scope_id, budget_window, window_start, held_credits,
-                admitted_limit, admitted_revision)
-        SELECT p_inv.organization_id, v_key.scope, v_key.scope_id, v_key.budget_window, v_key.window_start,
-               p_inv.hold_credits, v_limit, v_revision
-         WHERE p_inv.hold_credits <= v_limit
-           AND NOT EXISTS (SELECT FROM llm.budget_horizons AS h
-                            WHERE h.organization_id = p_inv.organization_id
-                              AND llm._window_end(v_key.budget_window, v_key.window_start) <= h.horizon)
-        ON CONFLICT (organization_id, scope, scope_id, budget_window, window_start) DO UPDATE
-           SET held_credits = c.held_credits + excluded.held_credits,
-               admitted_limit = excluded.admitted_limit,
-               admitted_revision = excluded.admitted_revision
-         WHERE c.used_credits + c.held_credits + excluded.held_credits <= excluded.admitted_limit
-        RETURNING c.id INTO v_held;
+        WITH held AS (
+            INSERT INTO llm.budget_counters AS c
+                   (organization_id, scope, scope_id, budget_window, window_start, held_credits,
+                    admitted_limit, admitted_revision)
+            SELECT p_inv.organization_id, v_key.scope, v_key.scope_id, v_key.budget_window, v_key.window_start,
+                   p_inv.hold_credits, v_limit, v_revision
+             WHERE p_inv.hold_credits <= v_limit
+               AND NOT EXISTS (SELECT FROM llm.budget_horizons AS h
+                                WHERE h.organization_id = p_inv.organization_id
+                                  AND llm._window_end(v_key.budget_window, v_key.window_start) <= h.horizon)
+            ON CONFLICT (organization_id, scope, scope_id, budget_window, window_start) DO UPDATE
+               SET held_credits = c.held_credits + excluded.held_credits,
+                   admitted_limit = excluded.admitted_limit,
+                   admitted_revision = excluded.admitted_revision
+             WHERE c.used_credits + c.held_credits + excluded.held_credits <= excluded.admitted_limit
+            RETURNING c.id)
+        SELECT h.id INTO v_held FROM held AS h;
         IF v_held IS NULL THEN
             SELECT * INTO v_counter FROM llm.budget_counters AS c
              WHERE c.organization_id = p_inv.organization_id AND c.scope = v_key.scope
@@ -343,29 +346,41 @@ BEGIN
          ORDER BY k.slot, k.scope_id, k.window_start
     LOOP
         -- the sum limit (LL013): used + held and used cents never grow past it (an
-        -- overage of requests admitted with estimate 0, a week across two periods)
+        -- overage of requests admitted with estimate 0, a week across two periods). The
+        -- UPDATE skips a counter the move would carry past it, and the refusal is raised
+        -- outside it: Citus refuses a VOLATILE call in a distributed UPDATE.
         UPDATE llm.budget_counters AS c
-           SET used_credits = CASE WHEN v_move.used - v_move.released > 0
-                                    AND c.used_credits::numeric + c.held_credits + v_move.used - v_move.released
-                                        > llm._max_sum()
-                                   THEN llm._refuse_sum('budget_counters', 'used_credits',
-                                                        c.used_credits::numeric + c.held_credits
-                                                        + v_move.used - v_move.released,
-                                                        pg_catalog.format('the %s budget counter %s of %s',
-                                                                          c.budget_window, c.window_start, c.scope))
-                                   ELSE c.used_credits + v_move.used END,
+           SET used_credits = c.used_credits + v_move.used,
                held_credits = c.held_credits - v_move.released,
-               used_cents = CASE WHEN v_move.cents > 0 AND c.used_cents::numeric + v_move.cents > llm._max_sum()
-                                 THEN llm._refuse_sum('budget_counters', 'used_cents',
-                                                      c.used_cents::numeric + v_move.cents,
-                                                      pg_catalog.format('the %s budget counter %s of %s',
-                                                                        c.budget_window, c.window_start, c.scope))
-                                 ELSE c.used_cents + v_move.cents END
+               used_cents = c.used_cents + v_move.cents
          WHERE c.organization_id = p_organization_id AND c.scope = v_move.scope
            AND (c.scope_id = v_move.scope_id OR (c.scope_id IS NULL AND v_move.scope_id IS NULL))
            AND c.budget_window = v_move.budget_window AND c.window_start = v_move.window_start
+           AND (v_move.used - v_move.released <= 0
+                OR c.used_credits::numeric + c.held_credits + v_move.used - v_move.released <= llm._max_sum())
+           AND (v_move.cents <= 0 OR c.used_cents::numeric + v_move.cents <= llm._max_sum())
         RETURNING c.* INTO v_counter;
-        IF FOUND AND v_move.used > 0 THEN
+        IF NOT FOUND THEN  -- no counter (retention took its window), or one past the limit
+            SELECT * INTO v_counter FROM llm.budget_counters AS c
+             WHERE c.organization_id = p_organization_id AND c.scope = v_move.scope
+               AND (c.scope_id = v_move.scope_id OR (c.scope_id IS NULL AND v_move.scope_id IS NULL))
+               AND c.budget_window = v_move.budget_window AND c.window_start = v_move.window_start;
+            IF FOUND AND v_move.used - v_move.released > 0
+               AND v_counter.used_credits::numeric + v_counter.held_credits + v_move.used - v_move.released
+                   > llm._max_sum() THEN
+                PERFORM llm._refuse_sum('budget_counters', 'used_credits',
+                                        v_counter.used_credits::numeric + v_counter.held_credits
+                                        + v_move.used - v_move.released,
+                                        pg_catalog.format('the %s budget counter %s of %s', v_counter.budget_window,
+                                                          v_counter.window_start, v_counter.scope));
+            ELSIF FOUND THEN
+                PERFORM llm._refuse_sum('budget_counters', 'used_cents', v_counter.used_cents::numeric + v_move.cents,
+                                        pg_catalog.format('the %s budget counter %s of %s', v_counter.budget_window,
+                                                          v_counter.window_start, v_counter.scope));
+            END IF;
+            CONTINUE;
+        END IF;
+        IF v_move.used > 0 THEN
             v_rising := v_rising || v_counter;
             v_olds := v_olds || (v_counter.used_credits - v_move.used);
         END IF;

@@ -47,7 +47,20 @@ def _without_subqueries(text: str) -> str:
     return "".join(out)
 
 
-def violations(name: str, sql: str) -> list[str]:
+def volatile_functions(sql: str) -> set[str]:
+    """The functions ``sql`` creates VOLATILE (stated, or by default), and PostgreSQL's
+    volatile ones the package calls."""
+    out = {"gen_random_uuid", "random", "clock_timestamp", "nextval", "pg_backend_pid"}
+    for m in re.finditer(r"CREATE (?:OR REPLACE )?FUNCTION llm\.(\w+)\s*\((.*?)\$\$", _code(sql), re.I | re.S):
+        if not re.search(r"\b(?:IMMUTABLE|STABLE)\b", m.group(2), re.I):
+            out.add(m.group(1).lower())
+    return out
+
+
+VOLATILE = set().union(*(volatile_functions(p.read_text(encoding="utf-8")) for p in SQL_FILES))
+
+
+def violations(name: str, sql: str, volatile: set[str] = VOLATILE) -> list[str]:
     """What file ``name`` with text ``sql`` does that Citus mishandles."""
     found: list[str] = []
     code = _code(sql)
@@ -64,9 +77,13 @@ def violations(name: str, sql: str) -> list[str]:
         # 3. FOUND / ROW_COUNT after an INSERT ... SELECT ... ON CONFLICT count the rows
         #    the conflict skipped (an INSERT ... VALUES ... RETURNING INTO is delegated
         #    whole, and reads right)
-        if (re.search(r"\bON CONFLICT\b", statement, re.I) and i + 1 < len(statements)
-                and re.search(r"\bINSERT INTO [\w.]+(?: AS \w+)? \([^)]*\) SELECT\b", statement, re.I)):
-            after = statements[i + 1]
+        #    the conflict skipped, and its RETURNING ... INTO fails (XX000, "consistency check
+        #    on SPI tuple count failed"): read RETURNING through a CTE
+        insert_select = re.match(r"INSERT INTO [\w.]+(?: AS \w+)? \([^)]*\) SELECT\b", statement, re.I)
+        if insert_select and re.search(r"\bON CONFLICT\b", statement, re.I):
+            if re.search(r"\bRETURNING\b[^;]*\bINTO\b", statement, re.I):
+                found.append(f"{name}: RETURNING ... INTO of INSERT ... SELECT ... ON CONFLICT: read it through a CTE")
+            after = statements[i + 1] if i + 1 < len(statements) else ""
             if re.match(r"(?:GET DIAGNOSTICS \w+ = ROW_COUNT|IF (?:NOT )?FOUND\b|RETURN FOUND)", after, re.I):
                 found.append(f"{name}: {after.split()[0]} ... after ON CONFLICT: read RETURNING instead")
         # 4. a scalar subquery beside aggregates in a view cannot be pushed down (0A000)
@@ -80,6 +97,14 @@ def violations(name: str, sql: str) -> list[str]:
             r"(?:^|\b)(?:RETURN QUERY|SELECT|WITH|INSERT|DELETE)\b.*\bFROM llm\.(?!settings\b)\w+", statement, re.I
         ):
             found.append(f"{name}: llm._settings() inside a query over the tables: read it into a variable first")
+        # 6. a VOLATILE function in a distributed UPDATE (0A000 "functions used in UPDATE
+        #    queries on distributed tables must not be VOLATILE")
+        #    (the coordinator's own tables are not distributed)
+        update = re.search(r"(?:^|\s)UPDATE llm\.(?!reconciliation_runs\b|pass_lease\b)\w+.*", statement, re.I)
+        if update:
+            for call in re.findall(r"\b((?:llm|pg_catalog)\.\w+|\w+)\s*\(", update.group(0)):
+                if call.split(".")[-1].lower() in volatile:
+                    found.append(f"{name}: VOLATILE {call}() in an UPDATE: call it before, or refuse after")
     return found
 
 
@@ -104,6 +129,15 @@ BAD = {
         "CREATE OR REPLACE VIEW llm.sweep_summary AS SELECT coalesce(sum(t.n), 0) AS n,"
         " (SELECT count(*) FROM llm.period_findings AS f) AS findings FROM llm.sweep_totals AS t;"
     ),
+    "RETURNING INTO after INSERT ... SELECT ... ON CONFLICT": (
+        "INSERT INTO llm.budget_counters AS c (a) SELECT 1 ON CONFLICT (a) DO UPDATE SET a = 2 WHERE c.a < 3"
+        " RETURNING c.id INTO v_held;"
+    ),
+    "a VOLATILE function in an UPDATE": (
+        "UPDATE llm.budget_counters AS c SET used_credits = CASE WHEN c.used_credits > llm._max_sum()"
+        " THEN llm._refuse_sum('budget_counters', 'used_credits', c.used_credits, 'x') ELSE 1 END"
+        " WHERE c.id = v_id;"
+    ),
     "_settings() in a query": (
         "RETURN QUERY SELECT count(*) FROM llm.invocations AS r"
         " WHERE r.created_at <= p_now - (llm._settings()).recovery_window;"
@@ -121,7 +155,10 @@ def test_the_lint_passes_the_forms_that_replace_them():
         "SELECT CASE WHEN c.budget_window = 'day' THEN 1 END FROM llm.budget_counters AS c;"
         " v_limit := p_limits[v_i];"
         " UPDATE llm.budget_counters AS c SET admitted_limit = v_limit WHERE c.id = v_id;"
-        " INSERT INTO llm.budget_counters AS c (a) SELECT 1 ON CONFLICT (a) DO NOTHING RETURNING c.id INTO v_held;"
+        " WITH held AS (INSERT INTO llm.budget_counters AS c (a) SELECT 1 ON CONFLICT (a) DO NOTHING"
+        " RETURNING c.id) SELECT h.id INTO v_held FROM held AS h;"
+        " UPDATE llm.budget_counters AS c SET used_credits = c.used_credits + 1"
+        " WHERE c.id = v_id AND c.used_credits < llm._max_sum();"
         " v_stale_before := p_now - (llm._settings()).recovery_window;"
         " CREATE OR REPLACE VIEW llm.sweep_summary AS SELECT t.n, f.findings"
         " FROM (SELECT coalesce(sum(s.n), 0) AS n FROM llm.sweep_totals AS s) AS t"
