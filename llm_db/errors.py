@@ -87,6 +87,26 @@ class LlmError(Exception):
         return "\n".join(parts)
 
 
+def _refused_by(diag: psycopg.errors.Diagnostic) -> tuple[str | None, str | None, str | None] | None:
+    """(TABLE, scope, window) of a refusal naming a budget or the allowance (LL001, LL012),
+    or None. From the diagnostic fields where they arrived; a Citus coordinator re-raises a
+    worker's error with its message, DETAIL and HINT only, so there they come from the
+    DETAIL (docs/contract.md "Errors"): ``allowance=...`` for the allowance, and a budget's
+    second line ``scope=<scope> window=<window> ...``."""
+    if diag.schema_name == "llm" and diag.table_name in ("periods", "budgets"):
+        return diag.table_name, diag.constraint_name, diag.column_name
+    if diag.schema_name is not None or not diag.message_detail:
+        return None
+    lines = diag.message_detail.split("\n")
+    if lines[0].startswith("allowance="):
+        return "periods", "organization", "month"
+    if len(lines) > 1:
+        fields = dict(f.split("=", 1) for f in lines[1].split() if "=" in f)
+        if "scope" in fields and "window" in fields:
+            return "budgets", fields["scope"], fields["window"]
+    return None
+
+
 class AllowanceExhausted(LlmError):
     """LL001: admission would take used + held + estimate over the allowance or over a
     budget that applies to the request (issue 23); nothing was held anywhere.
@@ -129,9 +149,10 @@ class AllowanceExhausted(LlmError):
     @classmethod
     def _from_diag(cls, sqlstate: str, diag: psycopg.errors.Diagnostic, fallback: str) -> Self:
         error = super()._from_diag(sqlstate, diag, fallback)
-        if diag.schema_name == "llm" and diag.table_name in (cls._ALLOWANCE, cls._BUDGET):
-            error.scope, error.window = diag.constraint_name, diag.column_name
-            if diag.table_name == cls._BUDGET and error.scope != "organization" and error.detail:
+        refused = _refused_by(diag)
+        if refused is not None:
+            table, error.scope, error.window = refused
+            if table == cls._BUDGET and error.scope != "organization" and error.detail:
                 # an id has no control character, so no line break: the line is the id
                 error.scope_id = error.detail.split("\n", 1)[0]
         return error
@@ -225,8 +246,8 @@ class WindowRetired(LlmError):
     @classmethod
     def _from_diag(cls, sqlstate: str, diag: psycopg.errors.Diagnostic, fallback: str) -> Self:
         error = super()._from_diag(sqlstate, diag, fallback)
-        error.scope, error.window = diag.constraint_name, diag.column_name
-        if error.scope != "organization" and error.detail:
+        _, error.scope, error.window = _refused_by(diag) or (None, None, None)
+        if error.scope not in (None, "organization") and error.detail:
             error.scope_id = error.detail.split("\n", 1)[0]
         return error
 

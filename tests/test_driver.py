@@ -525,9 +525,9 @@ def test_AllowanceExhausted_names_the_budget_that_refused(
 
 
 def test_an_LL001_without_the_budget_fields_names_nothing(llm_conn: psycopg.Connection) -> None:
-    """issue 23: an LL001 from a server older than budgets (no TABLE, CONSTRAINT, COLUMN)
+    """issue 23: an LL001 without the budget fields whose DETAIL is neither documented form
     maps to AllowanceExhausted with scope, scope_id and window None; so does a TABLE other
-    than the allowance's or a budget's. Nothing is read from its DETAIL."""
+    than the allowance's or a budget's (then the DETAIL is not read at all)."""
     raise_ll001 = """DO $$ BEGIN RAISE EXCEPTION 'llm: allowance exhausted' USING ERRCODE = 'LL001',
         DETAIL = E'key-1\\nallowance=1 used=1 held=0 estimate=1 period=2026-01-01' {fields}; END $$"""
     elsewhere = ", SCHEMA = 'llm', TABLE = 'invocations', CONSTRAINT = 'api_key', COLUMN = 'day'"
@@ -536,6 +536,28 @@ def test_an_LL001_without_the_budget_fields_names_nothing(llm_conn: psycopg.Conn
             llm_conn.execute(raise_ll001.format(fields=fields))
         error = caught.value
         assert (error.scope, error.scope_id, error.window) == (None, None, None)
+
+
+def test_a_refusal_relayed_by_citus_is_named_from_its_DETAIL(llm_conn: psycopg.Connection) -> None:
+    """issue 30 (Citus): a coordinator re-raises a worker's error with its message, DETAIL and
+    HINT only, so a refusal arrives without SCHEMA, TABLE, CONSTRAINT and COLUMN. The driver
+    then names the budget from the documented DETAIL: the allowance's ``allowance=...``
+    line, a budget's second line (LL001 and LL012 alike)."""
+    raise_without_fields = "DO $$ BEGIN RAISE EXCEPTION 'llm: refused' USING ERRCODE = '{code}', DETAIL = E'{detail}'; END $$"
+    cases = [
+        ("LL001", "allowance=100 used=90 held=0 estimate=20 period=2026-01-01",
+         errors.AllowanceExhausted, ("organization", None, "month")),
+        ("LL001", "key 1\\nscope=api_key window=day window_start=2026-01-15 limit=5 used=5 held=0 estimate=1",
+         errors.AllowanceExhausted, ("api_key", "key 1", "day")),
+        ("LL001", "00000000-0000-4000-8000-000000000001\\nscope=organization window=week window_start=2026-01-12"
+         " limit=5 used=5 held=0 estimate=1", errors.AllowanceExhausted, ("organization", None, "week")),
+        ("LL012", "u-1\\nscope=end_user window=month window_start=2024-01-01 horizon=2025-01-01",
+         errors.WindowRetired, ("end_user", "u-1", "month")),
+    ]  # fmt: skip
+    for code, detail, kind, named in cases:
+        with pytest.raises(kind) as caught, errors.mapped_errors():
+            llm_conn.execute(raise_without_fields.format(code=code, detail=detail))
+        assert (caught.value.scope, caught.value.scope_id, caught.value.window) == named, detail
 
 
 def contract_errors_section() -> str:
