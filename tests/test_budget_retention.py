@@ -206,6 +206,34 @@ def test_the_sweep_never_waits_for_a_counter_a_call_holds(llm_connect, llm_conn)
     assert_books_right(llm_conn)
 
 
+def test_a_counter_past_the_horizon_keeps_an_open_request_admitted_into_it(llm_connect, llm_conn):
+    """Defect 4, the case the horizon's bound alone does not cover: a counter that outlived
+    the horizon (its pass skipped it, locked) takes an estimate-0 request dated into its
+    window, which the horizon, already past that day, cannot bound any more. The next pass
+    must keep the counter while the request is open (it holds nothing), so its settlement
+    of 70 is counted. Found by a mutation of retention that the simulation survived."""
+    llm_conn.execute("UPDATE llm.settings SET budget_retention = '1 hour'")
+    org = user_org(llm_conn, 100, since=T0 - 10 * DAY)
+    day = T0 - DAY
+    first = admit(llm_conn, org, 10, now=day, end_user="u")["id"]
+    assert settle(llm_conn, org, first, 10, 1, now=day) == "settled"
+
+    holder = llm_connect(role="llm_operator", autocommit=False)  # holds the counter of that day
+    holder.execute("SELECT llm.set_budget(%s, 'end_user', 'u', 'day', 100, p_now => %s)", [org, day])
+    sweeper = llm_connect(role="llm_operator")
+    sweeper.execute("SET lock_timeout = '2s'")
+    reconcile(sweeper, org, now=T0)
+    assert horizon(llm_conn, org) == T0.date()  # past the counter's window, which survived
+    holder.commit()
+
+    late = admit(llm_conn, org, 0, now=day + HOUR, end_user="u")["id"]  # its counter exists
+    reconcile(sweeper, org, now=T0 + HOUR / 2)  # too young to recover: open, holding nothing
+    assert_books_right(llm_conn)
+    assert settle(llm_conn, org, late, 70, 2, now=T0 + HOUR) == "settled"
+    assert budget_usage(llm_conn, org)[("end_user", "u", "day", day.date())]["used_credits"] == 80
+    assert_books_right(llm_conn)
+
+
 @pytest.mark.parametrize("used", [90, 10], ids=["waits-in-the-insert", "waits-in-the-update"])
 def test_an_admission_waiting_on_a_counter_the_pass_deletes_sees_its_horizon(llm_connect, llm_conn, used):
     """The race the horizon is read for: a pass deletes a counter and raises the horizon
