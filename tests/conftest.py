@@ -8,6 +8,7 @@ when plugin autoloading is disabled)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import psycopg
@@ -16,6 +17,9 @@ import pytest
 from tests.helpers import CRON_JOB
 
 pytest_plugins = ["llm_db.testing"]
+
+if os.environ.get("LLM_DB_CITUS"):  # the same tests on a 3-node Citus cluster (opt-in)
+    from tests.citus_cluster import llm_citus_cluster, llm_dsn, llm_server  # noqa: F401
 
 
 @pytest.fixture

@@ -295,7 +295,8 @@ def test_a_pass_in_a_follow_up_step_holds_the_lease_and_is_named_with_its_run(ll
     org = new_org(llm_conn, 100)
     notice_id = owed_notice_claimed_at(llm_conn, org, T0)
     blocker = llm_connect(autocommit=False)
-    blocker.execute("SELECT FROM llm.threshold_notices WHERE id = %s FOR UPDATE", [notice_id])
+    blocker.execute("SELECT FROM llm.threshold_notices WHERE organization_id = %s AND id = %s FOR UPDATE",
+                    [org, notice_id])  # fmt: skip
     first_conn, second_conn = llm_connect(), llm_connect()
     first = InThread(lambda: call_pass(first_conn, T0 + 25 * HOUR))
     wait_blocked(llm_conn, first_conn.info.backend_pid)
@@ -338,7 +339,7 @@ def test_pass_left_running_by_a_killed_backend_is_marked_failed_by_the_next(llm_
     runs at once, marks it failed ("abandoned") and does the work itself."""
     doomed = llm_connect()
     interrupted = doomed.execute("SELECT run_id FROM llm._begin_run(%s)", [T0 + 24 * HOUR]).fetchone()[0]
-    assert llm_conn.execute("SELECT pg_terminate_backend(%s, 5000)", [doomed.info.backend_pid]).fetchone()[0]
+    assert llm_conn.execute("SELECT pg_terminate_backend(%s::integer, 5000)", [doomed.info.backend_pid]).fetchone()[0]
     org = new_org(llm_conn, ALLOWANCE)
     admit_dispatched(llm_conn, org, 10)
 
@@ -392,7 +393,8 @@ def test_wf_pfm_llm_004_hop_6_rearm_failure_does_not_stop_the_rebuild(llm_conn, 
 
     run = pass_while_locked(
         llm_connect,
-        lambda blocker: blocker.execute("SELECT 1 FROM llm.threshold_notices WHERE id = %s FOR UPDATE", [notice]),
+        lambda blocker: blocker.execute(
+            "SELECT 1 FROM llm.threshold_notices WHERE organization_id = %s AND id = %s FOR UPDATE", [org, notice]),
         now,
     )
 

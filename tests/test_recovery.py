@@ -481,7 +481,7 @@ def test_sweep_and_late_settlement_of_a_sibling_request_do_not_deadlock(llm_conn
     live = admit_dispatched(llm_conn, org, 20, execution_id=x, now=T0 + timedelta(minutes=2))
     assert close_task(llm_conn, org, x, now=T0 + HOUR)
     c, a, b = llm_connect(autocommit=False), llm_connect(), llm_connect()
-    c.execute("SELECT 1 FROM llm.executions WHERE id = %s FOR UPDATE", [x])
+    c.execute("SELECT 1 FROM llm.executions WHERE organization_id = %s AND id = %s FOR UPDATE", [org, x])
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         settling = pool.submit(settle, a, org, live, 18, 4, now=T0 + 25 * HOUR)
