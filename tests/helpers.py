@@ -86,9 +86,14 @@ def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 10.0, int
 
 
 def wait_blocked(observer: psycopg.Connection, pid: int, timeout: float = 10.0, *, by: int | None = None) -> None:
-    """Poll until backend ``pid`` waits on a lock another backend holds (backend ``by``, when given)."""
+    """Poll until backend ``pid`` waits on a lock another backend holds (backend ``by``, when given).
+    On a Citus coordinator the wait is on a worker, so citus_lock_waits names it, by the
+    global pids of the backends (node id * 10^10 + pid) whose statements wait and block."""
     query = ("SELECT cardinality(pg_blocking_pids(%(pid)s)) > 0" if by is None
              else "SELECT %(by)s = ANY (pg_blocking_pids(%(pid)s))")  # fmt: skip
+    if observer.execute("SELECT to_regclass('citus_lock_waits') IS NOT NULL").fetchone()[0]:
+        query += (" OR EXISTS (SELECT FROM citus_lock_waits AS w WHERE w.waiting_gpid %% 10000000000 = %(pid)s"
+                  + ("" if by is None else " AND w.blocking_gpid %% 10000000000 = %(by)s") + ")")  # fmt: skip
     wait_for(lambda: observer.execute(query, {"pid": pid, "by": by}).fetchone()[0],
              f"backend {pid} to block" + ("" if by is None else f" on backend {by}"), timeout)
 
