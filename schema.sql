@@ -925,6 +925,13 @@ CREATE FUNCTION llm._scope_id_ok(p_value text) RETURNS boolean
 
 COMMENT ON FUNCTION llm._scope_id_ok(p_value text) IS 'True for NULL or a valid scope id (1..200 characters, not blank, no control character, not ''*'').';
 
+CREATE FUNCTION llm._set_allowance(p_organization_id uuid, p_monthly_allowance_credits bigint, p_now timestamp with time zone) RETURNS llm.organizations
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 4d15b4da25d26f09998cd9a4d2e60b78 $$;
+
+COMMENT ON FUNCTION llm._set_allowance(p_organization_id uuid, p_monthly_allowance_credits bigint, p_now timestamp with time zone) IS 'Distributed twin of set_allowance; arguments already checked.';
+
 CREATE FUNCTION llm._set_budget(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint, p_thresholds integer[], p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -1050,7 +1057,7 @@ COMMENT ON FUNCTION llm._true_up_daily_usage(p_inv llm.invocations, p_credits bi
 CREATE FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) RETURNS llm.organizations
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 08ff90a4bc5fd16f82a3eb5f869209c7 $$;
+    AS $$ body in sql/, md5 29794976e453bd9cf587b4d94838fb26 $$;
 
 COMMENT ON FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) IS 'Distributed twin of upsert_organization; arguments already checked.';
 
@@ -1132,7 +1139,7 @@ COMMENT ON FUNCTION llm.declare_task_kind(p_key text, p_description text) IS 'De
 CREATE FUNCTION llm.distribute(p_shard_count integer DEFAULT NULL::integer) RETURNS text
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $_$ body in sql/, md5 71612b82a2a2819f560a3ca08564b0de $_$;
+    AS $_$ body in sql/, md5 af2d0cbf4539902e0b9b49f6f6fde912 $_$;
 
 COMMENT ON FUNCTION llm.distribute(p_shard_count integer) IS 'Under Citus: reference tables for catalogs, per-organization tables distributed on organization_id co-located with organizations, per-organization twins distributed with force_delegation, the other llm routines propagated to the workers; LL011 without citus.';
 
@@ -1282,6 +1289,13 @@ CREATE FUNCTION llm.schedule_reconciliation(p_schedule text DEFAULT '0 * * * *':
 
 COMMENT ON FUNCTION llm.schedule_reconciliation(p_schedule text) IS 'Schedules (or reschedules) the pg_cron job llm-reconciliation of the schema owner running CALL llm.run_reconciliation() in this database; returns its job id; LL010 without pg_cron, 42501 without its grants, 42710 when that job runs in another database.';
 
+CREATE FUNCTION llm.set_allowance(p_organization_id uuid, p_monthly_allowance_credits bigint, p_now timestamp with time zone DEFAULT now()) RETURNS llm.organization_settings
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 21e0bbc62f54bfac96cdb2b5780b7cb7 $$;
+
+COMMENT ON FUNCTION llm.set_allowance(p_organization_id uuid, p_monthly_allowance_credits bigint, p_now timestamp with time zone) IS 'Changes only the monthly allowance (NULL = unlimited) of an existing organization (LL002 otherwise), as upsert_organization would: the period containing p_now and later open ones take it and owe at once every threshold their usage now stands at or above. Name, status and thresholds stay.';
+
 CREATE FUNCTION llm.set_budget(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint, p_thresholds integer[] DEFAULT '{80,100}'::integer[], p_now timestamp with time zone DEFAULT now()) RETURNS void
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -1324,12 +1338,12 @@ CREATE FUNCTION llm.unschedule_reconciliation() RETURNS boolean
 
 COMMENT ON FUNCTION llm.unschedule_reconciliation() IS 'Removes the schema owner''s pg_cron job llm-reconciliation of this database; false when there was none; LL010 without pg_cron, 42501 without its grants.';
 
-CREATE FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text DEFAULT 'operational'::text, p_notice_thresholds integer[] DEFAULT '{80,100}'::integer[], p_now timestamp with time zone DEFAULT now()) RETURNS llm.organization_settings
+CREATE FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text DEFAULT NULL::text, p_notice_thresholds integer[] DEFAULT NULL::integer[], p_now timestamp with time zone DEFAULT now()) RETURNS llm.organization_settings
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 91726eaed1385f84ec0f51397af637d1 $$;
+    AS $$ body in sql/, md5 2f66eab94ed0901a888a7d1c08e4057a $$;
 
-COMMENT ON FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) IS 'Creates or updates an organization; a changed allowance (NULL = unlimited) also applies to the period containing p_now and later open ones, which owe at once every threshold their usage now stands at or above; a changed threshold list applies to every period.';
+COMMENT ON FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) IS 'Creates or updates an organization; a NULL status or threshold list keeps the organization''s (a new one: operational, {80,100}). A changed allowance (NULL = unlimited) also applies to the period containing p_now and later open ones, which owe at once every threshold their usage now stands at or above; a changed threshold list applies to every period.';
 
 CREATE TABLE llm.budget_horizons (
     organization_id uuid NOT NULL,
@@ -1897,6 +1911,8 @@ REVOKE ALL ON FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_cre
 
 REVOKE ALL ON FUNCTION llm._scope_id_ok(p_value text) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._set_allowance(p_organization_id uuid, p_monthly_allowance_credits bigint, p_now timestamp with time zone) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._set_budget(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint, p_thresholds integer[], p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._set_period_stripes(p_organization_id uuid, p_stripes integer) FROM PUBLIC;
@@ -2035,6 +2051,9 @@ GRANT ALL ON PROCEDURE llm.run_reconciliation(IN p_now timestamp with time zone,
 
 REVOKE ALL ON FUNCTION llm.schedule_reconciliation(p_schedule text) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.schedule_reconciliation(p_schedule text) TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm.set_allowance(p_organization_id uuid, p_monthly_allowance_credits bigint, p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.set_allowance(p_organization_id uuid, p_monthly_allowance_credits bigint, p_now timestamp with time zone) TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm.set_budget(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint, p_thresholds integer[], p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.set_budget(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint, p_thresholds integer[], p_now timestamp with time zone) TO llm_operator;

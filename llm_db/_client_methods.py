@@ -63,6 +63,13 @@ SELECT id, name, status, monthly_allowance_credits, notice_thresholds, created_a
     p_notice_thresholds => %(notice_thresholds)s::integer[],
     p_now => %(now)s::timestamptz)"""
 
+#: ``Llm.set_allowance``
+SET_ALLOWANCE = """\
+SELECT id, name, status, monthly_allowance_credits, notice_thresholds, created_at, updated_at, recovery_charge, late_settlement FROM llm.set_allowance(
+    p_organization_id => %(organization_id)s::uuid,
+    p_monthly_allowance_credits => %(monthly_allowance_credits)s::bigint,
+    p_now => %(now)s::timestamptz)"""
+
 #: ``Llm.set_recovery_policy``
 SET_RECOVERY_POLICY = """\
 SELECT id, name, status, monthly_allowance_credits, notice_thresholds, created_at, updated_at, recovery_charge, late_settlement FROM llm.set_recovery_policy(
@@ -340,11 +347,13 @@ class LlmMethods:
         name: str,
         monthly_allowance_credits: int | None,
         *,
-        status: OrganizationStatus | str = OrganizationStatus.OPERATIONAL,
-        notice_thresholds: Iterable[int] = (80, 100),
+        status: OrganizationStatus | str | None = None,
+        notice_thresholds: Iterable[int] | None = None,
         now: datetime | None = None,
     ) -> Organization:
-        """Create or update an organization (allowance None = unlimited)."""
+        """Create or update an organization (allowance None = unlimited). ``status`` and
+        ``notice_thresholds`` None keep the organization's (a new one: operational,
+        (80, 100)); pass them to change them."""
         params = {
             "organization_id": organization_id,
             "name": name,
@@ -354,6 +363,23 @@ class LlmMethods:
             "now": now,
         }
         rows = self._execute(UPSERT_ORGANIZATION, params)
+        return Organization.from_row(rows[0])
+
+    def set_allowance(
+        self,
+        organization_id: UuidLike,
+        monthly_allowance_credits: int | None,
+        *,
+        now: datetime | None = None,
+    ) -> Organization:
+        """Change only the monthly allowance of an existing organization (None = unlimited;
+        UnknownOrganization otherwise): name, status and thresholds stay."""
+        params = {
+            "organization_id": organization_id,
+            "monthly_allowance_credits": monthly_allowance_credits,
+            "now": now,
+        }
+        rows = self._execute(SET_ALLOWANCE, params)
         return Organization.from_row(rows[0])
 
     def set_recovery_policy(
@@ -967,11 +993,13 @@ class AsyncLlmMethods:
         name: str,
         monthly_allowance_credits: int | None,
         *,
-        status: OrganizationStatus | str = OrganizationStatus.OPERATIONAL,
-        notice_thresholds: Iterable[int] = (80, 100),
+        status: OrganizationStatus | str | None = None,
+        notice_thresholds: Iterable[int] | None = None,
         now: datetime | None = None,
     ) -> Organization:
-        """Create or update an organization (allowance None = unlimited)."""
+        """Create or update an organization (allowance None = unlimited). ``status`` and
+        ``notice_thresholds`` None keep the organization's (a new one: operational,
+        (80, 100)); pass them to change them."""
         params = {
             "organization_id": organization_id,
             "name": name,
@@ -981,6 +1009,23 @@ class AsyncLlmMethods:
             "now": now,
         }
         rows = await self._execute(UPSERT_ORGANIZATION, params)
+        return Organization.from_row(rows[0])
+
+    async def set_allowance(
+        self,
+        organization_id: UuidLike,
+        monthly_allowance_credits: int | None,
+        *,
+        now: datetime | None = None,
+    ) -> Organization:
+        """Change only the monthly allowance of an existing organization (None = unlimited;
+        UnknownOrganization otherwise): name, status and thresholds stay."""
+        params = {
+            "organization_id": organization_id,
+            "monthly_allowance_credits": monthly_allowance_credits,
+            "now": now,
+        }
+        rows = await self._execute(SET_ALLOWANCE, params)
         return Organization.from_row(rows[0])
 
     async def set_recovery_policy(

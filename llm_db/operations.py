@@ -243,11 +243,24 @@ class Operations:
         name: str,
         monthly_allowance_credits: int | None,
         *,
-        status: OrganizationStatus | str = OrganizationStatus.OPERATIONAL,
-        notice_thresholds: Iterable[int] = (80, 100),
+        status: OrganizationStatus | str | None = None,
+        notice_thresholds: Iterable[int] | None = None,
         now: datetime | None = None,
     ) -> Organization:
-        """Create or update an organization (allowance None = unlimited)."""
+        """Create or update an organization (allowance None = unlimited). ``status`` and
+        ``notice_thresholds`` None keep the organization's (a new one: operational,
+        (80, 100)); pass them to change them."""
+
+    @operation("set_allowance")
+    def set_allowance(
+        self,
+        organization_id: UuidLike,
+        monthly_allowance_credits: int | None,
+        *,
+        now: datetime | None = None,
+    ) -> Organization:
+        """Change only the monthly allowance of an existing organization (None = unlimited;
+        UnknownOrganization otherwise): name, status and thresholds stay."""
 
     @operation("set_recovery_policy")
     def set_recovery_policy(

@@ -34,6 +34,11 @@ FROM llm.upsert_organization(
     '00000000-0000-0000-0000-00000000000b', 'globex', 50000,
     p_notice_thresholds => '{50,90,100}', p_now => '2026-01-15 12:00+00');
 
+-- example: set_allowance
+-- note: only the allowance changes; a suspended organization stays suspended
+SELECT name, status, monthly_allowance_credits, notice_thresholds
+FROM llm.set_allowance('00000000-0000-0000-0000-00000000000a', 12000, p_now => '2026-01-15 12:00+00');
+
 -- example: set_recovery_policy
 SELECT name, recovery_charge, late_settlement
 FROM llm.set_recovery_policy('00000000-0000-0000-0000-00000000000a', 'dispatched', 'true_up');

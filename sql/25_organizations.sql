@@ -102,6 +102,9 @@ $$;
 COMMENT ON FUNCTION llm._apply_to_periods(uuid, bigint, integer[], boolean, timestamptz) IS
     'Applies a changed allowance to the period containing p_now and later ones, owing at once the thresholds their usage now stands at or above, and spreads the rooms again of those periods, or of every period of the organization when its threshold list changed (p_every_period); periods locked in period order.';
 
+-- A NULL status or threshold list keeps the organization's (a new one: operational,
+-- {80,100}): raising an allowance must not reactivate a suspended tenant or reset its
+-- thresholds (0.4.0).
 CREATE OR REPLACE FUNCTION llm._upsert_organization(
     p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint,
     p_status text, p_notice_thresholds integer[], p_now timestamptz)
@@ -112,13 +115,15 @@ DECLARE
     v_org llm.organizations;
     v_old_allowance bigint;
     v_old_thresholds integer[];
+    v_thresholds integer[];
 BEGIN
     SELECT o.monthly_allowance_credits, o.notice_thresholds INTO v_old_allowance, v_old_thresholds
       FROM llm.organizations AS o WHERE o.id = p_organization_id FOR UPDATE;
     IF NOT FOUND THEN
         INSERT INTO llm.organizations AS o
                (id, name, status, monthly_allowance_credits, notice_thresholds, created_at, updated_at)
-        VALUES (p_organization_id, p_name, p_status, p_monthly_allowance_credits, p_notice_thresholds, p_now, p_now)
+        VALUES (p_organization_id, p_name, coalesce(p_status, 'operational'), p_monthly_allowance_credits,
+                coalesce(p_notice_thresholds, '{80,100}'), p_now, p_now)
         ON CONFLICT (id) DO NOTHING
         RETURNING o.* INTO v_org;
         IF FOUND THEN
@@ -128,20 +133,21 @@ BEGIN
         SELECT o.monthly_allowance_credits, o.notice_thresholds INTO v_old_allowance, v_old_thresholds
           FROM llm.organizations AS o WHERE o.id = p_organization_id FOR UPDATE;
     END IF;
+    v_thresholds := coalesce(p_notice_thresholds, v_old_thresholds);
 
     UPDATE llm.organizations AS o
        SET name = p_name,
-           status = p_status,
+           status = coalesce(p_status, o.status),
            monthly_allowance_credits = p_monthly_allowance_credits,
-           notice_thresholds = p_notice_thresholds,
+           notice_thresholds = v_thresholds,
            updated_at = p_now
      WHERE o.id = p_organization_id
     RETURNING o.* INTO v_org;
 
     IF v_old_allowance IS DISTINCT FROM p_monthly_allowance_credits
-       OR v_old_thresholds IS DISTINCT FROM p_notice_thresholds THEN
-        PERFORM llm._apply_to_periods(p_organization_id, p_monthly_allowance_credits, p_notice_thresholds,
-                                      v_old_thresholds IS DISTINCT FROM p_notice_thresholds, p_now);
+       OR v_old_thresholds IS DISTINCT FROM v_thresholds THEN
+        PERFORM llm._apply_to_periods(p_organization_id, p_monthly_allowance_credits, v_thresholds,
+                                      v_old_thresholds IS DISTINCT FROM v_thresholds, p_now);
     END IF;
     RETURN v_org;
 END
@@ -151,7 +157,7 @@ COMMENT ON FUNCTION llm._upsert_organization(uuid, text, bigint, text, integer[]
 
 CREATE OR REPLACE FUNCTION llm.upsert_organization(
     p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint,
-    p_status text DEFAULT 'operational', p_notice_thresholds integer[] DEFAULT '{80,100}',
+    p_status text DEFAULT NULL, p_notice_thresholds integer[] DEFAULT NULL,
     p_now timestamptz DEFAULT now())
 RETURNS llm.organization_settings
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -164,11 +170,13 @@ BEGIN
     PERFORM llm._check_call(p_organization_id, p_now);
     PERFORM llm._check_text('p_name', p_name, 200);
     PERFORM llm._check_amount('p_monthly_allowance_credits', p_monthly_allowance_credits, true);
-    IF p_status IS NULL OR p_status NOT IN ('operational', 'suspended', 'closed') THEN
-        RAISE EXCEPTION 'llm: invalid organization status %', coalesce(p_status, 'NULL')
-            USING ERRCODE = '22023', HINT = 'Use operational, suspended or closed.';
+    IF p_status NOT IN ('operational', 'suspended', 'closed') THEN
+        RAISE EXCEPTION 'llm: invalid organization status %', p_status
+            USING ERRCODE = '22023', HINT = 'Use operational, suspended or closed; NULL keeps the organization''s.';
     END IF;
-    v_thresholds := llm._check_thresholds(p_notice_thresholds);
+    IF p_notice_thresholds IS NOT NULL THEN  -- NULL keeps the organization's list
+        v_thresholds := llm._check_thresholds(p_notice_thresholds);
+    END IF;
     SELECT * INTO v_org
       FROM llm._upsert_organization(p_organization_id, p_name, p_monthly_allowance_credits,
                                     p_status, v_thresholds, v_now);
@@ -176,7 +184,54 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm.upsert_organization(uuid, text, bigint, text, integer[], timestamptz) IS
-    'Creates or updates an organization; a changed allowance (NULL = unlimited) also applies to the period containing p_now and later open ones, which owe at once every threshold their usage now stands at or above; a changed threshold list applies to every period.';
+    'Creates or updates an organization; a NULL status or threshold list keeps the organization''s (a new one: operational, {80,100}). A changed allowance (NULL = unlimited) also applies to the period containing p_now and later open ones, which owe at once every threshold their usage now stands at or above; a changed threshold list applies to every period.';
+
+CREATE OR REPLACE FUNCTION llm._set_allowance(
+    p_organization_id uuid, p_monthly_allowance_credits bigint, p_now timestamptz)
+RETURNS llm.organizations
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_org llm.organizations;
+    v_old_allowance bigint;
+BEGIN
+    SELECT o.monthly_allowance_credits INTO v_old_allowance
+      FROM llm.organizations AS o WHERE o.id = p_organization_id FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM llm._raise_unknown_org(p_organization_id);
+    END IF;
+    UPDATE llm.organizations AS o
+       SET monthly_allowance_credits = p_monthly_allowance_credits, updated_at = p_now
+     WHERE o.id = p_organization_id
+    RETURNING o.* INTO v_org;
+    IF v_old_allowance IS DISTINCT FROM p_monthly_allowance_credits THEN
+        PERFORM llm._apply_to_periods(p_organization_id, p_monthly_allowance_credits, v_org.notice_thresholds,
+                                      false, p_now);
+    END IF;
+    RETURN v_org;
+END
+$$;
+COMMENT ON FUNCTION llm._set_allowance(uuid, bigint, timestamptz) IS
+    'Distributed twin of set_allowance; arguments already checked.';
+
+CREATE OR REPLACE FUNCTION llm.set_allowance(
+    p_organization_id uuid, p_monthly_allowance_credits bigint, p_now timestamptz DEFAULT now())
+RETURNS llm.organization_settings
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $$
+DECLARE
+    v_org llm.organization_settings;  -- the twin's llm.organizations row, column for column
+BEGIN
+    PERFORM llm._check_call(p_organization_id, p_now);
+    PERFORM llm._check_amount('p_monthly_allowance_credits', p_monthly_allowance_credits, true);
+    SELECT * INTO v_org
+      FROM llm._set_allowance(p_organization_id, p_monthly_allowance_credits,
+                              coalesce(p_now, pg_catalog.now()));
+    RETURN v_org;
+END
+$$;
+COMMENT ON FUNCTION llm.set_allowance(uuid, bigint, timestamptz) IS
+    'Changes only the monthly allowance (NULL = unlimited) of an existing organization (LL002 otherwise), as upsert_organization would: the period containing p_now and later open ones take it and owe at once every threshold their usage now stands at or above. Name, status and thresholds stay.';
 
 CREATE OR REPLACE FUNCTION llm._set_period_stripes(p_organization_id uuid, p_stripes integer)
 RETURNS integer

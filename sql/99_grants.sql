@@ -27,6 +27,7 @@ TO llm_app;
 
 GRANT EXECUTE ON FUNCTION
     llm.upsert_organization(uuid, text, bigint, text, integer[], timestamptz),
+    llm.set_allowance(uuid, bigint, timestamptz),
     llm.set_recovery_policy(uuid, text, text),
     llm.set_period_stripes(uuid, integer),
     llm.set_budget(uuid, text, text, text, bigint, integer[], timestamptz),

@@ -44,6 +44,7 @@ MB = 1 << 20
 SIGNATURES = {
     "upsert_organization": "llm.upsert_organization(uuid,text,bigint,text,integer[],timestamp with time zone)",
     "declare_task_kind": "llm.declare_task_kind(text,text)",
+    "set_allowance": "llm.set_allowance(uuid,bigint,timestamp with time zone)",
     "set_recovery_policy": "llm.set_recovery_policy(uuid,text,text)",
     "set_period_stripes": "llm.set_period_stripes(uuid,integer)",
     "set_budget": "llm.set_budget(uuid,text,text,text,bigint,integer[],timestamp with time zone)",

@@ -560,6 +560,22 @@ def test_a_refusal_relayed_by_citus_is_named_from_its_DETAIL(llm_conn: psycopg.C
         assert (caught.value.scope, caught.value.scope_id, caught.value.window) == named, detail
 
 
+def test_the_driver_changes_one_thing_at_a_time(llm: Llm, llm_conn: psycopg.Connection) -> None:
+    """Issue 31 item 1: the driver's upsert_organization without status or thresholds keeps
+    the organization's (it reset them to operational and (80, 100)), and set_allowance
+    changes the allowance alone; an unknown organization is UnknownOrganization."""
+    org = uuid.uuid4()
+    llm.upsert_organization(org, "Suspended Co", 5_000, status="suspended", notice_thresholds=(50, 90), now=T0)
+    kept = llm.upsert_organization(org, "Suspended Co", 6_000, now=T0)
+    assert (kept.status, kept.notice_thresholds, kept.monthly_allowance_credits) == ("suspended", (50, 90), 6_000)
+    changed = llm.set_allowance(org, 7_000, now=T0)
+    assert (changed.name, changed.status, changed.notice_thresholds, changed.monthly_allowance_credits) == (
+        "Suspended Co", "suspended", (50, 90), 7_000)  # fmt: skip
+    with pytest.raises(errors.UnknownOrganization):
+        llm.set_allowance(uuid.uuid4(), 1, now=T0)
+    assert invariants(llm_conn) == []
+
+
 def contract_errors_section() -> str:
     text = (ROOT / "docs" / "contract.md").read_text(encoding="utf-8")
     return text.split("\n## Errors\n", 1)[1].split("\n## ", 1)[0]

@@ -102,8 +102,6 @@ INVALID_UPSERTS = {
     "negative allowance": {"monthly_allowance_credits": -1},
     "allowance over 10^15": {"monthly_allowance_credits": MAX_AMOUNT + 1},
     "unknown status": {"status": "active"},
-    "null status": {"status": None},
-    "null threshold list": {"notice_thresholds": None},
     "null threshold element": {"notice_thresholds": [80, None]},
     "duplicate thresholds": {"notice_thresholds": [80, 80, 100]},
     "threshold 0": {"notice_thresholds": [0, 100]},
@@ -141,6 +139,92 @@ def test_invalid_thresholds_error_explains_the_accepted_list(llm_conn):
 
 
 # ---------------------------------------------------------------- allowance and the current period
+
+
+def test_an_upsert_without_status_or_thresholds_keeps_the_organizations(llm_conn):
+    """Issue 31 item 1: upsert_organization(id, name, allowance), as operations.md raised an
+    allowance, set a suspended tenant operational again and reset its thresholds (50, 90)
+    to (80, 100): the defaults of the arguments not given overwrote the row. A NULL status
+    or threshold list now keeps the organization's."""
+    org = new_org(llm_conn, 5000, status="suspended", thresholds=[50, 90])
+    keep = {"status": None, "notice_thresholds": None}
+    updated = row(llm_conn, UPSERT_SQL, upsert_params(org, name="Suspended Co",
+                                                      monthly_allowance_credits=6000, **keep))  # fmt: skip
+    assert (updated["name"], updated["status"], updated["monthly_allowance_credits"],
+            updated["notice_thresholds"]) == ("Suspended Co", "suspended", 6000, [50, 90])  # fmt: skip
+    assert_sqlstate(llm_conn, "LL003", sql_of("admit"), params("admit", org, 1, "model-a", now=T0))
+    # given, each still changes
+    assert row(llm_conn, UPSERT_SQL, upsert_params(org, status="operational", notice_thresholds=None)
+               )["notice_thresholds"] == [50, 90]  # fmt: skip
+    assert row(llm_conn, UPSERT_SQL, upsert_params(org, status=None, notice_thresholds=[70])
+               )["status"] == "operational"  # fmt: skip
+    assert invariants(llm_conn) == []
+
+
+def test_a_new_organization_without_status_or_thresholds_is_operational_at_80_and_100(llm_conn):
+    org = uuid.uuid4()
+    created = row(llm_conn, UPSERT_SQL, upsert_params(org, status=None, notice_thresholds=None))
+    assert (created["status"], created["notice_thresholds"]) == ("operational", [80, 100])
+
+
+def test_a_kept_threshold_list_owes_the_levels_a_lowered_allowance_puts_behind(llm_conn):
+    """A lowered allowance with the list kept (NULL) owes at once the kept levels usage now
+    stands at or above, as a changed allowance always did (issue 20 defect 4)."""
+    org = new_org(llm_conn, 1000, thresholds=[50, 90], now=T0 - timedelta(days=1))
+    inv = admit(llm_conn, org, 600, now=T0)["id"]
+    llm_conn.execute(sql_of("settle"), params("settle", org, inv, 600, 0, now=T0))
+    row(llm_conn, UPSERT_SQL, upsert_params(org, monthly_allowance_credits=650, status=None,
+                                            notice_thresholds=None, now=T0 + timedelta(hours=1)))  # fmt: skip
+    owed = [r["threshold_pct"] for r in rows(
+        llm_conn, "SELECT threshold_pct FROM llm.threshold_notices WHERE organization_id = %s ORDER BY 1",
+        [org])]  # fmt: skip
+    assert owed == [50, 90]  # 50 % at the settlement, 90 % by the change (600 of 650)
+    assert period(llm_conn, org, JANUARY)["allowance_credits"] == 650
+    assert invariants(llm_conn) == []
+
+
+SET_ALLOWANCE_SQL = sql_of("set_allowance")
+
+
+def test_set_allowance_changes_the_allowance_alone_and_applies_it_to_the_period(llm_conn):
+    """Issue 31 item 1: llm.set_allowance changes only the allowance; name, status and
+    thresholds stay, the current period takes it at once, and a level usage now stands at
+    or above is owed in the same transaction."""
+    org = new_org(llm_conn, 1000, name="Keep Co", status="suspended", thresholds=[50, 90],
+                  now=T0 - timedelta(days=1))  # fmt: skip
+    set_org(llm_conn, org, 1000, status="operational", thresholds=[50, 90], now=T0 - timedelta(days=1))
+    inv = admit(llm_conn, org, 600, now=T0)["id"]
+    llm_conn.execute(sql_of("settle"), params("settle", org, inv, 600, 0, now=T0))
+    call_suspend = upsert_params(org, name="Keep Co", status="suspended", notice_thresholds=None)
+    row(llm_conn, UPSERT_SQL, call_suspend)
+    changed = row(llm_conn, SET_ALLOWANCE_SQL, params("set_allowance", org, 650, now=T0 + timedelta(hours=1)))
+    assert (changed["name"], changed["status"], changed["monthly_allowance_credits"],
+            changed["notice_thresholds"]) == ("Keep Co", "suspended", 650, [50, 90])  # fmt: skip
+    assert period(llm_conn, org, JANUARY)["allowance_credits"] == 650
+    owed = [r["threshold_pct"] for r in rows(
+        llm_conn, "SELECT threshold_pct FROM llm.threshold_notices WHERE organization_id = %s"
+                  " AND scope = 'organization' AND budget_window = 'month' ORDER BY 1", [org])]  # fmt: skip
+    assert owed == [50, 90]  # 600 of 650 is 92 %: the 50 % crossed at settlement, 90 % now
+    assert invariants(llm_conn) == []
+
+
+def test_set_allowance_of_an_unknown_organization_is_LL002_and_writes_nothing(llm_conn):
+    new_org(llm_conn, 1000)
+    assert_sqlstate(llm_conn, "LL002", SET_ALLOWANCE_SQL, params("set_allowance", uuid.uuid4(), 10, now=T0))
+
+
+@pytest.mark.parametrize("allowance", [-1, MAX_AMOUNT + 1], ids=["negative", "over 10^15"])
+def test_set_allowance_rejects_a_bad_allowance_with_22023_and_writes_nothing(llm_conn, allowance):
+    org = new_org(llm_conn, 1000)
+    assert_sqlstate(llm_conn, "22023", SET_ALLOWANCE_SQL, params("set_allowance", org, allowance, now=T0))
+
+
+def test_set_allowance_to_unlimited(llm_conn):
+    org = new_org(llm_conn, 10)
+    assert row(llm_conn, SET_ALLOWANCE_SQL, params("set_allowance", org, None, now=T0)
+               )["monthly_allowance_credits"] is None  # fmt: skip
+    assert admit(llm_conn, org, 10**12, now=T0)["status"] == "reserved"
+    assert invariants(llm_conn) == []
 
 
 def test_allowance_raised_mid_month_applies_to_the_current_period_at_once(llm_conn):

@@ -46,6 +46,7 @@ APP = {
 OPERATOR = {
     # tenants and the task catalog (administration)
     "llm.upsert_organization(uuid,text,bigint,text,integer[],timestamp with time zone)",
+    "llm.set_allowance(uuid,bigint,timestamp with time zone)",
     "llm.declare_task_kind(text,text)",
     "llm.set_recovery_policy(uuid,text,text)",
     "llm.set_period_stripes(uuid,integer)",

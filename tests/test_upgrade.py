@@ -301,6 +301,7 @@ def exercise_every_public_routine(conn: psycopg.Connection, ids: dict[str, uuid.
 
     calls = {  # by routine name: the driver's operation for each
         "upsert_organization": lambda: call(conn, "upsert_organization", small, "small", 2000, now=feb),
+        "set_allowance": lambda: call(conn, "set_allowance", small, 2000, now=feb),
         "declare_task_kind": lambda: call(conn, "declare_task_kind", "upgrade.new"),
         "set_recovery_policy": lambda: call(conn, "set_recovery_policy", unlimited, "dispatched", "true_up"),
         "set_period_stripes": lambda: call(conn, "set_period_stripes", small, 4),
