@@ -18,7 +18,17 @@ from datetime import date, datetime
 from typing import Any
 from uuid import UUID
 
-from llm_db._types import TASK_DEFAULT, Int4, Row, TaskDefault, UuidArray, UuidLike, value_of
+from llm_db._types import (
+    TASK_DEFAULT,
+    Int4,
+    Row,
+    TaskDefault,
+    UuidArray,
+    UuidLike,
+    uuid_arg,
+    value_of,
+    whole,
+)
 from llm_db.models import (
     CloseOutcome,
     DailyUsageFinding,
@@ -355,9 +365,9 @@ class LlmMethods:
         ``notice_thresholds`` None keep the organization's (a new one: operational,
         (80, 100)); pass them to change them."""
         params = {
-            "organization_id": organization_id,
+            "organization_id": uuid_arg("organization_id", organization_id),
             "name": name,
-            "monthly_allowance_credits": monthly_allowance_credits,
+            "monthly_allowance_credits": whole("monthly_allowance_credits", monthly_allowance_credits),
             "status": status,
             "notice_thresholds": None if notice_thresholds is None else list(notice_thresholds),
             "now": now,
@@ -375,8 +385,8 @@ class LlmMethods:
         """Change only the monthly allowance of an existing organization (None = unlimited;
         UnknownOrganization otherwise): name, status and thresholds stay."""
         params = {
-            "organization_id": organization_id,
-            "monthly_allowance_credits": monthly_allowance_credits,
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "monthly_allowance_credits": whole("monthly_allowance_credits", monthly_allowance_credits),
             "now": now,
         }
         rows = self._execute(SET_ALLOWANCE, params)
@@ -391,7 +401,7 @@ class LlmMethods:
         """What recovery charges (estimate | dispatched | none) and what a late measured
         settlement does (audit | true_up) for this organization."""
         params = {
-            "organization_id": organization_id,
+            "organization_id": uuid_arg("organization_id", organization_id),
             "recovery_charge": recovery_charge,
             "late_settlement": late_settlement,
         }
@@ -405,8 +415,8 @@ class LlmMethods:
     ) -> int:
         """Spread the organization's period counters over ``stripes`` rows (1-64); the new count."""
         params = {
-            "organization_id": organization_id,
-            "stripes": stripes,
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "stripes": whole("stripes", stripes),
         }
         rows = self._execute(SET_PERIOD_STRIPES, params)
         return value_of(rows, int)
@@ -426,11 +436,11 @@ class LlmMethods:
         ``day``, ``week`` or ``month`` in UTC; ``limit_credits`` None removes it. Scopes:
         ``organization`` (id None; day and week), ``project``, ``api_key``, ``end_user``."""
         params = {
-            "organization_id": organization_id,
+            "organization_id": uuid_arg("organization_id", organization_id),
             "scope": scope,
             "scope_id": scope_id,
             "window": window,
-            "limit_credits": limit_credits,
+            "limit_credits": whole("limit_credits", limit_credits),
             "thresholds": None if thresholds is None else list(thresholds),
             "now": now,
         }
@@ -465,11 +475,11 @@ class LlmMethods:
         ``project``, ``api_key`` (the key's id, never its secret) and ``end_user``
         (``AllowanceExhausted`` naming the first that does not fit)."""
         params = {
-            "organization_id": organization_id,
-            "estimate_credits": estimate_credits,
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "estimate_credits": whole("estimate_credits", estimate_credits),
             "model": model,
-            "execution_id": execution_id,
-            "invocation_id": invocation_id,
+            "execution_id": uuid_arg("execution_id", execution_id),
+            "invocation_id": uuid_arg("invocation_id", invocation_id),
             "now": now,
             "project": project,
             "api_key": api_key,
@@ -493,11 +503,11 @@ class LlmMethods:
     ) -> UUID:
         """``admit``, returning only the request's id (one column instead of a whole row)."""
         params = {
-            "organization_id": organization_id,
-            "estimate_credits": estimate_credits,
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "estimate_credits": whole("estimate_credits", estimate_credits),
             "model": model,
-            "execution_id": execution_id,
-            "invocation_id": invocation_id,
+            "execution_id": uuid_arg("execution_id", execution_id),
+            "invocation_id": uuid_arg("invocation_id", invocation_id),
             "now": now,
             "project": project,
             "api_key": api_key,
@@ -515,8 +525,8 @@ class LlmMethods:
     ) -> Invocation:
         """Mark an admitted request as sent to the provider (idempotent)."""
         params = {
-            "organization_id": organization_id,
-            "invocation_id": invocation_id,
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "invocation_id": uuid_arg("invocation_id", invocation_id),
             "now": now,
         }
         rows = self._execute(MARK_DISPATCHED, params)
@@ -536,12 +546,12 @@ class LlmMethods:
         """Settle with measured usage; ``Outcome.SETTLED``, ``TRUED_UP`` (a recovered request
         under ``late_settlement = true_up``) or an ``ALREADY_*`` outcome."""
         params = {
-            "organization_id": organization_id,
-            "invocation_id": invocation_id,
-            "credits": credits,
-            "cents": cents,
-            "input_tokens": input_tokens,
-            "output_tokens": output_tokens,
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "invocation_id": uuid_arg("invocation_id", invocation_id),
+            "credits": whole("credits", credits),
+            "cents": whole("cents", cents),
+            "input_tokens": whole("input_tokens", input_tokens),
+            "output_tokens": whole("output_tokens", output_tokens),
             "now": now,
         }
         rows = self._execute(SETTLE, params)
@@ -561,11 +571,11 @@ class LlmMethods:
         ``Outcome.FAILED``, ``TRUED_UP`` (a recovered request under ``late_settlement =
         true_up``: the books move to the partial charge) or an ``ALREADY_*`` outcome."""
         params = {
-            "organization_id": organization_id,
-            "invocation_id": invocation_id,
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "invocation_id": uuid_arg("invocation_id", invocation_id),
             "error": error,
-            "credits": credits,
-            "cents": cents,
+            "credits": whole("credits", credits),
+            "cents": whole("cents", cents),
             "now": now,
         }
         rows = self._execute(FAIL, params)
@@ -583,7 +593,7 @@ class LlmMethods:
     ) -> Execution:
         """Open a task (or, for a known replay key, return the earlier one with replayed=True)."""
         params = {
-            "organization_id": organization_id,
+            "organization_id": uuid_arg("organization_id", organization_id),
             "task_key": task_key,
             "subject_type": subject_type,
             "subject_id": subject_id,
@@ -604,8 +614,8 @@ class LlmMethods:
     ) -> bool:
         """Close a running task as completed or failed; False when it was no longer running."""
         params = {
-            "organization_id": organization_id,
-            "execution_id": execution_id,
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "execution_id": uuid_arg("execution_id", execution_id),
             "outcome": outcome,
             "error": error,
             "now": now,
@@ -622,9 +632,9 @@ class LlmMethods:
     ) -> OrgSweep:
         """Sweep one organization in one transaction."""
         params = {
-            "organization_id": organization_id,
+            "organization_id": uuid_arg("organization_id", organization_id),
             "now": now,
-            "batch": batch,
+            "batch": whole("batch", batch),
         }
         rows = self._execute(RECONCILE_ORG, params)
         return OrgSweep.from_row(rows[0])
@@ -643,7 +653,7 @@ class LlmMethods:
         (a skipped pass records its own row)."""
         params = {
             "now": now,
-            "batch": batch,
+            "batch": whole("batch", batch),
         }
         rows = self._call_procedure(RUN_RECONCILIATION, params)
         return ReconciliationRun.from_row(rows[0]) if rows else None
@@ -684,7 +694,7 @@ class LlmMethods:
     ) -> list[Notice]:
         """Claim up to ``limit`` due notices (owed -> sending)."""
         params = {
-            "limit": limit,
+            "limit": whole("limit", limit),
             "now": now,
         }
         rows = self._execute(CLAIM_NOTICES, params)
@@ -701,9 +711,9 @@ class LlmMethods:
         """Mark a claimed notice sent; False, changing nothing, unless it is still claimed
         under ``claim_token`` (``Notice.claim_token``): the claim was lost."""
         params = {
-            "organization_id": organization_id,
-            "notice_id": notice_id,
-            "claim_token": claim_token,
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "notice_id": uuid_arg("notice_id", notice_id),
+            "claim_token": uuid_arg("claim_token", claim_token),
             "now": now,
         }
         rows = self._execute(COMPLETE_NOTICE, params)
@@ -721,9 +731,9 @@ class LlmMethods:
         """Return a claimed notice to owed with its error and a backoff; False, changing
         nothing, when the claim under ``claim_token`` was lost."""
         params = {
-            "organization_id": organization_id,
-            "notice_id": notice_id,
-            "claim_token": claim_token,
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "notice_id": uuid_arg("notice_id", notice_id),
+            "claim_token": uuid_arg("claim_token", claim_token),
             "error": error,
             "now": now,
         }
@@ -741,9 +751,9 @@ class LlmMethods:
         """Give a claimed notice back unsent (owed, due at once, no attempt counted);
         False, changing nothing, when the claim under ``claim_token`` was lost."""
         params = {
-            "organization_id": organization_id,
-            "notice_id": notice_id,
-            "claim_token": claim_token,
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "notice_id": uuid_arg("notice_id", notice_id),
+            "claim_token": uuid_arg("claim_token", claim_token),
             "now": now,
         }
         rows = self._execute(RELEASE_NOTICE, params)
@@ -975,7 +985,7 @@ class LlmMethods:
     ) -> str:
         """Shard the schema with Citus (``CitusNotInstalled`` without it); what it did."""
         params = {
-            "shard_count": shard_count,
+            "shard_count": whole("shard_count", shard_count),
         }
         rows = self._execute(DISTRIBUTE, params)
         return value_of(rows, str)
@@ -1001,9 +1011,9 @@ class AsyncLlmMethods:
         ``notice_thresholds`` None keep the organization's (a new one: operational,
         (80, 100)); pass them to change them."""
         params = {
-            "organization_id": organization_id,
+            "organization_id": uuid_arg("organization_id", organization_id),
             "name": name,
-            "monthly_allowance_credits": monthly_allowance_credits,
+            "monthly_allowance_credits": whole("monthly_allowance_credits", monthly_allowance_credits),
             "status": status,
             "notice_thresholds": None if notice_thresholds is None else list(notice_thresholds),
             "now": now,
@@ -1021,8 +1031,8 @@ class AsyncLlmMethods:
         """Change only the monthly allowance of an existing organization (None = unlimited;
         UnknownOrganization otherwise): name, status and thresholds stay."""
         params = {
-            "organization_id": organization_id,
-            "monthly_allowance_credits": monthly_allowance_credits,
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "monthly_allowance_credits": whole("monthly_allowance_credits", monthly_allowance_credits),
             "now": now,
         }
         rows = await self._execute(SET_ALLOWANCE, params)
@@ -1037,7 +1047,7 @@ class AsyncLlmMethods:
         """What recovery charges (estimate | dispatched | none) and what a late measured
         settlement does (audit | true_up) for this organization."""
         params = {
-            "organization_id": organization_id,
+            "organization_id": uuid_arg("organization_id", organization_id),
             "recovery_charge": recovery_charge,
             "late_settlement": late_settlement,
         }
@@ -1051,8 +1061,8 @@ class AsyncLlmMethods:
     ) -> int:
         """Spread the organization's period counters over ``stripes`` rows (1-64); the new count."""
         params = {
-            "organization_id": organization_id,
-            "stripes": stripes,
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "stripes": whole("stripes", stripes),
         }
         rows = await self._execute(SET_PERIOD_STRIPES, params)
         return value_of(rows, int)
@@ -1072,11 +1082,11 @@ class AsyncLlmMethods:
         ``day``, ``week`` or ``month`` in UTC; ``limit_credits`` None removes it. Scopes:
         ``organization`` (id None; day and week), ``project``, ``api_key``, ``end_user``."""
         params = {
-            "organization_id": organization_id,
+            "organization_id": uuid_arg("organization_id", organization_id),
             "scope": scope,
             "scope_id": scope_id,
             "window": window,
-            "limit_credits": limit_credits,
+            "limit_credits": whole("limit_credits", limit_credits),
             "thresholds": None if thresholds is None else list(thresholds),
             "now": now,
         }
@@ -1111,11 +1121,11 @@ class AsyncLlmMethods:
         ``project``, ``api_key`` (the key's id, never its secret) and ``end_user``
         (``AllowanceExhausted`` naming the first that does not fit)."""
         params = {
-            "organization_id": organization_id,
-            "estimate_credits": estimate_credits,
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "estimate_credits": whole("estimate_credits", estimate_credits),
             "model": model,
-            "execution_id": execution_id,
-            "invocation_id": invocation_id,
+            "execution_id": uuid_arg("execution_id", execution_id),
+            "invocation_id": uuid_arg("invocation_id", invocation_id),
             "now": now,
             "project": project,
             "api_key": api_key,
@@ -1139,11 +1149,11 @@ class AsyncLlmMethods:
     ) -> UUID:
         """``admit``, returning only the request's id (one column instead of a whole row)."""
         params = {
-            "organization_id": organization_id,
-            "estimate_credits": estimate_credits,
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "estimate_credits": whole("estimate_credits", estimate_credits),
             "model": model,
-            "execution_id": execution_id,
-            "invocation_id": invocation_id,
+            "execution_id": uuid_arg("execution_id", execution_id),
+            "invocation_id": uuid_arg("invocation_id", invocation_id),
             "now": now,
             "project": project,
             "api_key": api_key,
@@ -1161,8 +1171,8 @@ class AsyncLlmMethods:
     ) -> Invocation:
         """Mark an admitted request as sent to the provider (idempotent)."""
         params = {
-            "organization_id": organization_id,
-            "invocation_id": invocation_id,
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "invocation_id": uuid_arg("invocation_id", invocation_id),
             "now": now,
         }
         rows = await self._execute(MARK_DISPATCHED, params)
@@ -1182,12 +1192,12 @@ class AsyncLlmMethods:
         """Settle with measured usage; ``Outcome.SETTLED``, ``TRUED_UP`` (a recovered request
         under ``late_settlement = true_up``) or an ``ALREADY_*`` outcome."""
         params = {
-            "organization_id": organization_id,
-            "invocation_id": invocation_id,
-            "credits": credits,
-            "cents": cents,
-            "input_tokens": input_tokens,
-            "output_tokens": output_tokens,
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "invocation_id": uuid_arg("invocation_id", invocation_id),
+            "credits": whole("credits", credits),
+            "cents": whole("cents", cents),
+            "input_tokens": whole("input_tokens", input_tokens),
+            "output_tokens": whole("output_tokens", output_tokens),
             "now": now,
         }
         rows = await self._execute(SETTLE, params)
@@ -1207,11 +1217,11 @@ class AsyncLlmMethods:
         ``Outcome.FAILED``, ``TRUED_UP`` (a recovered request under ``late_settlement =
         true_up``: the books move to the partial charge) or an ``ALREADY_*`` outcome."""
         params = {
-            "organization_id": organization_id,
-            "invocation_id": invocation_id,
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "invocation_id": uuid_arg("invocation_id", invocation_id),
             "error": error,
-            "credits": credits,
-            "cents": cents,
+            "credits": whole("credits", credits),
+            "cents": whole("cents", cents),
             "now": now,
         }
         rows = await self._execute(FAIL, params)
@@ -1229,7 +1239,7 @@ class AsyncLlmMethods:
     ) -> Execution:
         """Open a task (or, for a known replay key, return the earlier one with replayed=True)."""
         params = {
-            "organization_id": organization_id,
+            "organization_id": uuid_arg("organization_id", organization_id),
             "task_key": task_key,
             "subject_type": subject_type,
             "subject_id": subject_id,
@@ -1250,8 +1260,8 @@ class AsyncLlmMethods:
     ) -> bool:
         """Close a running task as completed or failed; False when it was no longer running."""
         params = {
-            "organization_id": organization_id,
-            "execution_id": execution_id,
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "execution_id": uuid_arg("execution_id", execution_id),
             "outcome": outcome,
             "error": error,
             "now": now,
@@ -1268,9 +1278,9 @@ class AsyncLlmMethods:
     ) -> OrgSweep:
         """Sweep one organization in one transaction."""
         params = {
-            "organization_id": organization_id,
+            "organization_id": uuid_arg("organization_id", organization_id),
             "now": now,
-            "batch": batch,
+            "batch": whole("batch", batch),
         }
         rows = await self._execute(RECONCILE_ORG, params)
         return OrgSweep.from_row(rows[0])
@@ -1289,7 +1299,7 @@ class AsyncLlmMethods:
         (a skipped pass records its own row)."""
         params = {
             "now": now,
-            "batch": batch,
+            "batch": whole("batch", batch),
         }
         rows = await self._call_procedure(RUN_RECONCILIATION, params)
         return ReconciliationRun.from_row(rows[0]) if rows else None
@@ -1330,7 +1340,7 @@ class AsyncLlmMethods:
     ) -> list[Notice]:
         """Claim up to ``limit`` due notices (owed -> sending)."""
         params = {
-            "limit": limit,
+            "limit": whole("limit", limit),
             "now": now,
         }
         rows = await self._execute(CLAIM_NOTICES, params)
@@ -1347,9 +1357,9 @@ class AsyncLlmMethods:
         """Mark a claimed notice sent; False, changing nothing, unless it is still claimed
         under ``claim_token`` (``Notice.claim_token``): the claim was lost."""
         params = {
-            "organization_id": organization_id,
-            "notice_id": notice_id,
-            "claim_token": claim_token,
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "notice_id": uuid_arg("notice_id", notice_id),
+            "claim_token": uuid_arg("claim_token", claim_token),
             "now": now,
         }
         rows = await self._execute(COMPLETE_NOTICE, params)
@@ -1367,9 +1377,9 @@ class AsyncLlmMethods:
         """Return a claimed notice to owed with its error and a backoff; False, changing
         nothing, when the claim under ``claim_token`` was lost."""
         params = {
-            "organization_id": organization_id,
-            "notice_id": notice_id,
-            "claim_token": claim_token,
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "notice_id": uuid_arg("notice_id", notice_id),
+            "claim_token": uuid_arg("claim_token", claim_token),
             "error": error,
             "now": now,
         }
@@ -1387,9 +1397,9 @@ class AsyncLlmMethods:
         """Give a claimed notice back unsent (owed, due at once, no attempt counted);
         False, changing nothing, when the claim under ``claim_token`` was lost."""
         params = {
-            "organization_id": organization_id,
-            "notice_id": notice_id,
-            "claim_token": claim_token,
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "notice_id": uuid_arg("notice_id", notice_id),
+            "claim_token": uuid_arg("claim_token", claim_token),
             "now": now,
         }
         rows = await self._execute(RELEASE_NOTICE, params)
@@ -1621,7 +1631,7 @@ class AsyncLlmMethods:
     ) -> str:
         """Shard the schema with Citus (``CitusNotInstalled`` without it); what it did."""
         params = {
-            "shard_count": shard_count,
+            "shard_count": whole("shard_count", shard_count),
         }
         rows = await self._execute(DISTRIBUTE, params)
         return value_of(rows, str)

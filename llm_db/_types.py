@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
+from decimal import Decimal
 from typing import Annotated, Any, TypeVar
 from uuid import UUID
 
-__all__ = ["TASK_DEFAULT", "Int4", "Row", "TaskDefault", "UuidArray", "UuidLike", "value_of"]
+__all__ = ["TASK_DEFAULT", "Int4", "Row", "TaskDefault", "UuidArray", "UuidLike", "uuid_arg", "value_of", "whole"]
 
 T = TypeVar("T")
 Row = dict[str, Any]
@@ -41,3 +42,34 @@ class TaskDefault(enum.Enum):
 
 
 TASK_DEFAULT = TaskDefault.TASK_DEFAULT
+
+
+def _refuse(name: str, value: Any, what: str) -> Exception:
+    from llm_db.errors import InvalidArgument  # errors imports nothing of this module
+
+    return InvalidArgument(f"llm: {name} must be {what}, not {value!r} ({type(value).__name__})",
+                           sqlstate=InvalidArgument.code)  # fmt: skip
+
+
+def whole(name: str, value: Any) -> Any:
+    """An integer argument as sent: an ``int`` (not a bool) or a ``Decimal`` without a
+    fraction; anything else (a float, which the server would round: 1.5 charged 2) is
+    ``InvalidArgument`` before anything is sent. None stays None (the routine decides)."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    if isinstance(value, Decimal) and value.is_finite() and value == value.to_integral_value():
+        return int(value)
+    raise _refuse(name, value, "a whole number (int)")
+
+
+def uuid_arg(name: str, value: Any) -> Any:
+    """A uuid argument as sent: a ``UUID``, or a ``str`` that is one; anything else is
+    ``InvalidArgument`` before anything is sent (the server's cast said 22P02)."""
+    if value is None or isinstance(value, UUID):
+        return value
+    if isinstance(value, str):
+        try:
+            return UUID(value)
+        except ValueError:
+            pass
+    raise _refuse(name, value, "a UUID")

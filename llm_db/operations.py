@@ -30,7 +30,16 @@ from datetime import date, datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from llm_db._types import TASK_DEFAULT, Int4, TaskDefault, UuidArray, UuidLike, value_of
+from llm_db._types import (
+    TASK_DEFAULT,
+    Int4,
+    TaskDefault,
+    UuidArray,
+    UuidLike,
+    uuid_arg,
+    value_of,
+    whole,
+)
 from llm_db.models import (
     CloseOutcome,
     DailyUsageFinding,
@@ -170,6 +179,9 @@ class Operation:
         self.names = tuple(p.name for p in parameters)
         #: the parameters that take any iterable and go to the server as a list
         self.listed = frozenset(n for n in self.names if _iterable(hints[n]))
+        #: the parameters checked before sending: "whole" (an SQL integer) or "uuid"
+        self.checked = {n: {"bigint": "whole", "integer": "whole", "uuid": "uuid"}[t]
+                        for n in self.names if (t := _sql_type(hints[n])) in ("bigint", "integer", "uuid")}  # fmt: skip
 
         names = sql_names or {}
         arguments = ",\n    ".join(
@@ -208,6 +220,8 @@ class Operation:
         values = dict(bound.arguments)
         for name in self.listed:
             values[name] = list(values[name]) if values[name] is not None else None
+        for name, kind in self.checked.items():
+            values[name] = (whole if kind == "whole" else uuid_arg)(name, values[name])
         return values
 
 

@@ -25,6 +25,7 @@ from psycopg import sql
 from llm_db import errors, models
 from llm_db.client import AsyncLlm, Llm
 from llm_db.operations import operations
+from tests.fingerprint import fingerprint
 from tests.helpers import JANUARY, T0, invariants
 
 HOUR = timedelta(hours=1)
@@ -811,3 +812,59 @@ def test_a_value_python_cannot_read_is_no_bad_argument() -> None:
     server_side = psycopg.errors.NumericValueOutOfRange("out of range")
     with pytest.raises(psycopg.errors.NumericValueOutOfRange), errors.sent():
         raise server_side
+
+
+# ---------------------------------------------------------------- amounts and ids (issue 31 item 5)
+
+NOT_WHOLE = [1.5, 2.0, True, "3", float("nan")]
+
+
+@pytest.mark.parametrize("amount", NOT_WHOLE, ids=repr)
+def test_an_amount_that_is_no_integer_is_refused_before_anything_is_sent(
+    llm: Llm, llm_conn: psycopg.Connection, amount: Any
+) -> None:
+    """Issue 31 item 5: settle(org, inv, 1.5, 0) charged 2 (the server rounded the float
+    cast to bigint); a float, a bool or a string is InvalidArgument (22023), and the
+    books do not change."""
+    from decimal import Decimal
+
+    org = new_org(llm, 1000)
+    inv = llm.admit(org, 10, "model-a", now=T0).id
+    before = fingerprint(llm_conn)
+    with pytest.raises(errors.InvalidArgument) as caught:
+        llm.settle(org, inv, amount, 0, now=T0)
+    assert caught.value.sqlstate == "22023" and "credits" in caught.value.message
+    with pytest.raises(errors.InvalidArgument):
+        llm.admit(org, amount, "model-a", now=T0)
+    assert fingerprint(llm_conn) == before
+    assert llm.settle(org, inv, Decimal("2"), 0, now=T0) == models.Outcome.SETTLED  # a whole Decimal is one
+    with pytest.raises(errors.InvalidArgument):
+        llm.admit(org, Decimal("1.5"), "model-a", now=T0)
+
+
+@pytest.mark.parametrize("org_id", ["not-a-uuid", "", 12, b"\x00" * 16], ids=repr)
+def test_an_id_that_is_no_uuid_is_invalid_argument_not_22P02(
+    llm: Llm, llm_conn: psycopg.Connection, org_id: Any
+) -> None:
+    """Issue 31 item 5: a non-UUID organization id surfaced as the raw 22P02 of the
+    server's cast; the driver refuses it with InvalidArgument before sending anything."""
+    before = fingerprint(llm_conn)
+    with pytest.raises(errors.InvalidArgument) as caught:
+        llm.admit(org_id, 1, "model-a", now=T0)
+    assert "organization_id" in caught.value.message
+    with pytest.raises(errors.InvalidArgument):
+        llm.upsert_organization(org_id, "x", 1, now=T0)
+    assert fingerprint(llm_conn) == before
+    assert llm.upsert_organization(str(uuid.UUID(int=7)), "x", 1, now=T0).id == uuid.UUID(int=7)
+
+
+def test_the_async_client_checks_amounts_and_ids_too(llm_dsn: str) -> None:
+    async def run() -> None:
+        async with await psycopg.AsyncConnection.connect(llm_dsn, autocommit=True) as conn:
+            llm = AsyncLlm(conn)
+            with pytest.raises(errors.InvalidArgument):
+                await llm.admit(uuid.uuid4(), 1.5, "model-a", now=T0)
+            with pytest.raises(errors.InvalidArgument):
+                await llm.admit("nope", 1, "model-a", now=T0)
+
+    asyncio.run(run())
