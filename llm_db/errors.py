@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, Self
 
 import psycopg
@@ -122,9 +123,14 @@ class AllowanceExhausted(LlmError):
     - a server older than budgets, which names nothing: all three None.
 
     The scope and window come from the error's diagnostic fields (``TABLE`` ``periods``
-    or ``budgets``, ``CONSTRAINT`` the scope, ``COLUMN`` the window), the id from the
-    DETAIL's first line: the one piece of a DETAIL that code reads, a documented format.
-    The rest of the DETAIL (window start, limit, used, held, estimate) is for people.
+    or ``budgets``, ``CONSTRAINT`` the scope, ``COLUMN`` the window; under Citus, which
+    drops them, from the DETAIL), the id from the DETAIL's first line. The figures of the
+    refusal come from the DETAIL, a documented format (docs/contract.md "Errors"):
+    ``limit_credits``, ``used_credits``, ``held_credits``, ``estimate_credits`` (ints),
+    ``window_start`` (a date) and ``resets_at`` (the window's end, a UTC datetime); so
+    "120 credits left, resets at midnight UTC" is ``limit - used - held`` and
+    ``resets_at``. All None when the DETAIL has no figures (a server older than 0.4.0's
+    format, or a refusal raised by hand).
     """
 
     code = "LL001"
@@ -145,6 +151,12 @@ class AllowanceExhausted(LlmError):
         self.scope = scope
         self.scope_id = scope_id
         self.window = window
+        self.limit_credits: int | None = None
+        self.used_credits: int | None = None
+        self.held_credits: int | None = None
+        self.estimate_credits: int | None = None
+        self.window_start: date | None = None
+        self.resets_at: datetime | None = None
 
     @classmethod
     def _from_diag(cls, sqlstate: str, diag: psycopg.errors.Diagnostic, fallback: str) -> Self:
@@ -155,7 +167,41 @@ class AllowanceExhausted(LlmError):
             if table == cls._BUDGET and error.scope != "organization" and error.detail:
                 # an id has no control character, so no line break: the line is the id
                 error.scope_id = error.detail.split("\n", 1)[0]
+            figures = _refusal_figures(table, error.window, error.detail)
+            if figures is not None:
+                (error.limit_credits, error.used_credits, error.held_credits, error.estimate_credits,
+                 error.window_start, error.resets_at) = figures  # fmt: skip
         return error
+
+
+def _window_end(window: str | None, start: date) -> date:
+    """The day after a UTC window's last day (llm._window_end)."""
+    if window == "day":
+        return start + timedelta(days=1)
+    if window == "week":
+        return start + timedelta(days=7)
+    return (start.replace(day=28) + timedelta(days=4)).replace(day=1)
+
+
+def _refusal_figures(
+    table: str | None, window: str | None, detail: str | None
+) -> tuple[int, int, int, int, date, datetime] | None:
+    """(limit, used, held, estimate, window start, resets at) from a refusal's DETAIL: the
+    allowance's one line ``allowance=<n> used=<n> held=<n> estimate=<n> period=<date>``,
+    a budget's second line ``scope=… window=… window_start=<date> limit=<n> used=<n>
+    held=<n> estimate=<n>`` (docs/contract.md "Errors"); None if they are not there."""
+    if not detail:
+        return None
+    lines = detail.split("\n")
+    line = lines[0] if table == "periods" else lines[1] if len(lines) > 1 else ""
+    fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+    limit, start = ("allowance", "period") if table == "periods" else ("limit", "window_start")
+    try:
+        begins = date.fromisoformat(fields[start])
+        return (int(fields[limit]), int(fields["used"]), int(fields["held"]), int(fields["estimate"]),
+                begins, datetime.combine(_window_end(window, begins), time(), UTC))  # fmt: skip
+    except (KeyError, ValueError):
+        return None
 
 
 class UnknownOrganization(LlmError):

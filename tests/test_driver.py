@@ -868,3 +868,40 @@ def test_the_async_client_checks_amounts_and_ids_too(llm_dsn: str) -> None:
                 await llm.admit("nope", 1, "model-a", now=T0)
 
     asyncio.run(run())
+
+
+def test_a_refusal_carries_its_figures_as_fields(llm: Llm, llm_conn: psycopg.Connection) -> None:
+    """Issue 31 item 4: AllowanceExhausted exposes limit, used, held and estimate, the
+    window's start and when it resets (its end, UTC), parsed from the documented DETAIL
+    of real refusals: the allowance and a budget of each window."""
+    from datetime import UTC, date, datetime
+
+    org = new_org(llm, 1_000)
+    llm.set_budget(org, "api_key", "k", "day", 300, now=T0)
+    llm.set_budget(org, "project", "p", "week", 400, now=T0)
+    llm.set_budget(org, "end_user", "*", "month", 500, now=T0)
+    inv = llm.admit(org, 200, "model-a", now=T0, api_key="k", project="p", end_user="u").id
+    llm.settle(org, inv, 120, 0, now=T0)
+    llm.admit(org, 50, "model-a", now=T0, api_key="k", project="p", end_user="u")  # held 50
+
+    # T0 is Thursday 2026-01-15: day ends the 16th, the week (from Monday the 12th) the 19th
+    cases = [
+        ({"api_key": "k"}, 181, ("api_key", 300, date(2026, 1, 15), datetime(2026, 1, 16, tzinfo=UTC))),
+        ({"project": "p"}, 231, ("project", 400, date(2026, 1, 12), datetime(2026, 1, 19, tzinfo=UTC))),
+        ({"end_user": "u"}, 331, ("end_user", 500, date(2026, 1, 1), datetime(2026, 2, 1, tzinfo=UTC))),
+        ({}, 831, ("organization", 1_000, date(2026, 1, 1), datetime(2026, 2, 1, tzinfo=UTC))),
+    ]
+    for scopes, estimate, (scope, limit, start, resets) in cases:
+        error = refused(llm, org, estimate, **scopes)
+        assert error.scope == scope
+        assert (error.limit_credits, error.used_credits, error.held_credits, error.estimate_credits,
+                error.window_start, error.resets_at) == (limit, 120, 50, estimate, start, resets), scope  # fmt: skip
+        assert error.limit_credits - error.used_credits - error.held_credits < estimate  # why it refused
+    assert invariants(llm_conn) == []
+
+
+def test_a_refusal_without_figures_has_none(llm_conn: psycopg.Connection) -> None:
+    raise_ll001 = "DO $$ BEGIN RAISE EXCEPTION 'llm: refused' USING ERRCODE = 'LL001', DETAIL = 'allowance=1 used=x'; END $$"
+    with pytest.raises(errors.AllowanceExhausted) as caught, errors.mapped_errors():
+        llm_conn.execute(raise_ll001)
+    assert (caught.value.scope, caught.value.limit_credits, caught.value.resets_at) == ("organization", None, None)
