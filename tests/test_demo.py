@@ -3,7 +3,7 @@
 Twice: on its own throw-away server (as ``bash scripts/demo.sh`` runs it), where
 its figures must agree with each other and nothing may be left running; and with
 ``--dsn`` against this test's database, where every figure it prints (the last
-line of ``--json``) is compared with the database.
+document ``--json`` prints, alone) is compared with the database.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ def run_demo(
     )  # fmt: skip
     elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
-    *human, last = proc.stdout.strip().splitlines()
-    return proc, json.loads(last), elapsed
+    # issue 31 item 7: --json prints one JSON document and nothing else
+    return proc, json.loads(proc.stdout), elapsed
 
 
 def postgres_processes_under(base_dir: str) -> list[str]:
@@ -90,7 +90,13 @@ def test_demo_on_its_own_server_runs_end_to_end_and_leaves_nothing_running(llm_d
     assert result["before"]["health"] == "never"
     # every notice owed after the pass went to the demo's webhook, signed
     assert result["notices_delivered"] == result["after"]["notices_owed"] >= 1
-    out = proc.stdout
+    # the report, for people, is what the demo prints without --json
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    text_run = subprocess.run([sys.executable, "-m", "llm_db.cli", "demo", "--seed", "11"],
+                              capture_output=True, text=True, env=env, timeout=DEMO_BUDGET_S * 2)  # fmt: skip
+    assert text_run.returncode == 0, text_run.stdout[-3000:] + text_run.stderr
+    out = text_run.stdout
+    assert '{"after"' not in out
     for text in ("1. A day of traffic", "2. 25 hours later", "3. The books afterwards",
                  "injected fault: UPDATE llm.executions", "before the pass",
                  "Globex: project search, 9,000 credits a month",

@@ -9,6 +9,10 @@ from llm_db.cli.commands import common
 # ----------------------------------------------------------- demo
 
 
+def _quiet(*args: object, **kwargs: object) -> None:
+    """The report's printer under --json: nothing."""
+
+
 @click.command(short_help="The main job end to end, on a throw-away server.")
 @click.option(
     "--dsn",
@@ -39,11 +43,12 @@ def demo(dsn: str | None, seed: int, workers: int, as_json: bool) -> None:
     Examples:
       llm-db demo
       llm-db demo --seed 42 --workers 8
-      llm-db demo --json | tail -n 1 | jq .after     # the figures, for machines
+      llm-db demo --json | jq .after     # the figures only, one JSON document
     """
     from llm_db.demo import run_demo
 
-    result = run_demo(dsn=dsn, seed=seed, workers=workers, out=click.echo)
+    # --json: one JSON document on stdout and nothing else (the report is for people)
+    result = run_demo(dsn=dsn, seed=seed, workers=workers, out=_quiet if as_json else click.echo)
     if as_json:
         common.echo_json(result)
     if result["invariant_violations"]:
