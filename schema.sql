@@ -181,6 +181,13 @@ CREATE FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits
 
 COMMENT ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) IS 'Distributed twin of admit_invocation; arguments already checked.';
 
+CREATE FUNCTION llm._allowances_near_limit(p_now timestamp with time zone) RETURNS TABLE(organization_id uuid, allowance bigint, committed numeric)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 ccb3b48e52e606ff64fc133d6eee9a17 $$;
+
+COMMENT ON FUNCTION llm._allowances_near_limit(p_now timestamp with time zone) IS 'The organizations whose period containing p_now stands (used + held) at or above the first of their notice thresholds: the allowance near its limit.';
+
 CREATE FUNCTION llm._amount_ok(p_value bigint, p_nullable boolean DEFAULT false) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ body in sql/, md5 e5b20d3db77f0c00dd6e14aed344f42f $$;
@@ -1174,7 +1181,7 @@ COMMENT ON FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id 
 CREATE FUNCTION llm.metrics(p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(metric text, labels jsonb, value double precision)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 70e26ce557135e17432ee4f3493e949e $$;
+    AS $$ body in sql/, md5 dbf9be38b1b1439f14eaa132ea9fee5d $$;
 
 COMMENT ON FUNCTION llm.metrics(p_now timestamp with time zone) IS 'Every series of the Prometheus exposition at p_now (metric, labels, value): the health alarm, the last pass, what the next pass would act on, the stale requests by organization status, budgets near their limit and the sweeps'' totals; every series present, 0 when none.';
 
@@ -1701,6 +1708,8 @@ GRANT SELECT ON TABLE llm.invocations TO llm_reader;
 GRANT SELECT ON TABLE llm.invocations TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._allowances_near_limit(p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._amount_ok(p_value bigint, p_nullable boolean) FROM PUBLIC;
 

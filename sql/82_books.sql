@@ -229,12 +229,34 @@ COMMENT ON FUNCTION llm._pass_metrics(timestamptz) IS
 -- at p_now: one row per series, named as exposed, its labels a jsonb object; every
 -- series present, 0 when there is nothing to count. The client adds HELP and TYPE and
 -- its own llm_up and scrape duration.
+-- The operational organizations whose period containing p_now has used + held at or
+-- above the first threshold of their allowance (none without an allowance or a list).
+CREATE OR REPLACE FUNCTION llm._allowances_near_limit(p_now timestamptz)
+RETURNS TABLE (organization_id uuid, allowance bigint, committed numeric)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN QUERY
+    SELECT p.organization_id, p.allowance_credits::bigint, p.used_credits::numeric + p.held_credits
+      FROM llm.periods AS p
+      JOIN llm.organizations AS o ON o.id = p.organization_id
+     WHERE p.period_start = pg_catalog.date_trunc('month', p_now AT TIME ZONE 'UTC')::date
+       AND p.allowance_credits > 0 AND pg_catalog.cardinality(o.notice_thresholds) > 0
+       AND (p.used_credits::numeric + p.held_credits) * 100
+           >= p.allowance_credits::numeric * o.notice_thresholds[1];
+END
+$$;
+COMMENT ON FUNCTION llm._allowances_near_limit(timestamptz) IS
+    'The organizations whose period containing p_now stands (used + held) at or above the first of their notice thresholds: the allowance near its limit.';
+
 CREATE OR REPLACE FUNCTION llm.metrics(p_now timestamptz DEFAULT NULL)
 RETURNS TABLE (metric text, labels jsonb, value double precision)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 AS $$
 DECLARE
     v_books jsonb;  -- the figures of llm.books_snapshot and llm.sweep_summary, by name
+    v_now timestamptz := coalesce(p_now, pg_catalog.now());
+    v_allowances bigint;
 BEGIN
     PERFORM llm._check_clock(p_now);
     SELECT pg_catalog.to_jsonb(b) || pg_catalog.to_jsonb(t) INTO v_books
@@ -260,12 +282,27 @@ BEGIN
      CROSS JOIN LATERAL (VALUES ('llm_stale_open_requests', s.stale_open_requests::double precision),
                                 ('llm_stale_open_hold_credits', s.stale_held_credits::double precision))
                         AS f(metric, value);
+    -- Near their limit, by scope and window (every pair present): the budgets' counters
+    -- of the windows containing p_now, and under organization/month the allowances of the
+    -- periods containing it, each at or above its first threshold (used + held).
+    SELECT count(*) INTO v_allowances FROM llm._allowances_near_limit(v_now) AS a;
     RETURN QUERY
-    SELECT 'llm_budgets_near_limit', pg_catalog.jsonb_build_object('scope', s.scope),
-           count(n.scope)::double precision
-      FROM pg_catalog.unnest(ARRAY['organization', 'project', 'api_key', 'end_user']) AS s(scope)
-      LEFT JOIN llm.report_budgets_near_limit(NULL, NULL, p_now) AS n ON n.scope = s.scope
-     GROUP BY s.scope;
+    SELECT 'llm_budgets_near_limit', pg_catalog.jsonb_build_object('scope', sc.scope, 'window', w.budget_window),
+           (count(n.scope) + CASE WHEN sc.scope = 'organization' AND w.budget_window = 'month'
+                                  THEN v_allowances ELSE 0 END)::double precision
+      FROM pg_catalog.unnest(ARRAY['organization', 'project', 'api_key', 'end_user'])
+           WITH ORDINALITY AS sc(scope, n)
+     CROSS JOIN pg_catalog.unnest(ARRAY['day', 'week', 'month']) WITH ORDINALITY AS w(budget_window, n)
+      LEFT JOIN llm.report_budgets_near_limit(NULL, NULL, p_now) AS n
+        ON n.scope = sc.scope AND n.budget_window = w.budget_window
+     GROUP BY sc.n, sc.scope, w.n, w.budget_window
+     ORDER BY sc.n, w.n;
+    -- How much of its allowance each organization near its limit has committed
+    RETURN QUERY
+    SELECT 'llm_allowance_used_ratio', pg_catalog.jsonb_build_object('organization_id', a.organization_id::text),
+           (a.committed::numeric / a.allowance)::double precision
+      FROM llm._allowances_near_limit(v_now) AS a
+     ORDER BY a.organization_id;
 END
 $$;
 COMMENT ON FUNCTION llm.metrics(timestamptz) IS

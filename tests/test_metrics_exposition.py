@@ -99,10 +99,21 @@ def test_budgets_near_limit_counts_current_windows_at_their_first_threshold_by_s
     admit(llm_conn, org, 40, project="p", api_key="k")  # project 80 %: near; key 4 %: not
     # the organization's week: 10 + 8 + 9 + 5 + 40 = 72 of 100, past its 50 %: near
 
+    # issue 31 item 6: an allowance at 99 % counts under organization/month (it stayed 0)
+    near_org = new_org(llm_conn, 1000)
+    admit(llm_conn, near_org, 990)
+
     proc = metrics("--dsn", llm_dsn, "--now", (T0 + timedelta(hours=1)).isoformat())
     assert proc.returncode == 0, proc.stderr
     check(proc.stdout)
-    near = {s.labels["scope"]: s.value for f in text_string_to_metric_families(proc.stdout.decode())
+    families = list(text_string_to_metric_families(proc.stdout.decode()))
+    near = {(s.labels["scope"], s.labels["window"]): s.value for f in families
             if f.name == "llm_budgets_near_limit" for s in f.samples}  # fmt: skip
-    assert near == dict(zip(BUDGET_SCOPES, (1, 1, 0, 2), strict=True))
+    expected = {(scope, window): 0 for scope in BUDGET_SCOPES for window in ("day", "week", "month")}
+    expected |= {("organization", "week"): 1, ("organization", "month"): 1, ("project", "month"): 1,
+                 ("end_user", "day"): 2}  # fmt: skip
+    assert near == expected
+    ratios = {s.labels["organization_id"]: s.value for f in families
+              if f.name == "llm_allowance_used_ratio" for s in f.samples}  # fmt: skip
+    assert ratios == {str(near_org): 0.99}  # the other's 72 of 100,000 is not near
     assert invariants(llm_conn) == []

@@ -47,11 +47,13 @@ Metrics (gauges read at the moment of the scrape, unless said otherwise):
   per the organization's ``recovery_charge``) and
   ``llm_past_window_alerts_total`` (BR-CAP-PFM-LLM-009-07);
 - ``llm_notices{status}``: owed and sending threshold notices;
-- ``llm_budgets_near_limit{scope}``: budget counters of the current windows (the
+- ``llm_budgets_near_limit{scope, window}``: budget counters of the current windows (the
   day, week and month containing the scrape's clock) whose used + held stand at
   or above the first threshold of the budget that applies to them (the id's own,
   else the scope's ``'*'``), by scope (organization, project, api_key,
-  end_user; every scope present, 0 when none). ``llm-db report --by SCOPE``
+  end_user) and window (every pair present, 0 when none), the allowance counted
+  under organization/month; ``llm_allowance_used_ratio{organization_id}``: used +
+  held over the allowance of each organization at or past its first threshold. ``llm-db report --by SCOPE``
   lists them.
 
 ``llm-db worker`` adds the counter ``llm_notice_deliveries_total{outcome}``
@@ -151,15 +153,17 @@ def collect(
 ) -> CollectorRegistry:
     """Every llm-db gauge, read from ``conn`` at ``now`` (the server's clock by
     default) by ``llm.metrics()``, in ``registry`` (default: a fresh one)."""
+    rows = Llm(conn).metrics(now=now)
     series: Series = {
         (r["metric"], next(iter(r["labels"].values()), None)): r["value"]
-        for r in Llm(conn).metrics(now=now)
-    }
+        for r in rows if r["metric"] not in MANY_LABELS
+    }  # fmt: skip
     if registry is None:
         registry = CollectorRegistry(auto_describe=True)
     _health_gauges(series, registry)
     _last_run_gauges(series, registry)
     _books_gauges(series, registry)
+    _budget_gauges([r for r in rows if r["metric"] in MANY_LABELS], registry)
     return registry
 
 
@@ -229,16 +233,27 @@ def _books_gauges(series: Series, registry: CollectorRegistry) -> None:
         requests.labels(organization_status=status).set(series["llm_stale_open_requests", status])
         credits.labels(organization_status=status).set(series["llm_stale_open_hold_credits", status])
 
-    _labelled(
-        "llm_budgets_near_limit",
-        "Budget counters of the current windows at or above their budget's first threshold"
-        " (used + held), by scope.",
-        "scope", BUDGET_SCOPES, series, registry,
-    )  # fmt: skip
-
     Gauge("llm_period_findings", "Periods whose counters disagree with their requests (unresolved"
           " rows of llm.period_findings).", registry=registry).set(series["llm_period_findings", None])  # fmt: skip
     registry.register(_SweepCounters(series))
+
+
+#: the series of llm.metrics() with more than one label, or a label per organization
+MANY_LABELS = ("llm_budgets_near_limit", "llm_allowance_used_ratio")
+
+
+def _budget_gauges(rows: list[dict[str, Any]], registry: CollectorRegistry) -> None:
+    """Budgets and allowances near their limit: by scope and window (every pair present),
+    and the committed share of each allowance at or past its first threshold."""
+    near = Gauge("llm_budgets_near_limit", "Budgets at or above their first threshold (used + held) in"
+                 " the windows containing the scrape's clock, by scope and window; the allowance counts"
+                 " under organization/month.", ["scope", "window"], registry=registry)  # fmt: skip
+    ratio = Gauge("llm_allowance_used_ratio", "(used + held) / allowance of the current month, for the"
+                  " organizations at or above their first notice threshold.", ["organization_id"],
+                  registry=registry)  # fmt: skip
+    for r in rows:
+        gauge = near if r["metric"] == "llm_budgets_near_limit" else ratio
+        gauge.labels(**r["labels"]).set(r["value"])
 
 
 class _SweepCounters:

@@ -85,8 +85,8 @@ def metrics(dsn: str | None, now: datetime | None, output: Path | None) -> None:
     before the first pass), llm_stale_open_requests (older than the recovery
     window: should be 0 after a pass), llm_open_requests, llm_open_hold_credits,
     llm_running_tasks, llm_drift_findings, llm_notices{status},
-    llm_budgets_near_limit{scope} (budgets whose current window stands at or
-    above their first threshold). `llm-db worker`
+    llm_budgets_near_limit{scope,window} (budgets and allowances whose current
+    window stands at or above their first threshold), llm_allowance_used_ratio. `llm-db worker`
     serves the same at /metrics. Needs the worker extra (prometheus_client).
 
     \b
