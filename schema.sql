@@ -44,10 +44,11 @@ CREATE TYPE llm.admission AS (
 	late_output_tokens bigint,
 	late_reported_at timestamp with time zone,
 	recovered_credits llm.amount,
-	stripe smallint
+	stripe smallint,
+	replayed boolean
 );
 
-COMMENT ON TYPE llm.admission IS 'A request as admit_invocation and mark_dispatched return it: the columns of llm.invocations as of 0.2.0, fixed.';
+COMMENT ON TYPE llm.admission IS 'A request as admit_invocation and mark_dispatched return it: the columns of llm.invocations as of 0.2.0, then replayed (the call returned an earlier admission or dispatch unchanged).';
 
 CREATE DOMAIN llm.execution_status AS text
 	CONSTRAINT execution_status_check CHECK ((VALUE = ANY (ARRAY['running'::text, 'completed'::text, 'failed'::text, 'abandoned'::text])));
@@ -174,12 +175,18 @@ COMMENT ON COLUMN llm.invocations.recovered_credits IS 'What recovery charged th
 
 COMMENT ON COLUMN llm.invocations.stripe IS 'The stripe of its period that holds this request''s hold (and takes its charge).';
 
-CREATE FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) RETURNS llm.invocations
+CREATE FUNCTION llm._admission(p_inv llm.invocations, p_replayed boolean) RETURNS llm.admission
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ body in sql/, md5 66740bfecad67e85b5766bf3c8bca949 $$;
+
+COMMENT ON FUNCTION llm._admission(p_inv llm.invocations, p_replayed boolean) IS 'The llm.admission of a request: its columns as of 0.2.0, then replayed.';
+
+CREATE FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) RETURNS llm.admission
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 2bf3bc7141eca395beee7542f4d3fd63 $$;
+    AS $$ body in sql/, md5 4879e46aed37ad82001ee0f76c79c94b $$;
 
-COMMENT ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) IS 'Distributed twin of admit_invocation; arguments already checked.';
+COMMENT ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) IS 'Distributed twin of admit_invocation; arguments already checked. replayed: the earlier admission of a retried id, returned unchanged.';
 
 CREATE FUNCTION llm._allowances_near_limit(p_now timestamp with time zone) RETURNS TABLE(organization_id uuid, allowance bigint, committed numeric)
     LANGUAGE plpgsql STABLE
@@ -671,12 +678,12 @@ CREATE FUNCTION llm._lock_period(p_organization_id uuid, p_period_start date) RE
 
 COMMENT ON FUNCTION llm._lock_period(p_organization_id uuid, p_period_start date) IS 'Locks a period for an exact decision (every stripe, in stripe order) and returns its head (NULL fields when the period does not exist yet).';
 
-CREATE FUNCTION llm._mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) RETURNS llm.invocations
+CREATE FUNCTION llm._mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) RETURNS llm.admission
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 acc37526ee49a37dad6e9eeb8c7b53f7 $$;
+    AS $$ body in sql/, md5 adc3680a8ad9b372a4a2811a92475a99 $$;
 
-COMMENT ON FUNCTION llm._mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) IS 'Distributed twin of mark_dispatched; arguments already checked.';
+COMMENT ON FUNCTION llm._mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) IS 'Distributed twin of mark_dispatched; arguments already checked. replayed: it was dispatched before.';
 
 CREATE FUNCTION llm._max_amount() RETURNS bigint
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -926,6 +933,13 @@ CREATE FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credits bi
 
 COMMENT ON FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_project text, p_api_key text, p_end_user text) IS 'Returns the stored invocation when a retried admission repeats its arguments, else raises LL007.';
 
+CREATE FUNCTION llm._same_settlement(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint) RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 009cd34dfbef9151ff4e4c8ee67b9776 $$;
+
+COMMENT ON FUNCTION llm._same_settlement(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint) IS 'For a settlement answered already_*: LL007 (DETAIL stored and given) when the request''s stored measured settlement has other figures; nothing when they agree or the request ended by a failure.';
+
 CREATE FUNCTION llm._scope_id_ok(p_value text) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ body in sql/, md5 558c42baf2819e71c2b0260afecee093 $$;
@@ -1009,7 +1023,7 @@ COMMENT ON FUNCTION llm._settings() IS 'The one settings row.';
 CREATE FUNCTION llm._settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) RETURNS text
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 6df9d1fb9e0b9e288a5bb1a5c00656ab $$;
+    AS $$ body in sql/, md5 f560b92d722662bf11142f52ef659969 $$;
 
 COMMENT ON FUNCTION llm._settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) IS 'Distributed twin of settle_invocation; arguments already checked.';
 
@@ -1083,9 +1097,9 @@ COMMENT ON FUNCTION llm._window_start(p_window text, p_at timestamp with time zo
 CREATE FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid DEFAULT NULL::uuid, p_invocation_id uuid DEFAULT NULL::uuid, p_now timestamp with time zone DEFAULT now(), p_project text DEFAULT NULL::text, p_api_key text DEFAULT NULL::text, p_end_user text DEFAULT NULL::text) RETURNS llm.admission
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 9ab3866e48d91f5f6e8b42a1fb460083 $$;
+    AS $$ body in sql/, md5 d59f8629490e4922269d2d21b7f03262 $$;
 
-COMMENT ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) IS 'Admits a request iff used + held + estimate fits the allowance and every budget that applies to its project, API key and end user (LL001 naming the first that does not), placing its hold on the current period and on those budgets'' counters; a repeated p_invocation_id with the same arguments returns the first admission, with different ones LL007.';
+COMMENT ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) IS 'Admits a request iff used + held + estimate fits the allowance and every budget that applies to its project, API key and end user (LL001 naming the first that does not), placing its hold on the current period and on those budgets'' counters; a repeated p_invocation_id with the same arguments returns the first admission as it stands now, with replayed = true (different arguments: LL007).';
 
 CREATE FUNCTION llm.books_history(p_organization_ids uuid[]) RETURNS TABLE(recovered_requests bigint, past_window_alerts bigint, abandoned_tasks bigint, notices_sent bigint)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
@@ -1174,9 +1188,9 @@ COMMENT ON FUNCTION llm.last_run(p_now timestamp with time zone) IS 'The newest 
 CREATE FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone DEFAULT now()) RETURNS llm.admission
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 94fa5adf9a5afd9058ae8a905077194c $$;
+    AS $$ body in sql/, md5 0290a1154fdc124df08e20d068b9422f $$;
 
-COMMENT ON FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) IS 'Marks a reserved request as sent to the provider (idempotent when already dispatched); LL009 when it is already terminal.';
+COMMENT ON FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) IS 'Marks a reserved request as sent to the provider (idempotent when already dispatched: replayed = true); LL009 when it is already terminal.';
 
 CREATE FUNCTION llm.metrics(p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(metric text, labels jsonb, value double precision)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
@@ -1329,7 +1343,7 @@ CREATE FUNCTION llm.settle_invocation(p_organization_id uuid, p_invocation_id uu
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
     AS $$ body in sql/, md5 bd0ffc331781ea1b09aab16d3a75a361 $$;
 
-COMMENT ON FUNCTION llm.settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) IS 'Settles a request with measured usage: charges it once, releases its hold, moves its own period, adds to its task and records crossed thresholds. Returns settled, or already_settled / already_recovered / already_failed with nothing charged; under late_settlement = true_up the first measured settlement of a recovered request returns trued_up and moves the books by the signed difference.';
+COMMENT ON FUNCTION llm.settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) IS 'Settles a request with measured usage: charges it once, releases its hold, moves its own period, adds to its task and records crossed thresholds. Returns settled, or already_settled / already_recovered / already_failed with nothing charged (LL007 when a stored measured settlement has other figures); under late_settlement = true_up the first measured settlement of a recovered request returns trued_up and moves the books by the signed difference.';
 
 CREATE FUNCTION llm.stale_by_organization_status(p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(organization_status text, stale_open_requests bigint, stale_held_credits numeric)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
@@ -1707,6 +1721,8 @@ REVOKE ALL ON FUNCTION llm._abandon_stale_tasks(p_organization_id uuid, p_now ti
 GRANT SELECT ON TABLE llm.invocations TO llm_reader;
 GRANT SELECT ON TABLE llm.invocations TO llm_operator;
 
+REVOKE ALL ON FUNCTION llm._admission(p_inv llm.invocations, p_replayed boolean) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._allowances_near_limit(p_now timestamp with time zone) FROM PUBLIC;
@@ -1917,6 +1933,8 @@ REVOKE ALL ON FUNCTION llm._run_org(p_run_id uuid, p_token uuid, p_organization_
 GRANT ALL ON FUNCTION llm._run_org(p_run_id uuid, p_token uuid, p_organization_id uuid, p_now timestamp with time zone, p_batch integer) TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_project text, p_api_key text, p_end_user text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._same_settlement(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._scope_id_ok(p_value text) FROM PUBLIC;
 

@@ -112,7 +112,7 @@ SELECT llm.declare_task_kind(
 
 #: ``Llm.admit``
 ADMIT = """\
-SELECT organization_id, id, period_start, execution_id, model, status, estimate_credits, hold_credits, charged_credits, charged_cents, input_tokens, output_tokens, settlement_kind, created_at, dispatched_at, settled_at, past_window_alerted_at, error, late_credits, late_cents, late_input_tokens, late_output_tokens, late_reported_at, recovered_credits, stripe FROM llm.admit_invocation(
+SELECT organization_id, id, period_start, execution_id, model, status, estimate_credits, hold_credits, charged_credits, charged_cents, input_tokens, output_tokens, settlement_kind, created_at, dispatched_at, settled_at, past_window_alerted_at, error, late_credits, late_cents, late_input_tokens, late_output_tokens, late_reported_at, recovered_credits, stripe, replayed FROM llm.admit_invocation(
     p_organization_id => %(organization_id)s::uuid,
     p_estimate_credits => %(estimate_credits)s::bigint,
     p_model => %(model)s::text,
@@ -138,7 +138,7 @@ SELECT r.id AS value FROM llm.admit_invocation(
 
 #: ``Llm.mark_dispatched``
 MARK_DISPATCHED = """\
-SELECT organization_id, id, period_start, execution_id, model, status, estimate_credits, hold_credits, charged_credits, charged_cents, input_tokens, output_tokens, settlement_kind, created_at, dispatched_at, settled_at, past_window_alerted_at, error, late_credits, late_cents, late_input_tokens, late_output_tokens, late_reported_at, recovered_credits, stripe FROM llm.mark_dispatched(
+SELECT organization_id, id, period_start, execution_id, model, status, estimate_credits, hold_credits, charged_credits, charged_cents, input_tokens, output_tokens, settlement_kind, created_at, dispatched_at, settled_at, past_window_alerted_at, error, late_credits, late_cents, late_input_tokens, late_output_tokens, late_reported_at, recovered_credits, stripe, replayed FROM llm.mark_dispatched(
     p_organization_id => %(organization_id)s::uuid,
     p_invocation_id => %(invocation_id)s::uuid,
     p_now => %(now)s::timestamptz)"""

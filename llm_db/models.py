@@ -187,7 +187,12 @@ class Organization(_Row):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Invocation(_Row):
-    """A row of ``llm.invocations``: one model request and its hold."""
+    """One model request and its hold, as ``admit`` and ``mark_dispatched`` return it
+    (``llm.admission``): its row of ``llm.invocations``, then ``replayed``.
+
+    ``replayed`` is True when the call created or changed nothing: ``admit`` of an
+    invocation id admitted before (a retry, answered with the request as it stands now,
+    whatever its ``status``) or ``mark_dispatched`` of a request already dispatched."""
 
     organization_id: UUID
     id: UUID
@@ -217,6 +222,8 @@ class Invocation(_Row):
     recovered_credits: int | None
     # the stripe of its period that holds its hold (llm.set_period_stripes)
     stripe: int
+    # this call returned an earlier admission (or dispatch) unchanged
+    replayed: bool
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

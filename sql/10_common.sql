@@ -15,7 +15,8 @@
 -- result (issue 22 item 3). CREATE OR REPLACE cannot change a return type, so a
 -- public routine that still returns a table's row (0.2.0's admit_invocation,
 -- mark_dispatched, upsert_organization, set_recovery_policy, claim_notices) is
--- dropped here and created again by its file below. All of sql/ runs in one
+-- dropped here and created again by its file below, as are the twins of admission and
+-- dispatch, which return llm.admission since 0.4.0 (its replayed column). All of sql/ runs in one
 -- transaction, so a caller finds the old routine or the new one (a statement planned
 -- just before the commit may fail once: callers lock no routine); a later run drops
 -- nothing.
@@ -28,7 +29,8 @@ BEGIN
           FROM pg_catalog.pg_proc AS p
           JOIN pg_catalog.pg_type AS t ON t.oid = p.prorettype
           JOIN pg_catalog.pg_class AS c ON c.oid = t.typrelid
-         WHERE p.pronamespace = 'llm'::regnamespace AND p.proname !~ '^_' AND c.relkind <> 'c'
+         WHERE p.pronamespace = 'llm'::regnamespace AND c.relkind <> 'c'
+           AND (p.proname !~ '^_' OR p.proname IN ('_admit_invocation', '_mark_dispatched'))
     LOOP
         EXECUTE pg_catalog.format('DROP FUNCTION %s', v_routine);
     END LOOP;

@@ -45,11 +45,29 @@ $$;
 COMMENT ON FUNCTION llm._task_admits(uuid, uuid, uuid, bigint, text, text, text, text) IS
     'For a request linked to a task: NULL fields when the task runs; the earlier admission when it is a retry of one admitted while it ran; else LL006 (unknown task) or LL009 (closed).';
 
+-- The public result of admission and dispatch (llm.admission): a request's columns as
+-- of 0.2.0, named one by one (a column added to llm.invocations stays out), then
+-- whether the call replayed an earlier one. Inlinable: one expression.
+CREATE OR REPLACE FUNCTION llm._admission(p_inv llm.invocations, p_replayed boolean)
+RETURNS llm.admission
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT ROW(p_inv.organization_id, p_inv.id, p_inv.period_start, p_inv.execution_id, p_inv.model,
+               p_inv.status, p_inv.estimate_credits, p_inv.hold_credits, p_inv.charged_credits,
+               p_inv.charged_cents, p_inv.input_tokens, p_inv.output_tokens, p_inv.settlement_kind,
+               p_inv.created_at, p_inv.dispatched_at, p_inv.settled_at, p_inv.past_window_alerted_at,
+               p_inv.error, p_inv.late_credits, p_inv.late_cents, p_inv.late_input_tokens,
+               p_inv.late_output_tokens, p_inv.late_reported_at, p_inv.recovered_credits, p_inv.stripe,
+               p_replayed)::llm.admission
+$$;
+COMMENT ON FUNCTION llm._admission(llm.invocations, boolean) IS
+    'The llm.admission of a request: its columns as of 0.2.0, then replayed.';
+
 CREATE OR REPLACE FUNCTION llm._admit_invocation(
     p_organization_id uuid, p_estimate_credits bigint, p_model text,
     p_execution_id uuid, p_invocation_id uuid, p_now timestamptz,
     p_project text, p_api_key text, p_end_user text)
-RETURNS llm.invocations
+RETURNS llm.admission
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -74,7 +92,7 @@ BEGIN
         v_inv := llm._task_admits(p_organization_id, p_execution_id, p_invocation_id, p_estimate_credits,
                                   p_model, p_project, p_api_key, p_end_user);
         IF v_inv.id IS NOT NULL THEN
-            RETURN v_inv;  -- a retry of a request admitted while its task ran
+            RETURN llm._admission(v_inv, true);  -- a retry of a request admitted while its task ran
         END IF;
     END IF;
 
@@ -101,8 +119,8 @@ BEGIN
         -- arguments return the first admission and place no second hold; others LL007.
         SELECT * INTO STRICT v_inv FROM llm.invocations AS i
          WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
-        RETURN llm._same_admission(v_inv, p_estimate_credits, p_model, p_execution_id,
-                                   p_project, p_api_key, p_end_user);
+        RETURN llm._admission(llm._same_admission(v_inv, p_estimate_credits, p_model, p_execution_id,
+                                                  p_project, p_api_key, p_end_user), true);
     END IF;
     -- its scope ids and budgets beside it, when it has any
     IF v_mask <> 0 OR p_project IS NOT NULL OR p_api_key IS NOT NULL OR p_end_user IS NOT NULL THEN
@@ -122,11 +140,11 @@ BEGIN
     IF v_mask <> 0 THEN
         PERFORM llm._hold_budgets(v_inv, v_scopes, v_limits, v_revisions);
     END IF;
-    RETURN v_inv;
+    RETURN llm._admission(v_inv, false);
 END
 $$;
 COMMENT ON FUNCTION llm._admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz, text, text, text) IS
-    'Distributed twin of admit_invocation; arguments already checked.';
+    'Distributed twin of admit_invocation; arguments already checked. replayed: the earlier admission of a retried id, returned unchanged.';
 
 CREATE OR REPLACE FUNCTION llm._same_admission(
     p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid,
@@ -161,7 +179,7 @@ RETURNS llm.admission
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
-    v_inv llm.admission;  -- the twin's llm.invocations row, its columns as of 0.2.0
+    v_inv llm.admission;  -- the twin's result: llm.invocations' columns as of 0.2.0, then replayed
 BEGIN
     IF (p_organization_id IS NOT NULL AND llm._clock_ok(p_now)
             AND llm._amount_ok(p_estimate_credits) AND llm._text_ok(p_model, 200)
@@ -182,12 +200,12 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm.admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz, text, text, text) IS
-    'Admits a request iff used + held + estimate fits the allowance and every budget that applies to its project, API key and end user (LL001 naming the first that does not), placing its hold on the current period and on those budgets'' counters; a repeated p_invocation_id with the same arguments returns the first admission, with different ones LL007.';
+    'Admits a request iff used + held + estimate fits the allowance and every budget that applies to its project, API key and end user (LL001 naming the first that does not), placing its hold on the current period and on those budgets'' counters; a repeated p_invocation_id with the same arguments returns the first admission as it stands now, with replayed = true (different arguments: LL007).';
 
 -- ---------------------------------------------------------------- dispatch
 
 CREATE OR REPLACE FUNCTION llm._mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamptz)
-RETURNS llm.invocations
+RETURNS llm.admission
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -198,7 +216,7 @@ BEGIN
      WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id AND i.status = 'reserved'
     RETURNING i.* INTO v_inv;
     IF FOUND THEN
-        RETURN v_inv;
+        RETURN llm._admission(v_inv, false);
     END IF;
     SELECT * INTO v_inv FROM llm.invocations AS i
      WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
@@ -210,11 +228,11 @@ BEGIN
                   DETAIL = pg_catalog.format('status=%s settlement_kind=%s', v_inv.status, v_inv.settlement_kind),
                   HINT = 'A terminal request must not be sent to the provider; admit a new one.';
     END IF;
-    RETURN v_inv;  -- already dispatched: idempotent
+    RETURN llm._admission(v_inv, true);  -- already dispatched: idempotent, a replay
 END
 $$;
 COMMENT ON FUNCTION llm._mark_dispatched(uuid, uuid, timestamptz) IS
-    'Distributed twin of mark_dispatched; arguments already checked.';
+    'Distributed twin of mark_dispatched; arguments already checked. replayed: it was dispatched before.';
 
 CREATE OR REPLACE FUNCTION llm.mark_dispatched(
     p_organization_id uuid, p_invocation_id uuid, p_now timestamptz DEFAULT now())
@@ -222,7 +240,7 @@ RETURNS llm.admission
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
-    v_inv llm.admission;  -- the twin's llm.invocations row, column for column
+    v_inv llm.admission;  -- the twin's result, column for column
 BEGIN
     IF (p_organization_id IS NOT NULL AND llm._clock_ok(p_now) AND p_invocation_id IS NOT NULL) IS NOT TRUE THEN
         PERFORM llm._check_call(p_organization_id, p_now, 'invocation', p_invocation_id);
@@ -233,4 +251,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm.mark_dispatched(uuid, uuid, timestamptz) IS
-    'Marks a reserved request as sent to the provider (idempotent when already dispatched); LL009 when it is already terminal.';
+    'Marks a reserved request as sent to the provider (idempotent when already dispatched: replayed = true); LL009 when it is already terminal.';

@@ -232,19 +232,64 @@ $$;
 COMMENT ON FUNCTION llm._settle_late(uuid, uuid, text, bigint, bigint, bigint, bigint, timestamptz) IS
     'Answers a report (measured settlement or failure) on a request no longer open: its already_* outcome, except for the first late report of a recovered request, which under late_settlement = true_up becomes its charge (trued_up, the books moved by the signed difference) and under audit is recorded in late_* with its error (already_recovered).';
 
+-- A measured settlement repeated on a request whose measured settlement is stored
+-- (charged, or kept in late_* by the audit policy) is a retry: the same figures
+-- answer as before, other figures are LL007 naming both (docs/contract.md), never a
+-- silent already_*. A request ended by a failure (its error set) answers as it does.
+CREATE OR REPLACE FUNCTION llm._same_settlement(
+    p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint,
+    p_input_tokens bigint, p_output_tokens bigint)
+RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_inv llm.invocations;
+    v_stored text[];
+BEGIN
+    SELECT * INTO v_inv FROM llm.invocations AS i
+     WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
+    IF v_inv.status <> 'settled' OR v_inv.error IS NOT NULL THEN
+        RETURN;  -- failed, or ended by a (late) failure: not a settlement to repeat
+    ELSIF v_inv.settlement_kind = 'recovered' THEN
+        IF v_inv.late_reported_at IS NULL THEN
+            RETURN;
+        END IF;
+        v_stored := ARRAY[v_inv.late_credits::text, v_inv.late_cents::text,
+                          v_inv.late_input_tokens::text, v_inv.late_output_tokens::text];
+    ELSE
+        v_stored := ARRAY[v_inv.charged_credits::text, v_inv.charged_cents::text,
+                          v_inv.input_tokens::text, v_inv.output_tokens::text];
+    END IF;
+    PERFORM llm._check_retry(
+        pg_catalog.format('llm: invocation %s was settled with different figures', p_invocation_id),
+        'credits=%s cents=%s input_tokens=%s output_tokens=%s', v_stored,
+        ARRAY[p_credits::text, p_cents::text, p_input_tokens::text, p_output_tokens::text],
+        'A settlement is reported once; its retry repeats its figures. Nothing was changed.');
+END
+$$;
+COMMENT ON FUNCTION llm._same_settlement(uuid, uuid, bigint, bigint, bigint, bigint) IS
+    'For a settlement answered already_*: LL007 (DETAIL stored and given) when the request''s stored measured settlement has other figures; nothing when they agree or the request ended by a failure.';
+
 CREATE OR REPLACE FUNCTION llm._settle_invocation(
     p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint,
     p_input_tokens bigint, p_output_tokens bigint, p_now timestamptz)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
 AS $$
+DECLARE
+    v_outcome text;
 BEGIN
     IF llm._end_invocation(p_organization_id, p_invocation_id, 'settled', NULL, p_credits, p_cents,
                            p_input_tokens, p_output_tokens, p_now) THEN
         RETURN 'settled';
     END IF;
-    RETURN llm._settle_late(p_organization_id, p_invocation_id, NULL, p_credits, p_cents,
-                            p_input_tokens, p_output_tokens, p_now);
+    v_outcome := llm._settle_late(p_organization_id, p_invocation_id, NULL, p_credits, p_cents,
+                                  p_input_tokens, p_output_tokens, p_now);
+    IF v_outcome IN ('already_settled', 'already_recovered') THEN
+        PERFORM llm._same_settlement(p_organization_id, p_invocation_id, p_credits, p_cents,
+                                     p_input_tokens, p_output_tokens);  -- LL007 when they differ
+    END IF;
+    RETURN v_outcome;
 END
 $$;
 COMMENT ON FUNCTION llm._settle_invocation(uuid, uuid, bigint, bigint, bigint, bigint, timestamptz) IS
@@ -276,7 +321,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm.settle_invocation(uuid, uuid, bigint, bigint, bigint, bigint, timestamptz) IS
-    'Settles a request with measured usage: charges it once, releases its hold, moves its own period, adds to its task and records crossed thresholds. Returns settled, or already_settled / already_recovered / already_failed with nothing charged; under late_settlement = true_up the first measured settlement of a recovered request returns trued_up and moves the books by the signed difference.';
+    'Settles a request with measured usage: charges it once, releases its hold, moves its own period, adds to its task and records crossed thresholds. Returns settled, or already_settled / already_recovered / already_failed with nothing charged (LL007 when a stored measured settlement has other figures); under late_settlement = true_up the first measured settlement of a recovered request returns trued_up and moves the books by the signed difference.';
 
 CREATE OR REPLACE FUNCTION llm._fail_invocation(
     p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint,

@@ -157,7 +157,8 @@ def test_readmitting_the_same_invocation_id_places_no_second_hold(llm_conn):
 
     again = admit(llm_conn, org, 100, invocation_id=given, now=T0 + timedelta(minutes=5))
 
-    assert again == first
+    assert first["replayed"] is False and again["replayed"] is True
+    assert again == {**first, "replayed": True}
     assert fingerprint(llm_conn) == before
     assert period(llm_conn, org)["held_credits"] == 100
     assert list(ledger(llm_conn, org, given)) == ["hold"]
@@ -464,7 +465,8 @@ def test_mark_dispatched_repeat_is_idempotent(llm_conn):
     first = dispatch(llm_conn, org, inv["id"], now=T0 + timedelta(seconds=1))
     before = fingerprint(llm_conn)
     again = dispatch(llm_conn, org, inv["id"], now=T0 + timedelta(seconds=9))
-    assert again == first
+    assert first["replayed"] is False
+    assert again == {**first, "replayed": True}
     assert fingerprint(llm_conn) == before
 
 

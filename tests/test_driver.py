@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import re
 import uuid
@@ -111,7 +112,9 @@ def test_LL006_unknown_execution_maps_to_UnknownExecution(llm: Llm) -> None:
 def test_LL007_reused_invocation_id_maps_to_IdempotencyConflict(llm: Llm) -> None:
     org = new_org(llm)
     inv = llm.admit(org, 10, "model-a", now=T0)
-    assert llm.admit(org, 10, "model-a", invocation_id=inv.id, now=T0) == inv
+    assert llm.admit(org, 10, "model-a", invocation_id=inv.id, now=T0) == dataclasses.replace(
+        inv, replayed=True
+    )
     with pytest.raises(errors.IdempotencyConflict) as caught:
         llm.admit(org, 11, "model-a", invocation_id=inv.id, now=T0)
     assert_mapped(caught, errors.IdempotencyConflict, "LL007")
@@ -216,7 +219,10 @@ def test_request_helpers_return_typed_results_through_the_lifecycle(
 
     outcome = llm.settle(org_id, inv.id, 600, 42, input_tokens=10, output_tokens=20, now=T0)
     assert outcome is models.Outcome.SETTLED and outcome == "settled"
-    assert llm.settle(org_id, inv.id, 600, 42, now=T0) is models.Outcome.ALREADY_SETTLED
+    assert (llm.settle(org_id, inv.id, 600, 42, input_tokens=10, output_tokens=20, now=T0)
+            is models.Outcome.ALREADY_SETTLED)
+    with pytest.raises(errors.IdempotencyConflict):  # a retry with other figures says so
+        llm.settle(org_id, inv.id, 600, 42, now=T0)
     assert llm.fail(org_id, inv.id, "late", now=T0) is models.Outcome.ALREADY_SETTLED
 
     second = llm.admit(org_id, 50, "model-b", now=T0)

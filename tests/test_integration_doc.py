@@ -4,7 +4,7 @@ fixtures; documentation-only Python compiles; every SQL statement prepares.
 
 Fences: ```` ```python ```` runs, ```` ```python test-file ```` is a consumer's test
 module (its ``test_*`` functions are called with this test's fixtures),
-```` ```python no-test ```` is compiled only; ```` ```sql ```` statements are
+```` ```python fastapi-app ```` is the FastAPI application tests/test_fastapi_example.py runs; ```` ```sql ```` statements are
 PREPAREd (their ``$n`` parameters typed by the functions they call).
 """
 
@@ -38,7 +38,7 @@ def blocks(language: str, info: str | None = None, doc: Path = DOC) -> list[tupl
 def test_the_doc_has_each_kind_of_block():
     assert len(blocks("python", "")) >= 5
     assert len(blocks("python", "test-file")) == 1
-    assert len(blocks("python", "no-test")) == 1
+    assert len(blocks("python", "fastapi-app")) == 1  # run by tests/test_fastapi_example.py
     assert blocks("sql")
 
 
@@ -67,7 +67,7 @@ def test_the_consumer_test_file_passes_with_the_plugin_fixtures(request):
         fn(**fixtures)
 
 
-@pytest.mark.parametrize("info", ["no-test", "test-file"])
+@pytest.mark.parametrize("info", ["fastapi-app", "test-file"])
 def test_documentation_only_python_compiles(info):
     """issue 24 item 6: the one block of each kind is found, then compiled."""
     ((line, code),) = blocks("python", info)

@@ -9,6 +9,7 @@ with 0A000 ("cached plan must not change result type") until the client reconnec
 
 from __future__ import annotations
 
+import dataclasses
 import tarfile
 import uuid
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from llm_db import migrate, queries
+from llm_db import migrate, models, queries
 from llm_db.operations import operations
 from tests.helpers import T0, invariants, rows
 
@@ -73,6 +74,8 @@ def test_result_type_is_the_table_row_it_replaced(llm_conn, result_type):
     of the table comes after them (the public wrappers convert the twin's row by position)."""
     table = _attributes(llm_conn, RESULT_TYPES[result_type])
     own = _attributes(llm_conn, result_type)
+    # a column of the type's own after them: llm.admission's replayed (migration 0019)
+    own = own[:-1] if own[-1:] == [("replayed", "boolean")] else own
     assert own == table[: len(own)] and own
 
 
@@ -105,37 +108,52 @@ def _add_columns(dsn: str, tables: tuple[str, ...]) -> None:
 def test_prepared_admission_of_0_2_0_survives_the_upgrade_and_a_later_column(release_0_2_0_dsn):
     """issue 22 item 3: a 0.2.0 client that prepared ``SELECT * FROM
     llm.admit_invocation(...)`` (and mark_dispatched, upsert_organization,
-    set_recovery_policy) keeps working, with no 0A000, when migrate installs this
-    release's functions, and again when a column is added to llm.invocations and
-    llm.organizations afterwards, before and after the functions are re-created. On
-    0.2.0's functions the last step fails with 0A000."""
+    set_recovery_policy) keeps working when migrate installs this release's functions,
+    and again when a column is added to llm.invocations and llm.organizations
+    afterwards, before and after the functions are re-created. On 0.2.0's functions the
+    last step fails with 0A000.
+
+    0.4.0 broke this once, as the CHANGELOG says: llm.admission gained ``replayed``
+    (migration 0019), so the two ``SELECT *`` statements of admission and dispatch fail
+    with 0A000 once after the upgrade, and the shim (DEALLOCATE them, or reconnect)
+    brings them back with the new last column; a client that names the columns, as the
+    driver does since 0.3.0, never notices."""
     dsn = release_0_2_0_dsn
     org = uuid.uuid4()
+    named = ADMIT.replace("*", ", ".join(f.name for f in dataclasses.fields(models.Invocation)
+                                         if f.name != "replayed"))
+    def calls(client: psycopg.Connection) -> list[list[str]]:
+        organization = client.execute(UPSERT, {"org": org, "now": T0}).fetchone()
+        inv = client.execute(ADMIT, {"org": org, "now": T0}).fetchone()
+        return [
+            list(organization),
+            list(client.execute(POLICY, {"org": org}).fetchone()),
+            list(inv)[:25],
+            list(client.execute(DISPATCH, {"org": org, "id": inv["id"], "now": T0}).fetchone())[:25],
+            list(client.execute(named, {"org": org, "now": T0}).fetchone())[2:],
+        ]
+
     with _prepared_client(dsn) as client:
-
-        def calls() -> list[list[str]]:
-            organization = client.execute(UPSERT, {"org": org, "now": T0}).fetchone()
-            inv = client.execute(ADMIT, {"org": org, "now": T0}).fetchone()
-            return [
-                list(organization),
-                list(client.execute(POLICY, {"org": org}).fetchone()),
-                list(inv),
-                list(client.execute(DISPATCH, {"org": org, "id": inv["id"], "now": T0}).fetchone()),
-            ]
-
-        before = calls()
+        before = calls(client)
         prepared = client.execute(
             "SELECT count(*) AS n FROM pg_catalog.pg_prepared_statements WHERE statement ~ 'llm\\.'"
         ).fetchone()
-        assert prepared["n"] >= 4, "the client did not prepare its calls"
+        assert prepared["n"] >= 5, "the client did not prepare its calls"
 
         migrate(dsn)  # this release: the functions now return their own types
-        assert calls() == before
+        for statement in (ADMIT, DISPATCH):  # the break of 0.4.0, once per statement
+            with pytest.raises(psycopg.errors.FeatureNotSupported, match="cached plan"):
+                client.execute(statement, {"org": org, "id": uuid.uuid4(), "now": T0})
+        assert client.execute(named, {"org": org, "now": T0}).fetchone()  # named: unaffected
+
+    with _prepared_client(dsn) as client:  # the shim: a new connection prepares them again
+        assert calls(client) == before
+        assert client.execute(ADMIT, {"org": org, "now": T0}).fetchone()["replayed"] is False
 
         _add_columns(dsn, ("llm.invocations", "llm.organizations"))
-        assert calls() == before  # the functions in force run on the wider tables
+        assert calls(client) == before  # the functions in force run on the wider tables
         migrate(dsn)  # and once re-created, which invalidates every cached plan
-        assert calls() == before
+        assert calls(client) == before
         assert invariants(client) == []
 
 

@@ -211,7 +211,7 @@ def setup_books(conn: psycopg.Connection) -> dict:
 ALLOWED = {
     "llm_app": [
         "SELECT llm.admit_invocation(%(org)s, 1::bigint, 'm', p_now => %(now)s)",
-        "SELECT llm.settle_invocation(%(org)s, %(inv)s, 1::bigint, 0::bigint, p_now => %(now)s)",
+        "SELECT llm.settle_invocation(%(org)s, %(inv)s, 600::bigint, 1::bigint, p_now => %(now)s)",
         "SELECT * FROM llm.open_execution(%(org)s, 'sec.task', p_now => %(now)s)",
         "SELECT * FROM llm.task_kinds",
         "SELECT * FROM llm.settings",

@@ -122,9 +122,31 @@ def test_settlement_charges_once_and_a_repeat_returns_already_settled(llm_conn):
     assert settle(llm_conn, org, inv["id"], 80) == "settled"
     before = fingerprint(llm_conn)
     assert settle(llm_conn, org, inv["id"], 80) == "already_settled"
-    assert settle(llm_conn, org, inv["id"], 999, 9, now=LATER) == "already_settled"
+    assert settle(llm_conn, org, inv["id"], 80, now=LATER) == "already_settled"
     assert fingerprint(llm_conn) == before
     assert period(llm_conn, org)["used_credits"] == 80
+
+
+@pytest.mark.parametrize("figures", [
+    {"credits": 999}, {"cents": 9}, {"input_tokens": 10}, {"output_tokens": None},
+])  # fmt: skip
+def test_a_repeated_settlement_with_other_figures_is_LL007_naming_both(llm_conn, figures):
+    """A settlement is reported once: its retry with the same figures answers
+    already_settled, one with other credits, cents or tokens is LL007 (stored and given
+    in the DETAIL) and changes nothing, never a silent already_settled."""
+    org = new_org(llm_conn)
+    inv = admit(llm_conn, org, 100)
+    first = {"credits": 80, "cents": 3, "input_tokens": 7, "output_tokens": 11}
+    settle(llm_conn, org, inv["id"], first["credits"], first["cents"],
+           input_tokens=first["input_tokens"], output_tokens=first["output_tokens"])
+    given = {**first, **figures}
+    error = assert_sqlstate(llm_conn, "LL007", SETTLE_SQL, settle_params(
+        org, inv["id"], given["credits"], given["cents"],
+        input_tokens=given["input_tokens"], output_tokens=given["output_tokens"], now=LATER))
+    assert error.diag.message_detail == (
+        "stored: credits=80 cents=3 input_tokens=7 output_tokens=11; given: "
+        + " ".join(f"{k}={'' if v is None else v}" for k, v in given.items()))
+    assert invocation(llm_conn, org, inv["id"])["charged_credits"] == 80
 
 
 def test_settlement_after_failure_returns_already_failed_and_changes_nothing(llm_conn):
@@ -171,9 +193,12 @@ def test_second_late_settlement_after_recovery_keeps_the_first_report(llm_conn):
     reconcile(llm_conn, org, now=RECOVERY_CLOCK)
     settle(llm_conn, org, inv["id"], 70, now=RECOVERY_CLOCK)
     before = fingerprint(llm_conn)
-    assert settle(llm_conn, org, inv["id"], 5, now=RECOVERY_CLOCK + timedelta(hours=1)) == (
+    assert settle(llm_conn, org, inv["id"], 70, now=RECOVERY_CLOCK + timedelta(hours=1)) == (
         "already_recovered"
     )
+    # a second late report with other figures: LL007 (the first one is kept), not silence
+    assert_sqlstate(llm_conn, "LL007", SETTLE_SQL, settle_params(
+        org, inv["id"], 5, now=RECOVERY_CLOCK + timedelta(hours=1)))
     assert fingerprint(llm_conn) == before
 
 

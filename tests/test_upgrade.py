@@ -347,7 +347,11 @@ def exercise_every_public_routine(conn: psycopg.Connection, ids: dict[str, uuid.
             raise AssertionError(f"llm.{name} failed after the upgrade: {exc}") from exc
     assert scalar(conn, "SELECT status FROM llm.invocations WHERE id = %s", [state["inv"]]) == "settled"
     # recorded for audit under 0.1.0: never trued up, whatever the policy now
-    assert settle(conn, unlimited, ids["stranded"], 99, 9, now=feb) == "already_recovered"
+    assert settle(conn, unlimited, ids["stranded"], 65, 2, input_tokens=100, output_tokens=20,
+                  now=feb) == "already_recovered"
+    with pytest.raises(psycopg.Error) as caught:  # its figures are kept, not replaced
+        settle(conn, unlimited, ids["stranded"], 99, 9, now=feb)
+    assert caught.value.sqlstate == "LL007"
 
 
 def seen(rows: list[dict[str, Any]], at_least: int = 1) -> None:

@@ -59,6 +59,12 @@ HELD_TABLES = ("threshold_notices", "organizations", "period_heads", "period_str
 ADMIT = ("SELECT * FROM llm.admit_invocation(%(org)s, %(estimate)s, 'gpt-x', %(task)s, %(id)s,"
          " p_now => %(now)s)")  # fmt: skip
 DISPATCH = "SELECT * FROM llm.mark_dispatched(%(org)s, %(id)s, p_now => %(now)s)"
+# What the prepared client runs: admission and dispatch by named columns, as the driver
+# reads them since 0.3.0. 0.4.0 added llm.admission's replayed (migration 0019), a
+# change of a public result type that a prepared SELECT * meets with 0A000 once per
+# statement until it is prepared again (the CHANGELOG's shim; tests/test_result_types.py).
+_NAMED = "organization_id, id, status, hold_credits"
+PREPARED = {ADMIT: ADMIT.replace("*", _NAMED, 1), DISPATCH: DISPATCH.replace("*", _NAMED, 1)}
 SETTLE = ("SELECT * FROM llm.settle_invocation(%(org)s, %(id)s, %(credits)s, %(cents)s, 100, 20,"
           " p_now => %(now)s)")  # fmt: skip
 OPEN_TASK = "SELECT * FROM llm.open_execution(%(org)s, %(key)s, p_now => %(now)s)"
@@ -191,6 +197,8 @@ class Client:
     def call(self, conn: psycopg.Connection, query: str, **params: Any) -> Any:
         started = time.monotonic()
         try:
+            if self.prepare:
+                query = PREPARED.get(query, query)
             return conn.execute(query, params, prepare=self.prepare).fetchone()
         except psycopg.Error as exc:
             self.errors.append(f"{exc.sqlstate}: {str(exc).splitlines()[0]}")
