@@ -374,6 +374,13 @@ CREATE FUNCTION llm._check_retry(p_message text, p_format text, p_stored text[],
 
 COMMENT ON FUNCTION llm._check_retry(p_message text, p_format text, p_stored text[], p_given text[], p_hint text) IS 'Raises LL007 (DETAIL: stored and given, each in p_format) when a retry''s arguments differ from the first call''s.';
 
+CREATE FUNCTION llm._check_scope_and_window(p_scope text, p_window text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 2d475e387559484f978c91792c6295ef $$;
+
+COMMENT ON FUNCTION llm._check_scope_and_window(p_scope text, p_window text) IS 'Raises 22023 unless p_scope is organization, project, api_key or end_user and p_window day, week or month.';
+
 CREATE FUNCTION llm._check_scope_id(p_name text, p_value text) RETURNS void
     LANGUAGE plpgsql IMMUTABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -723,6 +730,13 @@ CREATE FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start da
     AS $$ body in sql/, md5 93425cd22decf68e09d107ebd578aa77 $$;
 
 COMMENT ON FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint) IS 'Moves one stripe''s counters in one row when the movement fits its rooms; false (nothing moved) otherwise, or when the stripe does not exist.';
+
+CREATE FUNCTION llm._note_refusal(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_now timestamp with time zone) RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 7a27224c5520fd08b9e533a2d7a73d53 $$;
+
+COMMENT ON FUNCTION llm._note_refusal(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_now timestamp with time zone) IS 'Distributed twin of note_refusal; arguments already checked.';
 
 CREATE FUNCTION llm._notify_notices_owed(p_reason text) RETURNS void
     LANGUAGE plpgsql
@@ -1160,7 +1174,7 @@ COMMENT ON FUNCTION llm.declare_task_kind(p_key text, p_description text) IS 'De
 CREATE FUNCTION llm.distribute(p_shard_count integer DEFAULT NULL::integer) RETURNS text
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $_$ body in sql/, md5 af2d0cbf4539902e0b9b49f6f6fde912 $_$;
+    AS $_$ body in sql/, md5 f1e81719096f714d8ce0acb51cf6150f $_$;
 
 COMMENT ON FUNCTION llm.distribute(p_shard_count integer) IS 'Under Citus: reference tables for catalogs, per-organization tables distributed on organization_id co-located with organizations, per-organization twins distributed with force_delegation, the other llm routines propagated to the workers; LL011 without citus.';
 
@@ -1195,9 +1209,16 @@ COMMENT ON FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id 
 CREATE FUNCTION llm.metrics(p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(metric text, labels jsonb, value double precision)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 dbf9be38b1b1439f14eaa132ea9fee5d $$;
+    AS $$ body in sql/, md5 c2129834cfeacafd0d778fae8465f8f6 $$;
 
-COMMENT ON FUNCTION llm.metrics(p_now timestamp with time zone) IS 'Every series of the Prometheus exposition at p_now (metric, labels, value): the health alarm, the last pass, what the next pass would act on, the stale requests by organization status, budgets near their limit and the sweeps'' totals; every series present, 0 when none.';
+COMMENT ON FUNCTION llm.metrics(p_now timestamp with time zone) IS 'Every series of the Prometheus exposition at p_now (metric, labels, value): the health alarm, the last pass, what the next pass would act on, the stale requests by organization status, budgets near their limit, the limit windows that refused and the sweeps'' totals; every series present, 0 when none.';
+
+CREATE FUNCTION llm.note_refusal(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_now timestamp with time zone DEFAULT now()) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 8e94af91b320d9c5fb0c3e8529b90571 $$;
+
+COMMENT ON FUNCTION llm.note_refusal(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_now timestamp with time zone) IS 'Reports an admission''s refusal in a transaction of its own: the first report of each limit (the allowance, or a budget for one id) and window owes one limit_reached notice (threshold 0) and returns true; a later one, or one for a limit not in force, writes nothing and returns false.';
 
 CREATE FUNCTION llm.open_execution(p_organization_id uuid, p_task_key text, p_subject_type text DEFAULT NULL::text, p_subject_id text DEFAULT NULL::text, p_replay_key text DEFAULT NULL::text, p_now timestamp with time zone DEFAULT now()) RETURNS TABLE(execution_id uuid, status text, replayed boolean)
     LANGUAGE plpgsql SECURITY DEFINER
@@ -1320,7 +1341,7 @@ COMMENT ON FUNCTION llm.set_allowance(p_organization_id uuid, p_monthly_allowanc
 CREATE FUNCTION llm.set_budget(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint, p_thresholds integer[] DEFAULT '{80,100}'::integer[], p_now timestamp with time zone DEFAULT now()) RETURNS void
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 5c218623624942504aac983152fd8455 $$;
+    AS $$ body in sql/, md5 61074413915dfbc0aeb6ee5a7474a606 $$;
 
 COMMENT ON FUNCTION llm.set_budget(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint, p_thresholds integer[], p_now timestamp with time zone) IS 'Sets (or with a NULL limit removes) the budget of a scope id, or of every id of the scope without one (''*''), per day, week or month in UTC; it applies to every admission after it commits, and owes at once the thresholds the window containing p_now stands at or above.';
 
@@ -1600,10 +1621,12 @@ CREATE TABLE llm.threshold_notices (
     scope_id text,
     budget_window text DEFAULT 'month'::text NOT NULL,
     CONSTRAINT threshold_notices_status_check CHECK ((status = ANY (ARRAY['owed'::text, 'sending'::text, 'sent'::text]))),
-    CONSTRAINT threshold_notices_threshold_pct_check CHECK ((threshold_pct > 0))
+    CONSTRAINT threshold_notices_threshold_pct_check CHECK ((threshold_pct >= 0))
 );
 
 COMMENT ON TABLE llm.threshold_notices IS 'One notice per (organization, period, threshold) crossed: owed -> sending -> sent, with retries and backoff.';
+
+COMMENT ON COLUMN llm.threshold_notices.threshold_pct IS 'The whole percentage of the limit crossed by used credits; 0: the limit reached, a notice of the first refusal of its window (llm.note_refusal).';
 
 COMMENT ON COLUMN llm.threshold_notices.claim_token IS 'The live claim''s token while sending (claim_notices returns it; complete_notice, fail_notice and release_notice need it); NULL when owed or sent.';
 
@@ -1780,6 +1803,8 @@ REVOKE ALL ON FUNCTION llm._check_report_scope(p_scope text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._check_retry(p_message text, p_format text, p_stored text[], p_given text[], p_hint text) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._check_scope_and_window(p_scope text, p_window text) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._check_scope_id(p_name text, p_value text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._check_text(p_name text, p_value text, p_max integer, p_nullable boolean) FROM PUBLIC;
@@ -1873,6 +1898,8 @@ REVOKE ALL ON FUNCTION llm._move_budgets(p_organization_id uuid, p_invs llm.invo
 REVOKE ALL ON FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_now timestamp with time zone, p_admission boolean) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._note_refusal(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._notify_notices_owed(p_reason text) FROM PUBLIC;
 
@@ -2021,6 +2048,9 @@ GRANT ALL ON FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_i
 REVOKE ALL ON FUNCTION llm.metrics(p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.metrics(p_now timestamp with time zone) TO llm_reader;
 GRANT ALL ON FUNCTION llm.metrics(p_now timestamp with time zone) TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm.note_refusal(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.note_refusal(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_now timestamp with time zone) TO llm_app;
 
 REVOKE ALL ON FUNCTION llm.open_execution(p_organization_id uuid, p_task_key text, p_subject_type text, p_subject_id text, p_replay_key text, p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.open_execution(p_organization_id uuid, p_task_key text, p_subject_type text, p_subject_id text, p_replay_key text, p_now timestamp with time zone) TO llm_app;

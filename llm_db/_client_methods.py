@@ -136,6 +136,16 @@ SELECT r.id AS value FROM llm.admit_invocation(
     p_api_key => %(api_key)s::text,
     p_end_user => %(end_user)s::text) AS r"""
 
+#: ``Llm.note_refusal``
+NOTE_REFUSAL = """\
+SELECT llm.note_refusal(
+    p_organization_id => %(organization_id)s::uuid,
+    p_scope => %(scope)s::text,
+    p_scope_id => %(scope_id)s::text,
+    p_window => %(window)s::text,
+    p_window_start => %(window_start)s::date,
+    p_now => %(now)s::timestamptz) AS value"""
+
 #: ``Llm.mark_dispatched``
 MARK_DISPATCHED = """\
 SELECT organization_id, id, period_start, execution_id, model, status, estimate_credits, hold_credits, charged_credits, charged_cents, input_tokens, output_tokens, settlement_kind, created_at, dispatched_at, settled_at, past_window_alerted_at, error, late_credits, late_cents, late_input_tokens, late_output_tokens, late_reported_at, recovered_credits, stripe, replayed FROM llm.mark_dispatched(
@@ -515,6 +525,30 @@ class LlmMethods:
         }
         rows = self._execute(ADMIT_ID, params)
         return value_of(rows, UUID)
+
+    def note_refusal(
+        self,
+        organization_id: UuidLike,
+        scope: str,
+        scope_id: str | None,
+        window: str,
+        window_start: date,
+        *,
+        now: datetime | None = None,
+    ) -> bool:
+        """Report a refusal (``AllowanceExhausted``) in a transaction of its own: the first
+        report of each limit and window owes one ``llm.limit_reached`` notice (True); later
+        ones write nothing (False). ``admit`` calls it on every refusal it raises."""
+        params = {
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "scope": scope,
+            "scope_id": scope_id,
+            "window": window,
+            "window_start": window_start,
+            "now": now,
+        }
+        rows = self._execute(NOTE_REFUSAL, params)
+        return value_of(rows, bool)
 
     def mark_dispatched(
         self,
@@ -1161,6 +1195,30 @@ class AsyncLlmMethods:
         }
         rows = await self._execute(ADMIT_ID, params)
         return value_of(rows, UUID)
+
+    async def note_refusal(
+        self,
+        organization_id: UuidLike,
+        scope: str,
+        scope_id: str | None,
+        window: str,
+        window_start: date,
+        *,
+        now: datetime | None = None,
+    ) -> bool:
+        """Report a refusal (``AllowanceExhausted``) in a transaction of its own: the first
+        report of each limit and window owes one ``llm.limit_reached`` notice (True); later
+        ones write nothing (False). ``admit`` calls it on every refusal it raises."""
+        params = {
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "scope": scope,
+            "scope_id": scope_id,
+            "window": window,
+            "window_start": window_start,
+            "now": now,
+        }
+        rows = await self._execute(NOTE_REFUSAL, params)
+        return value_of(rows, bool)
 
     async def mark_dispatched(
         self,

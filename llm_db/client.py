@@ -35,6 +35,15 @@ report's totals) is ``numeric`` in SQL and so never overflows; the client reads
 every whole ``numeric`` as a Python ``int`` (exact, unbounded) and one with a
 fractional part as ``decimal.Decimal``, never a float.
 
+A refusal (``AllowanceExhausted``, LL001) rolls back everything its transaction
+wrote, so the refusing call cannot record itself. The client reports it right
+after, in a second transaction (``note_refusal``), and then raises it: the first
+refusal by each limit and window owes one ``llm.limit_reached`` notice. Each
+client remembers the windows it reported (the last ``NOTED_WINDOWS``), so a
+storm of refusals costs one more round trip per limit and window, not one per
+refusal. A report that fails is logged (logger ``llm_db.client``) and never
+hides the refusal.
+
 Every method takes an optional ``now=`` (a timezone-aware datetime): the clock
 the SQL uses, so tests move time instead of sleeping; None means ``now()``.
 Share a pool, not a connection, between threads or tasks that work at once.
@@ -42,7 +51,10 @@ Share a pool, not a connection, between threads or tasks that work at once.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import logging
+import threading
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
@@ -53,9 +65,50 @@ from psycopg.types.numeric import NumericLoader
 from llm_db import queries
 from llm_db._client_methods import AsyncLlmMethods, LlmMethods
 from llm_db._types import Row, UuidLike
-from llm_db.errors import mapped_errors, sent
+from llm_db.errors import AllowanceExhausted, LlmError, mapped_errors, sent
 
-__all__ = ["AsyncLlm", "Llm", "UuidLike"]
+__all__ = ["NOTED_WINDOWS", "AsyncLlm", "Llm", "UuidLike"]
+
+log = logging.getLogger("llm_db.client")
+
+#: how many (organization, limit, window) a client remembers having reported
+NOTED_WINDOWS = 4096
+
+Window = tuple[Any, ...]
+
+
+class _Refusals:
+    """The refusals a client reported (``note_refusal``), the newest ``NOTED_WINDOWS``
+    windows; shared by the threads of one client."""
+
+    def __init__(self) -> None:
+        self._noted: collections.OrderedDict[Window, None] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def to_report(self, refusal: AllowanceExhausted, params: Mapping[str, Any]) -> dict[str, Any] | None:
+        """``note_refusal``'s arguments for a refusal not reported yet; None when it was,
+        or when it names no window (a server older than 0.4.0's figures)."""
+        if refusal.scope is None or refusal.window is None or refusal.window_start is None:
+            return None
+        report = {
+            "organization_id": params["organization_id"], "scope": refusal.scope,
+            "scope_id": refusal.scope_id, "window": refusal.window,
+            "window_start": refusal.window_start, "now": params.get("now"),
+        }  # fmt: skip
+        with self._lock:
+            if self._key(report) in self._noted:
+                return None
+        return report
+
+    def reported(self, report: Mapping[str, Any]) -> None:
+        with self._lock:
+            self._noted[self._key(report)] = None
+            while len(self._noted) > NOTED_WINDOWS:
+                self._noted.popitem(last=False)
+
+    @staticmethod
+    def _key(report: Mapping[str, Any]) -> Window:
+        return tuple(report[k] for k in ("organization_id", "scope", "scope_id", "window", "window_start"))
 
 
 class _WholeNumberLoader(NumericLoader):
@@ -103,6 +156,7 @@ class Llm(LlmMethods):
         self.source = source
         self.prepare = prepare
         self._prepare: bool | None = None if prepare else False
+        self._refusals = _Refusals()
 
     @contextlib.contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
@@ -115,15 +169,32 @@ class Llm(LlmMethods):
 
     def _execute(self, sql: str, params: Mapping[str, Any]) -> list[Row]:
         """Run one statement in its own transaction (module doc); its rows."""
-        with (
-            self.connection() as conn,
-            mapped_errors(),
-            _own_transaction(conn),
-            _cursor(conn) as cur,
-        ):
-            with sent():
-                cur.execute(sql, params, prepare=self._prepare)
-            return cur.fetchall()
+        try:
+            with (
+                self.connection() as conn,
+                mapped_errors(),
+                _own_transaction(conn),
+                _cursor(conn) as cur,
+            ):
+                with sent():
+                    cur.execute(sql, params, prepare=self._prepare)
+                return cur.fetchall()
+        except AllowanceExhausted as refusal:
+            self._report(refusal, params)
+            raise
+
+    def _report(self, refusal: AllowanceExhausted, params: Mapping[str, Any]) -> None:
+        """Report a refusal in a transaction of its own (module doc)."""
+        report = self._refusals.to_report(refusal, params)
+        if report is None:
+            return
+        try:
+            self.note_refusal(**report)
+        except (LlmError, psycopg.Error) as exc:
+            log.warning("llm-db: could not report the refusal by %s %s %s: %s",
+                        report["scope"], report["scope_id"], report["window"], exc)  # fmt: skip
+        else:
+            self._refusals.reported(report)
 
     def _call_procedure(self, sql: str, params: Mapping[str, Any]) -> list[Row]:
         """``CALL`` on the connection switched to autocommit (the procedure commits on its
@@ -155,6 +226,7 @@ class AsyncLlm(AsyncLlmMethods):
         self.source = source
         self.prepare = prepare
         self._prepare: bool | None = None if prepare else False
+        self._refusals = _Refusals()
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -166,12 +238,28 @@ class AsyncLlm(AsyncLlmMethods):
                 yield conn
 
     async def _execute(self, sql: str, params: Mapping[str, Any]) -> list[Row]:
-        async with self.connection() as conn:
-            with mapped_errors():
-                async with _own_transaction(conn), _cursor(conn) as cur:
-                    with sent():
-                        await cur.execute(sql, params, prepare=self._prepare)
-                    return await cur.fetchall()
+        try:
+            async with self.connection() as conn:
+                with mapped_errors():
+                    async with _own_transaction(conn), _cursor(conn) as cur:
+                        with sent():
+                            await cur.execute(sql, params, prepare=self._prepare)
+                        return await cur.fetchall()
+        except AllowanceExhausted as refusal:
+            await self._report(refusal, params)
+            raise
+
+    async def _report(self, refusal: AllowanceExhausted, params: Mapping[str, Any]) -> None:
+        report = self._refusals.to_report(refusal, params)
+        if report is None:
+            return
+        try:
+            await self.note_refusal(**report)
+        except (LlmError, psycopg.Error) as exc:
+            log.warning("llm-db: could not report the refusal by %s %s %s: %s",
+                        report["scope"], report["scope_id"], report["window"], exc)  # fmt: skip
+        else:
+            self._refusals.reported(report)
 
     async def _call_procedure(self, sql: str, params: Mapping[str, Any]) -> list[Row]:
         async with self.connection() as conn:

@@ -268,6 +268,12 @@ class Notice(_Row):
         """True for a notice of the monthly allowance, False for one of a budget."""
         return self.scope == "organization" and self.budget_window == "month"
 
+    @property
+    def is_limit_reached(self) -> bool:
+        """True for the notice of a limit's first refusal in its window (threshold 0,
+        ``llm.note_refusal``): its commitments would have passed the limit."""
+        return self.threshold_pct == 0
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class OrgSweep(_Row):

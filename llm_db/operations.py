@@ -335,6 +335,21 @@ class Operations:
         doc="``admit``, returning only the request's id (one column instead of a whole row).",
     )  # fmt: skip
 
+    @operation("note_refusal")
+    def note_refusal(
+        self,
+        organization_id: UuidLike,
+        scope: str,
+        scope_id: str | None,
+        window: str,
+        window_start: date,
+        *,
+        now: datetime | None = None,
+    ) -> bool:
+        """Report a refusal (``AllowanceExhausted``) in a transaction of its own: the first
+        report of each limit and window owes one ``llm.limit_reached`` notice (True); later
+        ones write nothing (False). ``admit`` calls it on every refusal it raises."""
+
     @operation("mark_dispatched")
     def mark_dispatched(
         self, organization_id: UuidLike, invocation_id: UuidLike, *, now: datetime | None = None

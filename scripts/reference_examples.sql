@@ -52,6 +52,13 @@ SELECT llm.set_budget('00000000-0000-0000-0000-00000000000a', 'end_user', '*', '
 SELECT scope, scope_id, budget_window, limit_credits, thresholds FROM llm.budgets
 ORDER BY scope, scope_id;
 
+-- example: note_refusal
+-- note: after an LL001 from admit_invocation, in a transaction of its own; the driver does this
+SELECT llm.note_refusal('00000000-0000-0000-0000-00000000000a', 'organization', NULL, 'month',
+    '2026-01-01', p_now => '2026-01-15 12:00+00') AS first_report,
+       llm.note_refusal('00000000-0000-0000-0000-00000000000a', 'organization', NULL, 'month',
+    '2026-01-01', p_now => '2026-01-15 12:00+00') AS again;
+
 -- example: declare_task_kind
 SELECT llm.declare_task_kind('translate', 'Translate one document');
 SELECT key, description FROM llm.task_kinds ORDER BY key;
@@ -73,7 +80,8 @@ SELECT llm.settle_invocation('00000000-0000-0000-0000-00000000000a',
     '00000000-0000-0000-0000-000000000002', 28, 1, p_input_tokens => 90,
     p_output_tokens => 20, p_now => '2026-01-15 11:00:05+00');
 SELECT llm.settle_invocation('00000000-0000-0000-0000-00000000000a',
-    '00000000-0000-0000-0000-000000000002', 28, 1, p_now => '2026-01-15 11:00:06+00');
+    '00000000-0000-0000-0000-000000000002', 28, 1, p_input_tokens => 90,
+    p_output_tokens => 20, p_now => '2026-01-15 11:00:06+00');
 
 -- example: fail_invocation
 SELECT llm.fail_invocation('00000000-0000-0000-0000-00000000000a',

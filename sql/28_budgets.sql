@@ -516,6 +516,24 @@ $$;
 COMMENT ON FUNCTION llm._budget_reached(uuid, text, text, text, timestamptz) IS
     'With the budget just changed: locks the counters it governs in the window containing p_now (one id, or every id without its own budget for ''*'') and owes every threshold they stand at or above under the budget that applies to each now.';
 
+CREATE OR REPLACE FUNCTION llm._check_scope_and_window(p_scope text, p_window text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_scope IS NULL OR p_scope NOT IN ('organization', 'project', 'api_key', 'end_user') THEN
+        RAISE EXCEPTION 'llm: invalid budget scope %', pg_catalog.quote_nullable(p_scope)
+            USING ERRCODE = '22023', HINT = 'Use organization, project, api_key or end_user.';
+    END IF;
+    IF p_window IS NULL OR p_window NOT IN ('day', 'week', 'month') THEN
+        RAISE EXCEPTION 'llm: invalid budget window %', pg_catalog.quote_nullable(p_window)
+            USING ERRCODE = '22023', HINT = 'Use day, week or month (calendar windows in UTC; weeks start on Monday).';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION llm._check_scope_and_window(text, text) IS
+    'Raises 22023 unless p_scope is organization, project, api_key or end_user and p_window day, week or month.';
+
 CREATE OR REPLACE FUNCTION llm._set_budget(
     p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint,
     p_thresholds integer[], p_now timestamptz)
@@ -564,14 +582,7 @@ DECLARE
     v_owed integer;
 BEGIN
     PERFORM llm._check_call(p_organization_id, p_now);
-    IF p_scope IS NULL OR p_scope NOT IN ('organization', 'project', 'api_key', 'end_user') THEN
-        RAISE EXCEPTION 'llm: invalid budget scope %', pg_catalog.quote_nullable(p_scope)
-            USING ERRCODE = '22023', HINT = 'Use organization, project, api_key or end_user.';
-    END IF;
-    IF p_window IS NULL OR p_window NOT IN ('day', 'week', 'month') THEN
-        RAISE EXCEPTION 'llm: invalid budget window %', pg_catalog.quote_nullable(p_window)
-            USING ERRCODE = '22023', HINT = 'Use day, week or month (calendar windows in UTC; weeks start on Monday).';
-    END IF;
+    PERFORM llm._check_scope_and_window(p_scope, p_window);
     IF p_scope = 'organization' THEN
         IF p_scope_id IS NOT NULL THEN
             RAISE EXCEPTION 'llm: an organization budget takes no scope id'
@@ -600,6 +611,96 @@ END
 $$;
 COMMENT ON FUNCTION llm.set_budget(uuid, text, text, text, bigint, integer[], timestamptz) IS
     'Sets (or with a NULL limit removes) the budget of a scope id, or of every id of the scope without one (''*''), per day, week or month in UTC; it applies to every admission after it commits, and owes at once the thresholds the window containing p_now stands at or above.';
+
+-- ---------------------------------------------------------------- refusals
+
+-- A refusal (LL001) rolls back everything its transaction wrote, so it cannot record
+-- itself (PostgreSQL has no autonomous transactions). The caller reports it in a second
+-- transaction, with the limit the refusal named (the driver does so on catching LL001;
+-- a plain-SQL caller calls llm.note_refusal). The first report of each limit's window
+-- owes one notice, threshold 0 ("limit reached": the commitments, used + held +
+-- estimate, would have passed it); every later one reads that notice and writes
+-- nothing, so a refusal storm writes once per limit and window. The figures come from
+-- the books, not from the caller: the limit in force and the used credits now.
+CREATE OR REPLACE FUNCTION llm._note_refusal(
+    p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date,
+    p_now timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_limit bigint;
+    v_used bigint;
+BEGIN
+    PERFORM FROM llm.threshold_notices AS n
+     WHERE n.organization_id = p_organization_id AND n.scope = p_scope
+       AND n.scope_id IS NOT DISTINCT FROM p_scope_id AND n.budget_window = p_window
+       AND n.period_start = p_window_start AND n.threshold_pct = 0;
+    IF FOUND THEN
+        RETURN false;  -- noted before: a read, no write
+    END IF;
+    IF p_scope = 'organization' AND p_window = 'month' THEN  -- the allowance
+        SELECT o.monthly_allowance_credits INTO v_limit FROM llm.organizations AS o
+         WHERE o.id = p_organization_id;
+        IF NOT FOUND THEN
+            PERFORM llm._raise_unknown_org(p_organization_id);
+        END IF;
+        SELECT coalesce(sum(s.used_credits), 0) INTO v_used FROM llm.period_stripes AS s
+         WHERE s.organization_id = p_organization_id AND s.period_start = p_window_start;
+    ELSE
+        PERFORM FROM llm.organizations AS o WHERE o.id = p_organization_id;
+        IF NOT FOUND THEN
+            PERFORM llm._raise_unknown_org(p_organization_id);
+        END IF;
+        SELECT f.limit_credits INTO v_limit
+          FROM llm._budget_in_force(p_organization_id, p_scope, p_scope_id, p_window) AS f;
+        SELECT coalesce(sum(c.used_credits), 0) INTO v_used FROM llm.budget_counters AS c
+         WHERE c.organization_id = p_organization_id AND c.scope = p_scope
+           AND c.scope_id IS NOT DISTINCT FROM p_scope_id AND c.budget_window = p_window
+           AND c.window_start = p_window_start;
+    END IF;
+    IF v_limit IS NULL THEN
+        RETURN false;  -- no such limit (now): nothing it refused is owed
+    END IF;
+    RETURN llm._owe_notices(p_organization_id, p_window_start, ARRAY[0], v_used, v_limit, p_now,
+                            p_scope, p_scope_id, p_window) > 0;
+END
+$$;
+COMMENT ON FUNCTION llm._note_refusal(uuid, text, text, text, date, timestamptz) IS
+    'Distributed twin of note_refusal; arguments already checked.';
+
+CREATE OR REPLACE FUNCTION llm.note_refusal(
+    p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date,
+    p_now timestamptz DEFAULT now())
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $$
+DECLARE
+    v_created boolean;
+BEGIN
+    PERFORM llm._check_call(p_organization_id, p_now);
+    PERFORM llm._check_scope_and_window(p_scope, p_window);
+    IF (p_scope = 'organization') <> (p_scope_id IS NULL) OR p_scope_id = '*' THEN
+        RAISE EXCEPTION 'llm: a refusal names the id it refused (NULL for the organization scope)'
+            USING ERRCODE = '22023',
+                  HINT = 'Pass the scope, scope_id and window of the AllowanceExhausted (LL001) refusal.';
+    ELSIF p_scope_id IS NOT NULL THEN
+        PERFORM llm._check_scope_id('p_scope_id', p_scope_id);
+    END IF;
+    IF NOT coalesce(pg_catalog.isfinite(p_window_start), false)
+       OR llm._window_start(p_window, pg_catalog.timezone('UTC'::text, p_window_start::timestamp)) <> p_window_start THEN
+        RAISE EXCEPTION 'llm: % is not the start of a % window', pg_catalog.quote_nullable(p_window_start), p_window
+            USING ERRCODE = '22023',
+                  HINT = 'Pass the refusal''s window_start: a day, a Monday or the first of a month (UTC).';
+    END IF;
+    SELECT n INTO v_created
+      FROM llm._note_refusal(p_organization_id, p_scope, p_scope_id, p_window, p_window_start,
+                             coalesce(p_now, pg_catalog.now())) AS n;
+    RETURN v_created;
+END
+$$;
+COMMENT ON FUNCTION llm.note_refusal(uuid, text, text, text, date, timestamptz) IS
+    'Reports an admission''s refusal in a transaction of its own: the first report of each limit (the allowance, or a budget for one id) and window owes one limit_reached notice (threshold 0) and returns true; a later one, or one for a limit not in force, writes nothing and returns false.';
 
 -- ---------------------------------------------------------------- views
 

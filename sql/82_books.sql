@@ -297,6 +297,18 @@ BEGIN
         ON n.scope = sc.scope AND n.budget_window = w.budget_window
      GROUP BY sc.n, sc.scope, w.n, w.budget_window
      ORDER BY sc.n, w.n;
+    -- Limit windows that refused, by scope and window (every pair present): one
+    -- limit_reached notice (threshold 0) per limit and window, owed by note_refusal
+    RETURN QUERY
+    SELECT 'llm_admission_refusals_total', pg_catalog.jsonb_build_object('scope', sc.scope, 'window', w.budget_window),
+           count(n.organization_id)::double precision
+      FROM pg_catalog.unnest(ARRAY['organization', 'project', 'api_key', 'end_user'])
+           WITH ORDINALITY AS sc(scope, n)
+     CROSS JOIN pg_catalog.unnest(ARRAY['day', 'week', 'month']) WITH ORDINALITY AS w(budget_window, n)
+      LEFT JOIN llm.threshold_notices AS n
+        ON n.scope = sc.scope AND n.budget_window = w.budget_window AND n.threshold_pct = 0
+     GROUP BY sc.n, sc.scope, w.n, w.budget_window
+     ORDER BY sc.n, w.n;
     -- How much of its allowance each organization near its limit has committed
     RETURN QUERY
     SELECT 'llm_allowance_used_ratio', pg_catalog.jsonb_build_object('organization_id', a.organization_id::text),
@@ -306,4 +318,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm.metrics(timestamptz) IS
-    'Every series of the Prometheus exposition at p_now (metric, labels, value): the health alarm, the last pass, what the next pass would act on, the stale requests by organization status, budgets near their limit and the sweeps'' totals; every series present, 0 when none.';
+    'Every series of the Prometheus exposition at p_now (metric, labels, value): the health alarm, the last pass, what the next pass would act on, the stale requests by organization status, budgets near their limit, the limit windows that refused and the sweeps'' totals; every series present, 0 when none.';

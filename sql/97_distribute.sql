@@ -56,7 +56,7 @@ BEGIN
                              '_settle_invocation', '_fail_invocation', '_open_execution',
                              '_close_execution', '_reconcile_org', '_end_claim',
                              '_set_recovery_policy', '_set_allowance', '_audit_org',
-                             '_set_period_stripes', '_set_budget')
+                             '_set_period_stripes', '_set_budget', '_note_refusal')
     LOOP
         EXECUTE pg_catalog.format('SELECT %I($1::regprocedure, $2, colocate_with => $3, force_delegation => true)', 'create_distributed_function')
           USING v_fn::text, 'p_organization_id', 'llm.organizations';

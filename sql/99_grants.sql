@@ -22,7 +22,8 @@ GRANT EXECUTE ON FUNCTION
     llm.settle_invocation(uuid, uuid, bigint, bigint, bigint, bigint, timestamptz),
     llm.fail_invocation(uuid, uuid, text, bigint, bigint, timestamptz),
     llm.open_execution(uuid, text, text, text, text, timestamptz),
-    llm.close_execution(uuid, uuid, text, text, timestamptz)
+    llm.close_execution(uuid, uuid, text, text, timestamptz),
+    llm.note_refusal(uuid, text, text, text, date, timestamptz)
 TO llm_app;
 
 GRANT EXECUTE ON FUNCTION

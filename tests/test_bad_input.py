@@ -50,6 +50,7 @@ SIGNATURES = {
     "set_budget": "llm.set_budget(uuid,text,text,text,bigint,integer[],timestamp with time zone)",
     "admit_invocation": "llm.admit_invocation(uuid,bigint,text,uuid,uuid,timestamp with time zone,text,text,text)",
     "mark_dispatched": "llm.mark_dispatched(uuid,uuid,timestamp with time zone)",
+    "note_refusal": "llm.note_refusal(uuid,text,text,text,date,timestamp with time zone)",
     "settle_invocation": "llm.settle_invocation(uuid,uuid,bigint,bigint,bigint,bigint,timestamp with time zone)",
     "fail_invocation": "llm.fail_invocation(uuid,uuid,text,bigint,bigint,timestamp with time zone)",
     "open_execution": "llm.open_execution(uuid,text,text,text,text,timestamp with time zone)",

@@ -76,8 +76,11 @@ def test_before_the_first_pass_every_run_series_is_present_at_its_documented_val
     assert samples[("llm_up", ())] == 1
     # every family a gauge, but the sweeps' own totals, which are counters (0 before any pass)
     counters = {"llm_recovered_requests", "llm_recovered_uncharged_requests", "llm_past_window_alerts"}
-    assert {name for name, f in families.items() if f.type != "gauge"} == counters
+    assert {name for name, f in families.items() if f.type != "gauge"} == counters | {"llm_admission_refusals"}
     assert all(samples[(f"{name}_total", ())] == 0 for name in counters)
+    # the limit windows that refused, by scope and window: every pair present, 0
+    refusals = {labels: v for (name, labels), v in samples.items() if name == "llm_admission_refusals_total"}
+    assert len(refusals) == 12 and set(refusals.values()) == {0}
 
 
 def test_budgets_near_limit_counts_current_windows_at_their_first_threshold_by_scope(

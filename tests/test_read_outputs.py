@@ -279,6 +279,8 @@ def masked(text: str) -> str:
 
 
 def assert_golden(name: str, text: str) -> None:
+    if os.environ.get("LLM_DB_WRITE_GOLDEN") == "1":  # a meant change: write, review the diff
+        (GOLDEN / name).write_text(text)
     expected = (GOLDEN / name).read_text()
     assert text == expected, name + (f"\n{text}" if _show_diff() else "")
 

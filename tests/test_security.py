@@ -42,6 +42,7 @@ APP = {
     "llm.fail_invocation(uuid,uuid,text,bigint,bigint,timestamp with time zone)",
     "llm.open_execution(uuid,text,text,text,text,timestamp with time zone)",
     "llm.close_execution(uuid,uuid,text,text,timestamp with time zone)",
+    "llm.note_refusal(uuid,text,text,text,date,timestamp with time zone)",
 }
 OPERATOR = {
     # tenants and the task catalog (administration)

@@ -307,6 +307,8 @@ def exercise_every_public_routine(conn: psycopg.Connection, ids: dict[str, uuid.
         "set_period_stripes": lambda: call(conn, "set_period_stripes", small, 4),
         "admit_invocation": admit,
         "set_budget": lambda: budgets_work(conn, unlimited, feb),
+        "note_refusal": lambda: call(conn, "note_refusal", small, "organization", None, "month",
+                                     feb.date().replace(day=1), now=feb),
         "mark_dispatched": lambda: call(conn, "mark_dispatched", small, state["inv"], now=feb),
         "settle_invocation": lambda: settle(conn, small, state["inv"], 25, 1, now=feb),
         "fail_invocation": lambda: call(conn, "fail", small, value("admit_id", small, 5, "gpt-y", now=feb),

@@ -54,7 +54,14 @@ Metrics (gauges read at the moment of the scrape, unless said otherwise):
   end_user) and window (every pair present, 0 when none), the allowance counted
   under organization/month; ``llm_allowance_used_ratio{organization_id}``: used +
   held over the allowance of each organization at or past its first threshold. ``llm-db report --by SCOPE``
-  lists them.
+  lists them;
+- ``llm_admission_refusals_total{scope, window}``: limit windows that refused an
+  admission, by scope and window (every pair present): each limit, the allowance
+  under organization/month or a budget for one id, counts once per window, on
+  the first refusal reported (``note_refusal``, which the driver calls on every
+  ``AllowanceExhausted``). Not one per refusal: a refusal rolls back what it
+  wrote, and an exact count would cost a write per refusal (a refusal storm, a
+  write storm); count each refusal in your service if you need that figure.
 
 ``llm-db worker`` adds the counter ``llm_notice_deliveries_total{outcome}``
 (sent, failed, released) for its own process.
@@ -239,7 +246,11 @@ def _books_gauges(series: Series, registry: CollectorRegistry) -> None:
 
 
 #: the series of llm.metrics() with more than one label, or a label per organization
-MANY_LABELS = ("llm_budgets_near_limit", "llm_allowance_used_ratio")
+MANY_LABELS = ("llm_budgets_near_limit", "llm_allowance_used_ratio", "llm_admission_refusals_total")
+
+REFUSALS_HELP = ("Limit windows that refused an admission, by the limit's scope and window: each"
+                 " limit (the allowance, a budget per id) counts once per window, on its first"
+                 " refusal reported (llm.note_refusal), not once per refusal.")  # fmt: skip
 
 
 def _budget_gauges(rows: list[dict[str, Any]], registry: CollectorRegistry) -> None:
@@ -252,8 +263,30 @@ def _budget_gauges(rows: list[dict[str, Any]], registry: CollectorRegistry) -> N
                   " organizations at or above their first notice threshold.", ["organization_id"],
                   registry=registry)  # fmt: skip
     for r in rows:
+        if r["metric"] == "llm_admission_refusals_total":
+            continue
         gauge = near if r["metric"] == "llm_budgets_near_limit" else ratio
         gauge.labels(**r["labels"]).set(r["value"])
+    registry.register(_RefusalCounters([r for r in rows if r["metric"] == "llm_admission_refusals_total"]))
+
+
+class _RefusalCounters:
+    """``llm_admission_refusals_total{scope, window}``: a counter (limit_reached notices
+    are never deleted, so it never goes down)."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+
+    def collect(self) -> Iterable[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        family = CounterMetricFamily("llm_admission_refusals", REFUSALS_HELP, labels=["scope", "window"])
+        for r in self.rows:
+            family.add_metric([r["labels"]["scope"], r["labels"]["window"]], r["value"])
+        yield family
+
+    def describe(self) -> Iterable[Any]:
+        return self.collect()
 
 
 class _SweepCounters:

@@ -45,6 +45,12 @@ written for the allowance's notices, which dispatches on ``type``, is never told
 that a per-user daily budget is its organization's allowance. Its ``scope_id`` is
 the real id (null for the organization's day and week budgets).
 
+A limit that refused an admission (the allowance or a budget; its commitments,
+used + held + estimate, would have passed it) owes one more notice per window, on
+its first refusal: ``"type": "llm.limit_reached"`` (``LIMIT_EVENT_TYPE``), whose
+data names ``scope``, ``scope_id``, ``window``, ``window_start``,
+``limit_credits``, the ``used_credits`` when it was reported and ``refused_at``.
+
 Secrets have the Standard Webhooks form ``whsec_<base64 of 24 to 64 random
 bytes>`` (``new_secret()``, ``llm-db notices new-secret``). To rotate, give
 several secrets separated by spaces: each delivery carries one signature per
@@ -88,6 +94,7 @@ log = logging.getLogger("llm_db.notices")
 
 __all__ = [
     "BUDGET_EVENT_TYPE",
+    "LIMIT_EVENT_TYPE",
     "DEFAULT_TOLERANCE",
     "EVENT_TYPE",
     "ID_HEADER",
@@ -113,6 +120,8 @@ SECRET_PREFIX = "whsec_"
 EVENT_TYPE = "llm.threshold_crossed"
 #: the ``type`` of the JSON body of a budget's notices (issue 23)
 BUDGET_EVENT_TYPE = "llm.budget_threshold_crossed"
+#: the ``type`` of the JSON body of a limit's first refusal in a window (any limit)
+LIMIT_EVENT_TYPE = "llm.limit_reached"
 #: seconds a ``webhook-timestamp`` may differ from the receiver's clock (the spec's five minutes)
 DEFAULT_TOLERANCE = 300
 #: the Standard Webhooks range for a secret's random bytes
@@ -189,7 +198,20 @@ def notice_body(notice: Notice) -> bytes:
     envelope ``{"type", "timestamp", "data"}``; ``timestamp`` is when the threshold was
     crossed. ``type`` is ``EVENT_TYPE`` for the allowance's notices, which keep their
     fields of 0.2.0 (``period_start``, ``allowance_credits``), and ``BUDGET_EVENT_TYPE``
-    for a budget's (module doc)."""
+    for a budget's, ``LIMIT_EVENT_TYPE`` for a limit's first refusal (module doc)."""
+    if notice.is_limit_reached:
+        return _body(LIMIT_EVENT_TYPE, notice.crossed_at, {
+            "organization_id": str(notice.organization_id),
+            "notice_id": str(notice.id),
+            "scope": notice.scope,
+            "scope_id": notice.scope_id,
+            "window": notice.budget_window,
+            "window_start": notice.period_start.isoformat(),
+            "limit_credits": notice.allowance_credits,
+            "used_credits": notice.used_credits,
+            "refused_at": notice.crossed_at.isoformat(),
+            "attempts": notice.attempts,
+        })  # fmt: skip
     data: dict[str, Any] = {
         "organization_id": str(notice.organization_id),
         "notice_id": str(notice.id),
@@ -206,8 +228,11 @@ def notice_body(notice: Notice) -> bytes:
     if notice.is_allowance:
         data["period_start"] = data["window_start"]
         data["allowance_credits"] = data["limit_credits"]
-    kind = EVENT_TYPE if notice.is_allowance else BUDGET_EVENT_TYPE
-    payload = {"type": kind, "timestamp": notice.crossed_at.isoformat(), "data": data}
+    return _body(EVENT_TYPE if notice.is_allowance else BUDGET_EVENT_TYPE, notice.crossed_at, data)
+
+
+def _body(kind: str, at: datetime, data: dict[str, Any]) -> bytes:
+    payload = {"type": kind, "timestamp": at.isoformat(), "data": data}
     return json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
 
 
