@@ -415,6 +415,13 @@ CREATE FUNCTION llm._close_execution(p_organization_id uuid, p_execution_id uuid
 
 COMMENT ON FUNCTION llm._close_execution(p_organization_id uuid, p_execution_id uuid, p_outcome text, p_error text, p_now timestamp with time zone) IS 'Distributed twin of close_execution; arguments already checked.';
 
+CREATE FUNCTION llm._cron_job_seen() RETURNS text
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 4e9b23f76652168f642c35d59ef3f529 $$;
+
+COMMENT ON FUNCTION llm._cron_job_seen() IS 'For health before the first pass: whether the pg_cron job llm-reconciliation of this database is visible and scheduled, and how.';
+
 CREATE FUNCTION llm._end_claim(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_end text, p_error text, p_now timestamp with time zone) RETURNS boolean
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -1265,7 +1272,7 @@ COMMENT ON FUNCTION llm.reconcile_org(p_organization_id uuid, p_now timestamp wi
 CREATE FUNCTION llm.reconciliation_health(p_now timestamp with time zone DEFAULT now()) RETURNS TABLE(status text, last_success_at timestamp with time zone, last_run_status text, detail text)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 21db7b745125a64b4f2766ce1747781f $$;
+    AS $$ body in sql/, md5 72277023a35ae9251692f441b6d81c60 $$;
 
 COMMENT ON FUNCTION llm.reconciliation_health(p_now timestamp with time zone) IS 'The missing-run alarm: ok, late (no completed pass within settings.health_max_age), never (no pass ever ran), or failing (the last pass recorded errors, or every pass so far failed).';
 
@@ -1815,6 +1822,8 @@ REVOKE ALL ON FUNCTION llm._clock_ok(p_now timestamp with time zone) FROM PUBLIC
 GRANT ALL ON FUNCTION llm._clock_ok(p_now timestamp with time zone) TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm._close_execution(p_organization_id uuid, p_execution_id uuid, p_outcome text, p_error text, p_now timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._cron_job_seen() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._end_claim(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_end text, p_error text, p_now timestamp with time zone) FROM PUBLIC;
 

@@ -459,6 +459,38 @@ $$;
 COMMENT ON PROCEDURE llm.run_reconciliation(timestamptz, integer) IS
     'The hourly pass: one at a time under a lease (a concurrent call is recorded as skipped; a dead, cancelled or pooled-away pass is taken over), sweeps every operational organization committing after each and audits its periods when due, records errors and goes on, then re-arms notices and rebuilds daily usage one day at a time since the last complete rebuild; one llm.reconciliation_runs row per call.';
 
+-- What health says before the first pass: whether the pg_cron job is visible from this
+-- database (pg_cron installed here and the job the schema owner's), and its schedule.
+CREATE OR REPLACE FUNCTION llm._cron_job_seen()
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_jobs regclass := pg_catalog.to_regclass('cron.job');
+    v_schedule text;
+BEGIN
+    IF v_jobs IS NULL THEN
+        RETURN 'pg_cron is not installed in this database, so no job is visible from here: schedule one with '
+               'llm-db schedule (--cron-dsn for pg_cron''s database), or ignore this until its first pass';
+    END IF;
+    BEGIN
+        EXECUTE pg_catalog.format('SELECT j.schedule FROM %s AS j WHERE j.jobname = %L
+                                     AND j.database = pg_catalog.current_database() AND j.active LIMIT 1',
+                                  v_jobs, 'llm-reconciliation') INTO v_schedule;
+    EXCEPTION WHEN insufficient_privilege THEN
+        RETURN 'the pg_cron jobs are not readable here: check the job llm-reconciliation in cron.job';
+    END;
+    IF v_schedule IS NULL THEN
+        RETURN 'no pg_cron job llm-reconciliation runs in this database: schedule one with llm-db schedule '
+               '(or llm.schedule_reconciliation())';
+    END IF;
+    RETURN pg_catalog.format('the pg_cron job llm-reconciliation is scheduled (%s): the first pass runs at its next match',
+                             v_schedule);
+END
+$$;
+COMMENT ON FUNCTION llm._cron_job_seen() IS
+    'For health before the first pass: whether the pg_cron job llm-reconciliation of this database is visible and scheduled, and how.';
+
 CREATE OR REPLACE FUNCTION llm.reconciliation_health(p_now timestamptz DEFAULT now())
 RETURNS TABLE (status text, last_success_at timestamptz, last_run_status text, detail text)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
@@ -483,7 +515,7 @@ BEGIN
                               v_last.status, v_last.errors::text);
     ELSIF v_success IS NULL THEN
         RETURN QUERY SELECT 'never'::text, NULL::timestamptz, v_last.status,
-            'no reconciliation pass has completed; schedule one with llm.schedule_reconciliation()'::text;
+            'no reconciliation pass has completed yet; ' || llm._cron_job_seen();
     ELSIF v_now - v_success > v_max_age THEN
         RETURN QUERY SELECT 'late'::text, v_success, v_last.status,
             pg_catalog.format('the last completed pass finished %s ago (allowed: %s); check the pg_cron job llm-reconciliation'

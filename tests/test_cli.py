@@ -580,13 +580,15 @@ def test_report_on_an_empty_database(llm_dsn):
     proc = llm_db("report", dsn=llm_dsn)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("(none)") == 4
+    # an empty daily usage says why: the pass rebuilds it, the periods are live
+    assert "Daily usage is rebuilt by the hourly pass" in proc.stdout
 
 
 # ---------------------------------------------------------------- metrics
 
 
 COUNTERS = {"llm_recovered_requests", "llm_recovered_uncharged_requests", "llm_past_window_alerts",
-            "llm_notice_deliveries"}  # fmt: skip
+            "llm_notice_deliveries", "llm_admission_refusals"}  # fmt: skip
 OPERATIONAL = (("organization_status", "operational"),)
 
 

@@ -136,3 +136,19 @@ def test_schedule_without_pg_cron_raises_ll010_with_schedule_in_database_hint(
     assert raised.value.sqlstate == "LL010"
     assert cron_db in (raised.value.diag.message_detail or "")
     assert f"database {cron_db}" in (raised.value.diag.message_hint or "")
+
+
+def test_health_before_the_first_pass_says_whether_a_job_is_scheduled(cron_conn, llm_conn):
+    """The first hour: ``llm-db health`` right after ``llm-db schedule`` said to schedule
+    one. Before the first pass its detail now says what it can see from the database: the
+    job and its schedule, no job, or (pg_cron elsewhere) that none is visible from here."""
+    assert "no pg_cron job llm-reconciliation runs in this database" in scalar(
+        cron_conn, "SELECT llm._cron_job_seen()")
+    schedule(cron_conn, "15 * * * *")
+    assert scalar(cron_conn, "SELECT llm._cron_job_seen()") == (
+        "the pg_cron job llm-reconciliation is scheduled (15 * * * *): the first pass runs at its next match")
+    # a database without pg_cron: the health row itself, before any pass
+    (health,) = call(llm_conn, "health")
+    assert health["status"] == "never"
+    assert health["detail"].startswith("no reconciliation pass has completed yet; pg_cron is not installed"
+                                       " in this database")

@@ -190,6 +190,12 @@ _SECTIONS: tuple[tuple[str, str, str | None, tuple[tuple[str, _Cell], ...]], ...
 )  # fmt: skip
 
 
+#: printed under an empty daily usage: why it can be empty while requests were settled
+DAILY_USAGE_EMPTY = ("  Daily usage is rebuilt by the hourly pass (llm.run_reconciliation): a day's"
+                     " settlements show after the first pass that follows them; `llm-db reconcile`"
+                     " runs one now. Period usage above is live.")  # fmt: skip
+
+
 def render_report(report: Report) -> str:
     """The report as aligned tables, one section each (``_SECTIONS``)."""
     scope = "all organizations" if report.organization_id is None else str(report.organization_id)
@@ -204,6 +210,8 @@ def render_report(report: Report) -> str:
             for row in getattr(report, rows)
         ]
         out += ["", title, format_table([header for header, _ in columns], cells, align=align)]
+        if rows == "daily_usage" and not cells:
+            out.append(DAILY_USAGE_EMPTY)
     if report.by is not None:
         for title, rows, columns in _by_sections(report.by):
             cells = [tuple(cell(row) for _, cell in columns) for row in getattr(report, rows)]

@@ -27,7 +27,11 @@ database (``--dsn``) the one pass the demo runs is exactly what the hourly job
 would do at that moment; the demo's organizations have fresh ids there.
 
 ``run_demo`` returns every figure it printed as a dict (``llm-db demo --json``
-prints it as the last line). The traffic of step 2 (the cast, the seeded plan, the
+prints it, one JSON document and nothing else). The seed fixes each worker's plan;
+with one worker (``--workers 1``) it fixes the whole run, every figure but
+durations and ids (tests/golden/demo_seed3.txt). With several, the order in which
+their requests reach the database varies between runs, and with it which of them
+the small allowance refuses and so the figures that follow. The traffic of step 2 (the cast, the seeded plan, the
 worker threads) is ``llm_db.demo._traffic``.
 """
 

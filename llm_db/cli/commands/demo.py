@@ -21,7 +21,9 @@ def _quiet(*args: object, **kwargs: object) -> None:
     help="Use this database instead of a throw-away server (DATABASE_URL is NOT read: the demo "
     "runs a reconciliation pass there).",
 )
-@click.option("--seed", type=int, default=7, show_default=True, help="Random seed of the traffic.")
+@click.option("--seed", type=int, default=7, show_default=True,
+              help="Random seed of each worker's traffic; with --workers 1 it reproduces the whole run "
+                   "(several workers interleave differently each run, so refusals vary).")
 @click.option("--workers", type=click.IntRange(1, 32), default=6, show_default=True,
               help="Worker threads sending traffic.")  # fmt: skip
 @common.json_option
