@@ -335,6 +335,7 @@ class Request:
     settled_at: datetime | None = None
     alerted: bool = False
     late: bool = False
+    report: tuple | None = None  # its stored measured settlement's figures (LL007 on others)
     recovered: int | None = None
     task: str | None = None  # the replay key of its task
     ids: dict[str, str | None] = field(default_factory=dict)  # project, api_key, end_user
@@ -583,6 +584,11 @@ class Model:
         row = self.requests.get(a["inv"])
         if row is None:
             return self._expect(e, "LL005")
+        given = (a["credits"], a["cents"], a.get("tokens"))
+        if e["op"] == "settle" and e.get("err") == "LL007":  # a repeat with other figures
+            if row.status in OPEN or row.report is None or row.report == given:
+                raise Mismatch(f"settle {a} gave LL007, but {row.status} stored {row.report}")
+            return None
         self._expect(e, None)
         now = when(a["now"])
         fresh = "settled" if e["op"] == "settle" else "failed"
@@ -594,6 +600,7 @@ class Model:
             row.status = "settled" if fresh == "settled" else "failed"
             row.kind = "measured" if fresh == "settled" else None
             row.tokens = a.get("tokens")
+            row.report = given if fresh == "settled" else None
             self._book(row, a["credits"], a["cents"], now, load)
             return None
         if row.status in OPEN and a["inv"] in eligible:  # the pass took it first
@@ -607,11 +614,15 @@ class Model:
                     0, a["credits"] - row.charged
                 )
                 self._true_up(row, a["credits"], a["cents"], a.get("tokens"))
+                row.report = given if e["op"] == "settle" else None
                 return None
             if answer == "already_recovered" and "audit" in allowed:
+                row.report = given if e["op"] == "settle" else None
                 return None
             raise Mismatch(f"late {e['op']} of {a['inv']} (recovered at {row.recovered}) answered {answer!r}; "
                            f"late_settlement was {sorted(allowed)} (issue 20 defect 7 for a failure)")  # fmt: skip
+        if e["op"] == "settle" and row.report is not None and row.report != given:
+            raise Mismatch(f"settle {a} answered {answer!r} in silence; its stored figures {row.report} differ")
         if answer != expected:
             # on 0.2.0 a late failure only reads, so it can answer from before a true-up
             hint = (

@@ -42,6 +42,7 @@ APP_FUNCTIONS = frozenset(
         "mark_dispatched",
         "settle_invocation",
         "fail_invocation",
+        "note_refusal",
         "open_execution",
         "close_execution",
     }

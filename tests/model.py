@@ -85,6 +85,9 @@ class Invocation:
     settled_at: datetime | None = None
     alerted: bool = False  # past_window_alerted_at is set
     late: bool = False  # a late settlement or failure was recorded (audit) or trued up
+    # the figures of its stored measured settlement (charged, or kept for audit): a repeat
+    # with others is LL007; None when none is stored or it ended by a failure
+    report: tuple | None = None
     recovered: int | None = None  # what recovery charged (kept after a true-up)
     ids: tuple[str | None, ...] = (None, None, None)  # project, api_key, end_user (issue 23)
     mask: int = 0  # budget_mask: the budget counters it moves, fixed at admission
@@ -313,9 +316,16 @@ class Books:
         input_tokens: int | None, output_tokens: int | None, now: datetime,
     ) -> str:  # fmt: skip
         row = self._invocation(org, inv)
+        given = (credits, cents, input_tokens, output_tokens)
         if row.status not in OPEN:
-            return self._late(row, credits, cents, input_tokens, output_tokens, now)
-        row.status, row.kind = "settled", "measured"
+            if row.report is not None and row.report != given:
+                raise Rejected("LL007")  # a retry with other figures; nothing changes
+            first_late = not row.late
+            outcome = self._late(row, credits, cents, input_tokens, output_tokens, now)
+            if first_late and row.late:
+                row.report = given
+            return outcome
+        row.status, row.kind, row.report = "settled", "measured", given
         row.input_tokens, row.output_tokens = input_tokens, output_tokens
         self._book_terminal(row, credits, cents, now)
         return "settled"

@@ -459,7 +459,7 @@ def test_a_retried_invocation_id_compares_its_scope_ids(llm_conn):
     set_budget(llm_conn, org, "end_user", "*", "day", 100)
     iid = uuid.uuid4()
     first = admit(llm_conn, org, 10, invocation_id=iid, api_key="k", end_user="u")
-    assert admit(llm_conn, org, 10, invocation_id=iid, api_key="k", end_user="u") == first
+    assert admit(llm_conn, org, 10, invocation_id=iid, api_key="k", end_user="u") == {**first, "replayed": True}
     assert budget_usage(llm_conn, org)[("end_user", "u", "day", DAY)]["held_credits"] == 10
     for changed in ({"api_key": "k", "end_user": "v"}, {"api_key": "k", "end_user": "u", "project": "p"},
                     {"end_user": "u"}):  # fmt: skip

@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 import psycopg
 import pytest
 
-from llm_db import Llm, Outcome
+from llm_db import Llm, Outcome, errors
 from tests.helpers import T0, InThread, fingerprint, invariants, row, rows, scalar, wait_blocked
 
 HOUR = timedelta(hours=1)
@@ -130,7 +130,7 @@ def test_a_late_settlement_trues_up_a_recovered_request_once(llm_conn, month, li
     recovery charge kept in recovered_credits), its own period (a closed month too) and its
     task move by the signed difference, one adjustment ledger row records it, and the daily
     usage of its settlement day is corrected as a rebuild would. A second late settlement
-    returns already_settled and changes nothing."""
+    returns already_settled (LL007 with other figures) and changes nothing."""
     llm = Llm(llm_conn)
     org = org_with(llm, "estimate", "true_up", allowance=None)
     task = None
@@ -168,7 +168,10 @@ def test_a_late_settlement_trues_up_a_recovered_request_once(llm_conn, month, li
     assert invariants(llm_conn) == []
 
     snapshot = fingerprint(llm_conn)
-    assert llm.settle(org, inv, late + 5, 9, now=at + HOUR) == Outcome.ALREADY_SETTLED
+    assert llm.settle(org, inv, late, 7, input_tokens=900, output_tokens=100,
+                      now=at + HOUR) == Outcome.ALREADY_SETTLED
+    with pytest.raises(errors.IdempotencyConflict):  # other figures: LL007, nothing changes
+        llm.settle(org, inv, late + 5, 9, now=at + HOUR)
     assert llm.fail(org, inv, "late failure", now=at + HOUR) == Outcome.ALREADY_SETTLED
     assert fingerprint(llm_conn) == snapshot
 
@@ -211,7 +214,9 @@ def test_late_figures_recorded_under_audit_are_never_trued_up(llm_conn):
     assert (got["late_credits"], got["late_cents"], got["charged_credits"]) == (60, 5, 40)
     llm.set_recovery_policy(org, "estimate", "true_up")
     snapshot = fingerprint(llm_conn)
-    assert llm.settle(org, inv, 70, 6, now=LATER + 2 * HOUR) == Outcome.ALREADY_RECOVERED
+    assert llm.settle(org, inv, 60, 5, now=LATER + 2 * HOUR) == Outcome.ALREADY_RECOVERED
+    with pytest.raises(errors.IdempotencyConflict):  # other figures: reported, still nothing charged
+        llm.settle(org, inv, 70, 6, now=LATER + 2 * HOUR)
     assert llm.fail(org, inv, "too late", now=LATER + 2 * HOUR) == Outcome.ALREADY_RECOVERED
     assert fingerprint(llm_conn) == snapshot
 

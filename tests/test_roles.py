@@ -310,6 +310,7 @@ def test_every_function_pins_its_search_path_except_the_committing_procedure(llm
     and each is one fully qualified expression (operators included)."""
     unpinned = [r for r in routines(llm_conn) if PINNED_SEARCH_PATH not in (r["proconfig"] or [])]
     assert sorted((r["proname"], r["prokind"], r["prosecdef"]) for r in unpinned) == [
+        ("_admission", "f", False),
         ("_amount_ok", "f", False),
         ("_budget_keys", "f", False),
         ("_budget_slot", "f", False),
