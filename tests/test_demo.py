@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -104,7 +105,9 @@ def test_demo_on_its_own_server_runs_end_to_end_and_leaves_nothing_running(llm_d
                  "over a budget (LL001 naming it)", "Globex's budgets, from llm.budget_usage",
                  "check_invariants(): 0 violations", "the server is stopped"):  # fmt: skip
         assert text in out, text
-    assert f"{result['notices_delivered']} of {result['notices_delivered']} signatures verified" in out
+    # every signature verified; not the --json run's count: with several workers the refusals,
+    # and so the limit_reached notices, vary from run to run (the demo's --seed help)
+    assert re.search(r"\b(\d+) notices? delivered to a local webhook, \1 of \1 signatures verified", out), out
     base_dir = result["server"]["base_dir"]
     assert not Path(base_dir).exists()
     assert postgres_processes_under(base_dir) == []
