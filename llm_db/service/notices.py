@@ -199,19 +199,7 @@ def notice_body(notice: Notice) -> bytes:
     crossed. ``type`` is ``EVENT_TYPE`` for the allowance's notices, which keep their
     fields of 0.2.0 (``period_start``, ``allowance_credits``), and ``BUDGET_EVENT_TYPE``
     for a budget's, ``LIMIT_EVENT_TYPE`` for a limit's first refusal (module doc)."""
-    if notice.is_limit_reached:
-        return _body(LIMIT_EVENT_TYPE, notice.crossed_at, {
-            "organization_id": str(notice.organization_id),
-            "notice_id": str(notice.id),
-            "scope": notice.scope,
-            "scope_id": notice.scope_id,
-            "window": notice.budget_window,
-            "window_start": notice.period_start.isoformat(),
-            "limit_credits": notice.allowance_credits,
-            "used_credits": notice.used_credits,
-            "refused_at": notice.crossed_at.isoformat(),
-            "attempts": notice.attempts,
-        })  # fmt: skip
+    # every event names its limit and window (keys sorted on output, so order is free)
     data: dict[str, Any] = {
         "organization_id": str(notice.organization_id),
         "notice_id": str(notice.id),
@@ -219,12 +207,15 @@ def notice_body(notice: Notice) -> bytes:
         "scope_id": notice.scope_id,
         "window": notice.budget_window,
         "window_start": notice.period_start.isoformat(),
-        "threshold_pct": notice.threshold_pct,
         "used_credits": notice.used_credits,
         "limit_credits": notice.allowance_credits,
-        "crossed_at": notice.crossed_at.isoformat(),
         "attempts": notice.attempts,
     }
+    if notice.is_limit_reached:
+        data["refused_at"] = notice.crossed_at.isoformat()
+        return _body(LIMIT_EVENT_TYPE, notice.crossed_at, data)
+    data["threshold_pct"] = notice.threshold_pct
+    data["crossed_at"] = notice.crossed_at.isoformat()
     if notice.is_allowance:
         data["period_start"] = data["window_start"]
         data["allowance_credits"] = data["limit_credits"]
