@@ -266,3 +266,28 @@ def test_a_signal_swallowed_by_a_finalizer_still_interrupts_the_demo(capsys, mon
         with demo._signals_as_interrupt():
             Finalized()  # collected at once
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_day_across_two_months_is_booked_per_month(llm_dsn, llm_conn, monkeypatch):
+    """issue 31 item 7: a day of traffic from March 31st into April 1st is two months of
+    books, each against its own month's allowance; 0.3.0 summed both months against one
+    month's allowance ("used 26,041 of 24,000, 108 %, 0 over the allowance")."""
+    monkeypatch.setattr(demo, "PASS_CLOCK", "SELECT timestamptz '2026-04-02 10:00:00+00' AS now")
+    result = demo.run_demo(dsn=llm_dsn, seed=3, workers=1, out=lambda line: None)
+    books = {(b["organization"], b["month"]): b for b in result["books"]}
+    assert {month for org, month in books if org != "initech"} == {"2026-03", "2026-04"}
+    for (key, month), b in books.items():
+        org_id = result["organizations"][key]["id"]
+        period = row(llm_conn, """
+            SELECT allowance_credits, used_credits, held_credits, used_cents FROM llm.periods
+             WHERE organization_id = %s AND period_start = %s::date""",
+                     [org_id, month + "-01"])  # fmt: skip
+        if period is None:  # the suspended organization never opened one
+            assert key == "initech" and b["used_credits"] == 0
+            continue
+        assert {k: b[k] for k in period} == period, (key, month)
+        if b["allowance_credits"] is not None:
+            assert b["used_credits"] + b["held_credits"] <= b["allowance_credits"]
+    acme = [b["used_credits"] for (key, _), b in sorted(books.items()) if key == "acme"]
+    assert len(acme) == 2 and all(used > 0 for used in acme)
+    assert_books_right(llm_conn)

@@ -370,20 +370,21 @@ def _demo(
         out("")
         out("3. The books afterwards")
         out("")
-        totals = llm.organization_totals(ids)
+        books = _books_by_month(llm, orgs, day_start, pass_clock)
         out(format_table(
-            ["organization", "status", "allowance", "used", "held", "used %", "cents", "notices"],
+            ["organization", "month", "status", "allowance", "used", "held", "used %", "cents"],
             [
-                (r["name"], r["status"],
-                 "unlimited" if r["allowance_credits"] is None else r["allowance_credits"],
-                 r["used_credits"], r["held_credits"],
-                 "-" if not r["allowance_credits"] else
-                 f"{100 * r['used_credits'] // r['allowance_credits']}%",
-                 r["used_cents"], r["notices"])
-                for r in totals
+                (b["name"], b["month"], b["status"],
+                 "unlimited" if b["allowance_credits"] is None else b["allowance_credits"],
+                 b["used_credits"], b["held_credits"],
+                 "-" if not b["allowance_credits"] else
+                 f"{100 * b['used_credits'] // b['allowance_credits']}%",
+                 b["used_cents"])
+                for b in books
             ],
-            align="llrrrrrr",
+            align="lllrrrrr",
         ))  # fmt: skip
+        out("  (one row per month: an allowance is a month's, so each month is judged on its own)")
         out("")
         budgets = _budget_totals(conn, by_key["globex"], out)
         out("")
@@ -412,6 +413,7 @@ def _demo(
         "clock": {"day_start": day_start, "day_end": day_end, "pass": pass_clock},
         "traffic": traffic,
         "injected_drift": drift,
+        "books": books,
         "budgets": budgets,
         "before": before,
         "after": after,
@@ -419,6 +421,31 @@ def _demo(
         "notices_delivered": delivered,
         "invariant_violations": len(violations),
     }
+
+
+def _books_by_month(
+    llm: Llm, orgs: list[DemoOrg], day_start: datetime, pass_clock: datetime
+) -> list[dict[str, Any]]:
+    """Each organization's books per month (``llm.report_periods``) from the day of traffic
+    to the pass: a month's usage against that month's allowance, never two months against
+    one. An organization that never opened a period (the suspended one) has one row of
+    zeros for the month of the traffic."""
+    periods = llm.report_periods(day_start.date(), pass_clock.date(), [o.id for o in orgs])
+    books = []
+    for o in orgs:
+        mine = [p for p in periods if p["organization_id"] == o.id]
+        books += [
+            {"organization": o.key, "name": o.name, "month": p["period_start"].strftime("%Y-%m"),
+             "status": p["status"], "allowance_credits": p["allowance_credits"],
+             "used_credits": p["used_credits"], "held_credits": p["held_credits"],
+             "used_cents": p["used_cents"]}
+            for p in mine
+        ] or [
+            {"organization": o.key, "name": o.name, "month": f"{day_start:%Y-%m}",
+             "status": o.status, "allowance_credits": o.allowance,
+             "used_credits": 0, "held_credits": 0, "used_cents": 0}
+        ]  # fmt: skip
+    return books
 
 
 def _traffic_figures(tally: Tally, orgs: list[DemoOrg]) -> dict[str, Any]:
