@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import sys
 from pathlib import Path
 
 import psycopg
@@ -100,3 +101,75 @@ def test_the_readme_python_runs_as_written(llm_dsn, monkeypatch):
         exec(compile(code, f"{README}:{line}", "exec"), {"__name__": "readme"})
     with psycopg.connect(llm_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM llm.invocations WHERE status = 'settled'").fetchone()[0] == 1
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _brought_by(requirements: list[str]) -> set[str]:
+    """The distributions that installing these requirements brings, their dependencies
+    and the extras they name (``psycopg[binary,pool]`` brings psycopg-pool), by
+    normalized name; those not installed here count as themselves alone."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    found: set[str] = set()
+    todo = [Requirement(r) for r in requirements]
+    while todo:
+        req = todo.pop()
+        found.add(_norm(req.name))
+        try:
+            requires = metadata.requires(req.name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for r in requires:
+            sub = Requirement(r)
+            if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in req.extras):
+                if _norm(sub.name) not in found:
+                    todo.append(sub)
+    return found
+
+
+def test_what_the_docs_call_your_dependency_is_not_llm_dbs():
+    """issue 31 item 7: integration.md called psycopg_pool "your dependency, not
+    llm-db's" while pyproject depends on ``psycopg[binary,pool]``. Each module of the
+    docs' Python blocks that a plain install brings must not be called yours, and each
+    that it does not bring must come with a ``pip install`` naming it."""
+    from importlib import metadata
+
+    text = DOC.read_text(encoding="utf-8")
+    distributions = metadata.packages_distributions()
+    imported = {
+        m.group(1)
+        for info in ("", "fastapi-app")  # not the test module: pytest is what runs it
+        for _, code in blocks("python", info)
+        for m in re.finditer(r"^\s*(?:from|import) (\w+)", code, re.MULTILINE)
+    }
+    from importlib import metadata as md
+
+    ours = _brought_by([r for r in md.requires("llm-db") or [] if "extra ==" not in r])
+    flat = text.replace("\n", " ")
+    installed = [m.group(1).replace("llm-db", "llm_db") for m in
+                 re.finditer(r"pip install '?([A-Za-z][\w.\-]*(?:\[[\w,]+\])?)", flat)]
+    yours_installed = _brought_by([i for i in installed if not i.startswith("llm_db")])
+    prose = FENCE.sub("", text).replace("\n", " ")
+    yours = [s for s in re.split(r"(?<=[.;])\s", prose) if "your dependenc" in s]
+    checked = 0
+    for module in sorted(imported):
+        dists = {_norm(d) for d in distributions.get(module, [])}
+        if not dists or module == "llm_db" or module in sys.stdlib_module_names:
+            continue
+        checked += 1
+        if dists & ours:
+            names = [module, *dists]
+            called_yours = [
+                s for s in yours if any(re.search(rf"\b{re.escape(n)}\b", s, re.I) for n in names)
+            ]
+            assert not called_yours, f"{module} comes with llm-db, yet: {called_yours}"
+        else:
+            assert dists & yours_installed, (
+                f"{module} ({dists}) does not come with llm-db and no `pip install` brings it"
+            )
+    assert checked >= 2  # psycopg_pool and fastapi at least
