@@ -55,42 +55,69 @@ class DriverRun:
         return self.requests / self.seconds if self.seconds else 0.0
 
 
-_ADMIT = (
-    "SELECT i.id FROM llm.admit_invocation(%(org)s::uuid, 100, 'bench-model', %(task)s::uuid,"
-    " %(id)s::uuid) AS i"
-)
-_SETTLE = "SELECT llm.settle_invocation(%(org)s::uuid, %(id)s::uuid, 80, 3, 1200, 300)"
+# The bare client sends the driver's own two statements with the parameters the driver
+# binds (issue 32 item 5: "bare psycopg running the same statements"), so the ratio of
+# the two is the layer's cost alone: argument checks, the connection and transaction
+# handling, errors, and reading the row.
+try:
+    from llm_db._client_methods import ADMIT_ID as _ADMIT
+    from llm_db._client_methods import SETTLE as _SETTLE
+except ImportError:  # pragma: no cover - only before the generated methods existed
+    _ADMIT = (
+        "SELECT i.id FROM llm.admit_invocation(%(organization_id)s::uuid, 100, 'bench-model',"
+        " %(execution_id)s::uuid, %(invocation_id)s::uuid) AS i"
+    )
+    _SETTLE = "SELECT llm.settle_invocation(%(organization_id)s::uuid, %(invocation_id)s::uuid, 80, 3, 1200, 300)"
 
 
-def _one_cycle(client: Any, conn: psycopg.Connection, n: int, slot: int) -> None:
+def _admit_params(org: uuid.UUID, task: uuid.UUID, inv: uuid.UUID) -> dict[str, Any]:
+    return {"organization_id": org, "estimate_credits": 100, "model": "bench-model", "execution_id": task,
+            "invocation_id": inv, "now": None, "project": None, "api_key": None, "end_user": None}  # fmt: skip
+
+
+def _settle_params(org: uuid.UUID, inv: uuid.UUID) -> dict[str, Any]:
+    return {"organization_id": org, "invocation_id": inv, "credits": 80, "cents": 3,
+            "input_tokens": 1200, "output_tokens": 300, "now": None}  # fmt: skip
+
+
+def _one_cycle(client: Any, conn: psycopg.Connection, n: int, slot: int, prepare: bool | None) -> None:
     org, task, inv = org_id(n), exec_id(n, slot), uuid.uuid4()
     if client is not None:
         # only the id back, as the SQL-level cycle (scripts/cycle.sql) reads it
         admitted = client.admit_id(org, 100, "bench-model", execution_id=task, invocation_id=inv)
         client.settle(org, admitted, 80, 3, input_tokens=1200, output_tokens=300)
     else:
-        conn.execute(_ADMIT, {"org": org, "task": task, "id": inv})
-        conn.execute(_SETTLE, {"org": org, "id": inv})
+        with conn.cursor() as cur:
+            cur.execute(_ADMIT, _admit_params(org, task, inv), prepare=prepare)
+            admitted = cur.fetchone()[0]
+            cur.execute(_SETTLE, _settle_params(org, admitted), prepare=prepare)
+            cur.fetchone()
 
 
-async def _one_cycle_async(client: Any, conn: psycopg.AsyncConnection, n: int, slot: int) -> None:
+async def _one_cycle_async(
+    client: Any, conn: psycopg.AsyncConnection, n: int, slot: int, prepare: bool | None
+) -> None:
     org, task, inv = org_id(n), exec_id(n, slot), uuid.uuid4()
     if client is not None:
         admitted = await client.admit_id(org, 100, "bench-model", execution_id=task, invocation_id=inv)
         await client.settle(org, admitted, 80, 3, input_tokens=1200, output_tokens=300)
     else:
-        await conn.execute(_ADMIT, {"org": org, "task": task, "id": inv})
-        await conn.execute(_SETTLE, {"org": org, "id": inv})
+        async with conn.cursor() as cur:
+            await cur.execute(_ADMIT, _admit_params(org, task, inv), prepare=prepare)
+            admitted = (await cur.fetchone())[0]
+            await cur.execute(_SETTLE, _settle_params(org, admitted), prepare=prepare)
+            await cur.fetchone()
 
 
 def run_threads(
     dsn: str, *, workers: int, seconds: float, orgs: int, bare: bool = False, prepare: bool = False
 ) -> DriverRun:
-    """``workers`` threads, one connection each, for ``seconds``. ``bare``: the same two
-    statements through psycopg alone (no llm_db layer), prepared on the server after five
-    executions (psycopg's default) with ``prepare``, never without it: the floor of any
-    Python client in either mode. Otherwise the driver, ``Llm(conn, prepare=prepare)``
-    (``prepare=True``: server-side prepared statements, not for transaction pooling)."""
+    """``workers`` threads, one connection each, for ``seconds``. ``bare``: the driver's
+    two statements through psycopg alone (no llm_db layer) at the driver's prepare
+    setting: psycopg's default (prepared after five executions) with ``prepare``,
+    ``execute(..., prepare=False)`` without it, as the driver does: the floor of any Python client in either mode. Otherwise the
+    driver, ``Llm(conn, prepare=prepare)`` (``prepare=True``: server-side prepared
+    statements, not for transaction pooling)."""
     counts = [0] * workers
     errors = [0] * workers
     ready = threading.Barrier(workers + 1)
@@ -99,16 +126,15 @@ def run_threads(
     def work(k: int) -> None:
         rng = random.Random(k)
         with psycopg.connect(dsn, autocommit=True) as conn:
-            if bare and not prepare:
-                conn.prepare_threshold = None
             client = Llm(conn, prepare=prepare) if Llm is not None and not bare else None
+            mode = None if prepare else False  # the driver's: psycopg's default, or never
             for _ in range(WARMUP_CYCLES):
-                _one_cycle(client, conn, rng.randint(1, orgs), k % SLOTS)
+                _one_cycle(client, conn, rng.randint(1, orgs), k % SLOTS, mode)
             ready.wait()
             deadline = start_at[0] + seconds
             while time.perf_counter() < deadline:
                 try:
-                    _one_cycle(client, conn, rng.randint(1, orgs), k % SLOTS)
+                    _one_cycle(client, conn, rng.randint(1, orgs), k % SLOTS, mode)
                     counts[k] += 1
                 except Exception:  # counted and reported; the run goes on
                     errors[k] += 1
@@ -125,14 +151,19 @@ def run_threads(
     return DriverRun(mode, workers, elapsed, sum(counts), sum(errors))
 
 
-def run_asyncio(dsn: str, *, workers: int, seconds: float, orgs: int) -> DriverRun:
-    """``workers`` asyncio tasks on one event loop, one connection each, for ``seconds``."""
+def run_asyncio(
+    dsn: str, *, workers: int, seconds: float, orgs: int, bare: bool = False, prepare: bool = False
+) -> DriverRun:
+    """``workers`` asyncio tasks on one event loop, one connection each, for ``seconds``;
+    ``bare`` and ``prepare`` as for ``run_threads``."""
 
     async def main() -> DriverRun:
         conns = [await psycopg.AsyncConnection.connect(dsn, autocommit=True) for _ in range(workers)]
         try:
-            clients = [AsyncLlm(c) if AsyncLlm is not None else None for c in conns]
+            clients = [AsyncLlm(c, prepare=prepare) if AsyncLlm is not None and not bare else None
+                       for c in conns]  # fmt: skip
             rngs = [random.Random(100 + k) for k in range(workers)]
+            mode = None if prepare else False  # the driver's: psycopg's default, or never
             await asyncio.gather(*(
                 _warm(clients[k], conns[k], rngs[k]) for k in range(workers)
             ))  # fmt: skip
@@ -144,21 +175,23 @@ def run_asyncio(dsn: str, *, workers: int, seconds: float, orgs: int) -> DriverR
             async def loop(k: int) -> None:
                 while time.perf_counter() < deadline:
                     try:
-                        await _one_cycle_async(clients[k], conns[k], rngs[k].randint(1, orgs), k % SLOTS)
+                        await _one_cycle_async(clients[k], conns[k], rngs[k].randint(1, orgs), k % SLOTS,
+                                               mode)  # fmt: skip
                         counts[k] += 1
                     except Exception:  # counted and reported; the run goes on
                         errors[k] += 1
 
             await asyncio.gather(*(loop(k) for k in range(workers)))
             elapsed = time.perf_counter() - start
-            return DriverRun("asyncio", workers, elapsed, sum(counts), sum(errors))
+            label = ("asyncio, bare psycopg" if bare else "asyncio") + (", prepared" if prepare else "")
+            return DriverRun(label, workers, elapsed, sum(counts), sum(errors))
         finally:
             for c in conns:
                 await c.close()
 
     async def _warm(client: Any, conn: psycopg.AsyncConnection, rng: random.Random) -> None:
         for _ in range(WARMUP_CYCLES):
-            await _one_cycle_async(client, conn, rng.randint(1, orgs), 0)
+            await _one_cycle_async(client, conn, rng.randint(1, orgs), 0, None if prepare else False)
 
     return asyncio.run(main())
 
