@@ -288,7 +288,7 @@ COMMENT ON COLUMN llm.budget_counters.admitted_revision IS 'The revision of the 
 CREATE FUNCTION llm._budget_crossings(p_organization_id uuid, p_keys llm.budget_counters[], p_olds bigint[], p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 5616e98e1c49abc33288e4809e553c83 $$;
+    AS $$ body in sql/, md5 92c66593adbacd17834a76c6d03224ec $$;
 
 COMMENT ON FUNCTION llm._budget_crossings(p_organization_id uuid, p_keys llm.budget_counters[], p_olds bigint[], p_now timestamp with time zone) IS 'Owes one notice per threshold each moved counter crossed (used from p_olds[i] to p_keys[i].used_credits) under the budget that applies to it now.';
 
@@ -720,7 +720,7 @@ COMMENT ON FUNCTION llm._may_cross(p_old_used bigint, p_new_used bigint, p_allow
 CREATE FUNCTION llm._move_budgets(p_organization_id uuid, p_invs llm.invocations[], p_true_up boolean, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 7b9acffe8fd71f72d5691281b000acd9 $$;
+    AS $$ body in sql/, md5 7cf5e0f9042adc2caa05b72c1e45ff7b $$;
 
 COMMENT ON FUNCTION llm._move_budgets(p_organization_id uuid, p_invs llm.invocations[], p_true_up boolean, p_now timestamp with time zone) IS 'Moves the budget counters of the given requests (terminal: charge in, hold out; p_true_up: the signed difference) in lock order, refusing growth past the sum limit (LL013), and owes the thresholds they crossed; returns the notices created.';
 

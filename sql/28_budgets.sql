@@ -286,27 +286,20 @@ RETURNS integer
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    v_crossed record;
+    v_budget record;
     v_created integer := 0;
 BEGIN
-    -- one statement reads the budget in force for every moved counter (its id's own,
-    -- else the scope's '*') and keeps those whose move may have crossed a threshold;
-    -- only those (rare) owe notices, one call each
-    FOR v_crossed IN
-        SELECT p_keys[n].window_start AS window_start, p_keys[n].used_credits AS used_credits,
-               p_keys[n].scope AS scope, p_keys[n].scope_id AS scope_id,
-               p_keys[n].budget_window AS budget_window, p_olds[n] AS old, b.limit_credits, b.thresholds
-          FROM pg_catalog.generate_subscripts(p_keys, 1) AS n
-         CROSS JOIN LATERAL llm._budget_in_force(p_organization_id, p_keys[n].scope, p_keys[n].scope_id,
-                                                     p_keys[n].budget_window) AS b
-         WHERE coalesce(llm._may_cross(p_olds[n], p_keys[n].used_credits, b.limit_credits), false)
-         ORDER BY n
-    LOOP
+    FOR v_i IN 1 .. coalesce(pg_catalog.cardinality(p_keys), 0) LOOP
+        SELECT * INTO v_budget
+          FROM llm._budget_in_force(p_organization_id, p_keys[v_i].scope, p_keys[v_i].scope_id,
+                                    p_keys[v_i].budget_window);
+        CONTINUE WHEN v_budget.limit_credits IS NULL
+            OR NOT coalesce(llm._may_cross(p_olds[v_i], p_keys[v_i].used_credits, v_budget.limit_credits), false);
         v_created := v_created
-            + llm._owe_notices(p_organization_id, v_crossed.window_start, v_crossed.thresholds,
-                               v_crossed.used_credits, v_crossed.limit_credits, p_now,
-                               v_crossed.scope, v_crossed.scope_id, v_crossed.budget_window,
-                               v_crossed.old);
+            + llm._owe_notices(p_organization_id, p_keys[v_i].window_start, v_budget.thresholds,
+                               p_keys[v_i].used_credits, v_budget.limit_credits, p_now,
+                               p_keys[v_i].scope, p_keys[v_i].scope_id, p_keys[v_i].budget_window,
+                               p_olds[v_i]);
     END LOOP;
     RETURN v_created;
 END
@@ -332,20 +325,12 @@ RETURNS integer
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    v_expected integer;
-    v_moved integer;
-    v_rising llm.budget_counters[];
-    v_olds bigint[];
     v_move record;
     v_counter llm.budget_counters;
+    v_rising llm.budget_counters[] := ARRAY[]::llm.budget_counters[];
+    v_olds bigint[] := ARRAY[]::bigint[];
 BEGIN
-    -- 1. Every counter of the requests in one statement (issue 32 item 3): the moves
-    --    summed per counter, the counters locked in lock order (slot, id, window
-    --    start: FOR UPDATE under the ORDER BY locks them in it), then moved. A counter
-    --    the move would carry past the sum limit (LL013: used + held and used cents
-    --    never grow past it) is left out by the UPDATE's WHERE and refused below,
-    --    outside it: Citus refuses a VOLATILE call in a distributed UPDATE.
-    WITH moves AS (
+    FOR v_move IN
         SELECT k.slot, k.scope, k.scope_id, k.budget_window, k.window_start,
                sum(CASE WHEN p_true_up THEN i.charged_credits - i.recovered_credits
                         ELSE i.charged_credits END)::bigint AS used,
@@ -358,66 +343,29 @@ BEGIN
                                              s.end_user, i.created_at) AS k
          WHERE s.budget_mask <> 0
          GROUP BY k.slot, k.scope, k.scope_id, k.budget_window, k.window_start
-    ), locked AS (
-        -- each counter found by its key (a probe of its index per move: a join of
-        -- the two would scan the counters) and locked as the moves come, in lock order
-        SELECT c.id, m.slot, m.used, m.released, m.cents
-          FROM (SELECT * FROM moves ORDER BY moves.slot, moves.scope_id, moves.window_start) AS m
-         CROSS JOIN LATERAL (
-               SELECT c.id FROM llm.budget_counters AS c
-                WHERE c.organization_id = p_organization_id AND c.scope = m.scope
-                  AND (c.scope_id = m.scope_id OR (c.scope_id IS NULL AND m.scope_id IS NULL))
-                  AND c.budget_window = m.budget_window AND c.window_start = m.window_start
-                  FOR UPDATE) AS c
-    ), moved AS (
+         ORDER BY k.slot, k.scope_id, k.window_start
+    LOOP
+        -- the sum limit (LL013): used + held and used cents never grow past it (an
+        -- overage of requests admitted with estimate 0, a week across two periods). The
+        -- UPDATE skips a counter the move would carry past it, and the refusal is raised
+        -- outside it: Citus refuses a VOLATILE call in a distributed UPDATE.
         UPDATE llm.budget_counters AS c
-           SET used_credits = c.used_credits + l.used,
-               held_credits = c.held_credits - l.released,
-               used_cents = c.used_cents + l.cents
-          FROM locked AS l
-         WHERE c.organization_id = p_organization_id AND c.id = l.id
-           -- the ids again as an array: an index condition, so no plan scans the counters
-           AND c.id = ANY (ARRAY(SELECT locked.id FROM locked))
-           AND (l.used - l.released <= 0
-                OR c.used_credits::numeric + c.held_credits + l.used - l.released <= llm._max_sum())
-           AND (l.cents <= 0 OR c.used_cents::numeric + l.cents <= llm._max_sum())
-        RETURNING c.*, l.slot AS moved_slot, l.used AS moved_used
-    )
-    SELECT (SELECT count(*) FROM moves), count(*),
-           pg_catalog.array_agg(ROW(m.organization_id, m.id, m.scope, m.scope_id, m.budget_window,
-                                    m.window_start, m.used_credits, m.held_credits, m.used_cents,
-                                    m.admitted_limit, m.admitted_revision)::llm.budget_counters
-                                ORDER BY m.moved_slot, m.scope_id, m.window_start)
-               FILTER (WHERE m.moved_used > 0),
-           pg_catalog.array_agg(m.used_credits - m.moved_used ORDER BY m.moved_slot, m.scope_id, m.window_start)
-               FILTER (WHERE m.moved_used > 0)
-      INTO v_expected, v_moved, v_rising, v_olds
-      FROM moved AS m;
-
-    -- 2. Rare: a counter not moved. None (retention took its window) moves nothing; one
-    --    past the sum limit refuses (the whole transaction rolls back).
-    IF v_moved < v_expected THEN
-        FOR v_move IN
-            SELECT k.scope, k.scope_id, k.budget_window, k.window_start,
-                   sum(CASE WHEN p_true_up THEN i.charged_credits - i.recovered_credits
-                            ELSE i.charged_credits END)::bigint AS used,
-                   sum(CASE WHEN p_true_up THEN 0 ELSE i.hold_credits END)::bigint AS released,
-                   sum(coalesce(i.charged_cents, 0))::bigint AS cents
-              FROM pg_catalog.unnest(p_invs) AS i
-              JOIN llm.invocation_scopes AS s
-                ON s.organization_id = p_organization_id AND s.invocation_id = i.id
-             CROSS JOIN LATERAL llm._budget_keys(s.budget_mask, s.project, s.api_key,
-                                                 s.end_user, i.created_at) AS k
-             WHERE s.budget_mask <> 0
-             GROUP BY k.slot, k.scope, k.scope_id, k.budget_window, k.window_start
-             ORDER BY k.slot, k.scope_id, k.window_start
-        LOOP
+           SET used_credits = c.used_credits + v_move.used,
+               held_credits = c.held_credits - v_move.released,
+               used_cents = c.used_cents + v_move.cents
+         WHERE c.organization_id = p_organization_id AND c.scope = v_move.scope
+           AND (c.scope_id = v_move.scope_id OR (c.scope_id IS NULL AND v_move.scope_id IS NULL))
+           AND c.budget_window = v_move.budget_window AND c.window_start = v_move.window_start
+           AND (v_move.used - v_move.released <= 0
+                OR c.used_credits::numeric + c.held_credits + v_move.used - v_move.released <= llm._max_sum())
+           AND (v_move.cents <= 0 OR c.used_cents::numeric + v_move.cents <= llm._max_sum())
+        RETURNING c.* INTO v_counter;
+        IF NOT FOUND THEN  -- no counter (retention took its window), or one past the limit
             SELECT * INTO v_counter FROM llm.budget_counters AS c
              WHERE c.organization_id = p_organization_id AND c.scope = v_move.scope
                AND (c.scope_id = v_move.scope_id OR (c.scope_id IS NULL AND v_move.scope_id IS NULL))
                AND c.budget_window = v_move.budget_window AND c.window_start = v_move.window_start;
-            CONTINUE WHEN NOT FOUND;
-            IF v_move.used - v_move.released > 0
+            IF FOUND AND v_move.used - v_move.released > 0
                AND v_counter.used_credits::numeric + v_counter.held_credits + v_move.used - v_move.released
                    > llm._max_sum() THEN
                 PERFORM llm._refuse_sum('budget_counters', 'used_credits',
@@ -425,16 +373,19 @@ BEGIN
                                         + v_move.used - v_move.released,
                                         pg_catalog.format('the %s budget counter %s of %s', v_counter.budget_window,
                                                           v_counter.window_start, v_counter.scope));
-            ELSIF v_move.cents > 0 AND v_counter.used_cents::numeric + v_move.cents > llm._max_sum() THEN
+            ELSIF FOUND THEN
                 PERFORM llm._refuse_sum('budget_counters', 'used_cents', v_counter.used_cents::numeric + v_move.cents,
                                         pg_catalog.format('the %s budget counter %s of %s', v_counter.budget_window,
                                                           v_counter.window_start, v_counter.scope));
             END IF;
-        END LOOP;
-    END IF;
-
-    -- 3. The thresholds the rising counters crossed, read after their locks.
-    IF v_rising IS NOT NULL THEN
+            CONTINUE;
+        END IF;
+        IF v_move.used > 0 THEN
+            v_rising := v_rising || v_counter;
+            v_olds := v_olds || (v_counter.used_credits - v_move.used);
+        END IF;
+    END LOOP;
+    IF pg_catalog.cardinality(v_rising) > 0 THEN
         RETURN llm._budget_crossings(p_organization_id, v_rising, v_olds, p_now);
     END IF;
     RETURN 0;

