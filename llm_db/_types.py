@@ -28,7 +28,12 @@ def value_of(rows: list[Row], kind: type[T]) -> T:
     """The one value of a statement ``SELECT … AS value``, as ``kind``: an ``Outcome`` from
     its text; an int, bool, str or UUID (or NULL) as psycopg read it."""
     value = rows[0]["value"]
-    return value if type(value) is kind or value is None else kind(value)  # type: ignore[call-arg]
+    if type(value) is kind or value is None:
+        return value  # type: ignore[no-any-return]
+    members = getattr(kind, "_value2member_map_", None)  # an Enum: its member, no call
+    if members is not None and value in members:
+        return members[value]  # type: ignore[no-any-return]
+    return kind(value)  # type: ignore[call-arg]
 
 
 class TaskDefault(enum.Enum):
@@ -55,7 +60,9 @@ def whole(name: str, value: Any) -> Any:
     """An integer argument as sent: an ``int`` (not a bool) or a ``Decimal`` without a
     fraction; anything else (a float, which the server would round: 1.5 charged 2) is
     ``InvalidArgument`` before anything is sent. None stays None (the routine decides)."""
-    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+    if type(value) is int or value is None:  # the common case first: one type check
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
         return value
     if isinstance(value, Decimal) and value.is_finite() and value == value.to_integral_value():
         return int(value)
@@ -65,7 +72,7 @@ def whole(name: str, value: Any) -> Any:
 def uuid_arg(name: str, value: Any) -> Any:
     """A uuid argument as sent: a ``UUID``, or a ``str`` that is one; anything else is
     ``InvalidArgument`` before anything is sent (the server's cast said 22P02)."""
-    if value is None or isinstance(value, UUID):
+    if type(value) is UUID or value is None or isinstance(value, UUID):
         return value
     if isinstance(value, str):
         try:

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import decimal
 import logging
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -65,7 +66,7 @@ from psycopg.types.numeric import NumericLoader
 from llm_db import queries
 from llm_db._client_methods import AsyncLlmMethods, LlmMethods
 from llm_db._types import Row, UuidLike
-from llm_db.errors import AllowanceExhausted, LlmError, mapped_errors, sent
+from llm_db.errors import AllowanceExhausted, LlmError, mapped_errors, sent, translate, unsendable
 
 __all__ = ["NOTED_WINDOWS", "AsyncLlm", "Llm", "UuidLike"]
 
@@ -129,15 +130,48 @@ def _cursor(conn: Any) -> Any:
     return cur
 
 
+#: The statements whose results have no ``numeric`` column, as seen on their first
+#: run: their cursors skip the loader above (a copy of the connection's loaders per
+#: call). A statement whose result gains a numeric column later (an upgrade under a
+#: running client) has its whole numerics made ``int`` after the read (``_rows``).
+_NO_NUMERIC: set[str] = set()
+_NUMERIC_OID = 1700
+_IDLE = psycopg.pq.TransactionStatus.IDLE
+
+
+def _statement_cursor(conn: Any, sql: str) -> Any:
+    if sql in _NO_NUMERIC:
+        return conn.cursor(row_factory=dict_row)
+    return _cursor(conn)
+
+
+def _rows(cur: Any, sql: str) -> list[Row]:
+    """The rows of the statement just run, whole numerics as ``int`` either way."""
+    return _rows_read(cur, sql, cur.fetchall())
+
+
+def _rows_read(cur: Any, sql: str, rows: list[Row]) -> list[Row]:
+    result = cur.pgresult  # the column types from the result itself: no Column objects
+    if result is None:
+        return rows
+    numeric = [result.fname(i).decode() for i in range(result.nfields) if result.ftype(i) == _NUMERIC_OID]
+    if sql not in _NO_NUMERIC:
+        if not numeric:
+            _NO_NUMERIC.add(sql)
+    elif numeric:
+        _NO_NUMERIC.discard(sql)
+        for row in rows:
+            for name in numeric:
+                value = row[name]
+                if isinstance(value, decimal.Decimal) and value == value.to_integral_value():
+                    row[name] = int(value)
+    return rows
+
+
 def _idle_autocommit(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
-    return conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-
-
-def _own_transaction(conn: Any) -> Any:
     """Each call is one statement, so on an idle autocommit connection it is its own
-    transaction already; BEGIN/COMMIT would add two round trips for nothing. (The
-    transaction of an ``AsyncConnection`` is an async context manager.)"""
-    return contextlib.nullcontext() if _idle_autocommit(conn) else conn.transaction()
+    transaction already; BEGIN/COMMIT would add two round trips for nothing."""
+    return conn.autocommit and conn.pgconn.transaction_status == _IDLE
 
 
 class Llm(LlmMethods):
@@ -168,20 +202,36 @@ class Llm(LlmMethods):
                 yield conn
 
     def _execute(self, sql: str, params: Mapping[str, Any]) -> list[Row]:
-        """Run one statement in its own transaction (module doc); its rows."""
+        """Run one statement in its own transaction (module doc); its rows. Plain code,
+        no context-manager generators: this is every call's path (issue 32 item 5)."""
         try:
-            with (
-                self.connection() as conn,
-                mapped_errors(),
-                _own_transaction(conn),
-                _cursor(conn) as cur,
-            ):
-                with sent():
-                    cur.execute(sql, params, prepare=self._prepare)
-                return cur.fetchall()
+            if isinstance(self.source, psycopg.Connection):
+                return self._run(self.source, sql, params)
+            with self.source.connection() as conn:
+                return self._run(conn, sql, params)
         except AllowanceExhausted as refusal:
             self._report(refusal, params)
             raise
+
+    def _run(self, conn: psycopg.Connection[Any], sql: str, params: Mapping[str, Any]) -> list[Row]:
+        try:
+            if _idle_autocommit(conn):
+                return self._once(conn, sql, params)
+            with conn.transaction():
+                return self._once(conn, sql, params)
+        except psycopg.Error as exc:
+            mapped = translate(exc)
+            if mapped is exc:
+                raise
+            raise mapped from exc
+
+    def _once(self, conn: psycopg.Connection[Any], sql: str, params: Mapping[str, Any]) -> list[Row]:
+        with _statement_cursor(conn, sql) as cur:
+            try:
+                cur.execute(sql, params, prepare=self._prepare)
+            except psycopg.DataError as exc:
+                raise unsendable(exc) from exc
+            return _rows(cur, sql)
 
     def _report(self, refusal: AllowanceExhausted, params: Mapping[str, Any]) -> None:
         """Report a refusal in a transaction of its own (module doc)."""
@@ -239,15 +289,34 @@ class AsyncLlm(AsyncLlmMethods):
 
     async def _execute(self, sql: str, params: Mapping[str, Any]) -> list[Row]:
         try:
-            async with self.connection() as conn:
-                with mapped_errors():
-                    async with _own_transaction(conn), _cursor(conn) as cur:
-                        with sent():
-                            await cur.execute(sql, params, prepare=self._prepare)
-                        return await cur.fetchall()
+            if isinstance(self.source, psycopg.AsyncConnection):
+                return await self._run(self.source, sql, params)
+            async with self.source.connection() as conn:
+                return await self._run(conn, sql, params)
         except AllowanceExhausted as refusal:
             await self._report(refusal, params)
             raise
+
+    async def _run(self, conn: psycopg.AsyncConnection[Any], sql: str, params: Mapping[str, Any]) -> list[Row]:
+        try:
+            if _idle_autocommit(conn):
+                return await self._once(conn, sql, params)
+            async with conn.transaction():
+                return await self._once(conn, sql, params)
+        except psycopg.Error as exc:
+            mapped = translate(exc)
+            if mapped is exc:
+                raise
+            raise mapped from exc
+
+    async def _once(self, conn: psycopg.AsyncConnection[Any], sql: str, params: Mapping[str, Any]) -> list[Row]:
+        async with _statement_cursor(conn, sql) as cur:
+            try:
+                await cur.execute(sql, params, prepare=self._prepare)
+            except psycopg.DataError as exc:
+                raise unsendable(exc) from exc
+            rows = await cur.fetchall()
+            return _rows_read(cur, sql, rows)
 
     async def _report(self, refusal: AllowanceExhausted, params: Mapping[str, Any]) -> None:
         report = self._refusals.to_report(refusal, params)

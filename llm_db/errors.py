@@ -404,6 +404,12 @@ def sent() -> Iterator[None]:
     try:
         yield
     except psycopg.DataError as exc:
-        if exc.sqlstate is not None:
-            raise
-        raise InvalidArgument(f"llm: invalid argument: {exc}", sqlstate=InvalidArgument.code) from exc
+        raise unsendable(exc) from exc
+
+
+def unsendable(exc: psycopg.DataError) -> Exception:
+    """What ``sent`` raises for a ``DataError`` of ``execute``: ``InvalidArgument`` for one
+    psycopg raised before sending (no SQLSTATE), else the error itself."""
+    if exc.sqlstate is not None:
+        return exc
+    return InvalidArgument(f"llm: invalid argument: {exc}", sqlstate=InvalidArgument.code)

@@ -912,3 +912,27 @@ def test_a_refusal_without_figures_has_none(llm_conn: psycopg.Connection) -> Non
     with pytest.raises(errors.AllowanceExhausted) as caught, errors.mapped_errors():
         llm_conn.execute(raise_ll001)
     assert (caught.value.scope, caught.value.limit_credits, caught.value.resets_at) == ("organization", None, None)
+
+
+# ---------------------------------------------------------------- the call path (issue 32 item 5)
+
+
+def test_a_result_that_turns_numeric_under_a_running_client_still_reads_whole_numbers(llm_conn):
+    """The driver skips its numeric loader for a statement whose result had no numeric
+    column (issue 32 item 5: a copy of the connection's loaders per call). A result type
+    changed under a running client (0.4.0's migration 0018 made sums numeric) must still
+    read a whole numeric as int, not Decimal, and a non-whole one as Decimal."""
+    from decimal import Decimal
+
+    llm_conn.execute("CREATE FUNCTION pg_temp.figure() RETURNS bigint LANGUAGE sql AS 'SELECT 7::bigint'")
+    llm = Llm(llm_conn)
+    statement = "SELECT pg_temp.figure() AS value"
+    assert llm._execute(statement, {}) == [{"value": 7}]
+    llm_conn.execute("DROP FUNCTION pg_temp.figure()")
+    llm_conn.execute("CREATE FUNCTION pg_temp.figure() RETURNS numeric LANGUAGE sql AS 'SELECT 10::numeric ^ 20'")
+    (value,) = [r["value"] for r in llm._execute(statement, {})]
+    assert value == 10**20 and type(value) is int
+    llm_conn.execute("DROP FUNCTION pg_temp.figure()")
+    llm_conn.execute("CREATE FUNCTION pg_temp.figure() RETURNS numeric LANGUAGE sql AS 'SELECT 1.5'")
+    assert llm._execute(statement, {}) == [{"value": Decimal("1.5")}]
+    assert type(llm._execute(statement, {})[0]["value"]) is Decimal
