@@ -1,21 +1,33 @@
 """Install or upgrade the `llm` schema: yoyo migrations, then the function files.
 
-``migrate(dsn)`` runs two phases:
+``migrate(dsn)`` runs three phases:
 
 1. ``migrations/*.sql`` (versioned DDL: tables, types, roles) through yoyo,
-   each migration once, under yoyo's lock;
+   each migration once, under yoyo's lock: the expand steps;
 2. every ``sql/*.sql`` file (function bodies, grants), in name order, all in
    ONE transaction, re-applied on every run. The files must be re-runnable
    (``CREATE OR REPLACE``, ``DROP … IF EXISTS``); a failure rolls back the
    whole phase, so a database never holds half a release of functions.
    A routine of schema ``llm`` that the files no longer define (deleted, or
-   its signature changed) is dropped in that same transaction.
+   its signature changed) is dropped in that same transaction;
+3. ``migrations/contract/*.sql``, the contract steps (docs/architecture.md
+   Conventions 14), each once (``llm.upgrade_steps`` records it), after the
+   barrier: every transaction that was open when the new functions went live has
+   ended, so none can still run the previous release's code (a function already
+   executing keeps its old body to the end of its call). A step then completes
+   what the new functions keep from what the previous release wrote, and drops
+   what only the previous release read (its indexes, its constraints). A step
+   marked ``-- transactional: false`` runs in autocommit (``CREATE`` or ``DROP
+   INDEX CONCURRENTLY``, backfills that commit in batches) and must be
+   re-runnable from any point; a run interrupted anywhere is finished by the
+   next ``migrate``.
 
-Both phases are serialized across processes by one transaction-level
+The phases are serialized across processes by one transaction-level
 advisory lock, held by a transaction of ``migrate``'s own connection that
 spans yoyo's run (on its own connection; yoyo's lock table cannot cover its
 own creation) and then applies the function files; a second run polls for it
-(``_begin_locked``). Concurrent ``migrate``
+(``_begin_locked``), and the contract steps take it again, in a second
+transaction of that connection, while another connection runs them. Concurrent ``migrate``
 runs against one database are safe and the second finds nothing left to do.
 Nothing outlives that transaction, so this also holds behind a transaction
 pooler such as PgBouncer, where a session lock could stay behind on a pooled
@@ -136,6 +148,8 @@ class MigrationReport:
     sql_dir: Path
     dropped_routines: tuple[str, ...] = ()
     """Routines of schema llm no file defines any more, dropped by this call."""
+    contract_steps: tuple[str, ...] = ()
+    """Contract steps (``migrations/contract/``) this call ran to their end."""
 
 
 def default_dirs() -> tuple[Path, Path]:
@@ -251,6 +265,7 @@ def migrate(
                     conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+            contracted = _apply_contract_steps(dsn, conn, migrations_path / "contract", run)
     except psycopg.Error as exc:  # the connection lost, the server shut down, …
         raise MigrationError(f"migrate stopped: {_describe(exc)}") from exc
 
@@ -260,6 +275,7 @@ def migrate(
         migrations_dir=migrations_path,
         sql_dir=sql_path,
         dropped_routines=tuple(dropped),
+        contract_steps=tuple(contracted),
     )
 
 
@@ -660,3 +676,143 @@ def _describe(exc: psycopg.Error) -> str:
     if diag.context:
         parts.append(f"CONTEXT: {diag.context.strip()}")
     return "\n".join(parts)
+
+
+# ---------------------------------------------------------------- contract steps
+
+BARRIER_STEP = "barrier (transactions of the previous functions)"
+_BACKEND_PID = "SELECT pg_catalog.pg_backend_pid()"
+_CONTRACT_DONE = "SELECT u.step FROM llm.upgrade_steps AS u"
+_CONTRACT_RECORD = (
+    "INSERT INTO llm.upgrade_steps (step, finished_at) VALUES (%(step)s, pg_catalog.now())"
+    " ON CONFLICT (step) DO NOTHING"
+)
+# The transactions open now in this database, but migrate's own: each holds the lock on
+# its virtual transaction id until it ends (pg_locks and pg_stat_activity's pid and
+# datname are visible to every role, unlike the other sessions' queries).
+_OPEN_TRANSACTIONS = """
+SELECT l.virtualxid, l.pid
+  FROM pg_catalog.pg_locks AS l
+  JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid
+ WHERE l.locktype = 'virtualxid' AND l.granted AND a.datname = pg_catalog.current_database()
+   AND NOT (l.pid = ANY (%(ours)s))
+"""
+_STILL_OPEN = """
+SELECT l.virtualxid, l.pid, a.state, left(a.query, 200) AS query
+  FROM pg_catalog.pg_locks AS l
+  LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid
+ WHERE l.locktype = 'virtualxid' AND l.granted AND l.virtualxid = ANY (%(open)s)
+ LIMIT 1
+"""
+
+
+def _apply_contract_steps(dsn: str, conn: psycopg.Connection, contract_dir: Path, run: _Run) -> list[str]:
+    """Phase 3 (module docstring): the contract steps not recorded yet, each once, after
+    the barrier, under the migrate lock (a transaction of ``conn``), on a connection of
+    their own. Returns the steps run."""
+    files = sorted(contract_dir.glob("*.sql"), key=lambda p: p.name) if contract_dir.is_dir() else []
+    if not files:
+        return []
+    _begin_locked(conn, run)
+    try:
+        done = {row[0] for row in conn.execute(_CONTRACT_DONE).fetchall()}
+        pending = [p for p in files if p.stem not in done]
+        if pending:
+            # the server backend of the transaction holding the migrate lock, asked of the
+            # server (behind a transaction pooler the client's backend pid is the pooler's)
+            ours = [conn.execute(_BACKEND_PID).fetchone()[0]]  # type: ignore[index]
+            run.step(BARRIER_STEP, lambda: _barrier(conn, ours, run))
+            with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as worker:
+                worker.add_notice_handler(run.on_notice)
+                for path in pending:
+                    run.worker_pid = worker.info.backend_pid
+                    run.step(f"contract {path.stem}", lambda p=path: _apply_contract_file(worker, p, run))
+    except BaseException:
+        if not conn.closed and not conn.broken:
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return [p.stem for p in pending]
+
+
+BARRIER_POLL = 0.05  # seconds between two looks at the transactions the barrier waits for
+
+
+def _barrier(conn: psycopg.Connection, ours: list[int], run: _Run) -> None:
+    """Wait until every transaction open now in this database (migrate's own aside) has
+    ended: the ones that began before the new functions went live may still be running
+    the previous release's code. Past the deadline, ``DeadlineReached`` names one."""
+    open_now = [row[0] for row in conn.execute(_OPEN_TRANSACTIONS, {"ours": ours}).fetchall()]
+    while open_now:
+        left = conn.execute(_STILL_OPEN, {"open": open_now}).fetchone()
+        if left is None:
+            return
+        if time.monotonic() + BARRIER_POLL > run.deadline_at:
+            raise DeadlineReached(
+                f"{BARRIER_STEP}: deadline reached, transaction {left[0]} of pid {left[1]} ({left[2]}, "
+                f"query: {left[3]!r}) is still open; the new functions are live and the database works: "
+                "end that session (or wait for it), then run migrate again to finish the upgrade",
+                blocker_pid=left[1],
+                blocker_query=left[3],
+            )
+        time.sleep(BARRIER_POLL)
+
+
+def _apply_contract_file(worker: psycopg.Connection, path: Path, run: _Run) -> None:
+    """One contract step on ``worker`` (autocommit): a transactional one in a transaction
+    with its record, one marked ``-- transactional: false`` statement by statement in
+    autocommit (its own COMMITs allowed), then its record."""
+    text = path.read_text(encoding="utf-8")
+    transactional = re.search(r"^-- transactional: false$", text, re.M | re.I) is None
+    settings = run.settings if transactional else run.settings.replace("SET LOCAL", "SET")
+    try:
+        if transactional:
+            with worker.transaction():
+                worker.execute(settings)  # type: ignore[arg-type]
+                worker.execute(text)  # type: ignore[arg-type]
+                worker.execute(_CONTRACT_RECORD, {"step": path.stem})
+            return
+        worker.execute(settings)  # type: ignore[arg-type]
+        try:
+            # statement by statement: CONCURRENTLY refuses a multi-statement query string
+            for statement in _statements(text):
+                worker.execute(statement)  # type: ignore[arg-type]
+            worker.execute(_CONTRACT_RECORD, {"step": path.stem})
+        finally:
+            if not worker.broken:
+                worker.execute(_RESET)
+    except pg_errors.LockNotAvailable:
+        raise  # retried whole by the caller
+    except psycopg.Error as exc:
+        raise MigrationError(f"contract step {path.name}: {_describe(exc)}", path=path) from exc
+
+
+def _statements(text: str) -> list[str]:
+    """The statements of a contract step: split on the semicolons outside quotes, dollar
+    quotes and comments (a non-transactional step runs them one by one: CONCURRENTLY
+    refuses a query string of several)."""
+    statements, start, i, n = [], 0, 0, len(text)
+    while i < n:
+        if text.startswith("--", i):
+            i = text.find("\n", i)
+            i = n if i < 0 else i
+        elif text[i] == "'":
+            i = text.find("'", i + 1)
+            i = n if i < 0 else i + 1
+            continue
+        elif text[i] == "$":
+            tag = re.match(r"\$[A-Za-z_]*\$", text[i:])
+            if tag:
+                end = text.find(tag[0], i + len(tag[0]))
+                i = n if end < 0 else end + len(tag[0])
+                continue
+        elif text[i] == ";":
+            statements.append(text[start : i + 1])
+            start = i + 1
+        i += 1
+    statements.append(text[start:])
+    return [s.strip() for s in statements if not _only_comments(s)]
+
+
+def _only_comments(statement: str) -> bool:
+    return all(not line.strip() or line.strip().startswith("--") for line in statement.splitlines())
