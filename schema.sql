@@ -128,6 +128,13 @@ CREATE FUNCTION llm._abandon_stale_tasks(p_organization_id uuid, p_now timestamp
 
 COMMENT ON FUNCTION llm._abandon_stale_tasks(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone) IS 'Marks the organization''s tasks running since p_cutoff or earlier abandoned at p_now (no duration, totals kept); returns how many.';
 
+CREATE FUNCTION llm._add_stripes(p_organization_id uuid, p_period_start date, p_stripes integer) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 c7aeadc2d3be62f0840bd36800f0944d $$;
+
+COMMENT ON FUNCTION llm._add_stripes(p_organization_id uuid, p_period_start date, p_stripes integer) IS 'Creates the stripes 0 .. p_stripes - 1 of a period that it lacks, empty (their open fields NULL until the contract step of 0.4.0 ran).';
+
 CREATE TABLE llm.invocations (
     organization_id uuid NOT NULL,
     id uuid NOT NULL,
@@ -154,16 +161,13 @@ CREATE TABLE llm.invocations (
     late_reported_at timestamp with time zone,
     recovered_credits llm.amount,
     stripe smallint DEFAULT 0 NOT NULL,
-    CONSTRAINT invocations_check CHECK ((((status)::text = ANY (ARRAY['settled'::text, 'failed'::text])) = (settled_at IS NOT NULL))),
-    CONSTRAINT invocations_check1 CHECK ((((status)::text = 'settled'::text) = (settlement_kind IS NOT NULL))),
-    CONSTRAINT invocations_check2 CHECK ((((status)::text = ANY (ARRAY['settled'::text, 'failed'::text])) OR (charged_credits IS NULL))),
-    CONSTRAINT invocations_recovered_charge CHECK (
-CASE settlement_kind
-    WHEN 'recovered'::text THEN ((charged_cents IS NULL) AND ((charged_credits)::bigint = (recovered_credits)::bigint) AND (((recovered_credits)::bigint = 0) OR ((recovered_credits)::bigint = (estimate_credits)::bigint)))
-    WHEN 'trued_up'::text THEN ((recovered_credits IS NOT NULL) AND (charged_cents IS NOT NULL))
-    ELSE (recovered_credits IS NULL)
-END)
-);
+    project text,
+    api_key text,
+    end_user text,
+    budget_mask smallint,
+    budget_stripe smallint
+)
+WITH (fillfactor='70');
 
 COMMENT ON TABLE llm.invocations IS 'Model requests: reserved -> dispatched -> settled | failed; recovery settles at the estimate with no cents.';
 
@@ -175,6 +179,16 @@ COMMENT ON COLUMN llm.invocations.recovered_credits IS 'What recovery charged th
 
 COMMENT ON COLUMN llm.invocations.stripe IS 'The stripe of its period that holds this request''s hold (and takes its charge).';
 
+COMMENT ON COLUMN llm.invocations.project IS 'The project id the request named at admission (0.4.0 on; before, llm.invocation_scopes).';
+
+COMMENT ON COLUMN llm.invocations.api_key IS 'The API key id the request named at admission (0.4.0 on; before, llm.invocation_scopes).';
+
+COMMENT ON COLUMN llm.invocations.end_user IS 'The end user id the request named at admission (0.4.0 on; before, llm.invocation_scopes).';
+
+COMMENT ON COLUMN llm.invocations.budget_mask IS 'The budget counters the request moves, fixed at admission: bit 3 * scope + window (organization 0, project 1, api_key 2, end_user 3; day 0, week 1, month 2); 0: none; NULL: admitted before 0.4.0 (llm.invocation_scopes holds it).';
+
+COMMENT ON COLUMN llm.invocations.budget_stripe IS 'Which stripe of each budget counter holds the request: budget_stripe modulo the counter''s stripes (0 to 63, its admitting session''s).';
+
 CREATE FUNCTION llm._admission(p_inv llm.invocations, p_replayed boolean) RETURNS llm.admission
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ body in sql/, md5 66740bfecad67e85b5766bf3c8bca949 $$;
@@ -184,7 +198,7 @@ COMMENT ON FUNCTION llm._admission(p_inv llm.invocations, p_replayed boolean) IS
 CREATE FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) RETURNS llm.admission
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 4879e46aed37ad82001ee0f76c79c94b $$;
+    AS $$ body in sql/, md5 127041927de3cf72de8a8497f4a39fef $$;
 
 COMMENT ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) IS 'Distributed twin of admit_invocation; arguments already checked. replayed: the earlier admission of a retried id, returned unchanged.';
 
@@ -218,14 +232,14 @@ COMMENT ON FUNCTION llm._apply_to_periods(p_organization_id uuid, p_allowance bi
 CREATE FUNCTION llm._audit_budgets(p_organization_id uuid, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 01cdc19bb4157ebfe2c282e165b7cae3 $$;
+    AS $$ body in sql/, md5 7ebb402d3deb4b136ce809f2012ca74c $$;
 
 COMMENT ON FUNCTION llm._audit_budgets(p_organization_id uuid, p_now timestamp with time zone) IS 'Recomputes the organization''s budget counters of the day, week and month containing p_now and of the ones before them from their requests in one statement; logs (WARNING) and returns how many disagree. Never repairs.';
 
 CREATE FUNCTION llm._audit_org(p_organization_id uuid, p_now timestamp with time zone, p_run_id uuid) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 5068491123a9af7d0bea6168420de49f $$;
+    AS $$ body in sql/, md5 86fe0a9e00564e43b859505daac40c60 $$;
 
 COMMENT ON FUNCTION llm._audit_org(p_organization_id uuid, p_now timestamp with time zone, p_run_id uuid) IS 'When due (at least daily), recomputes the organization''s current and previous period, and every period with an unresolved finding, from their requests in one statement; records, logs and returns the periods that disagree (llm.period_findings), resolves findings that no longer hold; then logs and adds the budget counters of the current and previous windows that disagree (llm._audit_budgets); NULL when not due.';
 
@@ -243,10 +257,17 @@ CREATE FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id uuid, 
 
 COMMENT ON FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id uuid, OUT token uuid) IS 'Takes the pass lease and records a running pass (its run id and lease token), marking a pass that lost it failed; or, while another pass really holds the lease, records a skipped pass naming the holder and returns NULLs.';
 
+CREATE FUNCTION llm._book_budgets(p_inv llm.invocations, p_now timestamp with time zone) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 8fe1462751f61c2d9a8e5ef14569aab1 $$;
+
+COMMENT ON FUNCTION llm._book_budgets(p_inv llm.invocations, p_now timestamp with time zone) IS 'Moves the budget counters of a just-terminated request (charge in, hold out) and owes the thresholds they crossed; returns the notices created.';
+
 CREATE FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamp with time zone) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 f0b68ef811ff7eb15abdeac1c27fcb40 $$;
+    AS $$ body in sql/, md5 9dc4370121a9e6da7e59276d91296888 $$;
 
 COMMENT ON FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamp with time zone) IS 'Books a just-terminated invocation: its task''s totals, then its stripe''s movement (charge in, hold out) and the threshold notices the period crosses, then its budgets'' counters and theirs.';
 
@@ -264,40 +285,12 @@ CREATE FUNCTION llm._bound_locks() RETURNS text
 
 COMMENT ON FUNCTION llm._bound_locks() IS 'Sets lock_timeout to settings.org_lock_timeout for the rest of the transaction (or until restored); returns the value it replaced.';
 
-CREATE TABLE llm.budget_counters (
-    organization_id uuid NOT NULL,
-    id uuid DEFAULT gen_random_uuid() NOT NULL,
-    scope text NOT NULL,
-    scope_id text,
-    budget_window text NOT NULL,
-    window_start date NOT NULL,
-    used_credits bigint DEFAULT 0 NOT NULL,
-    held_credits bigint DEFAULT 0 NOT NULL,
-    used_cents bigint DEFAULT 0 NOT NULL,
-    admitted_limit bigint NOT NULL,
-    admitted_revision uuid NOT NULL
-)
-WITH (fillfactor='70');
-
-COMMENT ON TABLE llm.budget_counters IS 'What the requests admitted under a budget use, per (organization, scope, id, window, window start); an own budget and its scope''s ''*'' share the row.';
-
-COMMENT ON COLUMN llm.budget_counters.admitted_limit IS 'The limit the last admission counted here was decided against (invariant 14).';
-
-COMMENT ON COLUMN llm.budget_counters.admitted_revision IS 'The revision of the budget that limit came from (budget_limits.revision, new at every set_budget): when the budget that applies now has another, the limit changed after the last admission.';
-
-CREATE FUNCTION llm._budget_crossings(p_organization_id uuid, p_keys llm.budget_counters[], p_olds bigint[], p_now timestamp with time zone) RETURNS integer
-    LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 92c66593adbacd17834a76c6d03224ec $$;
-
-COMMENT ON FUNCTION llm._budget_crossings(p_organization_id uuid, p_keys llm.budget_counters[], p_olds bigint[], p_now timestamp with time zone) IS 'Owes one notice per threshold each moved counter crossed (used from p_olds[i] to p_keys[i].used_credits) under the budget that applies to it now.';
-
-CREATE FUNCTION llm._budget_in_force(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, OUT limit_credits bigint, OUT thresholds integer[]) RETURNS record
+CREATE FUNCTION llm._budget_in_force(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, OUT limit_credits bigint, OUT thresholds integer[], OUT revision uuid, OUT stripes integer) RETURNS record
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 f975d6544a96aa98ece08ea78a1da24a $$;
+    AS $$ body in sql/, md5 f2f530b2d38d6a588d85ec94cd4d645e $$;
 
-COMMENT ON FUNCTION llm._budget_in_force(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, OUT limit_credits bigint, OUT thresholds integer[]) IS 'The limit and thresholds of the budget that applies now to one id of a scope and window: its own, else the scope''s ''*''; NULL when none.';
+COMMENT ON FUNCTION llm._budget_in_force(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, OUT limit_credits bigint, OUT thresholds integer[], OUT revision uuid, OUT stripes integer) IS 'The limit, thresholds, revision and stripe count of the budget that applies now to one id of a scope and window: its own, else the scope''s ''*''; NULL when none.';
 
 CREATE FUNCTION llm._budget_keys(p_mask integer, p_project text, p_api_key text, p_end_user text, p_at timestamp with time zone) RETURNS TABLE(slot integer, scope text, scope_id text, budget_window text, window_start date)
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -308,15 +301,29 @@ COMMENT ON FUNCTION llm._budget_keys(p_mask integer, p_project text, p_api_key t
 CREATE FUNCTION llm._budget_reached(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 f7306683f398fb69d16889ed726f5384 $$;
+    AS $$ body in sql/, md5 2323a37159e31672fd4f8a7549da74f4 $$;
 
-COMMENT ON FUNCTION llm._budget_reached(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_now timestamp with time zone) IS 'With the budget just changed: locks the counters it governs in the window containing p_now (one id, or every id without its own budget for ''*'') and owes every threshold they stand at or above under the budget that applies to each now.';
+COMMENT ON FUNCTION llm._budget_reached(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_now timestamp with time zone) IS 'With the budget just changed: locks the stripes of the counters it governs in the window containing p_now (one id, or every id without its own budget for ''*''), drops their rooms and owes every threshold they stand at or above under the budget that applies to each now.';
 
 CREATE FUNCTION llm._budget_slot(p_scope text, p_window text) RETURNS integer
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ body in sql/, md5 c2b39c4be687cacc050634ab17146548 $$;
 
 COMMENT ON FUNCTION llm._budget_slot(p_scope text, p_window text) IS 'The budget_mask bit of a scope and window (3 * scope + window), NULL for an unknown one.';
+
+CREATE FUNCTION llm._budgets_changed(p_organization_id uuid) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 0fb2a9660e7418e05a4dc07a4ea84d2a $$;
+
+COMMENT ON FUNCTION llm._budgets_changed(p_organization_id uuid) IS 'Records that one of the organization''s budgets changed: whether it has a budget now, and a new budgets revision.';
+
+CREATE FUNCTION llm._budgets_revision(p_organization_id uuid) RETURNS uuid
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 1415a4bb2e8faacfd5687cbf0fa3ffba $$;
+
+COMMENT ON FUNCTION llm._budgets_revision(p_organization_id uuid) IS 'The organization''s budgets revision: the one a budget counter''s rooms must be spread under to serve a movement.';
 
 CREATE FUNCTION llm._check_amount(p_name text, p_value bigint, p_nullable boolean DEFAULT false) RETURNS void
     LANGUAGE plpgsql IMMUTABLE
@@ -415,6 +422,13 @@ CREATE FUNCTION llm._close_execution(p_organization_id uuid, p_execution_id uuid
 
 COMMENT ON FUNCTION llm._close_execution(p_organization_id uuid, p_execution_id uuid, p_outcome text, p_error text, p_now timestamp with time zone) IS 'Distributed twin of close_execution; arguments already checked.';
 
+CREATE FUNCTION llm._create_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripes integer, p_limit bigint, p_revision uuid) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 f8a9e06051416554047a3005f5e5449d $$;
+
+COMMENT ON FUNCTION llm._create_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripes integer, p_limit bigint, p_revision uuid) IS 'Creates a budget counter with its stripes, unless its window ended on or before the organization''s retention horizon (LL012, read again after the INSERT).';
+
 CREATE FUNCTION llm._cron_job_seen() RETURNS text
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -439,7 +453,7 @@ COMMENT ON FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id 
 CREATE FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 e62ee815076d03ef87649cf556eed278 $$;
+    AS $$ body in sql/, md5 f9eb483d64a99eab0e5aaa0ec86e9611 $$;
 
 COMMENT ON FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date) IS 'Creates the period (its head, with the organization''s allowance read under a share lock of the organization, so a concurrent upsert_organization cannot be lost: invariant 9, and its stripes) on first use.';
 
@@ -488,25 +502,25 @@ CREATE FUNCTION llm._finish_run(p_run_id uuid, p_token uuid) RETURNS llm.reconci
 
 COMMENT ON FUNCTION llm._finish_run(p_run_id uuid, p_token uuid) IS 'Closes a pass that still holds its lease: succeeded without errors, failed when every organization failed, partial otherwise; frees the lease.';
 
-CREATE TABLE llm.invocation_scopes (
-    organization_id uuid NOT NULL,
-    invocation_id uuid NOT NULL,
-    project text,
-    api_key text,
-    end_user text,
-    budget_mask smallint NOT NULL
-);
+CREATE FUNCTION llm._functions_only() RETURNS boolean
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 d7aaa4baef60d72aee1ed8024d57f8a7 $$;
 
-COMMENT ON TABLE llm.invocation_scopes IS 'The project, API key and end user a request named at admission, and the budget counters it moves (budget_mask); one row per request that named a scope id or was admitted under a budget.';
+COMMENT ON FUNCTION llm._functions_only() IS 'True once the contract step of 0.4.0 ran: every call that could move the books without this release''s columns has ended.';
 
-COMMENT ON COLUMN llm.invocation_scopes.budget_mask IS 'The budget counters the request moves, fixed at admission: bit 3 * scope + window (organization 0, project 1, api_key 2, end_user 3; day 0, week 1, month 2); 0 when none.';
-
-CREATE FUNCTION llm._hold_budgets(p_inv llm.invocations, p_scopes llm.invocation_scopes, p_limits bigint[], p_revisions uuid[]) RETURNS void
+CREATE FUNCTION llm._hold_budgets(p_inv llm.invocations, p_limits bigint[], p_revisions uuid[], p_epoch uuid) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 478c0fcb39540727621e458fa1b59d47 $$;
+    AS $$ body in sql/, md5 b88a2b08f851a3b79d963892f8dcbc50 $$;
 
-COMMENT ON FUNCTION llm._hold_budgets(p_inv llm.invocations, p_scopes llm.invocation_scopes, p_limits bigint[], p_revisions uuid[]) IS 'Holds a just-admitted request''s estimate on the counter of every budget in its budget_mask, in bit order, each iff used + held + estimate <= its limit (LL001 naming the first that does not fit, with the id as the DETAIL''s first line); a counter it would create for a window past the organization''s retention horizon is LL012.';
+COMMENT ON FUNCTION llm._hold_budgets(p_inv llm.invocations, p_limits bigint[], p_revisions uuid[], p_epoch uuid) IS 'Holds a just-admitted request''s estimate on the counter of every budget in its budget_mask, in bit order, each iff used + held + estimate <= its limit (LL001 naming the first that does not fit, with the id as the DETAIL''s first line); a counter it would create for a window past the organization''s retention horizon is LL012.';
+
+CREATE FUNCTION llm._hours_up(p_span interval) RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ body in sql/, md5 d296d933d9c1858068344d76897f6564 $$;
+
+COMMENT ON FUNCTION llm._hours_up(p_span interval) IS 'p_span in whole hours, rounded up, at least 0; NULL for NULL.';
 
 CREATE FUNCTION llm._invariant_1() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE
@@ -546,16 +560,37 @@ COMMENT ON FUNCTION llm._invariant_13() IS 'Invariant 13: a drift finding means 
 CREATE FUNCTION llm._invariant_14() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 e6fb006b90109390b27d0db007512e73 $$;
+    AS $$ body in sql/, md5 5cfb702c483a2e76f40e6a95cb6c89e6 $$;
 
-COMMENT ON FUNCTION llm._invariant_14() IS 'Invariant 14: every budget counter''s used, held and cents equal the requests admitted under it, and every counter a request was admitted under exists unless retention may have deleted it (window ended on or before the organization''s horizon, no open request under it).';
+COMMENT ON FUNCTION llm._invariant_14() IS 'Invariant 14: every budget counter''s used, held and cents (summed over its stripes) equal the requests admitted under it, and every counter a request was admitted under exists unless retention may have deleted it (window ended on or before the organization''s horizon, no open request under it).';
 
 CREATE FUNCTION llm._invariant_15() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 b2b773bdce911cfc84323c0f6cf9f94c $$;
+    AS $$ body in sql/, md5 e723dd4cfd5dc52693764c5ab5cfc4f1 $$;
 
-COMMENT ON FUNCTION llm._invariant_15() IS 'Invariant 15: a budget counter''s used + held - overrun never exceeds the limit its last admission was decided against, the budget''s limit while its revision is unchanged.';
+COMMENT ON FUNCTION llm._invariant_15() IS 'Invariant 15: a budget counter''s used + held - overrun (its stripes summed) never exceeds the limit it admits against (the same on all its stripes), the budget''s limit while its revision is unchanged.';
+
+CREATE FUNCTION llm._invariant_16() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 c6f57d61c23ba5274cbe0ea63604895d $$;
+
+COMMENT ON FUNCTION llm._invariant_16() IS 'Invariant 16: every request''s row agrees with its status (terminal iff settled_at, a kind iff settled, a charge only when terminal, recovery''s and a true-up''s figures) and its period is the UTC month of its admission.';
+
+CREATE FUNCTION llm._invariant_17() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 4b615b16d2b166fc996950225ff9e619 $$;
+
+COMMENT ON FUNCTION llm._invariant_17() IS 'Invariant 17: every period stripe''s open_requests (where known) counts its open requests, none admitted before its open_since (NULL when none), a quiet stripe has none, and its settle bounds hold for each of its terminal requests.';
+
+CREATE FUNCTION llm._invariant_18() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 88260781643fed5a8a01e4719d7d4402 $$;
+
+COMMENT ON FUNCTION llm._invariant_18() IS 'Invariant 18: a budget counter has the stripes it says, each holding the holds of its open requests, and its rooms (spread under the budgets revision in force) promise no more than it has left to its limit and to the sum limit, nor usage past its next threshold not notified.';
 
 CREATE FUNCTION llm._invariant_2() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE
@@ -672,6 +707,13 @@ CREATE FUNCTION llm._lease_locker_pid() RETURNS integer
 
 COMMENT ON FUNCTION llm._lease_locker_pid() IS 'The pid of the backend whose open transaction holds the pass lease row locked, or NULL.';
 
+CREATE FUNCTION llm._lock_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, OUT stripes integer, OUT used bigint, OUT held bigint, OUT cents bigint) RETURNS record
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 1cddb6cfd9d45b51bcd9de15b0163234 $$;
+
+COMMENT ON FUNCTION llm._lock_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, OUT stripes integer, OUT used bigint, OUT held bigint, OUT cents bigint) IS 'Locks a budget counter''s stripes in stripe order (stripe 0 first) and returns its stripe count and totals; NULL when it does not exist.';
+
 CREATE TABLE llm.period_heads (
     organization_id uuid NOT NULL,
     period_start date NOT NULL,
@@ -720,23 +762,44 @@ COMMENT ON FUNCTION llm._may_cross(p_old_used bigint, p_new_used bigint, p_allow
 CREATE FUNCTION llm._move_budgets(p_organization_id uuid, p_invs llm.invocations[], p_true_up boolean, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 7cf5e0f9042adc2caa05b72c1e45ff7b $$;
+    AS $$ body in sql/, md5 38e391d979bd7a8578ad318f35b33735 $$;
 
-COMMENT ON FUNCTION llm._move_budgets(p_organization_id uuid, p_invs llm.invocations[], p_true_up boolean, p_now timestamp with time zone) IS 'Moves the budget counters of the given requests (terminal: charge in, hold out; p_true_up: the signed difference) in lock order, refusing growth past the sum limit (LL013), and owes the thresholds they crossed; returns the notices created.';
+COMMENT ON FUNCTION llm._move_budgets(p_organization_id uuid, p_invs llm.invocations[], p_true_up boolean, p_now timestamp with time zone) IS 'Moves the budget counters of the given requests (terminal: charge in, hold out; p_true_up: the signed difference), each counter by its exact path in lock order, refusing growth past the sum limit (LL013), and owes the thresholds they crossed; returns the notices created.';
 
-CREATE FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_now timestamp with time zone, p_admission boolean DEFAULT false) RETURNS void
+CREATE FUNCTION llm._move_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_seeds smallint[], p_used bigint[], p_held bigint[], p_cents bigint[], p_admit_limit bigint, p_admit_revision uuid, p_epoch uuid, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 adfa218f4b3f7f4a3157c19ad2d59ad8 $$;
+    AS $$ body in sql/, md5 2aec4affc27a4e16c5610773d8d0d43d $$;
 
-COMMENT ON FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_now timestamp with time zone, p_admission boolean) IS 'Moves one stripe''s counters (used + p_used, held + p_held, cents + p_cents): in one row when it fits the stripe''s rooms, else under the period''s lock, refusing an admission that does not fit the whole period (LL001) and any movement that would take its used + held credits or used cents past the sum limit (LL013), recording the thresholds the period''s total crosses and spreading the rooms again.';
+COMMENT ON FUNCTION llm._move_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_seeds smallint[], p_used bigint[], p_held bigint[], p_cents bigint[], p_admit_limit bigint, p_admit_revision uuid, p_epoch uuid, p_now timestamp with time zone) IS 'The exact path of one budget counter: locks its stripes in order (creating it for an admission, LL012 past retention), refuses an admission that does not fit p_admit_limit (LL001) and growth past the sum limit (LL013), moves each request on its stripe, owes the thresholds its total crossed under the budget in force and spreads its rooms again; returns the notices created.';
 
-CREATE FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint) RETURNS boolean
+CREATE FUNCTION llm._move_request_counters(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 93425cd22decf68e09d107ebd578aa77 $$;
+    AS $$ body in sql/, md5 6d0a691b46e8684d0fab3534dd0b6270 $$;
 
-COMMENT ON FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint) IS 'Moves one stripe''s counters in one row when the movement fits its rooms; false (nothing moved) otherwise, or when the stripe does not exist.';
+COMMENT ON FUNCTION llm._move_request_counters(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamp with time zone) IS 'Moves every budget counter of one request: in one statement when each fits its stripe''s rooms, else each by its exact path in bit order; returns the notices created.';
+
+CREATE FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_now timestamp with time zone, p_open integer DEFAULT 0, p_admitted_at timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 7e3e18f4a3832c0e0d7a86778b88b633 $$;
+
+COMMENT ON FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_now timestamp with time zone, p_open integer, p_admitted_at timestamp with time zone) IS 'Moves one stripe''s counters (used + p_used, held + p_held, cents + p_cents): in one row when it fits the stripe''s rooms, else under the period''s lock, refusing an admission that does not fit the whole period (LL001) and any movement that would take its used + held credits or used cents past the sum limit (LL013), recording the thresholds the period''s total crosses and spreading the rooms again.';
+
+CREATE FUNCTION llm._move_within_counter_rooms(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_epoch uuid) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 fcfde27e3f4ba8d220407163563e4b15 $$;
+
+COMMENT ON FUNCTION llm._move_within_counter_rooms(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_epoch uuid) IS 'Moves every budget counter of a request (on its stripe) in one statement, each counter that fits its stripe''s rooms under revision p_epoch, locked in bit order; returns how many moved.';
+
+CREATE FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_open integer, p_now timestamp with time zone, p_lag integer, p_lead integer) RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 2d92a499dc6fec09c7eb4a950c946f6f $$;
+
+COMMENT ON FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_open integer, p_now timestamp with time zone, p_lag integer, p_lead integer) IS 'Moves one stripe''s counters, its open requests (p_open) and settle bounds in one row when the movement fits its rooms; false (nothing moved) otherwise, or when the stripe does not exist.';
 
 CREATE FUNCTION llm._note_refusal(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_now timestamp with time zone) RETURNS boolean
     LANGUAGE plpgsql
@@ -759,6 +822,19 @@ CREATE FUNCTION llm._open_execution(p_organization_id uuid, p_task_key text, p_s
 
 COMMENT ON FUNCTION llm._open_execution(p_organization_id uuid, p_task_key text, p_subject_type text, p_subject_id text, p_replay_key text, p_now timestamp with time zone) IS 'Distributed twin of open_execution; arguments already checked.';
 
+CREATE FUNCTION llm._open_floor(p_organization_id uuid) RETURNS timestamp with time zone
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 185d912ea88bbd14241a0d075ebae8b8 $$;
+
+COMMENT ON FUNCTION llm._open_floor(p_organization_id uuid) IS 'The earliest time an open request of the organization may have been admitted at (its stripes'' open_since; a period''s first day where they are not known); NULL when none is open.';
+
+CREATE FUNCTION llm._open_since(p_open_requests integer, p_open_since timestamp with time zone, p_open integer, p_at timestamp with time zone) RETURNS timestamp with time zone
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ body in sql/, md5 c1cf2533aa77c53f99638fef2e0bca09 $$;
+
+COMMENT ON FUNCTION llm._open_since(p_open_requests integer, p_open_since timestamp with time zone, p_open integer, p_at timestamp with time zone) IS 'A period stripe''s open_since after p_open more open requests (an admission at p_at) or fewer (requests ending): the admission''s time on a stripe with none open, NULL once none is (and while its open requests are not known).';
+
 CREATE TABLE llm.organizations (
     id uuid NOT NULL,
     name text NOT NULL,
@@ -770,6 +846,8 @@ CREATE TABLE llm.organizations (
     recovery_charge text DEFAULT 'estimate'::text NOT NULL,
     late_settlement text DEFAULT 'audit'::text NOT NULL,
     period_stripes integer DEFAULT 1 NOT NULL,
+    has_budgets boolean,
+    budgets_revision uuid,
     CONSTRAINT organizations_late_settlement_check CHECK ((late_settlement = ANY (ARRAY['audit'::text, 'true_up'::text]))),
     CONSTRAINT organizations_monthly_allowance_credits_check CHECK ((monthly_allowance_credits >= 0)),
     CONSTRAINT organizations_period_stripes_check CHECK (((period_stripes >= 1) AND (period_stripes <= 64))),
@@ -787,12 +865,22 @@ COMMENT ON COLUMN llm.organizations.late_settlement IS 'What a measured settleme
 
 COMMENT ON COLUMN llm.organizations.period_stripes IS 'How many stripe rows the organization''s period counters are spread over (1 to 64, llm.set_period_stripes): admissions of different sessions take their holds from different stripes.';
 
+COMMENT ON COLUMN llm.organizations.has_budgets IS 'Whether the organization has a budget (llm.budget_limits); NULL: not known, looked up. Kept by set_budget, so an admission of an organization without one reads no budget.';
+
+COMMENT ON COLUMN llm.organizations.budgets_revision IS 'New at every change of one of its budgets (set_budget, set_budget_stripes): a counter''s escrow rooms serve only under the revision they were spread under (budget_counters.rooms_revision).';
+
 CREATE FUNCTION llm._operational_org(p_organization_id uuid) RETURNS llm.organizations
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
     AS $$ body in sql/, md5 6c1cb64128aac1652e8f789660e56b57 $$;
 
 COMMENT ON FUNCTION llm._operational_org(p_organization_id uuid) IS 'The organization row, or LL002 when unknown and LL003 when not operational.';
+
+CREATE FUNCTION llm._organization_settings(p_org llm.organizations) RETURNS llm.organization_settings
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ body in sql/, md5 410f69ba19fa57f6cf715a00e49bcc60 $$;
+
+COMMENT ON FUNCTION llm._organization_settings(p_org llm.organizations) IS 'The llm.organization_settings of an organization: its columns as of 0.2.0.';
 
 CREATE FUNCTION llm._owe_notices(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint, p_allowance bigint, p_now timestamp with time zone, p_scope text DEFAULT 'organization'::text, p_scope_id text DEFAULT NULL::text, p_window text DEFAULT 'month'::text, p_old_used bigint DEFAULT NULL::bigint) RETURNS integer
     LANGUAGE plpgsql
@@ -820,6 +908,13 @@ CREATE FUNCTION llm._period_start(p_at timestamp with time zone) RETURNS date
     AS $$ body in sql/, md5 872667e928ea92f819b62af1b59ffb19 $$;
 
 COMMENT ON FUNCTION llm._period_start(p_at timestamp with time zone) IS 'The first day of the UTC calendar month containing p_at: the period an invocation admitted then belongs to.';
+
+CREATE FUNCTION llm._raise_open_floors(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 2ef8d83635394454f449bdd5d83c4b4d $$;
+
+COMMENT ON FUNCTION llm._raise_open_floors(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone) IS 'Raises the open_since of the organization''s stripes that start at p_cutoff or before to their earliest open request (else p_cutoff), and marks quiet the stripes with none open of months ended by p_now; each stripe under its lock, those a call holds skipped.';
 
 CREATE FUNCTION llm._raise_unknown_execution(p_organization_id uuid, p_execution_id uuid) RETURNS void
     LANGUAGE plpgsql STABLE
@@ -852,7 +947,7 @@ COMMENT ON FUNCTION llm._rebuild_days(p_now timestamp with time zone) IS 'The da
 CREATE FUNCTION llm._reconcile_org(p_organization_id uuid, p_now timestamp with time zone, p_batch integer, p_run_id uuid) RETURNS llm.org_sweep
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 a3fc638251c085dfc0f8d683a5507231 $$;
+    AS $$ body in sql/, md5 42da9fe18f42f4b02797295578827c22 $$;
 
 COMMENT ON FUNCTION llm._reconcile_org(p_organization_id uuid, p_now timestamp with time zone, p_batch integer, p_run_id uuid) IS 'Distributed twin of reconcile_org; arguments already checked.';
 
@@ -873,7 +968,7 @@ COMMENT ON FUNCTION llm._record_reached(p_organization_id uuid, p_period_start d
 CREATE FUNCTION llm._recover_stranded(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone, p_batch integer, p_recovery_charge text, INOUT p_sweep llm.org_sweep) RETURNS llm.org_sweep
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 779eea9d8a615fd94637bb6835eeb446 $$;
+    AS $$ body in sql/, md5 7139f35b29f8ce371e6bd2c43e72e067 $$;
 
 COMMENT ON FUNCTION llm._recover_stranded(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone, p_batch integer, p_recovery_charge text, INOUT p_sweep llm.org_sweep) IS 'Recovers up to p_batch of the organization''s requests unsettled since p_cutoff, oldest first, charged per p_recovery_charge: releases their holds, adds to their tasks, moves their periods'' stripes (each period locked), then their budgets'' counters, and records crossed thresholds; fills the sweep''s figures.';
 
@@ -919,12 +1014,19 @@ CREATE FUNCTION llm._require_org_id(p_organization_id uuid) RETURNS void
 
 COMMENT ON FUNCTION llm._require_org_id(p_organization_id uuid) IS 'Raises 22023 for a NULL organization id, before any distributed twin is called (Citus crashes on a NULL distribution argument).';
 
+CREATE FUNCTION llm._restripe_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripes integer) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 c1c78337ed1513e029127a4ce09231d5 $$;
+
+COMMENT ON FUNCTION llm._restripe_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripes integer) IS 'Spreads a budget counter over p_stripes stripes, its stripes locked in order: each holds the holds of its open requests (budget_stripe % p_stripes), stripe 0 its used credits and cents; its rooms dropped.';
+
 CREATE FUNCTION llm._retain_budgets(p_organization_id uuid, p_now timestamp with time zone, p_retention interval) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 9cf87b2287266722808d259709c3d8ef $$;
+    AS $$ body in sql/, md5 05198c66e7190fe262cd4ecfc9a3e9c9 $$;
 
-COMMENT ON FUNCTION llm._retain_budgets(p_organization_id uuid, p_now timestamp with time zone, p_retention interval) IS 'Raises the organization''s retention horizon (LEAST(p_now, now()) - p_retention, never past its oldest open request''s day) and deletes the counters of windows ended on or before it that hold nothing and no open request is admitted under, locked in lock order, skipping locked ones; returns how many.';
+COMMENT ON FUNCTION llm._retain_budgets(p_organization_id uuid, p_now timestamp with time zone, p_retention interval) IS 'Raises the organization''s retention horizon (LEAST(p_now, now()) - p_retention, never past its oldest open request''s day) and deletes the counters of windows ended on or before it that hold nothing and no open request is admitted under, all their stripes locked in lock order, skipping locked ones; returns how many counters.';
 
 CREATE FUNCTION llm._run_audit(p_run_id uuid, p_organization_id uuid, p_now timestamp with time zone) RETURNS void
     LANGUAGE plpgsql SECURITY DEFINER
@@ -950,7 +1052,7 @@ COMMENT ON FUNCTION llm._run_org(p_run_id uuid, p_token uuid, p_organization_id 
 CREATE FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_project text, p_api_key text, p_end_user text) RETURNS llm.invocations
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 0e6c6744a4b8cfe1f4233333e6cfeff5 $$;
+    AS $$ body in sql/, md5 b5cc1666ca1821e0c5862506b331a8fa $$;
 
 COMMENT ON FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_project text, p_api_key text, p_end_user text) IS 'Returns the stored invocation when a retried admission repeats its arguments, else raises LL007.';
 
@@ -967,19 +1069,26 @@ CREATE FUNCTION llm._scope_id_ok(p_value text) RETURNS boolean
 
 COMMENT ON FUNCTION llm._scope_id_ok(p_value text) IS 'True for NULL or a valid scope id (1..200 characters, not blank, no control character, not ''*'').';
 
-CREATE FUNCTION llm._set_allowance(p_organization_id uuid, p_monthly_allowance_credits bigint, p_now timestamp with time zone) RETURNS llm.organizations
+CREATE FUNCTION llm._set_allowance(p_organization_id uuid, p_monthly_allowance_credits bigint, p_now timestamp with time zone) RETURNS llm.organization_settings
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 4d15b4da25d26f09998cd9a4d2e60b78 $$;
+    AS $$ body in sql/, md5 17e2bd1bbbae62778df62e0b8a68136f $$;
 
 COMMENT ON FUNCTION llm._set_allowance(p_organization_id uuid, p_monthly_allowance_credits bigint, p_now timestamp with time zone) IS 'Distributed twin of set_allowance; arguments already checked.';
 
 CREATE FUNCTION llm._set_budget(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint, p_thresholds integer[], p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 dadddad645f9c73d45bbcf8bf3e97076 $$;
+    AS $$ body in sql/, md5 4b702fe198282cf1eeeebca60aa3f0af $$;
 
 COMMENT ON FUNCTION llm._set_budget(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint, p_thresholds integer[], p_now timestamp with time zone) IS 'Distributed twin of set_budget (returns the notices it owed); arguments already checked.';
+
+CREATE FUNCTION llm._set_budget_stripes(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_stripes integer, p_now timestamp with time zone) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 761f222686ee8a274aa599c79a655260 $$;
+
+COMMENT ON FUNCTION llm._set_budget_stripes(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_stripes integer, p_now timestamp with time zone) IS 'Distributed twin of set_budget_stripes; arguments already checked.';
 
 CREATE FUNCTION llm._set_period_stripes(p_organization_id uuid, p_stripes integer) RETURNS integer
     LANGUAGE plpgsql
@@ -988,10 +1097,10 @@ CREATE FUNCTION llm._set_period_stripes(p_organization_id uuid, p_stripes intege
 
 COMMENT ON FUNCTION llm._set_period_stripes(p_organization_id uuid, p_stripes integer) IS 'Distributed twin of set_period_stripes; arguments already checked.';
 
-CREATE FUNCTION llm._set_recovery_policy(p_organization_id uuid, p_recovery_charge text, p_late_settlement text) RETURNS llm.organizations
+CREATE FUNCTION llm._set_recovery_policy(p_organization_id uuid, p_recovery_charge text, p_late_settlement text) RETURNS llm.organization_settings
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 5537d4f9fde80066f8bc9f1a7b8c5380 $$;
+    AS $$ body in sql/, md5 4a3c46801b31887eff90f23be8f44081 $$;
 
 COMMENT ON FUNCTION llm._set_recovery_policy(p_organization_id uuid, p_recovery_charge text, p_late_settlement text) IS 'Distributed twin of set_recovery_policy; arguments already checked.';
 
@@ -1055,6 +1164,13 @@ CREATE FUNCTION llm._settle_late(p_organization_id uuid, p_invocation_id uuid, p
 
 COMMENT ON FUNCTION llm._settle_late(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) IS 'Answers a report (measured settlement or failure) on a request no longer open: its already_* outcome, except for the first late report of a recovered request, which under late_settlement = true_up becomes its charge (trued_up, the books moved by the signed difference) and under audit is recorded in late_* with its error (already_recovered).';
 
+CREATE FUNCTION llm._settle_window(p_organization_id uuid, p_from date, p_to date, OUT created_from timestamp with time zone, OUT created_to timestamp with time zone) RETURNS record
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 d17959a345845a7960c7ea378c5530dc $$;
+
+COMMENT ON FUNCTION llm._settle_window(p_organization_id uuid, p_from date, p_to date, OUT created_from timestamp with time zone, OUT created_to timestamp with time zone) IS 'The admission times every request of the organization settled on the days p_from .. p_to (UTC) lies within, from its period stripes'' settle bounds (NULL: none can have); any time until the contract step of 0.4.0 counted them.';
+
 CREATE FUNCTION llm._skip_run(p_now timestamp with time zone, p_lease llm.pass_lease, p_holder_pid integer) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -1062,10 +1178,17 @@ CREATE FUNCTION llm._skip_run(p_now timestamp with time zone, p_lease llm.pass_l
 
 COMMENT ON FUNCTION llm._skip_run(p_now timestamp with time zone, p_lease llm.pass_lease, p_holder_pid integer) IS 'Records a skipped pass naming the pass that holds the lease: its pid, and its run, backend start and expiry once its lease is committed.';
 
+CREATE FUNCTION llm._spread_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripes integer, p_used bigint, p_held bigint, p_cents bigint, p_room_limit bigint, p_limit bigint, p_thresholds integer[], p_epoch uuid) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 92a55211cf8ac3d50e62df8e5bca8480 $$;
+
+COMMENT ON FUNCTION llm._spread_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripes integer, p_used bigint, p_held bigint, p_cents bigint, p_room_limit bigint, p_limit bigint, p_thresholds integer[], p_epoch uuid) IS 'With a budget counter locked: gives each stripe an even share of what p_room_limit leaves (admit_room), of the usage before the next threshold of p_limit not notified (notice_room) and of the cents under the sum limit (cents_room), valid under the organization''s budgets revision p_epoch; none without a limit.';
+
 CREATE FUNCTION llm._spread_rooms(p_organization_id uuid, p_period_start date, p_allowance bigint) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 a0b0b13415fcb36b4f9e1afd04ab7f74 $$;
+    AS $$ body in sql/, md5 dc769f7075af8ae24ed4d29f6673b52c $$;
 
 COMMENT ON FUNCTION llm._spread_rooms(p_organization_id uuid, p_period_start date, p_allowance bigint) IS 'With the period locked: creates the stripes its organization uses now and gives each an even share of what the period has left (admit_room: to its allowance and the sum limit), of the cents it may still charge (cents_room: to the sum limit) and of the usage before its next threshold (notice_room).';
 
@@ -1092,14 +1215,14 @@ COMMENT ON FUNCTION llm._text_ok(p_value text, p_max integer, p_nullable boolean
 CREATE FUNCTION llm._true_up_daily_usage(p_inv llm.invocations, p_credits bigint, p_cents bigint) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 859a2a79f242ae1e022bf421963f75b8 $$;
+    AS $$ body in sql/, md5 653bdab5c2416e6c82f441f0122fd59a $$;
 
 COMMENT ON FUNCTION llm._true_up_daily_usage(p_inv llm.invocations, p_credits bigint, p_cents bigint) IS 'Moves the daily usage row of a trued-up request''s settlement day and model by the signed difference (inserting the row, computed from the requests, when the day has none); never lost to a concurrent rebuild_daily_usage.';
 
-CREATE FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) RETURNS llm.organizations
+CREATE FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) RETURNS llm.organization_settings
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 29794976e453bd9cf587b4d94838fb26 $$;
+    AS $$ body in sql/, md5 0ab075bf27fa4960cb51a35b083fb1f4 $$;
 
 COMMENT ON FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) IS 'Distributed twin of upsert_organization; arguments already checked.';
 
@@ -1132,21 +1255,21 @@ COMMENT ON FUNCTION llm.books_history(p_organization_ids uuid[]) IS 'One row: re
 CREATE FUNCTION llm.books_snapshot(p_organization_ids uuid[] DEFAULT NULL::uuid[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(open_requests bigint, held_credits numeric, stale_open_requests bigint, stale_held_credits numeric, running_tasks bigint, stale_running_tasks bigint, drift_findings bigint, notices_owed bigint, notices_sending bigint)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 efde95548b621afc03080efeeee06f34 $$;
+    AS $$ body in sql/, md5 e3d5586dc8eb401f253120a5d04622bd $$;
 
 COMMENT ON FUNCTION llm.books_snapshot(p_organization_ids uuid[], p_now timestamp with time zone) IS 'One row: what the next pass would act on at p_now: open requests and holds (all, and older than the recovery window), running tasks (all, and stale), drift findings, owed and sending notices.';
 
 CREATE FUNCTION llm.check_daily_usage(p_from date, p_to date) RETURNS TABLE(organization_id uuid, day date, recorded jsonb, computed jsonb)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 80137eaaa6d419ae2e417229c2e5d17c $$;
+    AS $$ body in sql/, md5 5e044e89bd656b57a8c1348bc79146de $$;
 
 COMMENT ON FUNCTION llm.check_daily_usage(p_from date, p_to date) IS 'One row per organization and UTC day of p_from .. p_to whose daily_usage rows differ from its terminal requests: recorded (the rows) and computed (from the requests), each a jsonb object by model; empty when they agree.';
 
 CREATE FUNCTION llm.check_invariants() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 8434988fb8b034a2c030c5b84b87beea $$;
+    AS $$ body in sql/, md5 ece83feb41f1b697a0e80a4547b69765 $$;
 
 COMMENT ON FUNCTION llm.check_invariants() IS 'Returns one row per violated invariant (docs/contract.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period findings, notice claims, drift findings, budget counters and budget ceilings); empty when the books are right.';
 
@@ -1181,7 +1304,7 @@ COMMENT ON FUNCTION llm.declare_task_kind(p_key text, p_description text) IS 'De
 CREATE FUNCTION llm.distribute(p_shard_count integer DEFAULT NULL::integer) RETURNS text
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $_$ body in sql/, md5 f1e81719096f714d8ce0acb51cf6150f $_$;
+    AS $_$ body in sql/, md5 42528463e90017ebf4c1491891cc6221 $_$;
 
 COMMENT ON FUNCTION llm.distribute(p_shard_count integer) IS 'Under Citus: reference tables for catalogs, per-organization tables distributed on organization_id co-located with organizations, per-organization twins distributed with force_delegation, the other llm routines propagated to the workers; LL011 without citus.';
 
@@ -1258,7 +1381,7 @@ COMMENT ON FUNCTION llm.rearm_notices(p_now timestamp with time zone) IS 'Makes 
 CREATE FUNCTION llm.rebuild_daily_usage(p_from date, p_to date) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 7462c693dd01c20507bb5158667d0267 $$;
+    AS $$ body in sql/, md5 b3a4eeee63b74bd4eff2c51b25f58826 $$;
 
 COMMENT ON FUNCTION llm.rebuild_daily_usage(p_from date, p_to date) IS 'Recomputes daily_usage for days p_from .. p_to (UTC settlement day) from the invocations; idempotent; a concurrent true-up is never lost; returns the rows written.';
 
@@ -1300,7 +1423,7 @@ COMMENT ON FUNCTION llm.report_daily_usage(p_from date, p_to date, p_organizatio
 CREATE FUNCTION llm.report_open_holds(p_organization_ids uuid[] DEFAULT NULL::uuid[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(organization_id uuid, name text, open_requests bigint, held_credits numeric, oldest_created_at timestamp with time zone, past_window bigint)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 e5142e302320a8fe06e7bb420018cff7 $$;
+    AS $$ body in sql/, md5 4578f8d82412aeba601c8a3aa0d28f5a $$;
 
 COMMENT ON FUNCTION llm.report_open_holds(p_organization_ids uuid[], p_now timestamp with time zone) IS 'Per organization, the requests still holding credits: how many, their holds, the oldest, and how many are older than the recovery window at p_now.';
 
@@ -1314,7 +1437,7 @@ COMMENT ON FUNCTION llm.report_periods(p_from date, p_to date, p_organization_id
 CREATE FUNCTION llm.report_scope_usage(p_scope text, p_from date, p_to date, p_organization_ids uuid[] DEFAULT NULL::uuid[]) RETURNS TABLE(organization_id uuid, name text, scope_id text, requests bigint, open_requests bigint, used_credits numeric, held_credits numeric, used_cents numeric)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 f1d14147f7899e87e86df43190c35ef7 $$;
+    AS $$ body in sql/, md5 6bc8b24b78876c7b169e44692983fd91 $$;
 
 COMMENT ON FUNCTION llm.report_scope_usage(p_scope text, p_from date, p_to date, p_organization_ids uuid[]) IS 'Usage per id of scope p_scope (project, api_key or end_user) of the requests admitted in days p_from .. p_to: requests, open ones, used, held and cents; 22023 for another scope.';
 
@@ -1341,7 +1464,7 @@ COMMENT ON FUNCTION llm.schedule_reconciliation(p_schedule text) IS 'Schedules (
 CREATE FUNCTION llm.set_allowance(p_organization_id uuid, p_monthly_allowance_credits bigint, p_now timestamp with time zone DEFAULT now()) RETURNS llm.organization_settings
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 21e0bbc62f54bfac96cdb2b5780b7cb7 $$;
+    AS $$ body in sql/, md5 8edb242894bf3e76f7b29d66e4a724cd $$;
 
 COMMENT ON FUNCTION llm.set_allowance(p_organization_id uuid, p_monthly_allowance_credits bigint, p_now timestamp with time zone) IS 'Changes only the monthly allowance (NULL = unlimited) of an existing organization (LL002 otherwise), as upsert_organization would: the period containing p_now and later open ones take it and owe at once every threshold their usage now stands at or above. Name, status and thresholds stay.';
 
@@ -1351,6 +1474,13 @@ CREATE FUNCTION llm.set_budget(p_organization_id uuid, p_scope text, p_scope_id 
     AS $$ body in sql/, md5 61074413915dfbc0aeb6ee5a7474a606 $$;
 
 COMMENT ON FUNCTION llm.set_budget(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint, p_thresholds integer[], p_now timestamp with time zone) IS 'Sets (or with a NULL limit removes) the budget of a scope id, or of every id of the scope without one (''*''), per day, week or month in UTC; it applies to every admission after it commits, and owes at once the thresholds the window containing p_now stands at or above.';
+
+CREATE FUNCTION llm.set_budget_stripes(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_stripes integer, p_now timestamp with time zone DEFAULT now()) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 d52de7038649c0b014b60159dca9843d $$;
+
+COMMENT ON FUNCTION llm.set_budget_stripes(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_stripes integer, p_now timestamp with time zone) IS 'Spreads the counters of a budget (for ''*'', of every id it governs) over 1 to 64 stripes, so concurrent requests of one hot key or user hold on different rows; applies to the counters of the window containing p_now at once and to every counter created after; returns the new count.';
 
 CREATE FUNCTION llm.set_period_stripes(p_organization_id uuid, p_stripes integer) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
@@ -1362,7 +1492,7 @@ COMMENT ON FUNCTION llm.set_period_stripes(p_organization_id uuid, p_stripes int
 CREATE FUNCTION llm.set_recovery_policy(p_organization_id uuid, p_recovery_charge text, p_late_settlement text) RETURNS llm.organization_settings
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 28aaabb561bcd7e65330d52f16ccc962 $$;
+    AS $$ body in sql/, md5 8496f94db3aa0f1a6a027872f172487a $$;
 
 COMMENT ON FUNCTION llm.set_recovery_policy(p_organization_id uuid, p_recovery_charge text, p_late_settlement text) IS 'Sets what recovery charges a stranded request (estimate | dispatched | none) and what a measured settlement arriving after recovery does (audit | true_up); 22023 for another word, LL002 for an unknown organization.';
 
@@ -1376,7 +1506,7 @@ COMMENT ON FUNCTION llm.settle_invocation(p_organization_id uuid, p_invocation_i
 CREATE FUNCTION llm.stale_by_organization_status(p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(organization_status text, stale_open_requests bigint, stale_held_credits numeric)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 7a362966f1aa361b3f0ccfd1872f075e $$;
+    AS $$ body in sql/, md5 47865c31547c0f65290388a6407e3b83 $$;
 
 COMMENT ON FUNCTION llm.stale_by_organization_status(p_now timestamp with time zone) IS 'Per organization status (operational, suspended, closed: every one, 0 when none), the open requests older than the recovery window at p_now and their holds.';
 
@@ -1390,9 +1520,48 @@ COMMENT ON FUNCTION llm.unschedule_reconciliation() IS 'Removes the schema owner
 CREATE FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text DEFAULT NULL::text, p_notice_thresholds integer[] DEFAULT NULL::integer[], p_now timestamp with time zone DEFAULT now()) RETURNS llm.organization_settings
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 2f66eab94ed0901a888a7d1c08e4057a $$;
+    AS $$ body in sql/, md5 9ed5e63a1c4fee55047453a5030241e2 $$;
 
 COMMENT ON FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) IS 'Creates or updates an organization; a NULL status or threshold list keeps the organization''s (a new one: operational, {80,100}). A changed allowance (NULL = unlimited) also applies to the period containing p_now and later open ones, which owe at once every threshold their usage now stands at or above; a changed threshold list applies to every period.';
+
+CREATE TABLE llm.budget_counters (
+    organization_id uuid NOT NULL,
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    scope text NOT NULL,
+    scope_id text,
+    budget_window text NOT NULL,
+    window_start date NOT NULL,
+    used_credits bigint DEFAULT 0 NOT NULL,
+    held_credits bigint DEFAULT 0 NOT NULL,
+    used_cents bigint DEFAULT 0 NOT NULL,
+    admitted_limit bigint NOT NULL,
+    admitted_revision uuid NOT NULL,
+    stripe smallint DEFAULT 0 NOT NULL,
+    stripes smallint DEFAULT 1 NOT NULL,
+    admit_room bigint,
+    notice_room bigint,
+    cents_room bigint,
+    rooms_revision uuid
+)
+WITH (fillfactor='70');
+
+COMMENT ON TABLE llm.budget_counters IS 'What the requests admitted under a budget use, per (organization, scope, id, window, window start); an own budget and its scope''s ''*'' share the row.';
+
+COMMENT ON COLUMN llm.budget_counters.admitted_limit IS 'The limit the last admission counted here was decided against (invariant 14).';
+
+COMMENT ON COLUMN llm.budget_counters.admitted_revision IS 'The revision of the budget that limit came from (budget_limits.revision, new at every set_budget): when the budget that applies now has another, the limit changed after the last admission.';
+
+COMMENT ON COLUMN llm.budget_counters.stripe IS 'Which of its counter''s stripes this row is (0 .. stripes - 1).';
+
+COMMENT ON COLUMN llm.budget_counters.stripes IS 'How many stripes its counter has (the same on every stripe of a counter).';
+
+COMMENT ON COLUMN llm.budget_counters.admit_room IS 'Credits this stripe may still hold on its own; the stripes'' rooms never add up to more than the limit of rooms_revision less the counter''s used + held (NULL: spread on its next exact movement).';
+
+COMMENT ON COLUMN llm.budget_counters.notice_room IS 'Usage this stripe may still add on its own before the counter could reach the next threshold of rooms_revision not notified yet (NULL: none ahead).';
+
+COMMENT ON COLUMN llm.budget_counters.cents_room IS 'Cents this stripe may still charge on its own, under the sum limit (NULL: spread on its next exact movement).';
+
+COMMENT ON COLUMN llm.budget_counters.rooms_revision IS 'The budget revision the rooms were spread under: a movement that reads another revision in force takes the exact path.';
 
 CREATE TABLE llm.budget_horizons (
     organization_id uuid NOT NULL,
@@ -1412,6 +1581,7 @@ CREATE TABLE llm.budget_limits (
     thresholds integer[] NOT NULL,
     revision uuid NOT NULL,
     updated_at timestamp with time zone NOT NULL,
+    stripes smallint,
     CONSTRAINT budget_limits_budget_window_check CHECK ((budget_window = ANY (ARRAY['day'::text, 'week'::text, 'month'::text]))),
     CONSTRAINT budget_limits_limit_credits_check CHECK (((limit_credits >= 0) AND (limit_credits <= '1000000000000000'::bigint))),
     CONSTRAINT budget_limits_not_allowance CHECK ((NOT ((scope = 'organization'::text) AND (budget_window = 'month'::text)))),
@@ -1420,6 +1590,8 @@ CREATE TABLE llm.budget_limits (
 );
 
 COMMENT ON TABLE llm.budget_limits IS 'The budgets llm.set_budget sets: a limit and thresholds per (organization, scope, scope id or ''*'', window); listed by llm.budgets.';
+
+COMMENT ON COLUMN llm.budget_limits.stripes IS 'Over how many stripes the counters of this budget spread (llm.set_budget_stripes; NULL: 1).';
 
 CREATE VIEW llm.budget_usage WITH (security_invoker='true') AS
  SELECT c.organization_id,
@@ -1436,11 +1608,20 @@ CREATE VIEW llm.budget_usage WITH (security_invoker='true') AS
             WHEN (own.organization_id IS NOT NULL) THEN own.scope_id
             ELSE dflt.scope_id
         END AS budget_scope_id
-   FROM ((llm.budget_counters c
+   FROM ((( SELECT s.organization_id,
+            s.scope,
+            s.scope_id,
+            s.budget_window,
+            s.window_start,
+            (sum(s.used_credits))::bigint AS used_credits,
+            (sum(s.held_credits))::bigint AS held_credits,
+            (sum(s.used_cents))::bigint AS used_cents
+           FROM llm.budget_counters s
+          GROUP BY s.organization_id, s.scope, s.scope_id, s.budget_window, s.window_start) c
      LEFT JOIN llm.budget_limits own ON (((own.organization_id = c.organization_id) AND (own.scope = c.scope) AND (own.budget_window = c.budget_window) AND (COALESCE(own.scope_id, ''::text) = COALESCE(c.scope_id, ''::text)))))
      LEFT JOIN llm.budget_limits dflt ON (((dflt.organization_id = c.organization_id) AND (dflt.scope = c.scope) AND (dflt.scope_id = '*'::text) AND (dflt.budget_window = c.budget_window))));
 
-COMMENT ON VIEW llm.budget_usage IS 'One row per scope id and window that counted a request, under the real id (a default budget''s rows too), with the budget that applies to it now (the id''s own, else the scope''s ''*''): its limit, thresholds and scope_id in llm.budgets (budget_scope_id; NULL columns: none).';
+COMMENT ON VIEW llm.budget_usage IS 'One row per scope id and window that counted a request (the sum of its counter''s stripes), under the real id (a default budget''s rows too), with the budget that applies to it now (the id''s own, else the scope''s ''*''): its limit, thresholds and scope_id in llm.budgets (budget_scope_id; NULL columns: none).';
 
 CREATE VIEW llm.budgets WITH (security_invoker='true') AS
  SELECT b.organization_id,
@@ -1504,6 +1685,19 @@ CREATE TABLE llm.executions (
 
 COMMENT ON TABLE llm.executions IS 'Tasks grouping invocations: running -> completed | failed | abandoned; totals grow with every terminal invocation.';
 
+CREATE TABLE llm.invocation_scopes (
+    organization_id uuid NOT NULL,
+    invocation_id uuid NOT NULL,
+    project text,
+    api_key text,
+    end_user text,
+    budget_mask smallint NOT NULL
+);
+
+COMMENT ON TABLE llm.invocation_scopes IS 'The project, API key and end user a request named at admission, and the budget counters it moves (budget_mask); one row per request that named a scope id or was admitted under a budget.';
+
+COMMENT ON COLUMN llm.invocation_scopes.budget_mask IS 'The budget counters the request moves, fixed at admission: bit 3 * scope + window (organization 0, project 1, api_key 2, end_user 3; day 0, week 1, month 2); 0 when none.';
+
 CREATE VIEW llm.ledger AS
  SELECT i.organization_id,
     i.id AS invocation_id,
@@ -1548,7 +1742,12 @@ CREATE TABLE llm.period_stripes (
     used_cents llm.amount DEFAULT 0 NOT NULL,
     admit_room llm.amount,
     notice_room llm.amount,
-    cents_room llm.amount
+    cents_room llm.amount,
+    open_requests integer,
+    open_since timestamp with time zone,
+    quiet boolean,
+    settle_lag_hours integer,
+    settle_lead_hours integer
 );
 
 COMMENT ON TABLE llm.period_stripes IS 'A period''s counters, spread over stripes: used and held credits and used cents of the requests whose hold is on the stripe, and its escrow: admit_room (credits it may hold without the other stripes; NULL: unlimited) and notice_room (usage it may add before the period could reach its next threshold; NULL: no threshold ahead).';
@@ -1558,6 +1757,16 @@ COMMENT ON COLUMN llm.period_stripes.admit_room IS 'Credits this stripe may stil
 COMMENT ON COLUMN llm.period_stripes.notice_room IS 'Usage this stripe may still add on its own before the period could reach its next threshold (NULL: none ahead); a movement that does not fit decides on the exact totals.';
 
 COMMENT ON COLUMN llm.period_stripes.cents_room IS 'Cents this stripe may still charge on its own; the stripes'' rooms never add up to more than the sum limit less the period''s used cents (NULL: spread on its next exact movement).';
+
+COMMENT ON COLUMN llm.period_stripes.open_requests IS 'How many reserved or dispatched requests hold on this stripe (NULL: not known yet).';
+
+COMMENT ON COLUMN llm.period_stripes.open_since IS 'No open request of this stripe was admitted before it (NULL: none is open, or not known yet while open_requests is): where the pass and the reports start reading open requests.';
+
+COMMENT ON COLUMN llm.period_stripes.quiet IS 'True: a pass found no open request here and none was admitted since; the index period_stripes_open holds the others.';
+
+COMMENT ON COLUMN llm.period_stripes.settle_lag_hours IS 'No terminal request of this stripe was settled more than this many hours (rounded up) after its admission: the daily rebuild reads requests by admission time from the settlement day less this.';
+
+COMMENT ON COLUMN llm.period_stripes.settle_lead_hours IS 'No terminal request of this stripe was settled more than this many hours (rounded up) before its admission (a clock behind at settlement).';
 
 CREATE VIEW llm.periods AS
  SELECT h.organization_id,
@@ -1641,8 +1850,12 @@ COMMENT ON COLUMN llm.threshold_notices.scope IS 'organization for the allowance
 
 COMMENT ON COLUMN llm.threshold_notices.scope_id IS 'The real id the budget counted (never ''*''); NULL for the organization scope.';
 
-ALTER TABLE ONLY llm.budget_counters
-    ADD CONSTRAINT budget_counters_key UNIQUE NULLS NOT DISTINCT (organization_id, scope, scope_id, budget_window, window_start);
+CREATE TABLE llm.upgrade_steps (
+    step text NOT NULL,
+    finished_at timestamp with time zone NOT NULL
+);
+
+COMMENT ON TABLE llm.upgrade_steps IS 'The contract steps migrate has finished (migrations/contract/), and the marks they leave for the functions: only what this release''s functions wrote is in the books.';
 
 ALTER TABLE ONLY llm.budget_counters
     ADD CONSTRAINT budget_counters_pkey PRIMARY KEY (organization_id, id);
@@ -1701,6 +1914,11 @@ ALTER TABLE ONLY llm.task_kinds
 ALTER TABLE ONLY llm.threshold_notices
     ADD CONSTRAINT threshold_notices_pkey PRIMARY KEY (organization_id, id);
 
+ALTER TABLE ONLY llm.upgrade_steps
+    ADD CONSTRAINT upgrade_steps_pkey PRIMARY KEY (step);
+
+CREATE UNIQUE INDEX budget_counters_stripe_key ON llm.budget_counters USING btree (organization_id, scope, scope_id, budget_window, window_start, stripe) NULLS NOT DISTINCT;
+
 CREATE INDEX daily_usage_day ON llm.daily_usage USING btree (day);
 
 CREATE INDEX executions_closed ON llm.executions USING btree (organization_id, ended_at) WHERE ((status)::text <> 'running'::text);
@@ -1709,15 +1927,15 @@ CREATE UNIQUE INDEX executions_replay_key ON llm.executions USING btree (organiz
 
 CREATE INDEX executions_running ON llm.executions USING btree (organization_id, started_at) WHERE ((status)::text = 'running'::text);
 
+CREATE INDEX invocations_created ON llm.invocations USING btree (organization_id, created_at);
+
 CREATE INDEX invocations_execution ON llm.invocations USING btree (organization_id, execution_id) WHERE (execution_id IS NOT NULL);
 
-CREATE INDEX invocations_open ON llm.invocations USING btree (organization_id, created_at) WHERE ((status)::text = ANY (ARRAY['reserved'::text, 'dispatched'::text]));
-
-CREATE INDEX invocations_period ON llm.invocations USING btree (organization_id, period_start);
-
-CREATE INDEX invocations_settled_at ON llm.invocations USING btree (settled_at) WHERE (settled_at IS NOT NULL);
-
 CREATE INDEX period_findings_open ON llm.period_findings USING btree (organization_id) WHERE (resolved_at IS NULL);
+
+CREATE INDEX period_stripes_open ON llm.period_stripes USING btree (organization_id) WHERE (quiet IS NOT TRUE);
+
+CREATE INDEX period_stripes_settled ON llm.period_stripes USING btree ((((period_start + 32) + ((COALESCE(settle_lag_hours, 0) + 23) / 24))));
 
 CREATE INDEX reconciliation_runs_started ON llm.reconciliation_runs USING btree (started_at DESC);
 
@@ -1748,6 +1966,8 @@ GRANT USAGE ON SCHEMA llm TO llm_reader;
 
 REVOKE ALL ON FUNCTION llm._abandon_stale_tasks(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._add_stripes(p_organization_id uuid, p_period_start date, p_stripes integer) FROM PUBLIC;
+
 GRANT SELECT ON TABLE llm.invocations TO llm_reader;
 GRANT SELECT ON TABLE llm.invocations TO llm_operator;
 
@@ -1773,25 +1993,25 @@ GRANT ALL ON FUNCTION llm._audits_due(p_now timestamp with time zone) TO llm_ope
 REVOKE ALL ON FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id uuid, OUT token uuid) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id uuid, OUT token uuid) TO llm_operator;
 
+REVOKE ALL ON FUNCTION llm._book_budgets(p_inv llm.invocations, p_now timestamp with time zone) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._bound_locks() FROM PUBLIC;
 
-GRANT SELECT ON TABLE llm.budget_counters TO llm_reader;
-GRANT SELECT ON TABLE llm.budget_counters TO llm_operator;
-GRANT SELECT ON TABLE llm.budget_counters TO llm_app;
-
-REVOKE ALL ON FUNCTION llm._budget_crossings(p_organization_id uuid, p_keys llm.budget_counters[], p_olds bigint[], p_now timestamp with time zone) FROM PUBLIC;
-
-REVOKE ALL ON FUNCTION llm._budget_in_force(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, OUT limit_credits bigint, OUT thresholds integer[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION llm._budget_in_force(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, OUT limit_credits bigint, OUT thresholds integer[], OUT revision uuid, OUT stripes integer) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._budget_keys(p_mask integer, p_project text, p_api_key text, p_end_user text, p_at timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._budget_reached(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._budget_slot(p_scope text, p_window text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._budgets_changed(p_organization_id uuid) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._budgets_revision(p_organization_id uuid) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._check_amount(p_name text, p_value bigint, p_nullable boolean) FROM PUBLIC;
 
@@ -1823,6 +2043,8 @@ GRANT ALL ON FUNCTION llm._clock_ok(p_now timestamp with time zone) TO llm_opera
 
 REVOKE ALL ON FUNCTION llm._close_execution(p_organization_id uuid, p_execution_id uuid, p_outcome text, p_error text, p_now timestamp with time zone) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._create_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripes integer, p_limit bigint, p_revision uuid) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._cron_job_seen() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._end_claim(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_end text, p_error text, p_now timestamp with time zone) FROM PUBLIC;
@@ -1839,10 +2061,11 @@ GRANT SELECT ON TABLE llm.reconciliation_runs TO llm_operator;
 REVOKE ALL ON FUNCTION llm._finish_run(p_run_id uuid, p_token uuid) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm._finish_run(p_run_id uuid, p_token uuid) TO llm_operator;
 
-GRANT SELECT ON TABLE llm.invocation_scopes TO llm_reader;
-GRANT SELECT ON TABLE llm.invocation_scopes TO llm_operator;
+REVOKE ALL ON FUNCTION llm._functions_only() FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm._hold_budgets(p_inv llm.invocations, p_scopes llm.invocation_scopes, p_limits bigint[], p_revisions uuid[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION llm._hold_budgets(p_inv llm.invocations, p_limits bigint[], p_revisions uuid[], p_epoch uuid) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._hours_up(p_span interval) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._invariant_1() FROM PUBLIC;
 
@@ -1857,6 +2080,12 @@ REVOKE ALL ON FUNCTION llm._invariant_13() FROM PUBLIC;
 REVOKE ALL ON FUNCTION llm._invariant_14() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._invariant_15() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._invariant_16() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._invariant_17() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._invariant_18() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._invariant_2() FROM PUBLIC;
 
@@ -1889,6 +2118,8 @@ REVOKE ALL ON FUNCTION llm._lease_holder_running(p_lease llm.pass_lease) FROM PU
 
 REVOKE ALL ON FUNCTION llm._lease_locker_pid() FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._lock_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, OUT stripes integer, OUT used bigint, OUT held bigint, OUT cents bigint) FROM PUBLIC;
+
 GRANT SELECT ON TABLE llm.period_heads TO llm_reader;
 GRANT SELECT ON TABLE llm.period_heads TO llm_operator;
 
@@ -1904,9 +2135,15 @@ REVOKE ALL ON FUNCTION llm._may_cross(p_old_used bigint, p_new_used bigint, p_al
 
 REVOKE ALL ON FUNCTION llm._move_budgets(p_organization_id uuid, p_invs llm.invocations[], p_true_up boolean, p_now timestamp with time zone) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_now timestamp with time zone, p_admission boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION llm._move_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_seeds smallint[], p_used bigint[], p_held bigint[], p_cents bigint[], p_admit_limit bigint, p_admit_revision uuid, p_epoch uuid, p_now timestamp with time zone) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION llm._move_request_counters(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_now timestamp with time zone, p_open integer, p_admitted_at timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._move_within_counter_rooms(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_epoch uuid) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_open integer, p_now timestamp with time zone, p_lag integer, p_lead integer) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._note_refusal(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_now timestamp with time zone) FROM PUBLIC;
 
@@ -1914,10 +2151,16 @@ REVOKE ALL ON FUNCTION llm._notify_notices_owed(p_reason text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._open_execution(p_organization_id uuid, p_task_key text, p_subject_type text, p_subject_id text, p_replay_key text, p_now timestamp with time zone) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._open_floor(p_organization_id uuid) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._open_since(p_open_requests integer, p_open_since timestamp with time zone, p_open integer, p_at timestamp with time zone) FROM PUBLIC;
+
 GRANT SELECT ON TABLE llm.organizations TO llm_reader;
 GRANT SELECT ON TABLE llm.organizations TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm._operational_org(p_organization_id uuid) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._organization_settings(p_org llm.organizations) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._owe_notices(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint, p_allowance bigint, p_now timestamp with time zone, p_scope text, p_scope_id text, p_window text, p_old_used bigint) FROM PUBLIC;
 
@@ -1927,6 +2170,8 @@ REVOKE ALL ON FUNCTION llm._pass_organizations() FROM PUBLIC;
 GRANT ALL ON FUNCTION llm._pass_organizations() TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm._period_start(p_at timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._raise_open_floors(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._raise_unknown_execution(p_organization_id uuid, p_execution_id uuid) FROM PUBLIC;
 
@@ -1957,6 +2202,8 @@ REVOKE ALL ON FUNCTION llm._require_notice(p_organization_id uuid, p_notice_id u
 
 REVOKE ALL ON FUNCTION llm._require_org_id(p_organization_id uuid) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._restripe_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripes integer) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._retain_budgets(p_organization_id uuid, p_now timestamp with time zone, p_retention interval) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._run_audit(p_run_id uuid, p_organization_id uuid, p_now timestamp with time zone) FROM PUBLIC;
@@ -1978,6 +2225,8 @@ REVOKE ALL ON FUNCTION llm._set_allowance(p_organization_id uuid, p_monthly_allo
 
 REVOKE ALL ON FUNCTION llm._set_budget(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint, p_thresholds integer[], p_now timestamp with time zone) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._set_budget_stripes(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_stripes integer, p_now timestamp with time zone) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._set_period_stripes(p_organization_id uuid, p_stripes integer) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._set_recovery_policy(p_organization_id uuid, p_recovery_charge text, p_late_settlement text) FROM PUBLIC;
@@ -1992,7 +2241,11 @@ REVOKE ALL ON FUNCTION llm._settle_invocation(p_organization_id uuid, p_invocati
 
 REVOKE ALL ON FUNCTION llm._settle_late(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._settle_window(p_organization_id uuid, p_from date, p_to date, OUT created_from timestamp with time zone, OUT created_to timestamp with time zone) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._skip_run(p_now timestamp with time zone, p_lease llm.pass_lease, p_holder_pid integer) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._spread_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripes integer, p_used bigint, p_held bigint, p_cents bigint, p_room_limit bigint, p_limit bigint, p_thresholds integer[], p_epoch uuid) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._spread_rooms(p_organization_id uuid, p_period_start date, p_allowance bigint) FROM PUBLIC;
 
@@ -2124,6 +2377,9 @@ GRANT ALL ON FUNCTION llm.set_allowance(p_organization_id uuid, p_monthly_allowa
 REVOKE ALL ON FUNCTION llm.set_budget(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint, p_thresholds integer[], p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.set_budget(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint, p_thresholds integer[], p_now timestamp with time zone) TO llm_operator;
 
+REVOKE ALL ON FUNCTION llm.set_budget_stripes(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_stripes integer, p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.set_budget_stripes(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_stripes integer, p_now timestamp with time zone) TO llm_operator;
+
 REVOKE ALL ON FUNCTION llm.set_period_stripes(p_organization_id uuid, p_stripes integer) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.set_period_stripes(p_organization_id uuid, p_stripes integer) TO llm_operator;
 
@@ -2142,6 +2398,10 @@ GRANT ALL ON FUNCTION llm.unschedule_reconciliation() TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) TO llm_operator;
+
+GRANT SELECT ON TABLE llm.budget_counters TO llm_reader;
+GRANT SELECT ON TABLE llm.budget_counters TO llm_operator;
+GRANT SELECT ON TABLE llm.budget_counters TO llm_app;
 
 GRANT SELECT ON TABLE llm.budget_horizons TO llm_reader;
 GRANT SELECT ON TABLE llm.budget_horizons TO llm_operator;
@@ -2167,6 +2427,9 @@ GRANT SELECT ON TABLE llm.drift_findings TO llm_operator;
 GRANT SELECT ON TABLE llm.executions TO llm_reader;
 GRANT SELECT ON TABLE llm.executions TO llm_operator;
 
+GRANT SELECT ON TABLE llm.invocation_scopes TO llm_reader;
+GRANT SELECT ON TABLE llm.invocation_scopes TO llm_operator;
+
 GRANT SELECT ON TABLE llm.ledger TO llm_reader;
 GRANT SELECT ON TABLE llm.ledger TO llm_operator;
 
@@ -2191,3 +2454,6 @@ GRANT SELECT ON TABLE llm.task_kinds TO llm_app;
 
 GRANT SELECT ON TABLE llm.threshold_notices TO llm_reader;
 GRANT SELECT ON TABLE llm.threshold_notices TO llm_operator;
+
+GRANT SELECT ON TABLE llm.upgrade_steps TO llm_reader;
+GRANT SELECT ON TABLE llm.upgrade_steps TO llm_operator;

@@ -16,7 +16,9 @@
 -- public routine that still returns a table's row (0.2.0's admit_invocation,
 -- mark_dispatched, upsert_organization, set_recovery_policy, claim_notices) is
 -- dropped here and created again by its file below, as are the twins of admission and
--- dispatch, which return llm.admission since 0.4.0 (its replayed column). All of sql/ runs in one
+-- dispatch, which return llm.admission since 0.4.0 (its replayed column), and those of
+-- the organization's setters, which return llm.organization_settings since 0.4.0 (the
+-- table gained columns a caller's row of that type does not hold). All of sql/ runs in one
 -- transaction, so a caller finds the old routine or the new one (a statement planned
 -- just before the commit may fail once: callers lock no routine); a later run drops
 -- nothing.
@@ -30,7 +32,8 @@ BEGIN
           JOIN pg_catalog.pg_type AS t ON t.oid = p.prorettype
           JOIN pg_catalog.pg_class AS c ON c.oid = t.typrelid
          WHERE p.pronamespace = 'llm'::regnamespace AND c.relkind <> 'c'
-           AND (p.proname !~ '^_' OR p.proname IN ('_admit_invocation', '_mark_dispatched'))
+           AND (p.proname !~ '^_' OR p.proname IN ('_admit_invocation', '_mark_dispatched', '_upsert_organization',
+                                                    '_set_allowance', '_set_recovery_policy'))
     LOOP
         EXECUTE pg_catalog.format('DROP FUNCTION %s', v_routine);
     END LOOP;
@@ -46,6 +49,17 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT (pg_catalog.date_trunc('month', p_at AT TIME ZONE 'UTC'))::date $$;
 COMMENT ON FUNCTION llm._period_start(timestamptz) IS
     'The first day of the UTC calendar month containing p_at: the period an invocation admitted then belongs to.';
+
+-- Inlinable (no SET clause, everything qualified): a span in whole hours, rounded up,
+-- never below 0 (NULL for NULL). Exact: the epoch of an interval is numeric.
+CREATE OR REPLACE FUNCTION llm._hours_up(p_span interval)
+RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT GREATEST(0, pg_catalog.ceil(pg_catalog.extract('epoch', p_span) OPERATOR(pg_catalog./) 3600))::integer
+$$;
+COMMENT ON FUNCTION llm._hours_up(interval) IS
+    'p_span in whole hours, rounded up, at least 0; NULL for NULL.';
 
 -- Inlinable (no SET clause): a constant the predicates below fold in.
 CREATE OR REPLACE FUNCTION llm._max_amount()

@@ -17,6 +17,19 @@
 --               than the period's used credits can grow before reaching its next
 --               threshold not notified yet, so a movement that fits cannot cross
 --               one (NULL: none ahead).
+-- Each stripe also keeps, in the same row its movements update (so at no cost to
+-- them), what the pass and the reports read instead of an index a settlement would
+-- touch (docs/architecture.md "The write path"):
+--   open_requests  how many open (reserved, dispatched) requests hold on it;
+--   open_since     no open one of them was admitted earlier (NULL when none is
+--                  open): lowered by each admission, raised by the pass under the
+--                  period's lock (60_recovery.sql);
+--   quiet          a pass found none open here, and none was admitted since;
+--   settle_lag_hours, settle_lead_hours: no terminal request of it settled more
+--                  hours (rounded up) after, or before, its admission.
+-- NULL open fields are not known yet (a stripe the previous release moved, until
+-- the contract step of 0.4.0 counts it): they stay NULL, and readers take any time
+-- of the period for them.
 -- A movement that fits its stripe's rooms updates that one row (fast). One that
 -- does not takes the exact path: every stripe of the period is locked in stripe
 -- order (the one lock order of every exact decision), the decision is made on the
@@ -28,6 +41,113 @@
 -- would wait for stripes below k while holding k, against the order; rolling the
 -- subtransaction back releases the row. Stripe 0, the first of the order, is safe
 -- to hold, so an unstriped organization (every request on stripe 0) pays nothing.
+
+-- Inlinable (no SET clause, everything qualified): a stripe's open_since after a
+-- movement that changes its open requests by p_open (+1 an admission at p_at, -n
+-- requests ending), from its open_requests and open_since before it.
+CREATE OR REPLACE FUNCTION llm._open_since(
+    p_open_requests integer, p_open_since timestamptz, p_open integer, p_at timestamptz)
+RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN p_open OPERATOR(pg_catalog.>) 0
+                THEN CASE WHEN p_open_requests OPERATOR(pg_catalog.=) 0 THEN p_at
+                          WHEN p_open_requests OPERATOR(pg_catalog.>) 0 THEN LEAST(p_open_since, p_at) END
+                WHEN p_open OPERATOR(pg_catalog.<) 0
+                     AND p_open_requests OPERATOR(pg_catalog.+) p_open OPERATOR(pg_catalog.=) 0
+                THEN NULL
+                ELSE p_open_since END
+$$;
+COMMENT ON FUNCTION llm._open_since(integer, timestamptz, integer, timestamptz) IS
+    'A period stripe''s open_since after p_open more open requests (an admission at p_at) or fewer (requests ending): the admission''s time on a stripe with none open, NULL once none is (and while its open requests are not known).';
+
+-- Whether only this release's functions write the books: the contract step of 0.4.0
+-- has run (llm.upgrade_steps). Before it, a call of the previous release may still
+-- move a stripe without its open fields, so new stripes leave them NULL (not known)
+-- and the contract step counts them.
+CREATE OR REPLACE FUNCTION llm._functions_only()
+RETURNS boolean
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN EXISTS (SELECT FROM llm.upgrade_steps AS u WHERE u.step = 'functions_only');
+END
+$$;
+COMMENT ON FUNCTION llm._functions_only() IS
+    'True once the contract step of 0.4.0 ran: every call that could move the books without this release''s columns has ended.';
+
+-- A period's stripes 0 .. p_stripes - 1 that do not exist yet, with nothing on them.
+CREATE OR REPLACE FUNCTION llm._add_stripes(p_organization_id uuid, p_period_start date, p_stripes integer)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_known boolean := llm._functions_only();
+BEGIN
+    INSERT INTO llm.period_stripes
+           (organization_id, period_start, stripe, open_requests, open_since, settle_lag_hours, settle_lead_hours)
+    SELECT p_organization_id, p_period_start, g,
+           CASE WHEN v_known THEN 0 END, NULL, 0, 0
+      FROM pg_catalog.generate_series(0, p_stripes - 1) AS g
+    ON CONFLICT (organization_id, period_start, stripe) DO NOTHING;
+END
+$$;
+COMMENT ON FUNCTION llm._add_stripes(uuid, date, integer) IS
+    'Creates the stripes 0 .. p_stripes - 1 of a period that it lacks, empty (their open fields NULL until the contract step of 0.4.0 ran).';
+
+-- The open floor of an organization: no open request of it was admitted earlier (NULL:
+-- none is open). The earliest open_since of its stripes that have open requests, read
+-- through the index of the stripes that are not quiet; a stripe whose open requests are
+-- not known yet counts from its period's first day.
+CREATE OR REPLACE FUNCTION llm._open_floor(p_organization_id uuid)
+RETURNS timestamptz
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_floor timestamptz;
+BEGIN
+    SELECT min(CASE WHEN s.open_requests IS NULL THEN s.period_start::timestamp AT TIME ZONE 'UTC'
+                    ELSE s.open_since END)
+      INTO v_floor
+      FROM llm.period_stripes AS s
+     WHERE s.organization_id = p_organization_id AND s.quiet IS NOT TRUE
+       AND (s.open_requests IS NULL OR s.open_requests > 0);
+    RETURN v_floor;
+END
+$$;
+COMMENT ON FUNCTION llm._open_floor(uuid) IS
+    'The earliest time an open request of the organization may have been admitted at (its stripes'' open_since; a period''s first day where they are not known); NULL when none is open.';
+
+-- The requests of an organization settled on the days p_from .. p_to (UTC) were all
+-- admitted in [created_from, created_to): each stripe's settle bounds say how far a
+-- settlement lies from its request's admission (the daily rebuild's rule, 80_reporting.sql).
+-- The stripes are found through period_stripes_settled. Before the contract step of
+-- 0.4.0 counted the bounds of the previous release's requests: any time.
+CREATE OR REPLACE FUNCTION llm._settle_window(
+    p_organization_id uuid, p_from date, p_to date, OUT created_from timestamptz, OUT created_to timestamptz)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM llm.upgrade_steps AS u WHERE u.step = 'settle_bounds') THEN
+        created_from := '-infinity';
+        created_to := 'infinity';
+        RETURN;
+    END IF;
+    SELECT min(GREATEST(s.period_start::timestamp,
+                        p_from::timestamp - pg_catalog.make_interval(hours => coalesce(s.settle_lag_hours, 0))))
+               AT TIME ZONE 'UTC',
+           max(LEAST(s.period_start + interval '1 month',
+                     (p_to + 1)::timestamp + pg_catalog.make_interval(hours => coalesce(s.settle_lead_hours, 0))))
+               AT TIME ZONE 'UTC'
+      INTO created_from, created_to
+      FROM llm.period_stripes AS s
+     WHERE s.organization_id = p_organization_id
+       AND (s.period_start + 32 + (coalesce(s.settle_lag_hours, 0) + 23) / 24) >= p_from
+       AND s.period_start - (coalesce(s.settle_lead_hours, 0) + 23) / 24 <= p_to;
+END
+$$;
+COMMENT ON FUNCTION llm._settle_window(uuid, date, date) IS
+    'The admission times every request of the organization settled on the days p_from .. p_to (UTC) lies within, from its period stripes'' settle bounds (NULL: none can have); any time until the contract step of 0.4.0 counted them.';
 
 CREATE OR REPLACE FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date)
 RETURNS void
@@ -49,12 +169,8 @@ BEGIN
     VALUES (p_organization_id, p_period_start, (p_period_start + interval '1 month')::date, v_allowance)
     ON CONFLICT (organization_id, period_start) DO NOTHING;
     -- its stripes: the caller locks the period and spreads the rooms
-    INSERT INTO llm.period_stripes (organization_id, period_start, stripe)
-    SELECT p_organization_id, p_period_start, g
-      FROM llm.organizations AS o
-     CROSS JOIN LATERAL pg_catalog.generate_series(0, o.period_stripes - 1) AS g
-     WHERE o.id = p_organization_id
-    ON CONFLICT (organization_id, period_start, stripe) DO NOTHING;
+    PERFORM llm._add_stripes(p_organization_id, p_period_start,
+                             (SELECT o.period_stripes FROM llm.organizations AS o WHERE o.id = p_organization_id));
 END
 $$;
 COMMENT ON FUNCTION llm._ensure_period(uuid, date) IS
@@ -119,10 +235,7 @@ BEGIN
     SELECT o.period_stripes, o.notice_thresholds INTO v_stripes, v_thresholds
       FROM llm.organizations AS o WHERE o.id = p_organization_id;
     -- the stripes admissions use now (more after set_period_stripes raised them)
-    INSERT INTO llm.period_stripes (organization_id, period_start, stripe)
-    SELECT p_organization_id, p_period_start, g
-      FROM pg_catalog.generate_series(0, v_stripes - 1) AS g
-    ON CONFLICT (organization_id, period_start, stripe) DO NOTHING;
+    PERFORM llm._add_stripes(p_organization_id, p_period_start, v_stripes);
     SELECT sum(s.used_credits), sum(s.held_credits), sum(s.used_cents) INTO v_used, v_held, v_cents
       FROM llm.period_stripes AS s
      WHERE s.organization_id = p_organization_id AND s.period_start = p_period_start;
@@ -162,7 +275,8 @@ COMMENT ON FUNCTION llm._spread_rooms(uuid, date, bigint) IS
 
 CREATE OR REPLACE FUNCTION llm._move_within_rooms(
     p_organization_id uuid, p_period_start date, p_stripe smallint,
-    p_used bigint, p_held bigint, p_cents bigint)
+    p_used bigint, p_held bigint, p_cents bigint,
+    p_open integer, p_now timestamptz, p_lag integer, p_lead integer)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -175,13 +289,20 @@ BEGIN
     -- allowance has less left than a release frees), and usage that falls (a true-up
     -- below the recovery charge) takes the exact path, since it can bring a threshold
     -- passed without a notice back ahead.
+    -- Its open requests change by p_open (an admission at p_now: +1; requests ending:
+    -- minus them), and the settle bounds take p_lag and p_lead (NULL: none ended).
     UPDATE llm.period_stripes AS s
        SET used_credits = s.used_credits + p_used,
            held_credits = s.held_credits + p_held,
            used_cents = s.used_cents + p_cents,
            admit_room = s.admit_room - GREATEST(0, p_used + p_held),
            cents_room = s.cents_room - p_cents,
-           notice_room = s.notice_room - p_used
+           notice_room = s.notice_room - p_used,
+           open_requests = s.open_requests + p_open,
+           open_since = llm._open_since(s.open_requests, s.open_since, p_open, p_now),
+           quiet = s.quiet AND p_open <= 0,
+           settle_lag_hours = GREATEST(s.settle_lag_hours, p_lag),
+           settle_lead_hours = GREATEST(s.settle_lead_hours, p_lead)
      WHERE s.organization_id = p_organization_id AND s.period_start = p_period_start
        AND s.stripe = p_stripe
        AND p_used >= 0
@@ -194,12 +315,16 @@ BEGIN
     RETURN FOUND;
 END
 $$;
-COMMENT ON FUNCTION llm._move_within_rooms(uuid, date, smallint, bigint, bigint, bigint) IS
-    'Moves one stripe''s counters in one row when the movement fits its rooms; false (nothing moved) otherwise, or when the stripe does not exist.';
+COMMENT ON FUNCTION llm._move_within_rooms(uuid, date, smallint, bigint, bigint, bigint, integer, timestamptz, integer, integer) IS
+    'Moves one stripe''s counters, its open requests (p_open) and settle bounds in one row when the movement fits its rooms; false (nothing moved) otherwise, or when the stripe does not exist.';
 
+-- p_open: +1 for an admission (at p_now), -1 for a request ending (admitted at
+-- p_admitted_at), 0 for a true-up. Long on purpose: the fast path and the exact path of
+-- one movement, and the exact path's refusals, read top to bottom.
 CREATE OR REPLACE FUNCTION llm._move_stripe(
     p_organization_id uuid, p_period_start date, p_stripe smallint,
-    p_used bigint, p_held bigint, p_cents bigint, p_now timestamptz, p_admission boolean DEFAULT false)
+    p_used bigint, p_held bigint, p_cents bigint, p_now timestamptz,
+    p_open integer DEFAULT 0, p_admitted_at timestamptz DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -209,14 +334,17 @@ DECLARE
     v_used bigint;
     v_held bigint;
     v_cents bigint;
+    v_lag integer := llm._hours_up(p_now - p_admitted_at);  -- NULL unless a request ends
+    v_lead integer := llm._hours_up(p_admitted_at - p_now);
 BEGIN
     -- fast: within the stripe's rooms (off stripe 0 in a subtransaction: see the top)
     IF p_stripe = 0 THEN
-        v_moved := llm._move_within_rooms(p_organization_id, p_period_start, p_stripe, p_used, p_held, p_cents);
+        v_moved := llm._move_within_rooms(p_organization_id, p_period_start, p_stripe, p_used, p_held, p_cents,
+                                          p_open, p_now, v_lag, v_lead);
     ELSE
         BEGIN
             IF NOT llm._move_within_rooms(p_organization_id, p_period_start, p_stripe,
-                                          p_used, p_held, p_cents) THEN
+                                          p_used, p_held, p_cents, p_open, p_now, v_lag, v_lead) THEN
                 -- internal: only rolls this subtransaction back, never leaves the function
                 RAISE EXCEPTION 'llm: not within the stripe''s rooms' USING ERRCODE = 'LL099';
             END IF;
@@ -237,14 +365,12 @@ BEGIN
         PERFORM llm._ensure_period(p_organization_id, p_period_start);
         v_head := llm._lock_period(p_organization_id, p_period_start);
     END IF;
-    INSERT INTO llm.period_stripes (organization_id, period_start, stripe)
-    VALUES (p_organization_id, p_period_start, p_stripe)
-    ON CONFLICT (organization_id, period_start, stripe) DO NOTHING;
+    PERFORM llm._add_stripes(p_organization_id, p_period_start, p_stripe + 1);
     SELECT sum(s.used_credits), sum(s.held_credits), sum(s.used_cents) INTO v_used, v_held, v_cents
       FROM llm.period_stripes AS s
      WHERE s.organization_id = p_organization_id AND s.period_start = p_period_start;
     -- CAP-PFM-LLM-007: admit iff used + held + estimate <= allowance over the whole period
-    IF p_admission AND v_head.allowance_credits IS NOT NULL
+    IF p_open > 0 AND v_head.allowance_credits IS NOT NULL
        AND v_used + v_held + p_held > v_head.allowance_credits THEN
         RAISE EXCEPTION 'llm: allowance exhausted for organization %', p_organization_id
             USING ERRCODE = 'LL001',
@@ -266,7 +392,12 @@ BEGIN
     UPDATE llm.period_stripes AS s
        SET used_credits = s.used_credits + p_used,
            held_credits = s.held_credits + p_held,
-           used_cents = s.used_cents + p_cents
+           used_cents = s.used_cents + p_cents,
+           open_requests = s.open_requests + p_open,
+           open_since = llm._open_since(s.open_requests, s.open_since, p_open, p_now),
+           quiet = s.quiet AND p_open <= 0,
+           settle_lag_hours = GREATEST(s.settle_lag_hours, v_lag),
+           settle_lead_hours = GREATEST(s.settle_lead_hours, v_lead)
      WHERE s.organization_id = p_organization_id AND s.period_start = p_period_start
        AND s.stripe = p_stripe;
     IF p_used > 0 THEN
@@ -276,5 +407,5 @@ BEGIN
     PERFORM llm._spread_rooms(p_organization_id, p_period_start, v_head.allowance_credits);
 END
 $$;
-COMMENT ON FUNCTION llm._move_stripe(uuid, date, smallint, bigint, bigint, bigint, timestamptz, boolean) IS
+COMMENT ON FUNCTION llm._move_stripe(uuid, date, smallint, bigint, bigint, bigint, timestamptz, integer, timestamptz) IS
     'Moves one stripe''s counters (used + p_used, held + p_held, cents + p_cents): in one row when it fits the stripe''s rooms, else under the period''s lock, refusing an admission that does not fit the whole period (LL001) and any movement that would take its used + held credits or used cents past the sum limit (LL013), recording the thresholds the period''s total crosses and spreading the rooms again.';

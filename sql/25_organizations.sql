@@ -102,13 +102,27 @@ $$;
 COMMENT ON FUNCTION llm._apply_to_periods(uuid, bigint, integer[], boolean, timestamptz) IS
     'Applies a changed allowance to the period containing p_now and later ones, owing at once the thresholds their usage now stands at or above, and spreads the rooms again of those periods, or of every period of the organization when its threshold list changed (p_every_period); periods locked in period order.';
 
+-- The public result of the organization's setters (llm.organization_settings): its
+-- columns as of 0.2.0, named one by one (a column added to llm.organizations stays
+-- out). Inlinable: one expression.
+CREATE OR REPLACE FUNCTION llm._organization_settings(p_org llm.organizations)
+RETURNS llm.organization_settings
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT ROW(p_org.id, p_org.name, p_org.status, p_org.monthly_allowance_credits, p_org.notice_thresholds,
+               p_org.created_at, p_org.updated_at, p_org.recovery_charge, p_org.late_settlement,
+               p_org.period_stripes)::llm.organization_settings
+$$;
+COMMENT ON FUNCTION llm._organization_settings(llm.organizations) IS
+    'The llm.organization_settings of an organization: its columns as of 0.2.0.';
+
 -- A NULL status or threshold list keeps the organization's (a new one: operational,
 -- {80,100}): raising an allowance must not reactivate a suspended tenant or reset its
 -- thresholds (0.4.0).
 CREATE OR REPLACE FUNCTION llm._upsert_organization(
     p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint,
     p_status text, p_notice_thresholds integer[], p_now timestamptz)
-RETURNS llm.organizations
+RETURNS llm.organization_settings
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -121,13 +135,14 @@ BEGIN
       FROM llm.organizations AS o WHERE o.id = p_organization_id FOR UPDATE;
     IF NOT FOUND THEN
         INSERT INTO llm.organizations AS o
-               (id, name, status, monthly_allowance_credits, notice_thresholds, created_at, updated_at)
+               (id, name, status, monthly_allowance_credits, notice_thresholds, created_at, updated_at,
+                has_budgets)
         VALUES (p_organization_id, p_name, coalesce(p_status, 'operational'), p_monthly_allowance_credits,
-                coalesce(p_notice_thresholds, '{80,100}'), p_now, p_now)
+                coalesce(p_notice_thresholds, '{80,100}'), p_now, p_now, false)
         ON CONFLICT (id) DO NOTHING
         RETURNING o.* INTO v_org;
         IF FOUND THEN
-            RETURN v_org;
+            RETURN llm._organization_settings(v_org);
         END IF;
         -- created concurrently: lock it and update as below
         SELECT o.monthly_allowance_credits, o.notice_thresholds INTO v_old_allowance, v_old_thresholds
@@ -149,7 +164,7 @@ BEGIN
         PERFORM llm._apply_to_periods(p_organization_id, p_monthly_allowance_credits, v_thresholds,
                                       v_old_thresholds IS DISTINCT FROM v_thresholds, p_now);
     END IF;
-    RETURN v_org;
+    RETURN llm._organization_settings(v_org);
 END
 $$;
 COMMENT ON FUNCTION llm._upsert_organization(uuid, text, bigint, text, integer[], timestamptz) IS
@@ -163,7 +178,7 @@ RETURNS llm.organization_settings
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
-    v_org llm.organization_settings;  -- the twin's llm.organizations row, column for column
+    v_org llm.organization_settings;  -- the twin's result
     v_thresholds integer[];
     v_now timestamptz := coalesce(p_now, pg_catalog.now());
 BEGIN
@@ -188,7 +203,7 @@ COMMENT ON FUNCTION llm.upsert_organization(uuid, text, bigint, text, integer[],
 
 CREATE OR REPLACE FUNCTION llm._set_allowance(
     p_organization_id uuid, p_monthly_allowance_credits bigint, p_now timestamptz)
-RETURNS llm.organizations
+RETURNS llm.organization_settings
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -208,7 +223,7 @@ BEGIN
         PERFORM llm._apply_to_periods(p_organization_id, p_monthly_allowance_credits, v_org.notice_thresholds,
                                       false, p_now);
     END IF;
-    RETURN v_org;
+    RETURN llm._organization_settings(v_org);
 END
 $$;
 COMMENT ON FUNCTION llm._set_allowance(uuid, bigint, timestamptz) IS
@@ -220,7 +235,7 @@ RETURNS llm.organization_settings
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
-    v_org llm.organization_settings;  -- the twin's llm.organizations row, column for column
+    v_org llm.organization_settings;  -- the twin's result
 BEGIN
     PERFORM llm._check_call(p_organization_id, p_now);
     PERFORM llm._check_amount('p_monthly_allowance_credits', p_monthly_allowance_credits, true);
@@ -279,7 +294,7 @@ COMMENT ON FUNCTION llm.set_period_stripes(uuid, integer) IS
 
 CREATE OR REPLACE FUNCTION llm._set_recovery_policy(
     p_organization_id uuid, p_recovery_charge text, p_late_settlement text)
-RETURNS llm.organizations
+RETURNS llm.organization_settings
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -292,7 +307,7 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM llm._raise_unknown_org(p_organization_id);
     END IF;
-    RETURN v_org;
+    RETURN llm._organization_settings(v_org);
 END
 $$;
 COMMENT ON FUNCTION llm._set_recovery_policy(uuid, text, text) IS
@@ -304,7 +319,7 @@ RETURNS llm.organization_settings
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
-    v_org llm.organization_settings;  -- the twin's llm.organizations row, column for column
+    v_org llm.organization_settings;  -- the twin's result
 BEGIN
     PERFORM llm._require_org_id(p_organization_id);
     IF p_recovery_charge IS NULL OR p_recovery_charge NOT IN ('estimate', 'dispatched', 'none') THEN

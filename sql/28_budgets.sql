@@ -1,20 +1,32 @@
 -- Budgets (issue 23, docs/architecture.md "Budgets"): a limit per organization, project,
 -- API key or end user, per calendar day, week (from Monday) or month in UTC, on
 -- top of the organization's monthly allowance. A request names its scope ids at
--- admission; the budgets that apply to it then are fixed beside it as bits of
--- invocation_scopes.budget_mask, one counter row each (llm.budget_counters), and every
--- movement of the request moves those counters in the windows of its admission
--- time. Admission checks every one of them, all or nothing (30_admission.sql).
+-- admission; the budgets that apply to it then are fixed on it as bits of its
+-- budget_mask (llm.invocations; before 0.4.0, llm.invocation_scopes), one counter each
+-- (llm.budget_counters), and every movement of the request moves those counters in
+-- the windows of its admission time. Admission checks every one of them, all or
+-- nothing (30_admission.sql).
 --
 -- A bit is 3 * scope + window: scopes organization 0, project 1, api_key 2,
 -- end_user 3; windows day 0, week 1, month 2. Bit order is the order a refusal
 -- names the first budget that does not fit, and the lock order of the counters:
--- by bit, then scope id, then window start (a request has one counter per bit,
--- so any two requests take the counters they share in the same order).
+-- by bit, then scope id, then window start, then stripe (a request has one counter
+-- per bit, so any two requests take the counters they share in the same order).
 --
--- Lock order, after the period's stripes (the allowance): counters, then their
--- notices. set_budget takes the organization's row, its budget's row, then the
--- counters of that budget, in scope id order.
+-- Striped counters (0.4.0, docs/architecture.md "Striped budget counters"): a
+-- counter is 1 to 64 rows, its stripes (llm.set_budget_stripes), and each carries
+-- escrow rooms as a period's stripes do (20_stripes.sql): admit_room (credits it may
+-- hold on its own), notice_room (usage it may add before the counter could reach a
+-- threshold not notified yet) and cents_room (the sum limit), spread under one
+-- revision of the organization's budgets (rooms_revision). A request moves the stripe
+-- budget_stripe % stripes of each of its counters. All its counters move in one
+-- statement when each fits its stripe's rooms (the fast path); else every one of
+-- them takes the exact path in lock order: the counter's stripes locked in stripe
+-- order, the decision made on its totals, the rooms spread again.
+--
+-- Lock order, after the period's stripes (the allowance): counters (bit, scope id,
+-- window start, stripe), then their notices. set_budget takes the organization's row,
+-- its budget's row, then the counters of that budget, in scope id order.
 
 -- ---------------------------------------------------------------- calendar and keys
 
@@ -140,133 +152,20 @@ $$;
 COMMENT ON FUNCTION llm._applicable_budgets(uuid, text, text, text) IS
     'The budgets that apply to a request naming these scope ids: their budget_mask, and their limits and revisions in bit order, read in one snapshot.';
 
--- A request's holds on its budgets' counters, in bit order, after its hold on the
--- period (the allowance, named first when both refuse). Each counter is created by
--- the first request admitted under it, and decided on its row's latest values
--- under the row's lock: used + held + estimate <= limit, else LL001 naming it (the
--- caller's transaction rolls back every hold).
---
--- Retention (docs/architecture.md "Budgets"): only the creation of a counter looks
--- at the organization's horizon, and refuses a window that ended on or before it
--- (LL012): its counter may have been purged, and a new one would start from zero.
--- The horizon is read inside the INSERT, and again after it: the INSERT may have
--- waited on the unique key of the very counter a pass was deleting, and only a
--- snapshot taken after that wait sees the horizon the pass committed with the
--- deletion. An existing counter needs no check: it was never purged since it was
--- created, and if retention deletes it meanwhile, the UPDATE waits for the
--- deletion, finds nothing and comes here. (Refusing in this path a counter that a
--- concurrent first request has just created is the conservative side.)
---
--- Citus: the limits are read into variables (an array element in a distributed
--- statement crashes it), and the upsert's outcome is read from its RETURNING through
--- a CTE (after an INSERT ... SELECT ... ON CONFLICT DO UPDATE ... WHERE it reports a
--- row even when the WHERE refused it: FOUND lies, and RETURNING ... INTO fails with
--- XX000 "consistency check on SPI tuple count failed"). Long on purpose: the counter's update, its upsert and the two
--- refusals read its row, and belong together.
-CREATE OR REPLACE FUNCTION llm._hold_budgets(
-    p_inv llm.invocations, p_scopes llm.invocation_scopes, p_limits bigint[], p_revisions uuid[])
-RETURNS void
-LANGUAGE plpgsql VOLATILE
-AS $$
-DECLARE
-    v_key record;
-    v_i integer := 0;
-    v_limit bigint;
-    v_revision uuid;
-    v_held uuid;
-    v_counter llm.budget_counters;
-    v_horizon date;
-BEGIN
-    FOR v_key IN
-        SELECT k.* FROM llm._budget_keys(p_scopes.budget_mask, p_scopes.project,
-                                         p_scopes.api_key, p_scopes.end_user, p_inv.created_at) AS k
-    LOOP
-        v_i := v_i + 1;  -- the keys and the arrays are both in bit order
-        v_limit := p_limits[v_i];
-        v_revision := p_revisions[v_i];
-        -- A counter exists from the first request of its id and window on: held by a
-        -- plain UPDATE (HOT; no tuple-lock record and no speculative insertion, as an
-        -- upsert's conflict costs). The upsert below creates it on first use, and
-        -- meets every refusal (its WHERE decides on the row under its lock).
-        UPDATE llm.budget_counters AS c
-           SET held_credits = c.held_credits + p_inv.hold_credits,
-               admitted_limit = v_limit, admitted_revision = v_revision
-         WHERE c.organization_id = p_inv.organization_id AND c.scope = v_key.scope
-           AND (c.scope_id = v_key.scope_id OR (c.scope_id IS NULL AND v_key.scope_id IS NULL))
-           AND c.budget_window = v_key.budget_window AND c.window_start = v_key.window_start
-           AND c.used_credits + c.held_credits + p_inv.hold_credits <= v_limit;
-        CONTINUE WHEN FOUND;
-        v_held := NULL;
-        WITH held AS (
-            INSERT INTO llm.budget_counters AS c
-                   (organization_id, scope, scope_id, budget_window, window_start, held_credits,
-                    admitted_limit, admitted_revision)
-            SELECT p_inv.organization_id, v_key.scope, v_key.scope_id, v_key.budget_window, v_key.window_start,
-                   p_inv.hold_credits, v_limit, v_revision
-             WHERE p_inv.hold_credits <= v_limit
-               AND NOT EXISTS (SELECT FROM llm.budget_horizons AS h
-                                WHERE h.organization_id = p_inv.organization_id
-                                  AND llm._window_end(v_key.budget_window, v_key.window_start) <= h.horizon)
-            ON CONFLICT (organization_id, scope, scope_id, budget_window, window_start) DO UPDATE
-               SET held_credits = c.held_credits + excluded.held_credits,
-                   admitted_limit = excluded.admitted_limit,
-                   admitted_revision = excluded.admitted_revision
-             WHERE c.used_credits + c.held_credits + excluded.held_credits <= excluded.admitted_limit
-            RETURNING c.id)
-        SELECT h.id INTO v_held FROM held AS h;
-        IF v_held IS NULL THEN
-            SELECT * INTO v_counter FROM llm.budget_counters AS c
-             WHERE c.organization_id = p_inv.organization_id AND c.scope = v_key.scope
-               AND (c.scope_id = v_key.scope_id OR (c.scope_id IS NULL AND v_key.scope_id IS NULL))
-               AND c.budget_window = v_key.budget_window AND c.window_start = v_key.window_start;
-        END IF;
-        IF v_held IS NOT NULL OR v_counter.id IS NULL THEN
-            -- The horizon once more, in a snapshot taken after the INSERT: its own was
-            -- taken before it waited on the unique key of a counter a pass was deleting.
-            SELECT h.horizon INTO v_horizon FROM llm.budget_horizons AS h
-             WHERE h.organization_id = p_inv.organization_id;
-            CONTINUE WHEN v_held IS NOT NULL
-                AND (v_horizon IS NULL OR llm._window_end(v_key.budget_window, v_key.window_start) > v_horizon);
-            IF llm._window_end(v_key.budget_window, v_key.window_start) <= v_horizon THEN
-                RAISE EXCEPTION 'llm: % budget window % of organization % is past retention', v_key.budget_window,
-                                v_key.window_start, p_inv.organization_id
-                    USING ERRCODE = 'LL012',
-                          DETAIL = coalesce(v_key.scope_id, p_inv.organization_id::text) || E'\n'
-                                   || pg_catalog.format('scope=%s window=%s window_start=%s horizon=%s',
-                                                        v_key.scope, v_key.budget_window, v_key.window_start, v_horizon),
-                          HINT = 'The window ended on or before the retention horizon, so its counter may be gone: admit with the current clock, or raise budget_retention before such windows are purged.',
-                          SCHEMA = 'llm', TABLE = 'budgets', CONSTRAINT = v_key.scope, COLUMN = v_key.budget_window;
-            END IF;
-        END IF;
-        -- The DETAIL's first line is the id, verbatim (an id has no control character),
-        -- the one part of a DETAIL code may read (docs/contract.md "Errors").
-        RAISE EXCEPTION 'llm: % budget exhausted for organization %', v_key.budget_window, p_inv.organization_id
-            USING ERRCODE = 'LL001',
-                  DETAIL = coalesce(v_key.scope_id, p_inv.organization_id::text) || E'\n'
-                           || pg_catalog.format('scope=%s window=%s window_start=%s limit=%s used=%s held=%s estimate=%s',
-                                                v_key.scope, v_key.budget_window, v_key.window_start, v_limit,
-                                                coalesce(v_counter.used_credits, 0), coalesce(v_counter.held_credits, 0),
-                                                p_inv.hold_credits),
-                  HINT = 'Wait for holds to settle or for the next window, lower the estimate, or raise the budget with llm.set_budget.',
-                  SCHEMA = 'llm', TABLE = 'budgets', CONSTRAINT = v_key.scope, COLUMN = v_key.budget_window;
-    END LOOP;
-END
-$$;
-COMMENT ON FUNCTION llm._hold_budgets(llm.invocations, llm.invocation_scopes, bigint[], uuid[]) IS
-    'Holds a just-admitted request''s estimate on the counter of every budget in its budget_mask, in bit order, each iff used + held + estimate <= its limit (LL001 naming the first that does not fit, with the id as the DETAIL''s first line); a counter it would create for a window past the organization''s retention horizon is LL012.';
 
--- ---------------------------------------------------------------- movements
+-- ---------------------------------------------------------------- the exact path
 
 -- The budget in force now for one id of a scope and window: its own, else the scope's
 -- '*' (NULL fields: none). Matched by the budget's key (an id NULL only for the
 -- organization scope), so its index serves it.
 CREATE OR REPLACE FUNCTION llm._budget_in_force(
     p_organization_id uuid, p_scope text, p_scope_id text, p_window text,
-    OUT limit_credits bigint, OUT thresholds integer[])
+    OUT limit_credits bigint, OUT thresholds integer[], OUT revision uuid, OUT stripes integer)
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
-    SELECT b.limit_credits, b.thresholds INTO limit_credits, thresholds
+    SELECT b.limit_credits, b.thresholds, b.revision, coalesce(b.stripes, 1)
+      INTO limit_credits, thresholds, revision, stripes
       FROM llm.budget_limits AS b
      WHERE b.organization_id = p_organization_id AND b.scope = p_scope AND b.budget_window = p_window
        AND (b.scope_id = p_scope_id OR (b.scope_id IS NULL AND p_scope_id IS NULL) OR b.scope_id = '*')
@@ -275,50 +174,424 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm._budget_in_force(uuid, text, text, text) IS
-    'The limit and thresholds of the budget that applies now to one id of a scope and window: its own, else the scope''s ''*''; NULL when none.';
-
--- What a changed counter owes: the thresholds of the budget that applies to it now
--- (its id's own, else the scope's '*'), crossed when used moved from p_olds to p_news.
--- Read after the counters are locked, so a set_budget that held them is seen.
-CREATE OR REPLACE FUNCTION llm._budget_crossings(
-    p_organization_id uuid, p_keys llm.budget_counters[], p_olds bigint[], p_now timestamptz)
-RETURNS integer
-LANGUAGE plpgsql VOLATILE
-AS $$
-DECLARE
-    v_budget record;
-    v_created integer := 0;
-BEGIN
-    FOR v_i IN 1 .. coalesce(pg_catalog.cardinality(p_keys), 0) LOOP
-        SELECT * INTO v_budget
-          FROM llm._budget_in_force(p_organization_id, p_keys[v_i].scope, p_keys[v_i].scope_id,
-                                    p_keys[v_i].budget_window);
-        CONTINUE WHEN v_budget.limit_credits IS NULL
-            OR NOT coalesce(llm._may_cross(p_olds[v_i], p_keys[v_i].used_credits, v_budget.limit_credits), false);
-        v_created := v_created
-            + llm._owe_notices(p_organization_id, p_keys[v_i].window_start, v_budget.thresholds,
-                               p_keys[v_i].used_credits, v_budget.limit_credits, p_now,
-                               p_keys[v_i].scope, p_keys[v_i].scope_id, p_keys[v_i].budget_window,
-                               p_olds[v_i]);
-    END LOOP;
-    RETURN v_created;
-END
-$$;
-COMMENT ON FUNCTION llm._budget_crossings(uuid, llm.budget_counters[], bigint[], timestamptz) IS
-    'Owes one notice per threshold each moved counter crossed (used from p_olds[i] to p_keys[i].used_credits) under the budget that applies to it now.';
+    'The limit, thresholds, revision and stripe count of the budget that applies now to one id of a scope and window: its own, else the scope''s ''*''; NULL when none.';
 
 -- A counter (or limit) is found by its key, scope_id NULL for the organization scope:
 -- spelled "= OR both NULL", which the key's index serves (two probes in a generic
 -- plan), never IS NOT DISTINCT FROM, which no index serves (a scan of every
 -- organization's counters, pruning each page it reads, on every settlement).
 
--- Every movement of terminal or trued-up requests moves the counters they were
--- admitted under, in the windows of their admission time: the charge in and the
--- hold out for requests just made terminal (settled, failed, recovered), or the
--- signed difference of a true-up (p_true_up). Their scope ids and budget_mask are
--- read beside them (invocation_scopes: none for most requests, and then nothing
--- else runs). Counters in lock order (slot, id, window start), after the period's
--- stripes; then the thresholds they crossed.
+-- A counter locked for an exact decision, as a period is (_lock_period): stripe 0
+-- first, on its own (every stripe is created or removed under its lock), then every
+-- stripe in stripe order in a fresh statement, which sees every stripe there is; then
+-- its totals. NULL fields: the counter does not exist (never created, or retention
+-- took it; a retention that was deleting it is waited for).
+CREATE OR REPLACE FUNCTION llm._lock_counter(
+    p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date,
+    OUT stripes integer, OUT used bigint, OUT held bigint, OUT cents bigint)
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    PERFORM FROM llm.budget_counters AS c
+     WHERE c.organization_id = p_organization_id AND c.scope = p_scope
+       AND (c.scope_id = p_scope_id OR (c.scope_id IS NULL AND p_scope_id IS NULL))
+       AND c.budget_window = p_window AND c.window_start = p_window_start AND c.stripe = 0
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    PERFORM FROM llm.budget_counters AS c
+     WHERE c.organization_id = p_organization_id AND c.scope = p_scope
+       AND (c.scope_id = p_scope_id OR (c.scope_id IS NULL AND p_scope_id IS NULL))
+       AND c.budget_window = p_window AND c.window_start = p_window_start
+     ORDER BY c.stripe
+       FOR UPDATE;
+    SELECT max(c.stripes), sum(c.used_credits), sum(c.held_credits), sum(c.used_cents)
+      INTO stripes, used, held, cents
+      FROM llm.budget_counters AS c
+     WHERE c.organization_id = p_organization_id AND c.scope = p_scope
+       AND (c.scope_id = p_scope_id OR (c.scope_id IS NULL AND p_scope_id IS NULL))
+       AND c.budget_window = p_window AND c.window_start = p_window_start;
+END
+$$;
+COMMENT ON FUNCTION llm._lock_counter(uuid, text, text, text, date) IS
+    'Locks a budget counter''s stripes in stripe order (stripe 0 first) and returns its stripe count and totals; NULL when it does not exist.';
+
+-- A counter created by the first request admitted under it, with all its stripes.
+-- Retention (docs/architecture.md "Budgets"): only the creation of a counter looks at
+-- the organization's horizon, and refuses a window that ended on or before it (LL012):
+-- its counter may have been purged, and a new one would start from zero. The horizon
+-- is read inside the INSERT, and again after it: the INSERT may have waited on the
+-- unique key of the very counter a pass was deleting, and only a snapshot taken after
+-- that wait sees the horizon the pass committed with the deletion. An existing
+-- counter needs no check: it was never purged since it was created, and if retention
+-- deletes it meanwhile, the caller's lock waits for the deletion, finds nothing and
+-- comes here. (Refusing a counter that a concurrent first request has just created is
+-- the conservative side.) Citus: the INSERT's outcome is not read (FOUND and ROW_COUNT
+-- lie after a conditional INSERT ... SELECT ... ON CONFLICT there).
+CREATE OR REPLACE FUNCTION llm._create_counter(
+    p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date,
+    p_stripes integer, p_limit bigint, p_revision uuid)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_end date := llm._window_end(p_window, p_window_start);
+    v_horizon date;
+BEGIN
+    INSERT INTO llm.budget_counters AS c
+           (organization_id, scope, scope_id, budget_window, window_start, stripe, stripes,
+            admitted_limit, admitted_revision)
+    SELECT p_organization_id, p_scope, p_scope_id, p_window, p_window_start, g, p_stripes, p_limit, p_revision
+      FROM pg_catalog.generate_series(0, p_stripes - 1) AS g
+     WHERE NOT EXISTS (SELECT FROM llm.budget_horizons AS h
+                        WHERE h.organization_id = p_organization_id AND v_end <= h.horizon)
+    ON CONFLICT (organization_id, scope, scope_id, budget_window, window_start, stripe) DO NOTHING;
+    -- the horizon once more, in a snapshot taken after the INSERT
+    SELECT h.horizon INTO v_horizon FROM llm.budget_horizons AS h WHERE h.organization_id = p_organization_id;
+    IF v_end <= v_horizon THEN
+        RAISE EXCEPTION 'llm: % budget window % of organization % is past retention', p_window,
+                        p_window_start, p_organization_id
+            USING ERRCODE = 'LL012',
+                  DETAIL = coalesce(p_scope_id, p_organization_id::text) || E'\n'
+                           || pg_catalog.format('scope=%s window=%s window_start=%s horizon=%s',
+                                                p_scope, p_window, p_window_start, v_horizon),
+                  HINT = 'The window ended on or before the retention horizon, so its counter may be gone: admit with the current clock, or raise budget_retention before such windows are purged.',
+                  SCHEMA = 'llm', TABLE = 'budgets', CONSTRAINT = p_scope, COLUMN = p_window;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION llm._create_counter(uuid, text, text, text, date, integer, bigint, uuid) IS
+    'Creates a budget counter with its stripes, unless its window ended on or before the organization''s retention horizon (LL012, read again after the INSERT).';
+
+-- A counter's rooms spread again, with its stripes locked: each stripe an even share
+-- (the remainder to the first ones) of what the limit it admits against leaves
+-- (admit_room, from p_room_limit; the sum limit caps it), of the usage before the next
+-- threshold of the budget in force (p_limit, p_thresholds) not notified yet
+-- (notice_room; NULL when none is ahead) and of the cents under the sum limit; stamped
+-- with the organization's budgets revision they are valid under. No rooms (NULL)
+-- without a limit, or before the contract step of 0.4.0 ran (a call of the previous
+-- release may still move the counter without them).
+CREATE OR REPLACE FUNCTION llm._spread_counter(
+    p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date,
+    p_stripes integer, p_used bigint, p_held bigint, p_cents bigint,
+    p_room_limit bigint, p_limit bigint, p_thresholds integer[], p_epoch uuid)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_spread boolean := p_room_limit IS NOT NULL AND p_epoch IS NOT NULL AND llm._functions_only();
+    v_free bigint;
+    v_cents_free bigint;
+    v_next integer;
+    v_need bigint;
+BEGIN
+    IF v_spread THEN
+        v_free := GREATEST(0, LEAST(p_room_limit, llm._max_sum()) - p_used - p_held);
+        v_cents_free := GREATEST(0, llm._max_sum() - p_cents);
+        SELECT min(t.pct) INTO v_next
+          FROM pg_catalog.unnest(p_thresholds) AS t(pct)
+         WHERE p_used::numeric * 100 < t.pct::numeric * p_limit
+           AND NOT EXISTS (SELECT FROM llm.threshold_notices AS n
+                            WHERE n.organization_id = p_organization_id AND n.scope = p_scope
+                              AND (n.scope_id = p_scope_id OR (n.scope_id IS NULL AND p_scope_id IS NULL))
+                              AND n.budget_window = p_window AND n.period_start = p_window_start
+                              AND n.threshold_pct = t.pct);
+        IF v_next IS NOT NULL THEN  -- (none without a budget in force: every threshold crossed owes)
+            v_need := pg_catalog.ceil(v_next::numeric * p_limit / 100)::bigint - p_used;
+        END IF;
+    END IF;
+    UPDATE llm.budget_counters AS c
+       SET admit_room = CASE WHEN v_spread THEN v_free / p_stripes + (c.stripe < v_free % p_stripes)::integer END,
+           cents_room = CASE WHEN v_spread THEN v_cents_free / p_stripes + (c.stripe < v_cents_free % p_stripes)::integer END,
+           notice_room = CASE WHEN v_need IS NOT NULL THEN v_need / p_stripes + (c.stripe < v_need % p_stripes)::integer END,
+           rooms_revision = CASE WHEN v_spread THEN p_epoch END
+     WHERE c.organization_id = p_organization_id AND c.scope = p_scope
+       AND (c.scope_id = p_scope_id OR (c.scope_id IS NULL AND p_scope_id IS NULL))
+       AND c.budget_window = p_window AND c.window_start = p_window_start;
+END
+$$;
+COMMENT ON FUNCTION llm._spread_counter(uuid, text, text, text, date, integer, bigint, bigint, bigint, bigint, bigint, integer[], uuid) IS
+    'With a budget counter locked: gives each stripe an even share of what p_room_limit leaves (admit_room), of the usage before the next threshold of p_limit not notified (notice_room) and of the cents under the sum limit (cents_room), valid under the organization''s budgets revision p_epoch; none without a limit.';
+
+-- The exact path of one counter: its stripes locked in order, the decision on its
+-- totals, the movement of each request on its stripe (p_seeds: their budget_stripe),
+-- the thresholds crossed, the rooms spread again. An admission (p_admit_limit, the
+-- limit read with its budget mask, and that budget's revision) creates a missing
+-- counter and is refused unless used + held + estimate fits (LL001, the id the
+-- DETAIL's first line, the one part of a DETAIL code may read: docs/contract.md
+-- "Errors"); another movement of a counter retention took moves nothing. Growth past
+-- the sum limit is LL013. Crossings and rooms follow the budget in force now, read
+-- with the counter locked, so a set_budget that held it is seen; the limit a counter
+-- admits against (admitted_limit) is the one its rooms are spread under.
+-- Long on purpose: the one exact decision of a counter, read top to bottom.
+CREATE OR REPLACE FUNCTION llm._move_counter(
+    p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date,
+    p_seeds smallint[], p_used bigint[], p_held bigint[], p_cents bigint[],
+    p_admit_limit bigint, p_admit_revision uuid, p_epoch uuid, p_now timestamptz)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_counter record;
+    v_budget record;
+    v_used bigint := 0;
+    v_held bigint := 0;
+    v_cents bigint := 0;
+    v_stripe integer;
+    v_one_used bigint;
+    v_one_held bigint;
+    v_one_cents bigint;
+    v_limit bigint;
+    v_created integer := 0;
+BEGIN
+    FOR v_i IN 1 .. pg_catalog.cardinality(p_seeds) LOOP
+        v_used := v_used + p_used[v_i];
+        v_held := v_held + p_held[v_i];
+        v_cents := v_cents + p_cents[v_i];
+    END LOOP;
+    SELECT * INTO v_counter FROM llm._lock_counter(p_organization_id, p_scope, p_scope_id, p_window, p_window_start);
+    IF v_counter.stripes IS NULL THEN
+        IF p_admit_limit IS NULL THEN
+            RETURN 0;  -- retention took its window: its requests keep their figures
+        END IF;
+        SELECT * INTO v_budget FROM llm._budget_in_force(p_organization_id, p_scope, p_scope_id, p_window);
+        PERFORM llm._create_counter(p_organization_id, p_scope, p_scope_id, p_window, p_window_start,
+                                    coalesce(v_budget.stripes, 1), p_admit_limit, p_admit_revision);
+        SELECT * INTO v_counter FROM llm._lock_counter(p_organization_id, p_scope, p_scope_id, p_window, p_window_start);
+    END IF;
+
+    IF p_admit_limit IS NOT NULL AND v_counter.used + v_counter.held + v_held > p_admit_limit THEN
+        RAISE EXCEPTION 'llm: % budget exhausted for organization %', p_window, p_organization_id
+            USING ERRCODE = 'LL001',
+                  DETAIL = coalesce(p_scope_id, p_organization_id::text) || E'\n'
+                           || pg_catalog.format('scope=%s window=%s window_start=%s limit=%s used=%s held=%s estimate=%s',
+                                                p_scope, p_window, p_window_start, p_admit_limit,
+                                                v_counter.used, v_counter.held, v_held),
+                  HINT = 'Wait for holds to settle or for the next window, lower the estimate, or raise the budget with llm.set_budget.',
+                  SCHEMA = 'llm', TABLE = 'budgets', CONSTRAINT = p_scope, COLUMN = p_window;
+    END IF;
+    -- the sum limit (LL013): used + held and used cents never grow past it (an overage
+    -- of requests admitted with estimate 0, a week across two periods)
+    IF v_used + v_held > 0 AND v_counter.used::numeric + v_counter.held + v_used + v_held > llm._max_sum() THEN
+        PERFORM llm._refuse_sum('budget_counters', CASE WHEN v_held > 0 THEN 'held_credits' ELSE 'used_credits' END,
+                                v_counter.used::numeric + v_counter.held + v_used + v_held,
+                                pg_catalog.format('the %s budget counter %s of %s', p_window, p_window_start, p_scope));
+    END IF;
+    IF v_cents > 0 AND v_counter.cents::numeric + v_cents > llm._max_sum() THEN
+        PERFORM llm._refuse_sum('budget_counters', 'used_cents', v_counter.cents::numeric + v_cents,
+                                pg_catalog.format('the %s budget counter %s of %s', p_window, p_window_start, p_scope));
+    END IF;
+
+    -- each request on its stripe (a request of the previous release: stripe 0); each
+    -- figure read into a variable first (Citus: no array element in an UPDATE)
+    FOR v_i IN 1 .. pg_catalog.cardinality(p_seeds) LOOP
+        v_stripe := coalesce(p_seeds[v_i], 0) % v_counter.stripes;
+        v_one_used := p_used[v_i];
+        v_one_held := p_held[v_i];
+        v_one_cents := p_cents[v_i];
+        UPDATE llm.budget_counters AS c
+           SET used_credits = c.used_credits + v_one_used,
+               held_credits = c.held_credits + v_one_held,
+               used_cents = c.used_cents + v_one_cents
+         WHERE c.organization_id = p_organization_id AND c.scope = p_scope
+           AND (c.scope_id = p_scope_id OR (c.scope_id IS NULL AND p_scope_id IS NULL))
+           AND c.budget_window = p_window AND c.window_start = p_window_start AND c.stripe = v_stripe;
+    END LOOP;
+
+    SELECT * INTO v_budget FROM llm._budget_in_force(p_organization_id, p_scope, p_scope_id, p_window);
+    IF v_used > 0 AND coalesce(llm._may_cross(v_counter.used, v_counter.used + v_used, v_budget.limit_credits), false) THEN
+        v_created := llm._owe_notices(p_organization_id, p_window_start, v_budget.thresholds,
+                                      v_counter.used + v_used, v_budget.limit_credits, p_now,
+                                      p_scope, p_scope_id, p_window, v_counter.used);
+    END IF;
+
+    -- The limit the rooms are spread under, and recorded as the one the counter admits
+    -- against: an admission's own; else the budget in force, once the counter stands
+    -- within it (a lowered limit leaves no room and the last admission's limit stays).
+    IF p_admit_limit IS NOT NULL THEN
+        v_limit := p_admit_limit;
+        UPDATE llm.budget_counters AS c
+           SET admitted_limit = p_admit_limit, admitted_revision = p_admit_revision
+         WHERE c.organization_id = p_organization_id AND c.scope = p_scope
+           AND (c.scope_id = p_scope_id OR (c.scope_id IS NULL AND p_scope_id IS NULL))
+           AND c.budget_window = p_window AND c.window_start = p_window_start;
+    ELSIF v_budget.limit_credits >= v_counter.used + v_counter.held + v_used + v_held THEN
+        v_limit := v_budget.limit_credits;
+        UPDATE llm.budget_counters AS c
+           SET admitted_limit = v_budget.limit_credits, admitted_revision = v_budget.revision
+         WHERE c.organization_id = p_organization_id AND c.scope = p_scope
+           AND (c.scope_id = p_scope_id OR (c.scope_id IS NULL AND p_scope_id IS NULL))
+           AND c.budget_window = p_window AND c.window_start = p_window_start;
+    ELSIF v_budget.limit_credits IS NOT NULL THEN
+        v_limit := v_counter.used + v_counter.held + v_used + v_held;  -- over it: no room
+    END IF;
+    PERFORM llm._spread_counter(p_organization_id, p_scope, p_scope_id, p_window, p_window_start,
+                                v_counter.stripes, v_counter.used + v_used, v_counter.held + v_held,
+                                v_counter.cents + v_cents, v_limit, v_budget.limit_credits,
+                                v_budget.thresholds, p_epoch);
+    RETURN v_created;
+END
+$$;
+COMMENT ON FUNCTION llm._move_counter(uuid, text, text, text, date, smallint[], bigint[], bigint[], bigint[], bigint, uuid, uuid, timestamptz) IS
+    'The exact path of one budget counter: locks its stripes in order (creating it for an admission, LL012 past retention), refuses an admission that does not fit p_admit_limit (LL001) and growth past the sum limit (LL013), moves each request on its stripe, owes the thresholds its total crossed under the budget in force and spreads its rooms again; returns the notices created.';
+
+-- ---------------------------------------------------------------- the fast path
+
+-- Every counter of one request moved in one statement, each on its stripe, iff it fits
+-- that stripe's rooms under the organization's budgets revision p_epoch (p_used:
+-- charge in, p_held: hold in or out, p_cents): the movement's share of what the
+-- counter has left must fit admit_room, its usage notice_room, its cents cents_room.
+-- The rows are locked in the lock order, bit by bit as the keys come (each key's
+-- stripe row found by its index in a LATERAL subquery, which runs once per key, in the
+-- keys' order), before the UPDATE moves them. Returns how many counters moved: fewer
+-- than the request has, and the caller rolls the statement back (its subtransaction)
+-- and takes the exact path.
+CREATE OR REPLACE FUNCTION llm._move_within_counter_rooms(
+    p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_epoch uuid)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_moved integer;
+BEGIN
+    UPDATE llm.budget_counters AS c
+       SET used_credits = c.used_credits + p_used,
+           held_credits = c.held_credits + p_held,
+           used_cents = c.used_cents + p_cents,
+           admit_room = c.admit_room - GREATEST(0, p_used + p_held),
+           cents_room = c.cents_room - p_cents,
+           notice_room = c.notice_room - p_used
+      FROM (SELECT l.id
+              FROM llm._budget_keys(p_inv.budget_mask, p_inv.project, p_inv.api_key, p_inv.end_user,
+                                    p_inv.created_at) AS k
+             CROSS JOIN LATERAL (
+                   SELECT b.id FROM llm.budget_counters AS b
+                    WHERE b.organization_id = p_inv.organization_id AND b.scope = k.scope
+                      AND (b.scope_id = k.scope_id OR (b.scope_id IS NULL AND k.scope_id IS NULL))
+                      AND b.budget_window = k.budget_window AND b.window_start = k.window_start
+                      AND b.stripe = coalesce(p_inv.budget_stripe, 0) % b.stripes
+                      FOR UPDATE) AS l) AS l
+     WHERE c.organization_id = p_inv.organization_id AND c.id = l.id
+       AND c.rooms_revision = p_epoch
+       AND p_used >= 0
+       AND c.admit_room >= p_used + p_held
+       AND c.cents_room >= p_cents
+       -- a movement of nothing fits only a positive room (as a period's stripe)
+       AND (c.admit_room > 0 OR p_used <> 0 OR p_held <> 0)
+       AND (c.notice_room IS NULL OR p_used = 0 OR c.notice_room > p_used);
+    GET DIAGNOSTICS v_moved = ROW_COUNT;
+    RETURN v_moved;
+END
+$$;
+COMMENT ON FUNCTION llm._move_within_counter_rooms(llm.invocations, bigint, bigint, bigint, uuid) IS
+    'Moves every budget counter of a request (on its stripe) in one statement, each counter that fits its stripe''s rooms under revision p_epoch, locked in bit order; returns how many moved.';
+
+-- One request's movement of all its counters (p_admit_limits and p_admit_revisions:
+-- an admission's, in bit order; NULL otherwise): the fast path in a subtransaction,
+-- kept only when every counter fitted; else each counter's exact path in bit order.
+-- The subtransaction releases the rows the statement locked, so the exact path never
+-- waits for a stripe while holding one after it (20_stripes.sql says why). The
+-- mask's bits and scope ids come from the request; one of the previous release keeps
+-- them in llm.invocation_scopes (_move_budgets).
+CREATE OR REPLACE FUNCTION llm._move_request_counters(
+    p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint,
+    p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamptz)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_key record;
+    v_i integer := 0;
+    v_limit bigint;
+    v_revision uuid;
+    v_created integer := 0;
+BEGIN
+    BEGIN
+        IF llm._move_within_counter_rooms(p_inv, p_used, p_held, p_cents, p_epoch)
+           = pg_catalog.bit_count(p_inv.budget_mask::integer::bit(12)) THEN
+            RETURN 0;  -- every counter within its rooms: no threshold crossed
+        END IF;
+        -- internal: only rolls this subtransaction back, never leaves the function
+        RAISE EXCEPTION 'llm: not within the counters'' rooms' USING ERRCODE = 'LL099';
+    EXCEPTION WHEN SQLSTATE 'LL099' THEN
+        NULL;
+    END;
+    FOR v_key IN
+        SELECT k.* FROM llm._budget_keys(p_inv.budget_mask, p_inv.project, p_inv.api_key, p_inv.end_user,
+                                         p_inv.created_at) AS k
+    LOOP
+        v_i := v_i + 1;  -- the keys and the arrays are both in bit order
+        v_limit := p_admit_limits[v_i];
+        v_revision := p_admit_revisions[v_i];
+        v_created := v_created
+            + llm._move_counter(p_inv.organization_id, v_key.scope, v_key.scope_id, v_key.budget_window,
+                                v_key.window_start, ARRAY[p_inv.budget_stripe], ARRAY[p_used], ARRAY[p_held],
+                                ARRAY[p_cents], v_limit, v_revision, p_epoch, p_now);
+    END LOOP;
+    RETURN v_created;
+END
+$$;
+COMMENT ON FUNCTION llm._move_request_counters(llm.invocations, bigint, bigint, bigint, bigint[], uuid[], uuid, timestamptz) IS
+    'Moves every budget counter of one request: in one statement when each fits its stripe''s rooms, else each by its exact path in bit order; returns the notices created.';
+
+-- A just-admitted request's holds on its budgets' counters (in bit order, after its
+-- hold on the period: the allowance is named first when both refuse), each iff used +
+-- held + estimate <= its limit as read with the budget mask (LL001 naming the first
+-- that does not fit; the caller's transaction rolls back every hold).
+CREATE OR REPLACE FUNCTION llm._hold_budgets(
+    p_inv llm.invocations, p_limits bigint[], p_revisions uuid[], p_epoch uuid)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    PERFORM llm._move_request_counters(p_inv, 0, p_inv.hold_credits, 0, p_limits, p_revisions, p_epoch,
+                                       p_inv.created_at);
+END
+$$;
+COMMENT ON FUNCTION llm._hold_budgets(llm.invocations, bigint[], uuid[], uuid) IS
+    'Holds a just-admitted request''s estimate on the counter of every budget in its budget_mask, in bit order, each iff used + held + estimate <= its limit (LL001 naming the first that does not fit, with the id as the DETAIL''s first line); a counter it would create for a window past the organization''s retention horizon is LL012.';
+
+-- ---------------------------------------------------------------- movements
+
+-- The organization's budgets revision (what a counter's rooms are valid under), read
+-- before any counter is locked.
+CREATE OR REPLACE FUNCTION llm._budgets_revision(p_organization_id uuid)
+RETURNS uuid
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_revision uuid;
+BEGIN
+    SELECT o.budgets_revision INTO v_revision FROM llm.organizations AS o WHERE o.id = p_organization_id;
+    RETURN v_revision;
+END
+$$;
+COMMENT ON FUNCTION llm._budgets_revision(uuid) IS
+    'The organization''s budgets revision: the one a budget counter''s rooms must be spread under to serve a movement.';
+
+-- A request just made terminal moves the counters it was admitted under, in the
+-- windows of its admission time: charge in, hold out.
+CREATE OR REPLACE FUNCTION llm._book_budgets(p_inv llm.invocations, p_now timestamptz)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    IF p_inv.budget_mask IS NULL THEN  -- admitted before 0.4.0: llm.invocation_scopes
+        RETURN llm._move_budgets(p_inv.organization_id, ARRAY[p_inv], false, p_now);
+    END IF;
+    RETURN llm._move_request_counters(p_inv, p_inv.charged_credits, -p_inv.hold_credits,
+                                      coalesce(p_inv.charged_cents, 0), NULL, NULL,
+                                      llm._budgets_revision(p_inv.organization_id), p_now);
+END
+$$;
+COMMENT ON FUNCTION llm._book_budgets(llm.invocations, timestamptz) IS
+    'Moves the budget counters of a just-terminated request (charge in, hold out) and owes the thresholds they crossed; returns the notices created.';
+
+-- The movements of many requests (a recovery batch; or a true-up, p_true_up: the signed
+-- difference), each counter by its exact path in lock order (bit, id, window start),
+-- each request on its stripe. Their scope ids and budget_mask are read from them (or,
+-- for requests of the previous release, from llm.invocation_scopes).
 CREATE OR REPLACE FUNCTION llm._move_budgets(
     p_organization_id uuid, p_invs llm.invocations[], p_true_up boolean, p_now timestamptz)
 RETURNS integer
@@ -326,73 +599,35 @@ LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     v_move record;
-    v_counter llm.budget_counters;
-    v_rising llm.budget_counters[] := ARRAY[]::llm.budget_counters[];
-    v_olds bigint[] := ARRAY[]::bigint[];
+    v_epoch uuid := llm._budgets_revision(p_organization_id);
+    v_created integer := 0;
 BEGIN
     FOR v_move IN
         SELECT k.slot, k.scope, k.scope_id, k.budget_window, k.window_start,
-               sum(CASE WHEN p_true_up THEN i.charged_credits - i.recovered_credits
-                        ELSE i.charged_credits END)::bigint AS used,
-               sum(CASE WHEN p_true_up THEN 0 ELSE i.hold_credits END)::bigint AS released,
-               sum(coalesce(i.charged_cents, 0))::bigint AS cents
+               pg_catalog.array_agg(i.budget_stripe) AS seeds,
+               pg_catalog.array_agg(CASE WHEN p_true_up THEN i.charged_credits - i.recovered_credits
+                                         ELSE i.charged_credits END::bigint) AS used,
+               pg_catalog.array_agg(CASE WHEN p_true_up THEN 0 ELSE -i.hold_credits END::bigint) AS held,
+               pg_catalog.array_agg(coalesce(i.charged_cents, 0)::bigint) AS cents
           FROM pg_catalog.unnest(p_invs) AS i
-          JOIN llm.invocation_scopes AS s
-            ON s.organization_id = p_organization_id AND s.invocation_id = i.id
-         CROSS JOIN LATERAL llm._budget_keys(s.budget_mask, s.project, s.api_key,
-                                             s.end_user, i.created_at) AS k
-         WHERE s.budget_mask <> 0
+          LEFT JOIN llm.invocation_scopes AS s
+            ON s.organization_id = p_organization_id AND s.invocation_id = i.id AND i.budget_mask IS NULL
+         CROSS JOIN LATERAL llm._budget_keys(coalesce(i.budget_mask, s.budget_mask), coalesce(i.project, s.project),
+                                             coalesce(i.api_key, s.api_key), coalesce(i.end_user, s.end_user),
+                                             i.created_at) AS k
          GROUP BY k.slot, k.scope, k.scope_id, k.budget_window, k.window_start
          ORDER BY k.slot, k.scope_id, k.window_start
     LOOP
-        -- the sum limit (LL013): used + held and used cents never grow past it (an
-        -- overage of requests admitted with estimate 0, a week across two periods). The
-        -- UPDATE skips a counter the move would carry past it, and the refusal is raised
-        -- outside it: Citus refuses a VOLATILE call in a distributed UPDATE.
-        UPDATE llm.budget_counters AS c
-           SET used_credits = c.used_credits + v_move.used,
-               held_credits = c.held_credits - v_move.released,
-               used_cents = c.used_cents + v_move.cents
-         WHERE c.organization_id = p_organization_id AND c.scope = v_move.scope
-           AND (c.scope_id = v_move.scope_id OR (c.scope_id IS NULL AND v_move.scope_id IS NULL))
-           AND c.budget_window = v_move.budget_window AND c.window_start = v_move.window_start
-           AND (v_move.used - v_move.released <= 0
-                OR c.used_credits::numeric + c.held_credits + v_move.used - v_move.released <= llm._max_sum())
-           AND (v_move.cents <= 0 OR c.used_cents::numeric + v_move.cents <= llm._max_sum())
-        RETURNING c.* INTO v_counter;
-        IF NOT FOUND THEN  -- no counter (retention took its window), or one past the limit
-            SELECT * INTO v_counter FROM llm.budget_counters AS c
-             WHERE c.organization_id = p_organization_id AND c.scope = v_move.scope
-               AND (c.scope_id = v_move.scope_id OR (c.scope_id IS NULL AND v_move.scope_id IS NULL))
-               AND c.budget_window = v_move.budget_window AND c.window_start = v_move.window_start;
-            IF FOUND AND v_move.used - v_move.released > 0
-               AND v_counter.used_credits::numeric + v_counter.held_credits + v_move.used - v_move.released
-                   > llm._max_sum() THEN
-                PERFORM llm._refuse_sum('budget_counters', 'used_credits',
-                                        v_counter.used_credits::numeric + v_counter.held_credits
-                                        + v_move.used - v_move.released,
-                                        pg_catalog.format('the %s budget counter %s of %s', v_counter.budget_window,
-                                                          v_counter.window_start, v_counter.scope));
-            ELSIF FOUND THEN
-                PERFORM llm._refuse_sum('budget_counters', 'used_cents', v_counter.used_cents::numeric + v_move.cents,
-                                        pg_catalog.format('the %s budget counter %s of %s', v_counter.budget_window,
-                                                          v_counter.window_start, v_counter.scope));
-            END IF;
-            CONTINUE;
-        END IF;
-        IF v_move.used > 0 THEN
-            v_rising := v_rising || v_counter;
-            v_olds := v_olds || (v_counter.used_credits - v_move.used);
-        END IF;
+        v_created := v_created
+            + llm._move_counter(p_organization_id, v_move.scope, v_move.scope_id, v_move.budget_window,
+                                v_move.window_start, v_move.seeds, v_move.used, v_move.held, v_move.cents,
+                                NULL, NULL, v_epoch, p_now);
     END LOOP;
-    IF pg_catalog.cardinality(v_rising) > 0 THEN
-        RETURN llm._budget_crossings(p_organization_id, v_rising, v_olds, p_now);
-    END IF;
-    RETURN 0;
+    RETURN v_created;
 END
 $$;
 COMMENT ON FUNCTION llm._move_budgets(uuid, llm.invocations[], boolean, timestamptz) IS
-    'Moves the budget counters of the given requests (terminal: charge in, hold out; p_true_up: the signed difference) in lock order, refusing growth past the sum limit (LL013), and owes the thresholds they crossed; returns the notices created.';
+    'Moves the budget counters of the given requests (terminal: charge in, hold out; p_true_up: the signed difference), each counter by its exact path in lock order, refusing growth past the sum limit (LL013), and owes the thresholds they crossed; returns the notices created.';
 
 -- ---------------------------------------------------------------- retention
 
@@ -405,11 +640,14 @@ COMMENT ON FUNCTION llm._move_budgets(uuid, llm.invocations[], boolean, timestam
 --    past the UTC day of the organization's oldest open request: whatever
 --    budget_retention and sweep_batch are, an open request's windows end after it.
 --    Admission refuses to create a counter of a window ended on or before it
---    (LL012, _hold_budgets), so a purged window is never admitted again.
--- 3. The counters are locked in the lock order (bit, scope id, window start),
---    skipping any a call holds (the next pass takes them), and deleted by a second
---    statement, a fresh snapshot, only if they still hold nothing and no open
---    request is admitted under them (one admitted with estimate 0 holds nothing).
+--    (LL012, _create_counter), so a purged window is never admitted again. The
+--    oldest open request is looked for only before the horizon, from the open floor
+--    of the period stripes (20_stripes.sql): no open request is admitted earlier.
+-- 3. A counter's stripes are locked in the lock order (bit, scope id, window start,
+--    stripe), skipping any a call holds (the next pass takes them), and a counter
+--    goes whole, by a second statement (a fresh snapshot), only if every stripe of it
+--    was locked, none holds anything and no open request is admitted under it (one
+--    admitted with estimate 0 holds nothing).
 -- Returns how many counters went.
 CREATE OR REPLACE FUNCTION llm._retain_budgets(
     p_organization_id uuid, p_now timestamptz, p_retention interval)
@@ -418,14 +656,19 @@ LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     v_horizon date := llm._window_start('day', LEAST(p_now, pg_catalog.now()) - p_retention);
+    v_floor timestamptz := llm._open_floor(p_organization_id);
     v_oldest_open timestamptz;
     v_locked uuid[];
     v_deleted integer;
 BEGIN
-    SELECT min(i.created_at) INTO v_oldest_open
-      FROM llm.invocations AS i
-     WHERE i.organization_id = p_organization_id AND i.status IN ('reserved', 'dispatched');
-    v_horizon := LEAST(v_horizon, llm._window_start('day', v_oldest_open));
+    IF v_floor < (v_horizon::timestamp AT TIME ZONE 'UTC') THEN
+        SELECT min(i.created_at) INTO v_oldest_open
+          FROM llm.invocations AS i
+         WHERE i.organization_id = p_organization_id
+           AND i.created_at >= v_floor AND i.created_at < (v_horizon::timestamp AT TIME ZONE 'UTC')
+           AND i.status IN ('reserved', 'dispatched');
+        v_horizon := LEAST(v_horizon, llm._window_start('day', v_oldest_open));
+    END IF;
     INSERT INTO llm.budget_horizons AS h (organization_id, horizon, updated_at)
     VALUES (p_organization_id, v_horizon, p_now)
     ON CONFLICT (organization_id) DO UPDATE
@@ -436,7 +679,7 @@ BEGIN
       FROM (SELECT c.id FROM llm.budget_counters AS c
              WHERE c.organization_id = p_organization_id AND c.held_credits = 0
                AND llm._window_end(c.budget_window, c.window_start) <= v_horizon
-             ORDER BY llm._budget_slot(c.scope, c.budget_window), c.scope_id, c.window_start
+             ORDER BY llm._budget_slot(c.scope, c.budget_window), c.scope_id, c.window_start, c.stripe
                FOR UPDATE SKIP LOCKED) AS l;
     IF v_locked IS NULL THEN
         RETURN 0;
@@ -444,34 +687,44 @@ BEGIN
     WITH gone AS (
         DELETE FROM llm.budget_counters AS c
          WHERE c.organization_id = p_organization_id AND c.id = ANY (v_locked) AND c.held_credits = 0
+           -- the whole counter: every stripe of it locked here, and holding nothing
+           AND NOT EXISTS (
+                 SELECT FROM llm.budget_counters AS o
+                  WHERE o.organization_id = p_organization_id AND o.scope = c.scope
+                    AND (o.scope_id = c.scope_id OR (o.scope_id IS NULL AND c.scope_id IS NULL))
+                    AND o.budget_window = c.budget_window AND o.window_start = c.window_start
+                    AND (o.id <> ALL (v_locked) OR o.held_credits <> 0))
            AND NOT EXISTS (
                  SELECT FROM llm.invocations AS i
-                   JOIN llm.invocation_scopes AS s
-                     ON s.organization_id = i.organization_id AND s.invocation_id = i.id
-                  CROSS JOIN LATERAL llm._budget_keys(s.budget_mask, s.project, s.api_key,
-                                                      s.end_user, i.created_at) AS k
+                   LEFT JOIN llm.invocation_scopes AS s
+                     ON s.organization_id = i.organization_id AND s.invocation_id = i.id AND i.budget_mask IS NULL
+                  CROSS JOIN LATERAL llm._budget_keys(coalesce(i.budget_mask, s.budget_mask),
+                                                      coalesce(i.project, s.project), coalesce(i.api_key, s.api_key),
+                                                      coalesce(i.end_user, s.end_user), i.created_at) AS k
                   WHERE i.organization_id = p_organization_id
                     AND i.status IN ('reserved', 'dispatched')
+                    AND i.created_at >= v_floor
                     AND i.created_at < (llm._window_end(c.budget_window, c.window_start)::timestamp AT TIME ZONE 'UTC')
-                    AND s.budget_mask <> 0
                     AND k.scope = c.scope AND k.budget_window = c.budget_window
                     AND k.window_start = c.window_start
                     AND (k.scope_id = c.scope_id OR (k.scope_id IS NULL AND c.scope_id IS NULL)))
-        RETURNING 1)
-    SELECT count(*) INTO v_deleted FROM gone;
+        RETURNING c.stripe)
+    SELECT count(*) FILTER (WHERE g.stripe = 0) INTO v_deleted FROM gone AS g;
     RETURN v_deleted;
 END
 $$;
 COMMENT ON FUNCTION llm._retain_budgets(uuid, timestamptz, interval) IS
-    'Raises the organization''s retention horizon (LEAST(p_now, now()) - p_retention, never past its oldest open request''s day) and deletes the counters of windows ended on or before it that hold nothing and no open request is admitted under, locked in lock order, skipping locked ones; returns how many.';
+    'Raises the organization''s retention horizon (LEAST(p_now, now()) - p_retention, never past its oldest open request''s day) and deletes the counters of windows ended on or before it that hold nothing and no open request is admitted under, all their stripes locked in lock order, skipping locked ones; returns how many counters.';
 
 -- ---------------------------------------------------------------- set_budget
 
 -- What a set, changed or removed budget owes at once, in the window containing
 -- p_now: every threshold the counters it now governs stand at or above, under the
--- budget that applies to each now (issue 20 defect 4, for budgets). The counters
--- are locked in id order, so a movement waits for this or this for it, and the
--- later one reads the other's figures.
+-- budget that applies to each now (issue 20 defect 4, for budgets). Their stripes are
+-- locked in the lock order (scope id, then stripe), so a movement waits for this or
+-- this for it, and the later one reads the other's figures; their rooms are dropped,
+-- so a movement that read the organization's budgets revision before this committed
+-- and waited here takes the exact path, under the budget in force.
 CREATE OR REPLACE FUNCTION llm._budget_reached(
     p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_now timestamptz)
 RETURNS integer
@@ -480,8 +733,7 @@ AS $$
 DECLARE
     v_start date := llm._window_start(p_window, p_now);
     v_own text[] := ARRAY[]::text[];
-    v_counter llm.budget_counters;
-    v_counters llm.budget_counters[] := ARRAY[]::llm.budget_counters[];
+    v_counter record;
     v_created integer := 0;
     v_budget record;
 BEGIN
@@ -492,29 +744,38 @@ BEGIN
          WHERE b.organization_id = p_organization_id AND b.scope = p_scope
            AND b.budget_window = p_window AND b.scope_id <> '*';
     END IF;
+    PERFORM FROM llm.budget_counters AS c
+     WHERE c.organization_id = p_organization_id AND c.scope = p_scope
+       AND c.budget_window = p_window AND c.window_start = v_start
+       AND (c.scope_id IS NOT DISTINCT FROM p_scope_id OR (p_scope_id = '*' AND c.scope_id <> ALL (v_own)))
+     ORDER BY c.scope_id, c.stripe
+       FOR UPDATE;
+    UPDATE llm.budget_counters AS c
+       SET admit_room = NULL, notice_room = NULL, cents_room = NULL, rooms_revision = NULL
+     WHERE c.organization_id = p_organization_id AND c.scope = p_scope
+       AND c.budget_window = p_window AND c.window_start = v_start
+       AND (c.scope_id IS NOT DISTINCT FROM p_scope_id OR (p_scope_id = '*' AND c.scope_id <> ALL (v_own)));
     FOR v_counter IN
-        SELECT * FROM llm.budget_counters AS c
+        SELECT c.scope_id, sum(c.used_credits)::bigint AS used
+          FROM llm.budget_counters AS c
          WHERE c.organization_id = p_organization_id AND c.scope = p_scope
            AND c.budget_window = p_window AND c.window_start = v_start
            AND (c.scope_id IS NOT DISTINCT FROM p_scope_id OR (p_scope_id = '*' AND c.scope_id <> ALL (v_own)))
+         GROUP BY c.scope_id
          ORDER BY c.scope_id
-           FOR UPDATE
     LOOP
-        v_counters := v_counters || v_counter;
-    END LOOP;
-    FOR v_i IN 1 .. pg_catalog.cardinality(v_counters) LOOP
         SELECT * INTO v_budget
-          FROM llm._budget_in_force(p_organization_id, p_scope, v_counters[v_i].scope_id, p_window);
+          FROM llm._budget_in_force(p_organization_id, p_scope, v_counter.scope_id, p_window);
         CONTINUE WHEN v_budget.limit_credits IS NULL;
         v_created := v_created
-            + llm._owe_notices(p_organization_id, v_start, v_budget.thresholds, v_counters[v_i].used_credits,
-                               v_budget.limit_credits, p_now, p_scope, v_counters[v_i].scope_id, p_window);
+            + llm._owe_notices(p_organization_id, v_start, v_budget.thresholds, v_counter.used,
+                               v_budget.limit_credits, p_now, p_scope, v_counter.scope_id, p_window);
     END LOOP;
     RETURN v_created;
 END
 $$;
 COMMENT ON FUNCTION llm._budget_reached(uuid, text, text, text, timestamptz) IS
-    'With the budget just changed: locks the counters it governs in the window containing p_now (one id, or every id without its own budget for ''*'') and owes every threshold they stand at or above under the budget that applies to each now.';
+    'With the budget just changed: locks the stripes of the counters it governs in the window containing p_now (one id, or every id without its own budget for ''*''), drops their rooms and owes every threshold they stand at or above under the budget that applies to each now.';
 
 CREATE OR REPLACE FUNCTION llm._check_scope_and_window(p_scope text, p_window text)
 RETURNS void
@@ -534,6 +795,26 @@ $$;
 COMMENT ON FUNCTION llm._check_scope_and_window(text, text) IS
     'Raises 22023 unless p_scope is organization, project, api_key or end_user and p_window day, week or month.';
 
+-- The organization's row, locked first (the lock order of every change of it), with
+-- whether it has a budget now and a new budgets revision (none without a budget): the
+-- rooms of its counters spread before serve no movement that reads the new one.
+CREATE OR REPLACE FUNCTION llm._budgets_changed(p_organization_id uuid)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_revision uuid := pg_catalog.gen_random_uuid();  -- before the UPDATE (Citus rule 6)
+    v_has boolean;
+BEGIN
+    SELECT EXISTS (SELECT FROM llm.budget_limits AS b WHERE b.organization_id = p_organization_id) INTO v_has;
+    UPDATE llm.organizations AS o
+       SET has_budgets = v_has, budgets_revision = CASE WHEN v_has THEN v_revision END
+     WHERE o.id = p_organization_id;
+END
+$$;
+COMMENT ON FUNCTION llm._budgets_changed(uuid) IS
+    'Records that one of the organization''s budgets changed: whether it has a budget now, and a new budgets revision.';
+
 CREATE OR REPLACE FUNCTION llm._set_budget(
     p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint,
     p_thresholds integer[], p_now timestamptz)
@@ -542,13 +823,18 @@ LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     v_revision uuid := pg_catalog.gen_random_uuid();  -- before the INSERT (Citus rule 6)
+    v_existed boolean;
 BEGIN
-    -- lock order: the organization's row (kept, not locked against admissions), the
-    -- budget's row, its counters
-    PERFORM FROM llm.organizations AS o WHERE o.id = p_organization_id FOR KEY SHARE;
+    -- lock order: the organization's row, the budget's row, its counters
+    PERFORM FROM llm.organizations AS o WHERE o.id = p_organization_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         PERFORM llm._raise_unknown_org(p_organization_id);
     END IF;
+    -- (every change of the organization's budgets holds its row: this read stays true)
+    v_existed := EXISTS (SELECT FROM llm.budget_limits AS b
+                          WHERE b.organization_id = p_organization_id AND b.scope = p_scope
+                            AND (b.scope_id = p_scope_id OR (b.scope_id IS NULL AND p_scope_id IS NULL))
+                            AND b.budget_window = p_window);
     -- The budget's row, created when missing, even to remove it: a concurrent change
     -- of the same budget then waits for this one (a DELETE of a missing row would lock
     -- nothing and lose to a set committing after it), so the last to commit is in force.
@@ -564,6 +850,9 @@ BEGIN
          WHERE b.organization_id = p_organization_id AND b.scope = p_scope
            AND (b.scope_id = p_scope_id OR (b.scope_id IS NULL AND p_scope_id IS NULL))
            AND b.budget_window = p_window;
+    END IF;
+    IF p_limit_credits IS NOT NULL OR v_existed THEN  -- (a missing budget removed: no change)
+        PERFORM llm._budgets_changed(p_organization_id);
     END IF;
     RETURN llm._budget_reached(p_organization_id, p_scope, p_scope_id, p_window, p_now);
 END
@@ -611,6 +900,163 @@ END
 $$;
 COMMENT ON FUNCTION llm.set_budget(uuid, text, text, text, bigint, integer[], timestamptz) IS
     'Sets (or with a NULL limit removes) the budget of a scope id, or of every id of the scope without one (''*''), per day, week or month in UTC; it applies to every admission after it commits, and owes at once the thresholds the window containing p_now stands at or above.';
+
+-- ---------------------------------------------------------------- stripes
+
+-- A counter spread over a new number of stripes, its stripes locked in order (stripe
+-- 0 first: stripes come and go under its lock): its stripes become 0 .. p_stripes - 1,
+-- each holding exactly the holds of the open requests on it (budget_stripe %
+-- p_stripes; read from the open floor of the period stripes, no open request is
+-- admitted earlier), its used credits and cents on stripe 0 (only their sums mean
+-- anything), its rooms dropped until its next exact movement spreads them.
+CREATE OR REPLACE FUNCTION llm._restripe_counter(
+    p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date,
+    p_stripes integer)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_counter record;
+    v_holds bigint[];
+    v_held bigint;
+    v_floor timestamptz := GREATEST(llm._open_floor(p_organization_id),
+                                    p_window_start::timestamp AT TIME ZONE 'UTC');
+    v_end timestamptz := llm._window_end(p_window, p_window_start)::timestamp AT TIME ZONE 'UTC';
+BEGIN
+    SELECT * INTO v_counter FROM llm._lock_counter(p_organization_id, p_scope, p_scope_id, p_window, p_window_start);
+    IF v_counter.stripes IS NULL OR v_counter.stripes = p_stripes THEN
+        RETURN;
+    END IF;
+    -- the holds of its open requests, by their stripe under the new count
+    SELECT pg_catalog.array_agg(coalesce(h.held, 0) ORDER BY g) INTO v_holds
+      FROM pg_catalog.generate_series(0, p_stripes - 1) AS g
+      LEFT JOIN (SELECT coalesce(i.budget_stripe, 0) % p_stripes AS stripe, sum(i.hold_credits)::bigint AS held
+                   FROM llm.invocations AS i
+                   LEFT JOIN llm.invocation_scopes AS s
+                     ON s.organization_id = i.organization_id AND s.invocation_id = i.id AND i.budget_mask IS NULL
+                  CROSS JOIN LATERAL llm._budget_keys(coalesce(i.budget_mask, s.budget_mask),
+                                                      coalesce(i.project, s.project), coalesce(i.api_key, s.api_key),
+                                                      coalesce(i.end_user, s.end_user), i.created_at) AS k
+                  WHERE i.organization_id = p_organization_id
+                    AND i.created_at >= v_floor AND i.created_at < v_end
+                    AND i.status IN ('reserved', 'dispatched')
+                    AND k.scope = p_scope AND k.budget_window = p_window AND k.window_start = p_window_start
+                    AND (k.scope_id = p_scope_id OR (k.scope_id IS NULL AND p_scope_id IS NULL))
+                  GROUP BY 1) AS h ON h.stripe = g;
+    DELETE FROM llm.budget_counters AS c
+     WHERE c.organization_id = p_organization_id AND c.scope = p_scope
+       AND (c.scope_id = p_scope_id OR (c.scope_id IS NULL AND p_scope_id IS NULL))
+       AND c.budget_window = p_window AND c.window_start = p_window_start AND c.stripe >= p_stripes;
+    INSERT INTO llm.budget_counters AS c
+           (organization_id, scope, scope_id, budget_window, window_start, stripe, stripes,
+            admitted_limit, admitted_revision)
+    SELECT c0.organization_id, c0.scope, c0.scope_id, c0.budget_window, c0.window_start, g, p_stripes,
+           c0.admitted_limit, c0.admitted_revision
+      FROM llm.budget_counters AS c0
+     CROSS JOIN pg_catalog.generate_series(v_counter.stripes, p_stripes - 1) AS g
+     WHERE c0.organization_id = p_organization_id AND c0.scope = p_scope
+       AND (c0.scope_id = p_scope_id OR (c0.scope_id IS NULL AND p_scope_id IS NULL))
+       AND c0.budget_window = p_window AND c0.window_start = p_window_start AND c0.stripe = 0;
+    FOR v_stripe IN 0 .. p_stripes - 1 LOOP
+        v_held := v_holds[v_stripe + 1];  -- a variable: Citus reads no array element in an UPDATE
+        UPDATE llm.budget_counters AS c
+           SET stripes = p_stripes,
+               used_credits = CASE WHEN v_stripe = 0 THEN v_counter.used ELSE 0 END,
+               used_cents = CASE WHEN v_stripe = 0 THEN v_counter.cents ELSE 0 END,
+               held_credits = v_held,
+               admit_room = NULL, notice_room = NULL, cents_room = NULL, rooms_revision = NULL
+         WHERE c.organization_id = p_organization_id AND c.scope = p_scope
+           AND (c.scope_id = p_scope_id OR (c.scope_id IS NULL AND p_scope_id IS NULL))
+           AND c.budget_window = p_window AND c.window_start = p_window_start AND c.stripe = v_stripe;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION llm._restripe_counter(uuid, text, text, text, date, integer) IS
+    'Spreads a budget counter over p_stripes stripes, its stripes locked in order: each holds the holds of its open requests (budget_stripe % p_stripes), stripe 0 its used credits and cents; its rooms dropped.';
+
+CREATE OR REPLACE FUNCTION llm._set_budget_stripes(
+    p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_stripes integer, p_now timestamptz)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_start date := llm._window_start(p_window, p_now);
+    v_own text[] := ARRAY[]::text[];
+    v_id record;
+BEGIN
+    -- lock order: the organization's row, the budget's row, its counters (scope id,
+    -- then stripe), as set_budget
+    PERFORM FROM llm.organizations AS o WHERE o.id = p_organization_id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        PERFORM llm._raise_unknown_org(p_organization_id);
+    END IF;
+    UPDATE llm.budget_limits AS b
+       SET stripes = p_stripes
+     WHERE b.organization_id = p_organization_id AND b.scope = p_scope
+       AND (b.scope_id = p_scope_id OR (b.scope_id IS NULL AND p_scope_id IS NULL))
+       AND b.budget_window = p_window;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'llm: organization % has no % % budget for %', p_organization_id, p_scope, p_window,
+                        coalesce(pg_catalog.quote_literal(p_scope_id), 'the organization')
+            USING ERRCODE = '22023',
+                  HINT = 'Set the budget with llm.set_budget first; its stripes spread the counters it governs.';
+    END IF;
+    PERFORM llm._budgets_changed(p_organization_id);
+    -- The counters it governs in the window containing p_now, spread at once (a hot
+    -- key needs it now); those of other windows keep the count they were created with.
+    IF p_scope_id = '*' THEN
+        SELECT coalesce(pg_catalog.array_agg(b.scope_id), '{}') INTO v_own
+          FROM llm.budget_limits AS b
+         WHERE b.organization_id = p_organization_id AND b.scope = p_scope
+           AND b.budget_window = p_window AND b.scope_id <> '*';
+    END IF;
+    FOR v_id IN
+        SELECT DISTINCT c.scope_id FROM llm.budget_counters AS c
+         WHERE c.organization_id = p_organization_id AND c.scope = p_scope
+           AND c.budget_window = p_window AND c.window_start = v_start
+           AND (c.scope_id IS NOT DISTINCT FROM p_scope_id OR (p_scope_id = '*' AND c.scope_id <> ALL (v_own)))
+         ORDER BY c.scope_id
+    LOOP
+        PERFORM llm._restripe_counter(p_organization_id, p_scope, v_id.scope_id, p_window, v_start, p_stripes);
+    END LOOP;
+    RETURN p_stripes;
+END
+$$;
+COMMENT ON FUNCTION llm._set_budget_stripes(uuid, text, text, text, integer, timestamptz) IS
+    'Distributed twin of set_budget_stripes; arguments already checked.';
+
+CREATE OR REPLACE FUNCTION llm.set_budget_stripes(
+    p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_stripes integer,
+    p_now timestamptz DEFAULT now())
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $$
+DECLARE
+    v_stripes integer;
+BEGIN
+    PERFORM llm._check_call(p_organization_id, p_now);
+    PERFORM llm._check_scope_and_window(p_scope, p_window);
+    IF (p_scope = 'organization') <> (p_scope_id IS NULL) THEN
+        RAISE EXCEPTION 'llm: a % budget % a scope id', p_scope,
+                        CASE WHEN p_scope = 'organization' THEN 'takes no' ELSE 'needs' END
+            USING ERRCODE = '22023', HINT = 'Pass the budget''s scope id as llm.set_budget took it (''*'' for a default, NULL for the organization scope).';
+    ELSIF p_scope_id IS NOT NULL AND p_scope_id <> '*' THEN
+        PERFORM llm._check_scope_id('p_scope_id', p_scope_id);
+    END IF;
+    IF p_stripes IS NULL OR p_stripes < 1 OR p_stripes > 64 THEN
+        RAISE EXCEPTION 'llm: % stripes is out of range', coalesce(p_stripes::text, 'NULL')
+            USING ERRCODE = '22023',
+                  DETAIL = 'A budget''s counters are spread over 1 to 64 stripe rows.',
+                  HINT = 'Use 1 for most ids; about the number of concurrent sessions (up to 64) for a key or user that many of them share.';
+    END IF;
+    SELECT n INTO v_stripes
+      FROM llm._set_budget_stripes(p_organization_id, p_scope, p_scope_id, p_window, p_stripes,
+                                   coalesce(p_now, pg_catalog.now())) AS n;
+    RETURN v_stripes;
+END
+$$;
+COMMENT ON FUNCTION llm.set_budget_stripes(uuid, text, text, text, integer, timestamptz) IS
+    'Spreads the counters of a budget (for ''*'', of every id it governs) over 1 to 64 stripes, so concurrent requests of one hot key or user hold on different rows; applies to the counters of the window containing p_now at once and to every counter created after; returns the new count.';
 
 -- ---------------------------------------------------------------- refusals
 
@@ -716,7 +1162,8 @@ COMMENT ON VIEW llm.budgets IS
 
 -- The one read of "the budget in force for a counter: its id's own, else the scope's
 -- '*'" (the writers decide by llm._budget_in_force): the report, the metric and the
--- demo read it here. Columns are only ever appended (CREATE OR REPLACE VIEW).
+-- demo read it here. A counter is the sum of its stripes. Columns are only ever
+-- appended (CREATE OR REPLACE VIEW).
 CREATE OR REPLACE VIEW llm.budget_usage WITH (security_invoker = true) AS
 SELECT c.organization_id, c.scope, c.scope_id, c.budget_window, c.window_start,
        coalesce(own.limit_credits, dflt.limit_credits) AS limit_credits,
@@ -724,7 +1171,11 @@ SELECT c.organization_id, c.scope, c.scope_id, c.budget_window, c.window_start,
        coalesce(own.thresholds, dflt.thresholds) AS thresholds,
        -- the budget's key in llm.budgets (an organization budget's id is NULL)
        CASE WHEN own.organization_id IS NOT NULL THEN own.scope_id ELSE dflt.scope_id END AS budget_scope_id
-  FROM llm.budget_counters AS c
+  FROM (SELECT s.organization_id, s.scope, s.scope_id, s.budget_window, s.window_start,
+               sum(s.used_credits)::bigint AS used_credits, sum(s.held_credits)::bigint AS held_credits,
+               sum(s.used_cents)::bigint AS used_cents
+          FROM llm.budget_counters AS s
+         GROUP BY s.organization_id, s.scope, s.scope_id, s.budget_window, s.window_start) AS c
   -- An id is NULL for the organization scope only and never '' (_scope_id_ok), so
   -- coalesce(id, '') is the same match as IS NOT DISTINCT FROM, one a hash join can
   -- take: the view stays linear in counters and budgets, not their product.
@@ -736,4 +1187,4 @@ SELECT c.organization_id, c.scope, c.scope_id, c.budget_window, c.window_start,
     ON dflt.organization_id = c.organization_id AND dflt.scope = c.scope
    AND dflt.scope_id = '*' AND dflt.budget_window = c.budget_window;
 COMMENT ON VIEW llm.budget_usage IS
-    'One row per scope id and window that counted a request, under the real id (a default budget''s rows too), with the budget that applies to it now (the id''s own, else the scope''s ''*''): its limit, thresholds and scope_id in llm.budgets (budget_scope_id; NULL columns: none).';
+    'One row per scope id and window that counted a request (the sum of its counter''s stripes), under the real id (a default budget''s rows too), with the budget that applies to it now (the id''s own, else the scope''s ''*''): its limit, thresholds and scope_id in llm.budgets (budget_scope_id; NULL columns: none).';

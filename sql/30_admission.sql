@@ -3,7 +3,12 @@
 -- (28_budgets.sql), all or nothing, then marked as sent to the provider. How it ends (settled with
 -- measured usage, or failed) and how a terminal request is booked: 35_settlement.sql.
 -- Every call is one transaction; lock order invocation -> execution -> period ->
--- its notices -> budget counters -> theirs (a hot key's counter is held shortest).
+-- its notices -> budget counters -> theirs (a hot key's counter is held shortest;
+-- docs/architecture.md "Lock order").
+--
+-- A request without budgets pays nothing for them: its organization's row says
+-- whether it has any (has_budgets), and the request keeps its scope ids and the bits
+-- of its budgets on its own row, which its settlement updates anyway.
 
 -- ---------------------------------------------------------------- admission
 
@@ -73,15 +78,17 @@ AS $$
 DECLARE
     v_org_status text;
     v_stripes integer;
+    v_has_budgets boolean;
+    v_budgets_revision uuid;
     v_mask integer := 0;  -- the budgets that apply: none unless the organization has one
     v_limits bigint[];
     v_revisions uuid[];
-    v_scopes llm.invocation_scopes;
     v_stripe smallint;
     v_inv llm.invocations;
     v_period date := llm._period_start(p_now);
 BEGIN
-    SELECT o.status, o.period_stripes INTO v_org_status, v_stripes
+    SELECT o.status, o.period_stripes, o.has_budgets, o.budgets_revision
+      INTO v_org_status, v_stripes, v_has_budgets, v_budgets_revision
       FROM llm.organizations AS o
      WHERE o.id = p_organization_id;
     IF v_org_status IS DISTINCT FROM 'operational' THEN
@@ -98,20 +105,24 @@ BEGIN
 
     -- The budgets that apply, fixed on the request (its budget_mask) and decided
     -- against the limits read here, in one snapshot; looked up only when the
-    -- organization has a budget (one probe of its key for the others).
-    IF EXISTS (SELECT FROM llm.budget_limits AS b WHERE b.organization_id = p_organization_id) THEN
+    -- organization has a budget (or may: NULL, not known).
+    IF v_has_budgets IS NOT FALSE THEN
         SELECT a.mask, a.limits, a.revisions INTO v_mask, v_limits, v_revisions
           FROM llm._applicable_budgets(p_organization_id, p_project, p_api_key, p_end_user) AS a;
     END IF;
 
     -- This session's stripe: concurrent sessions of one organization hold on
-    -- different rows (a session keeps its stripe, and its cache lines, between calls).
+    -- different rows (a session keeps its stripe, and its cache lines, between calls);
+    -- its budget counters' stripe is the same residue, of 64 (budget_stripe).
     v_stripe := pg_catalog.mod(pg_catalog.pg_backend_pid(), v_stripes)::smallint;
     INSERT INTO llm.invocations AS i
            (organization_id, id, period_start, execution_id, model, status,
-            estimate_credits, hold_credits, created_at, stripe)
+            estimate_credits, hold_credits, created_at, stripe,
+            project, api_key, end_user, budget_mask, budget_stripe)
     VALUES (p_organization_id, coalesce(p_invocation_id, pg_catalog.gen_random_uuid()), v_period,
-            p_execution_id, p_model, 'reserved', p_estimate_credits, p_estimate_credits, p_now, v_stripe)
+            p_execution_id, p_model, 'reserved', p_estimate_credits, p_estimate_credits, p_now, v_stripe,
+            p_project, p_api_key, p_end_user, v_mask,
+            CASE WHEN v_mask <> 0 THEN pg_catalog.mod(pg_catalog.pg_backend_pid(), 64) END)
     ON CONFLICT (organization_id, id) DO NOTHING
     RETURNING i.* INTO v_inv;
     IF NOT FOUND THEN
@@ -122,23 +133,15 @@ BEGIN
         RETURN llm._admission(llm._same_admission(v_inv, p_estimate_credits, p_model, p_execution_id,
                                                   p_project, p_api_key, p_end_user), true);
     END IF;
-    -- its scope ids and budgets beside it, when it has any
-    IF v_mask <> 0 OR p_project IS NOT NULL OR p_api_key IS NOT NULL OR p_end_user IS NOT NULL THEN
-        INSERT INTO llm.invocation_scopes AS s
-               (organization_id, invocation_id, project, api_key, end_user, budget_mask)
-        VALUES (p_organization_id, v_inv.id, p_project, p_api_key, p_end_user, v_mask)
-        RETURNING s.* INTO v_scopes;
-    END IF;
-
     -- The hold from this stripe's room, in one row; else the exact path (the period
     -- locked, LL001 unless used + held + estimate <= allowance, the period created on
     -- its month's first admission). The allowance is decided first, so it is the one
     -- named when it and a budget both refuse.
-    PERFORM llm._move_stripe(p_organization_id, v_period, v_stripe, 0, p_estimate_credits, 0, p_now, true);
+    PERFORM llm._move_stripe(p_organization_id, v_period, v_stripe, 0, p_estimate_credits, 0, p_now, 1);
     -- Then every budget's counter, in bit order, last: a hot key's row is held from
     -- here to the commit only.
     IF v_mask <> 0 THEN
-        PERFORM llm._hold_budgets(v_inv, v_scopes, v_limits, v_revisions);
+        PERFORM llm._hold_budgets(v_inv, v_limits, v_revisions, v_budgets_revision);
     END IF;
     RETURN llm._admission(v_inv, false);
 END
@@ -153,15 +156,21 @@ RETURNS llm.invocations
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
-    v_scopes llm.invocation_scopes;  -- none when it named no scope id and had no budget
+    v_scopes llm.invocation_scopes;
 BEGIN
-    SELECT * INTO v_scopes FROM llm.invocation_scopes AS s
-     WHERE s.organization_id = p_inv.organization_id AND s.invocation_id = p_inv.id;
+    IF p_inv.budget_mask IS NULL THEN
+        -- admitted before 0.4.0: its scope ids are beside it (none when it named none)
+        SELECT * INTO v_scopes FROM llm.invocation_scopes AS s
+         WHERE s.organization_id = p_inv.organization_id AND s.invocation_id = p_inv.id;
+        p_inv.project := v_scopes.project;
+        p_inv.api_key := v_scopes.api_key;
+        p_inv.end_user := v_scopes.end_user;
+    END IF;
     PERFORM llm._check_retry(
         pg_catalog.format('llm: invocation %s was admitted with different arguments', p_inv.id),
         'estimate=%s model=%s execution=%s project=%s api_key=%s end_user=%s',
         ARRAY[p_inv.estimate_credits::text, p_inv.model, p_inv.execution_id::text,
-              v_scopes.project, v_scopes.api_key, v_scopes.end_user],
+              p_inv.project, p_inv.api_key, p_inv.end_user],
         ARRAY[p_estimate_credits::text, p_model, p_execution_id::text, p_project, p_api_key, p_end_user],
         'Use a new invocation id for a new request; reuse an id only to retry the same one.');
     RETURN p_inv;

@@ -27,15 +27,19 @@ BEGIN
                cents = x.cents + v_cents
          WHERE x.organization_id = p_inv.organization_id AND x.id = p_inv.execution_id;
     END IF;
-    -- charge in, hold out; crossed thresholds recorded on the exact path
+    -- charge in, hold out, one open request less; crossed thresholds recorded on the
+    -- exact path
     PERFORM llm._move_stripe(p_inv.organization_id, p_inv.period_start, p_inv.stripe,
-                             v_charge, -p_inv.hold_credits, v_cents, p_now);
+                             v_charge, -p_inv.hold_credits, v_cents, p_now, -1, p_inv.created_at);
     -- then the budgets it was admitted under, in their windows of its admission (most
-    -- requests have none: one probe of the key of invocation_scopes)
-    IF EXISTS (SELECT FROM llm.invocation_scopes AS s
-                WHERE s.organization_id = p_inv.organization_id AND s.invocation_id = p_inv.id
-                  AND s.budget_mask <> 0) THEN
-        PERFORM llm._move_budgets(p_inv.organization_id, ARRAY[p_inv], false, p_now);
+    -- requests have none, and the row says so; one of the previous release keeps its
+    -- bits in llm.invocation_scopes)
+    IF p_inv.budget_mask <> 0
+       OR (p_inv.budget_mask IS NULL
+           AND EXISTS (SELECT FROM llm.invocation_scopes AS s
+                        WHERE s.organization_id = p_inv.organization_id AND s.invocation_id = p_inv.id
+                          AND s.budget_mask <> 0)) THEN
+        PERFORM llm._book_budgets(p_inv, p_now);
     END IF;
 END
 $$;
@@ -88,6 +92,7 @@ AS $$
 DECLARE
     v_day date := (p_inv.settled_at AT TIME ZONE 'UTC')::date;
     v_row llm.daily_usage;
+    v_window record;
 BEGIN
     UPDATE llm.daily_usage AS d
        SET credits = d.credits + p_credits,
@@ -99,7 +104,9 @@ BEGIN
         RETURN;
     END IF;
     -- rare (a true-up before the pass rebuilt its recovery day): the row as a rebuild
-    -- would give it now; one table per statement (docs/architecture.md "Citus rules" 9)
+    -- would give it now, from the requests admitted when one settled that day can have
+    -- been; one table per statement (docs/architecture.md "Citus rules" 9)
+    SELECT * INTO v_window FROM llm._settle_window(p_inv.organization_id, v_day, v_day);
     SELECT p_inv.organization_id, v_day, p_inv.model, count(*),
            count(*) FILTER (WHERE i.settlement_kind IN ('recovered', 'trued_up')),
            coalesce(sum(i.charged_credits), 0), coalesce(sum(i.charged_cents), 0),
@@ -108,6 +115,7 @@ BEGIN
            v_row.credits, v_row.cents, v_row.input_tokens, v_row.output_tokens
       FROM llm.invocations AS i
      WHERE i.organization_id = p_inv.organization_id AND i.model = p_inv.model
+       AND i.created_at >= v_window.created_from AND i.created_at < v_window.created_to
        AND i.settled_at >= (v_day::timestamp AT TIME ZONE 'UTC')
        AND i.settled_at < ((v_day + 1)::timestamp AT TIME ZONE 'UTC');
     INSERT INTO llm.daily_usage AS d

@@ -75,6 +75,85 @@ $$;
 COMMENT ON FUNCTION llm._abandon_stale_tasks(uuid, timestamptz, timestamptz) IS
     'Marks the organization''s tasks running since p_cutoff or earlier abandoned at p_now (no duration, totals kept); returns how many.';
 
+-- The open floor, raised (docs/architecture.md "The write path"): each stripe of the
+-- organization with open requests admitted at p_cutoff or before starts at the earliest
+-- of them still open, else at p_cutoff (its other open requests were admitted later);
+-- a stripe with none open of a month ended by p_now is quiet, and leaves the index
+-- period_stripes_open until an admission comes back to it. Each stripe is raised only
+-- under its lock, taken in the lock order (period, then stripe) with SKIP LOCKED: an
+-- admission into it either committed before, and is read by the statement after the
+-- lock, or waits and lowers open_since after; a stripe a call holds is left to the next
+-- pass, so the sweep never waits on a live request (the stripes of the periods it
+-- recovered into it holds already). One read of the requests per period, from its
+-- stripes' earliest open_since to p_cutoff. Returns how many stripes it raised.
+CREATE OR REPLACE FUNCTION llm._raise_open_floors(
+    p_organization_id uuid, p_now timestamptz, p_cutoff timestamptz)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_locked record;
+    v_period date;
+    v_since timestamptz;
+    v_stripes smallint[];
+    v_oldest timestamptz[];
+    v_floor timestamptz;
+    v_raised integer := 0;
+BEGIN
+    FOR v_period IN
+        SELECT DISTINCT s.period_start FROM llm.period_stripes AS s
+         WHERE s.organization_id = p_organization_id AND s.quiet IS NOT TRUE
+           AND ((s.open_requests > 0 AND s.open_since <= p_cutoff)
+                OR (s.open_requests = 0 AND s.period_start + interval '1 month' <= p_now AT TIME ZONE 'UTC'))
+         ORDER BY s.period_start
+    LOOP
+        -- the period's stripes to raise or quiet, locked in stripe order, those a call holds skipped
+        SELECT pg_catalog.array_agg(l.stripe ORDER BY l.stripe) AS stripes INTO v_locked
+          FROM (SELECT s.stripe FROM llm.period_stripes AS s
+                 WHERE s.organization_id = p_organization_id AND s.period_start = v_period
+                   AND s.quiet IS NOT TRUE AND s.open_requests IS NOT NULL
+                 ORDER BY s.stripe
+                   FOR UPDATE SKIP LOCKED) AS l;
+        CONTINUE WHEN v_locked.stripes IS NULL;
+        -- what they hold now (a fresh snapshot, after the locks)
+        SELECT min(s.open_since) INTO v_since
+          FROM llm.period_stripes AS s
+         WHERE s.organization_id = p_organization_id AND s.period_start = v_period
+           AND s.stripe = ANY (v_locked.stripes) AND s.open_requests > 0 AND s.open_since <= p_cutoff;
+        IF v_since IS NOT NULL THEN
+            -- one table per statement (docs/architecture.md "Citus rules" 9)
+            SELECT pg_catalog.array_agg(o.stripe ORDER BY o.stripe), pg_catalog.array_agg(o.oldest ORDER BY o.stripe)
+              INTO v_stripes, v_oldest
+              FROM (SELECT i.stripe, min(i.created_at) AS oldest
+                      FROM llm.invocations AS i
+                     WHERE i.organization_id = p_organization_id
+                       AND i.created_at >= v_since AND i.created_at <= p_cutoff
+                       AND i.period_start = v_period
+                       AND i.status IN ('reserved', 'dispatched')
+                     GROUP BY i.stripe) AS o;
+            FOR v_i IN 1 .. pg_catalog.cardinality(v_locked.stripes) LOOP
+                v_floor := coalesce(v_oldest[pg_catalog.array_position(v_stripes, v_locked.stripes[v_i]::smallint)],
+                                    p_cutoff);
+                UPDATE llm.period_stripes AS s
+                   SET open_since = GREATEST(s.open_since, v_floor)
+                 WHERE s.organization_id = p_organization_id AND s.period_start = v_period
+                   AND s.stripe = v_locked.stripes[v_i] AND s.open_requests > 0 AND s.open_since < v_floor;
+                v_raised := v_raised + 1;
+            END LOOP;
+        END IF;
+        IF v_period + interval '1 month' <= p_now AT TIME ZONE 'UTC' THEN
+            UPDATE llm.period_stripes AS s
+               SET quiet = true
+             WHERE s.organization_id = p_organization_id AND s.period_start = v_period
+               AND s.stripe = ANY (v_locked.stripes) AND s.open_requests = 0 AND s.quiet IS NOT TRUE;
+        END IF;
+    END LOOP;
+    RETURN v_raised;
+END
+$$;
+COMMENT ON FUNCTION llm._raise_open_floors(uuid, timestamptz, timestamptz) IS
+    'Raises the open_since of the organization''s stripes that start at p_cutoff or before to their earliest open request (else p_cutoff), and marks quiet the stripes with none open of months ended by p_now; each stripe under its lock, those a call holds skipped.';
+
 -- Long on purpose: one lock order (requests, tasks, periods, notices), written as its
 -- numbered statements in that order over the same batch (v_ids), read top to bottom.
 CREATE OR REPLACE FUNCTION llm._recover_stranded(
@@ -85,7 +164,8 @@ AS $$
 DECLARE
     v_ids uuid[];
     v_invs llm.invocations[];  -- the same requests, recovered, for their budgets
-    v_period record;
+    v_floor timestamptz := llm._open_floor(p_organization_id);
+    v_period date;
     v_head llm.period_heads;
     v_old_used bigint;
     v_new_used bigint;
@@ -95,9 +175,10 @@ BEGIN
     -- Their ledger rows are derived from them (llm.ledger).
 
     -- 1. The requests: a bounded batch of the oldest stranded ones, locked and settled
-    --    by recovery in one statement. SKIP LOCKED: a request a live settlement holds is
-    --    left to it. The charge follows the organization's recovery_charge; no cents; the
-    --    past-window alert is stamped once.
+    --    by recovery in one statement, read by admission time from the organization's
+    --    open floor. SKIP LOCKED: a request a live settlement holds is left to it. The
+    --    charge follows the organization's recovery_charge; no cents; the past-window
+    --    alert is stamped once.
     WITH picked AS (
         SELECT i.id, i.past_window_alerted_at IS NULL AS first_alert,
                CASE WHEN p_recovery_charge = 'estimate'
@@ -105,8 +186,8 @@ BEGIN
                     THEN i.estimate_credits ELSE 0 END AS charge
           FROM llm.invocations AS i
          WHERE i.organization_id = p_organization_id
+           AND i.created_at >= v_floor AND i.created_at <= p_cutoff
            AND i.status IN ('reserved', 'dispatched')
-           AND i.created_at <= p_cutoff
          ORDER BY i.created_at, i.id
          LIMIT p_batch
            FOR UPDATE SKIP LOCKED
@@ -127,11 +208,10 @@ BEGIN
       INTO v_ids, v_invs, p_sweep.recovered_requests, p_sweep.recovered_uncharged,
            p_sweep.released_hold_credits, p_sweep.past_window_alerts
       FROM recovered AS r;
-    IF p_sweep.recovered_requests = 0 THEN
-        RETURN;
-    END IF;
+    p_sweep.notices_created := 0;
 
     -- 2. Their tasks' totals (also of closed tasks, which never reopen).
+    IF p_sweep.recovered_requests > 0 THEN
     UPDATE llm.executions AS x
        SET request_count = x.request_count + t.n, credits = x.credits + t.credits
       FROM (SELECT i.execution_id, count(*) AS n, sum(i.charged_credits) AS credits
@@ -140,41 +220,54 @@ BEGIN
                AND i.execution_id IS NOT NULL
              GROUP BY i.execution_id) AS t
      WHERE x.organization_id = p_organization_id AND x.id = t.execution_id;
+    END IF;
 
     -- 3. Their periods, in period order, each locked for an exact decision (head, then
-    --    its stripes in order): charge in, hold out on each request's stripe; then
-    --    4. one owed notice per threshold the period's total crossed; then the rooms.
-    p_sweep.notices_created := 0;
+    --    its stripes in order): charge in, hold out on each request's stripe, its open
+    --    requests fewer, its settle lag; then 4. one owed notice per threshold the
+    --    period's total crossed; then the rooms.
     FOR v_period IN
         SELECT DISTINCT i.period_start
           FROM llm.invocations AS i
          WHERE i.organization_id = p_organization_id AND i.id = ANY (v_ids)
          ORDER BY i.period_start
     LOOP
-        v_head := llm._lock_period(p_organization_id, v_period.period_start);
+        v_head := llm._lock_period(p_organization_id, v_period);
         SELECT sum(s.used_credits) INTO v_old_used
           FROM llm.period_stripes AS s
-         WHERE s.organization_id = p_organization_id AND s.period_start = v_period.period_start;
+         WHERE s.organization_id = p_organization_id AND s.period_start = v_period;
         WITH moved AS (
             UPDATE llm.period_stripes AS s
                SET used_credits = s.used_credits + m.credits,
-                   held_credits = s.held_credits - m.held
+                   held_credits = s.held_credits - m.held,
+                   open_requests = s.open_requests - m.n,
+                   open_since = llm._open_since(s.open_requests, s.open_since, -m.n, NULL),
+                   settle_lag_hours = GREATEST(s.settle_lag_hours, m.lag),
+                   settle_lead_hours = GREATEST(s.settle_lead_hours, m.lead)
               FROM (SELECT i.stripe, sum(i.charged_credits)::bigint AS credits,
-                           sum(i.hold_credits)::bigint AS held
+                           sum(i.hold_credits)::bigint AS held, count(*)::integer AS n,
+                           max(llm._hours_up(i.settled_at - i.created_at)) AS lag,
+                           max(llm._hours_up(i.created_at - i.settled_at)) AS lead
                       FROM llm.invocations AS i
                      WHERE i.organization_id = p_organization_id AND i.id = ANY (v_ids)
-                       AND i.period_start = v_period.period_start
+                       AND i.period_start = v_period
                      GROUP BY i.stripe) AS m
-             WHERE s.organization_id = p_organization_id AND s.period_start = v_period.period_start
+             WHERE s.organization_id = p_organization_id AND s.period_start = v_period
                AND s.stripe = m.stripe
             RETURNING m.credits
         )
         SELECT v_old_used + coalesce(sum(moved.credits), 0) INTO v_new_used FROM moved;
         p_sweep.notices_created := p_sweep.notices_created
-            + llm._record_crossings(p_organization_id, v_period.period_start, v_old_used, v_new_used,
+            + llm._record_crossings(p_organization_id, v_period, v_old_used, v_new_used,
                                     v_head.allowance_credits, p_now);
-        PERFORM llm._spread_rooms(p_organization_id, v_period.period_start, v_head.allowance_credits);
+        PERFORM llm._spread_rooms(p_organization_id, v_period, v_head.allowance_credits);
     END LOOP;
+    -- The open floors, raised past what it recovered (and what recovered before), each
+    -- stripe under its lock (held already for those periods, or skipped when a call holds it).
+    PERFORM llm._raise_open_floors(p_organization_id, p_now, p_cutoff);
+    IF v_ids IS NULL THEN
+        RETURN;
+    END IF;
 
     -- 5. The budgets they were admitted under: counters in lock order, after the
     --    periods, each moved like a settlement's (charge in, hold out), and the
@@ -221,12 +314,13 @@ BEGIN
                                       v_org.recovery_charge, v_result);
     PERFORM llm._check_deadline(p_organization_id, v_deadline, 'recovering requests');
 
-    -- BR-CAP-PFM-LLM-009-04: whatever the batch left waits for the next pass
+    -- BR-CAP-PFM-LLM-009-04: whatever the batch left waits for the next pass (read from
+    -- the raised open floor: no open request was admitted earlier)
     v_result.more_pending := EXISTS (
         SELECT FROM llm.invocations AS i
          WHERE i.organization_id = p_organization_id
-           AND i.status IN ('reserved', 'dispatched')
-           AND i.created_at <= v_cutoff);
+           AND i.created_at >= llm._open_floor(p_organization_id) AND i.created_at <= v_cutoff
+           AND i.status IN ('reserved', 'dispatched'));
 
     -- BR-CAP-PFM-LLM-009-06: compare recently closed tasks with their terminal requests;
     -- log and store both figures, change no totals.

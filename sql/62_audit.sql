@@ -12,7 +12,8 @@
 -- WARNINGs; returns how many. Counters and requests in one statement, so one
 -- snapshot: a movement moves a request and its counters in one transaction. The
 -- previous week and month start in the previous period at the earliest, so the
--- requests are those of the two periods (index invocations_period). A missing
+-- requests are those admitted in the two periods (index invocations_created; a
+-- counter is the sum of its stripes). A missing
 -- counter is a finding unless retention may have deleted it (invariant 14: its
 -- window ended on or before the organization's horizon, no open request under it).
 CREATE OR REPLACE FUNCTION llm._audit_budgets(p_organization_id uuid, p_now timestamptz)
@@ -36,22 +37,27 @@ BEGIN
                c.used_credits AS recorded_used, coalesce(r.used, 0) AS computed_used,
                c.used_cents AS recorded_cents, coalesce(r.cents, 0) AS computed_cents,
                c.held_credits AS recorded_held, coalesce(r.held, 0) AS computed_held
-          FROM (SELECT * FROM llm.budget_counters AS b
+          FROM (SELECT b.scope, b.scope_id, b.budget_window, b.window_start,
+                       sum(b.used_credits)::bigint AS used_credits, sum(b.used_cents)::bigint AS used_cents,
+                       sum(b.held_credits)::bigint AS held_credits
+                  FROM llm.budget_counters AS b
                  WHERE b.organization_id = p_organization_id
-                   AND b.window_start = ANY (v_windows)) AS c
+                   AND b.window_start = ANY (v_windows)
+                 GROUP BY b.scope, b.scope_id, b.budget_window, b.window_start) AS c
           FULL JOIN (
                 SELECT k.scope, k.scope_id, k.budget_window, k.window_start,
                        sum(i.charged_credits) FILTER (WHERE i.status IN ('settled', 'failed'))::bigint AS used,
                        sum(coalesce(i.charged_cents, 0)) FILTER (WHERE i.status IN ('settled', 'failed'))::bigint AS cents,
                        sum(i.hold_credits) FILTER (WHERE i.status IN ('reserved', 'dispatched'))::bigint AS held
                   FROM llm.invocations AS i
-                  JOIN llm.invocation_scopes AS s
-                    ON s.organization_id = i.organization_id AND s.invocation_id = i.id
-                 CROSS JOIN LATERAL llm._budget_keys(s.budget_mask, s.project, s.api_key,
-                                                     s.end_user, i.created_at) AS k
+                  LEFT JOIN llm.invocation_scopes AS s
+                    ON s.organization_id = i.organization_id AND s.invocation_id = i.id AND i.budget_mask IS NULL
+                 CROSS JOIN LATERAL llm._budget_keys(coalesce(i.budget_mask, s.budget_mask),
+                                                     coalesce(i.project, s.project), coalesce(i.api_key, s.api_key),
+                                                     coalesce(i.end_user, s.end_user), i.created_at) AS k
                  WHERE i.organization_id = p_organization_id
-                   AND i.period_start IN (v_current, (v_current - interval '1 month')::date)
-                   AND s.budget_mask <> 0
+                   AND i.created_at >= ((v_current - interval '1 month') AT TIME ZONE 'UTC')
+                   AND i.created_at < ((v_current + interval '1 month') AT TIME ZONE 'UTC')
                  GROUP BY 1, 2, 3, 4) AS r
             ON r.scope = c.scope AND r.scope_id IS NOT DISTINCT FROM c.scope_id
            AND r.budget_window = c.budget_window AND r.window_start = c.window_start
@@ -123,7 +129,10 @@ BEGIN
                        sum(coalesce(i.charged_cents, 0)) FILTER (WHERE i.status IN ('settled', 'failed'))::bigint AS cents,
                        sum(i.hold_credits) FILTER (WHERE i.status IN ('reserved', 'dispatched'))::bigint AS held
                   FROM llm.invocations AS i
-                 WHERE i.organization_id = p_organization_id AND i.period_start = p.period_start) AS c ON true
+                 WHERE i.organization_id = p_organization_id
+                   -- its requests: those admitted in its month (index invocations_created)
+                   AND i.created_at >= (p.period_start::timestamp AT TIME ZONE 'UTC')
+                   AND i.created_at < (p.period_end::timestamp AT TIME ZONE 'UTC')) AS c ON true
          WHERE p.organization_id = p_organization_id
            AND (p.period_start IN (v_current, (v_current - interval '1 month')::date)
                 OR p.period_start = ANY (v_open))

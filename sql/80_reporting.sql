@@ -6,6 +6,14 @@
 -- a true-up adds its signed difference to the row a rebuild left, inserting the row
 -- when the day has none yet, and a rebuild that meets a row a true-up inserted under
 -- it rebuilds the day again. docs/architecture.md "Daily usage" says why no lock is shared.
+--
+-- No index of llm.invocations holds settled_at (a settlement changes no indexed column,
+-- so it is a HOT update): the requests settled on some days are read by admission time,
+-- per organization from the first day less its period stripes' settle lag to the last
+-- day's end plus their settle lead, the stripes whose bounds reach those days found
+-- through the index period_stripes_settled (docs/architecture.md "The write path";
+-- llm._settle_window for one organization). Until the contract step of 0.4.0 counted
+-- the bounds of the previous release's requests, any admission time.
 
 CREATE OR REPLACE FUNCTION llm._check_day_range(p_from date, p_to date)
 RETURNS void
@@ -28,6 +36,10 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
     v_count integer;
+    -- the days whose settlements the settle bounds are applied to: any, until they are known
+    v_known boolean := EXISTS (SELECT FROM llm.upgrade_steps AS u WHERE u.step = 'settle_bounds');
+    v_first date := CASE WHEN v_known THEN p_from ELSE '-infinity' END;
+    v_last date := CASE WHEN v_known THEN p_to ELSE 'infinity' END;
 BEGIN
     PERFORM llm._check_day_range(p_from, p_to);
     -- one rebuild at a time (the pass's and a tool's): two would insert the same rows (23505)
@@ -49,7 +61,20 @@ BEGIN
                    coalesce(sum(i.input_tokens), 0),
                    coalesce(sum(i.output_tokens), 0)
               FROM llm.invocations AS i
-             WHERE i.settled_at >= (p_from::timestamp AT TIME ZONE 'UTC')
+              JOIN (SELECT s.organization_id,
+                           min(GREATEST(s.period_start::timestamp,
+                                        v_first::timestamp - pg_catalog.make_interval(hours => coalesce(s.settle_lag_hours, 0))))
+                               AT TIME ZONE 'UTC' AS created_from,
+                           max(LEAST(s.period_start + interval '1 month',
+                                     (v_last + 1)::timestamp + pg_catalog.make_interval(hours => coalesce(s.settle_lead_hours, 0))))
+                               AT TIME ZONE 'UTC' AS created_to
+                      FROM llm.period_stripes AS s
+                     WHERE (s.period_start + 32 + (coalesce(s.settle_lag_hours, 0) + 23) / 24) >= v_first
+                       AND s.period_start - (coalesce(s.settle_lead_hours, 0) + 23) / 24 <= v_last
+                     GROUP BY s.organization_id) AS w
+                ON w.organization_id = i.organization_id
+             WHERE i.created_at >= w.created_from AND i.created_at < w.created_to
+               AND i.settled_at >= (p_from::timestamp AT TIME ZONE 'UTC')
                AND i.settled_at < ((p_to + 1)::timestamp AT TIME ZONE 'UTC')
              GROUP BY 1, 2, 3;
             GET DIAGNOSTICS v_count = ROW_COUNT;
@@ -74,6 +99,11 @@ CREATE OR REPLACE FUNCTION llm.check_daily_usage(p_from date, p_to date)
 RETURNS TABLE (organization_id uuid, day date, recorded jsonb, computed jsonb)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 AS $$
+DECLARE
+    -- the days whose settlements the settle bounds are applied to: any, until they are known
+    v_known boolean := EXISTS (SELECT FROM llm.upgrade_steps AS u WHERE u.step = 'settle_bounds');
+    v_first date := CASE WHEN v_known THEN p_from ELSE '-infinity' END;
+    v_last date := CASE WHEN v_known THEN p_to ELSE 'infinity' END;
 BEGIN
     PERFORM llm._check_day_range(p_from, p_to);
     -- Not an invariant: a settlement after the pass rebuilt its day is legal until the
@@ -97,7 +127,20 @@ BEGIN
                coalesce(sum(i.input_tokens), 0) AS input_tokens,
                coalesce(sum(i.output_tokens), 0) AS output_tokens
           FROM llm.invocations AS i
-         WHERE i.settled_at >= (p_from::timestamp AT TIME ZONE 'UTC')
+          JOIN (SELECT s.organization_id,
+                       min(GREATEST(s.period_start::timestamp,
+                                    v_first::timestamp - pg_catalog.make_interval(hours => coalesce(s.settle_lag_hours, 0))))
+                           AT TIME ZONE 'UTC' AS created_from,
+                       max(LEAST(s.period_start + interval '1 month',
+                                 (v_last + 1)::timestamp + pg_catalog.make_interval(hours => coalesce(s.settle_lead_hours, 0))))
+                           AT TIME ZONE 'UTC' AS created_to
+                  FROM llm.period_stripes AS s
+                 WHERE (s.period_start + 32 + (coalesce(s.settle_lag_hours, 0) + 23) / 24) >= v_first
+                   AND s.period_start - (coalesce(s.settle_lead_hours, 0) + 23) / 24 <= v_last
+                 GROUP BY s.organization_id) AS w
+            ON w.organization_id = i.organization_id
+         WHERE i.created_at >= w.created_from AND i.created_at < w.created_to
+           AND i.settled_at >= (p_from::timestamp AT TIME ZONE 'UTC')
            AND i.settled_at < ((p_to + 1)::timestamp AT TIME ZONE 'UTC')
          GROUP BY 1, 2, 3
     ), computed AS (

@@ -57,17 +57,25 @@ AS $$
 BEGIN
     PERFORM llm._check_clock(p_now);
     -- past_window: what the next pass recovers (of operational organizations)
+    -- read by admission time from each organization's open floor (docs/architecture.md
+    -- "The write path"): a report reads what is open, not the history
     RETURN QUERY
     SELECT i.organization_id, o.name,
            count(*),
            sum(i.hold_credits),
            min(i.created_at),
            count(*) FILTER (WHERE i.created_at <= coalesce(p_now, pg_catalog.now()) - s.recovery_window)
-      FROM llm.invocations AS i
+      FROM (SELECT f.organization_id,
+                   min(CASE WHEN f.open_requests IS NULL THEN f.period_start::timestamp AT TIME ZONE 'UTC'
+                            ELSE f.open_since END) AS floor
+              FROM llm.period_stripes AS f
+             WHERE f.quiet IS NOT TRUE AND (f.open_requests IS NULL OR f.open_requests > 0)
+               AND (p_organization_ids IS NULL OR f.organization_id = ANY (p_organization_ids))
+             GROUP BY f.organization_id) AS fl
+      JOIN llm.invocations AS i ON i.organization_id = fl.organization_id AND i.created_at >= fl.floor
       JOIN llm.organizations AS o ON o.id = i.organization_id
      CROSS JOIN llm.settings AS s
      WHERE i.status IN ('reserved', 'dispatched')
-       AND (p_organization_ids IS NULL OR i.organization_id = ANY (p_organization_ids))
      GROUP BY i.organization_id, o.name, s.recovery_window
      ORDER BY o.name, i.organization_id;
 END
@@ -126,16 +134,16 @@ BEGIN
     RETURN QUERY
     WITH scoped AS (
         SELECT i.organization_id, o.name, i.status, i.hold_credits, i.charged_credits, i.charged_cents,
-               CASE WHEN p_scope = 'project' THEN s.project
-                    WHEN p_scope = 'api_key' THEN s.api_key
-                    ELSE s.end_user END AS scope_id
-          FROM llm.invocations AS i
-          JOIN llm.invocation_scopes AS s
-            ON s.organization_id = i.organization_id AND s.invocation_id = i.id
-          JOIN llm.organizations AS o ON o.id = i.organization_id
-         WHERE (p_organization_ids IS NULL OR i.organization_id = ANY (p_organization_ids))
-           -- the periods of those days first, so an organization's index invocations_period serves
-           AND i.period_start BETWEEN pg_catalog.date_trunc('month', p_from)::date AND p_to
+               CASE WHEN p_scope = 'project' THEN coalesce(i.project, s.project)
+                    WHEN p_scope = 'api_key' THEN coalesce(i.api_key, s.api_key)
+                    ELSE coalesce(i.end_user, s.end_user) END AS scope_id
+          FROM llm.organizations AS o
+          -- each organization's requests of those days (index invocations_created); the
+          -- scope ids of a request of the previous release are beside it
+          JOIN llm.invocations AS i ON i.organization_id = o.id
+          LEFT JOIN llm.invocation_scopes AS s
+            ON s.organization_id = i.organization_id AND s.invocation_id = i.id AND i.budget_mask IS NULL
+         WHERE (p_organization_ids IS NULL OR o.id = ANY (p_organization_ids))
            AND i.created_at >= (p_from::timestamp AT TIME ZONE 'UTC')
            AND i.created_at < ((p_to + 1)::timestamp AT TIME ZONE 'UTC')
     )

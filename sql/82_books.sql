@@ -5,10 +5,12 @@
 -- is a per-organization operation (docs/architecture.md "Citus rules"). SECURITY DEFINER so
 -- llm_reader and llm_operator need only EXECUTE (sql/99_grants.sql).
 
--- Cheap on a large database: every count is over a partial index (open requests,
--- running tasks, owed / sending notices) or a small table (drift findings), so a
--- scrape can run it. The open requests and the running tasks are each read once,
--- their stale share counted by FILTER.
+-- Cheap on a large database, so a scrape can run it: the open requests are counted on
+-- the period stripes that are not quiet (index period_stripes_open; docs/architecture.md
+-- "The write path"), their stale share read by admission time from each organization's
+-- open floor to the recovery window (and those of a stripe whose count is not known
+-- yet, from its period's first day); the running tasks and owed / sending notices are
+-- read over partial indexes, the drift findings are a small table.
 CREATE OR REPLACE FUNCTION llm.books_snapshot(p_organization_ids uuid[] DEFAULT NULL, p_now timestamptz DEFAULT NULL)
 RETURNS TABLE (open_requests bigint, held_credits numeric, stale_open_requests bigint,
                stale_held_credits numeric, running_tasks bigint, stale_running_tasks bigint,
@@ -26,14 +28,42 @@ BEGIN
            (SELECT count(*) FROM llm.drift_findings AS f
              WHERE p_organization_ids IS NULL OR f.organization_id = ANY (p_organization_ids)),
            n.owed, n.sending
-      FROM (SELECT count(*) AS open_requests,
-                   coalesce(sum(r.hold_credits), 0) AS held_credits,
-                   count(*) FILTER (WHERE r.created_at <= v_stale_before) AS stale_open_requests,
-                   coalesce(sum(r.hold_credits) FILTER (WHERE r.created_at <= v_stale_before), 0)
-                       AS stale_held_credits
-              FROM llm.invocations AS r
-             WHERE r.status IN ('reserved', 'dispatched')
-               AND (p_organization_ids IS NULL OR r.organization_id = ANY (p_organization_ids))) AS i
+      FROM (SELECT coalesce(sum(k.n), 0)::bigint AS open_requests, coalesce(sum(k.held), 0) AS held_credits,
+                   coalesce(sum(k.stale_n), 0)::bigint AS stale_open_requests,
+                   coalesce(sum(k.stale_held), 0) AS stale_held_credits
+              FROM (-- the stripes whose open requests are counted
+                    SELECT sum(s.open_requests) AS n, sum(s.held_credits) AS held, 0 AS stale_n, 0 AS stale_held
+                      FROM llm.period_stripes AS s
+                     WHERE s.quiet IS NOT TRUE AND s.open_requests > 0
+                       AND (p_organization_ids IS NULL OR s.organization_id = ANY (p_organization_ids))
+                    UNION ALL
+                    -- the open requests of stripes not counted yet (a period of the previous
+                    -- release until the contract step of 0.4.0)
+                    SELECT count(*), sum(r.hold_credits), 0, 0
+                      FROM llm.period_stripes AS u
+                      JOIN llm.invocations AS r
+                        ON r.organization_id = u.organization_id AND r.period_start = u.period_start
+                       AND r.stripe = u.stripe
+                       AND r.created_at >= (u.period_start::timestamp AT TIME ZONE 'UTC')
+                       AND r.created_at < ((u.period_start + interval '1 month') AT TIME ZONE 'UTC')
+                     WHERE u.quiet IS NOT TRUE AND u.open_requests IS NULL
+                       AND r.status IN ('reserved', 'dispatched')
+                       AND (p_organization_ids IS NULL OR u.organization_id = ANY (p_organization_ids))
+                    UNION ALL
+                    -- the stale ones, from each organization's open floor
+                    SELECT 0, 0, count(*), sum(r.hold_credits)
+                      FROM (SELECT f.organization_id,
+                                   min(CASE WHEN f.open_requests IS NULL
+                                            THEN f.period_start::timestamp AT TIME ZONE 'UTC'
+                                            ELSE f.open_since END) AS floor
+                              FROM llm.period_stripes AS f
+                             WHERE f.quiet IS NOT TRUE AND (f.open_requests IS NULL OR f.open_requests > 0)
+                               AND (p_organization_ids IS NULL OR f.organization_id = ANY (p_organization_ids))
+                             GROUP BY f.organization_id) AS o
+                      JOIN llm.invocations AS r
+                        ON r.organization_id = o.organization_id
+                       AND r.created_at >= o.floor AND r.created_at <= v_stale_before
+                     WHERE r.status IN ('reserved', 'dispatched')) AS k) AS i
      CROSS JOIN
            (SELECT count(*) AS running_tasks,
                    count(*) FILTER (WHERE t.started_at <= v_stale_before) AS stale_running_tasks
@@ -67,10 +97,19 @@ BEGIN
     SELECT s.status, coalesce(i.requests, 0), coalesce(i.credits, 0::numeric)
       FROM pg_catalog.unnest(ARRAY['operational', 'suspended', 'closed']) WITH ORDINALITY AS s(status, n)
       LEFT JOIN (SELECT o.status, count(*) AS requests, sum(r.hold_credits) AS credits
-                   FROM llm.invocations AS r
+                   FROM (SELECT f.organization_id,
+                                min(CASE WHEN f.open_requests IS NULL
+                                         THEN f.period_start::timestamp AT TIME ZONE 'UTC'
+                                         ELSE f.open_since END) AS floor
+                           FROM llm.period_stripes AS f
+                          WHERE f.quiet IS NOT TRUE AND (f.open_requests IS NULL OR f.open_requests > 0)
+                          GROUP BY f.organization_id) AS fl
+                   -- read from each organization's open floor (docs/architecture.md "The write path")
+                   JOIN llm.invocations AS r
+                     ON r.organization_id = fl.organization_id
+                    AND r.created_at >= fl.floor AND r.created_at <= v_stale_before
                    JOIN llm.organizations AS o ON o.id = r.organization_id
                   WHERE r.status IN ('reserved', 'dispatched')
-                    AND r.created_at <= v_stale_before
                   GROUP BY o.status) AS i ON i.status = s.status
      ORDER BY s.n;
 END

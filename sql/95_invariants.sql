@@ -468,11 +468,12 @@ $$;
 COMMENT ON FUNCTION llm._invariant_13() IS
     'Invariant 13: a drift finding means its task still differs from its terminal requests.';
 
--- 14. each budget counter's used, held and cents equal the requests admitted under
---     it (their invocation_scopes.budget_mask, in the windows of their admission time);
---     every counter a request was admitted under exists, unless retention may have
---     deleted it: its window ended on or before the organization's horizon and no
---     open request is admitted under it
+-- 14. each budget counter's used, held and cents (the sums of its stripes) equal the
+--     requests admitted under it (their budget_mask, in the windows of their admission
+--     time; a request of the previous release keeps it in invocation_scopes); every
+--     counter a request was admitted under exists, unless retention may have deleted
+--     it: its window ended on or before the organization's horizon and no open request
+--     is admitted under it
 CREATE OR REPLACE FUNCTION llm._invariant_14()
 RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
 LANGUAGE plpgsql STABLE
@@ -486,17 +487,21 @@ BEGIN
            pg_catalog.format('counter used=%s held=%s cents=%s; requests used=%s held=%s cents=%s',
                              c.used_credits, c.held_credits, c.used_cents,
                              coalesce(r.used, 0), coalesce(r.held, 0), coalesce(r.cents, 0))
-      FROM llm.budget_counters AS c
+      FROM (SELECT b.organization_id, b.scope, b.scope_id, b.budget_window, b.window_start,
+                   sum(b.used_credits) AS used_credits, sum(b.held_credits) AS held_credits,
+                   sum(b.used_cents) AS used_cents
+              FROM llm.budget_counters AS b
+             GROUP BY 1, 2, 3, 4, 5) AS c
       FULL JOIN (SELECT i.organization_id, k.scope, k.scope_id, k.budget_window, k.window_start,
                         sum(i.charged_credits) FILTER (WHERE i.status IN ('settled', 'failed')) AS used,
                         sum(i.hold_credits) FILTER (WHERE i.status IN ('reserved', 'dispatched')) AS held,
                         sum(coalesce(i.charged_cents, 0)) FILTER (WHERE i.status IN ('settled', 'failed')) AS cents
                    FROM llm.invocations AS i
-                   JOIN llm.invocation_scopes AS s
-                     ON s.organization_id = i.organization_id AND s.invocation_id = i.id
-                  CROSS JOIN LATERAL llm._budget_keys(s.budget_mask, s.project, s.api_key,
-                                                      s.end_user, i.created_at) AS k
-                  WHERE s.budget_mask <> 0
+                   LEFT JOIN llm.invocation_scopes AS s
+                     ON s.organization_id = i.organization_id AND s.invocation_id = i.id AND i.budget_mask IS NULL
+                  CROSS JOIN LATERAL llm._budget_keys(coalesce(i.budget_mask, s.budget_mask),
+                                                      coalesce(i.project, s.project), coalesce(i.api_key, s.api_key),
+                                                      coalesce(i.end_user, s.end_user), i.created_at) AS k
                   GROUP BY 1, 2, 3, 4, 5) AS r
         ON r.organization_id = c.organization_id AND r.scope = c.scope
        AND r.scope_id IS NOT DISTINCT FROM c.scope_id AND r.budget_window = c.budget_window
@@ -511,12 +516,13 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm._invariant_14() IS
-    'Invariant 14: every budget counter''s used, held and cents equal the requests admitted under it, and every counter a request was admitted under exists unless retention may have deleted it (window ended on or before the organization''s horizon, no open request under it).';
+    'Invariant 14: every budget counter''s used, held and cents (summed over its stripes) equal the requests admitted under it, and every counter a request was admitted under exists unless retention may have deleted it (window ended on or before the organization''s horizon, no open request under it).';
 
--- 15. a budget is a ceiling: used + held - overrun (as in 4) never exceeds the limit
---     the counter's last admission was decided against; and that is the budget's
---     limit now unless the budget was changed, replaced (own <-> '*') or removed
---     since (another revision applies now)
+-- 15. a budget is a ceiling: used + held - overrun (as in 4) of a counter (its stripes
+--     summed) never exceeds the limit it admits against (admitted_limit: its last
+--     exact admission's, or the budget in force its rooms were last spread under); and
+--     that is the budget's limit now unless the budget was changed, replaced (own <->
+--     '*') or removed since (another revision applies now)
 CREATE OR REPLACE FUNCTION llm._invariant_15()
 RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
 LANGUAGE plpgsql STABLE
@@ -529,15 +535,22 @@ BEGIN
                              c.used_credits, c.held_credits, coalesce(o.overrun, 0), c.admitted_limit,
                              coalesce(b.limit_credits::text, 'none'),
                              CASE WHEN b.revision = c.admitted_revision THEN 'unchanged since' ELSE 'changed since' END)
-      FROM llm.budget_counters AS c
+      FROM (SELECT x.organization_id, x.scope, x.scope_id, x.budget_window, x.window_start,
+                   sum(x.used_credits) AS used_credits, sum(x.held_credits) AS held_credits,
+                   max(x.admitted_limit) AS admitted_limit, min(x.admitted_limit) AS least_limit,
+                   (pg_catalog.array_agg(x.admitted_revision))[1] AS admitted_revision,
+                   count(DISTINCT x.admitted_revision) AS revisions
+              FROM llm.budget_counters AS x
+             GROUP BY 1, 2, 3, 4, 5) AS c
       LEFT JOIN (SELECT i.organization_id, k.scope, k.scope_id, k.budget_window, k.window_start,
                         sum(GREATEST(0, i.charged_credits - coalesce(i.recovered_credits, i.hold_credits))) AS overrun
                    FROM llm.invocations AS i
-                   JOIN llm.invocation_scopes AS s
-                     ON s.organization_id = i.organization_id AND s.invocation_id = i.id
-                  CROSS JOIN LATERAL llm._budget_keys(s.budget_mask, s.project, s.api_key,
-                                                      s.end_user, i.created_at) AS k
-                  WHERE s.budget_mask <> 0 AND i.status IN ('settled', 'failed')
+                   LEFT JOIN llm.invocation_scopes AS s
+                     ON s.organization_id = i.organization_id AND s.invocation_id = i.id AND i.budget_mask IS NULL
+                  CROSS JOIN LATERAL llm._budget_keys(coalesce(i.budget_mask, s.budget_mask),
+                                                      coalesce(i.project, s.project), coalesce(i.api_key, s.api_key),
+                                                      coalesce(i.end_user, s.end_user), i.created_at) AS k
+                  WHERE i.status IN ('settled', 'failed')
                   GROUP BY 1, 2, 3, 4, 5) AS o
         ON o.organization_id = c.organization_id AND o.scope = c.scope
        AND o.scope_id IS NOT DISTINCT FROM c.scope_id AND o.budget_window = c.budget_window
@@ -548,11 +561,156 @@ BEGIN
                             AND (l.scope_id IS NOT DISTINCT FROM c.scope_id OR l.scope_id = '*')
                           ORDER BY l.scope_id = '*' LIMIT 1) AS b ON true
      WHERE c.used_credits + c.held_credits - coalesce(o.overrun, 0) > c.admitted_limit
+        OR c.least_limit <> c.admitted_limit OR c.revisions > 1  -- its stripes disagree
         OR (b.revision = c.admitted_revision AND b.limit_credits <> c.admitted_limit);
 END
 $$;
 COMMENT ON FUNCTION llm._invariant_15() IS
-    'Invariant 15: a budget counter''s used + held - overrun never exceeds the limit its last admission was decided against, the budget''s limit while its revision is unchanged.';
+    'Invariant 15: a budget counter''s used + held - overrun (its stripes summed) never exceeds the limit it admits against (the same on all its stripes), the budget''s limit while its revision is unchanged.';
+
+-- 16. every request's row agrees with its status (what 0.3.0 kept as CHECK constraints,
+--     which 0.4.0's contract step dropped so a settlement rewrites its row for less):
+--     terminal iff settled_at; settled iff a settlement kind; a charge only when
+--     terminal; recovery's charge its recovered_credits, no cents, 0 or the estimate; a
+--     true-up's recovered charge kept and its cents set; and its period is the UTC
+--     month it was admitted in (the audit and the sweep read a period by admission time)
+CREATE OR REPLACE FUNCTION llm._invariant_16()
+RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN QUERY
+    SELECT 16, i.organization_id, 'invocation ' || i.id,
+           pg_catalog.format('status=%s settled_at=%s kind=%s charged=%s/%s recovered=%s estimate=%s period=%s created_at=%s',
+                             i.status, i.settled_at, i.settlement_kind, i.charged_credits, i.charged_cents,
+                             i.recovered_credits, i.estimate_credits, i.period_start, i.created_at)
+      FROM llm.invocations AS i
+     WHERE (i.status IN ('settled', 'failed')) <> (i.settled_at IS NOT NULL)
+        OR (i.status = 'settled') <> (i.settlement_kind IS NOT NULL)
+        OR (i.status NOT IN ('settled', 'failed') AND i.charged_credits IS NOT NULL)
+        OR (i.settlement_kind = 'recovered'
+            AND NOT (i.charged_cents IS NULL AND i.charged_credits = i.recovered_credits
+                     AND (i.recovered_credits = 0 OR i.recovered_credits = i.estimate_credits)))
+        OR (i.settlement_kind = 'trued_up' AND (i.recovered_credits IS NULL OR i.charged_cents IS NULL))
+        OR (i.settlement_kind IS DISTINCT FROM 'recovered' AND i.settlement_kind IS DISTINCT FROM 'trued_up'
+            AND i.recovered_credits IS NOT NULL)
+        OR i.period_start <> llm._period_start(i.created_at);
+END
+$$;
+COMMENT ON FUNCTION llm._invariant_16() IS
+    'Invariant 16: every request''s row agrees with its status (terminal iff settled_at, a kind iff settled, a charge only when terminal, recovery''s and a true-up''s figures) and its period is the UTC month of its admission.';
+
+-- 17. what the period stripes keep for the readers of open requests and of settlement
+--     days: a stripe's open_requests (where known) counts its open requests, none of
+--     them admitted before its open_since (NULL when none), a quiet stripe has
+--     none; and no terminal request of a stripe settled further (hours, rounded up)
+--     after or before its admission than the stripe's settle bounds say
+CREATE OR REPLACE FUNCTION llm._invariant_17()
+RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_bounds_known boolean := EXISTS (SELECT FROM llm.upgrade_steps AS u WHERE u.step = 'settle_bounds');
+BEGIN
+    RETURN QUERY
+    SELECT 17, s.organization_id, 'period ' || s.period_start || ' stripe ' || s.stripe,
+           pg_catalog.format('open_requests=%s open_since=%s quiet=%s settle_lag_hours=%s settle_lead_hours=%s; requests open=%s earliest=%s lag=%s lead=%s',
+                             s.open_requests, s.open_since, s.quiet, s.settle_lag_hours, s.settle_lead_hours,
+                             coalesce(r.open, 0), r.earliest, r.lag, r.lead)
+      FROM llm.period_stripes AS s
+      LEFT JOIN (SELECT i.organization_id, i.period_start, i.stripe,
+                        count(*) FILTER (WHERE i.status IN ('reserved', 'dispatched')) AS open,
+                        min(i.created_at) FILTER (WHERE i.status IN ('reserved', 'dispatched')) AS earliest,
+                        max(llm._hours_up(i.settled_at - i.created_at)) AS lag,
+                        max(llm._hours_up(i.created_at - i.settled_at)) AS lead
+                   FROM llm.invocations AS i
+                  GROUP BY 1, 2, 3) AS r
+        ON r.organization_id = s.organization_id AND r.period_start = s.period_start AND r.stripe = s.stripe
+     WHERE (s.open_requests IS NOT NULL
+            AND (s.open_requests <> coalesce(r.open, 0)
+                 OR (coalesce(r.open, 0) = 0) <> (s.open_since IS NULL)
+                 OR s.open_since > r.earliest))
+        OR (s.quiet AND coalesce(r.open, 0) > 0)
+        OR (v_bounds_known AND (coalesce(s.settle_lag_hours, 0) < r.lag OR coalesce(s.settle_lead_hours, 0) < r.lead));
+END
+$$;
+COMMENT ON FUNCTION llm._invariant_17() IS
+    'Invariant 17: every period stripe''s open_requests (where known) counts its open requests, none admitted before its open_since (NULL when none), a quiet stripe has none, and its settle bounds hold for each of its terminal requests.';
+
+-- 18. a budget counter's stripes: there are as many as each says (0 .. stripes - 1), each
+--     holds exactly the holds of the open requests on it (budget_stripe % stripes; a
+--     request of the previous release on stripe 0), and rooms spread under the
+--     organization's budgets revision in force never promise more than the counter has
+--     left to the limit it admits against and to the sum limit, nor more usage than
+--     reaches the next threshold of the budget in force not notified yet
+CREATE OR REPLACE FUNCTION llm._invariant_18()
+RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN QUERY
+    SELECT 18, c.organization_id,
+           pg_catalog.format('budget %s %s %s %s stripe %s', c.scope, coalesce(c.scope_id, ''), c.budget_window,
+                             c.window_start, c.stripe),
+           pg_catalog.format('stripes=%s of %s, held=%s (open requests hold %s)', c.stripes, c.rows, c.held_credits,
+                             coalesce(h.held, 0))
+      FROM (SELECT x.*, count(*) OVER (PARTITION BY x.organization_id, x.scope, x.scope_id, x.budget_window,
+                                                    x.window_start) AS rows
+              FROM llm.budget_counters AS x) AS c
+      LEFT JOIN LATERAL (SELECT sum(q.held) AS held
+                           FROM (SELECT i.hold_credits AS held
+                                   FROM llm.invocations AS i
+                                   LEFT JOIN llm.invocation_scopes AS s
+                                     ON s.organization_id = i.organization_id AND s.invocation_id = i.id
+                                    AND i.budget_mask IS NULL
+                                  CROSS JOIN LATERAL llm._budget_keys(coalesce(i.budget_mask, s.budget_mask),
+                                                                      coalesce(i.project, s.project),
+                                                                      coalesce(i.api_key, s.api_key),
+                                                                      coalesce(i.end_user, s.end_user), i.created_at) AS k
+                                  WHERE i.organization_id = c.organization_id
+                                    AND i.status IN ('reserved', 'dispatched')
+                                    AND k.scope = c.scope AND k.budget_window = c.budget_window
+                                    AND k.window_start = c.window_start
+                                    AND k.scope_id IS NOT DISTINCT FROM c.scope_id
+                                    AND coalesce(i.budget_stripe, 0) % c.stripes = c.stripe) AS q) AS h ON true
+     WHERE c.stripe >= c.stripes OR c.rows <> c.stripes OR c.held_credits <> coalesce(h.held, 0)
+    UNION ALL
+    SELECT 18, r.organization_id,
+           pg_catalog.format('budget %s %s %s %s', r.scope, coalesce(r.scope_id, ''), r.budget_window, r.window_start),
+           pg_catalog.format('used=%s held=%s cents=%s admitted_limit=%s; rooms: admit %s, cents %s, notice %s (next threshold %s%% of %s needs %s)',
+                             r.used, r.held, r.cents, r.admitted_limit, r.admit_rooms, r.cents_rooms, r.notice_rooms,
+                             t.next_pct, f.limit_credits, t.need)
+      FROM (SELECT x.organization_id, x.scope, x.scope_id, x.budget_window, x.window_start,
+                   sum(x.used_credits) AS used, sum(x.held_credits) AS held, sum(x.used_cents) AS cents,
+                   max(x.admitted_limit) AS admitted_limit, sum(x.admit_room) AS admit_rooms,
+                   sum(x.cents_room) AS cents_rooms, sum(x.notice_room) AS notice_rooms,
+                   count(*) FILTER (WHERE x.notice_room IS NULL) AS notice_unset
+              FROM llm.budget_counters AS x
+              JOIN llm.organizations AS o ON o.id = x.organization_id
+             WHERE x.rooms_revision = o.budgets_revision
+             GROUP BY 1, 2, 3, 4, 5) AS r
+      LEFT JOIN LATERAL (SELECT l.limit_credits, l.thresholds FROM llm.budget_limits AS l
+                          WHERE l.organization_id = r.organization_id AND l.scope = r.scope
+                            AND l.budget_window = r.budget_window
+                            AND (l.scope_id IS NOT DISTINCT FROM r.scope_id OR l.scope_id = '*')
+                          ORDER BY l.scope_id = '*' LIMIT 1) AS f ON true
+      LEFT JOIN LATERAL (SELECT min(p.pct) AS next_pct,
+                                pg_catalog.ceil(min(p.pct)::numeric * f.limit_credits / 100)::bigint - r.used AS need
+                           FROM pg_catalog.unnest(f.thresholds) AS p(pct)
+                          WHERE r.used::numeric * 100 < p.pct::numeric * f.limit_credits
+                            AND NOT EXISTS (SELECT FROM llm.threshold_notices AS n
+                                             WHERE n.organization_id = r.organization_id AND n.scope = r.scope
+                                               AND n.scope_id IS NOT DISTINCT FROM r.scope_id
+                                               AND n.budget_window = r.budget_window
+                                               AND n.period_start = r.window_start AND n.threshold_pct = p.pct)) AS t
+        ON true
+     WHERE r.admit_rooms > GREATEST(0, LEAST(r.admitted_limit, llm._max_sum()) - r.used - r.held)
+        OR r.cents_rooms > GREATEST(0, llm._max_sum() - r.cents)
+        OR (t.need IS NOT NULL AND (r.notice_unset > 0 OR r.notice_rooms > t.need));
+END
+$$;
+COMMENT ON FUNCTION llm._invariant_18() IS
+    'Invariant 18: a budget counter has the stripes it says, each holding the holds of its open requests, and its rooms (spread under the budgets revision in force) promise no more than it has left to its limit and to the sum limit, nor usage past its next threshold not notified.';
 
 -- Every violation, invariant by invariant. The calls keep the order of 0.2.0's single
 -- query list (2b before 2, 5b before 5), so the rows come out as they always have.
@@ -579,6 +737,9 @@ BEGIN
     RETURN QUERY SELECT * FROM llm._invariant_13();
     RETURN QUERY SELECT * FROM llm._invariant_14();
     RETURN QUERY SELECT * FROM llm._invariant_15();
+    RETURN QUERY SELECT * FROM llm._invariant_16();
+    RETURN QUERY SELECT * FROM llm._invariant_17();
+    RETURN QUERY SELECT * FROM llm._invariant_18();
 END
 $$;
 COMMENT ON FUNCTION llm.check_invariants() IS

@@ -29,7 +29,7 @@ BEGIN
     -- fails (a local table's foreign key to a distributed table) and would
     -- drop and recreate the table, and every function depending on its row type.
     PERFORM pg_catalog.set_config('citus.enable_local_reference_table_foreign_keys', 'off', true);
-    FOREACH v_table IN ARRAY ARRAY['llm.task_kinds', 'llm.settings'] LOOP
+    FOREACH v_table IN ARRAY ARRAY['llm.task_kinds', 'llm.settings', 'llm.upgrade_steps'] LOOP
         EXECUTE pg_catalog.format('SELECT %I($1)', 'create_reference_table') USING v_table;
         v_done := pg_catalog.array_append(v_done, v_table);
     END LOOP;
@@ -56,7 +56,7 @@ BEGIN
                              '_settle_invocation', '_fail_invocation', '_open_execution',
                              '_close_execution', '_reconcile_org', '_end_claim',
                              '_set_recovery_policy', '_set_allowance', '_audit_org',
-                             '_set_period_stripes', '_set_budget', '_note_refusal')
+                             '_set_period_stripes', '_set_budget', '_set_budget_stripes', '_note_refusal')
     LOOP
         EXECUTE pg_catalog.format('SELECT %I($1::regprocedure, $2, colocate_with => $3, force_delegation => true)', 'create_distributed_function')
           USING v_fn::text, 'p_organization_id', 'llm.organizations';

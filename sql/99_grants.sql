@@ -32,6 +32,7 @@ GRANT EXECUTE ON FUNCTION
     llm.set_recovery_policy(uuid, text, text),
     llm.set_period_stripes(uuid, integer),
     llm.set_budget(uuid, text, text, text, bigint, integer[], timestamptz),
+    llm.set_budget_stripes(uuid, text, text, text, integer, timestamptz),
     llm.declare_task_kind(text, text),
     llm.reconcile_org(uuid, timestamptz, integer, uuid),
     llm.reconciliation_health(timestamptz),
