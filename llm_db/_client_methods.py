@@ -104,6 +104,16 @@ SELECT llm.set_budget(
     p_thresholds => %(thresholds)s::integer[],
     p_now => %(now)s::timestamptz) AS value"""
 
+#: ``Llm.set_budget_stripes``
+SET_BUDGET_STRIPES = """\
+SELECT llm.set_budget_stripes(
+    p_organization_id => %(organization_id)s::uuid,
+    p_scope => %(scope)s::text,
+    p_scope_id => %(scope_id)s::text,
+    p_window => %(window)s::text,
+    p_stripes => %(stripes)s::integer,
+    p_now => %(now)s::timestamptz) AS value"""
+
 #: ``Llm.declare_task_kind``
 DECLARE_TASK_KIND = """\
 SELECT llm.declare_task_kind(
@@ -455,6 +465,29 @@ class LlmMethods:
             "now": now,
         }
         self._execute(SET_BUDGET, params)
+
+    def set_budget_stripes(
+        self,
+        organization_id: UuidLike,
+        scope: str,
+        scope_id: str | None,
+        window: str,
+        stripes: Int4,
+        *,
+        now: datetime | None = None,
+    ) -> int:
+        """Spread the counters of a budget (``'*'``: of every id it governs) over ``stripes``
+        rows (1-64), for a key or end user many sessions share; the new count."""
+        params = {
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "scope": scope,
+            "scope_id": scope_id,
+            "window": window,
+            "stripes": whole("stripes", stripes),
+            "now": now,
+        }
+        rows = self._execute(SET_BUDGET_STRIPES, params)
+        return value_of(rows, int)
 
     def declare_task_kind(
         self,
@@ -1125,6 +1158,29 @@ class AsyncLlmMethods:
             "now": now,
         }
         await self._execute(SET_BUDGET, params)
+
+    async def set_budget_stripes(
+        self,
+        organization_id: UuidLike,
+        scope: str,
+        scope_id: str | None,
+        window: str,
+        stripes: Int4,
+        *,
+        now: datetime | None = None,
+    ) -> int:
+        """Spread the counters of a budget (``'*'``: of every id it governs) over ``stripes``
+        rows (1-64), for a key or end user many sessions share; the new count."""
+        params = {
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "scope": scope,
+            "scope_id": scope_id,
+            "window": window,
+            "stripes": whole("stripes", stripes),
+            "now": now,
+        }
+        rows = await self._execute(SET_BUDGET_STRIPES, params)
+        return value_of(rows, int)
 
     async def declare_task_kind(
         self,

@@ -306,6 +306,20 @@ class Operations:
         ``day``, ``week`` or ``month`` in UTC; ``limit_credits`` None removes it. Scopes:
         ``organization`` (id None; day and week), ``project``, ``api_key``, ``end_user``."""
 
+    @operation("set_budget_stripes")
+    def set_budget_stripes(
+        self,
+        organization_id: UuidLike,
+        scope: str,
+        scope_id: str | None,
+        window: str,
+        stripes: Int4,
+        *,
+        now: datetime | None = None,
+    ) -> int:
+        """Spread the counters of a budget (``'*'``: of every id it governs) over ``stripes``
+        rows (1-64), for a key or end user many sessions share; the new count."""
+
     @operation("declare_task_kind")
     def declare_task_kind(self, key: str, description: str | None = None) -> None:
         """Declare a task kind; idempotent."""

@@ -162,11 +162,13 @@ def slot(scope: str, window: str) -> int:
 
 def request_scopes_sql(conn: Any) -> str:
     """A query of every request's organization, id, scope ids (project, api_key,
-    end_user) and budget_mask (0 when none), kept beside the request in
-    llm.invocation_scopes."""
-    return ("SELECT i.organization_id, i.id, s.project, s.api_key, s.end_user, coalesce(s.budget_mask, 0)"
+    end_user) and budget_mask (0 when none), kept on the request (0.4.0 on) or beside it
+    in llm.invocation_scopes (before)."""
+    return ("SELECT i.organization_id, i.id, coalesce(i.project, s.project), coalesce(i.api_key, s.api_key),"
+            " coalesce(i.end_user, s.end_user), coalesce(i.budget_mask, s.budget_mask, 0)"
             " FROM llm.invocations AS i LEFT JOIN llm.invocation_scopes AS s"
-            " ON s.organization_id = i.organization_id AND s.invocation_id = i.id")  # fmt: skip
+            " ON s.organization_id = i.organization_id AND s.invocation_id = i.id"
+            " AND i.budget_mask IS NULL")  # fmt: skip
 
 
 def iso(at: datetime) -> str:

@@ -48,6 +48,7 @@ SIGNATURES = {
     "set_recovery_policy": "llm.set_recovery_policy(uuid,text,text)",
     "set_period_stripes": "llm.set_period_stripes(uuid,integer)",
     "set_budget": "llm.set_budget(uuid,text,text,text,bigint,integer[],timestamp with time zone)",
+    "set_budget_stripes": "llm.set_budget_stripes(uuid,text,text,text,integer,timestamp with time zone)",
     "admit_invocation": "llm.admit_invocation(uuid,bigint,text,uuid,uuid,timestamp with time zone,text,text,text)",
     "mark_dispatched": "llm.mark_dispatched(uuid,uuid,timestamp with time zone)",
     "note_refusal": "llm.note_refusal(uuid,text,text,text,date,timestamp with time zone)",

@@ -248,7 +248,7 @@ def test_a_budget_applies_to_every_admission_called_after_set_budget_commits(
     app = llm_role_conn("llm_app")
     during = admit(app, org, 50, api_key="k")
     assert rows(
-        llm_conn, "SELECT budget_mask FROM llm.invocation_scopes WHERE invocation_id = %s", [during["id"]]
+        llm_conn, "SELECT budget_mask FROM llm.invocations WHERE id = %s", [during["id"]]
     ) == [{"budget_mask": 0}]
 
     admin.commit()

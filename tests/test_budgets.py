@@ -62,9 +62,12 @@ def expected_usage(conn: psycopg.Connection, org: uuid.UUID) -> dict[tuple, tupl
     window) in the windows of its admission time; a terminal request its charge, an open one
     its hold."""
     totals: dict[tuple, list[int]] = {}
-    query = ("SELECT i.*, s.project, s.api_key, s.end_user, s.budget_mask FROM llm.invocations AS i"
-             " JOIN llm.invocation_scopes AS s"
-             " ON s.organization_id = i.organization_id AND s.invocation_id = i.id"
+    query = ("SELECT i.status, i.created_at, i.charged_credits, i.charged_cents, i.hold_credits,"
+             " coalesce(i.project, s.project) AS project, coalesce(i.api_key, s.api_key) AS api_key,"
+             " coalesce(i.end_user, s.end_user) AS end_user,"
+             " coalesce(i.budget_mask, s.budget_mask, 0) AS budget_mask FROM llm.invocations AS i"
+             " LEFT JOIN llm.invocation_scopes AS s"
+             " ON s.organization_id = i.organization_id AND s.invocation_id = i.id AND i.budget_mask IS NULL"
              " WHERE i.organization_id = %s")  # fmt: skip
     for r in rows(conn, query, [org]):
         for bit in range(12):

@@ -16,10 +16,11 @@ NOT_SHARDED = {
     "organizations": "its id IS the organization id (the distribution column)",
     "task_kinds": "catalog: a reference table copied to every node",
     "settings": "catalog: a reference table copied to every node",
+    "upgrade_steps": "the contract steps migrate ran: a reference table copied to every node",
     "reconciliation_runs": "coordinator-local record of the pass, never distributed",
     "pass_lease": "coordinator-local one-pass-at-a-time lease, never distributed",
 }
-REFERENCE_TABLES = {"task_kinds", "settings"}
+REFERENCE_TABLES = {"task_kinds", "settings", "upgrade_steps"}
 COORDINATOR_TABLES = {"reconciliation_runs", "pass_lease"}
 ORG = "organization_id"
 # Functions with a p_organization_id argument that are not per-organization operations.

@@ -167,9 +167,8 @@ def test_demo_with_dsn_prints_figures_that_match_the_database(llm_dsn, llm_conn)
                for b in result["budgets"]}  # fmt: skip
     requests = {(scope, window, str(start)): (ids, used) for scope, window, start, ids, used in
                 llm_conn.execute("""
-        WITH r AS (SELECT i.*, s.project, s.end_user FROM llm.invocations AS i
-                     JOIN llm.invocation_scopes AS s
-                       ON s.organization_id = i.organization_id AND s.invocation_id = i.id
+        WITH r AS (SELECT i.created_at, i.status, i.charged_credits, i.project, i.end_user
+                     FROM llm.invocations AS i
                     WHERE i.organization_id = %(org)s)
         SELECT 'project', 'month', date_trunc('month', created_at AT TIME ZONE 'UTC')::date,
                count(DISTINCT project), sum(charged_credits) FILTER (WHERE status IN ('settled', 'failed'))

@@ -492,7 +492,7 @@ SCOPES = {"project": "proj-1", "api_key": "key-1", "end_user": "user 42 ✓"}
 
 
 def scopes_of(conn: psycopg.Connection, inv_id: uuid.UUID) -> tuple[str | None, ...]:
-    query = "SELECT project, api_key, end_user FROM llm.invocation_scopes WHERE invocation_id = %(id)s::uuid"
+    query = "SELECT project, api_key, end_user FROM llm.invocations WHERE id = %(id)s::uuid"
     return conn.execute(query, {"id": inv_id}).fetchone()
 
 
@@ -753,7 +753,7 @@ def _placeholder(hint: Any) -> Any:
         return JANUARY
     if "bool" in text:
         return True
-    if "int" in text:
+    if "int" in text.lower():  # int, Int4
         return [80, 100] if "Iterable" in text or "Sequence" in text else 1
     return "x"
 

@@ -94,18 +94,19 @@ CASES = (
         (STRIPES.format("used_credits = used_credits - 1") + f" AND stripe = {BUSIEST}",),
         also=("2b",),
     ),
-    # With the ledger a view, 3 holds by the requests' CHECK constraints; it guards
-    # against a constraint dropped or a row written without it, which this case does.
+    # With the ledger a view, 3 holds by the requests' rows agreeing with their status,
+    # which 16 checks (0.3.0's CHECK constraints): a recovery charge off its request's
+    # charge breaks both.
     Case(
         "3",
         "the recovery charges of two requests of a period moved by one credit, one up and "
-        "one down, off their charges (constraint dropped): the period's sums still agree",
+        "one down, off their charges: the period's sums still agree",
         (
-            "ALTER TABLE llm.invocations DROP CONSTRAINT invocations_recovered_charge",
             "UPDATE llm.invocations SET recovered_credits = recovered_credits"
             " + CASE WHEN hold_credits = 40 THEN -1 ELSE 1 END"
             " WHERE organization_id = %(org)s AND settlement_kind = 'recovered'",
         ),
+        also=("16",),
     ),
     Case(
         "4",
@@ -196,16 +197,37 @@ CASES = (
     ),
     Case(
         "14",
-        "a budget counter's held credits one below its open requests'",
+        "a budget counter's used credits one below its requests'",
         (
-            "UPDATE llm.budget_counters SET held_credits = held_credits - 1"
-            " WHERE organization_id = %(org)s AND held_credits > 0",
+            "UPDATE llm.budget_counters SET used_credits = used_credits - 1"
+            " WHERE organization_id = %(org)s AND used_credits > 0",
         ),
     ),
     Case(
         "15",
-        "a budget counter's admitted limit set below its usage",
-        ("UPDATE llm.budget_counters SET admitted_limit = 90 WHERE organization_id = %(org)s",),
+        "a budget counter's admitted limit set below its usage (its rooms emptied with it)",
+        (
+            "UPDATE llm.budget_counters SET admitted_limit = 90, admit_room = 0"
+            " WHERE organization_id = %(org)s",
+        ),
+    ),
+    Case(
+        "16",
+        "a measured settlement marked failed, its kind kept",
+        (f"UPDATE llm.invocations SET status = 'failed' WHERE organization_id = %(org)s AND id = {MEASURED}",),
+    ),
+    Case(
+        "17",
+        "a stripe counting one open request more than it holds",
+        (STRIPES.format("open_requests = open_requests + 1") + " AND stripe = 0",),
+    ),
+    Case(
+        "18",
+        "a budget counter's admit room raised past what its limit leaves",
+        (
+            "UPDATE llm.budget_counters SET admit_room = admit_room + 1000"
+            " WHERE organization_id = %(org)s AND rooms_revision IS NOT NULL",
+        ),
     ),
 )
 
@@ -264,7 +286,7 @@ def violations(conn: psycopg.Connection, key: str) -> list[tuple]:
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.key) for c in CASES])
 def test_each_invariant_has_a_breach_that_only_it_reports(llm_conn, llm_superuser_conn, case):
-    """Issue 24 item 5: every invariant of docs/contract.md (1..15, 2b, 4b, 5b) is one private
+    """Issue 24 item 5: every invariant of docs/contract.md (1..18, 2b, 4b, 5b) is one private
     function, and a breach of it alone is reported by that function alone (case 2: with
     2b, see the table), under its number, for the organization broken; on legal books
     every function returns nothing."""
@@ -279,7 +301,7 @@ def test_each_invariant_has_a_breach_that_only_it_reports(llm_conn, llm_superuse
     found = {key: violations(llm_conn, key) for key in invariant_functions(llm_conn)}
     assert {key for key, found_rows in found.items() if found_rows} == {case.key, *case.also}
     reported = [tuple(r.values()) for r in invariants(llm_conn)]
-    assert {(r[0], r[1]) for r in reported} == {(case.reported_as, org)}
+    assert {(r[0], r[1]) for r in reported} == {(int(k.rstrip("b")), org) for k in (case.key, *case.also)}
     assert sorted(reported) == sorted(r for found_rows in found.values() for r in found_rows)
 
 

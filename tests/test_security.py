@@ -52,6 +52,7 @@ OPERATOR = {
     "llm.set_recovery_policy(uuid,text,text)",
     "llm.set_period_stripes(uuid,integer)",
     "llm.set_budget(uuid,text,text,text,bigint,integer[],timestamp with time zone)",
+    "llm.set_budget_stripes(uuid,text,text,text,integer,timestamp with time zone)",
     # recovery, health, schedule
     "llm.reconcile_org(uuid,timestamp with time zone,integer,uuid)",
     "llm.run_reconciliation(timestamp with time zone,integer)",
@@ -249,6 +250,7 @@ REFUSED = {
         "SELECT llm._admit_invocation(%(org)s, 1::bigint, 'm', NULL::uuid, NULL::uuid, %(now)s,"
         " NULL, NULL, NULL)",
         "SELECT llm.set_budget(%(org)s, 'api_key', 'k', 'day', 10::bigint)",
+        "SELECT llm.set_budget_stripes(%(org)s, 'api_key', 'k', 'day', 2)",
         "SELECT llm._book_terminal(NULL::llm.invocations, %(now)s)",
     ],
     "llm_operator": [

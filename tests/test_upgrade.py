@@ -307,6 +307,7 @@ def exercise_every_public_routine(conn: psycopg.Connection, ids: dict[str, uuid.
         "set_period_stripes": lambda: call(conn, "set_period_stripes", small, 4),
         "admit_invocation": admit,
         "set_budget": lambda: budgets_work(conn, unlimited, feb),
+        "set_budget_stripes": lambda: call(conn, "set_budget_stripes", unlimited, "end_user", "*", "day", 4, now=feb),
         "note_refusal": lambda: call(conn, "note_refusal", small, "organization", None, "month",
                                      feb.date().replace(day=1), now=feb),
         "mark_dispatched": lambda: call(conn, "mark_dispatched", small, state["inv"], now=feb),

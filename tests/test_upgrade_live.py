@@ -1,16 +1,23 @@
-"""Upgrades under live traffic (issue 22 item 6): the previous release, 0.2.0 (the
-``migrations/`` and ``sql/`` of commit e283082, kept in
-``tests/upgrade/llm-db-0.2.0-e283082.tar.gz``), is installed and populated with 200k
-requests; clients run admit -> dispatch -> settle through that release's SQL functions
-while this checkout's ``migrate`` runs. Issue 22 item 1's assertions hold: no client
-error, no call waiting longer than 2 s, every admitted request in the books, every
-``settled`` settled, and ``check_invariants()`` empty afterwards.
+"""Upgrades under live traffic (issue 22 item 6): the previous release, 0.3.0 (the
+``migrations/`` and ``sql/`` of its release commit 1a824af, kept in
+``tests/upgrade/llm-db-0.3.0-1a824af.tar.gz``), is installed and populated with 200k
+requests and API key budgets; clients run admit -> dispatch -> settle through that
+release's SQL functions, two of them naming API keys under a day budget, while this
+checkout's ``migrate`` runs all its phases: the migrations (0021 and 0022 add the
+lean write path's columns and build its indexes CONCURRENTLY), the functions, and the
+contract step after the barrier (the stripes' open requests and settle bounds counted,
+the indexes a settlement touched dropped). Issue 22 item 1's assertions hold: no
+client error, no call waiting longer than 2 s, every admitted request in the books,
+every ``settled`` settled, and ``check_invariants()`` empty afterwards; and (issue 32)
+a settlement is a HOT update on the upgraded books. A migrate killed in its contract
+step is finished by the next one.
 
-Issue 23: the books hold 12,000 threshold notices, which 0016 backfills in committed
-batches under the traffic; afterwards they are the allowance's, the new unique key is
-valid, and budgets work (set_budget, scoped admissions, a refusal naming the budget, a
-budget notice). 0016 is re-run after a kill in its index build and from the middle of
-its backfill.
+Release 0.2.0 (``tests/upgrade/llm-db-0.2.0-e283082.tar.gz``) is kept for the steps of
+its own upgrade (issue 23): the books hold 12,000 threshold notices, which 0016
+backfills in committed batches; 0016 is re-run after a kill in its index build and from
+the middle of its backfill. A 0.2.0 database takes live traffic through 0.3.0 first:
+0.2.0's admit_invocation returns the row of llm.invocations, to which 0021 adds
+columns (docs/operations.md "Upgrading to 0.4.0").
 
 The populated books are written straight into 0.2.0's tables by one INSERT ... SELECT
 each (200k function calls would take minutes), with the period counters equal to the
@@ -42,6 +49,12 @@ from tests.helpers import T0, InThread, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 RELEASE_0_2_0 = ROOT / "tests" / "upgrade" / "llm-db-0.2.0-e283082.tar.gz"
+RELEASE_0_3_0 = ROOT / "tests" / "upgrade" / "llm-db-0.3.0-1a824af.tar.gz"
+BUDGET_ORGS = 20  # the first organizations: an API key '*' day budget, clients naming keys
+# What a settlement touched until 0.4.0, and what replaced it (issue 32).
+OLD_INDEXES = ("invocations_open", "invocations_period", "invocations_settled_at")
+NEW_INDEXES = ("invocations_created", "period_stripes_open", "period_stripes_settled",
+               "budget_counters_stripe_key")  # fmt: skip
 
 ORGS = 200
 REQUESTS = 200_000
@@ -109,9 +122,11 @@ INSERT INTO llm.task_kinds (key, description) VALUES (%(task)s, 'live upgrade te
 NOTICES_PER_ORG = 60  # 12,000 notices: 0016 backfills them in three committed batches
 
 
-def install_0_2_0(dsn: str, target: Path, *, requests: int = REQUESTS) -> None:
-    """Install release 0.2.0 at ``dsn`` and populate it; its invariants hold."""
-    with tarfile.open(RELEASE_0_2_0) as archive:
+def install_release(release: Path, dsn: str, target: Path, *, requests: int = REQUESTS) -> None:
+    """Install a release (0.2.0 or 0.3.0) at ``dsn`` and populate it; its invariants hold.
+    0.3.0 also gets an API key '*' day budget in its first organizations (its own
+    set_budget)."""
+    with tarfile.open(release) as archive:
         archive.extractall(target, filter="data")
     migrate(dsn, migrations_dir=target / "migrations", sql_dir=target / "sql")
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -127,36 +142,63 @@ def install_0_2_0(dsn: str, target: Path, *, requests: int = REQUESTS) -> None:
             for statement in POPULATE.split(";\n\n"):
                 conn.execute(statement, values)
         assert conn.execute("SELECT count(*) FROM llm.invocations").fetchone()[0] == requests
+        if release == RELEASE_0_3_0:
+            for i in range(1, BUDGET_ORGS + 1):
+                conn.execute("SELECT llm.set_budget(%s, 'api_key', '*', 'day', 1000000000, p_now => %s)",
+                             [org_id(i), T0])  # fmt: skip
         conn.execute("ANALYZE")
         assert conn.execute("SELECT * FROM llm.check_invariants()").fetchall() == []
 
 
-@pytest.fixture(scope="module")
-def populated_0_2_0(
-    llm_server, llm_owner: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
-    """Name of a template database: 0.2.0 installed by the schema owner (no superuser),
-    200 organizations, 200k requests."""
-    name = f"u020_{uuid.uuid4().hex}"
+def org_id(i: int) -> uuid.UUID:
+    """The populated books' organization ``i`` (1 .. ORGS)."""
+    return uuid.UUID(f"00000000-0000-4000-8000-{i:012d}")
+
+
+def populated(release: Path, llm_server, llm_owner: str, target: Path) -> Iterator[str]:
+    """Name of a template database: ``release`` installed by the schema owner (no
+    superuser), 200 organizations, 200k requests."""
+    name = f"u_{release.name.split('-')[2].replace('.', '')}_{uuid.uuid4().hex}"
     dsn = llm_server.create_database(name, owner=llm_owner)
     try:
-        install_0_2_0(dsn, tmp_path_factory.mktemp("llm-db-0.2.0"))
+        install_release(release, dsn, target)
         yield name
     finally:
         llm_server.drop_database(name)
 
 
-@pytest.fixture
-def old_dsn(llm_server, llm_owner: str, populated_0_2_0: str) -> Iterator[str]:
-    """A clone of the populated 0.2.0 database. No lock_timeout of its own: the clients
-    wait for locks as a consumer does; statement_timeout only stops a hang."""
+@pytest.fixture(scope="module")
+def populated_0_3_0(llm_server, llm_owner: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from populated(RELEASE_0_3_0, llm_server, llm_owner, tmp_path_factory.mktemp("llm-db-0.3.0"))
+
+
+@pytest.fixture(scope="module")
+def populated_0_2_0(llm_server, llm_owner: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from populated(RELEASE_0_2_0, llm_server, llm_owner, tmp_path_factory.mktemp("llm-db-0.2.0"))
+
+
+def clone(llm_server, llm_owner: str, template: str) -> Iterator[str]:
+    """A clone of a populated database. No lock_timeout of its own: the clients wait for
+    locks as a consumer does; statement_timeout only stops a hang."""
     name = f"u_{uuid.uuid4().hex}"
-    dsn = llm_server.create_database(name, template=populated_0_2_0, owner=llm_owner,
+    dsn = llm_server.create_database(name, template=template, owner=llm_owner,
                                      settings={"statement_timeout": "60s"})  # fmt: skip
     try:
         yield dsn
     finally:
         llm_server.drop_database(name)
+
+
+@pytest.fixture
+def old_dsn(llm_server, llm_owner: str, populated_0_3_0: str) -> Iterator[str]:
+    """The previous release, 0.3.0, populated."""
+    yield from clone(llm_server, llm_owner, populated_0_3_0)
+
+
+@pytest.fixture
+def dsn_0_2_0(llm_server, llm_owner: str, populated_0_2_0: str) -> Iterator[str]:
+    """Release 0.2.0, populated: the steps of its own upgrade."""
+    yield from clone(llm_server, llm_owner, populated_0_2_0)
 
 
 # ---------------------------------------------------------------- the clients
@@ -231,6 +273,25 @@ class Client:
             self.call(conn, CLOSE_TASK, org=org, task=task, now=now)
 
 
+ADMIT_KEY = ("SELECT id, status FROM llm.admit_invocation(%(org)s, %(estimate)s, 'gpt-x', NULL, %(id)s,"
+             " p_now => %(now)s, p_api_key => %(key)s)")  # fmt: skip
+
+
+class KeyClient(Client):
+    """A client of 0.3.0's API naming an API key under its organization's day budget."""
+
+    def cycle(self, conn: psycopg.Connection, org: uuid.UUID, now: Any) -> None:
+        inv = uuid.uuid4()
+        if self.call(conn, ADMIT_KEY, org=org, estimate=5, id=inv, key=f"key-{self.calls % 5}", now=now) is None:
+            return
+        self.admitted.append((org, inv))
+        if self.call(conn, DISPATCH, org=org, id=inv, now=now) is None:
+            return
+        outcome = self.call(conn, SETTLE, org=org, id=inv, credits=3, cents=1, now=now)
+        if outcome is not None and outcome[0] == "settled":
+            self.settled.append((org, inv))
+
+
 @dataclass
 class Traffic:
     clients: list[Client]
@@ -255,11 +316,12 @@ class Traffic:
 
 @pytest.fixture
 def traffic(old_dsn: str) -> Iterator[Traffic]:
-    """8 clients (the last with prepared statements), a task client and a reader, on 0.2.0's
-    SQL."""
-    orgs = [uuid.UUID(f"00000000-0000-4000-8000-{i:012d}") for i in range(1, ORGS + 1)]
+    """8 clients (the last with prepared statements), 2 more naming API keys under a day
+    budget, a task client and a reader, on 0.3.0's SQL."""
+    orgs = [org_id(i) for i in range(1, ORGS + 1)]
     clients = [Client(old_dsn, orgs[i::CLIENTS], prepare=i == CLIENTS - 1)
                for i in range(CLIENTS)]  # fmt: skip
+    clients += [KeyClient(old_dsn, orgs[i:BUDGET_ORGS:2]) for i in range(2)]
     clients.append(Client(old_dsn, orgs[:10], tasks=True))
     clients.append(Client(old_dsn, orgs[:10], reads=True))
     live = Traffic(clients, [c.start() for c in clients])
@@ -314,22 +376,24 @@ def rerun_completes(dsn: str, live: Traffic, label: str) -> None:
 
 
 def test_migrate_under_traffic_fails_no_call(old_dsn: str, traffic: Traffic) -> None:
-    """issue 22 item 1 and item 6 (first test): 0.2.0 populated with 200k requests, 8
-    clients and a task client on 0.2.0's SQL (one with prepared statements), this
-    release's migrate in the middle: no client error, no call over 2 s, nothing lost,
-    invariants 1-13 hold (check_invariants() empty)."""
+    """issue 22 item 1 and item 6 (first test), issue 32: 0.3.0 populated with 200k
+    requests and API key budgets, 10 clients and a task client on 0.3.0's SQL (one with
+    prepared statements, two naming keys), this release's migrate, all three phases, in
+    the middle: no client error, no call over 2 s, nothing lost, invariants 1-18 hold;
+    the contract step ran, and a settlement is a HOT update on the upgraded books."""
     traffic.run_for(500)
     seconds, applied = timed_migrate(old_dsn)
-    # every migration since 0.2.0's last (0009) ran under the traffic
-    assert applied == tuple(
-        sorted(p.stem for p in (ROOT / "migrations").glob("*.sql") if p.stem > "0010")
-    )
+    # every migration since 0.3.0's last (0016) ran under the traffic
+    assert applied == tuple(sorted(p.stem for p in (ROOT / "migrations").glob("*.sql") if p.stem > "0016"))
     traffic.run_for(500)  # the clients go on against the new functions
-    report("live upgrade 0.2.0 -> this checkout", seconds, traffic)
+    report("live upgrade 0.3.0 -> this checkout", seconds, traffic)
     with psycopg.connect(old_dsn, autocommit=True) as conn:
         assert_0016_done(conn)
         assert_budgets_work(conn)
+        assert_lean(conn)
     assert_no_harm(old_dsn, traffic)
+    with psycopg.connect(old_dsn, autocommit=True) as conn:
+        assert_settlement_hot(conn)
 
 
 def test_migrate_waits_out_an_open_transaction(old_dsn: str, traffic: Traffic) -> None:
@@ -370,7 +434,7 @@ def test_migrate_waits_out_an_open_transaction(old_dsn: str, traffic: Traffic) -
 # ---------------------------------------------------------------- a call in flight at 0015
 
 
-def test_a_0_2_0_admission_in_flight_when_0015_commits_completes(old_dsn: str) -> None:
+def test_a_0_2_0_admission_in_flight_when_0015_commits_completes(dsn_0_2_0: str) -> None:
     """issue 22 item 1 / issue 23: a 0.2.0 admission in flight when 0015 commits must
     complete. Scripted: 0015 waits for a reader of llm.settings; a 0.2.0 admission starts
     (its wrapper plans its call of the twin, whose result is a row of llm.invocations) and
@@ -381,15 +445,15 @@ def test_a_0_2_0_admission_in_flight_when_0015_commits_completes(old_dsn: str) -
     and 0015 changes no table whose row a 0.2.0 routine returns."""
     org = uuid.UUID(f"00000000-0000-4000-8000-{1:012d}")
     params = {"org": org, "estimate": 5, "task": None, "id": uuid.uuid4(), "now": T0}
-    with (psycopg.connect(old_dsn) as reader, psycopg.connect(old_dsn, autocommit=True) as client,
-          psycopg.connect(old_dsn, autocommit=True) as observer):  # fmt: skip
+    with (psycopg.connect(dsn_0_2_0) as reader, psycopg.connect(dsn_0_2_0, autocommit=True) as client,
+          psycopg.connect(dsn_0_2_0, autocommit=True) as observer):  # fmt: skip
         client.execute(ADMIT, {**params, "id": uuid.uuid4()})  # the session has planned its calls
 
         def on_event(event: dict[str, Any]) -> None:
             if event["event"] == "start" and event["step"] == "0015_budgets":
                 reader.execute("SELECT FROM llm.settings")  # held until the rollback below
 
-        upgrade = InThread(lambda: migrate(old_dsn, lock_timeout=60, on_event=on_event))
+        upgrade = InThread(lambda: migrate(dsn_0_2_0, lock_timeout=60, on_event=on_event))
         migrate_pid = wait_for(lambda: observer.execute(
             "SELECT pid FROM pg_stat_activity WHERE %s = ANY (pg_blocking_pids(pid))",
             [reader.info.backend_pid]).fetchone(), "0015 to wait for the reader of llm.settings")[0]  # fmt: skip
@@ -446,16 +510,16 @@ def assert_budgets_work(conn: psycopg.Connection) -> None:
     assert conn.execute("SELECT * FROM llm.check_invariants()").fetchall() == []
 
 
-def test_0016_interrupted_in_its_unique_index_reruns(old_dsn: str) -> None:
+def test_0016_interrupted_in_its_unique_index_reruns(dsn_0_2_0: str) -> None:
     """issue 23: 0016 is re-runnable from any point. migrate killed (SIGKILL, its backends
     terminated) while 0016 builds its key CONCURRENTLY (held there by a transaction whose
     snapshot is older, as a long report's is): the backfill is done, the index is left
     invalid, the old key still serves the previous release's functions; the books work,
     and a re-run drops the invalid index, builds it and puts this release live."""
-    with psycopg.connect(old_dsn, autocommit=True) as conn, psycopg.connect(old_dsn) as holder:
+    with psycopg.connect(dsn_0_2_0, autocommit=True) as conn, psycopg.connect(dsn_0_2_0) as holder:
         holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         holder.execute("SELECT 1")  # its snapshot is taken; it locks no table of migrate's
-        child = start_migrate(old_dsn)
+        child = start_migrate(dsn_0_2_0)
         waiting = wait_for(lambda: conn.execute(
             "SELECT query FROM pg_stat_activity WHERE application_name = %s AND %s = ANY (pg_blocking_pids(pid))",
             [APP, holder.info.backend_pid]).fetchone(), "0016's index build to wait for the old snapshot")  # fmt: skip
@@ -466,13 +530,13 @@ def test_0016_interrupted_in_its_unique_index_reruns(old_dsn: str) -> None:
                             " WHERE indexrelid = 'llm.threshold_notices_key'::regclass").fetchone() == (False,)  # fmt: skip
         assert conn.execute("SELECT count(*) FROM llm.threshold_notices WHERE scope IS NULL").fetchone() == (0,)
         assert_books_work(conn)
-    assert timed_migrate(old_dsn)[1][0] == "0016_notice_scope_key"  # and the later ones
-    with psycopg.connect(old_dsn, autocommit=True) as conn:
+    assert timed_migrate(dsn_0_2_0)[1][0] == "0016_notice_scope_key"  # and the later ones
+    with psycopg.connect(dsn_0_2_0, autocommit=True) as conn:
         assert_0016_done(conn)
         assert_budgets_work(conn)
 
 
-def test_0016_interrupted_in_its_backfill_reruns(old_dsn: str, tmp_path: Path) -> None:
+def test_0016_interrupted_in_its_backfill_reruns(dsn_0_2_0: str, tmp_path: Path) -> None:
     """issue 23: 0016 is re-runnable from any point. Its backfill commits batch by batch,
     so a kill inside it leaves some batches committed and nothing of the one under way:
     that state (0015 applied, the previous release's functions live, one batch of 5000
@@ -484,15 +548,15 @@ def test_0016_interrupted_in_its_backfill_reruns(old_dsn: str, tmp_path: Path) -
     for path in sorted((ROOT / "migrations").glob("*.sql")):
         if path.stem < "0016":
             (upto_0015 / path.name).write_text(path.read_text())
-    migrate(old_dsn, migrations_dir=upto_0015, sql_dir=tmp_path / "sql")  # 0.2.0's functions stay live
-    with psycopg.connect(old_dsn, autocommit=True) as conn:
+    migrate(dsn_0_2_0, migrations_dir=upto_0015, sql_dir=tmp_path / "sql")  # 0.2.0's functions stay live
+    with psycopg.connect(dsn_0_2_0, autocommit=True) as conn:
         conn.execute("UPDATE llm.threshold_notices SET scope = 'organization', budget_window = 'month'"
                      " WHERE id IN (SELECT id FROM llm.threshold_notices WHERE scope IS NULL LIMIT 5000)")  # fmt: skip
         assert conn.execute("SELECT count(*) FROM llm.threshold_notices WHERE scope IS NULL").fetchone() == (
             ORGS * NOTICES_PER_ORG - 5000,)  # fmt: skip
         assert_books_work(conn)
-    assert timed_migrate(old_dsn)[1][0] == "0016_notice_scope_key"  # and the later ones
-    with psycopg.connect(old_dsn, autocommit=True) as conn:
+    assert timed_migrate(dsn_0_2_0)[1][0] == "0016_notice_scope_key"  # and the later ones
+    with psycopg.connect(dsn_0_2_0, autocommit=True) as conn:
         assert_0016_done(conn)
         assert_budgets_work(conn)
 
@@ -581,3 +645,83 @@ def test_migrate_killed_at_random_points_reruns(old_dsn: str, traffic: Traffic) 
             assert_books_work(conn)
             traffic.run_for(100)
     rerun_completes(old_dsn, traffic, "re-run after the kills")
+
+
+# ---------------------------------------------------------------- issue 32: the lean write path
+
+
+def assert_lean(conn: psycopg.Connection) -> None:
+    """The contract step ran: the stripes' open requests and settle bounds are known, the
+    indexes a settlement touched and the requests' CHECK constraints are gone, the new
+    indexes valid."""
+    steps = {r[0] for r in conn.execute("SELECT step FROM llm.upgrade_steps").fetchall()}
+    assert {"functions_only", "settle_bounds", "0021_lean_write_path"} <= steps
+    assert conn.execute("SELECT count(*) FROM llm.period_stripes WHERE open_requests IS NULL"
+                        " OR settle_lag_hours IS NULL").fetchone() == (0,)  # fmt: skip
+    indexes = dict(conn.execute(
+        "SELECT c.relname::text, i.indisvalid FROM pg_catalog.pg_index AS i"
+        " JOIN pg_catalog.pg_class AS c ON c.oid = i.indexrelid"
+        " WHERE c.relnamespace = 'llm'::regnamespace").fetchall())  # fmt: skip
+    assert not set(OLD_INDEXES) & set(indexes)
+    assert all(indexes[name] for name in NEW_INDEXES)
+    assert conn.execute("SELECT count(*) FROM pg_catalog.pg_constraint"
+                        " WHERE conrelid = 'llm.invocations'::regclass AND contype = 'c'").fetchone() == (0,)  # fmt: skip
+
+
+def invocation_updates(conn: psycopg.Connection) -> tuple[int, int]:
+    """(updates, HOT updates) of llm.invocations so far, this session's flushed."""
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    return conn.execute("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
+                        " WHERE relid = 'llm.invocations'::regclass").fetchone()  # fmt: skip
+
+
+def assert_settlement_hot(conn: psycopg.Connection) -> None:
+    """Issue 32: a settlement rewrites its request's row in place. Of 200 requests admitted,
+    then settled, on the upgraded books, every settlement's update of llm.invocations is
+    HOT (the rows admitted on pages the fillfactor left room on)."""
+    org, ids = org_id(ORGS), [uuid.uuid4() for _ in range(200)]
+    for inv in ids:
+        conn.execute("SELECT llm.admit_invocation(%s, 5, 'gpt-x', NULL, %s, p_now => %s)", [org, inv, T0])
+    before = invocation_updates(conn)
+    for inv in ids:
+        assert conn.execute("SELECT llm.settle_invocation(%s, %s, 3, 1, p_now => %s)",
+                            [org, inv, T0]).fetchone() == ("settled",)  # fmt: skip
+    after = wait_for(lambda: (lambda r: r if r[0] - before[0] >= len(ids) else None)(invocation_updates(conn)),
+                     "the settlements in the statistics")  # fmt: skip
+    assert (after[0] - before[0], after[1] - before[1]) == (len(ids), len(ids)), "a settlement was not HOT"
+
+
+def test_migrate_killed_in_its_contract_step_reruns(old_dsn: str, traffic: Traffic) -> None:
+    """Issue 32: the contract step is re-runnable from any point. migrate killed in its
+    contract step (held there by a stripe a transaction of the test locks while the step
+    counts the stripes' open requests): the new functions are live and serve, the books
+    work; the next migrate finishes the step; the traffic saw no error."""
+    traffic.run_for(300)
+    with psycopg.connect(old_dsn, autocommit=True) as conn, psycopg.connect(old_dsn) as holder:
+        live = threading.Event()
+
+        def hold_when_live() -> None:
+            wait_for(lambda: conn.execute(
+                "SELECT count(*) FROM pg_catalog.pg_class WHERE relname = 'upgrade_steps'").fetchone()[0]
+                and conn.execute("SELECT count(*) FROM llm.upgrade_steps WHERE step = 'functions_only'").fetchone()[0],
+                "the contract step to start", timeout=120)  # fmt: skip
+            holder.execute("SELECT 1 FROM llm.period_stripes WHERE organization_id = %s FOR UPDATE", [org_id(ORGS)])
+            live.set()
+
+        watcher = threading.Thread(target=hold_when_live, daemon=True)
+        watcher.start()
+        child = start_migrate(old_dsn)
+        assert live.wait(120), "the contract step never started"
+        wait_for(lambda: conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY (pg_blocking_pids(pid))",
+            [holder.info.backend_pid]).fetchone()[0] or child.poll() is not None,
+            "the contract step to wait for the held stripe")  # fmt: skip
+        print(f"\nkilled in the contract step, {kill(conn, child)} backends terminated")
+        holder.rollback()
+        steps = {r[0] for r in conn.execute("SELECT step FROM llm.upgrade_steps").fetchall()}
+        assert "functions_only" in steps and "0021_lean_write_path" not in steps
+        assert_books_work(conn)
+        traffic.run_for(200)  # the new functions serve the half-contracted books
+    rerun_completes(old_dsn, traffic, "re-run after a kill in the contract step")
+    with psycopg.connect(old_dsn, autocommit=True) as conn:
+        assert_lean(conn)

@@ -571,9 +571,7 @@ def test_async_STATE_PFM_LLM_002_running_to_failed_when_the_body_is_cancelled(
 def scope_ids(conn: psycopg.Connection, execution_id: uuid.UUID) -> list[tuple]:
     """(estimate, project, api_key, end_user) of the task's requests, in admission order."""
     return conn.execute(
-        "SELECT i.estimate_credits, s.project, s.api_key, s.end_user FROM llm.invocations AS i"
-        " LEFT JOIN llm.invocation_scopes AS s"
-        " ON s.organization_id = i.organization_id AND s.invocation_id = i.id"
+        "SELECT i.estimate_credits, i.project, i.api_key, i.end_user FROM llm.invocations AS i"
         " WHERE i.execution_id = %(id)s::uuid ORDER BY i.created_at, i.estimate_credits",
         {"id": execution_id},
     ).fetchall()
