@@ -52,6 +52,13 @@ SELECT llm.set_budget('00000000-0000-0000-0000-00000000000a', 'end_user', '*', '
 SELECT scope, scope_id, budget_window, limit_credits, thresholds FROM llm.budgets
 ORDER BY scope, scope_id;
 
+-- example: set_budget_stripes
+-- note: a key every worker of a service shares: its counters spread over 8 rows from now on
+SELECT llm.set_budget('00000000-0000-0000-0000-00000000000a', 'api_key', 'shared-key', 'day', 100000,
+    p_now => '2026-01-15 12:00+00');
+SELECT llm.set_budget_stripes('00000000-0000-0000-0000-00000000000a', 'api_key', 'shared-key', 'day', 8,
+    p_now => '2026-01-15 12:00+00') AS stripes;
+
 -- example: note_refusal
 -- note: after an LL001 from admit_invocation, in a transaction of its own; the driver does this
 SELECT llm.note_refusal('00000000-0000-0000-0000-00000000000a', 'organization', NULL, 'month',
