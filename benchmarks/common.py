@@ -235,11 +235,13 @@ def pgbench(target: Target, name: str, args: Sequence[str]) -> dict[str, Any]:
     if proc.returncode != 0 or not _TPS.search(proc.stdout):
         raise RuntimeError(f"pgbench failed ({proc.returncode}): {' '.join(args)}\n{proc.stderr}\n{proc.stdout}")
     with target.connect(name) as conn:
-        wal_bytes = conn.execute("SELECT pg_current_wal_lsn() - %s::pg_lsn", [wal_start]).fetchone()[0]
+        wal_end = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+        wal_bytes = conn.execute("SELECT %s::pg_lsn - %s::pg_lsn", [wal_end, wal_start]).fetchone()[0]
         writes_after = _table_writes(conn)  # pgbench's sessions have exited: their counts are flushed
     failed = _FAILED.search(proc.stdout)
     processed = _PROCESSED.search(proc.stdout)
     runs = int(processed.group(1)) if processed else 0
+    records = wal_records(target, str(wal_start), str(wal_end))
     return {
         "tps": float(_TPS.search(proc.stdout).group(1)),
         "latency_ms": float(_LAT.search(proc.stdout).group(1)) if _LAT.search(proc.stdout) else None,
@@ -249,6 +251,10 @@ def pgbench(target: Target, name: str, args: Sequence[str]) -> dict[str, Any]:
         # WAL written per script run (the whole server's, the run dominates it): a run whose
         # sessions wait on WALWrite is bounded by this
         "wal_bytes_per_run": round(float(wal_bytes) / int(processed.group(1))) if processed else None,
+        # per script run, WAL records by kind (pg_waldump --stats=record; when the server's
+        # WAL is on this machine): Btree/INSERT_LEAF counts the index entries written
+        "wal_records_per_run": {kind: {k: round(v / runs, 2) for k, v in figures.items()}
+                                for kind, figures in records.items()} if runs and records else None,
         # per script run and table: rows inserted, updated, of which HOT (no index entry)
         "table_writes": {
             table: {k: round((v - writes_before.get(table, {}).get(k, 0)) / runs, 2) for k, v in counts.items()}
@@ -277,3 +283,44 @@ def run_args(sizes: Sizes, *extra: str, seconds: int | None = None) -> list[str]
 def cpu_delta(pid: int, before: float | None) -> float | None:
     after = cpu.cpu_seconds(pid)
     return None if before is None or after is None else after - before
+
+
+# ---------------------------------------------------------------- WAL records
+
+PG_WALDUMP_CANDIDATES = ("/usr/lib/postgresql/15/bin/pg_waldump", "/usr/bin/pg_waldump")
+_WALDUMP_STATS = re.compile(
+    r"^(\S+/\S+)\s+(\d+)\s+\(\s*[\d.]+\)\s+(\d+)\s+\(\s*[\d.]+\)\s+(\d+)\s+\(\s*[\d.]+\)\s+(\d+)", re.M)
+
+
+def wal_directory(target: Target) -> Path | None:
+    """The server's pg_wal, when it is on this machine and readable; else None."""
+    try:
+        with target.connect() as conn:
+            data = conn.execute("SELECT current_setting('data_directory')").fetchone()[0]
+    except psycopg.Error:
+        return None
+    wal = Path(data) / "pg_wal"
+    return wal if wal.is_dir() and os.access(wal, os.R_OK) else None
+
+
+def wal_records(target: Target, start: str, end: str) -> dict[str, dict[str, int]]:
+    """WAL records between two LSNs by kind (``Heap/HOT_UPDATE``, ``Btree/INSERT_LEAF``,
+    ...): how many, their bytes and their full-page images' bytes, from ``pg_waldump
+    --stats=record``; empty when the WAL is not on this machine."""
+    wal, waldump = wal_directory(target), next((p for p in PG_WALDUMP_CANDIDATES if Path(p).exists()), None)
+    if wal is None or waldump is None:
+        return {}
+    proc = subprocess.run([waldump, "-p", str(wal), "-s", start, "-e", end, "--stats=record"],
+                          capture_output=True, text=True)  # fmt: skip
+    return {m[1]: {"records": int(m[2]), "bytes": int(m[3]), "fpi_bytes": int(m[4])}
+            for m in _WALDUMP_STATS.finditer(proc.stdout)}  # fmt: skip
+
+
+def wal_listing(target: Target, start: str, end: str) -> list[str]:
+    """Every WAL record between two LSNs as ``pg_waldump`` prints it, for one request's
+    write shape (docs/benchmarks.md); empty when the WAL is not on this machine."""
+    wal, waldump = wal_directory(target), next((p for p in PG_WALDUMP_CANDIDATES if Path(p).exists()), None)
+    if wal is None or waldump is None:
+        return []
+    proc = subprocess.run([waldump, "-p", str(wal), "-s", start, "-e", end], capture_output=True, text=True)
+    return [line for line in proc.stdout.splitlines() if line.strip()]

@@ -42,6 +42,9 @@ SELECT {ORG_ID.format(n="n")}, {TASK_ID.format(n="n", slot="c")}, 'bench', 'runn
 
 # Organization n's period counters spread over this many stripes.
 SET_STRIPES = f"SELECT llm.set_period_stripes({ORG_ID.format(n='%(n)s::integer')}, %(stripes)s::integer)"
+# Organization n's API keys' day budget ('*') spread over this many stripes (issue 32 item 4).
+SET_KEY_STRIPES = (f"SELECT llm.set_budget_stripes({ORG_ID.format(n='%(n)s::integer')}, 'api_key', '*', 'day',"
+                   " %(stripes)s::integer)")
 
 # Every request of organizations first .. first + orgs - 1 under two budgets besides
 # its allowance: its project's month and its API key's day, each the organization's
@@ -93,7 +96,7 @@ INSERT INTO bench_history
 SELECT md5('bench-org-' || ((g / %(per_task)s) %% %(orgs)s + 1))::uuid,
        CASE WHEN %(tasks)s::boolean THEN md5(%(task_prefix)s::text || (g / %(per_task)s))::uuid END,
        gen_random_uuid(),
-       date_trunc('month', c.t AT TIME ZONE 'UTC')::date,
+       date_trunc('month', (c.t - interval '3 seconds') AT TIME ZONE 'UTC')::date,  -- its admission's month
        (ARRAY['model-a', 'model-b', 'model-c'])[g %% 3 + 1],
        CASE WHEN g %% 50 = 0 THEN 'failed' ELSE 'settled' END,
        100 + g %% 50,
@@ -108,7 +111,8 @@ SELECT md5('bench-org-' || ((g / %(per_task)s) %% %(orgs)s + 1))::uuid,
 
 # A period is its head (allowance) and its stripes (counters); the loads put every
 # counter on stripe 0, rooms 0 (the next movement spreads them), as schema 0007
-# converts an existing period.
+# converts an existing period: no open request, the settle lag of a settlement 3 s
+# after its admission (1 hour, rounded up), quiet once its month is over.
 HISTORY_PERIODS = """
 WITH heads AS (
     INSERT INTO llm.period_heads AS p (organization_id, period_start, period_end, allowance_credits)
@@ -118,10 +122,12 @@ WITH heads AS (
     ON CONFLICT (organization_id, period_start) DO NOTHING
 )
 INSERT INTO llm.period_stripes AS s (organization_id, period_start, stripe, used_credits, used_cents,
-                                     admit_room, notice_room)
+                                     admit_room, notice_room, open_requests, open_since, quiet,
+                                     settle_lag_hours, settle_lead_hours)
 SELECT h.organization_id, h.period_start, 0, sum(h.charged), sum(h.cents),
        CASE WHEN o.monthly_allowance_credits IS NOT NULL THEN 0 END,
-       CASE WHEN o.monthly_allowance_credits IS NOT NULL THEN 0 END
+       CASE WHEN o.monthly_allowance_credits IS NOT NULL THEN 0 END,
+       0, NULL, h.period_start + interval '1 month' <= now(), 1, 0
   FROM bench_history AS h JOIN llm.organizations AS o ON o.id = h.organization_id
  GROUP BY h.organization_id, h.period_start, o.monthly_allowance_credits
 ON CONFLICT (organization_id, period_start, stripe) DO UPDATE
@@ -145,13 +151,13 @@ HISTORY_INVOCATIONS = """
 INSERT INTO llm.invocations (organization_id, id, period_start, execution_id, model, status,
                              estimate_credits, hold_credits, charged_credits, charged_cents,
                              input_tokens, output_tokens, settlement_kind, created_at,
-                             dispatched_at, settled_at, error)
+                             dispatched_at, settled_at, error, budget_mask)
 SELECT h.organization_id, h.id, h.period_start, h.execution_id, h.model, h.status,
        h.estimate, h.estimate, h.charged, h.cents,
        h.input_tokens, h.output_tokens,
        CASE h.status WHEN 'settled' THEN 'measured' END,
        h.created_at, h.created_at + interval '10 milliseconds', h.settled_at,
-       CASE h.status WHEN 'failed' THEN 'bench: provider error' END
+       CASE h.status WHEN 'failed' THEN 'bench: provider error' END, 0
   FROM bench_history AS h
  ORDER BY h.organization_id, h.id
 """
@@ -198,20 +204,22 @@ WITH heads AS (
            o.monthly_allowance_credits
       FROM bench_stranded AS s JOIN llm.organizations AS o ON o.id = s.organization_id
 )
-INSERT INTO llm.period_stripes (organization_id, period_start, stripe, held_credits, admit_room, notice_room)
+INSERT INTO llm.period_stripes (organization_id, period_start, stripe, held_credits, admit_room, notice_room,
+                                open_requests, open_since, quiet, settle_lag_hours, settle_lead_hours)
 SELECT s.organization_id, s.period_start, 0, sum(s.estimate),
        CASE WHEN o.monthly_allowance_credits IS NOT NULL THEN 0 END,
-       CASE WHEN o.monthly_allowance_credits IS NOT NULL THEN 0 END
+       CASE WHEN o.monthly_allowance_credits IS NOT NULL THEN 0 END,
+       count(*), min(s.created_at), false, 0, 0
   FROM bench_stranded AS s JOIN llm.organizations AS o ON o.id = s.organization_id
  GROUP BY s.organization_id, s.period_start, o.monthly_allowance_credits
 """
 
 STRANDED_INVOCATIONS = """
 INSERT INTO llm.invocations (organization_id, id, period_start, execution_id, model, status,
-                             estimate_credits, hold_credits, created_at, dispatched_at)
+                             estimate_credits, hold_credits, created_at, dispatched_at, budget_mask)
 SELECT s.organization_id, s.id, s.period_start, s.execution_id, 'model-a', s.status,
        s.estimate, s.estimate, s.created_at,
-       CASE s.status WHEN 'dispatched' THEN s.created_at + interval '10 milliseconds' END
+       CASE s.status WHEN 'dispatched' THEN s.created_at + interval '10 milliseconds' END, 0
   FROM bench_stranded AS s
 """
 
