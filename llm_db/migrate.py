@@ -3,14 +3,21 @@
 ``migrate(dsn)`` runs three phases:
 
 1. ``migrations/*.sql`` (versioned DDL: tables, types, roles) through yoyo,
-   each migration once, under yoyo's lock: the expand steps;
+   each migration once, under yoyo's lock: the expand steps. A migration marked
+   ``-- barrier: before`` is applied after the barrier (below): when every
+   transaction open as it is reached has ended, so none still runs a statement
+   the migrations before it replaced (0021 and 0022, docs/architecture.md
+   Conventions 14);
 2. every ``sql/*.sql`` file (function bodies, grants), in name order, all in
    ONE transaction, re-applied on every run. The files must be re-runnable
    (``CREATE OR REPLACE``, ``DROP … IF EXISTS``); a failure rolls back the
    whole phase, so a database never holds half a release of functions.
    A routine of schema ``llm`` that the files no longer define (deleted, or
-   its signature changed) is dropped in that same transaction;
-3. ``migrations/contract/*.sql``, the contract steps (docs/architecture.md
+   its signature changed) is dropped after the barrier (phase 3): a call of
+   the previous release's code still running as the functions go live may
+   still call it;
+3. the routines the files no longer define are dropped, then
+   ``migrations/contract/*.sql``, the contract steps (docs/architecture.md
    Conventions 14), each once (``llm.upgrade_steps`` records it), after the
    barrier: every transaction that was open when the new functions went live has
    ended, so none can still run the previous release's code (a function already
@@ -41,8 +48,10 @@ routines no file re-created, and those are dropped. The mark is a built-in
 parameter any user may set, so the routines' owner needs no superuser: a
 custom one (``llm.…``) on a routine takes a superuser in PostgreSQL 15, which
 made every re-run by a managed service's owner fail with 42501 (issue 21 F1).
-Nothing runs with the mark: a marked routine is re-created or dropped before
-the transaction commits, and a failed run rolls the mark back.
+Nothing runs with the mark: a marked routine is re-created, or unmarked before the
+transaction commits and dropped after the barrier (a run killed before that drop
+leaves it unmarked, and the next run finds it stale again), and a failed run
+rolls the mark back.
 
 How migrate bounds its locks (issue 22 item 2): every transaction it opens,
 its own and each of yoyo's, starts with ``SET LOCAL lock_timeout`` (the
@@ -257,15 +266,15 @@ def migrate(
         ):
             _begin_locked(conn, run)
             try:
-                applied = _apply_migrations(url, migrations_path, run)
+                applied = _apply_migrations(dsn, url, migrations_path, run, conn)
                 run.worker_pid = conn.info.backend_pid
-                dropped = run.step(FUNCTIONS_STEP, lambda: _apply_sql_phase(conn, sql_files))
+                stale = run.step(FUNCTIONS_STEP, lambda: _apply_sql_phase(conn, sql_files))
             except BaseException:
                 if not conn.closed and not conn.broken:
                     conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
-            contracted = _apply_contract_steps(dsn, conn, migrations_path / "contract", run)
+            dropped, contracted = _apply_contract_steps(dsn, conn, migrations_path / "contract", stale, run)
     except psycopg.Error as exc:  # the connection lost, the server shut down, …
         raise MigrationError(f"migrate stopped: {_describe(exc)}") from exc
 
@@ -514,8 +523,11 @@ def _yoyo_backend(url: str, run: _Run) -> Any:
     return backend
 
 
-def _apply_migrations(url: str, migrations_dir: Path, run: _Run) -> list[str]:
-    """Apply the pending migrations, each one yoyo transaction, each its own step."""
+def _apply_migrations(dsn: str, url: str, migrations_dir: Path, run: _Run, conn: psycopg.Connection) -> list[str]:
+    """Apply the pending migrations, each one yoyo transaction, each its own step; one
+    marked ``-- barrier: before`` after the barrier, which waits for every transaction
+    but ``conn``'s (migrate's, holding the migrate lock; yoyo's connections are
+    autocommit)."""
     from yoyo import read_migrations
     from yoyo.exceptions import LockTimeout
 
@@ -530,6 +542,10 @@ def _apply_migrations(url: str, migrations_dir: Path, run: _Run) -> list[str]:
         ):
             pending = backend.to_apply(migrations)
             for migration in pending:
+                if _BARRIER_BEFORE.search(Path(migration.path).read_text(encoding="utf-8")):
+                    step = f"barrier before {migration.id}"
+                    run.step(step, lambda s=step: _barrier_of(
+                        dsn, conn, run, s, "the previous release's functions are live and the database works"))
                 # a 55P03 rolls the migration's transaction back, unmarked: retried whole
                 run.step(migration.id, lambda m=migration: _apply_one(backend, m, migrations_dir))
             backend.run_post_apply(pending)
@@ -590,7 +606,8 @@ _RELEASE_SAVEPOINT = "RELEASE SAVEPOINT llm_db_functions"
 
 def _apply_sql_phase(conn: psycopg.Connection, files: Sequence[Path]) -> list[str]:
     """One attempt at the function files, in a savepoint of migrate's transaction
-    (which keeps the migrate lock and the settings across attempts)."""
+    (which keeps the migrate lock and the settings across attempts); returns the
+    routines they no longer define, to drop after the barrier."""
     conn.execute(_SAVEPOINT)
     try:
         dropped = _apply_sql_files(conn, files)
@@ -603,7 +620,8 @@ def _apply_sql_phase(conn: psycopg.Connection, files: Sequence[Path]) -> list[st
 
 
 # Every routine of schema llm, marked before the function files run (see the
-# module docstring); the ones still marked afterwards are dropped.
+# module docstring); the ones still marked afterwards are unmarked, and dropped after
+# the barrier.
 _MARK_ROUTINES = """
 DO $mark$
 DECLARE
@@ -629,11 +647,12 @@ SELECT p.oid::regprocedure::text AS routine
  ORDER BY 1
 """
 # a routine _STILL_MARKED names: a regprocedure's text is a valid, quoted reference
-_DROP_ROUTINE = "DROP ROUTINE {routine}"
+_UNMARK_ROUTINE = "ALTER ROUTINE {routine} RESET application_name"
+_DROP_ROUTINE = "DROP ROUTINE IF EXISTS {routine}"
 
 
 def _apply_sql_files(conn: psycopg.Connection, files: Sequence[Path]) -> list[str]:
-    """Apply the function files in the caller's transaction; drop the routines of
+    """Apply the function files in the caller's transaction; unmark the routines of
     schema llm they no longer define, and return their signatures."""
     conn.execute(_MARK_ROUTINES)
     for path in files:
@@ -650,15 +669,24 @@ def _apply_sql_files(conn: psycopg.Connection, files: Sequence[Path]) -> list[st
             ) from exc
     stale = [row[0] for row in conn.execute(_STILL_MARKED).fetchall()]
     for routine in stale:
-        try:
-            conn.execute(_DROP_ROUTINE.format(routine=routine))  # type: ignore[arg-type]
-        except pg_errors.LockNotAvailable:
-            raise  # retried whole by the caller
-        except psycopg.Error as exc:
-            raise MigrationError(
-                f"cannot drop {routine}, which no file in sql/ defines any more: {_describe(exc)}"
-            ) from exc
+        conn.execute(_UNMARK_ROUTINE.format(routine=routine))  # type: ignore[arg-type]
     return stale
+
+
+def _drop_routines(worker: psycopg.Connection, routines: Sequence[str], run: _Run) -> None:
+    """Drop the routines the function files no longer define, in one transaction of
+    ``worker`` (after the barrier: no call of the previous release's code runs)."""
+    with worker.transaction():
+        worker.execute(run.settings)  # type: ignore[arg-type]
+        for routine in routines:
+            try:
+                worker.execute(_DROP_ROUTINE.format(routine=routine))  # type: ignore[arg-type]
+            except pg_errors.LockNotAvailable:
+                raise  # retried whole by the caller
+            except psycopg.Error as exc:
+                raise MigrationError(
+                    f"cannot drop {routine}, which no file in sql/ defines any more: {_describe(exc)}"
+                ) from exc
 
 
 def _line_of(text: str, exc: psycopg.Error) -> str:
@@ -681,6 +709,8 @@ def _describe(exc: psycopg.Error) -> str:
 # ---------------------------------------------------------------- contract steps
 
 BARRIER_STEP = "barrier (transactions of the previous functions)"
+DROP_STEP = "routines sql/ no longer defines"
+_BARRIER_BEFORE = re.compile(r"^-- barrier: before$", re.M)
 _BACKEND_PID = "SELECT pg_catalog.pg_backend_pid()"
 _CONTRACT_DONE = "SELECT u.step FROM llm.upgrade_steps AS u"
 _CONTRACT_RECORD = (
@@ -706,24 +736,28 @@ SELECT l.virtualxid, l.pid, a.state, left(a.query, 200) AS query
 """
 
 
-def _apply_contract_steps(dsn: str, conn: psycopg.Connection, contract_dir: Path, run: _Run) -> list[str]:
-    """Phase 3 (module docstring): the contract steps not recorded yet, each once, after
-    the barrier, under the migrate lock (a transaction of ``conn``), on a connection of
-    their own. Returns the steps run."""
+def _apply_contract_steps(
+    dsn: str, conn: psycopg.Connection, contract_dir: Path, stale: Sequence[str], run: _Run
+) -> tuple[list[str], list[str]]:
+    """Phase 3 (module docstring), under the migrate lock (a transaction of ``conn``),
+    after the barrier, on a connection of their own: drop the ``stale`` routines, then
+    run the contract steps not recorded yet, each once. Returns (the routines dropped,
+    the steps run)."""
     files = sorted(contract_dir.glob("*.sql"), key=lambda p: p.name) if contract_dir.is_dir() else []
-    if not files:
-        return []
+    if not files and not stale:
+        return [], []
     _begin_locked(conn, run)
     try:
-        done = {row[0] for row in conn.execute(_CONTRACT_DONE).fetchall()}
+        done = {row[0] for row in conn.execute(_CONTRACT_DONE).fetchall()} if files else set()
         pending = [p for p in files if p.stem not in done]
-        if pending:
-            # the server backend of the transaction holding the migrate lock, asked of the
-            # server (behind a transaction pooler the client's backend pid is the pooler's)
-            ours = [conn.execute(_BACKEND_PID).fetchone()[0]]  # type: ignore[index]
-            run.step(BARRIER_STEP, lambda: _barrier(conn, ours, run))
+        if pending or stale:
+            run.step(BARRIER_STEP, lambda: _barrier_of(dsn, conn, run, BARRIER_STEP,
+                                                       "the new functions are live and the database works"))
             with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as worker:
                 worker.add_notice_handler(run.on_notice)
+                run.worker_pid = worker.info.backend_pid
+                if stale:
+                    run.step(DROP_STEP, lambda: _drop_routines(worker, stale, run))
                 for path in pending:
                     run.worker_pid = worker.info.backend_pid
                     run.step(f"contract {path.stem}", lambda p=path: _apply_contract_file(worker, p, run))
@@ -732,16 +766,18 @@ def _apply_contract_steps(dsn: str, conn: psycopg.Connection, contract_dir: Path
             conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
-    return [p.stem for p in pending]
+    return list(stale), [p.stem for p in pending]
 
 
 BARRIER_POLL = 0.05  # seconds between two looks at the transactions the barrier waits for
 
 
-def _barrier(conn: psycopg.Connection, ours: list[int], run: _Run) -> None:
+def _barrier(conn: psycopg.Connection, ours: list[int], run: _Run, step: str, left_as: str) -> None:
     """Wait until every transaction open now in this database (migrate's own aside) has
-    ended: the ones that began before the new functions went live may still be running
-    the previous release's code. Past the deadline, ``DeadlineReached`` names one."""
+    ended: the ones that began before the new functions went live (or before the
+    migrations so far committed) may still be running the code they replaced. Past the
+    deadline, ``DeadlineReached`` names one; ``left_as`` says what the database is left
+    with."""
     open_now = [row[0] for row in conn.execute(_OPEN_TRANSACTIONS, {"ours": ours}).fetchall()]
     while open_now:
         left = conn.execute(_STILL_OPEN, {"open": open_now}).fetchone()
@@ -749,13 +785,25 @@ def _barrier(conn: psycopg.Connection, ours: list[int], run: _Run) -> None:
             return
         if time.monotonic() + BARRIER_POLL > run.deadline_at:
             raise DeadlineReached(
-                f"{BARRIER_STEP}: deadline reached, transaction {left[0]} of pid {left[1]} ({left[2]}, "
-                f"query: {left[3]!r}) is still open; the new functions are live and the database works: "
+                f"{step}: deadline reached, transaction {left[0]} of pid {left[1]} ({left[2]}, "
+                f"query: {left[3]!r}) is still open; {left_as}: "
                 "end that session (or wait for it), then run migrate again to finish the upgrade",
                 blocker_pid=left[1],
                 blocker_query=left[3],
             )
         time.sleep(BARRIER_POLL)
+
+
+def _barrier_of(dsn: str, conn: psycopg.Connection, run: _Run, step: str, left_as: str) -> None:
+    """The barrier for every transaction but ``conn``'s (migrate's own, which holds the
+    migrate lock), watched from a connection of its own in autocommit: a query with
+    parameters in migrate's transaction would leave a portal, and its snapshot, open
+    there, which a later ``CREATE INDEX CONCURRENTLY`` waits for. Backend pids are asked
+    of the server (behind a transaction pooler the client's is the pooler's)."""
+    ours = conn.execute(_BACKEND_PID).fetchone()[0]  # type: ignore[index]
+    with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as observer:
+        own = observer.execute(_BACKEND_PID).fetchone()[0]  # type: ignore[index]
+        _barrier(observer, [ours, own], run, step, left_as)
 
 
 def _apply_contract_file(worker: psycopg.Connection, path: Path, run: _Run) -> None:
