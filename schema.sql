@@ -19,7 +19,7 @@ CREATE DOMAIN llm.settlement_kind AS text
 
 COMMENT ON DOMAIN llm.settlement_kind IS 'How a settled invocation was charged: measured usage, recovered by the pass (per its organization''s recovery_charge), or trued_up to a measured settlement that arrived after recovery.';
 
-CREATE TYPE llm.admission AS (
+CREATE TYPE llm.admission_result AS (
 	organization_id uuid,
 	id uuid,
 	period_start date,
@@ -48,7 +48,7 @@ CREATE TYPE llm.admission AS (
 	replayed boolean
 );
 
-COMMENT ON TYPE llm.admission IS 'A request as admit_invocation and mark_dispatched return it: the columns of llm.invocations as of 0.2.0, then replayed (the call returned an earlier admission or dispatch unchanged).';
+COMMENT ON TYPE llm.admission_result IS 'A request as admit_invocation and mark_dispatched return it: the columns of llm.invocations as of 0.2.0, then replayed (the call returned an earlier admission or dispatch unchanged).';
 
 CREATE DOMAIN llm.execution_status AS text
 	CONSTRAINT execution_status_check CHECK ((VALUE = ANY (ARRAY['running'::text, 'completed'::text, 'failed'::text, 'abandoned'::text])));
@@ -189,13 +189,13 @@ COMMENT ON COLUMN llm.invocations.budget_mask IS 'The budget counters the reques
 
 COMMENT ON COLUMN llm.invocations.budget_stripe IS 'Which stripe of each budget counter holds the request: budget_stripe modulo the counter''s stripes (0 to 63, its admitting session''s).';
 
-CREATE FUNCTION llm._admission(p_inv llm.invocations, p_replayed boolean) RETURNS llm.admission
+CREATE FUNCTION llm._admission(p_inv llm.invocations, p_replayed boolean) RETURNS llm.admission_result
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    AS $$ body in sql/, md5 66740bfecad67e85b5766bf3c8bca949 $$;
+    AS $$ body in sql/, md5 f2dcd5588570661110373b844d66615a $$;
 
-COMMENT ON FUNCTION llm._admission(p_inv llm.invocations, p_replayed boolean) IS 'The llm.admission of a request: its columns as of 0.2.0, then replayed.';
+COMMENT ON FUNCTION llm._admission(p_inv llm.invocations, p_replayed boolean) IS 'The llm.admission_result of a request: its columns as of 0.2.0, then replayed.';
 
-CREATE FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) RETURNS llm.admission
+CREATE FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) RETURNS llm.admission_result
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
     AS $$ body in sql/, md5 127041927de3cf72de8a8497f4a39fef $$;
@@ -285,13 +285,6 @@ CREATE FUNCTION llm._bound_locks() RETURNS text
 
 COMMENT ON FUNCTION llm._bound_locks() IS 'Sets lock_timeout to settings.org_lock_timeout for the rest of the transaction (or until restored); returns the value it replaced.';
 
-CREATE FUNCTION llm._budget_in_force(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, OUT limit_credits bigint, OUT thresholds integer[], OUT revision uuid, OUT stripes integer) RETURNS record
-    LANGUAGE plpgsql STABLE
-    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 f2f530b2d38d6a588d85ec94cd4d645e $$;
-
-COMMENT ON FUNCTION llm._budget_in_force(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, OUT limit_credits bigint, OUT thresholds integer[], OUT revision uuid, OUT stripes integer) IS 'The limit, thresholds, revision and stripe count of the budget that applies now to one id of a scope and window: its own, else the scope''s ''*''; NULL when none.';
-
 CREATE FUNCTION llm._budget_keys(p_mask integer, p_project text, p_api_key text, p_end_user text, p_at timestamp with time zone) RETURNS TABLE(slot integer, scope text, scope_id text, budget_window text, window_start date)
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ body in sql/, md5 e791d70f6092bff94d8dccc037a97cc4 $$;
@@ -301,7 +294,7 @@ COMMENT ON FUNCTION llm._budget_keys(p_mask integer, p_project text, p_api_key t
 CREATE FUNCTION llm._budget_reached(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 2323a37159e31672fd4f8a7549da74f4 $$;
+    AS $$ body in sql/, md5 f1a208d8d942adcdba067c3c73fe201f $$;
 
 COMMENT ON FUNCTION llm._budget_reached(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_now timestamp with time zone) IS 'With the budget just changed: locks the stripes of the counters it governs in the window containing p_now (one id, or every id without its own budget for ''*''), drops their rooms and owes every threshold they stand at or above under the budget that applies to each now.';
 
@@ -311,10 +304,17 @@ CREATE FUNCTION llm._budget_slot(p_scope text, p_window text) RETURNS integer
 
 COMMENT ON FUNCTION llm._budget_slot(p_scope text, p_window text) IS 'The budget_mask bit of a scope and window (3 * scope + window), NULL for an unknown one.';
 
+CREATE FUNCTION llm._budget_terms(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, OUT limit_credits bigint, OUT thresholds integer[], OUT revision uuid, OUT stripes integer) RETURNS record
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 f2f530b2d38d6a588d85ec94cd4d645e $$;
+
+COMMENT ON FUNCTION llm._budget_terms(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, OUT limit_credits bigint, OUT thresholds integer[], OUT revision uuid, OUT stripes integer) IS 'The limit, thresholds, revision and stripe count of the budget that applies now to one id of a scope and window: its own, else the scope''s ''*''; NULL when none.';
+
 CREATE FUNCTION llm._budgets_changed(p_organization_id uuid) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 0fb2a9660e7418e05a4dc07a4ea84d2a $$;
+    AS $$ body in sql/, md5 103b58e7aac7bf4ec71bd8296578c216 $$;
 
 COMMENT ON FUNCTION llm._budgets_changed(p_organization_id uuid) IS 'Records that one of the organization''s budgets changed: whether it has a budget now, and a new budgets revision.';
 
@@ -734,7 +734,7 @@ CREATE FUNCTION llm._lock_period(p_organization_id uuid, p_period_start date) RE
 
 COMMENT ON FUNCTION llm._lock_period(p_organization_id uuid, p_period_start date) IS 'Locks a period for an exact decision (every stripe, in stripe order) and returns its head (NULL fields when the period does not exist yet).';
 
-CREATE FUNCTION llm._mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) RETURNS llm.admission
+CREATE FUNCTION llm._mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) RETURNS llm.admission_result
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
     AS $$ body in sql/, md5 adc3680a8ad9b372a4a2811a92475a99 $$;
@@ -769,7 +769,7 @@ COMMENT ON FUNCTION llm._move_budgets(p_organization_id uuid, p_invs llm.invocat
 CREATE FUNCTION llm._move_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_seeds smallint[], p_used bigint[], p_held bigint[], p_cents bigint[], p_admit_limit bigint, p_admit_revision uuid, p_epoch uuid, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 2aec4affc27a4e16c5610773d8d0d43d $$;
+    AS $$ body in sql/, md5 43e8638d0e0c2dcf74007a014ba2a6ce $$;
 
 COMMENT ON FUNCTION llm._move_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_seeds smallint[], p_used bigint[], p_held bigint[], p_cents bigint[], p_admit_limit bigint, p_admit_revision uuid, p_epoch uuid, p_now timestamp with time zone) IS 'The exact path of one budget counter: locks its stripes in order (creating it for an admission, LL012 past retention), refuses an admission that does not fit p_admit_limit (LL001) and growth past the sum limit (LL013), moves each request on its stripe, owes the thresholds its total crossed under the budget in force and spreads its rooms again; returns the notices created.';
 
@@ -804,7 +804,7 @@ COMMENT ON FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_star
 CREATE FUNCTION llm._note_refusal(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_now timestamp with time zone) RETURNS boolean
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 7a27224c5520fd08b9e533a2d7a73d53 $$;
+    AS $$ body in sql/, md5 b7196dad824e277bfd92a03f28fbc523 $$;
 
 COMMENT ON FUNCTION llm._note_refusal(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_now timestamp with time zone) IS 'Distributed twin of note_refusal; arguments already checked.';
 
@@ -1079,7 +1079,7 @@ COMMENT ON FUNCTION llm._set_allowance(p_organization_id uuid, p_monthly_allowan
 CREATE FUNCTION llm._set_budget(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint, p_thresholds integer[], p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 4b702fe198282cf1eeeebca60aa3f0af $$;
+    AS $$ body in sql/, md5 6df924312b5c0d37f0de91b562c19f7e $$;
 
 COMMENT ON FUNCTION llm._set_budget(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint, p_thresholds integer[], p_now timestamp with time zone) IS 'Distributed twin of set_budget (returns the notices it owed); arguments already checked.';
 
@@ -1222,7 +1222,7 @@ COMMENT ON FUNCTION llm._true_up_daily_usage(p_inv llm.invocations, p_credits bi
 CREATE FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) RETURNS llm.organization_settings
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 0ab075bf27fa4960cb51a35b083fb1f4 $$;
+    AS $$ body in sql/, md5 4ee1e7a58f262b7f0589d10329019e15 $$;
 
 COMMENT ON FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) IS 'Distributed twin of upsert_organization; arguments already checked.';
 
@@ -1238,10 +1238,10 @@ CREATE FUNCTION llm._window_start(p_window text, p_at timestamp with time zone) 
 
 COMMENT ON FUNCTION llm._window_start(p_window text, p_at timestamp with time zone) IS 'The first day of the calendar window (day, week from Monday, month) containing p_at, in UTC.';
 
-CREATE FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid DEFAULT NULL::uuid, p_invocation_id uuid DEFAULT NULL::uuid, p_now timestamp with time zone DEFAULT now(), p_project text DEFAULT NULL::text, p_api_key text DEFAULT NULL::text, p_end_user text DEFAULT NULL::text) RETURNS llm.admission
+CREATE FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid DEFAULT NULL::uuid, p_invocation_id uuid DEFAULT NULL::uuid, p_now timestamp with time zone DEFAULT now(), p_project text DEFAULT NULL::text, p_api_key text DEFAULT NULL::text, p_end_user text DEFAULT NULL::text) RETURNS llm.admission_result
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 d59f8629490e4922269d2d21b7f03262 $$;
+    AS $$ body in sql/, md5 7b39a95c9192e6fdd8139cbf87b8dfca $$;
 
 COMMENT ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) IS 'Admits a request iff used + held + estimate fits the allowance and every budget that applies to its project, API key and end user (LL001 naming the first that does not), placing its hold on the current period and on those budgets'' counters; a repeated p_invocation_id with the same arguments returns the first admission as it stands now, with replayed = true (different arguments: LL007).';
 
@@ -1329,10 +1329,10 @@ CREATE FUNCTION llm.last_run(p_now timestamp with time zone DEFAULT NULL::timest
 
 COMMENT ON FUNCTION llm.last_run(p_now timestamp with time zone) IS 'The newest finished pass that was not skipped (its llm.reconciliation_runs figures), how long it took and its age at p_now on the pass''s clock, in seconds; no row before the first pass.';
 
-CREATE FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone DEFAULT now()) RETURNS llm.admission
+CREATE FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone DEFAULT now()) RETURNS llm.admission_result
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 0290a1154fdc124df08e20d068b9422f $$;
+    AS $$ body in sql/, md5 3286dea9d8c38428d62b0ee54c4b780a $$;
 
 COMMENT ON FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) IS 'Marks a reserved request as sent to the provider (idempotent when already dispatched: replayed = true); LL009 when it is already terminal.';
 
@@ -2001,13 +2001,13 @@ REVOKE ALL ON FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamp 
 
 REVOKE ALL ON FUNCTION llm._bound_locks() FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm._budget_in_force(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, OUT limit_credits bigint, OUT thresholds integer[], OUT revision uuid, OUT stripes integer) FROM PUBLIC;
-
 REVOKE ALL ON FUNCTION llm._budget_keys(p_mask integer, p_project text, p_api_key text, p_end_user text, p_at timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._budget_reached(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._budget_slot(p_scope text, p_window text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._budget_terms(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, OUT limit_credits bigint, OUT thresholds integer[], OUT revision uuid, OUT stripes integer) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._budgets_changed(p_organization_id uuid) FROM PUBLIC;
 

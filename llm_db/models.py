@@ -188,7 +188,7 @@ class Organization(_Row):
 @dataclasses.dataclass(frozen=True, slots=True)
 class Invocation(_Row):
     """One model request and its hold, as ``admit`` and ``mark_dispatched`` return it
-    (``llm.admission``): its row of ``llm.invocations``, then ``replayed``.
+    (``llm.admission_result``): its row of ``llm.invocations``, then ``replayed``.
 
     ``replayed`` is True when the call created or changed nothing: ``admit`` of an
     invocation id admitted before (a retry, answered with the request as it stands now,

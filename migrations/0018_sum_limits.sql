@@ -1,4 +1,5 @@
 -- depends: 0017_budget_horizons
+-- barrier: before
 -- llm-db 0018: sums that cannot overflow (docs/architecture.md "Sum limits").
 --
 -- Every amount one call passes is capped at 10^15, but the books add them up: a
@@ -18,7 +19,9 @@
 -- Under live traffic: ALTER COLUMN TYPE rewrites llm.executions, llm.daily_usage,
 -- llm.drift_findings and llm.reconciliation_runs under an ACCESS EXCLUSIVE lock, held
 -- for the rewrite (a task's start or end waits for it; docs/operations.md
--- "Upgrading"). The previous release's functions keep working against the new types
+-- "Upgrading"); migrate applies it once no transaction from before 0017 is open
+-- (the barrier line above), so none reads a rewritten table with a snapshot older than
+-- the rewrite (0017's last section). The previous release's functions keep working against the new types
 -- (numeric arithmetic and assignment); its report and books functions are gone until
 -- migrate puts the new sql/ live, moments later.
 

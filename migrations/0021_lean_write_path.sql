@@ -27,8 +27,10 @@
 -- Under live traffic: only new nullable columns of plain types and a storage
 -- parameter; budget_counters' stripe and stripes take a constant default, which
 -- PostgreSQL stores without rewriting the table. The previous release's functions
--- keep working: they never name the new columns. Its counters' upserts name the
--- old key, which stays until this release's contract step.
+-- keep working: they never name the new columns, and since 0017 none reads a row of
+-- these tables through a plan that fixes its columns (0017's last section). Its
+-- counters' upserts name the old key, which stays until this release's contract
+-- step.
 
 -- Tables in the lock order of migrations (docs/architecture.md Conventions 15).
 ALTER TABLE llm.organizations ADD COLUMN has_budgets boolean, ADD COLUMN budgets_revision uuid;

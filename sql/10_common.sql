@@ -15,13 +15,15 @@
 -- result (issue 22 item 3). CREATE OR REPLACE cannot change a return type, so a
 -- public routine that still returns a table's row (0.2.0's admit_invocation,
 -- mark_dispatched, upsert_organization, set_recovery_policy, claim_notices) is
--- dropped here and created again by its file below, as are the twins of admission and
--- dispatch, which return llm.admission since 0.4.0 (its replayed column), and those of
--- the organization's setters, which return llm.organization_settings since 0.4.0 (the
--- table gained columns a caller's row of that type does not hold). All of sql/ runs in one
--- transaction, so a caller finds the old routine or the new one (a statement planned
--- just before the commit may fail once: callers lock no routine); a later run drops
--- nothing.
+-- dropped here and created again by its file below, as are admit_invocation and
+-- mark_dispatched while they return llm.admission (0.3.0's: they return
+-- llm.admission_result since 0.4.0, migration 0019), the twins of admission and
+-- dispatch, which return it too, and those of the organization's setters, which return
+-- llm.organization_settings since 0.4.0 (the table gained columns a caller's row of
+-- that type does not hold). All of sql/ runs in one transaction, so a caller finds the
+-- old routine or the new one; a call planned before the commit runs the routine it
+-- planned with to its end, whose types no step of the upgrade changes (migration
+-- 0019). A later run drops nothing.
 DO $$
 DECLARE
     v_routine regprocedure;
@@ -31,7 +33,7 @@ BEGIN
           FROM pg_catalog.pg_proc AS p
           JOIN pg_catalog.pg_type AS t ON t.oid = p.prorettype
           JOIN pg_catalog.pg_class AS c ON c.oid = t.typrelid
-         WHERE p.pronamespace = 'llm'::regnamespace AND c.relkind <> 'c'
+         WHERE p.pronamespace = 'llm'::regnamespace AND (c.relkind <> 'c' OR t.typname = 'admission')
            AND (p.proname !~ '^_' OR p.proname IN ('_admit_invocation', '_mark_dispatched', '_upsert_organization',
                                                     '_set_allowance', '_set_recovery_policy'))
     LOOP

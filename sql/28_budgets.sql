@@ -155,10 +155,13 @@ COMMENT ON FUNCTION llm._applicable_budgets(uuid, text, text, text) IS
 
 -- ---------------------------------------------------------------- the exact path
 
--- The budget in force now for one id of a scope and window: its own, else the scope's
--- '*' (NULL fields: none). Matched by the budget's key (an id NULL only for the
--- organization scope), so its index serves it.
-CREATE OR REPLACE FUNCTION llm._budget_in_force(
+-- The terms of the budget in force now for one id of a scope and window: its own, else
+-- the scope's '*' (NULL fields: none). Matched by the budget's key (an id NULL only for
+-- the organization scope), so its index serves it. 0.3.0's _budget_in_force returned
+-- two of these columns: a new name rather than a new row under the old one, so that a
+-- call of 0.3.0 running as the functions go live keeps the routine it calls (migrate
+-- drops the old one after the barrier).
+CREATE OR REPLACE FUNCTION llm._budget_terms(
     p_organization_id uuid, p_scope text, p_scope_id text, p_window text,
     OUT limit_credits bigint, OUT thresholds integer[], OUT revision uuid, OUT stripes integer)
 LANGUAGE plpgsql STABLE
@@ -173,7 +176,7 @@ BEGIN
      LIMIT 1;
 END
 $$;
-COMMENT ON FUNCTION llm._budget_in_force(uuid, text, text, text) IS
+COMMENT ON FUNCTION llm._budget_terms(uuid, text, text, text) IS
     'The limit, thresholds, revision and stripe count of the budget that applies now to one id of a scope and window: its own, else the scope''s ''*''; NULL when none.';
 
 -- A counter (or limit) is found by its key, scope_id NULL for the organization scope:
@@ -355,7 +358,7 @@ BEGIN
         IF p_admit_limit IS NULL THEN
             RETURN 0;  -- retention took its window: its requests keep their figures
         END IF;
-        SELECT * INTO v_budget FROM llm._budget_in_force(p_organization_id, p_scope, p_scope_id, p_window);
+        SELECT * INTO v_budget FROM llm._budget_terms(p_organization_id, p_scope, p_scope_id, p_window);
         PERFORM llm._create_counter(p_organization_id, p_scope, p_scope_id, p_window, p_window_start,
                                     coalesce(v_budget.stripes, 1), p_admit_limit, p_admit_revision);
         SELECT * INTO v_counter FROM llm._lock_counter(p_organization_id, p_scope, p_scope_id, p_window, p_window_start);
@@ -399,7 +402,7 @@ BEGIN
            AND c.budget_window = p_window AND c.window_start = p_window_start AND c.stripe = v_stripe;
     END LOOP;
 
-    SELECT * INTO v_budget FROM llm._budget_in_force(p_organization_id, p_scope, p_scope_id, p_window);
+    SELECT * INTO v_budget FROM llm._budget_terms(p_organization_id, p_scope, p_scope_id, p_window);
     IF v_used > 0 AND coalesce(llm._may_cross(v_counter.used, v_counter.used + v_used, v_budget.limit_credits), false) THEN
         v_created := llm._owe_notices(p_organization_id, p_window_start, v_budget.thresholds,
                                       v_counter.used + v_used, v_budget.limit_credits, p_now,
@@ -765,7 +768,7 @@ BEGIN
          ORDER BY c.scope_id
     LOOP
         SELECT * INTO v_budget
-          FROM llm._budget_in_force(p_organization_id, p_scope, v_counter.scope_id, p_window);
+          FROM llm._budget_terms(p_organization_id, p_scope, v_counter.scope_id, p_window);
         CONTINUE WHEN v_budget.limit_credits IS NULL;
         v_created := v_created
             + llm._owe_notices(p_organization_id, v_start, v_budget.thresholds, v_counter.used,
@@ -1099,7 +1102,7 @@ BEGIN
             PERFORM llm._raise_unknown_org(p_organization_id);
         END IF;
         SELECT f.limit_credits INTO v_limit
-          FROM llm._budget_in_force(p_organization_id, p_scope, p_scope_id, p_window) AS f;
+          FROM llm._budget_terms(p_organization_id, p_scope, p_scope_id, p_window) AS f;
         SELECT coalesce(sum(c.used_credits), 0) INTO v_used FROM llm.budget_counters AS c
          WHERE c.organization_id = p_organization_id AND c.scope = p_scope
            AND c.scope_id IS NOT DISTINCT FROM p_scope_id AND c.budget_window = p_window
@@ -1161,7 +1164,7 @@ COMMENT ON VIEW llm.budgets IS
     'Every budget set with llm.set_budget (not the monthly allowance, which is in llm.organizations): ''*'' is the default of its scope.';
 
 -- The one read of "the budget in force for a counter: its id's own, else the scope's
--- '*'" (the writers decide by llm._budget_in_force): the report, the metric and the
+-- '*'" (the writers decide by llm._budget_terms): the report, the metric and the
 -- demo read it here. A counter is the sum of its stripes. Columns are only ever
 -- appended (CREATE OR REPLACE VIEW).
 CREATE OR REPLACE VIEW llm.budget_usage WITH (security_invoker = true) AS

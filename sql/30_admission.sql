@@ -50,11 +50,11 @@ $$;
 COMMENT ON FUNCTION llm._task_admits(uuid, uuid, uuid, bigint, text, text, text, text) IS
     'For a request linked to a task: NULL fields when the task runs; the earlier admission when it is a retry of one admitted while it ran; else LL006 (unknown task) or LL009 (closed).';
 
--- The public result of admission and dispatch (llm.admission): a request's columns as
+-- The public result of admission and dispatch (llm.admission_result): a request's columns as
 -- of 0.2.0, named one by one (a column added to llm.invocations stays out), then
 -- whether the call replayed an earlier one. Inlinable: one expression.
 CREATE OR REPLACE FUNCTION llm._admission(p_inv llm.invocations, p_replayed boolean)
-RETURNS llm.admission
+RETURNS llm.admission_result
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
     SELECT ROW(p_inv.organization_id, p_inv.id, p_inv.period_start, p_inv.execution_id, p_inv.model,
@@ -63,16 +63,16 @@ AS $$
                p_inv.created_at, p_inv.dispatched_at, p_inv.settled_at, p_inv.past_window_alerted_at,
                p_inv.error, p_inv.late_credits, p_inv.late_cents, p_inv.late_input_tokens,
                p_inv.late_output_tokens, p_inv.late_reported_at, p_inv.recovered_credits, p_inv.stripe,
-               p_replayed)::llm.admission
+               p_replayed)::llm.admission_result
 $$;
 COMMENT ON FUNCTION llm._admission(llm.invocations, boolean) IS
-    'The llm.admission of a request: its columns as of 0.2.0, then replayed.';
+    'The llm.admission_result of a request: its columns as of 0.2.0, then replayed.';
 
 CREATE OR REPLACE FUNCTION llm._admit_invocation(
     p_organization_id uuid, p_estimate_credits bigint, p_model text,
     p_execution_id uuid, p_invocation_id uuid, p_now timestamptz,
     p_project text, p_api_key text, p_end_user text)
-RETURNS llm.admission
+RETURNS llm.admission_result
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -184,11 +184,11 @@ CREATE OR REPLACE FUNCTION llm.admit_invocation(
     p_execution_id uuid DEFAULT NULL, p_invocation_id uuid DEFAULT NULL,
     p_now timestamptz DEFAULT now(), p_project text DEFAULT NULL, p_api_key text DEFAULT NULL,
     p_end_user text DEFAULT NULL)
-RETURNS llm.admission
+RETURNS llm.admission_result
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
-    v_inv llm.admission;  -- the twin's result: llm.invocations' columns as of 0.2.0, then replayed
+    v_inv llm.admission_result;  -- the twin's result: llm.invocations' columns as of 0.2.0, then replayed
 BEGIN
     IF (p_organization_id IS NOT NULL AND llm._clock_ok(p_now)
             AND llm._amount_ok(p_estimate_credits) AND llm._text_ok(p_model, 200)
@@ -214,7 +214,7 @@ COMMENT ON FUNCTION llm.admit_invocation(uuid, bigint, text, uuid, uuid, timesta
 -- ---------------------------------------------------------------- dispatch
 
 CREATE OR REPLACE FUNCTION llm._mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamptz)
-RETURNS llm.admission
+RETURNS llm.admission_result
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -245,11 +245,11 @@ COMMENT ON FUNCTION llm._mark_dispatched(uuid, uuid, timestamptz) IS
 
 CREATE OR REPLACE FUNCTION llm.mark_dispatched(
     p_organization_id uuid, p_invocation_id uuid, p_now timestamptz DEFAULT now())
-RETURNS llm.admission
+RETURNS llm.admission_result
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
-    v_inv llm.admission;  -- the twin's result, column for column
+    v_inv llm.admission_result;  -- the twin's result, column for column
 BEGIN
     IF (p_organization_id IS NOT NULL AND llm._clock_ok(p_now) AND p_invocation_id IS NOT NULL) IS NOT TRUE THEN
         PERFORM llm._check_call(p_organization_id, p_now, 'invocation', p_invocation_id);

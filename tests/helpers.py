@@ -353,7 +353,7 @@ def admit_params(
 
 
 def admit(conn: psycopg.Connection, *args: Any, **kwargs: Any) -> dict[str, Any]:
-    """llm.admit_invocation with ``admit_params``' arguments; returns the llm.admission row."""
+    """llm.admit_invocation with ``admit_params``' arguments; returns the llm.admission_result row."""
     return rows(conn, ADMIT_SQL, admit_params(*args, **kwargs))[0]
 
 
@@ -386,7 +386,7 @@ def dispatch(
     conn: psycopg.Connection, org_id: uuid.UUID, invocation_id: uuid.UUID, *,
     now: datetime | None = T0,
 ) -> dict[str, Any]:
-    """llm.mark_dispatched; returns the llm.admission row."""
+    """llm.mark_dispatched; returns the llm.admission_result row."""
     return call(conn, "mark_dispatched", org_id, invocation_id, now=now)[0]
 
 

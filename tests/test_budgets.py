@@ -532,7 +532,7 @@ def test_budget_usage_pairs_each_counter_with_the_budget_the_writers_apply(llm_c
     """Issue 24 (item 2: one read of the rule "the budget in force for a counter is its
     id's own, else the scope's '*'"): llm.budget_usage gives each counter the limit,
     thresholds and llm.budgets key (budget_scope_id) of the budget in force, the same as
-    llm._budget_in_force, by which the writers owe notices: an own budget, a '*', an
+    llm._budget_terms, by which the writers owe notices: an own budget, a '*', an
     organization budget (id NULL) and a removed one (NULL: none)."""
     org = new_org(llm_conn, 10**6)
     set_budget(llm_conn, org, "organization", None, "day", 500, thresholds=[60])
@@ -554,7 +554,7 @@ def test_budget_usage_pairs_each_counter_with_the_budget_the_writers_apply(llm_c
                               " FROM llm.budget_usage WHERE organization_id = %s", [org])  # fmt: skip
     assert len(counters) == 4
     for r in counters:
-        b = rows(llm_conn, "SELECT limit_credits, thresholds FROM llm._budget_in_force(%s, %s, %s, %s)",
+        b = rows(llm_conn, "SELECT limit_credits, thresholds FROM llm._budget_terms(%s, %s, %s, %s)",
                  [org, r["scope"], r["scope_id"], r["budget_window"]])  # fmt: skip
         b = b[0] if b else {"limit_credits": None, "thresholds": None}
         assert (r["limit_credits"], r["thresholds"]) == (b["limit_credits"], b["thresholds"]), r

@@ -30,7 +30,7 @@ RELEASE_0_2_0 = ROOT / "tests" / "upgrade" / "llm-db-0.2.0-e283082.tar.gz"
 # Each public result type and the table whose row it replaced (migration 0014): the type
 # has the table's columns, names, types and order as of that migration.
 RESULT_TYPES = {
-    "llm.admission": "llm.invocations",
+    "llm.admission_result": "llm.invocations",
     "llm.organization_settings": "llm.organizations",
     "llm.notice_claim": "llm.threshold_notices",
 }
@@ -74,7 +74,7 @@ def test_result_type_is_the_table_row_it_replaced(llm_conn, result_type):
     of the table comes after them (the public wrappers convert the twin's row by position)."""
     table = _attributes(llm_conn, RESULT_TYPES[result_type])
     own = _attributes(llm_conn, result_type)
-    # a column of the type's own after them: llm.admission's replayed (migration 0019)
+    # a column of the type's own after them: llm.admission_result's replayed (migration 0019)
     own = own[:-1] if own[-1:] == [("replayed", "boolean")] else own
     assert own == table[: len(own)] and own
 
@@ -113,8 +113,8 @@ def test_prepared_admission_of_0_2_0_survives_the_upgrade_and_a_later_column(rel
     afterwards, before and after the functions are re-created. On 0.2.0's functions the
     last step fails with 0A000.
 
-    0.4.0 broke this once, as the CHANGELOG says: llm.admission gained ``replayed``
-    (migration 0019), so the two ``SELECT *`` statements of admission and dispatch fail
+    0.4.0 broke this once, as the CHANGELOG says: the two return llm.admission_result,
+    llm.admission's columns then ``replayed`` (migration 0019), so the two ``SELECT *`` statements of admission and dispatch fail
     with 0A000 once after the upgrade, and the shim (DEALLOCATE them, or reconnect)
     brings them back with the new last column; a client that names the columns, as the
     driver does since 0.3.0, never notices."""

@@ -3,8 +3,9 @@
 ``tests/upgrade/llm-db-0.3.0-1a824af.tar.gz``), is installed and populated with 200k
 requests and API key budgets; clients run admit -> dispatch -> settle through that
 release's SQL functions, two of them naming API keys under a day budget, while this
-checkout's ``migrate`` runs all its phases: the migrations (0021 and 0022 add the
-lean write path's columns and build its indexes CONCURRENTLY), the functions, and the
+checkout's ``migrate`` runs all its phases: the migrations (0017 makes 0.3.0's routines
+safe for them, 0018 rewrites tables after a barrier, 0021 and 0022 add the lean write
+path's columns and build its indexes CONCURRENTLY), the functions, and the
 contract step after the barrier (the stripes' open requests and settle bounds counted,
 the indexes a settlement touched dropped). Issue 22 item 1's assertions hold: no
 client error, no call waiting longer than 2 s, every admitted request in the books,
@@ -73,7 +74,7 @@ ADMIT = ("SELECT * FROM llm.admit_invocation(%(org)s, %(estimate)s, 'gpt-x', %(t
          " p_now => %(now)s)")  # fmt: skip
 DISPATCH = "SELECT * FROM llm.mark_dispatched(%(org)s, %(id)s, p_now => %(now)s)"
 # What the prepared client runs: admission and dispatch by named columns, as the driver
-# reads them since 0.3.0. 0.4.0 added llm.admission's replayed (migration 0019), a
+# reads them since 0.3.0. 0.4.0 returns llm.admission_result, llm.admission then replayed (migration 0019), a
 # change of a public result type that a prepared SELECT * meets with 0A000 once per
 # statement until it is prepared again (the CHANGELOG's shim; tests/test_result_types.py).
 _NAMED = "organization_id, id, status, hold_credits"
@@ -243,7 +244,8 @@ class Client:
                 query = PREPARED.get(query, query)
             return conn.execute(query, params, prepare=self.prepare).fetchone()
         except psycopg.Error as exc:
-            self.errors.append(f"{exc.sqlstate}: {str(exc).splitlines()[0]}")
+            context = " ".join((exc.diag.context or "").split())[:300]
+            self.errors.append(f"{exc.sqlstate}: {str(exc).splitlines()[0]} ({query.split('(')[0]}) {context}")
             return None
         finally:
             self.worst = max(self.worst, time.monotonic() - started)
@@ -384,7 +386,7 @@ def test_migrate_under_traffic_fails_no_call(old_dsn: str, traffic: Traffic) -> 
     traffic.run_for(500)
     seconds, applied = timed_migrate(old_dsn)
     # every migration since 0.3.0's last (0016) ran under the traffic
-    assert applied == tuple(sorted(p.stem for p in (ROOT / "migrations").glob("*.sql") if p.stem > "0016"))
+    assert applied == tuple(sorted(p.stem for p in (ROOT / "migrations").glob("*.sql") if p.stem[:4] > "0016"))
     traffic.run_for(500)  # the clients go on against the new functions
     report("live upgrade 0.3.0 -> this checkout", seconds, traffic)
     with psycopg.connect(old_dsn, autocommit=True) as conn:
@@ -399,9 +401,10 @@ def test_migrate_under_traffic_fails_no_call(old_dsn: str, traffic: Traffic) -> 
 def test_migrate_waits_out_an_open_transaction(old_dsn: str, traffic: Traffic) -> None:
     """issue 22 item 2 and item 6 (second test): a consumer transaction that read the
     tables of the requests and the notices (as a report does) stays open longer than
-    migrate's lock timeout while migrate needs one of them (0011: threshold_notices). migrate waits and completes
+    migrate's lock timeout while migrate needs one of them. migrate waits and completes
     once it ends; the clients meanwhile stall at most a lock timeout per attempt, and item
-    1's assertions hold."""
+    1's assertions hold. From 0.3.0, migrate meets it first at the barrier before 0018
+    (docs/architecture.md Conventions 14), where it waits holding no lock."""
     traffic.run_for(500)
     with psycopg.connect(old_dsn) as holder:
         # the tables of the requests (0011 alters threshold_notices, which a settlement
@@ -411,12 +414,14 @@ def test_migrate_waits_out_an_open_transaction(old_dsn: str, traffic: Traffic) -
             holder.execute(f"SELECT 1 FROM llm.{table} LIMIT 1")
         holder_pid = holder.info.backend_pid
         started = time.monotonic()
-        upgrade = threading.Thread(target=lambda: migrate(old_dsn), daemon=True)
+        events: list[dict[str, Any]] = []
+        upgrade = threading.Thread(target=lambda: migrate(old_dsn, on_event=events.append), daemon=True)
         upgrade.start()
         with psycopg.connect(old_dsn, autocommit=True) as observer:
-            wait_for(lambda: observer.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY (pg_blocking_pids(pid))",
-                [holder_pid]).fetchone()[0], "migrate to wait for the open transaction")  # fmt: skip
+            wait_for(lambda: any(e["event"] == "start" and e["step"].startswith("barrier") for e in events)
+                     or observer.execute(
+                         "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY (pg_blocking_pids(pid))",
+                         [holder_pid]).fetchone()[0], "migrate to wait for the open transaction")  # fmt: skip
         open_since = time.monotonic()
         # the clients go on while migrate waits; the transaction outlives a lock timeout
         wait_for(lambda: time.monotonic() - open_since >= OPEN_TRANSACTION
