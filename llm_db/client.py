@@ -15,7 +15,8 @@ Their methods are plain code generated from the table of operations
 (``llm_db.operations``) into ``llm_db._client_methods``: each passes its arguments
 by name to its statement, a named constant there, and maps the rows to its result.
 The two classes here differ only in how a statement runs (``_execute``,
-``_call_procedure``), like psycopg's own ``Connection`` / ``AsyncConnection``.
+``_execute_value``, ``_call_procedure``), like psycopg's own ``Connection`` /
+``AsyncConnection``.
 
 Every call is its own transaction, committed when the method returns, whether
 the connection is autocommit or not (on an idle autocommit connection the one
@@ -38,7 +39,7 @@ do not apply to the client's statements. A call that fails, or reads more than o
 row, drops its cursor rather than keep it (and its result) for the next. A client
 on a pool makes a cursor per call, on the connection it borrows. The client reads
 rows as tuples, whatever row factory the connection has, and maps them by column
-name (``models``).
+name (``models``); a ``SELECT … AS value`` gives its one value.
 
 A sum of the books that nothing bounds (a task's credits, a day's tokens, a
 report's totals) is ``numeric`` in SQL and so never overflows; the client reads
@@ -181,22 +182,30 @@ class Llm(LlmMethods):
                 yield conn
 
     def _execute(self, sql: str, params: Mapping[str, Any]) -> list[Row]:
-        """Run one statement in its own transaction (module doc); its rows. Every call's
-        path, plain code (issue 32 item 5): the statement run on one of the client's idle
-        cursors (module doc), or on a pool's connection; a refusal reported."""
+        """Run one statement in its own transaction (module doc); its rows."""
+        return self._call(sql, params, False)  # type: ignore[no-any-return]
+
+    def _execute_value(self, sql: str, params: Mapping[str, Any]) -> Any:
+        """Run one ``SELECT … AS value`` in its own transaction; its one value."""
+        return self._call(sql, params, True)
+
+    def _call(self, sql: str, params: Mapping[str, Any], value: bool) -> Any:
+        """Every call's path, plain code (issue 32 item 5): the statement run on one of
+        the client's idle cursors (module doc), or on a pool's connection; a refusal
+        reported; the one value read, or the rows as dicts."""
         source = self.source
         try:
             if isinstance(source, psycopg.Connection):
                 idle = self._cursors
                 cur = idle.pop() if idle else _cursor(source)
                 rows = self._run(source, cur, sql, params)
-                result = _dicts(cur, rows)
+                result = rows[0][0] if value else _dicts(cur, rows)
                 if len(rows) <= 1:  # a longer result is not kept alive by an idle cursor
                     idle.append(cur)
                 return result
             with source.connection() as conn, _cursor(conn) as cur:
                 rows = self._run(conn, cur, sql, params)
-                return _dicts(cur, rows)
+                return rows[0][0] if value else _dicts(cur, rows)
         except AllowanceExhausted as refusal:
             self._report(refusal, params)
             raise
@@ -278,19 +287,25 @@ class AsyncLlm(AsyncLlmMethods):
                 yield conn
 
     async def _execute(self, sql: str, params: Mapping[str, Any]) -> list[Row]:
+        return await self._call(sql, params, False)  # type: ignore[no-any-return]
+
+    async def _execute_value(self, sql: str, params: Mapping[str, Any]) -> Any:
+        return await self._call(sql, params, True)
+
+    async def _call(self, sql: str, params: Mapping[str, Any], value: bool) -> Any:
         source = self.source
         try:
             if isinstance(source, psycopg.AsyncConnection):
                 idle = self._cursors
                 cur = idle.pop() if idle else _cursor(source)
                 rows = await self._run(source, cur, sql, params)
-                result = _dicts(cur, rows)
+                result = rows[0][0] if value else _dicts(cur, rows)
                 if len(rows) <= 1:
                     idle.append(cur)
                 return result
             async with source.connection() as conn, _cursor(conn) as cur:
                 rows = await self._run(conn, cur, sql, params)
-                return _dicts(cur, rows)
+                return rows[0][0] if value else _dicts(cur, rows)
         except AllowanceExhausted as refusal:
             await self._report(refusal, params)
             raise

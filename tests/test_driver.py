@@ -950,9 +950,9 @@ def test_numerics_read_as_int_when_whole_and_as_decimal_otherwise(llm: Llm) -> N
     }  # fmt: skip
     for text, expected in cases.items():
         statement = f"SELECT '{text}'::numeric AS value"
-        value = llm._execute(statement, {})[0]["value"]
-        assert value == expected and type(value) is type(expected), (text, value)
-    nan = llm._execute("SELECT 'NaN'::numeric AS value", {})[0]["value"]
+        for value in (llm._execute_value(statement, {}), llm._execute(statement, {})[0]["value"]):
+            assert value == expected and type(value) is type(expected), (text, value)
+    nan = llm._execute_value("SELECT 'NaN'::numeric AS value", {})
     assert type(nan) is Decimal and nan.is_nan()
 
 
@@ -982,7 +982,7 @@ def test_a_client_on_one_connection_keeps_one_cursor(llm: Llm, monkeypatch: Any)
     assert len(made) == 2  # the failed call's cursor was dropped, not given back
     many = llm._execute("SELECT g AS value FROM generate_series(1, 3) AS g", {})
     assert [r["value"] for r in many] == [1, 2, 3]
-    assert llm._execute("SELECT 4 AS value", {}) == [{"value": 4}]
+    assert llm._execute_value("SELECT 4 AS value", {}) == 4
     assert len(made) == 3
 
 
@@ -997,3 +997,19 @@ def test_the_connections_row_factory_does_not_change_results(llm_connect: Any) -
         inv = llm.admit(org, 10, "model-a", now=T0)
         assert (inv.organization_id, inv.estimate_credits, inv.status) == (org, 10, "reserved")
         assert llm.settle(org, inv.id, 10, 1, now=T0) is models.Outcome.SETTLED
+
+
+def test_each_value_statement_has_one_column_named_value(llm_conn: psycopg.Connection) -> None:
+    """``_execute_value`` reads the first column of the first row: every statement the
+    table gives the ``value`` shape returns exactly one column, ``value``, as the
+    server describes it (prepared here with ``$n`` for its named parameters)."""
+    values = [op for op in operations().values() if op.shape == "value"]
+    assert len(values) > 10
+    for n, op in enumerate(values):
+        text = op.sql
+        for i, name in enumerate(op.names, start=1):
+            text = text.replace(f"%({name})s", f"${i}")
+        llm_conn.execute(f"PREPARE value_{n} AS {text}")
+        described = llm_conn.pgconn.describe_prepared(f"value_{n}".encode())
+        names = [described.fname(i) for i in range(described.nfields)]
+        assert names == [b"value"], (op.name, names)
