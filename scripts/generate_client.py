@@ -170,6 +170,8 @@ def client_method(op: table.Operation, asynchronous: bool) -> list[str]:
         lines.append("        params = {")
         lines += [f'            "{n}": {argument_source(op, n)},' for n in op.names]
         lines.append("        }")
+    # a procedure answers with the run row it recorded (Llm._call_procedure), never a value
+    assert not (op.procedure and op.shape == "value"), f"{op.name}: a procedure returning a value"
     run = "_call_procedure" if op.procedure else "_execute_value" if op.shape == "value" else "_execute"
     call = f"self.{run}({constant(op)}, {'params' if parameters else '{}'})"
     call = f"await {call}" if asynchronous else call
