@@ -4,17 +4,29 @@ Each worker has its own connection (autocommit) and loops until the deadline:
 pick a random organization, ``admit`` a request linked to that organization's
 running task with a client-chosen id, ``settle`` it. The same cycle as
 ``scripts/cycle.sql``, so its rate compares with the SQL-level one.
+
+``client_instructions`` counts what the client's process executes per cycle on one
+connection, under valgrind's callgrind: unlike a rate or a CPU time on a shared VM,
+the count hardly moves from run to run. It runs this module:
+
+    python -m benchmarks.driver DSN CYCLES ORGS driver|bare threads|asyncio [prepared]
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import random
+import re
+import shutil
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -49,10 +61,16 @@ class DriverRun:
     seconds: float
     requests: int
     errors: int
+    #: CPU of this (the client's) process over the timed run, all its threads
+    cpu_seconds: float = 0.0
 
     @property
     def rate(self) -> float:
         return self.requests / self.seconds if self.seconds else 0.0
+
+    @property
+    def cpu_us_per_request(self) -> float | None:
+        return self.cpu_seconds / self.requests * 1e6 if self.requests else None
 
 
 # The bare client sends the driver's own two statements with the parameters the driver
@@ -144,11 +162,13 @@ def run_threads(
         t.start()
     start_at.append(time.perf_counter() + 0.05)
     ready.wait()
+    cpu_start = time.process_time()
     for t in threads:
         t.join()
     elapsed = max(time.perf_counter() - start_at[0], 1e-9)
+    cpu = time.process_time() - cpu_start
     mode = ("threads, bare psycopg" if bare else "threads") + (", prepared" if prepare else "")
-    return DriverRun(mode, workers, elapsed, sum(counts), sum(errors))
+    return DriverRun(mode, workers, elapsed, sum(counts), sum(errors), cpu)
 
 
 def run_asyncio(
@@ -169,7 +189,7 @@ def run_asyncio(
             ))  # fmt: skip
             counts = [0] * workers
             errors = [0] * workers
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             deadline = start + seconds
 
             async def loop(k: int) -> None:
@@ -182,9 +202,9 @@ def run_asyncio(
                         errors[k] += 1
 
             await asyncio.gather(*(loop(k) for k in range(workers)))
-            elapsed = time.perf_counter() - start
+            elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
             label = ("asyncio, bare psycopg" if bare else "asyncio") + (", prepared" if prepare else "")
-            return DriverRun(label, workers, elapsed, sum(counts), sum(errors))
+            return DriverRun(label, workers, elapsed, sum(counts), sum(errors), cpu)
         finally:
             for c in conns:
                 await c.close()
@@ -194,6 +214,52 @@ def run_asyncio(
             await _one_cycle_async(client, conn, rng.randint(1, orgs), 0, None if prepare else False)
 
     return asyncio.run(main())
+
+
+def cycles(dsn: str, n: int, *, bare: bool, asynchronous: bool, prepare: bool, orgs: int) -> None:
+    """``n`` request cycles in a row on one autocommit connection, after the warm-up."""
+    rng, mode = random.Random(7), None if prepare else False
+    if not asynchronous:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            client = None if bare else Llm(conn, prepare=prepare)
+            for _ in range(WARMUP_CYCLES + n):
+                _one_cycle(client, conn, rng.randint(1, orgs), 0, mode)
+        return
+
+    async def main() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            client = None if bare else AsyncLlm(conn, prepare=prepare)
+            for _ in range(WARMUP_CYCLES + n):
+                await _one_cycle_async(client, conn, rng.randint(1, orgs), 0, mode)
+
+    asyncio.run(main())
+
+
+_COLLECTED = re.compile(r"Collected : (\d+)")
+
+
+def client_instructions(dsn: str, *, bare: bool, asynchronous: bool, prepare: bool, orgs: int,
+                        counts: tuple[int, int] = (100, 400)) -> float | None:  # fmt: skip
+    """Instructions the client's process executes per request cycle (``cycles`` under
+    callgrind, the difference between a run of ``counts[1]`` and one of ``counts[0]``
+    cycles, so start-up and warm-up cancel out), or None when valgrind is not installed.
+    A fixed hash seed makes the start-up of both runs the same to a few hundred
+    instructions; Python's garbage collections fall where they fall."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        return None
+    totals = []
+    for n in counts:
+        args = [dsn, str(n), str(orgs), "bare" if bare else "driver", "asyncio" if asynchronous else "threads"]
+        proc = subprocess.run([valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+                               "-m", "benchmarks.driver", *args, *(["prepared"] if prepare else [])],
+                              capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent,
+                              env={**os.environ, "PYTHONHASHSEED": "0"})  # fmt: skip
+        found = _COLLECTED.search(proc.stderr)
+        if proc.returncode != 0 or found is None:
+            raise RuntimeError(f"callgrind run failed ({proc.returncode}): {' '.join(args[1:])}\n{proc.stderr[-2000:]}")
+        totals.append(int(found.group(1)))
+    return (totals[1] - totals[0]) / (counts[1] - counts[0])
 
 
 @dataclass
@@ -262,3 +328,9 @@ def run_exhaustion(dsn: str, *, allowance: int, estimate: int, stripes: int, wor
             "SELECT used_credits, held_credits FROM llm.periods WHERE organization_id = %s", [org]
         ).fetchone()
     return Exhaustion(allowance, estimate, stripes, sum(cycles), used, held, workers, sum(errors), seconds)
+
+
+if __name__ == "__main__":  # what client_instructions runs under callgrind
+    dsn_arg, n_arg, orgs_arg, who, flavour = sys.argv[1:6]
+    cycles(dsn_arg, int(n_arg), bare=who == "bare", asynchronous=flavour == "asyncio",
+           prepare=sys.argv[6:] == ["prepared"], orgs=int(orgs_arg))  # fmt: skip

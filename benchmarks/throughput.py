@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import re
+import statistics
 import subprocess
 from dataclasses import asdict
 from typing import Any
@@ -186,36 +187,67 @@ def _write_shape(target: Target, sizes: common.Sizes) -> dict[str, list[str]]:
 
 
 # The driver against bare psycopg sending the same two statements at the same prepare
-# setting (issue 32 item 5), sync and asyncio: each pair runs driver, bare, bare, driver
-# (half the driver time each), so a drift of the machine over the four runs cancels out.
+# setting (issue 32 item 5), sync and asyncio. A rate on this VM moves by 10 % between
+# runs of 10 s, so each flavour runs DRIVER_BLOCKS blocks of four short runs, driver,
+# bare, bare, driver and then bare, driver, driver, bare (each side first in half of
+# them, after the CHECKPOINT that starts a block), each side driver_seconds in all. The
+# ratio is the median of the blocks' ratios, as the passes' is of their pairs'.
 DRIVER_FLAVOURS = {
     "threads": (driver.run_threads, False),
     "threads_prepared": (driver.run_threads, True),
     "asyncio": (driver.run_asyncio, False),
     "asyncio_prepared": (driver.run_asyncio, True),
 }
+DRIVER_BLOCKS = 4
 
 
 def _driver_runs(target: Target, sizes: common.Sizes, dsn: str) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    seconds = sizes.driver_seconds / 2
+    seconds = sizes.driver_seconds / (2 * DRIVER_BLOCKS)
     for flavour, (fn, prepare) in DRIVER_FLAVOURS.items():
         runs: dict[str, list[Any]] = {"driver": [], "bare": []}
-        for who in ("driver", "bare", "bare", "driver"):
+        block_ratios = []
+        common.log(f"Python driver and bare psycopg, {flavour}, {sizes.clients} workers: "
+                   f"{DRIVER_BLOCKS} blocks of 4 runs of {seconds} s")  # fmt: skip
+        for block in range(DRIVER_BLOCKS):
             common.settle(target, "cycle", sizes)
-            common.log(f"Python {who}, {flavour}, {sizes.clients} workers, {seconds} s")
-            run = fn(dsn, workers=sizes.clients, seconds=seconds, orgs=sizes.cycle_orgs,
-                     bare=who == "bare", prepare=prepare)  # fmt: skip
-            runs[who].append(run)
-            common.log(f"  {run.rate:.0f} requests/s ({run.errors} errors)")
+            order = ("driver", "bare", "bare", "driver") if block % 2 == 0 else ("bare", "driver", "driver", "bare")
+            done: dict[str, list[Any]] = {"driver": [], "bare": []}
+            for who in order:
+                run = fn(dsn, workers=sizes.clients, seconds=seconds, orgs=sizes.cycle_orgs,
+                         bare=who == "bare", prepare=prepare)  # fmt: skip
+                done[who].append(run)
+                runs[who].append(run)
+            rates = {who: _pooled(done[who])["rate"] for who in done}
+            block_ratios.append(rates["driver"] / rates["bare"])
+            common.log(f"  block {block + 1}: driver {rates['driver']:.0f}, bare {rates['bare']:.0f} requests/s "
+                       f"({block_ratios[-1]:.3f}; {sum(r.errors for r in done['driver'] + done['bare'])} errors)")  # fmt: skip
         for who, key in (("driver", f"driver_{flavour}"), ("bare", f"bare_{flavour}")):
-            done = runs[who]
-            requests, elapsed = sum(r.requests for r in done), sum(r.seconds for r in done)
             via = "psycopg alone, the driver's two statements" if who == "bare" else driver.VIA
-            results[key] = {"rate": requests / elapsed, "requests": requests, "seconds": elapsed,
-                            "errors": sum(r.errors for r in done), "runs": [asdict(r) for r in done],
-                            "via": via}  # fmt: skip
+            results[key] = _pooled(runs[who]) | {"runs": [asdict(r) for r in runs[who]], "via": via}
+        results[f"driver_{flavour}"] |= {"block_ratios": block_ratios, "ratio": statistics.median(block_ratios)}
+        common.log(f"  median of the blocks' ratios {statistics.median(block_ratios):.3f} "
+                   f"({min(block_ratios):.3f}-{max(block_ratios):.3f})")  # fmt: skip
+    # what the client executes per cycle, one connection at a time: the figure the VM's
+    # noise does not move (benchmarks/driver.py); both prepare settings ask the same of it
+    for flavour in ("threads", "asyncio"):
+        counted = {who: driver.client_instructions(dsn, bare=who == "bare", asynchronous=flavour == "asyncio",
+                                                   prepare=False, orgs=sizes.cycle_orgs)
+                   for who in ("driver", "bare")}  # fmt: skip
+        results[f"instructions_{flavour}"] = counted
+        if counted["driver"] and counted["bare"]:
+            common.log(f"client instructions per request, {flavour}: driver {counted['driver']:,.0f}, "
+                       f"bare {counted['bare']:,.0f}")  # fmt: skip
     return results
+
+
+def _pooled(runs: list[driver.DriverRun]) -> dict[str, Any]:
+    """Runs of one side taken together: requests over seconds, client CPU over requests."""
+    requests, seconds = sum(r.requests for r in runs), sum(r.seconds for r in runs)
+    cpu = sum(r.cpu_seconds for r in runs)
+    return {"rate": requests / seconds, "requests": requests, "seconds": seconds,
+            "errors": sum(r.errors for r in runs),
+            "client_cpu_us_per_request": cpu / requests * 1e6 if requests else None}  # fmt: skip
 
 
 def _driver_rows(results: dict[str, Any], sizes: common.Sizes, spread: float) -> list[common.Row]:
@@ -228,10 +260,18 @@ def _driver_rows(results: dict[str, Any], sizes: common.Sizes, spread: float) ->
     }
     for flavour, label in labels.items():
         ours, bare = results[f"driver_{flavour}"], results[f"bare_{flavour}"]
-        rows.append(common.Row(f"driver_{flavour}", f"request cycle via the Python driver, {label}",
-                        ours["rate"], "requests/s", bare["rate"],
-                        "bare psycopg, the same statements and prepare setting",
-                        common.ratio(ours["rate"], bare["rate"]), ">= 0.95", ours))  # fmt: skip
+        detail = ours | {"bare": {k: v for k, v in bare.items() if k != "runs"}}
+        rows.append(common.Row(f"driver_{flavour}", f"request cycle via the Python driver, {label} "
+                        f"(ratio: median of {DRIVER_BLOCKS} interleaved blocks)", ours["rate"], "requests/s",
+                        bare["rate"], "bare psycopg, the same statements and prepare setting", ours["ratio"],
+                        ">= 0.95", detail))  # fmt: skip
+    for flavour in ("threads", "asyncio"):
+        counted = results[f"instructions_{flavour}"]
+        if counted["driver"] and counted["bare"]:
+            rows.append(common.Row(f"driver_instructions_{flavour}", f"client instructions per request, "
+                            f"{flavour}, one connection (callgrind; ratio: bare / driver)", counted["driver"],
+                            "instructions", counted["bare"], "bare psycopg, the same statements",
+                            common.ratio(counted["bare"], counted["driver"]), "report", counted))  # fmt: skip
     for flavour in ("threads", "asyncio"):
         ours = results[f"driver_{flavour}"]
         rows.append(common.Row(f"driver_{flavour}_vs_sql", f"the same ({flavour}, nothing prepared), against "

@@ -26,7 +26,7 @@ from llm_db._types import (
     UuidArray,
     UuidLike,
     uuid_arg,
-    value_of,
+    value_as,
     whole,
 )
 from llm_db.models import (
@@ -367,8 +367,10 @@ class LlmMethods:
     """The methods of ``Llm``: each runs its statement in one transaction (``Llm._execute``)
     and maps the rows to its result."""
 
-    # Llm runs one statement and returns its rows; a procedure is CALLed on its own.
+    # Llm runs one statement and returns its rows, or the one value of a ``SELECT … AS
+    # value``; a procedure is CALLed on its own.
     _execute: Callable[[str, Mapping[str, Any]], list[Row]]
+    _execute_value: Callable[[str, Mapping[str, Any]], Any]
     _call_procedure: Callable[[str, Mapping[str, Any]], list[Row]]
 
     def upsert_organization(
@@ -438,8 +440,8 @@ class LlmMethods:
             "organization_id": uuid_arg("organization_id", organization_id),
             "stripes": whole("stripes", stripes),
         }
-        rows = self._execute(SET_PERIOD_STRIPES, params)
-        return value_of(rows, int)
+        value = self._execute_value(SET_PERIOD_STRIPES, params)
+        return value_as(value, int)
 
     def set_budget(
         self,
@@ -486,8 +488,8 @@ class LlmMethods:
             "stripes": whole("stripes", stripes),
             "now": now,
         }
-        rows = self._execute(SET_BUDGET_STRIPES, params)
-        return value_of(rows, int)
+        value = self._execute_value(SET_BUDGET_STRIPES, params)
+        return value_as(value, int)
 
     def declare_task_kind(
         self,
@@ -556,8 +558,8 @@ class LlmMethods:
             "api_key": api_key,
             "end_user": end_user,
         }
-        rows = self._execute(ADMIT_ID, params)
-        return value_of(rows, UUID)
+        value = self._execute_value(ADMIT_ID, params)
+        return value_as(value, UUID)
 
     def note_refusal(
         self,
@@ -580,8 +582,8 @@ class LlmMethods:
             "window_start": window_start,
             "now": now,
         }
-        rows = self._execute(NOTE_REFUSAL, params)
-        return value_of(rows, bool)
+        value = self._execute_value(NOTE_REFUSAL, params)
+        return value_as(value, bool)
 
     def mark_dispatched(
         self,
@@ -621,8 +623,8 @@ class LlmMethods:
             "output_tokens": whole("output_tokens", output_tokens),
             "now": now,
         }
-        rows = self._execute(SETTLE, params)
-        return value_of(rows, Outcome)
+        value = self._execute_value(SETTLE, params)
+        return value_as(value, Outcome)
 
     def fail(
         self,
@@ -645,8 +647,8 @@ class LlmMethods:
             "cents": whole("cents", cents),
             "now": now,
         }
-        rows = self._execute(FAIL, params)
-        return value_of(rows, Outcome)
+        value = self._execute_value(FAIL, params)
+        return value_as(value, Outcome)
 
     def open_execution(
         self,
@@ -687,8 +689,8 @@ class LlmMethods:
             "error": error,
             "now": now,
         }
-        rows = self._execute(CLOSE_EXECUTION, params)
-        return value_of(rows, bool)
+        value = self._execute_value(CLOSE_EXECUTION, params)
+        return value_as(value, bool)
 
     def reconcile_org(
         self,
@@ -745,13 +747,13 @@ class LlmMethods:
         params = {
             "schedule": schedule,
         }
-        rows = self._execute(SCHEDULE_RECONCILIATION, params)
-        return value_of(rows, int)
+        value = self._execute_value(SCHEDULE_RECONCILIATION, params)
+        return value_as(value, int)
 
     def unschedule_reconciliation(self) -> bool:
         """Remove the pg_cron job; False when there was none."""
-        rows = self._execute(UNSCHEDULE_RECONCILIATION, {})
-        return value_of(rows, bool)
+        value = self._execute_value(UNSCHEDULE_RECONCILIATION, {})
+        return value_as(value, bool)
 
     def claim_notices(
         self,
@@ -783,8 +785,8 @@ class LlmMethods:
             "claim_token": uuid_arg("claim_token", claim_token),
             "now": now,
         }
-        rows = self._execute(COMPLETE_NOTICE, params)
-        return value_of(rows, bool)
+        value = self._execute_value(COMPLETE_NOTICE, params)
+        return value_as(value, bool)
 
     def fail_notice(
         self,
@@ -804,8 +806,8 @@ class LlmMethods:
             "error": error,
             "now": now,
         }
-        rows = self._execute(FAIL_NOTICE, params)
-        return value_of(rows, bool)
+        value = self._execute_value(FAIL_NOTICE, params)
+        return value_as(value, bool)
 
     def release_notice(
         self,
@@ -823,8 +825,8 @@ class LlmMethods:
             "claim_token": uuid_arg("claim_token", claim_token),
             "now": now,
         }
-        rows = self._execute(RELEASE_NOTICE, params)
-        return value_of(rows, bool)
+        value = self._execute_value(RELEASE_NOTICE, params)
+        return value_as(value, bool)
 
     def rearm_notices(
         self,
@@ -835,8 +837,8 @@ class LlmMethods:
         params = {
             "now": now,
         }
-        rows = self._execute(REARM_NOTICES, params)
-        return value_of(rows, int)
+        value = self._execute_value(REARM_NOTICES, params)
+        return value_as(value, int)
 
     def rebuild_daily_usage(
         self,
@@ -848,8 +850,8 @@ class LlmMethods:
             "day_from": day_from,
             "day_to": day_to,
         }
-        rows = self._execute(REBUILD_DAILY_USAGE, params)
-        return value_of(rows, int)
+        value = self._execute_value(REBUILD_DAILY_USAGE, params)
+        return value_as(value, int)
 
     def check_daily_usage(
         self,
@@ -1054,14 +1056,15 @@ class LlmMethods:
         params = {
             "shard_count": whole("shard_count", shard_count),
         }
-        rows = self._execute(DISTRIBUTE, params)
-        return value_of(rows, str)
+        value = self._execute_value(DISTRIBUTE, params)
+        return value_as(value, str)
 
 
 class AsyncLlmMethods:
     """The methods of ``AsyncLlm``: ``LlmMethods``, awaited."""
 
     _execute: Callable[[str, Mapping[str, Any]], Awaitable[list[Row]]]
+    _execute_value: Callable[[str, Mapping[str, Any]], Awaitable[Any]]
     _call_procedure: Callable[[str, Mapping[str, Any]], Awaitable[list[Row]]]
 
     async def upsert_organization(
@@ -1131,8 +1134,8 @@ class AsyncLlmMethods:
             "organization_id": uuid_arg("organization_id", organization_id),
             "stripes": whole("stripes", stripes),
         }
-        rows = await self._execute(SET_PERIOD_STRIPES, params)
-        return value_of(rows, int)
+        value = await self._execute_value(SET_PERIOD_STRIPES, params)
+        return value_as(value, int)
 
     async def set_budget(
         self,
@@ -1179,8 +1182,8 @@ class AsyncLlmMethods:
             "stripes": whole("stripes", stripes),
             "now": now,
         }
-        rows = await self._execute(SET_BUDGET_STRIPES, params)
-        return value_of(rows, int)
+        value = await self._execute_value(SET_BUDGET_STRIPES, params)
+        return value_as(value, int)
 
     async def declare_task_kind(
         self,
@@ -1249,8 +1252,8 @@ class AsyncLlmMethods:
             "api_key": api_key,
             "end_user": end_user,
         }
-        rows = await self._execute(ADMIT_ID, params)
-        return value_of(rows, UUID)
+        value = await self._execute_value(ADMIT_ID, params)
+        return value_as(value, UUID)
 
     async def note_refusal(
         self,
@@ -1273,8 +1276,8 @@ class AsyncLlmMethods:
             "window_start": window_start,
             "now": now,
         }
-        rows = await self._execute(NOTE_REFUSAL, params)
-        return value_of(rows, bool)
+        value = await self._execute_value(NOTE_REFUSAL, params)
+        return value_as(value, bool)
 
     async def mark_dispatched(
         self,
@@ -1314,8 +1317,8 @@ class AsyncLlmMethods:
             "output_tokens": whole("output_tokens", output_tokens),
             "now": now,
         }
-        rows = await self._execute(SETTLE, params)
-        return value_of(rows, Outcome)
+        value = await self._execute_value(SETTLE, params)
+        return value_as(value, Outcome)
 
     async def fail(
         self,
@@ -1338,8 +1341,8 @@ class AsyncLlmMethods:
             "cents": whole("cents", cents),
             "now": now,
         }
-        rows = await self._execute(FAIL, params)
-        return value_of(rows, Outcome)
+        value = await self._execute_value(FAIL, params)
+        return value_as(value, Outcome)
 
     async def open_execution(
         self,
@@ -1380,8 +1383,8 @@ class AsyncLlmMethods:
             "error": error,
             "now": now,
         }
-        rows = await self._execute(CLOSE_EXECUTION, params)
-        return value_of(rows, bool)
+        value = await self._execute_value(CLOSE_EXECUTION, params)
+        return value_as(value, bool)
 
     async def reconcile_org(
         self,
@@ -1438,13 +1441,13 @@ class AsyncLlmMethods:
         params = {
             "schedule": schedule,
         }
-        rows = await self._execute(SCHEDULE_RECONCILIATION, params)
-        return value_of(rows, int)
+        value = await self._execute_value(SCHEDULE_RECONCILIATION, params)
+        return value_as(value, int)
 
     async def unschedule_reconciliation(self) -> bool:
         """Remove the pg_cron job; False when there was none."""
-        rows = await self._execute(UNSCHEDULE_RECONCILIATION, {})
-        return value_of(rows, bool)
+        value = await self._execute_value(UNSCHEDULE_RECONCILIATION, {})
+        return value_as(value, bool)
 
     async def claim_notices(
         self,
@@ -1476,8 +1479,8 @@ class AsyncLlmMethods:
             "claim_token": uuid_arg("claim_token", claim_token),
             "now": now,
         }
-        rows = await self._execute(COMPLETE_NOTICE, params)
-        return value_of(rows, bool)
+        value = await self._execute_value(COMPLETE_NOTICE, params)
+        return value_as(value, bool)
 
     async def fail_notice(
         self,
@@ -1497,8 +1500,8 @@ class AsyncLlmMethods:
             "error": error,
             "now": now,
         }
-        rows = await self._execute(FAIL_NOTICE, params)
-        return value_of(rows, bool)
+        value = await self._execute_value(FAIL_NOTICE, params)
+        return value_as(value, bool)
 
     async def release_notice(
         self,
@@ -1516,8 +1519,8 @@ class AsyncLlmMethods:
             "claim_token": uuid_arg("claim_token", claim_token),
             "now": now,
         }
-        rows = await self._execute(RELEASE_NOTICE, params)
-        return value_of(rows, bool)
+        value = await self._execute_value(RELEASE_NOTICE, params)
+        return value_as(value, bool)
 
     async def rearm_notices(
         self,
@@ -1528,8 +1531,8 @@ class AsyncLlmMethods:
         params = {
             "now": now,
         }
-        rows = await self._execute(REARM_NOTICES, params)
-        return value_of(rows, int)
+        value = await self._execute_value(REARM_NOTICES, params)
+        return value_as(value, int)
 
     async def rebuild_daily_usage(
         self,
@@ -1541,8 +1544,8 @@ class AsyncLlmMethods:
             "day_from": day_from,
             "day_to": day_to,
         }
-        rows = await self._execute(REBUILD_DAILY_USAGE, params)
-        return value_of(rows, int)
+        value = await self._execute_value(REBUILD_DAILY_USAGE, params)
+        return value_as(value, int)
 
     async def check_daily_usage(
         self,
@@ -1747,8 +1750,8 @@ class AsyncLlmMethods:
         params = {
             "shard_count": whole("shard_count", shard_count),
         }
-        rows = await self._execute(DISTRIBUTE, params)
-        return value_of(rows, str)
+        value = await self._execute_value(DISTRIBUTE, params)
+        return value_as(value, str)
 
 
 class ExecutionContextMethods:

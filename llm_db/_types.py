@@ -12,7 +12,7 @@ from decimal import Decimal
 from typing import Annotated, Any, TypeVar
 from uuid import UUID
 
-__all__ = ["TASK_DEFAULT", "Int4", "Row", "TaskDefault", "UuidArray", "UuidLike", "uuid_arg", "value_of", "whole"]
+__all__ = ["TASK_DEFAULT", "Int4", "Row", "TaskDefault", "UuidArray", "UuidLike", "uuid_arg", "value_as", "whole"]
 
 T = TypeVar("T")
 Row = dict[str, Any]
@@ -24,10 +24,9 @@ Int4 = Annotated[int, "integer"]
 UuidArray = Annotated[Sequence[UuidLike], "uuid[]"]
 
 
-def value_of(rows: list[Row], kind: type[T]) -> T:
+def value_as(value: Any, kind: type[T]) -> T:
     """The one value of a statement ``SELECT … AS value``, as ``kind``: an ``Outcome`` from
     its text; an int, bool, str or UUID (or NULL) as psycopg read it."""
-    value = rows[0]["value"]
     if type(value) is kind or value is None:
         return value  # type: ignore[no-any-return]
     members = getattr(kind, "_value2member_map_", None)  # an Enum: its member, no call

@@ -15,7 +15,8 @@ Their methods are plain code generated from the table of operations
 (``llm_db.operations``) into ``llm_db._client_methods``: each passes its arguments
 by name to its statement, a named constant there, and maps the rows to its result.
 The two classes here differ only in how a statement runs (``_execute``,
-``_call_procedure``), like psycopg's own ``Connection`` / ``AsyncConnection``.
+``_execute_value``, ``_call_procedure``), like psycopg's own ``Connection`` /
+``AsyncConnection``.
 
 Every call is its own transaction, committed when the method returns, whether
 the connection is autocommit or not (on an idle autocommit connection the one
@@ -29,6 +30,16 @@ No statement is prepared on the server unless the client is built with
 ``prepare=True``: psycopg's default (prepare after five executions) breaks
 behind PgBouncer in transaction pooling mode, where the next transaction may
 run on another server connection that never saw the statement.
+
+A client built on a connection keeps its cursor from one call to the next: making
+one (a copy of the connection's adapters, the numeric loader below registered in
+it) cost as much client CPU as the rest of the driver's work on a call (issue 32
+item 5). So adapters registered on that connection after the client's first call
+do not apply to the client's statements. A call that fails, or reads more than one
+row, drops its cursor rather than keep it (and its result) for the next. A client
+on a pool makes a cursor per call, on the connection it borrows. The client reads
+rows as tuples, whatever row factory the connection has, and maps them by column
+name (``models``); a ``SELECT … AS value`` gives its one value.
 
 A sum of the books that nothing bounds (a task's credits, a day's tokens, a
 report's totals) is ``numeric`` in SQL and so never overflows; the client reads
@@ -53,14 +64,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import decimal
 import logging
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg.types.numeric import NumericLoader
 
 from llm_db import queries
@@ -113,65 +123,32 @@ class _Refusals:
 
 
 class _WholeNumberLoader(NumericLoader):
-    """``numeric`` in text: a whole number (no point, as every sum of amounts is) as
-    ``int``, anything else as psycopg's ``Decimal``."""
+    """``numeric`` in text: a whole number (digits, and only zeros after a point: every
+    sum of amounts is one) as ``int``, anything else as psycopg's ``Decimal``."""
 
     def load(self, data: Any) -> Any:
         text = bytes(data)
-        if text.lstrip(b"-").isdigit():
-            return int(text)
+        digits, _, fraction = text.partition(b".")
+        if digits.lstrip(b"-").isdigit() and not fraction.strip(b"0"):
+            return int(digits)
         return super().load(data)
 
 
-def _cursor(conn: Any) -> Any:
-    """A cursor of ``conn`` with dict rows that reads whole numerics as ``int``."""
-    cur = conn.cursor(row_factory=dict_row)
+def _cursor(conn: Any, row_factory: Any = tuple_row) -> Any:
+    """A cursor of ``conn`` that reads whole numerics as ``int``."""
+    cur = conn.cursor(row_factory=row_factory)
     cur.adapters.register_loader("numeric", _WholeNumberLoader)
     return cur
 
 
-#: The statements whose results have no ``numeric`` column, as seen on their first
-#: run: their cursors skip the loader above (a copy of the connection's loaders per
-#: call). A statement whose result gains a numeric column later (an upgrade under a
-#: running client) has its whole numerics made ``int`` after the read (``_rows``).
-_NO_NUMERIC: set[str] = set()
-_NUMERIC_OID = 1700
 _IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
-def _statement_cursor(conn: Any, sql: str) -> Any:
-    if sql in _NO_NUMERIC:
-        return conn.cursor(row_factory=dict_row)
-    return _cursor(conn)
-
-
-def _rows(cur: Any, sql: str) -> list[Row]:
-    """The rows of the statement just run, whole numerics as ``int`` either way."""
-    return _rows_read(cur, sql, cur.fetchall())
-
-
-def _rows_read(cur: Any, sql: str, rows: list[Row]) -> list[Row]:
-    result = cur.pgresult  # the column types from the result itself: no Column objects
-    if result is None:
-        return rows
-    numeric = [result.fname(i).decode() for i in range(result.nfields) if result.ftype(i) == _NUMERIC_OID]
-    if sql not in _NO_NUMERIC:
-        if not numeric:
-            _NO_NUMERIC.add(sql)
-    elif numeric:
-        _NO_NUMERIC.discard(sql)
-        for row in rows:
-            for name in numeric:
-                value = row[name]
-                if isinstance(value, decimal.Decimal) and value == value.to_integral_value():
-                    row[name] = int(value)
-    return rows
-
-
-def _idle_autocommit(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
-    """Each call is one statement, so on an idle autocommit connection it is its own
-    transaction already; BEGIN/COMMIT would add two round trips for nothing."""
-    return conn.autocommit and conn.pgconn.transaction_status == _IDLE
+def _dicts(cur: Any, rows: list[tuple[Any, ...]]) -> list[Row]:
+    """The rows just fetched from ``cur`` as dicts of column name to value."""
+    result = cur.pgresult
+    names = [result.fname(i).decode() for i in range(result.nfields)]
+    return [dict(zip(names, row, strict=True)) for row in rows]
 
 
 class Llm(LlmMethods):
@@ -191,6 +168,9 @@ class Llm(LlmMethods):
         self.prepare = prepare
         self._prepare: bool | None = None if prepare else False
         self._refusals = _Refusals()
+        #: the idle cursors of ``source`` when it is a connection (module doc); popped
+        #: and appended, so two calls at once never share one
+        self._cursors: list[psycopg.Cursor[Any]] = []
 
     @contextlib.contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
@@ -202,36 +182,54 @@ class Llm(LlmMethods):
                 yield conn
 
     def _execute(self, sql: str, params: Mapping[str, Any]) -> list[Row]:
-        """Run one statement in its own transaction (module doc); its rows. Plain code,
-        no context-manager generators: this is every call's path (issue 32 item 5)."""
+        """Run one statement in its own transaction (module doc); its rows."""
+        return self._call(sql, params, False)  # type: ignore[no-any-return]
+
+    def _execute_value(self, sql: str, params: Mapping[str, Any]) -> Any:
+        """Run one ``SELECT … AS value`` in its own transaction; its one value."""
+        return self._call(sql, params, True)
+
+    def _call(self, sql: str, params: Mapping[str, Any], value: bool) -> Any:
+        """Every call's path, plain code (issue 32 item 5): the statement run on one of
+        the client's idle cursors (module doc), or on a pool's connection; a refusal
+        reported; the one value read, or the rows as dicts."""
+        source = self.source
         try:
-            if isinstance(self.source, psycopg.Connection):
-                return self._run(self.source, sql, params)
-            with self.source.connection() as conn:
-                return self._run(conn, sql, params)
+            if isinstance(source, psycopg.Connection):
+                idle = self._cursors
+                cur = idle.pop() if idle else _cursor(source)
+                rows = self._run(source, cur, sql, params)
+                result = rows[0][0] if value else _dicts(cur, rows)
+                if len(rows) <= 1:  # a longer result is not kept alive by an idle cursor
+                    idle.append(cur)
+                return result
+            with source.connection() as conn, _cursor(conn) as cur:
+                rows = self._run(conn, cur, sql, params)
+                return rows[0][0] if value else _dicts(cur, rows)
         except AllowanceExhausted as refusal:
             self._report(refusal, params)
             raise
 
-    def _run(self, conn: psycopg.Connection[Any], sql: str, params: Mapping[str, Any]) -> list[Row]:
+    def _run(self, conn: psycopg.Connection[Any], cur: psycopg.Cursor[Any], sql: str,
+             params: Mapping[str, Any]) -> list[tuple[Any, ...]]:  # fmt: skip
+        """The statement in its own transaction: on an idle autocommit connection it is
+        one already (BEGIN/COMMIT would add two round trips for nothing), else in
+        ``conn.transaction()``; its rows; psycopg's errors raised as llm-db's."""
         try:
-            if _idle_autocommit(conn):
-                return self._once(conn, sql, params)
-            with conn.transaction():
-                return self._once(conn, sql, params)
+            try:
+                if conn.autocommit and conn.pgconn.transaction_status == _IDLE:
+                    cur.execute(sql, params, prepare=self._prepare)
+                else:
+                    with conn.transaction():
+                        cur.execute(sql, params, prepare=self._prepare)
+            except psycopg.DataError as exc:
+                raise unsendable(exc) from exc
+            return cur.fetchall()
         except psycopg.Error as exc:
             mapped = translate(exc)
             if mapped is exc:
                 raise
             raise mapped from exc
-
-    def _once(self, conn: psycopg.Connection[Any], sql: str, params: Mapping[str, Any]) -> list[Row]:
-        with _statement_cursor(conn, sql) as cur:
-            try:
-                cur.execute(sql, params, prepare=self._prepare)
-            except psycopg.DataError as exc:
-                raise unsendable(exc) from exc
-            return _rows(cur, sql)
 
     def _report(self, refusal: AllowanceExhausted, params: Mapping[str, Any]) -> None:
         """Report a refusal in a transaction of its own (module doc)."""
@@ -253,7 +251,7 @@ class Llm(LlmMethods):
             previous = conn.autocommit
             conn.autocommit = True
             try:
-                with _cursor(conn) as cur:
+                with _cursor(conn, dict_row) as cur:
                     since = cur.execute(queries.CLOCK, prepare=self._prepare).fetchall()[0]["clock"]
                     with sent():
                         cur.execute(sql, params, prepare=self._prepare)
@@ -277,6 +275,7 @@ class AsyncLlm(AsyncLlmMethods):
         self.prepare = prepare
         self._prepare: bool | None = None if prepare else False
         self._refusals = _Refusals()
+        self._cursors: list[psycopg.AsyncCursor[Any]] = []
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -288,35 +287,46 @@ class AsyncLlm(AsyncLlmMethods):
                 yield conn
 
     async def _execute(self, sql: str, params: Mapping[str, Any]) -> list[Row]:
+        return await self._call(sql, params, False)  # type: ignore[no-any-return]
+
+    async def _execute_value(self, sql: str, params: Mapping[str, Any]) -> Any:
+        return await self._call(sql, params, True)
+
+    async def _call(self, sql: str, params: Mapping[str, Any], value: bool) -> Any:
+        source = self.source
         try:
-            if isinstance(self.source, psycopg.AsyncConnection):
-                return await self._run(self.source, sql, params)
-            async with self.source.connection() as conn:
-                return await self._run(conn, sql, params)
+            if isinstance(source, psycopg.AsyncConnection):
+                idle = self._cursors
+                cur = idle.pop() if idle else _cursor(source)
+                rows = await self._run(source, cur, sql, params)
+                result = rows[0][0] if value else _dicts(cur, rows)
+                if len(rows) <= 1:
+                    idle.append(cur)
+                return result
+            async with source.connection() as conn, _cursor(conn) as cur:
+                rows = await self._run(conn, cur, sql, params)
+                return rows[0][0] if value else _dicts(cur, rows)
         except AllowanceExhausted as refusal:
             await self._report(refusal, params)
             raise
 
-    async def _run(self, conn: psycopg.AsyncConnection[Any], sql: str, params: Mapping[str, Any]) -> list[Row]:
+    async def _run(self, conn: psycopg.AsyncConnection[Any], cur: psycopg.AsyncCursor[Any], sql: str,
+                   params: Mapping[str, Any]) -> list[tuple[Any, ...]]:  # fmt: skip
         try:
-            if _idle_autocommit(conn):
-                return await self._once(conn, sql, params)
-            async with conn.transaction():
-                return await self._once(conn, sql, params)
+            try:
+                if conn.autocommit and conn.pgconn.transaction_status == _IDLE:
+                    await cur.execute(sql, params, prepare=self._prepare)
+                else:
+                    async with conn.transaction():
+                        await cur.execute(sql, params, prepare=self._prepare)
+            except psycopg.DataError as exc:
+                raise unsendable(exc) from exc
+            return await cur.fetchall()
         except psycopg.Error as exc:
             mapped = translate(exc)
             if mapped is exc:
                 raise
             raise mapped from exc
-
-    async def _once(self, conn: psycopg.AsyncConnection[Any], sql: str, params: Mapping[str, Any]) -> list[Row]:
-        async with _statement_cursor(conn, sql) as cur:
-            try:
-                await cur.execute(sql, params, prepare=self._prepare)
-            except psycopg.DataError as exc:
-                raise unsendable(exc) from exc
-            rows = await cur.fetchall()
-            return _rows_read(cur, sql, rows)
 
     async def _report(self, refusal: AllowanceExhausted, params: Mapping[str, Any]) -> None:
         report = self._refusals.to_report(refusal, params)
@@ -336,7 +346,7 @@ class AsyncLlm(AsyncLlmMethods):
                 previous = conn.autocommit
                 await conn.set_autocommit(True)
                 try:
-                    async with _cursor(conn) as cur:
+                    async with _cursor(conn, dict_row) as cur:
                         await cur.execute(queries.CLOCK, prepare=self._prepare)
                         since = (await cur.fetchall())[0]["clock"]
                         with sent():

@@ -37,7 +37,7 @@ from llm_db._types import (
     UuidArray,
     UuidLike,
     uuid_arg,
-    value_of,
+    value_as,
     whole,
 )
 from llm_db.models import (
@@ -80,7 +80,7 @@ __all__ = [
     "Operations",
     "TaskDefault",
     "operations",
-    "value_of",
+    "value_as",
 ]
 
 #: How a statement's rows become the result: ``nothing``; ``one`` row, ``many`` rows or

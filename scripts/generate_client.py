@@ -61,7 +61,7 @@ RUNTIME = {
     "collections.abc": ["Awaitable", "Callable", "Mapping"],
     "datetime": ["datetime"],
     "uuid": ["UUID"],
-    "llm_db._types": ["TASK_DEFAULT", "Row", "TaskDefault", "UuidLike", "uuid_arg", "value_of", "whole"],
+    "llm_db._types": ["TASK_DEFAULT", "Row", "TaskDefault", "UuidLike", "uuid_arg", "value_as", "whole"],
 }
 BUILTINS = {"None", "int", "str", "bool", "list", "dict", "tuple", "float", "bytes"}
 FILLED = ("organization_id", "execution_id")  # what a task context passes itself
@@ -142,7 +142,7 @@ def result_line(op: table.Operation) -> str | None:
         "one": f"return {model}.from_row(rows[0])",
         "many": f"return [{model}.from_row(row) for row in rows]",
         "maybe_one": f"return {model}.from_row(rows[0]) if rows else None",
-        "value": f"return value_of(rows, {model})",
+        "value": f"return value_as(value, {model})",
     }[op.shape]
 
 
@@ -170,13 +170,15 @@ def client_method(op: table.Operation, asynchronous: bool) -> list[str]:
         lines.append("        params = {")
         lines += [f'            "{n}": {argument_source(op, n)},' for n in op.names]
         lines.append("        }")
-    run = "_call_procedure" if op.procedure else "_execute"
+    # a procedure answers with the run row it recorded (Llm._call_procedure), never a value
+    assert not (op.procedure and op.shape == "value"), f"{op.name}: a procedure returning a value"
+    run = "_call_procedure" if op.procedure else "_execute_value" if op.shape == "value" else "_execute"
     call = f"self.{run}({constant(op)}, {'params' if parameters else '{}'})"
     call = f"await {call}" if asynchronous else call
     mapping = result_line(op)
     if mapping is None:
         return [*lines, f"        {call}"]
-    return [*lines, f"        rows = {call}", f"        {mapping}"]
+    return [*lines, f"        {'value' if op.shape == 'value' else 'rows'} = {call}", f"        {mapping}"]
 
 
 def helper_parameter(p: inspect.Parameter) -> inspect.Parameter:
@@ -226,13 +228,16 @@ CLASSES = {
     """The methods of ``Llm``: each runs its statement in one transaction (``Llm._execute``)
     and maps the rows to its result."""
 
-    # Llm runs one statement and returns its rows; a procedure is CALLed on its own.
+    # Llm runs one statement and returns its rows, or the one value of a ``SELECT … AS
+    # value``; a procedure is CALLed on its own.
     _execute: Callable[[str, Mapping[str, Any]], list[Row]]
+    _execute_value: Callable[[str, Mapping[str, Any]], Any]
     _call_procedure: Callable[[str, Mapping[str, Any]], list[Row]]''',
     "AsyncLlmMethods": '''\
     """The methods of ``AsyncLlm``: ``LlmMethods``, awaited."""
 
     _execute: Callable[[str, Mapping[str, Any]], Awaitable[list[Row]]]
+    _execute_value: Callable[[str, Mapping[str, Any]], Awaitable[Any]]
     _call_procedure: Callable[[str, Mapping[str, Any]], Awaitable[list[Row]]]''',
     "ExecutionContextMethods": '''\
     """The request helpers of ``ExecutionContext``: the client's methods with the task's

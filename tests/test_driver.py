@@ -918,10 +918,10 @@ def test_a_refusal_without_figures_has_none(llm_conn: psycopg.Connection) -> Non
 
 
 def test_a_result_that_turns_numeric_under_a_running_client_still_reads_whole_numbers(llm_conn):
-    """The driver skips its numeric loader for a statement whose result had no numeric
-    column (issue 32 item 5: a copy of the connection's loaders per call). A result type
-    changed under a running client (0.4.0's migration 0018 made sums numeric) must still
-    read a whole numeric as int, not Decimal, and a non-whole one as Decimal."""
+    """A result type changed under a running client (0.4.0's migration 0018 made sums
+    numeric) must still read a whole numeric as int, not Decimal, and a non-whole one as
+    Decimal: the client's cursors, kept from call to call (issue 32 item 5), read every
+    numeric through the whole-number loader, whatever the statement read before."""
     from decimal import Decimal
 
     llm_conn.execute("CREATE FUNCTION pg_temp.figure() RETURNS bigint LANGUAGE sql AS 'SELECT 7::bigint'")
@@ -936,3 +936,80 @@ def test_a_result_that_turns_numeric_under_a_running_client_still_reads_whole_nu
     llm_conn.execute("CREATE FUNCTION pg_temp.figure() RETURNS numeric LANGUAGE sql AS 'SELECT 1.5'")
     assert llm._execute(statement, {}) == [{"value": Decimal("1.5")}]
     assert type(llm._execute(statement, {})[0]["value"]) is Decimal
+
+
+def test_numerics_read_as_int_when_whole_and_as_decimal_otherwise(llm: Llm) -> None:
+    """Module doc of llm_db.client: a whole numeric (digits, only zeros after a point) is
+    an exact int however large, any other a Decimal, never a float; in a row as in a
+    statement's one value."""
+    from decimal import Decimal
+
+    cases = {
+        "12345678901234567890123": 12345678901234567890123, "-7": -7, "5.000": 5, "-0.0": 0,
+        "1.50": Decimal("1.50"), "-0.001": Decimal("-0.001"),
+    }  # fmt: skip
+    for text, expected in cases.items():
+        statement = f"SELECT '{text}'::numeric AS value"
+        for value in (llm._execute_value(statement, {}), llm._execute(statement, {})[0]["value"]):
+            assert value == expected and type(value) is type(expected), (text, value)
+    nan = llm._execute_value("SELECT 'NaN'::numeric AS value", {})
+    assert type(nan) is Decimal and nan.is_nan()
+
+
+def test_a_client_on_one_connection_keeps_one_cursor(llm: Llm, monkeypatch: Any) -> None:
+    """Issue 32 item 5: a cursor (a copy of the connection's adapters, the numeric loader
+    registered in it) cost as much client CPU as the rest of a call; a client built on a
+    connection makes one and reuses it, after a failed call too, and one that read many
+    rows is not kept (it would hold its result)."""
+    from llm_db import client
+
+    made: list[Any] = []
+    make = client._cursor
+
+    def counted(conn: Any, *args: Any) -> Any:
+        made.append(make(conn, *args))
+        return made[-1]
+
+    monkeypatch.setattr(client, "_cursor", counted)
+    org = new_org(llm)
+    for _ in range(5):
+        inv = llm.admit_id(org, 1, "model-a", now=T0)
+        assert llm.settle(org, inv, 1, 0, now=T0) is models.Outcome.SETTLED
+    assert len(made) == 1
+    with pytest.raises(errors.UnknownInvocation):
+        llm.settle(org, uuid.uuid4(), 1, 0, now=T0)
+    assert llm.admit(org, 1, "model-a", now=T0).organization_id == org
+    assert len(made) == 2  # the failed call's cursor was dropped, not given back
+    many = llm._execute("SELECT g AS value FROM generate_series(1, 3) AS g", {})
+    assert [r["value"] for r in many] == [1, 2, 3]
+    assert llm._execute_value("SELECT 4 AS value", {}) == 4
+    assert len(made) == 3
+
+
+def test_the_connections_row_factory_does_not_change_results(llm_connect: Any) -> None:
+    """The driver reads rows its own way (tuples, mapped by column name), whatever row
+    factory the application gave its connection."""
+    from psycopg.rows import dict_row, namedtuple_row
+
+    for factory in (dict_row, namedtuple_row):
+        llm = Llm(llm_connect(row_factory=factory))
+        org = new_org(llm)
+        inv = llm.admit(org, 10, "model-a", now=T0)
+        assert (inv.organization_id, inv.estimate_credits, inv.status) == (org, 10, "reserved")
+        assert llm.settle(org, inv.id, 10, 1, now=T0) is models.Outcome.SETTLED
+
+
+def test_each_value_statement_has_one_column_named_value(llm_conn: psycopg.Connection) -> None:
+    """``_execute_value`` reads the first column of the first row: every statement the
+    table gives the ``value`` shape returns exactly one column, ``value``, as the
+    server describes it (prepared here with ``$n`` for its named parameters)."""
+    values = [op for op in operations().values() if op.shape == "value"]
+    assert len(values) > 10
+    for n, op in enumerate(values):
+        text = op.sql
+        for i, name in enumerate(op.names, start=1):
+            text = text.replace(f"%({name})s", f"${i}")
+        llm_conn.execute(f"PREPARE value_{n} AS {text}")
+        described = llm_conn.pgconn.describe_prepared(f"value_{n}".encode())
+        names = [described.fname(i) for i in range(described.nfields)]
+        assert names == [b"value"], (op.name, names)

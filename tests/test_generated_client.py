@@ -59,12 +59,10 @@ def test_the_methods_file_is_what_the_generator_writes() -> None:
 def test_a_stale_methods_file_is_reported_with_the_command() -> None:
     """The comparison can fail: one line changed by hand is shown, with the command."""
     written = generator.render()
-    edited = written.replace(
-        "return value_of(rows, Outcome)", "return Outcome(rows[0]['value'])", 1
-    )
+    edited = written.replace("return value_as(value, Outcome)", "return Outcome(value)", 1)
     assert edited != written
     report = stale(written, edited)
-    assert generator.COMMAND in report and "-        return Outcome(rows[0]['value'])" in report
+    assert generator.COMMAND in report and "-        return Outcome(value)" in report
     assert stale(written, written) == ""
 
 
