@@ -778,7 +778,7 @@ CREATE FUNCTION llm._move_request_counters(p_inv llm.invocations, p_used bigint,
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
     AS $$ body in sql/, md5 6d0a691b46e8684d0fab3534dd0b6270 $$;
 
-COMMENT ON FUNCTION llm._move_request_counters(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamp with time zone) IS 'Moves every budget counter of one request: in one statement when each fits its stripe''s rooms, else each by its exact path in bit order; returns the notices created.';
+COMMENT ON FUNCTION llm._move_request_counters(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamp with time zone) IS 'Moves every budget counter of one request: on their stripes when each fits its stripe''s rooms, else each by its exact path in bit order; returns the notices created.';
 
 CREATE FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_now timestamp with time zone, p_open integer DEFAULT 0, p_admitted_at timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS void
     LANGUAGE plpgsql
@@ -790,9 +790,9 @@ COMMENT ON FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date
 CREATE FUNCTION llm._move_within_counter_rooms(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_epoch uuid) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 fcfde27e3f4ba8d220407163563e4b15 $$;
+    AS $$ body in sql/, md5 154e531f4bf449a5415fb84d165cb3df $$;
 
-COMMENT ON FUNCTION llm._move_within_counter_rooms(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_epoch uuid) IS 'Moves every budget counter of a request (on its stripe) in one statement, each counter that fits its stripe''s rooms under revision p_epoch, locked in bit order; returns how many moved.';
+COMMENT ON FUNCTION llm._move_within_counter_rooms(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_epoch uuid) IS 'Moves the budget counters of a request (each on its stripe), in bit order, while each fits its stripe''s rooms under revision p_epoch; returns how many moved (fewer than the request has: the caller rolls them back).';
 
 CREATE FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_open integer, p_now timestamp with time zone, p_lag integer, p_lead integer) RETURNS boolean
     LANGUAGE plpgsql

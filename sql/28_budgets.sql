@@ -19,10 +19,11 @@
 -- hold on its own), notice_room (usage it may add before the counter could reach a
 -- threshold not notified yet) and cents_room (the sum limit), spread under one
 -- revision of the organization's budgets (rooms_revision). A request moves the stripe
--- budget_stripe % stripes of each of its counters. All its counters move in one
--- statement when each fits its stripe's rooms (the fast path); else every one of
--- them takes the exact path in lock order: the counter's stripes locked in stripe
--- order, the decision made on its totals, the rooms spread again.
+-- budget_stripe % stripes of each of its counters. Its counters move on their
+-- stripes, one by one in bit order, when each fits its stripe's rooms (the fast
+-- path); else every one of them takes the exact path in lock order: the counter's
+-- stripes locked in stripe order, the decision made on its totals, the rooms
+-- spread again.
 --
 -- Lock order, after the period's stripes (the allowance): counters (bit, scope id,
 -- window start, stripe), then their notices. set_budget takes the organization's row,
@@ -441,54 +442,64 @@ COMMENT ON FUNCTION llm._move_counter(uuid, text, text, text, date, smallint[], 
 
 -- ---------------------------------------------------------------- the fast path
 
--- Every counter of one request moved in one statement, each on its stripe, iff it fits
--- that stripe's rooms under the organization's budgets revision p_epoch (p_used:
--- charge in, p_held: hold in or out, p_cents): the movement's share of what the
--- counter has left must fit admit_room, its usage notice_room, its cents cents_room.
--- The rows are locked in the lock order, bit by bit as the keys come (each key's
--- stripe row found by its index in a LATERAL subquery, which runs once per key, in the
--- keys' order), before the UPDATE moves them. Returns how many counters moved: fewer
--- than the request has, and the caller rolls the statement back (its subtransaction)
--- and takes the exact path.
+-- Every counter of one request moved, each on its stripe, iff it fits that stripe's
+-- rooms under the organization's budgets revision p_epoch (p_used: charge in, p_held:
+-- hold in or out, p_cents): the movement's share of what the counter has left must
+-- fit admit_room, its usage notice_room, its cents cents_room. One UPDATE per counter,
+-- in bit order (the lock order), each by the counter's full key; it stops at the first
+-- that does not fit and returns how many moved: fewer than the request has, and the
+-- caller rolls them back (its subtransaction) and takes the exact path.
+-- Not one statement for all of them: joined to the keys, the planner estimated each
+-- call's custom plan cheaper than the generic one (a Memoize it can cost only with the
+-- values known), so PL/pgSQL planned it again on every call (233 us of 290 us,
+-- pg_stat_statements.track_planning), and a generic plan of the join scans the table
+-- when one organization holds most counters. By its key, the generic plan is an index
+-- lookup at any size and is kept (tests/test_budget_write_shape.py). A SET
+-- plan_cache_mode clause is no way out: Citus cannot plan a delegated routine's shard
+-- queries under it (tests/test_citus_readiness.py).
 CREATE OR REPLACE FUNCTION llm._move_within_counter_rooms(
     p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_epoch uuid)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    v_moved integer;
+    v_key record;
+    v_stripe integer := coalesce(p_inv.budget_stripe, 0);
+    v_moved integer := 0;
 BEGIN
-    UPDATE llm.budget_counters AS c
-       SET used_credits = c.used_credits + p_used,
-           held_credits = c.held_credits + p_held,
-           used_cents = c.used_cents + p_cents,
-           admit_room = c.admit_room - GREATEST(0, p_used + p_held),
-           cents_room = c.cents_room - p_cents,
-           notice_room = c.notice_room - p_used
-      FROM (SELECT l.id
-              FROM llm._budget_keys(p_inv.budget_mask, p_inv.project, p_inv.api_key, p_inv.end_user,
-                                    p_inv.created_at) AS k
-             CROSS JOIN LATERAL (
-                   SELECT b.id FROM llm.budget_counters AS b
-                    WHERE b.organization_id = p_inv.organization_id AND b.scope = k.scope
-                      AND (b.scope_id = k.scope_id OR (b.scope_id IS NULL AND k.scope_id IS NULL))
-                      AND b.budget_window = k.budget_window AND b.window_start = k.window_start
-                      AND b.stripe = coalesce(p_inv.budget_stripe, 0) % b.stripes
-                      FOR UPDATE) AS l) AS l
-     WHERE c.organization_id = p_inv.organization_id AND c.id = l.id
-       AND c.rooms_revision = p_epoch
-       AND p_used >= 0
-       AND c.admit_room >= p_used + p_held
-       AND c.cents_room >= p_cents
-       -- a movement of nothing fits only a positive room (as a period's stripe)
-       AND (c.admit_room > 0 OR p_used <> 0 OR p_held <> 0)
-       AND (c.notice_room IS NULL OR p_used = 0 OR c.notice_room > p_used);
-    GET DIAGNOSTICS v_moved = ROW_COUNT;
+    FOR v_key IN
+        SELECT k.scope, k.scope_id, k.budget_window, k.window_start
+          FROM llm._budget_keys(p_inv.budget_mask, p_inv.project, p_inv.api_key, p_inv.end_user,
+                                p_inv.created_at) AS k
+    LOOP
+        UPDATE llm.budget_counters AS c
+           SET used_credits = c.used_credits + p_used,
+               held_credits = c.held_credits + p_held,
+               used_cents = c.used_cents + p_cents,
+               admit_room = c.admit_room - GREATEST(0, p_used + p_held),
+               cents_room = c.cents_room - p_cents,
+               notice_room = c.notice_room - p_used
+         WHERE c.organization_id = p_inv.organization_id AND c.scope = v_key.scope
+           AND (c.scope_id = v_key.scope_id OR (c.scope_id IS NULL AND v_key.scope_id IS NULL))
+           AND c.budget_window = v_key.budget_window AND c.window_start = v_key.window_start
+           AND c.stripe = v_stripe % c.stripes
+           AND c.rooms_revision = p_epoch
+           AND p_used >= 0
+           AND c.admit_room >= p_used + p_held
+           AND c.cents_room >= p_cents
+           -- a movement of nothing fits only a positive room (as a period's stripe)
+           AND (c.admit_room > 0 OR p_used <> 0 OR p_held <> 0)
+           AND (c.notice_room IS NULL OR p_used = 0 OR c.notice_room > p_used);
+        IF NOT FOUND THEN
+            RETURN v_moved;
+        END IF;
+        v_moved := v_moved + 1;
+    END LOOP;
     RETURN v_moved;
 END
 $$;
 COMMENT ON FUNCTION llm._move_within_counter_rooms(llm.invocations, bigint, bigint, bigint, uuid) IS
-    'Moves every budget counter of a request (on its stripe) in one statement, each counter that fits its stripe''s rooms under revision p_epoch, locked in bit order; returns how many moved.';
+    'Moves the budget counters of a request (each on its stripe), in bit order, while each fits its stripe''s rooms under revision p_epoch; returns how many moved (fewer than the request has: the caller rolls them back).';
 
 -- One request's movement of all its counters (p_admit_limits and p_admit_revisions:
 -- an admission's, in bit order; NULL otherwise): the fast path in a subtransaction,
@@ -536,7 +547,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm._move_request_counters(llm.invocations, bigint, bigint, bigint, bigint[], uuid[], uuid, timestamptz) IS
-    'Moves every budget counter of one request: in one statement when each fits its stripe''s rooms, else each by its exact path in bit order; returns the notices created.';
+    'Moves every budget counter of one request: on their stripes when each fits its stripe''s rooms, else each by its exact path in bit order; returns the notices created.';
 
 -- A just-admitted request's holds on its budgets' counters (in bit order, after its
 -- hold on the period: the allowance is named first when both refuse), each iff used +
