@@ -198,7 +198,7 @@ COMMENT ON FUNCTION llm._admission(p_inv llm.invocations, p_replayed boolean) IS
 CREATE FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) RETURNS llm.admission_result
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 127041927de3cf72de8a8497f4a39fef $$;
+    AS $$ body in sql/, md5 1c54e547d6132a90e39e58cfafd08271 $$;
 
 COMMENT ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) IS 'Distributed twin of admit_invocation; arguments already checked. replayed: the earlier admission of a retried id, returned unchanged.';
 
@@ -267,7 +267,7 @@ COMMENT ON FUNCTION llm._book_budgets(p_inv llm.invocations, p_now timestamp wit
 CREATE FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamp with time zone) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 9dc4370121a9e6da7e59276d91296888 $$;
+    AS $$ body in sql/, md5 cdb4cbdc09509fa939085528a5d7d61a $$;
 
 COMMENT ON FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamp with time zone) IS 'Books a just-terminated invocation: its task''s totals, then its stripe''s movement (charge in, hold out) and the threshold notices the period crosses, then its budgets'' counters and theirs.';
 

@@ -78,6 +78,7 @@ AS $$
 DECLARE
     v_org_status text;
     v_stripes integer;
+    v_exec_status text;
     v_has_budgets boolean;
     v_budgets_revision uuid;
     v_mask integer := 0;  -- the budgets that apply: none unless the organization has one
@@ -96,10 +97,17 @@ BEGIN
     END IF;
 
     IF p_execution_id IS NOT NULL THEN
-        v_inv := llm._task_admits(p_organization_id, p_execution_id, p_invocation_id, p_estimate_credits,
-                                  p_model, p_project, p_api_key, p_end_user);
-        IF v_inv.id IS NOT NULL THEN
-            RETURN llm._admission(v_inv, true);  -- a retry of a request admitted while its task ran
+        -- a running task admits (read here: a call less on the request path); else
+        -- _task_admits says why not, or finds the retry of a request admitted while it ran
+        SELECT x.status INTO v_exec_status
+          FROM llm.executions AS x
+         WHERE x.organization_id = p_organization_id AND x.id = p_execution_id;
+        IF v_exec_status IS DISTINCT FROM 'running' THEN
+            v_inv := llm._task_admits(p_organization_id, p_execution_id, p_invocation_id, p_estimate_credits,
+                                      p_model, p_project, p_api_key, p_end_user);
+            IF v_inv.id IS NOT NULL THEN
+                RETURN llm._admission(v_inv, true);  -- a retry of a request admitted while its task ran
+            END IF;
         END IF;
     END IF;
 
@@ -137,7 +145,11 @@ BEGIN
     -- locked, LL001 unless used + held + estimate <= allowance, the period created on
     -- its month's first admission). The allowance is decided first, so it is the one
     -- named when it and a budget both refuse.
-    PERFORM llm._move_stripe(p_organization_id, v_period, v_stripe, 0, p_estimate_credits, 0, p_now, 1);
+    -- (on stripe 0, the fast path called here: a call less on the request path)
+    IF v_stripe <> 0 OR NOT llm._move_within_rooms(p_organization_id, v_period, v_stripe, 0, p_estimate_credits, 0,
+                                                   1, p_now, NULL, NULL) THEN
+        PERFORM llm._move_stripe(p_organization_id, v_period, v_stripe, 0, p_estimate_credits, 0, p_now, 1);
+    END IF;
     -- Then every budget's counter, in bit order, last: a hot key's row is held from
     -- here to the commit only.
     IF v_mask <> 0 THEN
