@@ -198,7 +198,7 @@ COMMENT ON FUNCTION llm._admission(p_inv llm.invocations, p_replayed boolean) IS
 CREATE FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) RETURNS llm.admission_result
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 1c54e547d6132a90e39e58cfafd08271 $$;
+    AS $$ body in sql/, md5 2b2c15125d3b26f7452ccffc926d36d4 $$;
 
 COMMENT ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) IS 'Distributed twin of admit_invocation; arguments already checked. replayed: the earlier admission of a retried id, returned unchanged.';
 
@@ -274,7 +274,7 @@ COMMENT ON FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamp wi
 CREATE FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamp with time zone) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 66a61ea44a6059ba1a97418245383083 $$;
+    AS $$ body in sql/, md5 23bc79f49e26504d384d4c303b9d5de8 $$;
 
 COMMENT ON FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamp with time zone) IS 'Books a true-up by the signed difference (the request''s adjustment ledger row): the task''s totals, the stripe of the request''s period (crossings when usage rises) and the daily usage of its settlement day, in the settlement''s transaction.';
 
@@ -780,7 +780,7 @@ CREATE FUNCTION llm._move_request_counters(p_inv llm.invocations, p_used bigint,
 
 COMMENT ON FUNCTION llm._move_request_counters(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamp with time zone) IS 'Moves every budget counter of one request: on their stripes when each fits its stripe''s rooms, else each by its exact path in bit order; returns the notices created.';
 
-CREATE FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_now timestamp with time zone, p_open integer DEFAULT 0, p_admitted_at timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS void
+CREATE FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_now timestamp with time zone, p_open integer, p_admitted_at timestamp with time zone) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
     AS $$ body in sql/, md5 7e3e18f4a3832c0e0d7a86778b88b633 $$;

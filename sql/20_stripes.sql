@@ -319,12 +319,15 @@ COMMENT ON FUNCTION llm._move_within_rooms(uuid, date, smallint, bigint, bigint,
     'Moves one stripe''s counters, its open requests (p_open) and settle bounds in one row when the movement fits its rooms; false (nothing moved) otherwise, or when the stripe does not exist.';
 
 -- p_open: +1 for an admission (at p_now), -1 for a request ending (admitted at
--- p_admitted_at), 0 for a true-up. Long on purpose: the fast path and the exact path of
+-- p_admitted_at), 0 for a true-up. No parameter has a default: 0.3.0's
+-- _move_stripe(..., p_now, p_admission boolean DEFAULT false) lives on until the
+-- contract step drops it, and a call of seven arguments from a 0.3.0 routine still
+-- running would match both (42725, "not unique"). Long on purpose: the fast path and the exact path of
 -- one movement, and the exact path's refusals, read top to bottom.
 CREATE OR REPLACE FUNCTION llm._move_stripe(
     p_organization_id uuid, p_period_start date, p_stripe smallint,
     p_used bigint, p_held bigint, p_cents bigint, p_now timestamptz,
-    p_open integer DEFAULT 0, p_admitted_at timestamptz DEFAULT NULL)
+    p_open integer, p_admitted_at timestamptz)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$

@@ -68,6 +68,9 @@ $$;
 COMMENT ON FUNCTION llm._admission(llm.invocations, boolean) IS
     'The llm.admission_result of a request: its columns as of 0.2.0, then replayed.';
 
+-- Long on purpose: the request path's admission reads top to bottom, its fast path
+-- inline (each routine it does not call is a statement and a pinned search_path less).
+-- Its movement of stripe 0 passes every argument of _move_stripe's: see there.
 CREATE OR REPLACE FUNCTION llm._admit_invocation(
     p_organization_id uuid, p_estimate_credits bigint, p_model text,
     p_execution_id uuid, p_invocation_id uuid, p_now timestamptz,
@@ -148,7 +151,7 @@ BEGIN
     -- (on stripe 0, the fast path called here: a call less on the request path)
     IF v_stripe <> 0 OR NOT llm._move_within_rooms(p_organization_id, v_period, v_stripe, 0, p_estimate_credits, 0,
                                                    1, p_now, NULL, NULL) THEN
-        PERFORM llm._move_stripe(p_organization_id, v_period, v_stripe, 0, p_estimate_credits, 0, p_now, 1);
+        PERFORM llm._move_stripe(p_organization_id, v_period, v_stripe, 0, p_estimate_credits, 0, p_now, 1, NULL);
     END IF;
     -- Then every budget's counter, in bit order, last: a hot key's row is held from
     -- here to the commit only.

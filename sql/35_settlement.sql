@@ -159,7 +159,7 @@ BEGIN
     END IF;
     -- its own period's stripe (a closed month too); a rise records the thresholds it crosses
     PERFORM llm._move_stripe(p_inv.organization_id, p_inv.period_start, p_inv.stripe,
-                             v_credits, 0, v_cents, p_now);
+                             v_credits, 0, v_cents, p_now, 0, NULL);
     -- the budgets it was admitted under, by the same difference
     PERFORM llm._move_budgets(p_inv.organization_id, ARRAY[p_inv], true, p_now);
     -- the daily usage of its settlement day, last: the cache the pass rebuilds
