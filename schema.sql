@@ -1171,6 +1171,13 @@ CREATE FUNCTION llm._settle_window(p_organization_id uuid, p_from date, p_to dat
 
 COMMENT ON FUNCTION llm._settle_window(p_organization_id uuid, p_from date, p_to date, OUT created_from timestamp with time zone, OUT created_to timestamp with time zone) IS 'The admission times every request of the organization settled on the days p_from .. p_to (UTC) lies within, from its period stripes'' settle bounds (NULL: none can have); any time until the contract step of 0.4.0 counted them.';
 
+CREATE FUNCTION llm._settled_usage(p_from date, p_to date) RETURNS TABLE(organization_id uuid, day date, model text, requests bigint, recovered_requests bigint, credits numeric, cents numeric, input_tokens numeric, output_tokens numeric)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 dc1b43cde7dc9d19866866fc6298cfd4 $$;
+
+COMMENT ON FUNCTION llm._settled_usage(p_from date, p_to date) IS 'The terminal requests settled on UTC days p_from .. p_to by organization, day and model (requests, recovered_requests, credits, cents, tokens): what daily_usage holds when it is right.';
+
 CREATE FUNCTION llm._skip_run(p_now timestamp with time zone, p_lease llm.pass_lease, p_holder_pid integer) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -1262,7 +1269,7 @@ COMMENT ON FUNCTION llm.books_snapshot(p_organization_ids uuid[], p_now timestam
 CREATE FUNCTION llm.check_daily_usage(p_from date, p_to date) RETURNS TABLE(organization_id uuid, day date, recorded jsonb, computed jsonb)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 5e044e89bd656b57a8c1348bc79146de $$;
+    AS $$ body in sql/, md5 92aa2f4aed5467028cb400ce99d792cb $$;
 
 COMMENT ON FUNCTION llm.check_daily_usage(p_from date, p_to date) IS 'One row per organization and UTC day of p_from .. p_to whose daily_usage rows differ from its terminal requests: recorded (the rows) and computed (from the requests), each a jsonb object by model; empty when they agree.';
 
@@ -1381,7 +1388,7 @@ COMMENT ON FUNCTION llm.rearm_notices(p_now timestamp with time zone) IS 'Makes 
 CREATE FUNCTION llm.rebuild_daily_usage(p_from date, p_to date) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 b3a4eeee63b74bd4eff2c51b25f58826 $$;
+    AS $$ body in sql/, md5 20073e8cfb6486f73f997c916bd9663b $$;
 
 COMMENT ON FUNCTION llm.rebuild_daily_usage(p_from date, p_to date) IS 'Recomputes daily_usage for days p_from .. p_to (UTC settlement day) from the invocations; idempotent; a concurrent true-up is never lost; returns the rows written.';
 
@@ -2242,6 +2249,8 @@ REVOKE ALL ON FUNCTION llm._settle_invocation(p_organization_id uuid, p_invocati
 REVOKE ALL ON FUNCTION llm._settle_late(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._settle_window(p_organization_id uuid, p_from date, p_to date, OUT created_from timestamp with time zone, OUT created_to timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._settled_usage(p_from date, p_to date) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._skip_run(p_now timestamp with time zone, p_lease llm.pass_lease, p_holder_pid integer) FROM PUBLIC;
 

@@ -30,16 +30,56 @@ $$;
 COMMENT ON FUNCTION llm._check_day_range(date, date) IS
     'Raises 22023 unless p_from .. p_to is a range of finite days, in order, at most ten years long.';
 
+-- The terminal requests settled on days p_from .. p_to (UTC), by organization, day and
+-- model: what daily_usage holds when it is right. Read by admission time through the
+-- stripes' settle bounds (the header says how); any admission time until they are known.
+CREATE OR REPLACE FUNCTION llm._settled_usage(p_from date, p_to date)
+RETURNS TABLE (organization_id uuid, day date, model text, requests bigint, recovered_requests bigint,
+               credits numeric, cents numeric, input_tokens numeric, output_tokens numeric)
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    -- the days whose settlements the settle bounds are applied to: any, until they are known
+    v_known boolean := EXISTS (SELECT FROM llm.upgrade_steps AS u WHERE u.step = 'settle_bounds');
+    v_first date := CASE WHEN v_known THEN p_from ELSE '-infinity' END;
+    v_last date := CASE WHEN v_known THEN p_to ELSE 'infinity' END;
+BEGIN
+    RETURN QUERY
+    SELECT i.organization_id, (i.settled_at AT TIME ZONE 'UTC')::date, i.model,
+           count(*),
+           count(*) FILTER (WHERE i.settlement_kind IN ('recovered', 'trued_up')),
+           coalesce(sum(i.charged_credits), 0),
+           coalesce(sum(i.charged_cents), 0),
+           coalesce(sum(i.input_tokens), 0),
+           coalesce(sum(i.output_tokens), 0)
+      FROM llm.invocations AS i
+      JOIN (SELECT s.organization_id,
+                   min(GREATEST(s.period_start::timestamp,
+                                v_first::timestamp - pg_catalog.make_interval(hours => coalesce(s.settle_lag_hours, 0))))
+                       AT TIME ZONE 'UTC' AS created_from,
+                   max(LEAST(s.period_start + interval '1 month',
+                             (v_last + 1)::timestamp + pg_catalog.make_interval(hours => coalesce(s.settle_lead_hours, 0))))
+                       AT TIME ZONE 'UTC' AS created_to
+              FROM llm.period_stripes AS s
+             WHERE (s.period_start + 32 + (coalesce(s.settle_lag_hours, 0) + 23) / 24) >= v_first
+               AND s.period_start - (coalesce(s.settle_lead_hours, 0) + 23) / 24 <= v_last
+             GROUP BY s.organization_id) AS w
+        ON w.organization_id = i.organization_id
+     WHERE i.created_at >= w.created_from AND i.created_at < w.created_to
+       AND i.settled_at >= (p_from::timestamp AT TIME ZONE 'UTC')
+       AND i.settled_at < ((p_to + 1)::timestamp AT TIME ZONE 'UTC')
+     GROUP BY 1, 2, 3;
+END
+$$;
+COMMENT ON FUNCTION llm._settled_usage(date, date) IS
+    'The terminal requests settled on UTC days p_from .. p_to by organization, day and model (requests, recovered_requests, credits, cents, tokens): what daily_usage holds when it is right.';
+
 CREATE OR REPLACE FUNCTION llm.rebuild_daily_usage(p_from date, p_to date)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
     v_count integer;
-    -- the days whose settlements the settle bounds are applied to: any, until they are known
-    v_known boolean := EXISTS (SELECT FROM llm.upgrade_steps AS u WHERE u.step = 'settle_bounds');
-    v_first date := CASE WHEN v_known THEN p_from ELSE '-infinity' END;
-    v_last date := CASE WHEN v_known THEN p_to ELSE 'infinity' END;
 BEGIN
     PERFORM llm._check_day_range(p_from, p_to);
     -- one rebuild at a time (the pass's and a tool's): two would insert the same rows (23505)
@@ -53,30 +93,7 @@ BEGIN
             INSERT INTO llm.daily_usage
                    (organization_id, day, model, requests, recovered_requests, credits, cents,
                     input_tokens, output_tokens)
-            SELECT i.organization_id, (i.settled_at AT TIME ZONE 'UTC')::date, i.model,
-                   count(*),
-                   count(*) FILTER (WHERE i.settlement_kind IN ('recovered', 'trued_up')),
-                   coalesce(sum(i.charged_credits), 0),
-                   coalesce(sum(i.charged_cents), 0),
-                   coalesce(sum(i.input_tokens), 0),
-                   coalesce(sum(i.output_tokens), 0)
-              FROM llm.invocations AS i
-              JOIN (SELECT s.organization_id,
-                           min(GREATEST(s.period_start::timestamp,
-                                        v_first::timestamp - pg_catalog.make_interval(hours => coalesce(s.settle_lag_hours, 0))))
-                               AT TIME ZONE 'UTC' AS created_from,
-                           max(LEAST(s.period_start + interval '1 month',
-                                     (v_last + 1)::timestamp + pg_catalog.make_interval(hours => coalesce(s.settle_lead_hours, 0))))
-                               AT TIME ZONE 'UTC' AS created_to
-                      FROM llm.period_stripes AS s
-                     WHERE (s.period_start + 32 + (coalesce(s.settle_lag_hours, 0) + 23) / 24) >= v_first
-                       AND s.period_start - (coalesce(s.settle_lead_hours, 0) + 23) / 24 <= v_last
-                     GROUP BY s.organization_id) AS w
-                ON w.organization_id = i.organization_id
-             WHERE i.created_at >= w.created_from AND i.created_at < w.created_to
-               AND i.settled_at >= (p_from::timestamp AT TIME ZONE 'UTC')
-               AND i.settled_at < ((p_to + 1)::timestamp AT TIME ZONE 'UTC')
-             GROUP BY 1, 2, 3;
+            SELECT u.* FROM llm._settled_usage(p_from, p_to) AS u;
             GET DIAGNOSTICS v_count = ROW_COUNT;
             EXIT;
         EXCEPTION WHEN unique_violation THEN
@@ -99,11 +116,6 @@ CREATE OR REPLACE FUNCTION llm.check_daily_usage(p_from date, p_to date)
 RETURNS TABLE (organization_id uuid, day date, recorded jsonb, computed jsonb)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 AS $$
-DECLARE
-    -- the days whose settlements the settle bounds are applied to: any, until they are known
-    v_known boolean := EXISTS (SELECT FROM llm.upgrade_steps AS u WHERE u.step = 'settle_bounds');
-    v_first date := CASE WHEN v_known THEN p_from ELSE '-infinity' END;
-    v_last date := CASE WHEN v_known THEN p_to ELSE 'infinity' END;
 BEGIN
     PERFORM llm._check_day_range(p_from, p_to);
     -- Not an invariant: a settlement after the pass rebuilt its day is legal until the
@@ -119,30 +131,7 @@ BEGIN
          WHERE d.day BETWEEN p_from AND p_to
          GROUP BY d.organization_id, d.day
     ), by_model AS (
-        SELECT i.organization_id, (i.settled_at AT TIME ZONE 'UTC')::date AS day, i.model,
-               count(*) AS requests,
-               count(*) FILTER (WHERE i.settlement_kind IN ('recovered', 'trued_up')) AS recovered_requests,
-               coalesce(sum(i.charged_credits), 0) AS credits,
-               coalesce(sum(i.charged_cents), 0) AS cents,
-               coalesce(sum(i.input_tokens), 0) AS input_tokens,
-               coalesce(sum(i.output_tokens), 0) AS output_tokens
-          FROM llm.invocations AS i
-          JOIN (SELECT s.organization_id,
-                       min(GREATEST(s.period_start::timestamp,
-                                    v_first::timestamp - pg_catalog.make_interval(hours => coalesce(s.settle_lag_hours, 0))))
-                           AT TIME ZONE 'UTC' AS created_from,
-                       max(LEAST(s.period_start + interval '1 month',
-                                 (v_last + 1)::timestamp + pg_catalog.make_interval(hours => coalesce(s.settle_lead_hours, 0))))
-                           AT TIME ZONE 'UTC' AS created_to
-                  FROM llm.period_stripes AS s
-                 WHERE (s.period_start + 32 + (coalesce(s.settle_lag_hours, 0) + 23) / 24) >= v_first
-                   AND s.period_start - (coalesce(s.settle_lead_hours, 0) + 23) / 24 <= v_last
-                 GROUP BY s.organization_id) AS w
-            ON w.organization_id = i.organization_id
-         WHERE i.created_at >= w.created_from AND i.created_at < w.created_to
-           AND i.settled_at >= (p_from::timestamp AT TIME ZONE 'UTC')
-           AND i.settled_at < ((p_to + 1)::timestamp AT TIME ZONE 'UTC')
-         GROUP BY 1, 2, 3
+        SELECT u.* FROM llm._settled_usage(p_from, p_to) AS u
     ), computed AS (
         SELECT m.organization_id, m.day,
                pg_catalog.jsonb_object_agg(m.model, pg_catalog.jsonb_build_object(
