@@ -1174,7 +1174,7 @@ COMMENT ON FUNCTION llm._settle_window(p_organization_id uuid, p_from date, p_to
 CREATE FUNCTION llm._settled_usage(p_from date, p_to date) RETURNS TABLE(organization_id uuid, day date, model text, requests bigint, recovered_requests bigint, credits numeric, cents numeric, input_tokens numeric, output_tokens numeric)
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 dc1b43cde7dc9d19866866fc6298cfd4 $$;
+    AS $$ body in sql/, md5 60694ee0b054026b83147689d9699194 $$;
 
 COMMENT ON FUNCTION llm._settled_usage(p_from date, p_to date) IS 'The terminal requests settled on UTC days p_from .. p_to by organization, day and model (requests, recovered_requests, credits, cents, tokens): what daily_usage holds when it is right.';
 

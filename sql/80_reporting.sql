@@ -44,6 +44,12 @@ DECLARE
     v_first date := CASE WHEN v_known THEN p_from ELSE '-infinity' END;
     v_last date := CASE WHEN v_known THEN p_to ELSE 'infinity' END;
 BEGIN
+    -- Each organization's requests read by their index range (invocations_created), in a
+    -- LATERAL subquery kept whole (OFFSET 0: not pulled up into a join), so the rebuild
+    -- reads what its days can hold, never the history. Joined plainly, the planner chose
+    -- by the statistics: a hash join over the whole table, or, with statistics taken
+    -- before a pass settled the day's requests, the whole table once per organization
+    -- (6.4 s for 100,000 requests of 500 organizations, in the recovery benchmark).
     RETURN QUERY
     SELECT i.organization_id, (i.settled_at AT TIME ZONE 'UTC')::date, i.model,
            count(*),
@@ -52,8 +58,7 @@ BEGIN
            coalesce(sum(i.charged_cents), 0),
            coalesce(sum(i.input_tokens), 0),
            coalesce(sum(i.output_tokens), 0)
-      FROM llm.invocations AS i
-      JOIN (SELECT s.organization_id,
+      FROM (SELECT s.organization_id,
                    min(GREATEST(s.period_start::timestamp,
                                 v_first::timestamp - pg_catalog.make_interval(hours => coalesce(s.settle_lag_hours, 0))))
                        AT TIME ZONE 'UTC' AS created_from,
@@ -64,10 +69,15 @@ BEGIN
              WHERE (s.period_start + 32 + (coalesce(s.settle_lag_hours, 0) + 23) / 24) >= v_first
                AND s.period_start - (coalesce(s.settle_lead_hours, 0) + 23) / 24 <= v_last
              GROUP BY s.organization_id) AS w
-        ON w.organization_id = i.organization_id
-     WHERE i.created_at >= w.created_from AND i.created_at < w.created_to
-       AND i.settled_at >= (p_from::timestamp AT TIME ZONE 'UTC')
-       AND i.settled_at < ((p_to + 1)::timestamp AT TIME ZONE 'UTC')
+     CROSS JOIN LATERAL (
+           SELECT r.organization_id, r.settled_at, r.model, r.settlement_kind, r.charged_credits,
+                  r.charged_cents, r.input_tokens, r.output_tokens
+             FROM llm.invocations AS r
+            WHERE r.organization_id = w.organization_id
+              AND r.created_at >= w.created_from AND r.created_at < w.created_to
+              AND r.settled_at >= (p_from::timestamp AT TIME ZONE 'UTC')
+              AND r.settled_at < ((p_to + 1)::timestamp AT TIME ZONE 'UTC')
+           OFFSET 0) AS i
      GROUP BY 1, 2, 3;
 END
 $$;
