@@ -62,7 +62,9 @@ def test_a_purged_window_is_refused_not_admitted_again(llm_conn):
     refused there); one pass with the real clock purges that day's counter; the same
     second request of 90 in that day was admitted (180 of 100). It is now refused with
     LL012 (``WindowRetired``), writing nothing."""
-    old = server_now(llm_conn) - 500 * DAY
+    # noon of a day 500 days back: the request and its retry 2 hours later share its day
+    # window whatever the time of day the suite runs (at 22:00 UTC or later they did not)
+    old = (server_now(llm_conn) - 500 * DAY).replace(hour=12, minute=0, second=0, microsecond=0)
     org = user_org(llm_conn, 100, since=old - DAY)
     first = admit(llm_conn, org, 90, now=old, end_user="u")["id"]
     assert settle(llm_conn, org, first, 90, 1, now=old + HOUR) == "settled"
