@@ -197,7 +197,6 @@ COMMENT ON FUNCTION llm._admission(p_inv llm.invocations, p_replayed boolean) IS
 
 CREATE FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) RETURNS llm.admission_result
     LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
     AS $$ body in sql/, md5 2b2c15125d3b26f7452ccffc926d36d4 $$;
 
 COMMENT ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) IS 'Distributed twin of admit_invocation; arguments already checked. replayed: the earlier admission of a retried id, returned unchanged.';
@@ -217,7 +216,6 @@ COMMENT ON FUNCTION llm._amount_ok(p_value bigint, p_nullable boolean) IS 'True 
 
 CREATE FUNCTION llm._applicable_budgets(p_organization_id uuid, p_project text, p_api_key text, p_end_user text, OUT mask integer, OUT limits bigint[], OUT revisions uuid[]) RETURNS record
     LANGUAGE plpgsql STABLE
-    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
     AS $$ body in sql/, md5 bff9ca5208216d2024e9eb494905f420 $$;
 
 COMMENT ON FUNCTION llm._applicable_budgets(p_organization_id uuid, p_project text, p_api_key text, p_end_user text, OUT mask integer, OUT limits bigint[], OUT revisions uuid[]) IS 'The budgets that apply to a request naming these scope ids: their budget_mask, and their limits and revisions in bit order, read in one snapshot.';
@@ -259,17 +257,9 @@ COMMENT ON FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id uu
 
 CREATE FUNCTION llm._book_budgets(p_inv llm.invocations, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
     AS $$ body in sql/, md5 8fe1462751f61c2d9a8e5ef14569aab1 $$;
 
 COMMENT ON FUNCTION llm._book_budgets(p_inv llm.invocations, p_now timestamp with time zone) IS 'Moves the budget counters of a just-terminated request (charge in, hold out) and owes the thresholds they crossed; returns the notices created.';
-
-CREATE FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamp with time zone) RETURNS void
-    LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 cdb4cbdc09509fa939085528a5d7d61a $$;
-
-COMMENT ON FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamp with time zone) IS 'Books a just-terminated invocation: its task''s totals, then its stripe''s movement (charge in, hold out) and the threshold notices the period crosses, then its budgets'' counters and theirs.';
 
 CREATE FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamp with time zone) RETURNS void
     LANGUAGE plpgsql
@@ -320,7 +310,6 @@ COMMENT ON FUNCTION llm._budgets_changed(p_organization_id uuid) IS 'Records tha
 
 CREATE FUNCTION llm._budgets_revision(p_organization_id uuid) RETURNS uuid
     LANGUAGE plpgsql STABLE
-    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
     AS $$ body in sql/, md5 1415a4bb2e8faacfd5687cbf0fa3ffba $$;
 
 COMMENT ON FUNCTION llm._budgets_revision(p_organization_id uuid) IS 'The organization''s budgets revision: the one a budget counter''s rooms must be spread under to serve a movement.';
@@ -445,10 +434,9 @@ COMMENT ON FUNCTION llm._end_claim(p_organization_id uuid, p_notice_id uuid, p_c
 
 CREATE FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) RETURNS boolean
     LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 52b2823c7cac1516ca069693dc45e473 $$;
+    AS $$ body in sql/, md5 e88c57ff9a9c1e60fe36ebc8dff49712 $$;
 
-COMMENT ON FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) IS 'Ends an open (reserved or dispatched) invocation as settled (measured) or failed with its charge and books it; false when it was no longer open.';
+COMMENT ON FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) IS 'Ends an open (reserved or dispatched) invocation as settled (measured) or failed with its charge and books it: its task''s totals, its stripe''s movement (charge in, hold out) with the threshold notices the period crosses, then its budgets'' counters; false when it was no longer open.';
 
 CREATE FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date) RETURNS void
     LANGUAGE plpgsql
@@ -459,7 +447,6 @@ COMMENT ON FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start da
 
 CREATE FUNCTION llm._fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone) RETURNS text
     LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
     AS $$ body in sql/, md5 96c4638be20304c494807c9bc0540a24 $$;
 
 COMMENT ON FUNCTION llm._fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone) IS 'Distributed twin of fail_invocation; arguments already checked.';
@@ -511,7 +498,6 @@ COMMENT ON FUNCTION llm._functions_only() IS 'True once the contract step of 0.4
 
 CREATE FUNCTION llm._hold_budgets(p_inv llm.invocations, p_limits bigint[], p_revisions uuid[], p_epoch uuid) RETURNS void
     LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
     AS $$ body in sql/, md5 b88a2b08f851a3b79d963892f8dcbc50 $$;
 
 COMMENT ON FUNCTION llm._hold_budgets(p_inv llm.invocations, p_limits bigint[], p_revisions uuid[], p_epoch uuid) IS 'Holds a just-admitted request''s estimate on the counter of every budget in its budget_mask, in bit order, each iff used + held + estimate <= its limit (LL001 naming the first that does not fit, with the id as the DETAIL''s first line); a counter it would create for a window past the organization''s retention horizon is LL012.';
@@ -736,7 +722,6 @@ COMMENT ON FUNCTION llm._lock_period(p_organization_id uuid, p_period_start date
 
 CREATE FUNCTION llm._mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) RETURNS llm.admission_result
     LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
     AS $$ body in sql/, md5 adc3680a8ad9b372a4a2811a92475a99 $$;
 
 COMMENT ON FUNCTION llm._mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) IS 'Distributed twin of mark_dispatched; arguments already checked. replayed: it was dispatched before.';
@@ -775,28 +760,24 @@ COMMENT ON FUNCTION llm._move_counter(p_organization_id uuid, p_scope text, p_sc
 
 CREATE FUNCTION llm._move_request_counters(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
     AS $$ body in sql/, md5 6d0a691b46e8684d0fab3534dd0b6270 $$;
 
 COMMENT ON FUNCTION llm._move_request_counters(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamp with time zone) IS 'Moves every budget counter of one request: on their stripes when each fits its stripe''s rooms, else each by its exact path in bit order; returns the notices created.';
 
 CREATE FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_now timestamp with time zone, p_open integer, p_admitted_at timestamp with time zone) RETURNS void
     LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
     AS $$ body in sql/, md5 7e3e18f4a3832c0e0d7a86778b88b633 $$;
 
 COMMENT ON FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_now timestamp with time zone, p_open integer, p_admitted_at timestamp with time zone) IS 'Moves one stripe''s counters (used + p_used, held + p_held, cents + p_cents): in one row when it fits the stripe''s rooms, else under the period''s lock, refusing an admission that does not fit the whole period (LL001) and any movement that would take its used + held credits or used cents past the sum limit (LL013), recording the thresholds the period''s total crosses and spreading the rooms again.';
 
 CREATE FUNCTION llm._move_within_counter_rooms(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_epoch uuid) RETURNS integer
     LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
     AS $$ body in sql/, md5 154e531f4bf449a5415fb84d165cb3df $$;
 
 COMMENT ON FUNCTION llm._move_within_counter_rooms(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_epoch uuid) IS 'Moves the budget counters of a request (each on its stripe), in bit order, while each fits its stripe''s rooms under revision p_epoch; returns how many moved (fewer than the request has: the caller rolls them back).';
 
 CREATE FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_open integer, p_now timestamp with time zone, p_lag integer, p_lead integer) RETURNS boolean
     LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
     AS $$ body in sql/, md5 2d92a499dc6fec09c7eb4a950c946f6f $$;
 
 COMMENT ON FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_open integer, p_now timestamp with time zone, p_lag integer, p_lead integer) IS 'Moves one stripe''s counters, its open requests (p_open) and settle bounds in one row when the movement fits its rooms; false (nothing moved) otherwise, or when the stripe does not exist.';
@@ -968,7 +949,7 @@ COMMENT ON FUNCTION llm._record_reached(p_organization_id uuid, p_period_start d
 CREATE FUNCTION llm._recover_stranded(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone, p_batch integer, p_recovery_charge text, INOUT p_sweep llm.org_sweep) RETURNS llm.org_sweep
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 7139f35b29f8ce371e6bd2c43e72e067 $$;
+    AS $$ body in sql/, md5 4e6a2fe1bddf4479dff13fa48d71c1eb $$;
 
 COMMENT ON FUNCTION llm._recover_stranded(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone, p_batch integer, p_recovery_charge text, INOUT p_sweep llm.org_sweep) IS 'Recovers up to p_batch of the organization''s requests unsettled since p_cutoff, oldest first, charged per p_recovery_charge: releases their holds, adds to their tasks, moves their periods'' stripes (each period locked), then their budgets'' counters, and records crossed thresholds; fills the sweep''s figures.';
 
@@ -1152,7 +1133,6 @@ COMMENT ON FUNCTION llm._settings() IS 'The one settings row.';
 
 CREATE FUNCTION llm._settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) RETURNS text
     LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
     AS $$ body in sql/, md5 f560b92d722662bf11142f52ef659969 $$;
 
 COMMENT ON FUNCTION llm._settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) IS 'Distributed twin of settle_invocation; arguments already checked.';
@@ -1311,7 +1291,7 @@ COMMENT ON FUNCTION llm.declare_task_kind(p_key text, p_description text) IS 'De
 CREATE FUNCTION llm.distribute(p_shard_count integer DEFAULT NULL::integer) RETURNS text
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $_$ body in sql/, md5 42528463e90017ebf4c1491891cc6221 $_$;
+    AS $_$ body in sql/, md5 46ab73a49337426dfa2803a779b15147 $_$;
 
 COMMENT ON FUNCTION llm.distribute(p_shard_count integer) IS 'Under Citus: reference tables for catalogs, per-organization tables distributed on organization_id co-located with organizations, per-organization twins distributed with force_delegation, the other llm routines propagated to the workers; LL011 without citus.';
 
@@ -2001,8 +1981,6 @@ REVOKE ALL ON FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id
 GRANT ALL ON FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id uuid, OUT token uuid) TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm._book_budgets(p_inv llm.invocations, p_now timestamp with time zone) FROM PUBLIC;
-
-REVOKE ALL ON FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamp with time zone) FROM PUBLIC;
 

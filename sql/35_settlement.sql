@@ -8,53 +8,14 @@
 
 -- ---------------------------------------------------------------- booking
 
--- The booking of an invocation just made terminal: status, task totals, then its
--- stripe of the period (and, on the exact path, the period's notices), in that
--- lock order. The caller has locked the invocation row (_end_invocation's UPDATE
--- ... WHERE status IN ('reserved','dispatched')). Its ledger rows are derived (llm.ledger).
-CREATE OR REPLACE FUNCTION llm._book_terminal(p_inv llm.invocations, p_now timestamptz)
-RETURNS void
-LANGUAGE plpgsql VOLATILE
-AS $$
-DECLARE
-    v_charge bigint := p_inv.charged_credits;
-    v_cents bigint := coalesce(p_inv.charged_cents, 0);
-BEGIN
-    IF p_inv.execution_id IS NOT NULL THEN
-        UPDATE llm.executions AS x
-           SET request_count = x.request_count + 1,
-               credits = x.credits + v_charge,
-               cents = x.cents + v_cents
-         WHERE x.organization_id = p_inv.organization_id AND x.id = p_inv.execution_id;
-    END IF;
-    -- charge in, hold out, one open request less; crossed thresholds recorded on the
-    -- exact path (on stripe 0, the fast path called here: a call less on the request path)
-    IF p_inv.stripe <> 0
-       OR NOT llm._move_within_rooms(p_inv.organization_id, p_inv.period_start, p_inv.stripe,
-                                     v_charge, -p_inv.hold_credits, v_cents, -1, p_now,
-                                     llm._hours_up(p_now - p_inv.created_at),
-                                     llm._hours_up(p_inv.created_at - p_now)) THEN
-        PERFORM llm._move_stripe(p_inv.organization_id, p_inv.period_start, p_inv.stripe,
-                                 v_charge, -p_inv.hold_credits, v_cents, p_now, -1, p_inv.created_at);
-    END IF;
-    -- then the budgets it was admitted under, in their windows of its admission (most
-    -- requests have none, and the row says so; one of the previous release keeps its
-    -- bits in llm.invocation_scopes)
-    IF p_inv.budget_mask <> 0
-       OR (p_inv.budget_mask IS NULL
-           AND EXISTS (SELECT FROM llm.invocation_scopes AS s
-                        WHERE s.organization_id = p_inv.organization_id AND s.invocation_id = p_inv.id
-                          AND s.budget_mask <> 0)) THEN
-        PERFORM llm._book_budgets(p_inv, p_now);
-    END IF;
-END
-$$;
-COMMENT ON FUNCTION llm._book_terminal(llm.invocations, timestamptz) IS
-    'Books a just-terminated invocation: its task''s totals, then its stripe''s movement (charge in, hold out) and the threshold notices the period crosses, then its budgets'' counters and theirs.';
-
 -- A live request ends here, settled (measured) or failed: compare-and-set on its
 -- open status (a concurrent settlement or recovery wins, and this returns false),
--- then booked in the same transaction. Recovery ends its batch in 60_recovery.sql.
+-- then booked in the same transaction, in lock order (the request's row, locked by
+-- this UPDATE; its task's totals; its stripe of the period and, on the exact path,
+-- the period's notices; then its budgets' counters). Its ledger rows are derived
+-- (llm.ledger). The request comes back as the few fields the booking reads (a whole
+-- row costs ~10 us more), and is read whole, locked already, only when it has
+-- budgets to book. Recovery books its batch its own way, in 60_recovery.sql.
 CREATE OR REPLACE FUNCTION llm._end_invocation(
     p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text,
     p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamptz)
@@ -62,6 +23,13 @@ RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
+    v_cents bigint := coalesce(p_cents, 0);
+    v_execution_id uuid;
+    v_period date;
+    v_stripe smallint;
+    v_hold bigint;
+    v_created timestamptz;
+    v_mask smallint;  -- its budgets' bits (NULL: admitted before 0.4.0, in llm.invocation_scopes)
     v_inv llm.invocations;
 BEGIN
     UPDATE llm.invocations AS i
@@ -72,16 +40,43 @@ BEGIN
            input_tokens = p_input_tokens, output_tokens = p_output_tokens
      WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id
        AND i.status IN ('reserved', 'dispatched')
-    RETURNING i.* INTO v_inv;
+    RETURNING i.execution_id, i.period_start, i.stripe, i.hold_credits, i.created_at, i.budget_mask
+         INTO v_execution_id, v_period, v_stripe, v_hold, v_created, v_mask;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    PERFORM llm._book_terminal(v_inv, p_now);
+    IF v_execution_id IS NOT NULL THEN
+        UPDATE llm.executions AS x
+           SET request_count = x.request_count + 1,
+               credits = x.credits + p_credits,
+               cents = x.cents + v_cents
+         WHERE x.organization_id = p_organization_id AND x.id = v_execution_id;
+    END IF;
+    -- charge in, hold out, one open request less; crossed thresholds recorded on the
+    -- exact path (on stripe 0, the fast path called here: a call less on the request path)
+    IF v_stripe <> 0
+       OR NOT llm._move_within_rooms(p_organization_id, v_period, v_stripe,
+                                     p_credits, -v_hold, v_cents, -1, p_now,
+                                     llm._hours_up(p_now - v_created), llm._hours_up(v_created - p_now)) THEN
+        PERFORM llm._move_stripe(p_organization_id, v_period, v_stripe,
+                                 p_credits, -v_hold, v_cents, p_now, -1, v_created);
+    END IF;
+    -- then the budgets it was admitted under, in their windows of its admission (one
+    -- of the previous release keeps its bits in llm.invocation_scopes)
+    IF v_mask <> 0
+       OR (v_mask IS NULL
+           AND EXISTS (SELECT FROM llm.invocation_scopes AS s
+                        WHERE s.organization_id = p_organization_id AND s.invocation_id = p_invocation_id
+                          AND s.budget_mask <> 0)) THEN
+        SELECT * INTO STRICT v_inv FROM llm.invocations AS i
+         WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
+        PERFORM llm._book_budgets(v_inv, p_now);
+    END IF;
     RETURN true;
 END
 $$;
 COMMENT ON FUNCTION llm._end_invocation(uuid, uuid, text, text, bigint, bigint, bigint, bigint, timestamptz) IS
-    'Ends an open (reserved or dispatched) invocation as settled (measured) or failed with its charge and books it; false when it was no longer open.';
+    'Ends an open (reserved or dispatched) invocation as settled (measured) or failed with its charge and books it: its task''s totals, its stripe''s movement (charge in, hold out) with the threshold notices the period crosses, then its budgets'' counters; false when it was no longer open.';
 
 -- A true-up moves the daily usage of its request's settlement day by the signed
 -- difference, whatever a concurrent rebuild of that day does (issue 20 defect 1).
@@ -142,7 +137,7 @@ COMMENT ON FUNCTION llm._true_up_daily_usage(llm.invocations, bigint, bigint) IS
 -- A recovered request trued up to its late measured settlement: the signed
 -- difference moves its task, its own period (a closed month too) and the daily
 -- usage of its settlement day (its 'adjustment' ledger row is derived); the same lock
--- order as _book_terminal (invocation -> execution -> period -> notices).
+-- order as _end_invocation (invocation -> execution -> period -> notices).
 CREATE OR REPLACE FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql VOLATILE

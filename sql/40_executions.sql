@@ -1,6 +1,6 @@
 -- Tasks (WF-PFM-LLM-002, STATE-PFM-LLM-002): open with an optional replay key,
 -- close as completed or failed; recovery abandons (see 60_recovery.sql).
--- Totals grow in _book_terminal, in the settlement's own transaction.
+-- Totals grow in _end_invocation, in the settlement's own transaction.
 
 CREATE OR REPLACE FUNCTION llm._open_execution(
     p_organization_id uuid, p_task_key text, p_subject_type text, p_subject_id text,

@@ -171,7 +171,7 @@ DECLARE
     v_new_used bigint;
 BEGIN
     -- BR-CAP-PFM-LLM-009-01/-03/-04/-07. The lock order is the settlement's
-    -- (_book_terminal): requests, then their tasks, then their periods, then notices.
+    -- (_end_invocation): requests, then their tasks, then their periods, then notices.
     -- Their ledger rows are derived from them (llm.ledger).
 
     -- 1. The requests: a bounded batch of the oldest stranded ones, locked and settled

@@ -251,7 +251,7 @@ REFUSED = {
         " NULL, NULL, NULL)",
         "SELECT llm.set_budget(%(org)s, 'api_key', 'k', 'day', 10::bigint)",
         "SELECT llm.set_budget_stripes(%(org)s, 'api_key', 'k', 'day', 2)",
-        "SELECT llm._book_terminal(NULL::llm.invocations, %(now)s)",
+        "SELECT llm._book_budgets(NULL::llm.invocations, %(now)s)",
     ],
     "llm_operator": [
         "SELECT llm.admit_invocation(%(org)s, 1::bigint, 'm')",
