@@ -60,6 +60,9 @@ def test_plpgsql_check_finds_no_error_or_warning(llm_conn, llm_superuser_conn):
         missing_tool("the plpgsql_check extension", "postgresql-15-plpgsql-check")
     # superuser: creating an extension is the provider admin's; the owner checks its routines
     llm_superuser_conn.execute("CREATE EXTENSION plpgsql_check SCHEMA public")
+    # without llm on the path: every name a routine uses must be qualified, so a routine
+    # left unpinned (sql/98_search_path.sql) resolves the same under any caller's path
+    llm_conn.execute("SET search_path = pg_catalog, pg_temp")
     (checked,) = llm_conn.execute(PLPGSQL_ROUTINES).fetchone()
     assert checked > 0, "no PL/pgSQL routine in schema llm: nothing was checked"
     findings = llm_conn.execute(PLPGSQL_CHECK).fetchall()

@@ -302,14 +302,27 @@ def test_every_security_definer_function_pins_its_search_path(llm_conn):
     assert unpinned == []
 
 
+# The private routines of the request path that run under their caller's pinned path
+# (sql/98_search_path.sql says why): every call of a cycle pays the pin once, not at
+# each layer.
+REQUEST_PATH_UNPINNED = [
+    "_admit_invocation", "_applicable_budgets", "_book_budgets", "_budgets_revision",
+    "_end_invocation", "_fail_invocation", "_hold_budgets", "_mark_dispatched",
+    "_move_request_counters", "_move_stripe", "_move_within_counter_rooms",
+    "_move_within_rooms", "_settle_invocation",
+]
+
+
 def test_every_function_pins_its_search_path_except_the_committing_procedure(llm_conn):
     """docs/architecture.md "Conventions" 2. A procedure that COMMITs may carry no SET clause (PostgreSQL), so
     run_reconciliation is an exception; it is SECURITY INVOKER and calls only
     schema-qualified steps. The others are the pure SQL predicates, constants and budget
-    calendar of the request path: a SET clause stops PostgreSQL from inlining an SQL function,
-    and each is one fully qualified expression (operators included)."""
+    calendar of the request path (a SET clause stops PostgreSQL from inlining an SQL
+    function, and each is one fully qualified expression, operators included) and the
+    request path's private PL/pgSQL routines, which run only under a pinned caller (the
+    next test)."""
     unpinned = [r for r in routines(llm_conn) if PINNED_SEARCH_PATH not in (r["proconfig"] or [])]
-    assert sorted((r["proname"], r["prokind"], r["prosecdef"]) for r in unpinned) == [
+    assert sorted((r["proname"], r["prokind"], r["prosecdef"]) for r in unpinned) == sorted([
         ("_admission", "f", False),
         ("_amount_ok", "f", False),
         ("_budget_keys", "f", False),
@@ -327,7 +340,36 @@ def test_every_function_pins_its_search_path_except_the_committing_procedure(llm
         ("_window_end", "f", False),
         ("_window_start", "f", False),
         ("run_reconciliation", "p", False),
-    ]
+        *((name, "f", False) for name in REQUEST_PATH_UNPINNED),
+    ])
+
+
+def test_the_unpinned_request_path_runs_only_under_a_pinned_caller(llm_conn):
+    """An unpinned PL/pgSQL routine of the request path is SECURITY INVOKER and no role
+    (nor PUBLIC) may execute it: only our pinned routines call it (or the owner, or
+    Citus delegating a twin), so a caller's search_path never reaches it through a
+    grant. tests/test_lint.py checks every routine's names resolve without llm on the
+    path."""
+    found = rows(
+        llm_conn,
+        """
+        SELECT p.proname, p.prosecdef,
+               array_remove(ARRAY[
+                   CASE WHEN has_function_privilege('llm_app', p.oid, 'EXECUTE') THEN 'llm_app' END,
+                   CASE WHEN has_function_privilege('llm_operator', p.oid, 'EXECUTE') THEN 'llm_operator' END,
+                   CASE WHEN has_function_privilege('llm_reader', p.oid, 'EXECUTE') THEN 'llm_reader' END,
+                   CASE WHEN EXISTS (SELECT FROM aclexplode(p.proacl) AS a
+                                      WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') THEN 'PUBLIC' END],
+                   NULL) AS executors
+          FROM pg_catalog.pg_proc AS p
+         WHERE p.pronamespace = 'llm'::regnamespace AND p.proname = ANY (%(names)s)
+         ORDER BY 1
+        """,
+        {"names": REQUEST_PATH_UNPINNED},
+    )
+    assert sorted({r["proname"] for r in found}) == REQUEST_PATH_UNPINNED
+    assert [(r["proname"], r["prosecdef"], r["executors"]) for r in found
+            if r["prosecdef"] or r["executors"]] == []
 
 
 def test_every_function_and_procedure_has_a_comment(llm_conn):
