@@ -77,6 +77,12 @@ def bench_throughput(target: Target, sizes: common.Sizes, profiler: common.Profi
     results["cycle_spread_after"] = common.pgbench(target, "cycle", common.run_args(sizes, "-n", "-f", script,
                                                                       "-D", f"norgs={sizes.cycle_orgs}"))
     common.log(f"  {results['cycle_spread_after']['tps']:.0f} requests/s")
+    # the floor: the same rows and reads as plain SQL, beside the cycle it bounds
+    common.settle(target, "cycle", sizes)
+    common.log(f"pgbench floor.sql over {sizes.cycle_orgs} organizations, {sizes.clients} clients")
+    results["floor"] = common.pgbench(target, "cycle", common.run_args(
+        sizes, "-n", "-f", str(common.SCRIPTS / "floor.sql"), "-D", f"norgs={sizes.cycle_orgs}"))  # fmt: skip
+    common.log(f"  {results['floor']['tps']:.0f} requests/s")
     results |= _budget_runs(target, sizes, profiler)
 
     dsn = target.dsn("cycle")
@@ -153,6 +159,7 @@ def bench_throughput(target: Target, sizes: common.Sizes, profiler: common.Profi
         rows.append(common.Row("cpu_per_request", "server CPU per request, one session (admit + settle)", cpu_cycle,
                         "us", cpu_simple, "simple-update transaction", common.ratio(cpu_simple, cpu_cycle), ">= 0.50",
                         results["cpu_us_per_request"]))  # fmt: skip
+    rows += _floor_rows(results, spread_mean, simple)
     rows += _budget_rows(results, sizes, spread_mean, base)
     cpu_budgets = results["cpu_us_per_request"]["budgets"]
     if cpu_cycle and cpu_budgets:
@@ -312,6 +319,11 @@ def _budget_runs(target: Target, sizes: common.Sizes, profiler: common.Profiler)
         results[key] = common.pgbench(target, "cycle", common.run_args(sizes, "-n", "-f", script, *args))
         results[key]["profile"] = profiler.top("cycle")
         common.log(f"  {results[key]['tps']:.0f} requests/s, {results[key]['wal_bytes_per_run']} WAL bytes each")
+    common.settle(target, "cycle", sizes)
+    common.log(f"pgbench floor_budgets.sql, keys spread, {sizes.clients} clients")
+    results["floor_budgets"] = common.pgbench(target, "cycle", common.run_args(
+        sizes, "-n", "-f", str(common.SCRIPTS / "floor_budgets.sql"), *spread))  # fmt: skip
+    common.log(f"  {results['floor_budgets']['tps']:.0f} requests/s")
     return results
 
 
@@ -353,6 +365,27 @@ def _budget_rows(results: dict[str, Any], sizes: common.Sizes, spread_mean: floa
                             entries, "entries", base_entries, "simple-update transaction", None, "report",
                             {"records": records, "simple_update": simple_records}))  # fmt: skip
     return rows
+
+
+def _floor_rows(results: dict[str, Any], spread_mean: float, simple: float) -> list[common.Row]:
+    """The floors (scripts/floor.sql, floor_budgets.sql): the rows and reads the books
+    keep for a request, as plain SQL with no check, run on the same database. A cycle
+    target above its floor's ratio is out of reach for any code that keeps these rows."""
+    floor, floor_budgets = results["floor"]["tps"], results["floor_budgets"]["tps"]
+    budgets = (results["budgets_spread"]["tps"] + results["budgets_spread_after"]["tps"]) / 2
+    return [
+        common.Row("floor", "floor: the cycle's rows and reads as two plain SQL statements, no checks (pgbench)",
+            floor, "requests/s", simple, "pgbench simple-update", common.ratio(floor, simple), "report",
+            results["floor"]),
+        common.Row("cycle_vs_floor", "request cycle, 100 orgs (mean), against its floor", spread_mean, "requests/s",
+            floor, "floor", common.ratio(spread_mean, floor), "report", {"spread_runs": results["spread_runs"]}),
+        common.Row("floor_budgets", "floor under 3 budgets: the budgets' read and counters added (pgbench)",
+            floor_budgets, "requests/s", floor, "floor", common.ratio(floor_budgets, floor), "report",
+            results["floor_budgets"]),
+        common.Row("budgets_vs_floor", "request cycle under 3 budgets (mean), against its floor", budgets,
+            "requests/s", floor_budgets, "floor under 3 budgets", common.ratio(budgets, floor_budgets), "report",
+            {"budgets_runs": [results["budgets_spread"]["tps"], results["budgets_spread_after"]["tps"]]}),
+    ]  # fmt: skip
 
 
 def _pgbench_init(target: Target, sizes: common.Sizes) -> None:
