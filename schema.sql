@@ -197,7 +197,7 @@ COMMENT ON FUNCTION llm._admission(p_inv llm.invocations, p_replayed boolean) IS
 
 CREATE FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) RETURNS llm.admission_result
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 2b2c15125d3b26f7452ccffc926d36d4 $$;
+    AS $$ body in sql/, md5 7ed46588aba86e60681e3f4648aa2e01 $$;
 
 COMMENT ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) IS 'Distributed twin of admit_invocation; arguments already checked. replayed: the earlier admission of a retried id, returned unchanged.';
 
@@ -213,12 +213,6 @@ CREATE FUNCTION llm._amount_ok(p_value bigint, p_nullable boolean DEFAULT false)
     AS $$ body in sql/, md5 e5b20d3db77f0c00dd6e14aed344f42f $$;
 
 COMMENT ON FUNCTION llm._amount_ok(p_value bigint, p_nullable boolean) IS 'True for a non-negative amount no larger than _max_amount() (10^15), or a NULL when p_nullable.';
-
-CREATE FUNCTION llm._applicable_budgets(p_organization_id uuid, p_project text, p_api_key text, p_end_user text, OUT mask integer, OUT limits bigint[], OUT revisions uuid[]) RETURNS record
-    LANGUAGE plpgsql STABLE
-    AS $$ body in sql/, md5 bff9ca5208216d2024e9eb494905f420 $$;
-
-COMMENT ON FUNCTION llm._applicable_budgets(p_organization_id uuid, p_project text, p_api_key text, p_end_user text, OUT mask integer, OUT limits bigint[], OUT revisions uuid[]) IS 'The budgets that apply to a request naming these scope ids: their budget_mask, and their limits and revisions in bit order, read in one snapshot.';
 
 CREATE FUNCTION llm._apply_to_periods(p_organization_id uuid, p_allowance bigint, p_thresholds integer[], p_every_period boolean, p_now timestamp with time zone) RETURNS void
     LANGUAGE plpgsql
@@ -496,12 +490,6 @@ CREATE FUNCTION llm._functions_only() RETURNS boolean
 
 COMMENT ON FUNCTION llm._functions_only() IS 'True once the contract step of 0.4.0 ran: every call that could move the books without this release''s columns has ended.';
 
-CREATE FUNCTION llm._hold_budgets(p_inv llm.invocations, p_limits bigint[], p_revisions uuid[], p_epoch uuid) RETURNS void
-    LANGUAGE plpgsql
-    AS $$ body in sql/, md5 b88a2b08f851a3b79d963892f8dcbc50 $$;
-
-COMMENT ON FUNCTION llm._hold_budgets(p_inv llm.invocations, p_limits bigint[], p_revisions uuid[], p_epoch uuid) IS 'Holds a just-admitted request''s estimate on the counter of every budget in its budget_mask, in bit order, each iff used + held + estimate <= its limit (LL001 naming the first that does not fit, with the id as the DETAIL''s first line); a counter it would create for a window past the organization''s retention horizon is LL012.';
-
 CREATE FUNCTION llm._hours_up(p_span interval) RETURNS integer
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ body in sql/, md5 d296d933d9c1858068344d76897f6564 $$;
@@ -760,9 +748,9 @@ COMMENT ON FUNCTION llm._move_counter(p_organization_id uuid, p_scope text, p_sc
 
 CREATE FUNCTION llm._move_request_counters(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 6d0a691b46e8684d0fab3534dd0b6270 $$;
+    AS $$ body in sql/, md5 941914e1a1b52bcd3fbf30fa75072ccd $$;
 
-COMMENT ON FUNCTION llm._move_request_counters(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamp with time zone) IS 'Moves every budget counter of one request: on their stripes when each fits its stripe''s rooms, else each by its exact path in bit order; returns the notices created.';
+COMMENT ON FUNCTION llm._move_request_counters(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamp with time zone) IS 'Moves every budget counter of one request in bit order: each on its stripe when it fits that stripe''s rooms, else by its exact path; returns the notices created.';
 
 CREATE FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_now timestamp with time zone, p_open integer, p_admitted_at timestamp with time zone) RETURNS void
     LANGUAGE plpgsql
@@ -770,11 +758,11 @@ CREATE FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_
 
 COMMENT ON FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_now timestamp with time zone, p_open integer, p_admitted_at timestamp with time zone) IS 'Moves one stripe''s counters (used + p_used, held + p_held, cents + p_cents): in one row when it fits the stripe''s rooms, else under the period''s lock, refusing an admission that does not fit the whole period (LL001) and any movement that would take its used + held credits or used cents past the sum limit (LL013), recording the thresholds the period''s total crosses and spreading the rooms again.';
 
-CREATE FUNCTION llm._move_within_counter_rooms(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_epoch uuid) RETURNS integer
+CREATE FUNCTION llm._move_within_counter_room(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripe integer, p_off_zero boolean, p_used bigint, p_held bigint, p_cents bigint, p_epoch uuid) RETURNS boolean
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 154e531f4bf449a5415fb84d165cb3df $$;
+    AS $$ body in sql/, md5 3ee600d93512cdd4218aae6cc53c983f $$;
 
-COMMENT ON FUNCTION llm._move_within_counter_rooms(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_epoch uuid) IS 'Moves the budget counters of a request (each on its stripe), in bit order, while each fits its stripe''s rooms under revision p_epoch; returns how many moved (fewer than the request has: the caller rolls them back).';
+COMMENT ON FUNCTION llm._move_within_counter_room(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripe integer, p_off_zero boolean, p_used bigint, p_held bigint, p_cents bigint, p_epoch uuid) IS 'Moves one budget counter on the request''s stripe of it (when that is stripe 0, or when it is not: p_off_zero) iff the movement fits that stripe''s rooms under revision p_epoch; false (nothing moved) otherwise.';
 
 CREATE FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_open integer, p_now timestamp with time zone, p_lag integer, p_lead integer) RETURNS boolean
     LANGUAGE plpgsql
@@ -1966,8 +1954,6 @@ REVOKE ALL ON FUNCTION llm._allowances_near_limit(p_now timestamp with time zone
 
 REVOKE ALL ON FUNCTION llm._amount_ok(p_value bigint, p_nullable boolean) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm._applicable_budgets(p_organization_id uuid, p_project text, p_api_key text, p_end_user text, OUT mask integer, OUT limits bigint[], OUT revisions uuid[]) FROM PUBLIC;
-
 REVOKE ALL ON FUNCTION llm._apply_to_periods(p_organization_id uuid, p_allowance bigint, p_thresholds integer[], p_every_period boolean, p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._audit_budgets(p_organization_id uuid, p_now timestamp with time zone) FROM PUBLIC;
@@ -2048,8 +2034,6 @@ GRANT ALL ON FUNCTION llm._finish_run(p_run_id uuid, p_token uuid) TO llm_operat
 
 REVOKE ALL ON FUNCTION llm._functions_only() FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm._hold_budgets(p_inv llm.invocations, p_limits bigint[], p_revisions uuid[], p_epoch uuid) FROM PUBLIC;
-
 REVOKE ALL ON FUNCTION llm._hours_up(p_span interval) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._invariant_1() FROM PUBLIC;
@@ -2126,7 +2110,7 @@ REVOKE ALL ON FUNCTION llm._move_request_counters(p_inv llm.invocations, p_used 
 
 REVOKE ALL ON FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_now timestamp with time zone, p_open integer, p_admitted_at timestamp with time zone) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm._move_within_counter_rooms(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_epoch uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION llm._move_within_counter_room(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripe integer, p_off_zero boolean, p_used bigint, p_held bigint, p_cents bigint, p_epoch uuid) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_open integer, p_now timestamp with time zone, p_lag integer, p_lead integer) FROM PUBLIC;
 

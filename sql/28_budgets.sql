@@ -125,35 +125,6 @@ COMMENT ON FUNCTION llm._check_scope_id(text, text) IS
 
 -- ---------------------------------------------------------------- admission
 
--- The budgets that apply to a request, with the limit each is decided against and
--- its revision, in bit order: the organization's day and week budgets, and for each
--- scope id the request names its own budget per window, else the scope's '*'. One
--- statement, one snapshot: a concurrent set_budget applies wholly or not at all.
-CREATE OR REPLACE FUNCTION llm._applicable_budgets(
-    p_organization_id uuid, p_project text, p_api_key text, p_end_user text,
-    OUT mask integer, OUT limits bigint[], OUT revisions uuid[])
-LANGUAGE plpgsql STABLE
-AS $$
-BEGIN
-    SELECT coalesce(sum(1 << a.slot), 0),
-           coalesce(pg_catalog.array_agg(a.limit_credits ORDER BY a.slot), '{}'),
-           coalesce(pg_catalog.array_agg(a.revision ORDER BY a.slot), '{}')
-      INTO mask, limits, revisions
-      FROM (SELECT DISTINCT ON (b.scope, b.budget_window)
-                   llm._budget_slot(b.scope, b.budget_window) AS slot, b.limit_credits, b.revision
-              FROM llm.budget_limits AS b
-             WHERE b.organization_id = p_organization_id
-               AND (b.scope = 'organization'
-                    OR (b.scope = 'project' AND b.scope_id IN (p_project, '*') AND p_project IS NOT NULL)
-                    OR (b.scope = 'api_key' AND b.scope_id IN (p_api_key, '*') AND p_api_key IS NOT NULL)
-                    OR (b.scope = 'end_user' AND b.scope_id IN (p_end_user, '*') AND p_end_user IS NOT NULL))
-             ORDER BY b.scope, b.budget_window, b.scope_id = '*') AS a;  -- its own before '*'
-END
-$$;
-COMMENT ON FUNCTION llm._applicable_budgets(uuid, text, text, text) IS
-    'The budgets that apply to a request naming these scope ids: their budget_mask, and their limits and revisions in bit order, read in one snapshot.';
-
-
 -- ---------------------------------------------------------------- the exact path
 
 -- The terms of the budget in force now for one id of a scope and window: its own, else
@@ -442,72 +413,60 @@ COMMENT ON FUNCTION llm._move_counter(uuid, text, text, text, date, smallint[], 
 
 -- ---------------------------------------------------------------- the fast path
 
--- Every counter of one request moved, each on its stripe, iff it fits that stripe's
--- rooms under the organization's budgets revision p_epoch (p_used: charge in, p_held:
--- hold in or out, p_cents): the movement's share of what the counter has left must
--- fit admit_room, its usage notice_room, its cents cents_room. One UPDATE per counter,
--- in bit order (the lock order), each by the counter's full key; it stops at the first
--- that does not fit and returns how many moved: fewer than the request has, and the
--- caller rolls them back (its subtransaction) and takes the exact path.
--- Not one statement for all of them: joined to the keys, the planner estimated each
--- call's custom plan cheaper than the generic one (a Memoize it can cost only with the
--- values known), so PL/pgSQL planned it again on every call (233 us of 290 us,
--- pg_stat_statements.track_planning), and a generic plan of the join scans the table
--- when one organization holds most counters. By its key, the generic plan is an index
--- lookup at any size and is kept (tests/test_budget_write_shape.py). A SET
+-- One counter moved on the request's stripe of it (p_stripe modulo its stripes), iff
+-- that is stripe 0 (p_off_zero false) or not (true), and the movement fits the
+-- stripe's rooms under the organization's budgets revision p_epoch (p_used: charge in,
+-- p_held: hold in or out, p_cents): its share of what the counter has left must fit
+-- admit_room, its usage notice_room, its cents cents_room. False: nothing moved.
+-- One UPDATE by the counter's full key: its generic plan is an index lookup at any
+-- size, planned once per session (tests/test_budget_write_shape.py). Not one
+-- statement for all of a request's counters: joined to the keys, the planner costed
+-- each call's custom plan below the generic one, so PL/pgSQL planned it again on every
+-- call (233 us of 290 us, pg_stat_statements.track_planning), and a generic plan of
+-- the join scans the table when one organization holds most counters. A SET
 -- plan_cache_mode clause is no way out: Citus cannot plan a delegated routine's shard
 -- queries under it (tests/test_citus_readiness.py).
-CREATE OR REPLACE FUNCTION llm._move_within_counter_rooms(
-    p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_epoch uuid)
-RETURNS integer
+CREATE OR REPLACE FUNCTION llm._move_within_counter_room(
+    p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date,
+    p_stripe integer, p_off_zero boolean, p_used bigint, p_held bigint, p_cents bigint, p_epoch uuid)
+RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 AS $$
-DECLARE
-    v_key record;
-    v_stripe integer := coalesce(p_inv.budget_stripe, 0);
-    v_moved integer := 0;
 BEGIN
-    FOR v_key IN
-        SELECT k.scope, k.scope_id, k.budget_window, k.window_start
-          FROM llm._budget_keys(p_inv.budget_mask, p_inv.project, p_inv.api_key, p_inv.end_user,
-                                p_inv.created_at) AS k
-    LOOP
-        UPDATE llm.budget_counters AS c
-           SET used_credits = c.used_credits + p_used,
-               held_credits = c.held_credits + p_held,
-               used_cents = c.used_cents + p_cents,
-               admit_room = c.admit_room - GREATEST(0, p_used + p_held),
-               cents_room = c.cents_room - p_cents,
-               notice_room = c.notice_room - p_used
-         WHERE c.organization_id = p_inv.organization_id AND c.scope = v_key.scope
-           AND (c.scope_id = v_key.scope_id OR (c.scope_id IS NULL AND v_key.scope_id IS NULL))
-           AND c.budget_window = v_key.budget_window AND c.window_start = v_key.window_start
-           AND c.stripe = v_stripe % c.stripes
-           AND c.rooms_revision = p_epoch
-           AND p_used >= 0
-           AND c.admit_room >= p_used + p_held
-           AND c.cents_room >= p_cents
-           -- a movement of nothing fits only a positive room (as a period's stripe)
-           AND (c.admit_room > 0 OR p_used <> 0 OR p_held <> 0)
-           AND (c.notice_room IS NULL OR p_used = 0 OR c.notice_room > p_used);
-        IF NOT FOUND THEN
-            RETURN v_moved;
-        END IF;
-        v_moved := v_moved + 1;
-    END LOOP;
-    RETURN v_moved;
+    UPDATE llm.budget_counters AS c
+       SET used_credits = c.used_credits + p_used,
+           held_credits = c.held_credits + p_held,
+           used_cents = c.used_cents + p_cents,
+           admit_room = c.admit_room - GREATEST(0, p_used + p_held),
+           cents_room = c.cents_room - p_cents,
+           notice_room = c.notice_room - p_used
+     WHERE c.organization_id = p_organization_id AND c.scope = p_scope
+       AND (c.scope_id = p_scope_id OR (c.scope_id IS NULL AND p_scope_id IS NULL))
+       AND c.budget_window = p_window AND c.window_start = p_window_start
+       AND c.stripe = p_stripe % c.stripes AND (c.stripe <> 0) = p_off_zero
+       AND c.rooms_revision = p_epoch
+       AND p_used >= 0
+       AND c.admit_room >= p_used + p_held
+       AND c.cents_room >= p_cents
+       -- a movement of nothing fits only a positive room (as a period's stripe)
+       AND (c.admit_room > 0 OR p_used <> 0 OR p_held <> 0)
+       AND (c.notice_room IS NULL OR p_used = 0 OR c.notice_room > p_used);
+    RETURN FOUND;
 END
 $$;
-COMMENT ON FUNCTION llm._move_within_counter_rooms(llm.invocations, bigint, bigint, bigint, uuid) IS
-    'Moves the budget counters of a request (each on its stripe), in bit order, while each fits its stripe''s rooms under revision p_epoch; returns how many moved (fewer than the request has: the caller rolls them back).';
+COMMENT ON FUNCTION llm._move_within_counter_room(uuid, text, text, text, date, integer, boolean, bigint, bigint, bigint, uuid) IS
+    'Moves one budget counter on the request''s stripe of it (when that is stripe 0, or when it is not: p_off_zero) iff the movement fits that stripe''s rooms under revision p_epoch; false (nothing moved) otherwise.';
 
 -- One request's movement of all its counters (p_admit_limits and p_admit_revisions:
--- an admission's, in bit order; NULL otherwise): the fast path in a subtransaction,
--- kept only when every counter fitted; else each counter's exact path in bit order.
--- The subtransaction releases the rows the statement locked, so the exact path never
--- waits for a stripe while holding one after it (20_stripes.sql says why). The
--- mask's bits and scope ids come from the request; one of the previous release keeps
--- them in llm.invocation_scopes (_move_budgets).
+-- an admission's, in bit order; NULL otherwise), counter by counter in bit order (the
+-- lock order): within its stripe's rooms when it fits, else by its exact path. As for
+-- a period's stripes (20_stripes.sql says why), a try on stripe 0 needs no
+-- subtransaction: an UPDATE that waited and lost can keep only that row, which the
+-- exact path locks first; a try on another stripe (a striped counter) runs in one, so
+-- the exact path never waits for a stripe below one it holds. A counter of one stripe
+-- (the default) thus costs one UPDATE. The mask's bits and scope ids come from the
+-- request; one of the previous release keeps them in llm.invocation_scopes
+-- (_move_budgets).
 CREATE OR REPLACE FUNCTION llm._move_request_counters(
     p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint,
     p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamptz)
@@ -517,54 +476,44 @@ AS $$
 DECLARE
     v_key record;
     v_i integer := 0;
-    v_limit bigint;
-    v_revision uuid;
+    v_stripe integer := coalesce(p_inv.budget_stripe, 0);
+    v_moved boolean;
     v_created integer := 0;
 BEGIN
-    BEGIN
-        IF llm._move_within_counter_rooms(p_inv, p_used, p_held, p_cents, p_epoch)
-           = pg_catalog.bit_count(p_inv.budget_mask::integer::bit(12)) THEN
-            RETURN 0;  -- every counter within its rooms: no threshold crossed
-        END IF;
-        -- internal: only rolls this subtransaction back, never leaves the function
-        RAISE EXCEPTION 'llm: not within the counters'' rooms' USING ERRCODE = 'LL099';
-    EXCEPTION WHEN SQLSTATE 'LL099' THEN
-        NULL;
-    END;
     FOR v_key IN
-        SELECT k.* FROM llm._budget_keys(p_inv.budget_mask, p_inv.project, p_inv.api_key, p_inv.end_user,
-                                         p_inv.created_at) AS k
+        SELECT k.scope, k.scope_id, k.budget_window, k.window_start
+          FROM llm._budget_keys(p_inv.budget_mask, p_inv.project, p_inv.api_key, p_inv.end_user,
+                                p_inv.created_at) AS k
     LOOP
         v_i := v_i + 1;  -- the keys and the arrays are both in bit order
-        v_limit := p_admit_limits[v_i];
-        v_revision := p_admit_revisions[v_i];
-        v_created := v_created
-            + llm._move_counter(p_inv.organization_id, v_key.scope, v_key.scope_id, v_key.budget_window,
-                                v_key.window_start, ARRAY[p_inv.budget_stripe], ARRAY[p_used], ARRAY[p_held],
-                                ARRAY[p_cents], v_limit, v_revision, p_epoch, p_now);
+        v_moved := llm._move_within_counter_room(p_inv.organization_id, v_key.scope, v_key.scope_id,
+                                                 v_key.budget_window, v_key.window_start, v_stripe, false,
+                                                 p_used, p_held, p_cents, p_epoch);
+        IF NOT v_moved THEN
+            BEGIN
+                IF NOT llm._move_within_counter_room(p_inv.organization_id, v_key.scope, v_key.scope_id,
+                                                     v_key.budget_window, v_key.window_start, v_stripe, true,
+                                                     p_used, p_held, p_cents, p_epoch) THEN
+                    -- internal: only rolls this subtransaction back, never leaves the function
+                    RAISE EXCEPTION 'llm: not within the counter''s rooms' USING ERRCODE = 'LL099';
+                END IF;
+                v_moved := true;
+            EXCEPTION WHEN SQLSTATE 'LL099' THEN
+                NULL;
+            END;
+        END IF;
+        IF NOT v_moved THEN
+            v_created := v_created
+                + llm._move_counter(p_inv.organization_id, v_key.scope, v_key.scope_id, v_key.budget_window,
+                                    v_key.window_start, ARRAY[p_inv.budget_stripe], ARRAY[p_used], ARRAY[p_held],
+                                    ARRAY[p_cents], p_admit_limits[v_i], p_admit_revisions[v_i], p_epoch, p_now);
+        END IF;
     END LOOP;
     RETURN v_created;
 END
 $$;
 COMMENT ON FUNCTION llm._move_request_counters(llm.invocations, bigint, bigint, bigint, bigint[], uuid[], uuid, timestamptz) IS
-    'Moves every budget counter of one request: on their stripes when each fits its stripe''s rooms, else each by its exact path in bit order; returns the notices created.';
-
--- A just-admitted request's holds on its budgets' counters (in bit order, after its
--- hold on the period: the allowance is named first when both refuse), each iff used +
--- held + estimate <= its limit as read with the budget mask (LL001 naming the first
--- that does not fit; the caller's transaction rolls back every hold).
-CREATE OR REPLACE FUNCTION llm._hold_budgets(
-    p_inv llm.invocations, p_limits bigint[], p_revisions uuid[], p_epoch uuid)
-RETURNS void
-LANGUAGE plpgsql VOLATILE
-AS $$
-BEGIN
-    PERFORM llm._move_request_counters(p_inv, 0, p_inv.hold_credits, 0, p_limits, p_revisions, p_epoch,
-                                       p_inv.created_at);
-END
-$$;
-COMMENT ON FUNCTION llm._hold_budgets(llm.invocations, bigint[], uuid[], uuid) IS
-    'Holds a just-admitted request''s estimate on the counter of every budget in its budget_mask, in bit order, each iff used + held + estimate <= its limit (LL001 naming the first that does not fit, with the id as the DETAIL''s first line); a counter it would create for a window past the organization''s retention horizon is LL012.';
+    'Moves every budget counter of one request in bit order: each on its stripe when it fits that stripe''s rooms, else by its exact path; returns the notices created.';
 
 -- ---------------------------------------------------------------- movements
 

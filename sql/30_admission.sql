@@ -115,11 +115,25 @@ BEGIN
     END IF;
 
     -- The budgets that apply, fixed on the request (its budget_mask) and decided
-    -- against the limits read here, in one snapshot; looked up only when the
-    -- organization has a budget (or may: NULL, not known).
+    -- against the limits read here, with their revisions, in bit order, in one
+    -- statement (a concurrent set_budget applies wholly or not at all); looked up only
+    -- when the organization has a budget (or may: NULL, not known). The
+    -- organization's day and week budgets, and for each scope id the request names
+    -- its own budget per window, else the scope's '*'.
     IF v_has_budgets IS NOT FALSE THEN
-        SELECT a.mask, a.limits, a.revisions INTO v_mask, v_limits, v_revisions
-          FROM llm._applicable_budgets(p_organization_id, p_project, p_api_key, p_end_user) AS a;
+        SELECT coalesce(sum(1 << a.slot), 0),
+               coalesce(pg_catalog.array_agg(a.limit_credits ORDER BY a.slot), '{}'),
+               coalesce(pg_catalog.array_agg(a.revision ORDER BY a.slot), '{}')
+          INTO v_mask, v_limits, v_revisions
+          FROM (SELECT DISTINCT ON (b.scope, b.budget_window)
+                       llm._budget_slot(b.scope, b.budget_window) AS slot, b.limit_credits, b.revision
+                  FROM llm.budget_limits AS b
+                 WHERE b.organization_id = p_organization_id
+                   AND (b.scope = 'organization'
+                        OR (b.scope = 'project' AND b.scope_id IN (p_project, '*') AND p_project IS NOT NULL)
+                        OR (b.scope = 'api_key' AND b.scope_id IN (p_api_key, '*') AND p_api_key IS NOT NULL)
+                        OR (b.scope = 'end_user' AND b.scope_id IN (p_end_user, '*') AND p_end_user IS NOT NULL))
+                 ORDER BY b.scope, b.budget_window, b.scope_id = '*') AS a;  -- its own before '*'
     END IF;
 
     -- This session's stripe: concurrent sessions of one organization hold on
@@ -153,10 +167,13 @@ BEGIN
                                                    1, p_now, NULL, NULL) THEN
         PERFORM llm._move_stripe(p_organization_id, v_period, v_stripe, 0, p_estimate_credits, 0, p_now, 1, NULL);
     END IF;
-    -- Then every budget's counter, in bit order, last: a hot key's row is held from
-    -- here to the commit only.
+    -- Then its hold on every budget's counter, in bit order, last (a hot key's row is
+    -- held from here to the commit only), each iff used + held + estimate <= the limit
+    -- read above (LL001 naming the first that does not fit, and this transaction rolls
+    -- back every hold; LL012 for a counter it would create past retention).
     IF v_mask <> 0 THEN
-        PERFORM llm._hold_budgets(v_inv, v_limits, v_revisions, v_budgets_revision);
+        PERFORM llm._move_request_counters(v_inv, 0, v_inv.hold_credits, 0, v_limits, v_revisions,
+                                           v_budgets_revision, v_inv.created_at);
     END IF;
     RETURN llm._admission(v_inv, false);
 END

@@ -26,8 +26,8 @@ DECLARE
         -- a stripe's movement (sql/20_stripes.sql)
         'llm._move_within_rooms', 'llm._move_stripe',
         -- a request's budgets (sql/28_budgets.sql)
-        'llm._applicable_budgets', 'llm._budgets_revision', 'llm._hold_budgets',
-        'llm._book_budgets', 'llm._move_request_counters', 'llm._move_within_counter_rooms'];
+        'llm._budgets_revision', 'llm._book_budgets', 'llm._move_request_counters',
+        'llm._move_within_counter_room'];
 BEGIN
     FOR v_fn IN
         SELECT p.oid::regprocedure
