@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ import psycopg
 from benchmarks.driver import exec_id, org_id
 
 _TICKS = os.sysconf("SC_CLK_TCK")
+_VARIABLE = re.compile(r"(?<![:\w]):(\w+)")  # a pgbench variable, not a :: cast
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -95,3 +97,34 @@ def simple_update_step(scale: int) -> Callable[[psycopg.Connection, random.Rando
             )
 
     return step
+
+
+def script_step(path: Path, draw: Callable[[random.Random], dict[str, object]]) -> Callable[[psycopg.Connection, random.Random], None]:
+    """The SQL commands of a pgbench script (scripts/floor.sql, …) run as psycopg
+    statements: ``:name`` takes the value ``draw`` gives it (in place of the script's
+    ``\\set`` lines), and a command ending in ``\\gset`` sets the variables its row names."""
+    commands: list[tuple[str, bool]] = []
+    lines: list[str] = []
+    for line in path.read_text().splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith(("--", "\\set")):
+            continue
+        gset = stripped.endswith("\\gset")
+        lines.append(line.rstrip().removesuffix("\\gset"))
+        if gset or stripped.endswith(";"):
+            text = "\n".join(lines).replace("%", "%%")
+            commands.append((_VARIABLE.sub(r"%(\1)s", text), gset))
+            lines = []
+
+    def step(conn: psycopg.Connection, rng: random.Random) -> None:
+        values = draw(rng)
+        for text, gset in commands:
+            cur = conn.execute(text, values)
+            if gset:
+                row = cur.fetchone()
+                assert row is not None and cur.description is not None, "a \\gset command returned no row"
+                values |= {col.name: value for col, value in zip(cur.description, row, strict=True)}
+
+    return step
+
+

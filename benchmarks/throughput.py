@@ -104,9 +104,17 @@ def bench_throughput(target: Target, sizes: common.Sizes, profiler: common.Profi
                                           n=2 * sizes.cpu_cycles)  # fmt: skip
     cpu_budgets = cpu.backend_cpu_per_call(dsn, cpu.budget_cycle_step(sizes.cycle_orgs + 1, sizes.cycle_orgs,
                                            sizes.budget_projects, sizes.budget_keys), n=sizes.cpu_cycles)  # fmt: skip
-    results["cpu_us_per_request"] = {"cycle": cpu_cycle, "simple_update": cpu_simple, "budgets": cpu_budgets}
+    first = sizes.cycle_orgs + 1
+    cpu_floor = cpu.backend_cpu_per_call(dsn, cpu.script_step(common.SCRIPTS / "floor.sql", lambda rng: {
+        "n": rng.randint(1, sizes.cycle_orgs), "slot": 0}), n=sizes.cpu_cycles)  # fmt: skip
+    cpu_floor_budgets = cpu.backend_cpu_per_call(dsn, cpu.script_step(common.SCRIPTS / "floor_budgets.sql", lambda rng: {
+        "n": rng.randint(first, first + sizes.cycle_orgs - 1), "slot": 0,
+        "p": rng.randint(1, sizes.budget_projects), "k": rng.randint(1, sizes.budget_keys)}), n=sizes.cpu_cycles)  # fmt: skip
+    results["cpu_us_per_request"] = {"cycle": cpu_cycle, "simple_update": cpu_simple, "budgets": cpu_budgets,
+                                     "floor": cpu_floor, "floor_budgets": cpu_floor_budgets}  # fmt: skip
     if cpu_cycle and cpu_simple:
-        common.log(f"  cycle {cpu_cycle:.0f} us, simple-update {cpu_simple:.0f} us, 3 budgets {cpu_budgets or 0:.0f} us")
+        common.log(f"  cycle {cpu_cycle:.0f} us, simple-update {cpu_simple:.0f} us, 3 budgets {cpu_budgets or 0:.0f} us,"
+                   f" floor {cpu_floor or 0:.0f} us, floor under 3 budgets {cpu_floor_budgets or 0:.0f} us")  # fmt: skip
 
     results["write_shape"] = _write_shape(target, sizes)
 
@@ -166,6 +174,15 @@ def bench_throughput(target: Target, sizes: common.Sizes, profiler: common.Profi
         rows.append(common.Row("cpu_budgets", "server CPU per request under 3 budgets, one session (admit + settle)",
                         cpu_budgets, "us", cpu_cycle, "the cycle without budgets", common.ratio(cpu_cycle, cpu_budgets),
                         "report", results["cpu_us_per_request"]))  # fmt: skip
+    cpu_floor, cpu_floor_budgets = results["cpu_us_per_request"]["floor"], results["cpu_us_per_request"]["floor_budgets"]
+    if cpu_cycle and cpu_floor:
+        rows.append(common.Row("cpu_floor", "server CPU per request, one session: the floor (floor.sql)", cpu_floor,
+                        "us", cpu_cycle, "the cycle", common.ratio(cpu_floor, cpu_cycle), "report",
+                        results["cpu_us_per_request"]))  # fmt: skip
+    if cpu_budgets and cpu_floor_budgets:
+        rows.append(common.Row("cpu_floor_budgets", "server CPU per request, one session: the floor under 3 budgets "
+                        "(floor_budgets.sql)", cpu_floor_budgets, "us", cpu_budgets, "the cycle under 3 budgets",
+                        common.ratio(cpu_floor_budgets, cpu_budgets), "report", results["cpu_us_per_request"]))  # fmt: skip
     rows += _driver_rows(results, sizes, spread)
     return rows, results
 
