@@ -1279,7 +1279,7 @@ COMMENT ON FUNCTION llm.declare_task_kind(p_key text, p_description text) IS 'De
 CREATE FUNCTION llm.distribute(p_shard_count integer DEFAULT NULL::integer) RETURNS text
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $_$ body in sql/, md5 46ab73a49337426dfa2803a779b15147 $_$;
+    AS $_$ body in sql/, md5 caa5baa5d80be1734b36ca8af722bf23 $_$;
 
 COMMENT ON FUNCTION llm.distribute(p_shard_count integer) IS 'Under Citus: reference tables for catalogs, per-organization tables distributed on organization_id co-located with organizations, per-organization twins distributed with force_delegation, the other llm routines propagated to the workers; LL011 without citus.';
 

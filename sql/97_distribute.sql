@@ -78,11 +78,14 @@ BEGIN
          WHERE p.pronamespace = 'llm'::regnamespace
            AND NOT EXISTS (SELECT FROM pg_catalog.%I AS d
                             WHERE d.classid = 'pg_catalog.pg_proc'::regclass AND d.objid = p.oid)
-           -- not one tied to a coordinator-local table (_finish_run: reconciliation_runs)
+           -- not one tied to a coordinator-local table (_finish_run: reconciliation_runs);
+           -- a standalone composite type (llm.admission_result, llm.organization_settings)
+           -- is no table: Citus sends it with the routine
            AND NOT EXISTS (SELECT FROM pg_catalog.pg_depend AS dep
                              JOIN pg_catalog.pg_type AS t ON t.oid = dep.refobjid
+                             JOIN pg_catalog.pg_class AS c ON c.oid = t.typrelid
                             WHERE dep.classid = 'pg_catalog.pg_proc'::regclass AND dep.objid = p.oid
-                              AND dep.refclassid = 'pg_catalog.pg_type'::regclass AND t.typrelid <> 0
+                              AND dep.refclassid = 'pg_catalog.pg_type'::regclass AND c.relkind <> 'c'
                               AND NOT EXISTS (SELECT FROM pg_catalog.%I AS dp
                                                WHERE dp.logicalrelid = t.typrelid))
          ORDER BY p.oid
