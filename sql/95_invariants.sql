@@ -648,38 +648,43 @@ RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail tex
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
+    -- Joins on organization_id only, no correlated subquery beside a set-returning
+    -- function (_budget_keys, unnest): Citus plans it as one query per shard
+    -- (docs/scaling.md, "The rules"). The budget in force is its own, else the scope's
+    -- '*': two joins (own, star), the own one winning.
     RETURN QUERY
     SELECT 18, c.organization_id,
            pg_catalog.format('budget %s %s %s %s stripe %s', c.scope, coalesce(c.scope_id, ''), c.budget_window,
                              c.window_start, c.stripe),
            pg_catalog.format('stripes=%s of %s, held=%s (open requests hold %s)', c.stripes, c.rows, c.held_credits,
-                             coalesce(h.held, 0))
-      FROM (SELECT x.*, count(*) OVER (PARTITION BY x.organization_id, x.scope, x.scope_id, x.budget_window,
-                                                    x.window_start) AS rows
+                             coalesce(sum(q.held), 0))
+      FROM (SELECT x.organization_id, x.scope, x.scope_id, x.budget_window, x.window_start, x.stripe, x.stripes,
+                   x.held_credits,
+                   count(*) OVER (PARTITION BY x.organization_id, x.scope, x.scope_id, x.budget_window,
+                                               x.window_start) AS rows
               FROM llm.budget_counters AS x) AS c
-      LEFT JOIN LATERAL (SELECT sum(q.held) AS held
-                           FROM (SELECT i.hold_credits AS held
-                                   FROM llm.invocations AS i
-                                   LEFT JOIN llm.invocation_scopes AS s
-                                     ON s.organization_id = i.organization_id AND s.invocation_id = i.id
-                                    AND i.budget_mask IS NULL
-                                  CROSS JOIN LATERAL llm._budget_keys(coalesce(i.budget_mask, s.budget_mask),
-                                                                      coalesce(i.project, s.project),
-                                                                      coalesce(i.api_key, s.api_key),
-                                                                      coalesce(i.end_user, s.end_user), i.created_at) AS k
-                                  WHERE i.organization_id = c.organization_id
-                                    AND i.status IN ('reserved', 'dispatched')
-                                    AND k.scope = c.scope AND k.budget_window = c.budget_window
-                                    AND k.window_start = c.window_start
-                                    AND k.scope_id IS NOT DISTINCT FROM c.scope_id
-                                    AND coalesce(i.budget_stripe, 0) % c.stripes = c.stripe) AS q) AS h ON true
-     WHERE c.stripe >= c.stripes OR c.rows <> c.stripes OR c.held_credits <> coalesce(h.held, 0)
-    UNION ALL
+      LEFT JOIN (SELECT i.organization_id, k.scope, k.scope_id, k.budget_window, k.window_start,
+                        coalesce(i.budget_stripe, 0) AS seed, sum(i.hold_credits) AS held
+                   FROM llm.invocations AS i
+                   LEFT JOIN llm.invocation_scopes AS s
+                     ON s.organization_id = i.organization_id AND s.invocation_id = i.id AND i.budget_mask IS NULL
+                  CROSS JOIN LATERAL llm._budget_keys(coalesce(i.budget_mask, s.budget_mask),
+                                                      coalesce(i.project, s.project), coalesce(i.api_key, s.api_key),
+                                                      coalesce(i.end_user, s.end_user), i.created_at) AS k
+                  WHERE i.status IN ('reserved', 'dispatched')
+                  GROUP BY 1, 2, 3, 4, 5, 6) AS q
+        ON q.organization_id = c.organization_id AND q.scope = c.scope
+       AND q.scope_id IS NOT DISTINCT FROM c.scope_id AND q.budget_window = c.budget_window
+       AND q.window_start = c.window_start AND q.seed % c.stripes = c.stripe
+     GROUP BY c.organization_id, c.scope, c.scope_id, c.budget_window, c.window_start, c.stripe, c.stripes, c.rows,
+              c.held_credits
+    HAVING c.stripe >= c.stripes OR c.rows <> c.stripes OR c.held_credits <> coalesce(sum(q.held), 0);
+    RETURN QUERY
     SELECT 18, r.organization_id,
            pg_catalog.format('budget %s %s %s %s', r.scope, coalesce(r.scope_id, ''), r.budget_window, r.window_start),
            pg_catalog.format('used=%s held=%s cents=%s admitted_limit=%s; rooms: admit %s, cents %s, notice %s (next threshold %s%% of %s needs %s)',
                              r.used, r.held, r.cents, r.admitted_limit, r.admit_rooms, r.cents_rooms, r.notice_rooms,
-                             t.next_pct, f.limit_credits, t.need)
+                             t.next_pct, t.limit_credits, t.need)
       FROM (SELECT x.organization_id, x.scope, x.scope_id, x.budget_window, x.window_start,
                    sum(x.used_credits) AS used, sum(x.held_credits) AS held, sum(x.used_cents) AS cents,
                    max(x.admitted_limit) AS admitted_limit, sum(x.admit_room) AS admit_rooms,
@@ -689,21 +694,40 @@ BEGIN
               JOIN llm.organizations AS o ON o.id = x.organization_id
              WHERE x.rooms_revision = o.budgets_revision
              GROUP BY 1, 2, 3, 4, 5) AS r
-      LEFT JOIN LATERAL (SELECT l.limit_credits, l.thresholds FROM llm.budget_limits AS l
-                          WHERE l.organization_id = r.organization_id AND l.scope = r.scope
-                            AND l.budget_window = r.budget_window
-                            AND (l.scope_id IS NOT DISTINCT FROM r.scope_id OR l.scope_id = '*')
-                          ORDER BY l.scope_id = '*' LIMIT 1) AS f ON true
-      LEFT JOIN LATERAL (SELECT min(p.pct) AS next_pct,
-                                pg_catalog.ceil(min(p.pct)::numeric * f.limit_credits / 100)::bigint - r.used AS need
-                           FROM pg_catalog.unnest(f.thresholds) AS p(pct)
-                          WHERE r.used::numeric * 100 < p.pct::numeric * f.limit_credits
-                            AND NOT EXISTS (SELECT FROM llm.threshold_notices AS n
-                                             WHERE n.organization_id = r.organization_id AND n.scope = r.scope
-                                               AND n.scope_id IS NOT DISTINCT FROM r.scope_id
-                                               AND n.budget_window = r.budget_window
-                                               AND n.period_start = r.window_start AND n.threshold_pct = p.pct)) AS t
-        ON true
+      -- the next threshold of the budget in force not notified yet, and the usage that reaches it
+      LEFT JOIN (SELECT a.organization_id, a.scope, a.scope_id, a.budget_window, a.window_start, a.limit_credits,
+                        min(a.pct) AS next_pct,
+                        pg_catalog.ceil(min(a.pct)::numeric * a.limit_credits / 100)::bigint - a.used AS need
+                   FROM (SELECT u.organization_id, u.scope, u.scope_id, u.budget_window, u.window_start, u.used,
+                                CASE WHEN own.organization_id IS NOT NULL THEN own.limit_credits
+                                     ELSE star.limit_credits END AS limit_credits, p.pct
+                           FROM (SELECT x.organization_id, x.scope, x.scope_id, x.budget_window, x.window_start,
+                                        sum(x.used_credits) AS used
+                                   FROM llm.budget_counters AS x
+                                   JOIN llm.organizations AS o ON o.id = x.organization_id
+                                  WHERE x.rooms_revision = o.budgets_revision
+                                  GROUP BY 1, 2, 3, 4, 5) AS u
+                           LEFT JOIN llm.budget_limits AS own
+                             ON own.organization_id = u.organization_id AND own.scope = u.scope
+                            AND own.budget_window = u.budget_window AND own.scope_id IS NOT DISTINCT FROM u.scope_id
+                           LEFT JOIN llm.budget_limits AS star
+                             ON star.organization_id = u.organization_id AND star.scope = u.scope
+                            AND star.budget_window = u.budget_window AND star.scope_id = '*'
+                          CROSS JOIN LATERAL pg_catalog.unnest(CASE WHEN own.organization_id IS NOT NULL
+                                                                    THEN own.thresholds ELSE star.thresholds END) AS p(pct)
+                           LEFT JOIN llm.threshold_notices AS n
+                             ON n.organization_id = u.organization_id AND n.scope = u.scope
+                            AND n.scope_id IS NOT DISTINCT FROM u.scope_id AND n.budget_window = u.budget_window
+                            AND n.period_start = u.window_start AND n.threshold_pct = p.pct
+                          WHERE n.organization_id IS NULL  -- not notified
+                            AND u.used::numeric * 100 < p.pct::numeric
+                                * CASE WHEN own.organization_id IS NOT NULL THEN own.limit_credits
+                                       ELSE star.limit_credits END) AS a
+                  GROUP BY a.organization_id, a.scope, a.scope_id, a.budget_window, a.window_start, a.used,
+                           a.limit_credits) AS t
+        ON t.organization_id = r.organization_id AND t.scope = r.scope
+       AND t.scope_id IS NOT DISTINCT FROM r.scope_id AND t.budget_window = r.budget_window
+       AND t.window_start = r.window_start
      WHERE r.admit_rooms > GREATEST(0, LEAST(r.admitted_limit, llm._max_sum()) - r.used - r.held)
         OR r.cents_rooms > GREATEST(0, llm._max_sum() - r.cents)
         OR (t.need IS NOT NULL AND (r.notice_unset > 0 OR r.notice_rooms > t.need));

@@ -105,7 +105,32 @@ def violations(name: str, sql: str, volatile: set[str] = VOLATILE) -> list[str]:
             for call in re.findall(r"\b((?:llm|pg_catalog)\.\w+|\w+)\s*\(", update.group(0)):
                 if call.split(".")[-1].lower() in volatile:
                     found.append(f"{name}: VOLATILE {call}() in an UPDATE: call it before, or refuse after")
+        # 7. a correlated (LATERAL) subquery with a set-returning function in its FROM
+        #    (0A000 "correlated subqueries are not supported when the FROM clause contains a
+        #    set returning function": invariant 18 of 0.4.0's first cut)
+        for group in _lateral_subqueries(statement):
+            if SET_RETURNING.search(group):
+                found.append(f"{name}: a set-returning function inside LATERAL (SELECT ...): aggregate it in a "
+                             "derived table joined on the organization instead")
     return found
+
+
+SET_RETURNING = re.compile(r"\b(?:llm\._budget_keys|(?:pg_catalog\.)?unnest|(?:pg_catalog\.)?generate_series)\s*\(", re.I)
+
+
+def _lateral_subqueries(statement: str) -> list[str]:
+    """The text of each ``LATERAL (SELECT ...)`` group of ``statement``."""
+    groups = []
+    for m in re.finditer(r"\bLATERAL\s*\(\s*SELECT\b", statement, re.I):
+        start = statement.index("(", m.start())
+        depth, i = 0, start
+        while i < len(statement):
+            depth += {"(": 1, ")": -1}.get(statement[i], 0)
+            i += 1
+            if depth == 0:
+                break
+        groups.append(statement[start:i])
+    return groups
 
 
 @pytest.mark.parametrize("path", SQL_FILES, ids=lambda p: p.name)
@@ -137,6 +162,11 @@ BAD = {
         "UPDATE llm.budget_counters AS c SET used_credits = CASE WHEN c.used_credits > llm._max_sum()"
         " THEN llm._refuse_sum('budget_counters', 'used_credits', c.used_credits, 'x') ELSE 1 END"
         " WHERE c.id = v_id;"
+    ),
+    "a set-returning function in a LATERAL subquery": (
+        "SELECT c.id FROM llm.budget_counters AS c LEFT JOIN LATERAL (SELECT sum(i.hold_credits) AS held"
+        " FROM llm.invocations AS i CROSS JOIN LATERAL llm._budget_keys(i.budget_mask, i.project, i.api_key,"
+        " i.end_user, i.created_at) AS k WHERE i.organization_id = c.organization_id) AS h ON true;"
     ),
     "_settings() in a query": (
         "RETURN QUERY SELECT count(*) FROM llm.invocations AS r"
