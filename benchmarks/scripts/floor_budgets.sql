@@ -4,7 +4,10 @@
 -- it) and the organization's budgets revision, then each counter moved within its
 -- rooms on the request's stripe, by its key, at admission and at settlement, its
 -- columns as llm._move_within_counter_rooms moves them (so the invariants hold after
--- it). Plain SQL, no check and no PL/pgSQL. Variables as budgets.sql.
+-- it). Plain SQL, no check and no PL/pgSQL. Variables as budgets.sql. It creates no
+-- counter: it moves those benchmarks/queries.py PREFILL_COUNTERS made for the day of
+-- the run (run across midnight UTC, its requests would miss their key's day counter,
+-- and the invariants checked after it would say so).
 \set n random(:first, :first + :norgs - 1)
 \set slot :client_id % 8
 \set p random(1, :nprojects)
