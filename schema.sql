@@ -562,7 +562,7 @@ COMMENT ON FUNCTION llm._invariant_17() IS 'Invariant 17: every period stripe''s
 CREATE FUNCTION llm._invariant_18() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 04ef50184e574e813626275a08490bf3 $$;
+    AS $$ body in sql/, md5 6d5912ac5a0233c76099cf6b3d5488b2 $$;
 
 COMMENT ON FUNCTION llm._invariant_18() IS 'Invariant 18: a budget counter has the stripes it says, each holding the holds of its open requests, and its rooms (spread under the budgets revision in force) promise no more than it has left to its limit and to the sum limit, nor usage past its next threshold not notified.';
 

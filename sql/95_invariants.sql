@@ -648,8 +648,10 @@ RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail tex
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
-    -- Joins on organization_id only, no correlated subquery beside a set-returning
-    -- function (_budget_keys, unnest): Citus plans it as one query per shard
+    -- Long on purpose: the invariant's two halves (each stripe's holds, the counter's
+    -- rooms), each one query Citus can plan. Joins on organization_id only, no
+    -- correlated subquery beside a set-returning function (_budget_keys, unnest):
+    -- Citus plans it as one query per shard
     -- (docs/scaling.md, "The rules"). The budget in force is its own, else the scope's
     -- '*': two joins (own, star), the own one winning.
     RETURN QUERY
