@@ -993,7 +993,7 @@ COMMENT ON FUNCTION llm._restripe_counter(p_organization_id uuid, p_scope text, 
 CREATE FUNCTION llm._retain_budgets(p_organization_id uuid, p_now timestamp with time zone, p_retention interval) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 05198c66e7190fe262cd4ecfc9a3e9c9 $$;
+    AS $$ body in sql/, md5 8a6631a76779c8e6f77a469a70848c67 $$;
 
 COMMENT ON FUNCTION llm._retain_budgets(p_organization_id uuid, p_now timestamp with time zone, p_retention interval) IS 'Raises the organization''s retention horizon (LEAST(p_now, now()) - p_retention, never past its oldest open request''s day) and deletes the counters of windows ended on or before it that hold nothing and no open request is admitted under, all their stripes locked in lock order, skipping locked ones; returns how many counters.';
 

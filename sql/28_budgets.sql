@@ -666,7 +666,9 @@ BEGIN
                                                       coalesce(i.end_user, s.end_user), i.created_at) AS k
                   WHERE i.organization_id = p_organization_id
                     AND i.status IN ('reserved', 'dispatched')
-                    AND i.created_at >= v_floor
+                    -- none open: no time; never a NULL the planner folds the subquery
+                    -- away with, which leaves Citus a join it cannot route (0A000)
+                    AND i.created_at >= coalesce(v_floor, 'infinity')
                     AND i.created_at < (llm._window_end(c.budget_window, c.window_start)::timestamp AT TIME ZONE 'UTC')
                     AND k.scope = c.scope AND k.budget_window = c.budget_window
                     AND k.window_start = c.window_start
