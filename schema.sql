@@ -111,6 +111,18 @@ CREATE TYPE llm.organization_settings AS (
 
 COMMENT ON TYPE llm.organization_settings IS 'An organization as upsert_organization and set_recovery_policy return it: the columns of llm.organizations as of 0.2.0, fixed.';
 
+CREATE TYPE llm.price_quote AS (
+	cost_nanos bigint,
+	credits bigint,
+	price_version_id bigint,
+	credit_rate_id bigint,
+	price_tier bigint,
+	priced_by text,
+	currency text
+);
+
+COMMENT ON TYPE llm.price_quote IS 'What llm.price_usage returns: the exact cost in nanos, the credits it is charged, the versions that priced it, the tier (NULL at base rates) and whether the model''s price or the fallback priced it.';
+
 CREATE DOMAIN llm.stripe AS smallint
 	CONSTRAINT stripe_check CHECK (((VALUE >= 0) AND (VALUE <= 63)));
 
@@ -392,6 +404,19 @@ CREATE FUNCTION llm._check_thresholds(p_thresholds integer[]) RETURNS integer[]
 
 COMMENT ON FUNCTION llm._check_thresholds(p_thresholds integer[]) IS 'The threshold list sorted, or 22023 for NULL, NULL elements, duplicates, values outside 1..1000 or more than 20 entries.';
 
+CREATE FUNCTION llm._check_usage(p_usage jsonb) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 c1a23e9fb8a68b4045eb0157e0d3804d $$;
+
+COMMENT ON FUNCTION llm._check_usage(p_usage jsonb) IS 'Raises 22023 unless p_usage is an object of token classes to integers 0 .. 10^15.';
+
+CREATE FUNCTION llm._class_cost(p_rates jsonb, p_tier jsonb, p_usage jsonb, p_class text) RETURNS numeric
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ body in sql/, md5 98350ce9f8fd50f16cb9bde0fbc7efc7 $$;
+
+COMMENT ON FUNCTION llm._class_cost(p_rates jsonb, p_tier jsonb, p_usage jsonb, p_class text) IS 'The exact nanos p_usage''s tokens of p_class cost at p_tier''s rate, else p_rates'' (per million tokens; per call for requests); NULL for tokens with no rate.';
+
 CREATE FUNCTION llm._clock_ok(p_now timestamp with time zone) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ body in sql/, md5 27ca9aff329b74d2b64ef028b1fc436f $$;
@@ -411,6 +436,12 @@ CREATE FUNCTION llm._create_counter(p_organization_id uuid, p_scope text, p_scop
     AS $$ body in sql/, md5 f8a9e06051416554047a3005f5e5449d $$;
 
 COMMENT ON FUNCTION llm._create_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripes integer, p_limit bigint, p_revision uuid) IS 'Creates a budget counter with its stripes, unless its window ended on or before the organization''s retention horizon (LL012, read again after the INSERT).';
+
+CREATE FUNCTION llm._credits_of(p_cost_nanos bigint, p_nanos_per_credit bigint) RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ body in sql/, md5 f1932680ef6bb14d5be1b1321dbace70 $$;
+
+COMMENT ON FUNCTION llm._credits_of(p_cost_nanos bigint, p_nanos_per_credit bigint) IS 'ceil(p_cost_nanos / p_nanos_per_credit): the credits a cost is charged.';
 
 CREATE FUNCTION llm._cron_job_seen() RETURNS text
     LANGUAGE plpgsql STABLE
@@ -438,6 +469,20 @@ CREATE FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date) 
     AS $$ body in sql/, md5 f9eb483d64a99eab0e5aaa0ec86e9611 $$;
 
 COMMENT ON FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date) IS 'Creates the period (its head, with the organization''s allowance read under a share lock of the organization, so a concurrent upsert_organization cannot be lost: invariant 9, and its stripes) on first use.';
+
+CREATE FUNCTION llm._exact_rate(p_model text, p_where text, p_value jsonb) RETURNS numeric
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $_$ body in sql/, md5 d594ff546158c67a3c7937f0a872a136 $_$;
+
+COMMENT ON FUNCTION llm._exact_rate(p_model text, p_where text, p_value jsonb) IS 'A rate (JSON number or decimal string, 0 .. 10^6, at most 12 decimals) as an exact numeric; 22023 naming p_where otherwise.';
+
+CREATE FUNCTION llm._exact_rates(p_model text, p_where text, p_rates jsonb, p_extra text[]) RETURNS jsonb
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 43f9412e8084e852d9f2ba4e4ffe07a9 $$;
+
+COMMENT ON FUNCTION llm._exact_rates(p_model text, p_where text, p_rates jsonb, p_extra text[]) IS 'The class rates of one level of a price as exact JSON numbers (keys in p_extra skipped); 22023 for an unknown class or a bad rate.';
 
 CREATE FUNCTION llm._fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone) RETURNS text
     LANGUAGE plpgsql
@@ -770,6 +815,13 @@ CREATE FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start da
 
 COMMENT ON FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_open integer, p_now timestamp with time zone, p_lag integer, p_lead integer) IS 'Moves one stripe''s counters, its open requests (p_open) and settle bounds in one row when the movement fits its rooms; false (nothing moved) otherwise, or when the stripe does not exist.';
 
+CREATE FUNCTION llm._normalized_rates(p_model text, p_rates jsonb) RETURNS jsonb
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 1ba1b67b6fb58fcb2d1b339aec52b53b $$;
+
+COMMENT ON FUNCTION llm._normalized_rates(p_model text, p_rates jsonb) IS 'p_rates checked and as stored: exact rates per class, tiers sorted by threshold, no currency; 22023 for anything that cannot price.';
+
 CREATE FUNCTION llm._note_refusal(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_now timestamp with time zone) RETURNS boolean
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -878,12 +930,45 @@ CREATE FUNCTION llm._period_start(p_at timestamp with time zone) RETURNS date
 
 COMMENT ON FUNCTION llm._period_start(p_at timestamp with time zone) IS 'The first day of the UTC calendar month containing p_at: the period an invocation admitted then belongs to.';
 
+CREATE FUNCTION llm._price_classes() RETURNS text[]
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ body in sql/, md5 44ece1377cb6cdd03e777b95da6f3838 $$;
+
+COMMENT ON FUNCTION llm._price_classes() IS 'The token classes a usage and a price name, disjoint: input, cache_read, cache_write_5m, cache_write_1h, output, reasoning, requests.';
+
+CREATE FUNCTION llm._price_tier(p_rates jsonb, p_usage jsonb) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ body in sql/, md5 27d35f9ff14b76e7ea037296dd4a0b99 $$;
+
+COMMENT ON FUNCTION llm._price_tier(p_rates jsonb, p_usage jsonb) IS 'The tier of p_rates whose threshold is the highest that p_usage''s prompt tokens are above; ''{}'' (base rates) when none is.';
+
+CREATE FUNCTION llm._quote(p_organization_id uuid, p_model text, p_usage jsonb, p_at timestamp with time zone) RETURNS llm.price_quote
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 be1948ae9c56020279d42d98eb7240e7 $$;
+
+COMMENT ON FUNCTION llm._quote(p_organization_id uuid, p_model text, p_usage jsonb, p_at timestamp with time zone) IS 'The price_quote of p_usage of p_model for an organization (NULL: the book) at p_at; LL014 without a price or credit rate in force.';
+
+CREATE FUNCTION llm._raise_bad_price(p_model text, p_what text, p_detail text, p_hint text DEFAULT NULL::text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 6e2c88a9d18b9ec52fcb613fcba6d33d $$;
+
+COMMENT ON FUNCTION llm._raise_bad_price(p_model text, p_what text, p_detail text, p_hint text) IS 'Raises 22023 for a price that cannot be stored: what is wrong and where.';
+
 CREATE FUNCTION llm._raise_open_floors(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
     AS $$ body in sql/, md5 2ef8d83635394454f449bdd5d83c4b4d $$;
 
 COMMENT ON FUNCTION llm._raise_open_floors(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone) IS 'Raises the open_since of the organization''s stripes that start at p_cutoff or before to their earliest open request (else p_cutoff), and marks quiet the stripes with none open of months ended by p_now; each stripe under its lock, those a call holds skipped.';
+
+CREATE FUNCTION llm._raise_price_missing(p_organization_id uuid, p_model text, p_at timestamp with time zone, p_what text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 e37036c22951984174861a6de0158fb6 $$;
+
+COMMENT ON FUNCTION llm._raise_price_missing(p_organization_id uuid, p_model text, p_at timestamp with time zone, p_what text) IS 'Raises LL014 (PriceMissing): no price version (p_what price) or credit rate in force for the model and organization at p_at.';
 
 CREATE FUNCTION llm._raise_unknown_execution(p_organization_id uuid, p_execution_id uuid) RETURNS void
     LANGUAGE plpgsql STABLE
@@ -1087,7 +1172,9 @@ CREATE TABLE llm.settings (
     org_time_budget interval DEFAULT '00:01:00'::interval NOT NULL,
     pass_lease interval DEFAULT '00:05:00'::interval NOT NULL,
     budget_retention interval DEFAULT '400 days'::interval NOT NULL,
+    currency text DEFAULT 'USD'::text NOT NULL,
     CONSTRAINT settings_budget_retention_range CHECK (((budget_retention > '00:00:00'::interval) AND (budget_retention <= '100 years'::interval))),
+    CONSTRAINT settings_currency_range CHECK ((currency ~ '^[A-Z]{3}$'::text)),
     CONSTRAINT settings_drift_window_range CHECK (((drift_window > '00:00:00'::interval) AND (drift_window <= '365 days'::interval))),
     CONSTRAINT settings_health_max_age_range CHECK (((health_max_age > '00:00:00'::interval) AND (health_max_age <= '30 days'::interval))),
     CONSTRAINT settings_notice_backoff_base_range CHECK (((notice_backoff_base > '00:00:00'::interval) AND (notice_backoff_base <= '01:00:00'::interval))),
@@ -1111,6 +1198,8 @@ COMMENT ON COLUMN llm.settings.org_time_budget IS 'Longest run of one organizati
 COMMENT ON COLUMN llm.settings.pass_lease IS 'How long a pass holds the one-pass-at-a-time lease without renewing it (it renews after each organization); a lapsed lease is taken over.';
 
 COMMENT ON COLUMN llm.settings.budget_retention IS 'The pass deletes budget counters of windows that ended longer ago than this.';
+
+COMMENT ON COLUMN llm.settings.currency IS 'The book''s currency, an ISO 4217 code: every price is in it and every cost is nanos (10^-9) of it.';
 
 CREATE FUNCTION llm._settings() RETURNS llm.settings
     LANGUAGE plpgsql STABLE
@@ -1201,6 +1290,19 @@ CREATE FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_
 
 COMMENT ON FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) IS 'Distributed twin of upsert_organization; arguments already checked.';
 
+CREATE FUNCTION llm._usage_cost(p_model text, p_version_id bigint, p_rates jsonb, p_usage jsonb, OUT cost_nanos bigint, OUT price_tier bigint) RETURNS record
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 9363a96117c320b3a4cb67e478b0f86c $$;
+
+COMMENT ON FUNCTION llm._usage_cost(p_model text, p_version_id bigint, p_rates jsonb, p_usage jsonb, OUT cost_nanos bigint, OUT price_tier bigint) IS 'The exact cost in nanos of p_usage at p_rates, rounded once half up, and the tier that priced it (NULL: base rates); 22023 for tokens of a class with no rate or a cost over 10^15 nanos.';
+
+CREATE FUNCTION llm._usage_ok(p_usage jsonb) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $_$ body in sql/, md5 5bdd96036cc9399d2679cd6493763c3a $_$;
+
+COMMENT ON FUNCTION llm._usage_ok(p_usage jsonb) IS 'True for a usage object whose keys are token classes and whose values are integers 0 .. 10^15.';
+
 CREATE FUNCTION llm._window_end(p_window text, p_start date) RETURNS date
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ body in sql/, md5 9b83d03681bc460f8505085e3fa8f0b6 $$;
@@ -1279,7 +1381,7 @@ COMMENT ON FUNCTION llm.declare_task_kind(p_key text, p_description text) IS 'De
 CREATE FUNCTION llm.distribute(p_shard_count integer DEFAULT NULL::integer) RETURNS text
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $_$ body in sql/, md5 caa5baa5d80be1734b36ca8af722bf23 $_$;
+    AS $_$ body in sql/, md5 f43a1707d600c49da2d76ec75cc9fcde $_$;
 
 COMMENT ON FUNCTION llm.distribute(p_shard_count integer) IS 'Under Citus: reference tables for catalogs, per-organization tables distributed on organization_id co-located with organizations, per-organization twins distributed with force_delegation, the other llm routines propagated to the workers; LL011 without citus.';
 
@@ -1345,6 +1447,13 @@ CREATE FUNCTION llm.pass_progress(p_since timestamp with time zone) RETURNS TABL
     AS $$ body in sql/, md5 bb75920df60e348a1675f7c7f4df41e0 $$;
 
 COMMENT ON FUNCTION llm.pass_progress(p_since timestamp with time zone) IS 'One row: the operational organizations (what a pass visits) and the organizations visited so far by the pass running since p_since (NULL: none running).';
+
+CREATE FUNCTION llm.price_usage(p_model text, p_usage jsonb, p_organization_id uuid DEFAULT NULL::uuid, p_at timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS llm.price_quote
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 57fcfe5a9f3942c7759fdae40f811dab $$;
+
+COMMENT ON FUNCTION llm.price_usage(p_model text, p_usage jsonb, p_organization_id uuid, p_at timestamp with time zone) IS 'What p_usage of p_model costs (exact nanos) and is charged (credits) for an organization (NULL: the book''s prices) at p_at, with the versions that price it; writes nothing. LL014 without a price or credit rate in force, 22023 for a bad usage or a class with no rate.';
 
 CREATE FUNCTION llm.rearm_notices(p_now timestamp with time zone DEFAULT now()) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
@@ -1457,12 +1566,26 @@ CREATE FUNCTION llm.set_budget_stripes(p_organization_id uuid, p_scope text, p_s
 
 COMMENT ON FUNCTION llm.set_budget_stripes(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_stripes integer, p_now timestamp with time zone) IS 'Spreads the counters of a budget (for ''*'', of every id it governs) over 1 to 64 stripes, so concurrent requests of one hot key or user hold on different rows; applies to the counters of the window containing p_now at once and to every counter created after; returns the new count.';
 
+CREATE FUNCTION llm.set_credit_rate(p_nanos_per_credit bigint, p_organization_id uuid DEFAULT NULL::uuid, p_effective_from timestamp with time zone DEFAULT now()) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 45013de5d318af2857cca865956e8cdb $$;
+
+COMMENT ON FUNCTION llm.set_credit_rate(p_nanos_per_credit bigint, p_organization_id uuid, p_effective_from timestamp with time zone) IS 'Adds a credit rate (nanos of the book''s currency per credit) from p_effective_from, for the book or one organization, and returns its id; credits are ceil(cost / rate). The same rate at the same time returns that rate''s id, another is 22023.';
+
 CREATE FUNCTION llm.set_period_stripes(p_organization_id uuid, p_stripes integer) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
     AS $$ body in sql/, md5 b6e81246bfe486d501210b0b1d16a8f1 $$;
 
 COMMENT ON FUNCTION llm.set_period_stripes(p_organization_id uuid, p_stripes integer) IS 'Spreads the organization''s period counters over p_stripes rows (1 to 64; 22023 otherwise, LL002 for an unknown organization) from its next admission on; returns the new count. Admission stays exact and no threshold crossing is missed.';
+
+CREATE FUNCTION llm.set_price(p_model text, p_rates jsonb, p_effective_from timestamp with time zone DEFAULT now(), p_organization_id uuid DEFAULT NULL::uuid) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 7f06f712e7f2601f9d3a6e25aa5b4aef $$;
+
+COMMENT ON FUNCTION llm.set_price(p_model text, p_rates jsonb, p_effective_from timestamp with time zone, p_organization_id uuid) IS 'Adds a price version of p_model (''*'': the fallback) from p_effective_from, for the book or one organization, and returns its id; the same rates at the same time return that version, other rates there are 22023 (versions never change).';
 
 CREATE FUNCTION llm.set_recovery_policy(p_organization_id uuid, p_recovery_charge text, p_late_settlement text) RETURNS llm.organization_settings
     LANGUAGE plpgsql SECURITY DEFINER
@@ -1608,6 +1731,26 @@ CREATE VIEW llm.budgets WITH (security_invoker='true') AS
    FROM llm.budget_limits b;
 
 COMMENT ON VIEW llm.budgets IS 'Every budget set with llm.set_budget (not the monthly allowance, which is in llm.organizations): ''*'' is the default of its scope.';
+
+CREATE TABLE llm.credit_rates (
+    id bigint NOT NULL,
+    organization_id uuid,
+    effective_from timestamp with time zone NOT NULL,
+    nanos_per_credit bigint NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT credit_rates_nanos_per_credit_check CHECK (((nanos_per_credit >= 1) AND (nanos_per_credit <= '1000000000000000'::bigint)))
+);
+
+COMMENT ON TABLE llm.credit_rates IS 'What one credit is worth in nanos of the book''s currency from effective_from on, for the book (organization_id NULL) or one organization; never updated.';
+
+ALTER TABLE llm.credit_rates ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME llm.credit_rates_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
 
 CREATE TABLE llm.daily_usage (
     organization_id uuid NOT NULL,
@@ -1757,6 +1900,43 @@ CREATE VIEW llm.periods AS
 
 COMMENT ON VIEW llm.periods IS 'One calendar month (UTC) of an organization: allowance, used and held credits, used cents (the sums of its stripes).';
 
+CREATE TABLE llm.price_versions (
+    id bigint NOT NULL,
+    model text NOT NULL,
+    organization_id uuid,
+    effective_from timestamp with time zone NOT NULL,
+    currency text NOT NULL,
+    rates jsonb NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT price_versions_currency_check CHECK ((currency ~ '^[A-Z]{3}$'::text)),
+    CONSTRAINT price_versions_model_check CHECK (((model <> ''::text) AND (length(model) <= 200))),
+    CONSTRAINT price_versions_rates_check CHECK ((jsonb_typeof(rates) = 'object'::text))
+);
+
+COMMENT ON TABLE llm.price_versions IS 'The price book: a model''s rates from effective_from on, for the book (organization_id NULL) or one organization; never updated. Listed by llm.prices.';
+
+COMMENT ON COLUMN llm.price_versions.rates IS 'Rates per million tokens of each class (per call for requests), exact JSON numbers, and optional tiers [{above_prompt_tokens, class: rate ...}] in ascending order.';
+
+ALTER TABLE llm.price_versions ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME llm.price_versions_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE VIEW llm.prices WITH (security_invoker='true') AS
+ SELECT v.id,
+    v.model,
+    v.organization_id,
+    v.effective_from,
+    v.currency,
+    v.rates
+   FROM llm.price_versions v;
+
+COMMENT ON VIEW llm.prices IS 'Every price version: model (''*'': the fallback), organization (NULL: the book''s), from when, currency and rates per million tokens (per call for requests).';
+
 CREATE TABLE llm.sweep_totals (
     organization_id uuid NOT NULL,
     recovered_requests bigint DEFAULT 0 NOT NULL,
@@ -1844,6 +2024,12 @@ ALTER TABLE ONLY llm.budget_limits
 ALTER TABLE ONLY llm.budget_limits
     ADD CONSTRAINT budget_limits_pkey PRIMARY KEY (organization_id, id);
 
+ALTER TABLE ONLY llm.credit_rates
+    ADD CONSTRAINT credit_rates_key UNIQUE NULLS NOT DISTINCT (organization_id, effective_from);
+
+ALTER TABLE ONLY llm.credit_rates
+    ADD CONSTRAINT credit_rates_pkey PRIMARY KEY (id);
+
 ALTER TABLE ONLY llm.daily_usage
     ADD CONSTRAINT daily_usage_pkey PRIMARY KEY (organization_id, day, model);
 
@@ -1873,6 +2059,12 @@ ALTER TABLE ONLY llm.period_stripes
 
 ALTER TABLE ONLY llm.period_heads
     ADD CONSTRAINT periods_pkey PRIMARY KEY (organization_id, period_start);
+
+ALTER TABLE ONLY llm.price_versions
+    ADD CONSTRAINT price_versions_key UNIQUE NULLS NOT DISTINCT (model, organization_id, effective_from);
+
+ALTER TABLE ONLY llm.price_versions
+    ADD CONSTRAINT price_versions_pkey PRIMARY KEY (id);
 
 ALTER TABLE ONLY llm.reconciliation_runs
     ADD CONSTRAINT reconciliation_runs_pkey PRIMARY KEY (id);
@@ -2009,12 +2201,18 @@ REVOKE ALL ON FUNCTION llm._check_text(p_name text, p_value text, p_max integer,
 
 REVOKE ALL ON FUNCTION llm._check_thresholds(p_thresholds integer[]) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._check_usage(p_usage jsonb) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._class_cost(p_rates jsonb, p_tier jsonb, p_usage jsonb, p_class text) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._clock_ok(p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm._clock_ok(p_now timestamp with time zone) TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm._close_execution(p_organization_id uuid, p_execution_id uuid, p_outcome text, p_error text, p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._create_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripes integer, p_limit bigint, p_revision uuid) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._credits_of(p_cost_nanos bigint, p_nanos_per_credit bigint) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._cron_job_seen() FROM PUBLIC;
 
@@ -2023,6 +2221,10 @@ REVOKE ALL ON FUNCTION llm._end_claim(p_organization_id uuid, p_notice_id uuid, 
 REVOKE ALL ON FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._exact_rate(p_model text, p_where text, p_value jsonb) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._exact_rates(p_model text, p_where text, p_rates jsonb, p_extra text[]) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone) FROM PUBLIC;
 
@@ -2114,6 +2316,8 @@ REVOKE ALL ON FUNCTION llm._move_within_counter_room(p_organization_id uuid, p_s
 
 REVOKE ALL ON FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_open integer, p_now timestamp with time zone, p_lag integer, p_lead integer) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._normalized_rates(p_model text, p_rates jsonb) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._note_refusal(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._notify_notices_owed(p_reason text) FROM PUBLIC;
@@ -2140,7 +2344,17 @@ GRANT ALL ON FUNCTION llm._pass_organizations() TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm._period_start(p_at timestamp with time zone) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._price_classes() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._price_tier(p_rates jsonb, p_usage jsonb) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._quote(p_organization_id uuid, p_model text, p_usage jsonb, p_at timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._raise_bad_price(p_model text, p_what text, p_detail text, p_hint text) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._raise_open_floors(p_organization_id uuid, p_now timestamp with time zone, p_cutoff timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._raise_price_missing(p_organization_id uuid, p_model text, p_at timestamp with time zone, p_what text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._raise_unknown_execution(p_organization_id uuid, p_execution_id uuid) FROM PUBLIC;
 
@@ -2230,6 +2444,10 @@ REVOKE ALL ON FUNCTION llm._true_up_daily_usage(p_inv llm.invocations, p_credits
 
 REVOKE ALL ON FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._usage_cost(p_model text, p_version_id bigint, p_rates jsonb, p_usage jsonb, OUT cost_nanos bigint, OUT price_tier bigint) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._usage_ok(p_usage jsonb) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._window_end(p_window text, p_start date) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._window_start(p_window text, p_at timestamp with time zone) FROM PUBLIC;
@@ -2296,6 +2514,9 @@ REVOKE ALL ON FUNCTION llm.pass_progress(p_since timestamp with time zone) FROM 
 GRANT ALL ON FUNCTION llm.pass_progress(p_since timestamp with time zone) TO llm_reader;
 GRANT ALL ON FUNCTION llm.pass_progress(p_since timestamp with time zone) TO llm_operator;
 
+REVOKE ALL ON FUNCTION llm.price_usage(p_model text, p_usage jsonb, p_organization_id uuid, p_at timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.price_usage(p_model text, p_usage jsonb, p_organization_id uuid, p_at timestamp with time zone) TO llm_app;
+
 REVOKE ALL ON FUNCTION llm.rearm_notices(p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.rearm_notices(p_now timestamp with time zone) TO llm_operator;
 
@@ -2351,8 +2572,14 @@ GRANT ALL ON FUNCTION llm.set_budget(p_organization_id uuid, p_scope text, p_sco
 REVOKE ALL ON FUNCTION llm.set_budget_stripes(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_stripes integer, p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.set_budget_stripes(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_stripes integer, p_now timestamp with time zone) TO llm_operator;
 
+REVOKE ALL ON FUNCTION llm.set_credit_rate(p_nanos_per_credit bigint, p_organization_id uuid, p_effective_from timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.set_credit_rate(p_nanos_per_credit bigint, p_organization_id uuid, p_effective_from timestamp with time zone) TO llm_operator;
+
 REVOKE ALL ON FUNCTION llm.set_period_stripes(p_organization_id uuid, p_stripes integer) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.set_period_stripes(p_organization_id uuid, p_stripes integer) TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm.set_price(p_model text, p_rates jsonb, p_effective_from timestamp with time zone, p_organization_id uuid) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.set_price(p_model text, p_rates jsonb, p_effective_from timestamp with time zone, p_organization_id uuid) TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm.set_recovery_policy(p_organization_id uuid, p_recovery_charge text, p_late_settlement text) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.set_recovery_policy(p_organization_id uuid, p_recovery_charge text, p_late_settlement text) TO llm_operator;
@@ -2389,6 +2616,10 @@ GRANT SELECT ON TABLE llm.budgets TO llm_reader;
 GRANT SELECT ON TABLE llm.budgets TO llm_operator;
 GRANT SELECT ON TABLE llm.budgets TO llm_app;
 
+GRANT SELECT ON TABLE llm.credit_rates TO llm_reader;
+GRANT SELECT ON TABLE llm.credit_rates TO llm_operator;
+GRANT SELECT ON TABLE llm.credit_rates TO llm_app;
+
 GRANT SELECT ON TABLE llm.daily_usage TO llm_reader;
 GRANT SELECT ON TABLE llm.daily_usage TO llm_operator;
 
@@ -2412,6 +2643,14 @@ GRANT SELECT ON TABLE llm.period_stripes TO llm_operator;
 
 GRANT SELECT ON TABLE llm.periods TO llm_reader;
 GRANT SELECT ON TABLE llm.periods TO llm_operator;
+
+GRANT SELECT ON TABLE llm.price_versions TO llm_reader;
+GRANT SELECT ON TABLE llm.price_versions TO llm_operator;
+GRANT SELECT ON TABLE llm.price_versions TO llm_app;
+
+GRANT SELECT ON TABLE llm.prices TO llm_reader;
+GRANT SELECT ON TABLE llm.prices TO llm_operator;
+GRANT SELECT ON TABLE llm.prices TO llm_app;
 
 GRANT SELECT ON TABLE llm.sweep_totals TO llm_reader;
 GRANT SELECT ON TABLE llm.sweep_totals TO llm_operator;

@@ -30,6 +30,7 @@ from llm_db.errors import (
     LlmError,
     NestedExecution,
     OrganizationNotOperational,
+    PriceMissing,
     SumLimitExceeded,
     UnknownExecution,
     UnknownInvocation,
@@ -56,8 +57,10 @@ from llm_db.models import (
     Organization,
     OrgSweep,
     Outcome,
+    PriceQuote,
     ReconciliationRun,
 )
+from llm_db.usage import Usage
 
 __version__ = "0.3.0"
 
@@ -93,8 +96,9 @@ __all__ = [
     "InvalidSecret",
     "InvalidTransition", "InvariantViolation", "Invocation", "Llm", "LlmError",
     "NestedExecution", "Notice", "OrgSweep", "Organization", "OrganizationNotOperational",
-    "Outcome", "ReconciliationRun", "SumLimitExceeded", "UnknownExecution", "UnknownInvocation",
-    "UnknownOrganization", "UnknownTaskKind", "WindowRetired", "__version__", "async_deliver_notices",
+    "Outcome", "PriceMissing", "PriceQuote", "ReconciliationRun", "SumLimitExceeded",
+    "UnknownExecution", "UnknownInvocation", "UnknownOrganization", "UnknownTaskKind", "Usage",
+    "WindowRetired", "__version__", "async_deliver_notices",
     "async_with_llm_execution", "current_execution", "deliver_notices", "migrate", "new_secret",
     "verify_webhook", "with_llm_execution",
 ]

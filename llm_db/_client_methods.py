@@ -21,10 +21,12 @@ from uuid import UUID
 from llm_db._types import (
     TASK_DEFAULT,
     Int4,
+    JsonObject,
     Row,
     TaskDefault,
     UuidArray,
     UuidLike,
+    json_arg,
     uuid_arg,
     value_as,
     whole,
@@ -43,6 +45,7 @@ from llm_db.models import (
     OrganizationStatus,
     OrgSweep,
     Outcome,
+    PriceQuote,
     ReconciliationRun,
     RecoveryCharge,
 )
@@ -119,6 +122,29 @@ DECLARE_TASK_KIND = """\
 SELECT llm.declare_task_kind(
     p_key => %(key)s::text,
     p_description => %(description)s::text) AS value"""
+
+#: ``Llm.set_price``
+SET_PRICE = """\
+SELECT llm.set_price(
+    p_model => %(model)s::text,
+    p_rates => %(rates)s::jsonb,
+    p_effective_from => %(effective_from)s::timestamptz,
+    p_organization_id => %(organization_id)s::uuid) AS value"""
+
+#: ``Llm.set_credit_rate``
+SET_CREDIT_RATE = """\
+SELECT llm.set_credit_rate(
+    p_nanos_per_credit => %(nanos_per_credit)s::bigint,
+    p_organization_id => %(organization_id)s::uuid,
+    p_effective_from => %(effective_from)s::timestamptz) AS value"""
+
+#: ``Llm.price_usage``
+PRICE_USAGE = """\
+SELECT cost_nanos, credits, price_version_id, credit_rate_id, price_tier, priced_by, currency FROM llm.price_usage(
+    p_model => %(model)s::text,
+    p_usage => %(usage)s::jsonb,
+    p_organization_id => %(organization_id)s::uuid,
+    p_at => %(at)s::timestamptz)"""
 
 #: ``Llm.admit``
 ADMIT = """\
@@ -502,6 +528,65 @@ class LlmMethods:
             "description": description,
         }
         self._execute(DECLARE_TASK_KIND, params)
+
+    def set_price(
+        self,
+        model: str,
+        rates: JsonObject,
+        *,
+        effective_from: datetime | None = None,
+        organization_id: UuidLike | None = None,
+    ) -> int:
+        """Add a price version of ``model`` (``'*'``: the fallback) from ``effective_from``
+        (None: now), for the book or one organization; returns its id. ``rates``: per
+        million tokens of each class (per call for ``requests``), as ints, ``Decimal`` or
+        decimal strings (never a float), and optionally ``tiers``. The same rates at the
+        same time return that version; other rates there are ``InvalidArgument``."""
+        params = {
+            "model": model,
+            "rates": json_arg("rates", rates),
+            "effective_from": effective_from,
+            "organization_id": uuid_arg("organization_id", organization_id),
+        }
+        value = self._execute_value(SET_PRICE, params)
+        return value_as(value, int)
+
+    def set_credit_rate(
+        self,
+        nanos_per_credit: int,
+        *,
+        organization_id: UuidLike | None = None,
+        effective_from: datetime | None = None,
+    ) -> int:
+        """What a credit is worth in nanos (10^-9) of the book's currency from
+        ``effective_from`` (None: now), for the book or one organization; returns its id."""
+        params = {
+            "nanos_per_credit": whole("nanos_per_credit", nanos_per_credit),
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "effective_from": effective_from,
+        }
+        value = self._execute_value(SET_CREDIT_RATE, params)
+        return value_as(value, int)
+
+    def price_usage(
+        self,
+        model: str,
+        usage: JsonObject,
+        *,
+        organization_id: UuidLike | None = None,
+        at: datetime | None = None,
+    ) -> PriceQuote:
+        """What ``usage`` (a ``Usage`` or its dict) of ``model`` costs, exactly, and is
+        charged in credits, at the prices in force for the organization (None: the
+        book's) at ``at`` (None: now); writes nothing. ``PriceMissing`` without a price."""
+        params = {
+            "model": model,
+            "usage": json_arg("usage", usage),
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "at": at,
+        }
+        rows = self._execute(PRICE_USAGE, params)
+        return PriceQuote.from_row(rows[0])
 
     def admit(
         self,
@@ -1196,6 +1281,65 @@ class AsyncLlmMethods:
             "description": description,
         }
         await self._execute(DECLARE_TASK_KIND, params)
+
+    async def set_price(
+        self,
+        model: str,
+        rates: JsonObject,
+        *,
+        effective_from: datetime | None = None,
+        organization_id: UuidLike | None = None,
+    ) -> int:
+        """Add a price version of ``model`` (``'*'``: the fallback) from ``effective_from``
+        (None: now), for the book or one organization; returns its id. ``rates``: per
+        million tokens of each class (per call for ``requests``), as ints, ``Decimal`` or
+        decimal strings (never a float), and optionally ``tiers``. The same rates at the
+        same time return that version; other rates there are ``InvalidArgument``."""
+        params = {
+            "model": model,
+            "rates": json_arg("rates", rates),
+            "effective_from": effective_from,
+            "organization_id": uuid_arg("organization_id", organization_id),
+        }
+        value = await self._execute_value(SET_PRICE, params)
+        return value_as(value, int)
+
+    async def set_credit_rate(
+        self,
+        nanos_per_credit: int,
+        *,
+        organization_id: UuidLike | None = None,
+        effective_from: datetime | None = None,
+    ) -> int:
+        """What a credit is worth in nanos (10^-9) of the book's currency from
+        ``effective_from`` (None: now), for the book or one organization; returns its id."""
+        params = {
+            "nanos_per_credit": whole("nanos_per_credit", nanos_per_credit),
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "effective_from": effective_from,
+        }
+        value = await self._execute_value(SET_CREDIT_RATE, params)
+        return value_as(value, int)
+
+    async def price_usage(
+        self,
+        model: str,
+        usage: JsonObject,
+        *,
+        organization_id: UuidLike | None = None,
+        at: datetime | None = None,
+    ) -> PriceQuote:
+        """What ``usage`` (a ``Usage`` or its dict) of ``model`` costs, exactly, and is
+        charged in credits, at the prices in force for the organization (None: the
+        book's) at ``at`` (None: now); writes nothing. ``PriceMissing`` without a price."""
+        params = {
+            "model": model,
+            "usage": json_arg("usage", usage),
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "at": at,
+        }
+        rows = await self._execute(PRICE_USAGE, params)
+        return PriceQuote.from_row(rows[0])
 
     async def admit(
         self,

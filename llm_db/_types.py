@@ -6,13 +6,17 @@ the tests: a consumer's ``import llm_db`` does not import it."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Annotated, Any, TypeVar
 from uuid import UUID
 
-__all__ = ["TASK_DEFAULT", "Int4", "Row", "TaskDefault", "UuidArray", "UuidLike", "uuid_arg", "value_as", "whole"]
+__all__ = [
+    "TASK_DEFAULT", "Int4", "JsonObject", "Row", "TaskDefault", "UuidArray", "UuidLike",
+    "json_arg", "uuid_arg", "value_as", "whole",
+]
 
 T = TypeVar("T")
 Row = dict[str, Any]
@@ -20,6 +24,8 @@ UuidLike = UUID | str
 
 #: an ``int`` passed as SQL ``integer`` (every other ``int`` is ``bigint``)
 Int4 = Annotated[int, "integer"]
+#: a JSON object passed as SQL ``jsonb`` (rates, usage): numbers exact, never a float
+JsonObject = Annotated[Mapping[str, Any], "jsonb"]
 #: organizations passed as SQL ``uuid[]`` (the reads' filter; None: every organization)
 UuidArray = Annotated[Sequence[UuidLike], "uuid[]"]
 
@@ -79,3 +85,38 @@ def uuid_arg(name: str, value: Any) -> Any:
         except ValueError:
             pass
     raise _refuse(name, value, "a UUID")
+
+
+def _exact_json(name: str, value: Any) -> Any:
+    """``value`` with every number exact: an int as it is, a ``Decimal`` as its integer
+    or its decimal string (the routines read both), a float refused (0.1 is not 1/10)."""
+    if isinstance(value, Mapping):
+        return {_exact_json(name, str(k)): _exact_json(name, v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_exact_json(name, v) for v in value]
+    if isinstance(value, str):
+        if "\x00" in value:  # jsonb holds no NUL (22P05), as no text does
+            raise _refuse(name, value, "text without NUL (U+0000)")
+        return value
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, Decimal) and value.is_finite():
+        return int(value) if value == value.to_integral_value() else format(value, "f")
+    raise _refuse(name, value, "a JSON object of ints, Decimals or decimal strings (no float)")
+
+
+def json_arg(name: str, value: Any) -> Any:
+    """A ``jsonb`` argument as sent: a mapping (or a dataclass such as ``Usage``) as
+    ``Jsonb`` with exact numbers; a float anywhere in it is ``InvalidArgument`` before
+    anything is sent. None stays None (the routine decides)."""
+    from psycopg.types.json import Jsonb
+
+    if value is None:
+        return None
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if not isinstance(value, Mapping):
+        raise _refuse(name, value, "a mapping")
+    return Jsonb(_exact_json(name, value))

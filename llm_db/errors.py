@@ -36,6 +36,7 @@ __all__ = [
     "LlmError",
     "NestedExecution",
     "OrganizationNotOperational",
+    "PriceMissing",
     "SumLimitExceeded",
     "UnknownExecution",
     "UnknownInvocation",
@@ -322,6 +323,15 @@ class SumLimitExceeded(LlmError):
         return error
 
 
+class PriceMissing(LlmError):
+    """LL014: no price version (nor the fallback ``'*'``) or no credit rate is in force
+    for the model and organization at that time: an unknown model is never priced at
+    0 (docs/architecture.md "The price book"); nothing was written. The DETAIL is
+    ``model=<model> organization=<uuid or -> at=<time>``."""
+
+    code = "LL014"
+
+
 class InvalidArgument(LlmError):
     """22023: a NULL, negative, empty or out-of-range argument; nothing was written."""
 
@@ -351,6 +361,7 @@ _BY_SQLSTATE: dict[str, type[LlmError]] = {
         CitusNotInstalled,
         WindowRetired,
         SumLimitExceeded,
+        PriceMissing,
         InvalidArgument,
     )
     if cls.code is not None

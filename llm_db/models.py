@@ -34,6 +34,7 @@ __all__ = [
     "OrganizationStatus",
     "OrgSweep",
     "Outcome",
+    "PriceQuote",
     "ReconciliationRun",
     "RecoveryCharge",
     "RunStatus",
@@ -358,3 +359,19 @@ class InvariantViolation(_Row):
     organization_id: UUID | None
     subject: str
     detail: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PriceQuote(_Row):
+    """What ``llm.price_usage`` returns: a usage's exact cost in nanos (10^-9 of
+    ``currency``), the credits it is charged (cost / the credit rate, rounded up), the
+    price version and credit rate that priced it, the tier (``above_prompt_tokens``; None
+    at base rates) and ``priced_by``: ``model`` or ``fallback`` (the ``'*'`` price)."""
+
+    cost_nanos: int
+    credits: int
+    price_version_id: int
+    credit_rate_id: int
+    price_tier: int | None
+    priced_by: str
+    currency: str

@@ -33,9 +33,11 @@ from uuid import UUID
 from llm_db._types import (
     TASK_DEFAULT,
     Int4,
+    JsonObject,
     TaskDefault,
     UuidArray,
     UuidLike,
+    json_arg,
     uuid_arg,
     value_as,
     whole,
@@ -54,6 +56,7 @@ from llm_db.models import (
     OrganizationStatus,
     OrgSweep,
     Outcome,
+    PriceQuote,
     ReconciliationRun,
     RecoveryCharge,
 )
@@ -147,6 +150,8 @@ def _iterable(hint: Any) -> bool:
     union = typing.get_origin(hint) in (types.UnionType, typing.Union)
     for member in typing.get_args(hint) if union else (hint,):
         if typing.get_origin(member) is Annotated:  # ``UuidArray``: the sequence it annotates
+            if typing.get_args(member)[1] == "jsonb":  # ``JsonObject``: one value, not a list
+                continue
             member = typing.get_args(member)[0]
         origin = typing.get_origin(member)
         if origin is not None and issubclass(origin, Iterable):
@@ -155,6 +160,9 @@ def _iterable(hint: Any) -> bool:
 
 
 # ----------------------------------------------------------- one operation
+
+#: the SQL types whose arguments the driver checks before sending, and how
+_CHECKS = {"bigint": "whole", "integer": "whole", "uuid": "uuid", "jsonb": "json"}
 
 
 class Operation:
@@ -179,9 +187,8 @@ class Operation:
         self.names = tuple(p.name for p in parameters)
         #: the parameters that take any iterable and go to the server as a list
         self.listed = frozenset(n for n in self.names if _iterable(hints[n]))
-        #: the parameters checked before sending: "whole" (an SQL integer) or "uuid"
-        self.checked = {n: {"bigint": "whole", "integer": "whole", "uuid": "uuid"}[t]
-                        for n in self.names if (t := _sql_type(hints[n])) in ("bigint", "integer", "uuid")}  # fmt: skip
+        #: the parameters checked before sending: "whole" (an SQL integer), "uuid" or "json"
+        self.checked = {n: _CHECKS[t] for n in self.names if (t := _sql_type(hints[n])) in _CHECKS}
 
         names = sql_names or {}
         arguments = ",\n    ".join(
@@ -221,7 +228,7 @@ class Operation:
         for name in self.listed:
             values[name] = list(values[name]) if values[name] is not None else None
         for name, kind in self.checked.items():
-            values[name] = (whole if kind == "whole" else uuid_arg)(name, values[name])
+            values[name] = {"whole": whole, "uuid": uuid_arg, "json": json_arg}[kind](name, values[name])
         return values
 
 
@@ -323,6 +330,47 @@ class Operations:
     @operation("declare_task_kind")
     def declare_task_kind(self, key: str, description: str | None = None) -> None:
         """Declare a task kind; idempotent."""
+
+    # the price book
+
+    @operation("set_price")
+    def set_price(
+        self,
+        model: str,
+        rates: JsonObject,
+        *,
+        effective_from: datetime | None = None,
+        organization_id: UuidLike | None = None,
+    ) -> int:
+        """Add a price version of ``model`` (``'*'``: the fallback) from ``effective_from``
+        (None: now), for the book or one organization; returns its id. ``rates``: per
+        million tokens of each class (per call for ``requests``), as ints, ``Decimal`` or
+        decimal strings (never a float), and optionally ``tiers``. The same rates at the
+        same time return that version; other rates there are ``InvalidArgument``."""
+
+    @operation("set_credit_rate")
+    def set_credit_rate(
+        self,
+        nanos_per_credit: int,
+        *,
+        organization_id: UuidLike | None = None,
+        effective_from: datetime | None = None,
+    ) -> int:
+        """What a credit is worth in nanos (10^-9) of the book's currency from
+        ``effective_from`` (None: now), for the book or one organization; returns its id."""
+
+    @operation("price_usage")
+    def price_usage(
+        self,
+        model: str,
+        usage: JsonObject,
+        *,
+        organization_id: UuidLike | None = None,
+        at: datetime | None = None,
+    ) -> PriceQuote:
+        """What ``usage`` (a ``Usage`` or its dict) of ``model`` costs, exactly, and is
+        charged in credits, at the prices in force for the organization (None: the
+        book's) at ``at`` (None: now); writes nothing. ``PriceMissing`` without a price."""
 
     # requests
 

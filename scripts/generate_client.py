@@ -61,7 +61,7 @@ RUNTIME = {
     "collections.abc": ["Awaitable", "Callable", "Mapping"],
     "datetime": ["datetime"],
     "uuid": ["UUID"],
-    "llm_db._types": ["TASK_DEFAULT", "Row", "TaskDefault", "UuidLike", "uuid_arg", "value_as", "whole"],
+    "llm_db._types": ["TASK_DEFAULT", "Row", "TaskDefault", "UuidLike", "json_arg", "uuid_arg", "value_as", "whole"],
 }
 BUILTINS = {"None", "int", "str", "bool", "list", "dict", "tuple", "float", "bytes"}
 FILLED = ("organization_id", "execution_id")  # what a task context passes itself
@@ -150,7 +150,8 @@ def argument_source(op: table.Operation, name: str) -> str:
     """An argument as the statement gets it: an iterable as a list, an integer or a uuid
     checked (a float or a malformed id is InvalidArgument before anything is sent)."""
     if name in op.checked:
-        return f'{"whole" if op.checked[name] == "whole" else "uuid_arg"}("{name}", {name})'
+        check = {"whole": "whole", "uuid": "uuid_arg", "json": "json_arg"}[op.checked[name]]
+        return f'{check}("{name}", {name})'
     if name not in op.listed:
         return name
     # None goes to the server as NULL even where the signature wants an iterable: the

@@ -70,6 +70,28 @@ SELECT llm.note_refusal('00000000-0000-0000-0000-00000000000a', 'organization', 
 SELECT llm.declare_task_kind('translate', 'Translate one document');
 SELECT key, description FROM llm.task_kinds ORDER BY key;
 
+-- example: set_price
+-- note: Claude Sonnet 4's published prices, with the long-context tier above 200,000 prompt tokens
+SELECT llm.set_price('claude-sonnet-4', '{"input": "3", "cache_write_5m": "3.75", "cache_write_1h": "6",
+    "cache_read": "0.30", "output": "15", "tiers": [{"above_prompt_tokens": 200000, "input": "6",
+    "cache_write_5m": "7.50", "cache_write_1h": "12", "cache_read": "0.60", "output": "22.50"}]}',
+    '2026-01-01 00:00+00') > 0 AS added;
+SELECT model, organization_id, effective_from, currency, rates FROM llm.prices ORDER BY id;
+
+-- example: set_credit_rate
+-- note: a credit worth a micro-dollar (1,000 nanos of USD)
+SELECT llm.set_credit_rate(1000, p_effective_from => '2026-01-01 00:00+00') > 0 AS added;
+SELECT organization_id, effective_from, nanos_per_credit FROM llm.credit_rates ORDER BY id;
+
+-- example: price_usage
+SELECT llm.set_price('claude-sonnet-4', '{"input": "3", "cache_read": "0.30", "output": "15"}',
+    '2026-01-01 00:00+00') > 0 AS added;
+SELECT llm.set_credit_rate(1000, p_effective_from => '2026-01-01 00:00+00') > 0 AS added;
+-- note: 1,200 input tokens, 50,000 read from the cache and 800 output: $0.0306, exactly
+SELECT cost_nanos, credits, price_tier, priced_by, currency
+  FROM llm.price_usage('claude-sonnet-4', '{"input": 1200, "cache_read": 50000, "output": 800}',
+                       p_at => '2026-01-15 12:00+00');
+
 -- example: admit_invocation
 SELECT id, status, estimate_credits, hold_credits, period_start
 FROM llm.admit_invocation(

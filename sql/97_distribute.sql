@@ -29,7 +29,8 @@ BEGIN
     -- fails (a local table's foreign key to a distributed table) and would
     -- drop and recreate the table, and every function depending on its row type.
     PERFORM pg_catalog.set_config('citus.enable_local_reference_table_foreign_keys', 'off', true);
-    FOREACH v_table IN ARRAY ARRAY['llm.task_kinds', 'llm.settings', 'llm.upgrade_steps'] LOOP
+    FOREACH v_table IN ARRAY ARRAY['llm.task_kinds', 'llm.settings', 'llm.upgrade_steps',
+                                   'llm.price_versions', 'llm.credit_rates'] LOOP
         EXECUTE pg_catalog.format('SELECT %I($1)', 'create_reference_table') USING v_table;
         v_done := pg_catalog.array_append(v_done, v_table);
     END LOOP;

@@ -15,6 +15,8 @@ GRANT SELECT ON ALL TABLES IN SCHEMA llm TO llm_reader, llm_operator;
 GRANT SELECT ON llm.task_kinds, llm.settings, llm.budgets, llm.budget_usage TO llm_app;
 -- The two views are security_invoker (sql/28_budgets.sql): their reader needs the tables.
 GRANT SELECT ON llm.budget_limits, llm.budget_counters TO llm_app;
+-- The price book: llm.prices is security_invoker too.
+GRANT SELECT ON llm.prices, llm.price_versions, llm.credit_rates TO llm_app;
 
 GRANT EXECUTE ON FUNCTION
     llm.admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz, text, text, text),
@@ -23,7 +25,8 @@ GRANT EXECUTE ON FUNCTION
     llm.fail_invocation(uuid, uuid, text, bigint, bigint, timestamptz),
     llm.open_execution(uuid, text, text, text, text, timestamptz),
     llm.close_execution(uuid, uuid, text, text, timestamptz),
-    llm.note_refusal(uuid, text, text, text, date, timestamptz)
+    llm.note_refusal(uuid, text, text, text, date, timestamptz),
+    llm.price_usage(text, jsonb, uuid, timestamptz)
 TO llm_app;
 
 GRANT EXECUTE ON FUNCTION
@@ -34,6 +37,8 @@ GRANT EXECUTE ON FUNCTION
     llm.set_budget(uuid, text, text, text, bigint, integer[], timestamptz),
     llm.set_budget_stripes(uuid, text, text, text, integer, timestamptz),
     llm.declare_task_kind(text, text),
+    llm.set_price(text, jsonb, timestamptz, uuid),
+    llm.set_credit_rate(bigint, uuid, timestamptz),
     llm.reconcile_org(uuid, timestamptz, integer, uuid),
     llm.reconciliation_health(timestamptz),
     llm.schedule_reconciliation(text),

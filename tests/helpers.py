@@ -45,6 +45,7 @@ APP_FUNCTIONS = frozenset(
         "note_refusal",
         "open_execution",
         "close_execution",
+        "price_usage",
     }
 )
 

@@ -49,6 +49,9 @@ SIGNATURES = {
     "set_period_stripes": "llm.set_period_stripes(uuid,integer)",
     "set_budget": "llm.set_budget(uuid,text,text,text,bigint,integer[],timestamp with time zone)",
     "set_budget_stripes": "llm.set_budget_stripes(uuid,text,text,text,integer,timestamp with time zone)",
+    "set_price": "llm.set_price(text,jsonb,timestamp with time zone,uuid)",
+    "set_credit_rate": "llm.set_credit_rate(bigint,uuid,timestamp with time zone)",
+    "price_usage": "llm.price_usage(text,jsonb,uuid,timestamp with time zone)",
     "admit_invocation": "llm.admit_invocation(uuid,bigint,text,uuid,uuid,timestamp with time zone,text,text,text)",
     "mark_dispatched": "llm.mark_dispatched(uuid,uuid,timestamp with time zone)",
     "note_refusal": "llm.note_refusal(uuid,text,text,text,date,timestamp with time zone)",
@@ -199,6 +202,9 @@ def prepare(conn: psycopg.Connection) -> dict[str, Any]:
     helpers.set_budget(conn, ORG, "api_key", "key-b", "day", 20, now=T0)
     ids["scoped_inv"] = helpers.admit(conn, ORG, 10, "m", project="p", api_key="key-b", end_user="u")["id"]
     ids["t0"] = T0
+    # the price book: a model priced from a day before T0, with a credit rate
+    one("SELECT llm.set_price('gpt-x', '{\"input\": 1, \"output\": 2}', %s)", T0 - timedelta(days=1))
+    one("SELECT llm.set_credit_rate(1000, NULL, %s)", T0 - timedelta(days=1))
     ids["notice"] = one(
         "SELECT id FROM llm.threshold_notices WHERE organization_id = %s AND threshold_pct = 50", ORG
     )

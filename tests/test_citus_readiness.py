@@ -17,10 +17,13 @@ NOT_SHARDED = {
     "task_kinds": "catalog: a reference table copied to every node",
     "settings": "catalog: a reference table copied to every node",
     "upgrade_steps": "the contract steps migrate ran: a reference table copied to every node",
+    "price_versions": "the price book: a reference table copied to every node, where every"
+    " admission reads the book's versions and an organization's own in one statement",
+    "credit_rates": "the price book's credit rates: a reference table, read as price_versions",
     "reconciliation_runs": "coordinator-local record of the pass, never distributed",
     "pass_lease": "coordinator-local one-pass-at-a-time lease, never distributed",
 }
-REFERENCE_TABLES = {"task_kinds", "settings", "upgrade_steps"}
+REFERENCE_TABLES = {"task_kinds", "settings", "upgrade_steps", "price_versions", "credit_rates"}
 COORDINATOR_TABLES = {"reconciliation_runs", "pass_lease"}
 ORG = "organization_id"
 # Functions with a p_organization_id argument that are not per-organization operations.
@@ -83,8 +86,18 @@ def routines(conn: psycopg.Connection) -> list[dict]:
     return rows(conn, ROUTINES_SQL)
 
 
+# Functions with a p_organization_id argument that select an organization's rows of the
+# price book, a reference table (NULL: the book's): they run where they are called.
+PRICE_BOOK_ROUTINES = {
+    "set_price": "writes a version to the reference table price_versions",
+    "set_credit_rate": "writes a rate to the reference table credit_rates",
+    "price_usage": "reads the reference tables; the organization's existence is a router query",
+}
+
+
 def per_org_routines(conn: psycopg.Connection) -> list[dict]:
-    return [r for r in routines(conn) if "p_organization_id" in r["arg_names"]]
+    return [r for r in routines(conn)
+            if "p_organization_id" in r["arg_names"] and r["proname"] not in PRICE_BOOK_ROUTINES]
 
 
 # Public per-organization functions the catalog query must find: a query that finds none
@@ -244,7 +257,8 @@ def test_the_views_llm_app_reads_run_with_its_rights_on_one_node_too(llm_conn, l
          WHERE c.relnamespace = 'llm'::regnamespace AND c.relkind = 'v'
            AND pg_catalog.has_table_privilege('llm_app', c.oid, 'SELECT')
          ORDER BY 1""")  # fmt: skip
-    assert invoker == [{"relname": "budget_usage", "invoker": True}, {"relname": "budgets", "invoker": True}]
+    assert invoker == [{"relname": "budget_usage", "invoker": True}, {"relname": "budgets", "invoker": True},
+                       {"relname": "prices", "invoker": True}]
     llm_conn.execute("REVOKE SELECT ON llm.budget_counters FROM llm_app")
     app = llm_role_conn("llm_app")
     assert_sqlstate(app, "42501", "SELECT * FROM llm.budget_usage", unchanged=False)

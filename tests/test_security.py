@@ -43,12 +43,16 @@ APP = {
     "llm.open_execution(uuid,text,text,text,text,timestamp with time zone)",
     "llm.close_execution(uuid,uuid,text,text,timestamp with time zone)",
     "llm.note_refusal(uuid,text,text,text,date,timestamp with time zone)",
+    "llm.price_usage(text,jsonb,uuid,timestamp with time zone)",
 }
 OPERATOR = {
     # tenants and the task catalog (administration)
     "llm.upsert_organization(uuid,text,bigint,text,integer[],timestamp with time zone)",
     "llm.set_allowance(uuid,bigint,timestamp with time zone)",
     "llm.declare_task_kind(text,text)",
+    # the price book
+    "llm.set_price(text,jsonb,timestamp with time zone,uuid)",
+    "llm.set_credit_rate(bigint,uuid,timestamp with time zone)",
     "llm.set_recovery_policy(uuid,text,text)",
     "llm.set_period_stripes(uuid,integer)",
     "llm.set_budget(uuid,text,text,text,bigint,integer[],timestamp with time zone)",
@@ -108,6 +112,8 @@ BUDGET_VIEWS = {"budgets", "budget_usage"}  # issue 23: the app reads its budget
 # ... and, the views being security_invoker (Citus runs their shard queries as the caller),
 # the two tables under them
 BUDGET_TABLES = {"budget_limits", "budget_counters"}
+# the price book: the app reads the prices (a security_invoker view) and prices usage
+PRICE_BOOK = {"prices", "price_versions", "credit_rates"}
 
 
 def expected_table_privilege(role: str, table: str, privilege: str) -> bool:
@@ -115,7 +121,7 @@ def expected_table_privilege(role: str, table: str, privilege: str) -> bool:
         return False  # writes go through functions only
     if role in ("llm_operator", "llm_reader"):
         return True
-    return role == "llm_app" and table in CATALOGS | BUDGET_VIEWS | BUDGET_TABLES
+    return role == "llm_app" and table in CATALOGS | BUDGET_VIEWS | BUDGET_TABLES | PRICE_BOOK
 
 
 SCHEMA = {  # (USAGE, CREATE)
