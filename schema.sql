@@ -123,6 +123,18 @@ CREATE TYPE llm.price_quote AS (
 
 COMMENT ON TYPE llm.price_quote IS 'What llm.price_usage returns: the exact cost in nanos, the credits it is charged, the versions that priced it, the tier (NULL at base rates) and whether the model''s price or the fallback priced it.';
 
+CREATE TYPE llm.priced_usage AS (
+	credits bigint,
+	input_tokens bigint,
+	output_tokens bigint,
+	cost_nanos bigint,
+	usage jsonb,
+	price_tier bigint,
+	priced_by text
+);
+
+COMMENT ON TYPE llm.priced_usage IS 'A request''s usage priced at its pinned version: the credits to charge, the tokens in (the prompt) and out (output and reasoning), the cost, the usage with every class, the tier and priced_by.';
+
 CREATE DOMAIN llm.stripe AS smallint
 	CONSTRAINT stripe_check CHECK (((VALUE >= 0) AND (VALUE <= 63)));
 
@@ -177,7 +189,15 @@ CREATE TABLE llm.invocations (
     api_key text,
     end_user text,
     budget_mask smallint,
-    budget_stripe smallint
+    budget_stripe smallint,
+    price_version_id bigint,
+    credit_rate_id bigint,
+    priced_by text,
+    cost_nanos bigint,
+    usage jsonb,
+    price_tier bigint,
+    CONSTRAINT invocations_cost_nanos_check CHECK (((cost_nanos >= 0) AND (cost_nanos <= '1000000000000000'::bigint))),
+    CONSTRAINT invocations_priced_by_check CHECK ((priced_by = ANY (ARRAY['model'::text, 'fallback'::text, 'caller'::text])))
 )
 WITH (fillfactor='70');
 
@@ -201,17 +221,21 @@ COMMENT ON COLUMN llm.invocations.budget_mask IS 'The budget counters the reques
 
 COMMENT ON COLUMN llm.invocations.budget_stripe IS 'Which stripe of each budget counter holds the request: budget_stripe modulo the counter''s stripes (0 to 63, its admitting session''s).';
 
+COMMENT ON COLUMN llm.invocations.price_version_id IS 'The price version in force for the request''s model when it was admitted (llm.prices), which prices its usage; NULL: none was.';
+
+COMMENT ON COLUMN llm.invocations.cost_nanos IS 'What the book priced the measured usage at, exactly, in nanos; NULL when the caller priced it (its cost is charged_cents * 10^7) or nothing did (recovered).';
+
 CREATE FUNCTION llm._admission(p_inv llm.invocations, p_replayed boolean) RETURNS llm.admission_result
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ body in sql/, md5 f2dcd5588570661110373b844d66615a $$;
 
 COMMENT ON FUNCTION llm._admission(p_inv llm.invocations, p_replayed boolean) IS 'The llm.admission_result of a request: its columns as of 0.2.0, then replayed.';
 
-CREATE FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) RETURNS llm.admission_result
+CREATE FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text, p_price_version_id bigint, p_credit_rate_id bigint, p_priced_estimate jsonb) RETURNS llm.admission_result
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 7ed46588aba86e60681e3f4648aa2e01 $$;
+    AS $$ body in sql/, md5 b0cde178b3c1578f9f6d43f383413eb9 $$;
 
-COMMENT ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) IS 'Distributed twin of admit_invocation; arguments already checked. replayed: the earlier admission of a retried id, returned unchanged.';
+COMMENT ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text, p_price_version_id bigint, p_credit_rate_id bigint, p_priced_estimate jsonb) IS 'Distributed twin of admit_invocation; arguments already checked, the estimate priced and the price pinned. replayed: the earlier admission of a retried id, returned unchanged.';
 
 CREATE FUNCTION llm._allowances_near_limit(p_now timestamp with time zone) RETURNS TABLE(organization_id uuid, allowance bigint, committed numeric)
     LANGUAGE plpgsql STABLE
@@ -362,6 +386,13 @@ CREATE FUNCTION llm._check_deadline(p_organization_id uuid, p_deadline timestamp
 
 COMMENT ON FUNCTION llm._check_deadline(p_organization_id uuid, p_deadline timestamp with time zone, p_step text) IS 'Raises 57014 (column org_time_budget of llm.settings in its diagnostics) when clock_timestamp() is past p_deadline: the bound on one organization''s sweep, checked between its statements.';
 
+CREATE FUNCTION llm._check_estimate_source(p_estimate_credits bigint, p_input_tokens bigint, p_max_output_tokens bigint) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 9bbbd6b655abf478515dd50de90b1487 $$;
+
+COMMENT ON FUNCTION llm._check_estimate_source(p_estimate_credits bigint, p_input_tokens bigint, p_max_output_tokens bigint) IS 'Raises 22023 unless an admission names exactly one estimate source: p_estimate_credits, or p_input_tokens and p_max_output_tokens, each an amount 0 .. 10^15.';
+
 CREATE FUNCTION llm._check_report_scope(p_scope text) RETURNS void
     LANGUAGE plpgsql IMMUTABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -457,11 +488,11 @@ CREATE FUNCTION llm._end_claim(p_organization_id uuid, p_notice_id uuid, p_claim
 
 COMMENT ON FUNCTION llm._end_claim(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_end text, p_error text, p_now timestamp with time zone) IS 'Distributed twin of complete_notice (p_end sent), fail_notice (failed) and release_notice (released); arguments already checked. False, changing nothing, unless the notice is being sent under p_claim_token.';
 
-CREATE FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) RETURNS boolean
+CREATE FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone, p_price llm.priced_usage) RETURNS boolean
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 e88c57ff9a9c1e60fe36ebc8dff49712 $$;
+    AS $$ body in sql/, md5 1039b3d13c0819cd3325dd5c66b7ff73 $$;
 
-COMMENT ON FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) IS 'Ends an open (reserved or dispatched) invocation as settled (measured) or failed with its charge and books it: its task''s totals, its stripe''s movement (charge in, hold out) with the threshold notices the period crosses, then its budgets'' counters; false when it was no longer open.';
+COMMENT ON FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone, p_price llm.priced_usage) IS 'Ends an open (reserved or dispatched) invocation as settled (measured) or failed with its charge (priced by the caller, or by the book: p_price) and books it: its task''s totals, its stripe''s movement (charge in, hold out) with the threshold notices the period crosses, then its budgets'' counters; false when it was no longer open.';
 
 CREATE FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date) RETURNS void
     LANGUAGE plpgsql
@@ -484,11 +515,11 @@ CREATE FUNCTION llm._exact_rates(p_model text, p_where text, p_rates jsonb, p_ex
 
 COMMENT ON FUNCTION llm._exact_rates(p_model text, p_where text, p_rates jsonb, p_extra text[]) IS 'The class rates of one level of a price as exact JSON numbers (keys in p_extra skipped); 22023 for an unknown class or a bad rate.';
 
-CREATE FUNCTION llm._fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone) RETURNS text
+CREATE FUNCTION llm._fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone, p_usage jsonb) RETURNS text
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 96c4638be20304c494807c9bc0540a24 $$;
+    AS $$ body in sql/, md5 63d4b41e6003a0947bc4affb19b74a53 $$;
 
-COMMENT ON FUNCTION llm._fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone) IS 'Distributed twin of fail_invocation; arguments already checked.';
+COMMENT ON FUNCTION llm._fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone, p_usage jsonb) IS 'Distributed twin of fail_invocation; arguments already checked.';
 
 CREATE TABLE llm.reconciliation_runs (
     id uuid DEFAULT gen_random_uuid() NOT NULL,
@@ -527,6 +558,12 @@ CREATE FUNCTION llm._finish_run(p_run_id uuid, p_token uuid) RETURNS llm.reconci
     AS $$ body in sql/, md5 49fa0c25573f863e92ccc57402dc0cfb $$;
 
 COMMENT ON FUNCTION llm._finish_run(p_run_id uuid, p_token uuid) IS 'Closes a pass that still holds its lease: succeeded without errors, failed when every organization failed, partial otherwise; frees the lease.';
+
+CREATE FUNCTION llm._full_usage(p_usage jsonb) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ body in sql/, md5 d3d59113b0bf4935fbbcaa8d248ff56b $$;
+
+COMMENT ON FUNCTION llm._full_usage(p_usage jsonb) IS 'p_usage with every token class present: a missing class 0, requests 1.';
 
 CREATE FUNCTION llm._functions_only() RETURNS boolean
     LANGUAGE plpgsql STABLE
@@ -593,7 +630,7 @@ COMMENT ON FUNCTION llm._invariant_15() IS 'Invariant 15: a budget counter''s us
 CREATE FUNCTION llm._invariant_16() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 c6f57d61c23ba5274cbe0ea63604895d $$;
+    AS $$ body in sql/, md5 9410fcad124cd2e9bf04fa2c6952578f $$;
 
 COMMENT ON FUNCTION llm._invariant_16() IS 'Invariant 16: every request''s row agrees with its status (terminal iff settled_at, a kind iff settled, a charge only when terminal, recovery''s and a true-up''s figures) and its period is the UTC month of its admission.';
 
@@ -610,6 +647,13 @@ CREATE FUNCTION llm._invariant_18() RETURNS TABLE(invariant integer, organizatio
     AS $$ body in sql/, md5 6d5912ac5a0233c76099cf6b3d5488b2 $$;
 
 COMMENT ON FUNCTION llm._invariant_18() IS 'Invariant 18: a budget counter has the stripes it says, each holding the holds of its open requests, and its rooms (spread under the budgets revision in force) promise no more than it has left to its limit and to the sum limit, nor usage past its next threshold not notified.';
+
+CREATE FUNCTION llm._invariant_19() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 8a42cdc7ce6fd8e805b1e2705c078a7c $$;
+
+COMMENT ON FUNCTION llm._invariant_19() IS 'Invariant 19: a request priced by the book carries its usage and pinned version and credit rate, no cents, and its cost, tier and credits are that usage priced at them; no other request has a cost.';
 
 CREATE FUNCTION llm._invariant_2() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE
@@ -936,6 +980,20 @@ CREATE FUNCTION llm._price_classes() RETURNS text[]
 
 COMMENT ON FUNCTION llm._price_classes() IS 'The token classes a usage and a price name, disjoint: input, cache_read, cache_write_5m, cache_write_1h, output, reasoning, requests.';
 
+CREATE FUNCTION llm._price_in_force(p_organization_id uuid, p_model text, p_at timestamp with time zone, OUT price_version_id bigint, OUT rates jsonb, OUT fallback boolean, OUT credit_rate_id bigint, OUT nanos_per_credit bigint) RETURNS record
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 2aa917c334a711369af01f4dd59ecc34 $$;
+
+COMMENT ON FUNCTION llm._price_in_force(p_organization_id uuid, p_model text, p_at timestamp with time zone, OUT price_version_id bigint, OUT rates jsonb, OUT fallback boolean, OUT credit_rate_id bigint, OUT nanos_per_credit bigint) IS 'The price version (with its rates and whether it is the fallback) and the credit rate in force for p_organization_id (NULL: the book) and p_model at p_at; NULLs where none is (no credit rate is looked up without a price).';
+
+CREATE FUNCTION llm._price_request(p_organization_id uuid, p_invocation_id uuid, p_usage jsonb) RETURNS llm.priced_usage
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 9ad5156913d4b450ce7caed9795f9fd5 $$;
+
+COMMENT ON FUNCTION llm._price_request(p_organization_id uuid, p_invocation_id uuid, p_usage jsonb) IS 'p_usage of a request priced at its pinned version and credit rate: credits, tokens in and out, cost, the usage with every class, tier and priced_by; LL005 (unknown), LL014 (no price pinned).';
+
 CREATE FUNCTION llm._price_tier(p_rates jsonb, p_usage jsonb) RETURNS jsonb
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ body in sql/, md5 27d35f9ff14b76e7ea037296dd4a0b99 $$;
@@ -945,7 +1003,7 @@ COMMENT ON FUNCTION llm._price_tier(p_rates jsonb, p_usage jsonb) IS 'The tier o
 CREATE FUNCTION llm._quote(p_organization_id uuid, p_model text, p_usage jsonb, p_at timestamp with time zone) RETURNS llm.price_quote
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 be1948ae9c56020279d42d98eb7240e7 $$;
+    AS $$ body in sql/, md5 6102d5429f2bec252ccc9138a6e7a113 $$;
 
 COMMENT ON FUNCTION llm._quote(p_organization_id uuid, p_model text, p_usage jsonb, p_at timestamp with time zone) IS 'The price_quote of p_usage of p_model for an organization (NULL: the book) at p_at; LL014 without a price or credit rate in force.';
 
@@ -1068,6 +1126,13 @@ CREATE FUNCTION llm._require_org_id(p_organization_id uuid) RETURNS void
 
 COMMENT ON FUNCTION llm._require_org_id(p_organization_id uuid) IS 'Raises 22023 for a NULL organization id, before any distributed twin is called (Citus crashes on a NULL distribution argument).';
 
+CREATE FUNCTION llm._require_price(p_organization_id uuid, p_model text, p_at timestamp with time zone, p_price_version_id bigint, p_credit_rate_id bigint) RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 d05ee61e6a5c23d5b93e4cecf9ed9fb7 $$;
+
+COMMENT ON FUNCTION llm._require_price(p_organization_id uuid, p_model text, p_at timestamp with time zone, p_price_version_id bigint, p_credit_rate_id bigint) IS 'Raises LL014 (PriceMissing) when _price_in_force found no price version or no credit rate.';
+
 CREATE FUNCTION llm._restripe_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripes integer) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -1081,6 +1146,13 @@ CREATE FUNCTION llm._retain_budgets(p_organization_id uuid, p_now timestamp with
     AS $$ body in sql/, md5 8a6631a76779c8e6f77a469a70848c67 $$;
 
 COMMENT ON FUNCTION llm._retain_budgets(p_organization_id uuid, p_now timestamp with time zone, p_retention interval) IS 'Raises the organization''s retention horizon (LEAST(p_now, now()) - p_retention, never past its oldest open request''s day) and deletes the counters of windows ended on or before it that hold nothing and no open request is admitted under, all their stripes locked in lock order, skipping locked ones; returns how many counters.';
+
+CREATE FUNCTION llm._retried_estimate(p_inv llm.invocations, p_estimate_credits bigint, p_priced_estimate jsonb) RETURNS bigint
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 fcbae0f2e9d7eba1002e9f5608c289a8 $$;
+
+COMMENT ON FUNCTION llm._retried_estimate(p_inv llm.invocations, p_estimate_credits bigint, p_priced_estimate jsonb) IS 'The estimate a retried admission is compared with: a priced one''s tokens at the version and credit rate the request pinned, else p_estimate_credits.';
 
 CREATE FUNCTION llm._run_audit(p_run_id uuid, p_organization_id uuid, p_now timestamp with time zone) RETURNS void
     LANGUAGE plpgsql SECURITY DEFINER
@@ -1110,12 +1182,12 @@ CREATE FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credits bi
 
 COMMENT ON FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_project text, p_api_key text, p_end_user text) IS 'Returns the stored invocation when a retried admission repeats its arguments, else raises LL007.';
 
-CREATE FUNCTION llm._same_settlement(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint) RETURNS void
+CREATE FUNCTION llm._same_settlement(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_usage jsonb DEFAULT NULL::jsonb) RETURNS void
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 009cd34dfbef9151ff4e4c8ee67b9776 $$;
+    AS $$ body in sql/, md5 6027a81a3d67442a9ce03d64daa056ac $$;
 
-COMMENT ON FUNCTION llm._same_settlement(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint) IS 'For a settlement answered already_*: LL007 (DETAIL stored and given) when the request''s stored measured settlement has other figures; nothing when they agree or the request ended by a failure.';
+COMMENT ON FUNCTION llm._same_settlement(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_usage jsonb) IS 'For a settlement answered already_*: LL007 (DETAIL stored and given) when the request''s stored measured settlement has other figures; nothing when they agree or the request ended by a failure.';
 
 CREATE FUNCTION llm._scope_id_ok(p_value text) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -1210,16 +1282,23 @@ COMMENT ON FUNCTION llm._settings() IS 'The one settings row.';
 
 CREATE FUNCTION llm._settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) RETURNS text
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 f560b92d722662bf11142f52ef659969 $$;
+    AS $$ body in sql/, md5 2484c84a9b5cf2d3bad32fecf79e6d52 $$;
 
 COMMENT ON FUNCTION llm._settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) IS 'Distributed twin of settle_invocation; arguments already checked.';
 
-CREATE FUNCTION llm._settle_late(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) RETURNS text
+CREATE FUNCTION llm._settle_late(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone, p_price llm.priced_usage) RETURNS text
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 5594abd03c37d25e5c742b9336736806 $$;
+    AS $$ body in sql/, md5 393248e45a6b61dd76caf1ea8cb513cf $$;
 
-COMMENT ON FUNCTION llm._settle_late(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) IS 'Answers a report (measured settlement or failure) on a request no longer open: its already_* outcome, except for the first late report of a recovered request, which under late_settlement = true_up becomes its charge (trued_up, the books moved by the signed difference) and under audit is recorded in late_* with its error (already_recovered).';
+COMMENT ON FUNCTION llm._settle_late(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone, p_price llm.priced_usage) IS 'Answers a report (measured settlement or failure) on a request no longer open: its already_* outcome, except for the first late report of a recovered request, which under late_settlement = true_up becomes its charge (trued_up, the books moved by the signed difference) and under audit is recorded in late_* with its error (already_recovered).';
+
+CREATE FUNCTION llm._settle_usage(p_organization_id uuid, p_invocation_id uuid, p_usage jsonb, p_now timestamp with time zone) RETURNS text
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 7996c8ffc8ddfddbccdfe2a9828a1bef $$;
+
+COMMENT ON FUNCTION llm._settle_usage(p_organization_id uuid, p_invocation_id uuid, p_usage jsonb, p_now timestamp with time zone) IS 'Distributed twin of settle_usage; arguments already checked.';
 
 CREATE FUNCTION llm._settle_window(p_organization_id uuid, p_from date, p_to date, OUT created_from timestamp with time zone, OUT created_to timestamp with time zone) RETURNS record
     LANGUAGE plpgsql STABLE
@@ -1315,12 +1394,12 @@ CREATE FUNCTION llm._window_start(p_window text, p_at timestamp with time zone) 
 
 COMMENT ON FUNCTION llm._window_start(p_window text, p_at timestamp with time zone) IS 'The first day of the calendar window (day, week from Monday, month) containing p_at, in UTC.';
 
-CREATE FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid DEFAULT NULL::uuid, p_invocation_id uuid DEFAULT NULL::uuid, p_now timestamp with time zone DEFAULT now(), p_project text DEFAULT NULL::text, p_api_key text DEFAULT NULL::text, p_end_user text DEFAULT NULL::text) RETURNS llm.admission_result
+CREATE FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid DEFAULT NULL::uuid, p_invocation_id uuid DEFAULT NULL::uuid, p_now timestamp with time zone DEFAULT now(), p_project text DEFAULT NULL::text, p_api_key text DEFAULT NULL::text, p_end_user text DEFAULT NULL::text, p_input_tokens bigint DEFAULT NULL::bigint, p_max_output_tokens bigint DEFAULT NULL::bigint) RETURNS llm.admission_result
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 7b39a95c9192e6fdd8139cbf87b8dfca $$;
+    AS $$ body in sql/, md5 691264c78fb1c8fba9e15ed684eb06c9 $$;
 
-COMMENT ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) IS 'Admits a request iff used + held + estimate fits the allowance and every budget that applies to its project, API key and end user (LL001 naming the first that does not), placing its hold on the current period and on those budgets'' counters; a repeated p_invocation_id with the same arguments returns the first admission as it stands now, with replayed = true (different arguments: LL007).';
+COMMENT ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text, p_input_tokens bigint, p_max_output_tokens bigint) IS 'Admits a request iff used + held + estimate fits the allowance and every budget that applies to its project, API key and end user (LL001 naming the first that does not), placing its hold on the current period and on those budgets'' counters; the estimate is p_estimate_credits, or (NULL) p_input_tokens and p_max_output_tokens priced by the book (LL014 without a price). Pins the price in force for its model. A repeated p_invocation_id with the same arguments returns the first admission as it stands now, with replayed = true (different arguments: LL007).';
 
 CREATE FUNCTION llm.books_history(p_organization_ids uuid[]) RETURNS TABLE(recovered_requests bigint, past_window_alerts bigint, abandoned_tasks bigint, notices_sent bigint)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
@@ -1346,9 +1425,9 @@ COMMENT ON FUNCTION llm.check_daily_usage(p_from date, p_to date) IS 'One row pe
 CREATE FUNCTION llm.check_invariants() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 ece83feb41f1b697a0e80a4547b69765 $$;
+    AS $$ body in sql/, md5 058be2de6922894b6960746d7e5cd48f $$;
 
-COMMENT ON FUNCTION llm.check_invariants() IS 'Returns one row per violated invariant (docs/contract.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period findings, notice claims, drift findings, budget counters and budget ceilings); empty when the books are right.';
+COMMENT ON FUNCTION llm.check_invariants() IS 'Returns one row per violated invariant (docs/contract.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period findings, notice claims, drift findings, budget counters, budget ceilings and priced requests); empty when the books are right.';
 
 CREATE FUNCTION llm.claim_notices(p_limit integer DEFAULT 50, p_now timestamp with time zone DEFAULT now()) RETURNS SETOF llm.notice_claim
     LANGUAGE plpgsql SECURITY DEFINER
@@ -1381,16 +1460,16 @@ COMMENT ON FUNCTION llm.declare_task_kind(p_key text, p_description text) IS 'De
 CREATE FUNCTION llm.distribute(p_shard_count integer DEFAULT NULL::integer) RETURNS text
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $_$ body in sql/, md5 f43a1707d600c49da2d76ec75cc9fcde $_$;
+    AS $_$ body in sql/, md5 fb73539529832572f4f41b45d3436339 $_$;
 
 COMMENT ON FUNCTION llm.distribute(p_shard_count integer) IS 'Under Citus: reference tables for catalogs, per-organization tables distributed on organization_id co-located with organizations, per-organization twins distributed with force_delegation, the other llm routines propagated to the workers; LL011 without citus.';
 
-CREATE FUNCTION llm.fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint DEFAULT 0, p_cents bigint DEFAULT 0, p_now timestamp with time zone DEFAULT now()) RETURNS text
+CREATE FUNCTION llm.fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint DEFAULT 0, p_cents bigint DEFAULT 0, p_now timestamp with time zone DEFAULT now(), p_usage jsonb DEFAULT NULL::jsonb) RETURNS text
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 a881c1d2bc513f5a1c872e4220f2b337 $$;
+    AS $$ body in sql/, md5 bbce5ef8c1902eb92fa175f990cf5215 $$;
 
-COMMENT ON FUNCTION llm.fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone) IS 'Fails a request: releases its hold and charges the optional partial usage once. Returns failed, or already_settled / already_recovered / already_failed with nothing changed; the first failure of a recovered request is a late report: under late_settlement = true_up it returns trued_up and moves the books to its partial charge by the signed difference, under audit it records its figures and error and returns already_recovered.';
+COMMENT ON FUNCTION llm.fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone, p_usage jsonb) IS 'Fails a request: releases its hold and charges the optional partial usage once (p_credits and p_cents, or p_usage priced at the request''s pinned version). Returns failed, or already_settled / already_recovered / already_failed with nothing changed; the first failure of a recovered request is a late report: under late_settlement = true_up it returns trued_up and moves the books to its partial charge by the signed difference, under audit it records its figures and error and returns already_recovered.';
 
 CREATE FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_error text, p_now timestamp with time zone DEFAULT now()) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
@@ -1600,6 +1679,13 @@ CREATE FUNCTION llm.settle_invocation(p_organization_id uuid, p_invocation_id uu
     AS $$ body in sql/, md5 bd0ffc331781ea1b09aab16d3a75a361 $$;
 
 COMMENT ON FUNCTION llm.settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) IS 'Settles a request with measured usage: charges it once, releases its hold, moves its own period, adds to its task and records crossed thresholds. Returns settled, or already_settled / already_recovered / already_failed with nothing charged (LL007 when a stored measured settlement has other figures); under late_settlement = true_up the first measured settlement of a recovered request returns trued_up and moves the books by the signed difference.';
+
+CREATE FUNCTION llm.settle_usage(p_organization_id uuid, p_invocation_id uuid, p_usage jsonb, p_now timestamp with time zone DEFAULT now()) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 44b9ed2cc66a3b81afd74c1218f42a82 $$;
+
+COMMENT ON FUNCTION llm.settle_usage(p_organization_id uuid, p_invocation_id uuid, p_usage jsonb, p_now timestamp with time zone) IS 'Settles a request with the provider''s measured usage, priced exactly at the version and credit rate its admission pinned: charges the credits, records cost_nanos, usage, price_tier and priced_by, and moves the books as settle_invocation does, with the same outcomes (LL014 for a request admitted with no price in force).';
 
 CREATE FUNCTION llm.stale_by_organization_status(p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(organization_status text, stale_open_requests bigint, stale_held_credits numeric)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
@@ -2140,7 +2226,7 @@ GRANT SELECT ON TABLE llm.invocations TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm._admission(p_inv llm.invocations, p_replayed boolean) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text, p_price_version_id bigint, p_credit_rate_id bigint, p_priced_estimate jsonb) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._allowances_near_limit(p_now timestamp with time zone) FROM PUBLIC;
 
@@ -2189,6 +2275,8 @@ REVOKE ALL ON FUNCTION llm._check_day_range(p_from date, p_to date) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._check_deadline(p_organization_id uuid, p_deadline timestamp with time zone, p_step text) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._check_estimate_source(p_estimate_credits bigint, p_input_tokens bigint, p_max_output_tokens bigint) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._check_report_scope(p_scope text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._check_retry(p_message text, p_format text, p_stored text[], p_given text[], p_hint text) FROM PUBLIC;
@@ -2218,7 +2306,7 @@ REVOKE ALL ON FUNCTION llm._cron_job_seen() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._end_claim(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_end text, p_error text, p_now timestamp with time zone) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) FROM PUBLIC;
+REVOKE ALL ON FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone, p_price llm.priced_usage) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date) FROM PUBLIC;
 
@@ -2226,13 +2314,15 @@ REVOKE ALL ON FUNCTION llm._exact_rate(p_model text, p_where text, p_value jsonb
 
 REVOKE ALL ON FUNCTION llm._exact_rates(p_model text, p_where text, p_rates jsonb, p_extra text[]) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm._fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone) FROM PUBLIC;
+REVOKE ALL ON FUNCTION llm._fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone, p_usage jsonb) FROM PUBLIC;
 
 GRANT SELECT ON TABLE llm.reconciliation_runs TO llm_reader;
 GRANT SELECT ON TABLE llm.reconciliation_runs TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm._finish_run(p_run_id uuid, p_token uuid) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm._finish_run(p_run_id uuid, p_token uuid) TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm._full_usage(p_usage jsonb) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._functions_only() FROM PUBLIC;
 
@@ -2257,6 +2347,8 @@ REVOKE ALL ON FUNCTION llm._invariant_16() FROM PUBLIC;
 REVOKE ALL ON FUNCTION llm._invariant_17() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._invariant_18() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._invariant_19() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._invariant_2() FROM PUBLIC;
 
@@ -2346,6 +2438,10 @@ REVOKE ALL ON FUNCTION llm._period_start(p_at timestamp with time zone) FROM PUB
 
 REVOKE ALL ON FUNCTION llm._price_classes() FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._price_in_force(p_organization_id uuid, p_model text, p_at timestamp with time zone, OUT price_version_id bigint, OUT rates jsonb, OUT fallback boolean, OUT credit_rate_id bigint, OUT nanos_per_credit bigint) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._price_request(p_organization_id uuid, p_invocation_id uuid, p_usage jsonb) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._price_tier(p_rates jsonb, p_usage jsonb) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._quote(p_organization_id uuid, p_model text, p_usage jsonb, p_at timestamp with time zone) FROM PUBLIC;
@@ -2385,9 +2481,13 @@ REVOKE ALL ON FUNCTION llm._require_notice(p_organization_id uuid, p_notice_id u
 
 REVOKE ALL ON FUNCTION llm._require_org_id(p_organization_id uuid) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._require_price(p_organization_id uuid, p_model text, p_at timestamp with time zone, p_price_version_id bigint, p_credit_rate_id bigint) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._restripe_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripes integer) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._retain_budgets(p_organization_id uuid, p_now timestamp with time zone, p_retention interval) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._retried_estimate(p_inv llm.invocations, p_estimate_credits bigint, p_priced_estimate jsonb) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._run_audit(p_run_id uuid, p_organization_id uuid, p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm._run_audit(p_run_id uuid, p_organization_id uuid, p_now timestamp with time zone) TO llm_operator;
@@ -2400,7 +2500,7 @@ GRANT ALL ON FUNCTION llm._run_org(p_run_id uuid, p_token uuid, p_organization_i
 
 REVOKE ALL ON FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_project text, p_api_key text, p_end_user text) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm._same_settlement(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION llm._same_settlement(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_usage jsonb) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._scope_id_ok(p_value text) FROM PUBLIC;
 
@@ -2422,7 +2522,9 @@ REVOKE ALL ON FUNCTION llm._settings() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm._settle_late(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) FROM PUBLIC;
+REVOKE ALL ON FUNCTION llm._settle_late(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone, p_price llm.priced_usage) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._settle_usage(p_organization_id uuid, p_invocation_id uuid, p_usage jsonb, p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._settle_window(p_organization_id uuid, p_from date, p_to date, OUT created_from timestamp with time zone, OUT created_to timestamp with time zone) FROM PUBLIC;
 
@@ -2452,8 +2554,8 @@ REVOKE ALL ON FUNCTION llm._window_end(p_window text, p_start date) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._window_start(p_window text, p_at timestamp with time zone) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) FROM PUBLIC;
-GRANT ALL ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text) TO llm_app;
+REVOKE ALL ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text, p_input_tokens bigint, p_max_output_tokens bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text, p_input_tokens bigint, p_max_output_tokens bigint) TO llm_app;
 
 REVOKE ALL ON FUNCTION llm.books_history(p_organization_ids uuid[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.books_history(p_organization_ids uuid[]) TO llm_reader;
@@ -2483,8 +2585,8 @@ GRANT ALL ON FUNCTION llm.declare_task_kind(p_key text, p_description text) TO l
 
 REVOKE ALL ON FUNCTION llm.distribute(p_shard_count integer) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm.fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone) FROM PUBLIC;
-GRANT ALL ON FUNCTION llm.fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone) TO llm_app;
+REVOKE ALL ON FUNCTION llm.fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone, p_usage jsonb) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.fail_invocation(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_now timestamp with time zone, p_usage jsonb) TO llm_app;
 
 REVOKE ALL ON FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_error text, p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.fail_notice(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_error text, p_now timestamp with time zone) TO llm_operator;
@@ -2586,6 +2688,9 @@ GRANT ALL ON FUNCTION llm.set_recovery_policy(p_organization_id uuid, p_recovery
 
 REVOKE ALL ON FUNCTION llm.settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.settle_invocation(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone) TO llm_app;
+
+REVOKE ALL ON FUNCTION llm.settle_usage(p_organization_id uuid, p_invocation_id uuid, p_usage jsonb, p_now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.settle_usage(p_organization_id uuid, p_invocation_id uuid, p_usage jsonb, p_now timestamp with time zone) TO llm_app;
 
 REVOKE ALL ON FUNCTION llm.stale_by_organization_status(p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.stale_by_organization_status(p_now timestamp with time zone) TO llm_reader;

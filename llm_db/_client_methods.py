@@ -157,7 +157,9 @@ SELECT organization_id, id, period_start, execution_id, model, status, estimate_
     p_now => %(now)s::timestamptz,
     p_project => %(project)s::text,
     p_api_key => %(api_key)s::text,
-    p_end_user => %(end_user)s::text)"""
+    p_end_user => %(end_user)s::text,
+    p_input_tokens => %(input_tokens)s::bigint,
+    p_max_output_tokens => %(max_output_tokens)s::bigint)"""
 
 #: ``Llm.admit_id``
 ADMIT_ID = """\
@@ -170,7 +172,9 @@ SELECT r.id AS value FROM llm.admit_invocation(
     p_now => %(now)s::timestamptz,
     p_project => %(project)s::text,
     p_api_key => %(api_key)s::text,
-    p_end_user => %(end_user)s::text) AS r"""
+    p_end_user => %(end_user)s::text,
+    p_input_tokens => %(input_tokens)s::bigint,
+    p_max_output_tokens => %(max_output_tokens)s::bigint) AS r"""
 
 #: ``Llm.note_refusal``
 NOTE_REFUSAL = """\
@@ -208,6 +212,15 @@ SELECT llm.fail_invocation(
     p_error => %(error)s::text,
     p_credits => %(credits)s::bigint,
     p_cents => %(cents)s::bigint,
+    p_now => %(now)s::timestamptz,
+    p_usage => %(usage)s::jsonb) AS value"""
+
+#: ``Llm.settle_usage``
+SETTLE_USAGE = """\
+SELECT llm.settle_usage(
+    p_organization_id => %(organization_id)s::uuid,
+    p_invocation_id => %(invocation_id)s::uuid,
+    p_usage => %(usage)s::jsonb,
     p_now => %(now)s::timestamptz) AS value"""
 
 #: ``Llm.open_execution``
@@ -591,7 +604,7 @@ class LlmMethods:
     def admit(
         self,
         organization_id: UuidLike,
-        estimate_credits: int,
+        estimate_credits: int | None,
         model: str,
         *,
         execution_id: UuidLike | None = None,
@@ -600,10 +613,14 @@ class LlmMethods:
         project: str | None = None,
         api_key: str | None = None,
         end_user: str | None = None,
+        input_tokens: int | None = None,
+        max_output_tokens: int | None = None,
     ) -> Invocation:
         """Admit a request and place its hold on the allowance and on every budget of its
         ``project``, ``api_key`` (the key's id, never its secret) and ``end_user``
-        (``AllowanceExhausted`` naming the first that does not fit)."""
+        (``AllowanceExhausted`` naming the first that does not fit). ``estimate_credits``
+        None: the book prices the estimate from ``input_tokens`` and ``max_output_tokens``
+        (``PriceMissing`` without a price for ``model``)."""
         params = {
             "organization_id": uuid_arg("organization_id", organization_id),
             "estimate_credits": whole("estimate_credits", estimate_credits),
@@ -614,6 +631,8 @@ class LlmMethods:
             "project": project,
             "api_key": api_key,
             "end_user": end_user,
+            "input_tokens": whole("input_tokens", input_tokens),
+            "max_output_tokens": whole("max_output_tokens", max_output_tokens),
         }
         rows = self._execute(ADMIT, params)
         return Invocation.from_row(rows[0])
@@ -621,7 +640,7 @@ class LlmMethods:
     def admit_id(
         self,
         organization_id: UuidLike,
-        estimate_credits: int,
+        estimate_credits: int | None,
         model: str,
         *,
         execution_id: UuidLike | None = None,
@@ -630,6 +649,8 @@ class LlmMethods:
         project: str | None = None,
         api_key: str | None = None,
         end_user: str | None = None,
+        input_tokens: int | None = None,
+        max_output_tokens: int | None = None,
     ) -> UUID:
         """``admit``, returning only the request's id (one column instead of a whole row)."""
         params = {
@@ -642,6 +663,8 @@ class LlmMethods:
             "project": project,
             "api_key": api_key,
             "end_user": end_user,
+            "input_tokens": whole("input_tokens", input_tokens),
+            "max_output_tokens": whole("max_output_tokens", max_output_tokens),
         }
         value = self._execute_value(ADMIT_ID, params)
         return value_as(value, UUID)
@@ -720,10 +743,13 @@ class LlmMethods:
         credits: int = 0,
         cents: int = 0,
         now: datetime | None = None,
+        usage: JsonObject | None = None,
     ) -> Outcome:
-        """Fail a request, releasing its hold and charging optional partial usage;
-        ``Outcome.FAILED``, ``TRUED_UP`` (a recovered request under ``late_settlement =
-        true_up``: the books move to the partial charge) or an ``ALREADY_*`` outcome."""
+        """Fail a request, releasing its hold and charging optional partial usage
+        (``credits`` and ``cents``, or ``usage`` priced by the book at the request's pinned
+        price); ``Outcome.FAILED``, ``TRUED_UP`` (a recovered request under
+        ``late_settlement = true_up``: the books move to the partial charge) or an
+        ``ALREADY_*`` outcome."""
         params = {
             "organization_id": uuid_arg("organization_id", organization_id),
             "invocation_id": uuid_arg("invocation_id", invocation_id),
@@ -731,8 +757,29 @@ class LlmMethods:
             "credits": whole("credits", credits),
             "cents": whole("cents", cents),
             "now": now,
+            "usage": json_arg("usage", usage),
         }
         value = self._execute_value(FAIL, params)
+        return value_as(value, Outcome)
+
+    def settle_usage(
+        self,
+        organization_id: UuidLike,
+        invocation_id: UuidLike,
+        usage: JsonObject,
+        *,
+        now: datetime | None = None,
+    ) -> Outcome:
+        """Settle with the provider's measured ``usage`` (a ``Usage`` or its dict), priced
+        exactly at the version and credit rate the admission pinned; the same outcomes as
+        ``settle`` (``PriceMissing`` for a request admitted with no price)."""
+        params = {
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "invocation_id": uuid_arg("invocation_id", invocation_id),
+            "usage": json_arg("usage", usage),
+            "now": now,
+        }
+        value = self._execute_value(SETTLE_USAGE, params)
         return value_as(value, Outcome)
 
     def open_execution(
@@ -1344,7 +1391,7 @@ class AsyncLlmMethods:
     async def admit(
         self,
         organization_id: UuidLike,
-        estimate_credits: int,
+        estimate_credits: int | None,
         model: str,
         *,
         execution_id: UuidLike | None = None,
@@ -1353,10 +1400,14 @@ class AsyncLlmMethods:
         project: str | None = None,
         api_key: str | None = None,
         end_user: str | None = None,
+        input_tokens: int | None = None,
+        max_output_tokens: int | None = None,
     ) -> Invocation:
         """Admit a request and place its hold on the allowance and on every budget of its
         ``project``, ``api_key`` (the key's id, never its secret) and ``end_user``
-        (``AllowanceExhausted`` naming the first that does not fit)."""
+        (``AllowanceExhausted`` naming the first that does not fit). ``estimate_credits``
+        None: the book prices the estimate from ``input_tokens`` and ``max_output_tokens``
+        (``PriceMissing`` without a price for ``model``)."""
         params = {
             "organization_id": uuid_arg("organization_id", organization_id),
             "estimate_credits": whole("estimate_credits", estimate_credits),
@@ -1367,6 +1418,8 @@ class AsyncLlmMethods:
             "project": project,
             "api_key": api_key,
             "end_user": end_user,
+            "input_tokens": whole("input_tokens", input_tokens),
+            "max_output_tokens": whole("max_output_tokens", max_output_tokens),
         }
         rows = await self._execute(ADMIT, params)
         return Invocation.from_row(rows[0])
@@ -1374,7 +1427,7 @@ class AsyncLlmMethods:
     async def admit_id(
         self,
         organization_id: UuidLike,
-        estimate_credits: int,
+        estimate_credits: int | None,
         model: str,
         *,
         execution_id: UuidLike | None = None,
@@ -1383,6 +1436,8 @@ class AsyncLlmMethods:
         project: str | None = None,
         api_key: str | None = None,
         end_user: str | None = None,
+        input_tokens: int | None = None,
+        max_output_tokens: int | None = None,
     ) -> UUID:
         """``admit``, returning only the request's id (one column instead of a whole row)."""
         params = {
@@ -1395,6 +1450,8 @@ class AsyncLlmMethods:
             "project": project,
             "api_key": api_key,
             "end_user": end_user,
+            "input_tokens": whole("input_tokens", input_tokens),
+            "max_output_tokens": whole("max_output_tokens", max_output_tokens),
         }
         value = await self._execute_value(ADMIT_ID, params)
         return value_as(value, UUID)
@@ -1473,10 +1530,13 @@ class AsyncLlmMethods:
         credits: int = 0,
         cents: int = 0,
         now: datetime | None = None,
+        usage: JsonObject | None = None,
     ) -> Outcome:
-        """Fail a request, releasing its hold and charging optional partial usage;
-        ``Outcome.FAILED``, ``TRUED_UP`` (a recovered request under ``late_settlement =
-        true_up``: the books move to the partial charge) or an ``ALREADY_*`` outcome."""
+        """Fail a request, releasing its hold and charging optional partial usage
+        (``credits`` and ``cents``, or ``usage`` priced by the book at the request's pinned
+        price); ``Outcome.FAILED``, ``TRUED_UP`` (a recovered request under
+        ``late_settlement = true_up``: the books move to the partial charge) or an
+        ``ALREADY_*`` outcome."""
         params = {
             "organization_id": uuid_arg("organization_id", organization_id),
             "invocation_id": uuid_arg("invocation_id", invocation_id),
@@ -1484,8 +1544,29 @@ class AsyncLlmMethods:
             "credits": whole("credits", credits),
             "cents": whole("cents", cents),
             "now": now,
+            "usage": json_arg("usage", usage),
         }
         value = await self._execute_value(FAIL, params)
+        return value_as(value, Outcome)
+
+    async def settle_usage(
+        self,
+        organization_id: UuidLike,
+        invocation_id: UuidLike,
+        usage: JsonObject,
+        *,
+        now: datetime | None = None,
+    ) -> Outcome:
+        """Settle with the provider's measured ``usage`` (a ``Usage`` or its dict), priced
+        exactly at the version and credit rate the admission pinned; the same outcomes as
+        ``settle`` (``PriceMissing`` for a request admitted with no price)."""
+        params = {
+            "organization_id": uuid_arg("organization_id", organization_id),
+            "invocation_id": uuid_arg("invocation_id", invocation_id),
+            "usage": json_arg("usage", usage),
+            "now": now,
+        }
+        value = await self._execute_value(SETTLE_USAGE, params)
         return value_as(value, Outcome)
 
     async def open_execution(
@@ -1911,7 +1992,7 @@ class ExecutionContextMethods:
 
     def admit(
         self,
-        estimate_credits: int,
+        estimate_credits: int | None,
         model: str,
         *,
         invocation_id: UuidLike | None = None,
@@ -1919,10 +2000,14 @@ class ExecutionContextMethods:
         project: str | None | TaskDefault = TASK_DEFAULT,
         api_key: str | None | TaskDefault = TASK_DEFAULT,
         end_user: str | None | TaskDefault = TASK_DEFAULT,
+        input_tokens: int | None = None,
+        max_output_tokens: int | None = None,
     ) -> Invocation:
         """Admit a request and place its hold on the allowance and on every budget of its
         ``project``, ``api_key`` (the key's id, never its secret) and ``end_user``
-        (``AllowanceExhausted`` naming the first that does not fit).
+        (``AllowanceExhausted`` naming the first that does not fit). ``estimate_credits``
+        None: the book prices the estimate from ``input_tokens`` and ``max_output_tokens``
+        (``PriceMissing`` without a price for ``model``).
 
         Of this task's organization, linked to this task."""
         return self.client.admit(
@@ -1935,11 +2020,13 @@ class ExecutionContextMethods:
             project=self._scope("project", project),
             api_key=self._scope("api_key", api_key),
             end_user=self._scope("end_user", end_user),
+            input_tokens=input_tokens,
+            max_output_tokens=max_output_tokens,
         )
 
     def admit_id(
         self,
-        estimate_credits: int,
+        estimate_credits: int | None,
         model: str,
         *,
         invocation_id: UuidLike | None = None,
@@ -1947,6 +2034,8 @@ class ExecutionContextMethods:
         project: str | None | TaskDefault = TASK_DEFAULT,
         api_key: str | None | TaskDefault = TASK_DEFAULT,
         end_user: str | None | TaskDefault = TASK_DEFAULT,
+        input_tokens: int | None = None,
+        max_output_tokens: int | None = None,
     ) -> UUID:
         """``admit``, returning only the request's id (one column instead of a whole row).
 
@@ -1961,6 +2050,8 @@ class ExecutionContextMethods:
             project=self._scope("project", project),
             api_key=self._scope("api_key", api_key),
             end_user=self._scope("end_user", end_user),
+            input_tokens=input_tokens,
+            max_output_tokens=max_output_tokens,
         )
 
     def mark_dispatched(
@@ -2002,6 +2093,25 @@ class ExecutionContextMethods:
             now=self._now(now),
         )
 
+    def settle_usage(
+        self,
+        invocation_id: UuidLike,
+        usage: JsonObject,
+        *,
+        now: datetime | None = None,
+    ) -> Outcome:
+        """Settle with the provider's measured ``usage`` (a ``Usage`` or its dict), priced
+        exactly at the version and credit rate the admission pinned; the same outcomes as
+        ``settle`` (``PriceMissing`` for a request admitted with no price).
+
+        Of this task's organization."""
+        return self.client.settle_usage(
+            self.organization_id,
+            invocation_id,
+            usage,
+            now=self._now(now),
+        )
+
     def fail(
         self,
         invocation_id: UuidLike,
@@ -2010,10 +2120,13 @@ class ExecutionContextMethods:
         credits: int = 0,
         cents: int = 0,
         now: datetime | None = None,
+        usage: JsonObject | None = None,
     ) -> Outcome:
-        """Fail a request, releasing its hold and charging optional partial usage;
-        ``Outcome.FAILED``, ``TRUED_UP`` (a recovered request under ``late_settlement =
-        true_up``: the books move to the partial charge) or an ``ALREADY_*`` outcome.
+        """Fail a request, releasing its hold and charging optional partial usage
+        (``credits`` and ``cents``, or ``usage`` priced by the book at the request's pinned
+        price); ``Outcome.FAILED``, ``TRUED_UP`` (a recovered request under
+        ``late_settlement = true_up``: the books move to the partial charge) or an
+        ``ALREADY_*`` outcome.
 
         Of this task's organization."""
         return self.client.fail(
@@ -2023,6 +2136,7 @@ class ExecutionContextMethods:
             credits=credits,
             cents=cents,
             now=self._now(now),
+            usage=usage,
         )
 
 
@@ -2038,7 +2152,7 @@ class AsyncExecutionContextMethods:
 
     async def admit(
         self,
-        estimate_credits: int,
+        estimate_credits: int | None,
         model: str,
         *,
         invocation_id: UuidLike | None = None,
@@ -2046,10 +2160,14 @@ class AsyncExecutionContextMethods:
         project: str | None | TaskDefault = TASK_DEFAULT,
         api_key: str | None | TaskDefault = TASK_DEFAULT,
         end_user: str | None | TaskDefault = TASK_DEFAULT,
+        input_tokens: int | None = None,
+        max_output_tokens: int | None = None,
     ) -> Invocation:
         """Admit a request and place its hold on the allowance and on every budget of its
         ``project``, ``api_key`` (the key's id, never its secret) and ``end_user``
-        (``AllowanceExhausted`` naming the first that does not fit).
+        (``AllowanceExhausted`` naming the first that does not fit). ``estimate_credits``
+        None: the book prices the estimate from ``input_tokens`` and ``max_output_tokens``
+        (``PriceMissing`` without a price for ``model``).
 
         Of this task's organization, linked to this task."""
         return await self.client.admit(
@@ -2062,11 +2180,13 @@ class AsyncExecutionContextMethods:
             project=self._scope("project", project),
             api_key=self._scope("api_key", api_key),
             end_user=self._scope("end_user", end_user),
+            input_tokens=input_tokens,
+            max_output_tokens=max_output_tokens,
         )
 
     async def admit_id(
         self,
-        estimate_credits: int,
+        estimate_credits: int | None,
         model: str,
         *,
         invocation_id: UuidLike | None = None,
@@ -2074,6 +2194,8 @@ class AsyncExecutionContextMethods:
         project: str | None | TaskDefault = TASK_DEFAULT,
         api_key: str | None | TaskDefault = TASK_DEFAULT,
         end_user: str | None | TaskDefault = TASK_DEFAULT,
+        input_tokens: int | None = None,
+        max_output_tokens: int | None = None,
     ) -> UUID:
         """``admit``, returning only the request's id (one column instead of a whole row).
 
@@ -2088,6 +2210,8 @@ class AsyncExecutionContextMethods:
             project=self._scope("project", project),
             api_key=self._scope("api_key", api_key),
             end_user=self._scope("end_user", end_user),
+            input_tokens=input_tokens,
+            max_output_tokens=max_output_tokens,
         )
 
     async def mark_dispatched(
@@ -2129,6 +2253,25 @@ class AsyncExecutionContextMethods:
             now=self._now(now),
         )
 
+    async def settle_usage(
+        self,
+        invocation_id: UuidLike,
+        usage: JsonObject,
+        *,
+        now: datetime | None = None,
+    ) -> Outcome:
+        """Settle with the provider's measured ``usage`` (a ``Usage`` or its dict), priced
+        exactly at the version and credit rate the admission pinned; the same outcomes as
+        ``settle`` (``PriceMissing`` for a request admitted with no price).
+
+        Of this task's organization."""
+        return await self.client.settle_usage(
+            self.organization_id,
+            invocation_id,
+            usage,
+            now=self._now(now),
+        )
+
     async def fail(
         self,
         invocation_id: UuidLike,
@@ -2137,10 +2280,13 @@ class AsyncExecutionContextMethods:
         credits: int = 0,
         cents: int = 0,
         now: datetime | None = None,
+        usage: JsonObject | None = None,
     ) -> Outcome:
-        """Fail a request, releasing its hold and charging optional partial usage;
-        ``Outcome.FAILED``, ``TRUED_UP`` (a recovered request under ``late_settlement =
-        true_up``: the books move to the partial charge) or an ``ALREADY_*`` outcome.
+        """Fail a request, releasing its hold and charging optional partial usage
+        (``credits`` and ``cents``, or ``usage`` priced by the book at the request's pinned
+        price); ``Outcome.FAILED``, ``TRUED_UP`` (a recovered request under
+        ``late_settlement = true_up``: the books move to the partial charge) or an
+        ``ALREADY_*`` outcome.
 
         Of this task's organization."""
         return await self.client.fail(
@@ -2150,4 +2296,5 @@ class AsyncExecutionContextMethods:
             credits=credits,
             cents=cents,
             now=self._now(now),
+            usage=usage,
         )

@@ -378,7 +378,7 @@ class Operations:
     def admit(
         self,
         organization_id: UuidLike,
-        estimate_credits: int,
+        estimate_credits: int | None,
         model: str,
         *,
         execution_id: UuidLike | None = None,
@@ -387,10 +387,14 @@ class Operations:
         project: str | None = None,
         api_key: str | None = None,
         end_user: str | None = None,
+        input_tokens: int | None = None,
+        max_output_tokens: int | None = None,
     ) -> Invocation:
         """Admit a request and place its hold on the allowance and on every budget of its
         ``project``, ``api_key`` (the key's id, never its secret) and ``end_user``
-        (``AllowanceExhausted`` naming the first that does not fit)."""
+        (``AllowanceExhausted`` naming the first that does not fit). ``estimate_credits``
+        None: the book prices the estimate from ``input_tokens`` and ``max_output_tokens``
+        (``PriceMissing`` without a price for ``model``)."""
 
     admit_id = admit.one_column(
         "id", UUID, name="admit_id",
@@ -443,10 +447,26 @@ class Operations:
         credits: int = 0,
         cents: int = 0,
         now: datetime | None = None,
+        usage: JsonObject | None = None,
     ) -> Outcome:
-        """Fail a request, releasing its hold and charging optional partial usage;
-        ``Outcome.FAILED``, ``TRUED_UP`` (a recovered request under ``late_settlement =
-        true_up``: the books move to the partial charge) or an ``ALREADY_*`` outcome."""
+        """Fail a request, releasing its hold and charging optional partial usage
+        (``credits`` and ``cents``, or ``usage`` priced by the book at the request's pinned
+        price); ``Outcome.FAILED``, ``TRUED_UP`` (a recovered request under
+        ``late_settlement = true_up``: the books move to the partial charge) or an
+        ``ALREADY_*`` outcome."""
+
+    @operation("settle_usage")
+    def settle_usage(
+        self,
+        organization_id: UuidLike,
+        invocation_id: UuidLike,
+        usage: JsonObject,
+        *,
+        now: datetime | None = None,
+    ) -> Outcome:
+        """Settle with the provider's measured ``usage`` (a ``Usage`` or its dict), priced
+        exactly at the version and credit rate the admission pinned; the same outcomes as
+        ``settle`` (``PriceMissing`` for a request admitted with no price)."""
 
     # tasks
 
@@ -657,7 +677,7 @@ def operations() -> dict[str, Operation]:
 #: The operations a task context (``llm_db.executions``) offers as request helpers: the
 #: client's, with the context's organization and, where the operation takes one, its task
 #: (``execution_id``) filled in, and ``now`` left None read from its clock.
-TASK_HELPERS = ("admit", "admit_id", "mark_dispatched", "settle", "fail")
+TASK_HELPERS = ("admit", "admit_id", "mark_dispatched", "settle", "settle_usage", "fail")
 
 #: The scope ids a request helper takes from its wrapper when the call names none (issue 23).
 SCOPE_IDS = ("project", "api_key", "end_user")

@@ -112,6 +112,19 @@ SELECT llm.settle_invocation('00000000-0000-0000-0000-00000000000a',
     '00000000-0000-0000-0000-000000000002', 28, 1, p_input_tokens => 90,
     p_output_tokens => 20, p_now => '2026-01-15 11:00:06+00');
 
+-- example: settle_usage
+-- note: a credit worth a tenth of a cent; admitted with 2,000 prompt tokens and at most 500 output, priced; settled with what the provider measured
+SELECT llm.set_price('claude-sonnet-4', '{"input": "3", "cache_read": "0.30", "output": "15"}',
+    '2026-01-01 00:00+00') > 0 AS added;
+SELECT llm.set_credit_rate(100000, p_effective_from => '2026-01-01 00:00+00') > 0 AS added;
+SELECT estimate_credits FROM llm.admit_invocation('00000000-0000-0000-0000-00000000000a', NULL,
+    'claude-sonnet-4', p_invocation_id => '00000000-0000-0000-0000-000000000003',
+    p_now => '2026-01-15 11:30+00', p_input_tokens => 2000, p_max_output_tokens => 500);
+SELECT llm.settle_usage('00000000-0000-0000-0000-00000000000a', '00000000-0000-0000-0000-000000000003',
+    '{"input": 400, "cache_read": 1600, "output": 120, "reasoning": 80}', '2026-01-15 11:30:04+00');
+SELECT charged_credits, cost_nanos, priced_by, price_tier FROM llm.invocations
+ WHERE id = '00000000-0000-0000-0000-000000000003';
+
 -- example: fail_invocation
 SELECT llm.fail_invocation('00000000-0000-0000-0000-00000000000a',
     '00000000-0000-0000-0000-000000000002', 'provider timeout',

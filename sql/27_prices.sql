@@ -311,50 +311,115 @@ $$;
 COMMENT ON FUNCTION llm._credits_of(bigint, bigint) IS
     'ceil(p_cost_nanos / p_nanos_per_credit): the credits a cost is charged.';
 
--- What a usage costs and is charged for an organization at a time, with the
--- versions that price it. The version in force: the model's before the fallback '*',
--- the organization's own before the book's, the latest effective_from; the credit
--- rate likewise. (PL/pgSQL, not SQL functions: docs/architecture.md "Citus rules".)
--- Arguments already checked.
-CREATE OR REPLACE FUNCTION llm._quote(p_organization_id uuid, p_model text, p_usage jsonb, p_at timestamptz)
-RETURNS llm.price_quote
+-- The price version and credit rate in force for an organization's model at a time:
+-- the model's version before the fallback '*', the organization's own before the
+-- book's, the latest effective_from; the credit rate likewise. NULLs where none is.
+-- (PL/pgSQL, not SQL functions: docs/architecture.md "Citus rules".)
+CREATE OR REPLACE FUNCTION llm._price_in_force(
+    p_organization_id uuid, p_model text, p_at timestamptz,
+    OUT price_version_id bigint, OUT rates jsonb, OUT fallback boolean,
+    OUT credit_rate_id bigint, OUT nanos_per_credit bigint)
 LANGUAGE plpgsql STABLE
 AS $$
-DECLARE
-    v_version bigint;
-    v_rates jsonb;
-    v_fallback boolean;
-    v_rate_id bigint;
-    v_nanos_per_credit bigint;
-    v_cost record;
 BEGIN
-    SELECT v.id, v.rates, v.model = '*' INTO v_version, v_rates, v_fallback
+    SELECT v.id, v.rates, v.model = '*' INTO price_version_id, rates, fallback
       FROM llm.price_versions AS v
      WHERE v.model = ANY (ARRAY[p_model, '*'])
        AND (v.organization_id = p_organization_id OR v.organization_id IS NULL)
        AND v.effective_from <= p_at
      ORDER BY v.model = '*', v.organization_id IS NULL, v.effective_from DESC
      LIMIT 1;
-    IF v_version IS NULL THEN
-        PERFORM llm._raise_price_missing(p_organization_id, p_model, p_at, 'price');
+    IF price_version_id IS NOT NULL THEN
+        SELECT r.id, r.nanos_per_credit INTO credit_rate_id, nanos_per_credit
+          FROM llm.credit_rates AS r
+         WHERE (r.organization_id = p_organization_id OR r.organization_id IS NULL)
+           AND r.effective_from <= p_at
+         ORDER BY r.organization_id IS NULL, r.effective_from DESC
+         LIMIT 1;
     END IF;
-    SELECT r.id, r.nanos_per_credit INTO v_rate_id, v_nanos_per_credit
-      FROM llm.credit_rates AS r
-     WHERE (r.organization_id = p_organization_id OR r.organization_id IS NULL)
-       AND r.effective_from <= p_at
-     ORDER BY r.organization_id IS NULL, r.effective_from DESC
-     LIMIT 1;
-    IF v_rate_id IS NULL THEN
+END
+$$;
+COMMENT ON FUNCTION llm._price_in_force(uuid, text, timestamptz) IS
+    'The price version (with its rates and whether it is the fallback) and the credit rate in force for p_organization_id (NULL: the book) and p_model at p_at; NULLs where none is (no credit rate is looked up without a price).';
+
+-- Raises LL014 unless a price version and a credit rate are in force (as
+-- _price_in_force found them).
+CREATE OR REPLACE FUNCTION llm._require_price(
+    p_organization_id uuid, p_model text, p_at timestamptz, p_price_version_id bigint, p_credit_rate_id bigint)
+RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF p_price_version_id IS NULL THEN
+        PERFORM llm._raise_price_missing(p_organization_id, p_model, p_at, 'price');
+    ELSIF p_credit_rate_id IS NULL THEN
         PERFORM llm._raise_price_missing(p_organization_id, p_model, p_at, 'credit rate');
     END IF;
-    v_cost := llm._usage_cost(p_model, v_version, v_rates, p_usage);
-    RETURN ROW(v_cost.cost_nanos, llm._credits_of(v_cost.cost_nanos, v_nanos_per_credit), v_version, v_rate_id,
-               v_cost.price_tier, CASE WHEN v_fallback THEN 'fallback' ELSE 'model' END,
+END
+$$;
+COMMENT ON FUNCTION llm._require_price(uuid, text, timestamptz, bigint, bigint) IS
+    'Raises LL014 (PriceMissing) when _price_in_force found no price version or no credit rate.';
+
+-- What a usage costs and is charged for an organization at a time, with the
+-- versions that price it. Arguments already checked.
+CREATE OR REPLACE FUNCTION llm._quote(p_organization_id uuid, p_model text, p_usage jsonb, p_at timestamptz)
+RETURNS llm.price_quote
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_pin record := llm._price_in_force(p_organization_id, p_model, p_at);
+    v_cost record;
+BEGIN
+    PERFORM llm._require_price(p_organization_id, p_model, p_at, v_pin.price_version_id, v_pin.credit_rate_id);
+    v_cost := llm._usage_cost(p_model, v_pin.price_version_id, v_pin.rates, p_usage);
+    RETURN ROW(v_cost.cost_nanos, llm._credits_of(v_cost.cost_nanos, v_pin.nanos_per_credit),
+               v_pin.price_version_id, v_pin.credit_rate_id, v_cost.price_tier,
+               CASE WHEN v_pin.fallback THEN 'fallback' ELSE 'model' END,
                (SELECT s.currency FROM llm.settings AS s))::llm.price_quote;
 END
 $$;
 COMMENT ON FUNCTION llm._quote(uuid, text, jsonb, timestamptz) IS
     'The price_quote of p_usage of p_model for an organization (NULL: the book) at p_at; LL014 without a price or credit rate in force.';
+
+-- A usage with every class present (requests 1 unless it says), so that two usages
+-- compare equal exactly when they price alike. Inlinable.
+CREATE OR REPLACE FUNCTION llm._full_usage(p_usage jsonb)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT '{"input": 0, "cache_read": 0, "cache_write_5m": 0, "cache_write_1h": 0, "output": 0, "reasoning": 0, "requests": 1}'::jsonb
+           OPERATOR(pg_catalog.||) p_usage
+$$;
+COMMENT ON FUNCTION llm._full_usage(jsonb) IS
+    'p_usage with every token class present: a missing class 0, requests 1.';
+
+-- An admission's estimate comes from one source: credits, or the tokens the book
+-- prices (p_input_tokens and p_max_output_tokens, both).
+CREATE OR REPLACE FUNCTION llm._check_estimate_source(
+    p_estimate_credits bigint, p_input_tokens bigint, p_max_output_tokens bigint)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_estimate_credits IS NOT NULL AND (p_input_tokens IS NOT NULL OR p_max_output_tokens IS NOT NULL) THEN
+        RAISE EXCEPTION 'llm: an estimate in credits and token counts to price were both given'
+            USING ERRCODE = '22023',
+                  HINT = 'Pass p_estimate_credits, or NULL with p_input_tokens and p_max_output_tokens for the book to price.';
+    ELSIF p_estimate_credits IS NULL AND (p_input_tokens IS NOT NULL OR p_max_output_tokens IS NOT NULL) THEN
+        PERFORM llm._check_amount('p_input_tokens', p_input_tokens);
+        PERFORM llm._check_amount('p_max_output_tokens', p_max_output_tokens);
+    ELSE
+        IF p_estimate_credits IS NULL THEN
+            RAISE EXCEPTION 'llm: p_estimate_credits must not be NULL'
+                USING ERRCODE = '22023',
+                      HINT = 'Pass 0 when there is nothing to hold, or p_input_tokens and p_max_output_tokens for the book to price the estimate.';
+        END IF;
+        PERFORM llm._check_amount('p_estimate_credits', p_estimate_credits);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION llm._check_estimate_source(bigint, bigint, bigint) IS
+    'Raises 22023 unless an admission names exactly one estimate source: p_estimate_credits, or p_input_tokens and p_max_output_tokens, each an amount 0 .. 10^15.';
 
 CREATE OR REPLACE FUNCTION llm.price_usage(
     p_model text, p_usage jsonb, p_organization_id uuid DEFAULT NULL, p_at timestamptz DEFAULT NULL)

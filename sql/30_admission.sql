@@ -12,6 +12,14 @@
 
 -- ---------------------------------------------------------------- admission
 
+-- 0.4.0 priced admission (docs/architecture.md "The price book"): admit_invocation
+-- and its twin gained trailing parameters. The previous signatures go in this
+-- transaction, the one that creates the new (all of sql/ is one), so a caller finds
+-- one admit_invocation or the other, never none and never two (a call naming nine
+-- arguments would match both). A later run drops nothing.
+DROP FUNCTION IF EXISTS llm.admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz, text, text, text);
+DROP FUNCTION IF EXISTS llm._admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz, text, text, text);
+
 -- A request linked to a task: its task must be running (LL006 when unknown, LL009
 -- when closed), but for the retry of a request admitted while it ran, which is
 -- returned as it was (or LL007 when the arguments differ). NULL fields: admit it.
@@ -74,7 +82,8 @@ COMMENT ON FUNCTION llm._admission(llm.invocations, boolean) IS
 CREATE OR REPLACE FUNCTION llm._admit_invocation(
     p_organization_id uuid, p_estimate_credits bigint, p_model text,
     p_execution_id uuid, p_invocation_id uuid, p_now timestamptz,
-    p_project text, p_api_key text, p_end_user text)
+    p_project text, p_api_key text, p_end_user text,
+    p_price_version_id bigint, p_credit_rate_id bigint, p_priced_estimate jsonb)
 RETURNS llm.admission_result
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -143,11 +152,12 @@ BEGIN
     INSERT INTO llm.invocations AS i
            (organization_id, id, period_start, execution_id, model, status,
             estimate_credits, hold_credits, created_at, stripe,
-            project, api_key, end_user, budget_mask, budget_stripe)
+            project, api_key, end_user, budget_mask, budget_stripe, price_version_id, credit_rate_id)
     VALUES (p_organization_id, coalesce(p_invocation_id, pg_catalog.gen_random_uuid()), v_period,
             p_execution_id, p_model, 'reserved', p_estimate_credits, p_estimate_credits, p_now, v_stripe,
             p_project, p_api_key, p_end_user, v_mask,
-            CASE WHEN v_mask <> 0 THEN pg_catalog.mod(pg_catalog.pg_backend_pid(), 64) END)
+            CASE WHEN v_mask <> 0 THEN pg_catalog.mod(pg_catalog.pg_backend_pid(), 64) END,
+            p_price_version_id, p_credit_rate_id)
     ON CONFLICT (organization_id, id) DO NOTHING
     RETURNING i.* INTO v_inv;
     IF NOT FOUND THEN
@@ -155,8 +165,8 @@ BEGIN
         -- arguments return the first admission and place no second hold; others LL007.
         SELECT * INTO STRICT v_inv FROM llm.invocations AS i
          WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
-        RETURN llm._admission(llm._same_admission(v_inv, p_estimate_credits, p_model, p_execution_id,
-                                                  p_project, p_api_key, p_end_user), true);
+        RETURN llm._admission(llm._same_admission(v_inv, llm._retried_estimate(v_inv, p_estimate_credits, p_priced_estimate),
+                                                  p_model, p_execution_id, p_project, p_api_key, p_end_user), true);
     END IF;
     -- The hold from this stripe's room, in one row; else the exact path (the period
     -- locked, LL001 unless used + held + estimate <= allowance, the period created on
@@ -178,8 +188,30 @@ BEGIN
     RETURN llm._admission(v_inv, false);
 END
 $$;
-COMMENT ON FUNCTION llm._admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz, text, text, text) IS
-    'Distributed twin of admit_invocation; arguments already checked. replayed: the earlier admission of a retried id, returned unchanged.';
+COMMENT ON FUNCTION llm._admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz, text, text, text, bigint, bigint, jsonb) IS
+    'Distributed twin of admit_invocation; arguments already checked, the estimate priced and the price pinned. replayed: the earlier admission of a retried id, returned unchanged.';
+
+-- The estimate a retried priced admission stands for: its tokens (p_priced_estimate,
+-- {"input": N, "output": M}) priced at the version and credit rate the first
+-- admission pinned, not at those in force at the retry, so a price that changed in
+-- between does not make a retry a conflict. An estimate in credits stands for itself.
+CREATE OR REPLACE FUNCTION llm._retried_estimate(p_inv llm.invocations, p_estimate_credits bigint, p_priced_estimate jsonb)
+RETURNS bigint
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF p_priced_estimate IS NULL OR p_inv.price_version_id IS NULL OR p_inv.credit_rate_id IS NULL THEN
+        RETURN p_estimate_credits;
+    END IF;
+    RETURN llm._credits_of(
+        (llm._usage_cost(p_inv.model, p_inv.price_version_id,
+                         (SELECT v.rates FROM llm.price_versions AS v WHERE v.id = p_inv.price_version_id),
+                         p_priced_estimate)).cost_nanos,
+        (SELECT r.nanos_per_credit FROM llm.credit_rates AS r WHERE r.id = p_inv.credit_rate_id));
+END
+$$;
+COMMENT ON FUNCTION llm._retried_estimate(llm.invocations, bigint, jsonb) IS
+    'The estimate a retried admission is compared with: a priced one''s tokens at the version and credit rate the request pinned, else p_estimate_credits.';
 
 CREATE OR REPLACE FUNCTION llm._same_admission(
     p_inv llm.invocations, p_estimate_credits bigint, p_model text, p_execution_id uuid,
@@ -215,33 +247,53 @@ CREATE OR REPLACE FUNCTION llm.admit_invocation(
     p_organization_id uuid, p_estimate_credits bigint, p_model text,
     p_execution_id uuid DEFAULT NULL, p_invocation_id uuid DEFAULT NULL,
     p_now timestamptz DEFAULT now(), p_project text DEFAULT NULL, p_api_key text DEFAULT NULL,
-    p_end_user text DEFAULT NULL)
+    p_end_user text DEFAULT NULL, p_input_tokens bigint DEFAULT NULL, p_max_output_tokens bigint DEFAULT NULL)
 RETURNS llm.admission_result
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
     v_inv llm.admission_result;  -- the twin's result: llm.invocations' columns as of 0.2.0, then replayed
+    v_now timestamptz := coalesce(p_now, pg_catalog.now());
+    v_estimate bigint := p_estimate_credits;
+    v_priced jsonb;  -- the tokens a priced estimate stands for
+    v_pin record;
 BEGIN
     IF (p_organization_id IS NOT NULL AND llm._clock_ok(p_now)
-            AND llm._amount_ok(p_estimate_credits) AND llm._text_ok(p_model, 200)
+            AND (llm._amount_ok(p_estimate_credits) AND p_input_tokens IS NULL AND p_max_output_tokens IS NULL
+                 OR (p_estimate_credits IS NULL AND llm._amount_ok(p_input_tokens) AND llm._amount_ok(p_max_output_tokens)))
+            AND llm._text_ok(p_model, 200)
             AND llm._scope_id_ok(p_project) AND llm._scope_id_ok(p_api_key)
             AND llm._scope_id_ok(p_end_user)) IS NOT TRUE THEN
         PERFORM llm._check_call(p_organization_id, p_now);
-        PERFORM llm._check_amount('p_estimate_credits', p_estimate_credits);
+        PERFORM llm._check_estimate_source(p_estimate_credits, p_input_tokens, p_max_output_tokens);
         PERFORM llm._check_text('p_model', p_model, 200);
         PERFORM llm._check_scope_id('p_project', p_project);
         PERFORM llm._check_scope_id('p_api_key', p_api_key);
         PERFORM llm._check_scope_id('p_end_user', p_end_user);
     END IF;
+    -- Every admission pins the price in force for its model, whatever its estimate's
+    -- source (none in force: nothing pinned); one without an estimate is priced from
+    -- its tokens, the whole prompt at the input rate (admission cannot know what the
+    -- cache will hold), and refused (LL014) without a price.
+    v_pin := llm._price_in_force(p_organization_id, p_model, v_now);
+    IF p_estimate_credits IS NULL THEN
+        IF v_pin.credit_rate_id IS NULL THEN
+            PERFORM llm._operational_org(p_organization_id);  -- LL002, LL003 before LL014
+            PERFORM llm._require_price(p_organization_id, p_model, v_now, v_pin.price_version_id, v_pin.credit_rate_id);
+        END IF;
+        v_priced := pg_catalog.jsonb_build_object('input', p_input_tokens, 'output', p_max_output_tokens);
+        v_estimate := llm._credits_of((llm._usage_cost(p_model, v_pin.price_version_id, v_pin.rates, v_priced)).cost_nanos,
+                                      v_pin.nanos_per_credit);
+    END IF;
     SELECT * INTO v_inv
-      FROM llm._admit_invocation(p_organization_id, p_estimate_credits, p_model, p_execution_id,
-                                 p_invocation_id, coalesce(p_now, pg_catalog.now()),
-                                 p_project, p_api_key, p_end_user);
+      FROM llm._admit_invocation(p_organization_id, v_estimate, p_model, p_execution_id,
+                                 p_invocation_id, v_now, p_project, p_api_key, p_end_user,
+                                 v_pin.price_version_id, v_pin.credit_rate_id, v_priced);
     RETURN v_inv;
 END
 $$;
-COMMENT ON FUNCTION llm.admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz, text, text, text) IS
-    'Admits a request iff used + held + estimate fits the allowance and every budget that applies to its project, API key and end user (LL001 naming the first that does not), placing its hold on the current period and on those budgets'' counters; a repeated p_invocation_id with the same arguments returns the first admission as it stands now, with replayed = true (different arguments: LL007).';
+COMMENT ON FUNCTION llm.admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz, text, text, text, bigint, bigint) IS
+    'Admits a request iff used + held + estimate fits the allowance and every budget that applies to its project, API key and end user (LL001 naming the first that does not), placing its hold on the current period and on those budgets'' counters; the estimate is p_estimate_credits, or (NULL) p_input_tokens and p_max_output_tokens priced by the book (LL014 without a price). Pins the price in force for its model. A repeated p_invocation_id with the same arguments returns the first admission as it stands now, with replayed = true (different arguments: LL007).';
 
 -- ---------------------------------------------------------------- dispatch
 

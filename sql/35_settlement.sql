@@ -6,6 +6,14 @@
 -- Every call is one transaction; the organization's period row is the hot row
 -- and is always taken last (invocation -> execution -> period -> notices).
 
+-- 0.4.0: the routines that end a request gained the price book's figures (a
+-- settlement priced from usage, docs/architecture.md "The price book"); their
+-- previous signatures go in this transaction, the one that creates the new.
+DROP FUNCTION IF EXISTS llm.fail_invocation(uuid, uuid, text, bigint, bigint, timestamptz);
+DROP FUNCTION IF EXISTS llm._fail_invocation(uuid, uuid, text, bigint, bigint, timestamptz);
+DROP FUNCTION IF EXISTS llm._end_invocation(uuid, uuid, text, text, bigint, bigint, bigint, bigint, timestamptz);
+DROP FUNCTION IF EXISTS llm._settle_late(uuid, uuid, text, bigint, bigint, bigint, bigint, timestamptz);
+
 -- ---------------------------------------------------------------- booking
 
 -- A live request ends here, settled (measured) or failed: compare-and-set on its
@@ -18,7 +26,8 @@
 -- budgets to book. Recovery books its batch its own way, in 60_recovery.sql.
 CREATE OR REPLACE FUNCTION llm._end_invocation(
     p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text,
-    p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamptz)
+    p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamptz,
+    p_price llm.priced_usage)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -37,7 +46,9 @@ BEGIN
            settlement_kind = CASE WHEN p_status = 'settled' THEN 'measured' END,
            settled_at = p_now, error = p_error,
            charged_credits = p_credits, charged_cents = p_cents,
-           input_tokens = p_input_tokens, output_tokens = p_output_tokens
+           input_tokens = p_input_tokens, output_tokens = p_output_tokens,
+           priced_by = coalesce(p_price.priced_by, 'caller'), cost_nanos = p_price.cost_nanos,
+           usage = p_price.usage, price_tier = p_price.price_tier
      WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id
        AND i.status IN ('reserved', 'dispatched')
     RETURNING i.execution_id, i.period_start, i.stripe, i.hold_credits, i.created_at, i.budget_mask
@@ -75,8 +86,8 @@ BEGIN
     RETURN true;
 END
 $$;
-COMMENT ON FUNCTION llm._end_invocation(uuid, uuid, text, text, bigint, bigint, bigint, bigint, timestamptz) IS
-    'Ends an open (reserved or dispatched) invocation as settled (measured) or failed with its charge and books it: its task''s totals, its stripe''s movement (charge in, hold out) with the threshold notices the period crosses, then its budgets'' counters; false when it was no longer open.';
+COMMENT ON FUNCTION llm._end_invocation(uuid, uuid, text, text, bigint, bigint, bigint, bigint, timestamptz, llm.priced_usage) IS
+    'Ends an open (reserved or dispatched) invocation as settled (measured) or failed with its charge (priced by the caller, or by the book: p_price) and books it: its task''s totals, its stripe''s movement (charge in, hold out) with the threshold notices the period crosses, then its budgets'' counters; false when it was no longer open.';
 
 -- A true-up moves the daily usage of its request's settlement day by the signed
 -- difference, whatever a concurrent rebuild of that day does (issue 20 defect 1).
@@ -198,7 +209,7 @@ COMMENT ON FUNCTION llm._terminal_outcome(uuid, uuid) IS
 -- The request keeps its terminal status ('settled' by recovery).
 CREATE OR REPLACE FUNCTION llm._settle_late(
     p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint,
-    p_input_tokens bigint, p_output_tokens bigint, p_now timestamptz)
+    p_input_tokens bigint, p_output_tokens bigint, p_now timestamptz, p_price llm.priced_usage)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -223,7 +234,12 @@ BEGIN
            charged_credits = CASE WHEN v_true_up THEN p_credits ELSE i.charged_credits END,
            charged_cents = CASE WHEN v_true_up THEN p_cents ELSE i.charged_cents END,
            input_tokens = CASE WHEN v_true_up THEN p_input_tokens ELSE i.input_tokens END,
-           output_tokens = CASE WHEN v_true_up THEN p_output_tokens ELSE i.output_tokens END
+           output_tokens = CASE WHEN v_true_up THEN p_output_tokens ELSE i.output_tokens END,
+           -- the charge's price, when it becomes the charge (audit keeps credits and tokens)
+           priced_by = CASE WHEN v_true_up THEN coalesce(p_price.priced_by, 'caller') ELSE i.priced_by END,
+           cost_nanos = CASE WHEN v_true_up THEN p_price.cost_nanos ELSE i.cost_nanos END,
+           usage = CASE WHEN v_true_up THEN p_price.usage ELSE i.usage END,
+           price_tier = CASE WHEN v_true_up THEN p_price.price_tier ELSE i.price_tier END
      WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id
        AND i.settlement_kind = 'recovered' AND i.late_reported_at IS NULL
     RETURNING i.* INTO v_inv;
@@ -238,7 +254,7 @@ BEGIN
     RETURN 'already_recovered';  -- audit: kept for audit, never charged
 END
 $$;
-COMMENT ON FUNCTION llm._settle_late(uuid, uuid, text, bigint, bigint, bigint, bigint, timestamptz) IS
+COMMENT ON FUNCTION llm._settle_late(uuid, uuid, text, bigint, bigint, bigint, bigint, timestamptz, llm.priced_usage) IS
     'Answers a report (measured settlement or failure) on a request no longer open: its already_* outcome, except for the first late report of a recovered request, which under late_settlement = true_up becomes its charge (trued_up, the books moved by the signed difference) and under audit is recorded in late_* with its error (already_recovered).';
 
 -- A measured settlement repeated on a request whose measured settlement is stored
@@ -247,7 +263,7 @@ COMMENT ON FUNCTION llm._settle_late(uuid, uuid, text, bigint, bigint, bigint, b
 -- silent already_*. A request ended by a failure (its error set) answers as it does.
 CREATE OR REPLACE FUNCTION llm._same_settlement(
     p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint,
-    p_input_tokens bigint, p_output_tokens bigint)
+    p_input_tokens bigint, p_output_tokens bigint, p_usage jsonb DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql STABLE
 AS $$
@@ -269,14 +285,17 @@ BEGIN
         v_stored := ARRAY[v_inv.charged_credits::text, v_inv.charged_cents::text,
                           v_inv.input_tokens::text, v_inv.output_tokens::text];
     END IF;
+    -- a settlement priced from usage compares its usage too (DETAIL ... usage=...)
     PERFORM llm._check_retry(
         pg_catalog.format('llm: invocation %s was settled with different figures', p_invocation_id),
-        'credits=%s cents=%s input_tokens=%s output_tokens=%s', v_stored,
-        ARRAY[p_credits::text, p_cents::text, p_input_tokens::text, p_output_tokens::text],
+        'credits=%s cents=%s input_tokens=%s output_tokens=%s' || CASE WHEN p_usage IS NULL THEN '' ELSE ' usage=%s' END,
+        v_stored || CASE WHEN p_usage IS NULL THEN '{}'::text[] ELSE ARRAY[v_inv.usage::text] END,
+        ARRAY[p_credits::text, p_cents::text, p_input_tokens::text, p_output_tokens::text]
+            || CASE WHEN p_usage IS NULL THEN '{}'::text[] ELSE ARRAY[p_usage::text] END,
         'A settlement is reported once; its retry repeats its figures. Nothing was changed.');
 END
 $$;
-COMMENT ON FUNCTION llm._same_settlement(uuid, uuid, bigint, bigint, bigint, bigint) IS
+COMMENT ON FUNCTION llm._same_settlement(uuid, uuid, bigint, bigint, bigint, bigint, jsonb) IS
     'For a settlement answered already_*: LL007 (DETAIL stored and given) when the request''s stored measured settlement has other figures; nothing when they agree or the request ended by a failure.';
 
 CREATE OR REPLACE FUNCTION llm._settle_invocation(
@@ -289,11 +308,11 @@ DECLARE
     v_outcome text;
 BEGIN
     IF llm._end_invocation(p_organization_id, p_invocation_id, 'settled', NULL, p_credits, p_cents,
-                           p_input_tokens, p_output_tokens, p_now) THEN
+                           p_input_tokens, p_output_tokens, p_now, NULL) THEN
         RETURN 'settled';
     END IF;
     v_outcome := llm._settle_late(p_organization_id, p_invocation_id, NULL, p_credits, p_cents,
-                                  p_input_tokens, p_output_tokens, p_now);
+                                  p_input_tokens, p_output_tokens, p_now, NULL);
     IF v_outcome IN ('already_settled', 'already_recovered') THEN
         PERFORM llm._same_settlement(p_organization_id, p_invocation_id, p_credits, p_cents,
                                      p_input_tokens, p_output_tokens);  -- LL007 when they differ
@@ -334,26 +353,36 @@ COMMENT ON FUNCTION llm.settle_invocation(uuid, uuid, bigint, bigint, bigint, bi
 
 CREATE OR REPLACE FUNCTION llm._fail_invocation(
     p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint,
-    p_now timestamptz)
+    p_now timestamptz, p_usage jsonb)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
 AS $$
+DECLARE
+    v_price llm.priced_usage;
+    v_credits bigint := p_credits;
+    v_cents bigint := p_cents;
 BEGIN
-    IF llm._end_invocation(p_organization_id, p_invocation_id, 'failed', p_error, p_credits, p_cents,
-                           NULL, NULL, p_now) THEN
+    IF p_usage IS NOT NULL THEN  -- the partial usage, priced at the request's pinned version
+        v_price := llm._price_request(p_organization_id, p_invocation_id, p_usage);
+        v_credits := v_price.credits;
+        v_cents := NULL;
+    END IF;
+    IF llm._end_invocation(p_organization_id, p_invocation_id, 'failed', p_error, v_credits, v_cents,
+                           v_price.input_tokens, v_price.output_tokens, p_now, v_price) THEN
         RETURN 'failed';
     END IF;
     -- a late failure reports usage too: the partial charge it names (0: none)
-    RETURN llm._settle_late(p_organization_id, p_invocation_id, p_error, p_credits, p_cents,
-                            NULL, NULL, p_now);
+    RETURN llm._settle_late(p_organization_id, p_invocation_id, p_error, v_credits, v_cents,
+                            v_price.input_tokens, v_price.output_tokens, p_now, v_price);
 END
 $$;
-COMMENT ON FUNCTION llm._fail_invocation(uuid, uuid, text, bigint, bigint, timestamptz) IS
+COMMENT ON FUNCTION llm._fail_invocation(uuid, uuid, text, bigint, bigint, timestamptz, jsonb) IS
     'Distributed twin of fail_invocation; arguments already checked.';
 
 CREATE OR REPLACE FUNCTION llm.fail_invocation(
     p_organization_id uuid, p_invocation_id uuid, p_error text,
-    p_credits bigint DEFAULT 0, p_cents bigint DEFAULT 0, p_now timestamptz DEFAULT now())
+    p_credits bigint DEFAULT 0, p_cents bigint DEFAULT 0, p_now timestamptz DEFAULT now(),
+    p_usage jsonb DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
@@ -361,17 +390,114 @@ DECLARE
     v_outcome text;
 BEGIN
     IF (p_organization_id IS NOT NULL AND llm._clock_ok(p_now) AND p_invocation_id IS NOT NULL
-            AND llm._text_ok(p_error, 4000) AND llm._amount_ok(p_credits) AND llm._amount_ok(p_cents)) IS NOT TRUE THEN
+            AND llm._text_ok(p_error, 4000) AND llm._amount_ok(p_credits) AND llm._amount_ok(p_cents)
+            AND (p_usage IS NULL OR (llm._usage_ok(p_usage) AND p_credits = 0 AND p_cents = 0))) IS NOT TRUE THEN
         PERFORM llm._check_call(p_organization_id, p_now, 'invocation', p_invocation_id);
         PERFORM llm._check_text('p_error', p_error, 4000);
         PERFORM llm._check_amount('p_credits', p_credits);
         PERFORM llm._check_amount('p_cents', p_cents);
+        IF p_usage IS NOT NULL THEN
+            PERFORM llm._check_usage(p_usage);
+            RAISE EXCEPTION 'llm: a partial charge and a usage to price were both given'
+                USING ERRCODE = '22023',
+                      HINT = 'Pass p_credits and p_cents, or p_usage for the book to price (with p_credits and p_cents 0).';
+        END IF;
     END IF;
     SELECT f INTO v_outcome
       FROM llm._fail_invocation(p_organization_id, p_invocation_id, p_error, p_credits, p_cents,
-                                coalesce(p_now, pg_catalog.now())) AS f;
+                                coalesce(p_now, pg_catalog.now()), p_usage) AS f;
     RETURN v_outcome;
 END
 $$;
-COMMENT ON FUNCTION llm.fail_invocation(uuid, uuid, text, bigint, bigint, timestamptz) IS
-    'Fails a request: releases its hold and charges the optional partial usage once. Returns failed, or already_settled / already_recovered / already_failed with nothing changed; the first failure of a recovered request is a late report: under late_settlement = true_up it returns trued_up and moves the books to its partial charge by the signed difference, under audit it records its figures and error and returns already_recovered.';
+COMMENT ON FUNCTION llm.fail_invocation(uuid, uuid, text, bigint, bigint, timestamptz, jsonb) IS
+    'Fails a request: releases its hold and charges the optional partial usage once (p_credits and p_cents, or p_usage priced at the request''s pinned version). Returns failed, or already_settled / already_recovered / already_failed with nothing changed; the first failure of a recovered request is a late report: under late_settlement = true_up it returns trued_up and moves the books to its partial charge by the signed difference, under audit it records its figures and error and returns already_recovered.';
+
+-- ---------------------------------------------------------------- priced settlement
+
+-- A request's usage priced at the version and credit rate its admission pinned: the
+-- credits to charge (cost / rate, rounded up), the tokens the books keep (the prompt
+-- in, visible and reasoning output out) and the cost. LL005 for an unknown request,
+-- LL014 for one admitted with no price in force. Not locked: the pins never change.
+CREATE OR REPLACE FUNCTION llm._price_request(p_organization_id uuid, p_invocation_id uuid, p_usage jsonb)
+RETURNS llm.priced_usage
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_model text;
+    v_version bigint;
+    v_rate bigint;
+    v_created timestamptz;
+    v_rates jsonb;
+    v_fallback boolean;
+    v_usage jsonb := llm._full_usage(p_usage);
+    v_cost record;
+BEGIN
+    SELECT i.model, i.price_version_id, i.credit_rate_id, i.created_at INTO v_model, v_version, v_rate, v_created
+      FROM llm.invocations AS i
+     WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
+    IF NOT FOUND THEN
+        PERFORM llm._raise_unknown_invocation(p_organization_id, p_invocation_id);
+    END IF;
+    IF v_version IS NULL OR v_rate IS NULL THEN
+        PERFORM llm._raise_price_missing(p_organization_id, v_model, v_created,
+                                         CASE WHEN v_version IS NULL THEN 'price' ELSE 'credit rate' END);
+    END IF;
+    SELECT v.rates, v.model = '*' INTO v_rates, v_fallback FROM llm.price_versions AS v WHERE v.id = v_version;
+    v_cost := llm._usage_cost(v_model, v_version, v_rates, v_usage);
+    RETURN ROW(llm._credits_of(v_cost.cost_nanos, (SELECT r.nanos_per_credit FROM llm.credit_rates AS r WHERE r.id = v_rate)),
+               (v_usage ->> 'input')::bigint + (v_usage ->> 'cache_read')::bigint
+               + (v_usage ->> 'cache_write_5m')::bigint + (v_usage ->> 'cache_write_1h')::bigint,
+               (v_usage ->> 'output')::bigint + (v_usage ->> 'reasoning')::bigint,
+               v_cost.cost_nanos, v_usage, v_cost.price_tier,
+               CASE WHEN v_fallback THEN 'fallback' ELSE 'model' END)::llm.priced_usage;
+END
+$$;
+COMMENT ON FUNCTION llm._price_request(uuid, uuid, jsonb) IS
+    'p_usage of a request priced at its pinned version and credit rate: credits, tokens in and out, cost, the usage with every class, tier and priced_by; LL005 (unknown), LL014 (no price pinned).';
+
+CREATE OR REPLACE FUNCTION llm._settle_usage(
+    p_organization_id uuid, p_invocation_id uuid, p_usage jsonb, p_now timestamptz)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_price llm.priced_usage := llm._price_request(p_organization_id, p_invocation_id, p_usage);
+    v_outcome text;
+BEGIN
+    -- as settle_invocation, with the book's figures and no cents (the cost is exact)
+    IF llm._end_invocation(p_organization_id, p_invocation_id, 'settled', NULL, v_price.credits, NULL,
+                           v_price.input_tokens, v_price.output_tokens, p_now, v_price) THEN
+        RETURN 'settled';
+    END IF;
+    v_outcome := llm._settle_late(p_organization_id, p_invocation_id, NULL, v_price.credits, NULL,
+                                  v_price.input_tokens, v_price.output_tokens, p_now, v_price);
+    IF v_outcome IN ('already_settled', 'already_recovered') THEN
+        PERFORM llm._same_settlement(p_organization_id, p_invocation_id, v_price.credits, NULL,
+                                     v_price.input_tokens, v_price.output_tokens, v_price.usage);
+    END IF;
+    RETURN v_outcome;
+END
+$$;
+COMMENT ON FUNCTION llm._settle_usage(uuid, uuid, jsonb, timestamptz) IS
+    'Distributed twin of settle_usage; arguments already checked.';
+
+CREATE OR REPLACE FUNCTION llm.settle_usage(
+    p_organization_id uuid, p_invocation_id uuid, p_usage jsonb, p_now timestamptz DEFAULT now())
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $$
+DECLARE
+    v_outcome text;
+BEGIN
+    IF (p_organization_id IS NOT NULL AND llm._clock_ok(p_now) AND p_invocation_id IS NOT NULL
+            AND llm._usage_ok(p_usage)) IS NOT TRUE THEN
+        PERFORM llm._check_call(p_organization_id, p_now, 'invocation', p_invocation_id);
+        PERFORM llm._check_usage(p_usage);
+    END IF;
+    SELECT s INTO v_outcome
+      FROM llm._settle_usage(p_organization_id, p_invocation_id, p_usage, coalesce(p_now, pg_catalog.now())) AS s;
+    RETURN v_outcome;
+END
+$$;
+COMMENT ON FUNCTION llm.settle_usage(uuid, uuid, jsonb, timestamptz) IS
+    'Settles a request with the provider''s measured usage, priced exactly at the version and credit rate its admission pinned: charges the credits, records cost_nanos, usage, price_tier and priced_by, and moves the books as settle_invocation does, with the same outcomes (LL014 for a request admitted with no price in force).';

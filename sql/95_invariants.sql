@@ -591,7 +591,8 @@ BEGIN
         OR (i.settlement_kind = 'recovered'
             AND NOT (i.charged_cents IS NULL AND i.charged_credits = i.recovered_credits
                      AND (i.recovered_credits = 0 OR i.recovered_credits = i.estimate_credits)))
-        OR (i.settlement_kind = 'trued_up' AND (i.recovered_credits IS NULL OR i.charged_cents IS NULL))
+        OR (i.settlement_kind = 'trued_up'
+            AND (i.recovered_credits IS NULL OR (i.charged_cents IS NULL AND i.cost_nanos IS NULL)))
         OR (i.settlement_kind IS DISTINCT FROM 'recovered' AND i.settlement_kind IS DISTINCT FROM 'trued_up'
             AND i.recovered_credits IS NOT NULL)
         OR i.period_start <> llm._period_start(i.created_at);
@@ -738,6 +739,54 @@ $$;
 COMMENT ON FUNCTION llm._invariant_18() IS
     'Invariant 18: a budget counter has the stripes it says, each holding the holds of its open requests, and its rooms (spread under the budgets revision in force) promise no more than it has left to its limit and to the sum limit, nor usage past its next threshold not notified.';
 
+-- 19. A request priced by the book (priced_by model or fallback: settle_usage, or a
+--     failure or true-up with usage) carries its usage, its pinned version and credit
+--     rate and no cents, and its cost and credits are exactly that usage priced at
+--     them: the classes at the tier its prompt selects, rounded once half up, and
+--     ceil(cost / nanos per credit) credits; priced_by says whether the version is the
+--     fallback. One priced by its caller, or not at all (recovered), has no cost; a
+--     request pins a credit rate only with a version, and only a settled or failed
+--     request is priced.
+CREATE OR REPLACE FUNCTION llm._invariant_19()
+RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN QUERY
+    SELECT 19, i.organization_id, 'invocation ' || i.id,
+           pg_catalog.format('priced_by=%s version=%s rate=%s cost=%s computed=%s credits=%s cents=%s status=%s',
+                             i.priced_by, i.price_version_id, i.credit_rate_id, i.cost_nanos, c.cost,
+                             i.charged_credits, i.charged_cents, i.status)
+      FROM llm.invocations AS i
+      LEFT JOIN llm.price_versions AS v ON v.id = i.price_version_id
+      LEFT JOIN llm.credit_rates AS r ON r.id = i.credit_rate_id
+      LEFT JOIN LATERAL (
+            SELECT pg_catalog.round(
+                       llm._class_cost(v.rates, t.tier, i.usage, 'input') + llm._class_cost(v.rates, t.tier, i.usage, 'cache_read')
+                       + llm._class_cost(v.rates, t.tier, i.usage, 'cache_write_5m')
+                       + llm._class_cost(v.rates, t.tier, i.usage, 'cache_write_1h')
+                       + llm._class_cost(v.rates, t.tier, i.usage, 'output') + llm._class_cost(v.rates, t.tier, i.usage, 'reasoning')
+                       + llm._class_cost(v.rates, t.tier, i.usage, 'requests')) AS cost,
+                   (t.tier ->> 'above_prompt_tokens')::bigint AS tier
+              FROM (SELECT llm._price_tier(v.rates, i.usage) AS tier) AS t
+           ) AS c ON i.priced_by IN ('model', 'fallback')
+     WHERE (i.credit_rate_id IS NOT NULL AND i.price_version_id IS NULL)
+        OR (i.price_version_id IS NOT NULL AND v.id IS NULL)
+        OR (i.credit_rate_id IS NOT NULL AND r.id IS NULL)
+        OR (i.priced_by IS NOT NULL AND i.status NOT IN ('settled', 'failed'))
+        OR (i.priced_by IS DISTINCT FROM 'model' AND i.priced_by IS DISTINCT FROM 'fallback'
+            AND (i.cost_nanos IS NOT NULL OR i.usage IS NOT NULL OR i.price_tier IS NOT NULL))
+        OR (i.priced_by IN ('model', 'fallback')
+            AND (i.usage IS NULL OR v.id IS NULL OR r.id IS NULL OR i.charged_cents IS NOT NULL
+                 OR (v.model = '*') <> (i.priced_by = 'fallback')
+                 OR i.cost_nanos IS DISTINCT FROM c.cost
+                 OR i.price_tier IS DISTINCT FROM c.tier
+                 OR i.charged_credits IS DISTINCT FROM llm._credits_of(i.cost_nanos, r.nanos_per_credit)));
+END
+$$;
+COMMENT ON FUNCTION llm._invariant_19() IS
+    'Invariant 19: a request priced by the book carries its usage and pinned version and credit rate, no cents, and its cost, tier and credits are that usage priced at them; no other request has a cost.';
+
 -- Every violation, invariant by invariant. The calls keep the order of 0.2.0's single
 -- query list (2b before 2, 5b before 5), so the rows come out as they always have.
 CREATE OR REPLACE FUNCTION llm.check_invariants()
@@ -766,7 +815,8 @@ BEGIN
     RETURN QUERY SELECT * FROM llm._invariant_16();
     RETURN QUERY SELECT * FROM llm._invariant_17();
     RETURN QUERY SELECT * FROM llm._invariant_18();
+    RETURN QUERY SELECT * FROM llm._invariant_19();
 END
 $$;
 COMMENT ON FUNCTION llm.check_invariants() IS
-    'Returns one row per violated invariant (docs/contract.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period findings, notice claims, drift findings, budget counters and budget ceilings); empty when the books are right.';
+    'Returns one row per violated invariant (docs/contract.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period findings, notice claims, drift findings, budget counters, budget ceilings and priced requests); empty when the books are right.';

@@ -54,7 +54,7 @@ BEGIN
           FROM pg_catalog.pg_proc AS p
          WHERE p.pronamespace = 'llm'::regnamespace
            AND p.proname IN ('_upsert_organization', '_admit_invocation', '_mark_dispatched',
-                             '_settle_invocation', '_fail_invocation', '_open_execution',
+                             '_settle_invocation', '_settle_usage', '_fail_invocation', '_open_execution',
                              '_close_execution', '_reconcile_org', '_end_claim',
                              '_set_recovery_policy', '_set_allowance', '_audit_org',
                              '_set_period_stripes', '_set_budget', '_set_budget_stripes', '_note_refusal')

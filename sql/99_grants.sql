@@ -19,10 +19,11 @@ GRANT SELECT ON llm.budget_limits, llm.budget_counters TO llm_app;
 GRANT SELECT ON llm.prices, llm.price_versions, llm.credit_rates TO llm_app;
 
 GRANT EXECUTE ON FUNCTION
-    llm.admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz, text, text, text),
+    llm.admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz, text, text, text, bigint, bigint),
     llm.mark_dispatched(uuid, uuid, timestamptz),
     llm.settle_invocation(uuid, uuid, bigint, bigint, bigint, bigint, timestamptz),
-    llm.fail_invocation(uuid, uuid, text, bigint, bigint, timestamptz),
+    llm.fail_invocation(uuid, uuid, text, bigint, bigint, timestamptz, jsonb),
+    llm.settle_usage(uuid, uuid, jsonb, timestamptz),
     llm.open_execution(uuid, text, text, text, text, timestamptz),
     llm.close_execution(uuid, uuid, text, text, timestamptz),
     llm.note_refusal(uuid, text, text, text, date, timestamptz),

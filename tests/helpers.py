@@ -46,6 +46,7 @@ APP_FUNCTIONS = frozenset(
         "open_execution",
         "close_execution",
         "price_usage",
+        "settle_usage",
     }
 )
 
@@ -425,9 +426,10 @@ def fail_params(
     cents: int | None = 0,
     *,
     now: datetime | None = T0,
+    usage: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """The parameters of FAIL_SQL."""
-    return params("fail", org_id, invocation_id, error, credits=credits, cents=cents, now=now)
+    return params("fail", org_id, invocation_id, error, credits=credits, cents=cents, now=now, usage=usage)
 
 
 def fail(conn: psycopg.Connection, *args: Any, **kwargs: Any) -> str:

@@ -52,11 +52,12 @@ SIGNATURES = {
     "set_price": "llm.set_price(text,jsonb,timestamp with time zone,uuid)",
     "set_credit_rate": "llm.set_credit_rate(bigint,uuid,timestamp with time zone)",
     "price_usage": "llm.price_usage(text,jsonb,uuid,timestamp with time zone)",
-    "admit_invocation": "llm.admit_invocation(uuid,bigint,text,uuid,uuid,timestamp with time zone,text,text,text)",
+    "admit_invocation": "llm.admit_invocation(uuid,bigint,text,uuid,uuid,timestamp with time zone,text,text,text,bigint,bigint)",
     "mark_dispatched": "llm.mark_dispatched(uuid,uuid,timestamp with time zone)",
     "note_refusal": "llm.note_refusal(uuid,text,text,text,date,timestamp with time zone)",
     "settle_invocation": "llm.settle_invocation(uuid,uuid,bigint,bigint,bigint,bigint,timestamp with time zone)",
-    "fail_invocation": "llm.fail_invocation(uuid,uuid,text,bigint,bigint,timestamp with time zone)",
+    "fail_invocation": "llm.fail_invocation(uuid,uuid,text,bigint,bigint,timestamp with time zone,jsonb)",
+    "settle_usage": "llm.settle_usage(uuid,uuid,jsonb,timestamp with time zone)",
     "open_execution": "llm.open_execution(uuid,text,text,text,text,timestamp with time zone)",
     "close_execution": "llm.close_execution(uuid,uuid,text,text,timestamp with time zone)",
     "reconcile_org": "llm.reconcile_org(uuid,timestamp with time zone,integer,uuid)",
@@ -205,6 +206,10 @@ def prepare(conn: psycopg.Connection) -> dict[str, Any]:
     # the price book: a model priced from a day before T0, with a credit rate
     one("SELECT llm.set_price('gpt-x', '{\"input\": 1, \"output\": 2}', %s)", T0 - timedelta(days=1))
     one("SELECT llm.set_credit_rate(1000, NULL, %s)", T0 - timedelta(days=1))
+    priced = "SELECT id FROM llm.admit_invocation(%s, NULL, 'gpt-x', p_input_tokens => 1, p_max_output_tokens => 1)"
+    ids["priced_inv"] = one(priced, ORG)
+    ids["priced_done"] = one(priced, ORG)
+    one("SELECT llm.settle_usage(%s, %s, '{\"input\": 1}')", ORG, ids["priced_done"])
     ids["notice"] = one(
         "SELECT id FROM llm.threshold_notices WHERE organization_id = %s AND threshold_pct = 50", ORG
     )

@@ -229,6 +229,14 @@ CASES = (
             " WHERE organization_id = %(org)s AND rooms_revision IS NOT NULL",
         ),
     ),
+    Case(
+        "19",
+        "a request priced by the book recorded one nano dearer than its usage at its pinned price",
+        (
+            "UPDATE llm.invocations SET cost_nanos = cost_nanos + 1"
+            " WHERE organization_id = %(org)s AND priced_by = 'model'",
+        ),
+    ),
 )
 
 
@@ -236,8 +244,9 @@ def books(conn: psycopg.Connection) -> uuid.UUID:
     """One organization's legal books, with a row of every kind the invariants read: two
     stripes; two dispatched requests (holds 40 and 30) recovered at their holds, with
     past-window alerts; a measured request in a completed task; a day budget of 100 with
-    85 used (its 80 % notice) and 10 held; 40 more held; and the allowance then lowered
-    from 10,000 to 200, under used + held (214: an excess of 14, the 100 % still ahead)."""
+    85 used (its 80 % notice) and 10 held; 40 more held; a request priced by the book
+    (4.5 credits of cost, charged 5); and the allowance then lowered from 10,000 to 200,
+    under used + held (219: an excess of 19, the 100 % still ahead)."""
     org = new_org(conn, 10_000)
     call(conn, "set_period_stripes", org, 2)
     call(conn, "set_recovery_policy", org, "dispatched", "true_up")
@@ -252,6 +261,10 @@ def books(conn: psycopg.Connection) -> uuid.UUID:
     settle(conn, org, admit(conn, org, 90, api_key="k", now=LATER)["id"], 85, 3, now=LATER)
     admit(conn, org, 10, api_key="k", now=LATER)
     admit(conn, org, 40, now=LATER)
+    call(conn, "set_price", "model-p", {"input": 1, "output": 2}, effective_from=T0)
+    call(conn, "set_credit_rate", 1_000_000, effective_from=T0)
+    priced = call(conn, "admit", org, None, "model-p", input_tokens=1000, max_output_tokens=1000, now=LATER)[0]
+    assert call(conn, "settle_usage", org, priced["id"], {"input": 1500, "output": 1500}, now=LATER)[0]["value"] == "settled"
     set_org(conn, org, 200, now=LATER)
 
     assert (
@@ -262,7 +275,7 @@ def books(conn: psycopg.Connection) -> uuid.UUID:
         scalar(
             conn, "SELECT allowance_excess FROM llm.period_heads WHERE organization_id = %s", [org]
         )
-        == 14
+        == 19
     )
     assert (
         scalar(conn, "SELECT count(*) FROM llm.threshold_notices WHERE organization_id = %s", [org])
@@ -286,7 +299,7 @@ def violations(conn: psycopg.Connection, key: str) -> list[tuple]:
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.key) for c in CASES])
 def test_each_invariant_has_a_breach_that_only_it_reports(llm_conn, llm_superuser_conn, case):
-    """Issue 24 item 5: every invariant of docs/contract.md (1..18, 2b, 4b, 5b) is one private
+    """Issue 24 item 5: every invariant of docs/contract.md (1..19, 2b, 4b, 5b) is one private
     function, and a breach of it alone is reported by that function alone (case 2: with
     2b, see the table), under its number, for the organization broken; on legal books
     every function returns nothing."""

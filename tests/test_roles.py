@@ -330,6 +330,7 @@ def test_every_function_pins_its_search_path_except_the_committing_procedure(llm
         ("_class_cost", "f", False),
         ("_clock_ok", "f", False),
         ("_credits_of", "f", False),
+        ("_full_usage", "f", False),
         ("_hours_up", "f", False),
         ("_max_amount", "f", False),
         ("_max_sum", "f", False),

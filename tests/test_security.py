@@ -36,10 +36,11 @@ MONTH = {"first": JANUARY, "last": JANUARY.replace(day=31)}  # the days rebuild_
 ROLES = ("llm_app", "llm_operator", "llm_reader", "plain")
 
 APP = {
-    "llm.admit_invocation(uuid,bigint,text,uuid,uuid,timestamp with time zone,text,text,text)",
+    "llm.admit_invocation(uuid,bigint,text,uuid,uuid,timestamp with time zone,text,text,text,bigint,bigint)",
     "llm.mark_dispatched(uuid,uuid,timestamp with time zone)",
     "llm.settle_invocation(uuid,uuid,bigint,bigint,bigint,bigint,timestamp with time zone)",
-    "llm.fail_invocation(uuid,uuid,text,bigint,bigint,timestamp with time zone)",
+    "llm.fail_invocation(uuid,uuid,text,bigint,bigint,timestamp with time zone,jsonb)",
+    "llm.settle_usage(uuid,uuid,jsonb,timestamp with time zone)",
     "llm.open_execution(uuid,text,text,text,text,timestamp with time zone)",
     "llm.close_execution(uuid,uuid,text,text,timestamp with time zone)",
     "llm.note_refusal(uuid,text,text,text,date,timestamp with time zone)",
@@ -254,7 +255,7 @@ REFUSED = {
         "UPDATE llm.period_stripes SET used_credits = 0",
         "INSERT INTO llm.task_kinds (key) VALUES ('app.own')",
         "SELECT llm._admit_invocation(%(org)s, 1::bigint, 'm', NULL::uuid, NULL::uuid, %(now)s,"
-        " NULL, NULL, NULL)",
+        " NULL, NULL, NULL, NULL, NULL, NULL)",
         "SELECT llm.set_budget(%(org)s, 'api_key', 'k', 'day', 10::bigint)",
         "SELECT llm.set_budget_stripes(%(org)s, 'api_key', 'k', 'day', 2)",
         "SELECT llm._book_budgets(NULL::llm.invocations, %(now)s)",

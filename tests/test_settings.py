@@ -33,6 +33,8 @@ RANGES = {
     "org_time_budget": ("1 day", "25 hours", "0"),
     "pass_lease": ("1 day", "25 hours", "0"),
     "budget_retention": ("100 years", "100 years 1 day", "0"),
+    # a text: three capitals (ISO 4217); one too many, and lower case
+    "currency": ("EUR", "EURO", "usd"),
 }
 
 
