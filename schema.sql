@@ -195,9 +195,7 @@ CREATE TABLE llm.invocations (
     priced_by text,
     cost_nanos bigint,
     usage jsonb,
-    price_tier bigint,
-    CONSTRAINT invocations_cost_nanos_check CHECK (((cost_nanos >= 0) AND (cost_nanos <= '1000000000000000'::bigint))),
-    CONSTRAINT invocations_priced_by_check CHECK ((priced_by = ANY (ARRAY['model'::text, 'fallback'::text, 'caller'::text])))
+    price_tier bigint
 )
 WITH (fillfactor='70');
 
@@ -231,11 +229,11 @@ CREATE FUNCTION llm._admission(p_inv llm.invocations, p_replayed boolean) RETURN
 
 COMMENT ON FUNCTION llm._admission(p_inv llm.invocations, p_replayed boolean) IS 'The llm.admission_result of a request: its columns as of 0.2.0, then replayed.';
 
-CREATE FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text, p_price_version_id bigint, p_credit_rate_id bigint, p_priced_estimate jsonb) RETURNS llm.admission_result
+CREATE FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text, p_input_tokens bigint, p_max_output_tokens bigint) RETURNS llm.admission_result
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 b0cde178b3c1578f9f6d43f383413eb9 $$;
+    AS $$ body in sql/, md5 3d29be1f0c0414bbda3a1430ded7ec2f $$;
 
-COMMENT ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text, p_price_version_id bigint, p_credit_rate_id bigint, p_priced_estimate jsonb) IS 'Distributed twin of admit_invocation; arguments already checked, the estimate priced and the price pinned. replayed: the earlier admission of a retried id, returned unchanged.';
+COMMENT ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text, p_input_tokens bigint, p_max_output_tokens bigint) IS 'Distributed twin of admit_invocation; arguments already checked. It pins the price in force and prices a NULL estimate from the tokens (LL014 without a price). replayed: the earlier admission of a retried id, returned unchanged.';
 
 CREATE FUNCTION llm._allowances_near_limit(p_now timestamp with time zone) RETURNS TABLE(organization_id uuid, allowance bigint, committed numeric)
     LANGUAGE plpgsql STABLE
@@ -490,7 +488,7 @@ COMMENT ON FUNCTION llm._end_claim(p_organization_id uuid, p_notice_id uuid, p_c
 
 CREATE FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone, p_price llm.priced_usage) RETURNS boolean
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 1039b3d13c0819cd3325dd5c66b7ff73 $$;
+    AS $$ body in sql/, md5 6bf0a58185a9e17698d271a5c7a11802 $$;
 
 COMMENT ON FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone, p_price llm.priced_usage) IS 'Ends an open (reserved or dispatched) invocation as settled (measured) or failed with its charge (priced by the caller, or by the book: p_price) and books it: its task''s totals, its stripe''s movement (charge in, hold out) with the threshold notices the period crosses, then its budgets'' counters; false when it was no longer open.';
 
@@ -504,7 +502,7 @@ COMMENT ON FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start da
 CREATE FUNCTION llm._exact_rate(p_model text, p_where text, p_value jsonb) RETURNS numeric
     LANGUAGE plpgsql IMMUTABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $_$ body in sql/, md5 d594ff546158c67a3c7937f0a872a136 $_$;
+    AS $_$ body in sql/, md5 2e5f17615715fbc2359bdeda8f4b8119 $_$;
 
 COMMENT ON FUNCTION llm._exact_rate(p_model text, p_where text, p_value jsonb) IS 'A rate (JSON number or decimal string, 0 .. 10^6, at most 12 decimals) as an exact numeric; 22023 naming p_where otherwise.';
 
@@ -651,7 +649,7 @@ COMMENT ON FUNCTION llm._invariant_18() IS 'Invariant 18: a budget counter has t
 CREATE FUNCTION llm._invariant_19() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 8a42cdc7ce6fd8e805b1e2705c078a7c $$;
+    AS $$ body in sql/, md5 3967ab27de95659f7bffc07d55fade0e $$;
 
 COMMENT ON FUNCTION llm._invariant_19() IS 'Invariant 19: a request priced by the book carries its usage and pinned version and credit rate, no cents, and its cost, tier and credits are that usage priced at them; no other request has a cost.';
 
@@ -1185,7 +1183,7 @@ COMMENT ON FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credit
 CREATE FUNCTION llm._same_settlement(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_usage jsonb DEFAULT NULL::jsonb) RETURNS void
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 6027a81a3d67442a9ce03d64daa056ac $$;
+    AS $$ body in sql/, md5 335dabe8a46e0ddb4d73cd1d48366404 $$;
 
 COMMENT ON FUNCTION llm._same_settlement(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_usage jsonb) IS 'For a settlement answered already_*: LL007 (DETAIL stored and given) when the request''s stored measured settlement has other figures; nothing when they agree or the request ended by a failure.';
 
@@ -1289,7 +1287,7 @@ COMMENT ON FUNCTION llm._settle_invocation(p_organization_id uuid, p_invocation_
 CREATE FUNCTION llm._settle_late(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone, p_price llm.priced_usage) RETURNS text
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 393248e45a6b61dd76caf1ea8cb513cf $$;
+    AS $$ body in sql/, md5 11e25d9a03e84efd96b0553766c55237 $$;
 
 COMMENT ON FUNCTION llm._settle_late(p_organization_id uuid, p_invocation_id uuid, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone, p_price llm.priced_usage) IS 'Answers a report (measured settlement or failure) on a request no longer open: its already_* outcome, except for the first late report of a recovered request, which under late_settlement = true_up becomes its charge (trued_up, the books moved by the signed difference) and under audit is recorded in late_* with its error (already_recovered).';
 
@@ -1397,7 +1395,7 @@ COMMENT ON FUNCTION llm._window_start(p_window text, p_at timestamp with time zo
 CREATE FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid DEFAULT NULL::uuid, p_invocation_id uuid DEFAULT NULL::uuid, p_now timestamp with time zone DEFAULT now(), p_project text DEFAULT NULL::text, p_api_key text DEFAULT NULL::text, p_end_user text DEFAULT NULL::text, p_input_tokens bigint DEFAULT NULL::bigint, p_max_output_tokens bigint DEFAULT NULL::bigint) RETURNS llm.admission_result
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 691264c78fb1c8fba9e15ed684eb06c9 $$;
+    AS $$ body in sql/, md5 5572e59250994879b426671de67eda72 $$;
 
 COMMENT ON FUNCTION llm.admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text, p_input_tokens bigint, p_max_output_tokens bigint) IS 'Admits a request iff used + held + estimate fits the allowance and every budget that applies to its project, API key and end user (LL001 naming the first that does not), placing its hold on the current period and on those budgets'' counters; the estimate is p_estimate_credits, or (NULL) p_input_tokens and p_max_output_tokens priced by the book (LL014 without a price). Pins the price in force for its model. A repeated p_invocation_id with the same arguments returns the first admission as it stands now, with replayed = true (different arguments: LL007).';
 
@@ -1662,9 +1660,9 @@ COMMENT ON FUNCTION llm.set_period_stripes(p_organization_id uuid, p_stripes int
 CREATE FUNCTION llm.set_price(p_model text, p_rates jsonb, p_effective_from timestamp with time zone DEFAULT now(), p_organization_id uuid DEFAULT NULL::uuid) RETURNS bigint
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 7f06f712e7f2601f9d3a6e25aa5b4aef $$;
+    AS $$ body in sql/, md5 c7887d00ba63e67909eaa713b953808c $$;
 
-COMMENT ON FUNCTION llm.set_price(p_model text, p_rates jsonb, p_effective_from timestamp with time zone, p_organization_id uuid) IS 'Adds a price version of p_model (''*'': the fallback) from p_effective_from, for the book or one organization, and returns its id; the same rates at the same time return that version, other rates there are 22023 (versions never change).';
+COMMENT ON FUNCTION llm.set_price(p_model text, p_rates jsonb, p_effective_from timestamp with time zone, p_organization_id uuid) IS 'Adds a price version of p_model (''*'': the fallback) from p_effective_from, for the book or one organization, and returns its id; exactly the rates in force then return that version and add none; other rates at an existing effective_from are 22023 (versions never change).';
 
 CREATE FUNCTION llm.set_recovery_policy(p_organization_id uuid, p_recovery_charge text, p_late_settlement text) RETURNS llm.organization_settings
     LANGUAGE plpgsql SECURITY DEFINER
@@ -2226,7 +2224,7 @@ GRANT SELECT ON TABLE llm.invocations TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm._admission(p_inv llm.invocations, p_replayed boolean) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text, p_price_version_id bigint, p_credit_rate_id bigint, p_priced_estimate jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text, p_input_tokens bigint, p_max_output_tokens bigint) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._allowances_near_limit(p_now timestamp with time zone) FROM PUBLIC;
 

@@ -49,6 +49,14 @@ SET_KEY_STRIPES = (f"SELECT llm.set_budget_stripes({ORG_ID.format(n='%(n)s::inte
 # Every request of organizations first .. first + orgs - 1 under two budgets besides
 # its allowance: its project's month and its API key's day, each the organization's
 # '*' default, so every id a request names gets a counter of its own (issue 23).
+# The price book of priced.sql: one model with a book price (claude-sonnet-4's rates)
+# and a credit rate of a micro-dollar, in force since a day before the run.
+SET_PRICES = """
+SELECT llm.set_price('bench-priced', '{"input": "3", "cache_read": "0.30", "output": "15"}',
+                     now() - interval '1 day'),
+       llm.set_credit_rate(1000, NULL, now() - interval '1 day')
+"""
+
 SET_BUDGETS = f"""
 SELECT count(*) FROM generate_series(%(first)s::integer, %(first)s::integer + %(orgs)s::integer - 1) AS n,
        LATERAL (VALUES ('project', 'month'), ('api_key', 'day')) AS b(scope, budget_window),

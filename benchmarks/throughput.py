@@ -31,6 +31,7 @@ def bench_throughput(target: Target, sizes: common.Sizes, profiler: common.Profi
         conn.execute(q.UPSERT_ORGS, {"orgs": 2 * sizes.cycle_orgs, "allowance": 10**12})
         conn.execute(q.OPEN_TASKS, {"orgs": 2 * sizes.cycle_orgs, "slots": sizes.clients, "started_at": common.now()})
         conn.execute(q.SET_BUDGETS, {"first": sizes.cycle_orgs + 1, "orgs": sizes.cycle_orgs, "limit": 10**12})
+        conn.execute(q.SET_PRICES)
     violations_loaded, _ = common.invariant_violations(target, "cycle")
 
     # The baseline runs last: simple-update writes gigabytes of WAL in its run,
@@ -83,6 +84,12 @@ def bench_throughput(target: Target, sizes: common.Sizes, profiler: common.Profi
     results["floor"] = common.pgbench(target, "cycle", common.run_args(
         sizes, "-n", "-f", str(common.SCRIPTS / "floor.sql"), "-D", f"norgs={sizes.cycle_orgs}"))  # fmt: skip
     common.log(f"  {results['floor']['tps']:.0f} requests/s")
+    # the priced cycle (issue 33): the same organizations, priced by the book
+    common.settle(target, "cycle", sizes)
+    common.log(f"pgbench priced.sql over {sizes.cycle_orgs} organizations, {sizes.clients} clients")
+    results["priced"] = common.pgbench(target, "cycle", common.run_args(
+        sizes, "-n", "-f", str(common.SCRIPTS / "priced.sql"), "-D", f"norgs={sizes.cycle_orgs}"))  # fmt: skip
+    common.log(f"  {results['priced']['tps']:.0f} requests/s")
     results |= _budget_runs(target, sizes, profiler)
 
     dsn = target.dsn("cycle")
@@ -110,8 +117,11 @@ def bench_throughput(target: Target, sizes: common.Sizes, profiler: common.Profi
     cpu_floor_budgets = cpu.backend_cpu_per_call(dsn, cpu.script_step(common.SCRIPTS / "floor_budgets.sql", lambda rng: {
         "n": rng.randint(first, first + sizes.cycle_orgs - 1), "slot": 0,
         "p": rng.randint(1, sizes.budget_projects), "k": rng.randint(1, sizes.budget_keys)}), n=sizes.cpu_cycles)  # fmt: skip
+    cpu_priced = cpu.backend_cpu_per_call(dsn, cpu.script_step(common.SCRIPTS / "priced.sql", lambda rng: {
+        "n": rng.randint(1, sizes.cycle_orgs), "slot": 0, "inp": rng.randint(800, 1600)}), n=sizes.cpu_cycles)  # fmt: skip
     results["cpu_us_per_request"] = {"cycle": cpu_cycle, "simple_update": cpu_simple, "budgets": cpu_budgets,
-                                     "floor": cpu_floor, "floor_budgets": cpu_floor_budgets}  # fmt: skip
+                                     "floor": cpu_floor, "floor_budgets": cpu_floor_budgets,
+                                     "priced": cpu_priced}  # fmt: skip
     if cpu_cycle and cpu_simple:
         common.log(f"  cycle {cpu_cycle:.0f} us, simple-update {cpu_simple:.0f} us, 3 budgets {cpu_budgets or 0:.0f} us,"
                    f" floor {cpu_floor or 0:.0f} us, floor under 3 budgets {cpu_floor_budgets or 0:.0f} us")  # fmt: skip
@@ -183,6 +193,7 @@ def bench_throughput(target: Target, sizes: common.Sizes, profiler: common.Profi
         rows.append(common.Row("cpu_floor_budgets", "server CPU per request, one session: the floor under 3 budgets "
                         "(floor_budgets.sql)", cpu_floor_budgets, "us", cpu_budgets, "the cycle under 3 budgets",
                         common.ratio(cpu_floor_budgets, cpu_budgets), "report", results["cpu_us_per_request"]))  # fmt: skip
+    rows += _priced_rows(results, spread_mean, cpu_cycle)
     rows += _driver_rows(results, sizes, spread)
     return rows, results
 
@@ -403,6 +414,22 @@ def _floor_rows(results: dict[str, Any], spread_mean: float, simple: float) -> l
             "requests/s", floor_budgets, "floor under 3 budgets", common.ratio(budgets, floor_budgets), "report",
             {"budgets_runs": [results["budgets_spread"]["tps"], results["budgets_spread_after"]["tps"]]}),
     ]  # fmt: skip
+
+
+def _priced_rows(results: dict[str, Any], spread_mean: float, cpu_cycle: float | None) -> list[common.Row]:
+    """The priced cycle (scripts/priced.sql, issue 33): admitted from token counts and
+    settled from usage, both priced by the book, against the unpriced cycle of the same
+    run (the mean of its spread runs)."""
+    priced = results["priced"]["tps"]
+    rows = [common.Row("priced", "priced request cycle, 100 orgs: estimate from tokens, settle_usage (pgbench)",
+                       priced, "requests/s", spread_mean, "request cycle, unpriced (mean)",
+                       common.ratio(priced, spread_mean), ">= 0.90", results["priced"])]  # fmt: skip
+    cpu_priced = results["cpu_us_per_request"]["priced"]
+    if cpu_cycle and cpu_priced:
+        rows.append(common.Row("cpu_priced", "server CPU per request, one session: the priced cycle (priced.sql)",
+                               cpu_priced, "us", cpu_cycle, "the cycle", common.ratio(cpu_cycle, cpu_priced), "report",
+                               results["cpu_us_per_request"]))  # fmt: skip
+    return rows
 
 
 def _pgbench_init(target: Target, sizes: common.Sizes) -> None:

@@ -5,23 +5,25 @@
 -- settlement with the provider's usage (llm.settle_usage) records what it cost:
 --
 -- - price_version_id, credit_rate_id: pinned at admission (NULL: no price in force).
--- - priced_by: model or fallback (the book priced it from usage: settle_usage) or
---   caller (settle_invocation: the caller's credits and cents); NULL until settled,
---   and for a request recovered at its estimate, which has no money figure.
+-- - priced_by: model or fallback (the book priced it from usage: settle_usage, or a
+--   failure or true-up with usage); NULL until then, when the caller priced it
+--   (settle_invocation: its cost is charged_cents * 10^7), and for a request
+--   recovered at its estimate, which has no money figure.
 -- - cost_nanos: the exact cost the book computed (nanos of llm.settings.currency);
 --   NULL when the caller priced it (its cost is charged_cents * 10^7) or nothing did.
 -- - usage: the measured usage it was priced from, every token class present.
 -- - price_tier: the tier's above_prompt_tokens (NULL at base rates).
 --
--- Under live traffic: nullable columns without defaults on llm.invocations (no
--- rewrite, no scan). No public routine of the previous release returns this table's
+-- Under live traffic: nullable columns without defaults or constraints on
+-- llm.invocations (no rewrite, no scan; a CHECK would scan the table under its lock:
+-- invariant 19 checks what one would). No public routine of the previous release returns this table's
 -- row (0014), so no call planned before sees a row it does not expect.
 
 ALTER TABLE llm.invocations
     ADD COLUMN price_version_id bigint,
     ADD COLUMN credit_rate_id bigint,
-    ADD COLUMN priced_by text CHECK (priced_by IN ('model', 'fallback', 'caller')),
-    ADD COLUMN cost_nanos bigint CHECK (cost_nanos BETWEEN 0 AND 1000000000000000),
+    ADD COLUMN priced_by text,
+    ADD COLUMN cost_nanos bigint,
     ADD COLUMN usage jsonb,
     ADD COLUMN price_tier bigint;
 COMMENT ON COLUMN llm.invocations.price_version_id IS

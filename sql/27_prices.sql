@@ -45,7 +45,7 @@ DECLARE
 BEGIN
     IF pg_catalog.jsonb_typeof(p_value) = 'number' THEN
         v_rate := (p_value #>> '{}')::numeric;
-    ELSIF pg_catalog.jsonb_typeof(p_value) = 'string' AND (p_value #>> '{}') ~ '^[0-9]+(\.[0-9]+)?$' THEN
+    ELSIF pg_catalog.jsonb_typeof(p_value) = 'string' AND (p_value #>> '{}') ~ '^-?[0-9]+(\.[0-9]+)?$' THEN
         v_rate := (p_value #>> '{}')::numeric;
     ELSE
         PERFORM llm._raise_bad_price(p_model, 'has a rate that is no number',
@@ -464,6 +464,17 @@ BEGIN
     IF p_organization_id IS NOT NULL AND NOT EXISTS (SELECT FROM llm.organizations AS o WHERE o.id = p_organization_id) THEN
         PERFORM llm._raise_unknown_org(p_organization_id);
     END IF;
+    -- Exactly the rates already in force then (for this model and organization) add
+    -- no version: setting a price book again, or importing it twice, changes nothing.
+    SELECT v.id, v.rates, v.currency INTO v_stored
+      FROM llm.price_versions AS v
+     WHERE v.model = p_model AND v.organization_id IS NOT DISTINCT FROM p_organization_id
+       AND v.effective_from <= v_from
+     ORDER BY v.effective_from DESC
+     LIMIT 1;
+    IF v_stored.rates = v_rates AND v_stored.currency = v_currency THEN
+        RETURN v_stored.id;
+    END IF;
     -- Race-free: two callers of one key meet at the unique key, and the second reads
     -- the first's version.
     INSERT INTO llm.price_versions AS v (model, organization_id, effective_from, currency, rates)
@@ -486,7 +497,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm.set_price(text, jsonb, timestamptz, uuid) IS
-    'Adds a price version of p_model (''*'': the fallback) from p_effective_from, for the book or one organization, and returns its id; the same rates at the same time return that version, other rates there are 22023 (versions never change).';
+    'Adds a price version of p_model (''*'': the fallback) from p_effective_from, for the book or one organization, and returns its id; exactly the rates in force then return that version and add none; other rates at an existing effective_from are 22023 (versions never change).';
 
 CREATE OR REPLACE FUNCTION llm.set_credit_rate(
     p_nanos_per_credit bigint, p_organization_id uuid DEFAULT NULL, p_effective_from timestamptz DEFAULT now())

@@ -83,7 +83,7 @@ CREATE OR REPLACE FUNCTION llm._admit_invocation(
     p_organization_id uuid, p_estimate_credits bigint, p_model text,
     p_execution_id uuid, p_invocation_id uuid, p_now timestamptz,
     p_project text, p_api_key text, p_end_user text,
-    p_price_version_id bigint, p_credit_rate_id bigint, p_priced_estimate jsonb)
+    p_input_tokens bigint, p_max_output_tokens bigint)
 RETURNS llm.admission_result
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -99,13 +99,46 @@ DECLARE
     v_stripe smallint;
     v_inv llm.invocations;
     v_period date := llm._period_start(p_now);
+    v_estimate bigint := p_estimate_credits;
+    v_version bigint;  -- the price version in force for the model (NULL: none)
+    v_rates jsonb;
+    v_rate_id bigint;  -- and the credit rate, looked up only with a version
+    v_nanos_per_credit bigint;
+    v_priced jsonb;  -- the tokens a priced estimate stands for
 BEGIN
-    SELECT o.status, o.period_stripes, o.has_budgets, o.budgets_revision
-      INTO v_org_status, v_stripes, v_has_budgets, v_budgets_revision
+    -- The organization, and in the same statement the price in force for the model
+    -- (docs/architecture.md "The price book": the model's before the fallback '*', the
+    -- organization's own before the book's, the latest), which every admission pins.
+    SELECT o.status, o.period_stripes, o.has_budgets, o.budgets_revision, p.id, p.rates
+      INTO v_org_status, v_stripes, v_has_budgets, v_budgets_revision, v_version, v_rates
       FROM llm.organizations AS o
+      LEFT JOIN LATERAL (
+            SELECT v.id, v.rates
+              FROM llm.price_versions AS v
+             WHERE v.model = ANY (ARRAY[p_model, '*'])
+               AND (v.organization_id = o.id OR v.organization_id IS NULL)
+               AND v.effective_from <= p_now
+             ORDER BY v.model = '*', v.organization_id IS NULL, v.effective_from DESC
+             LIMIT 1) AS p ON true
      WHERE o.id = p_organization_id;
     IF v_org_status IS DISTINCT FROM 'operational' THEN
         PERFORM llm._operational_org(p_organization_id);  -- raises LL002 (unknown) or LL003
+    END IF;
+    IF v_version IS NOT NULL THEN
+        SELECT r.id, r.nanos_per_credit INTO v_rate_id, v_nanos_per_credit
+          FROM llm.credit_rates AS r
+         WHERE (r.organization_id = p_organization_id OR r.organization_id IS NULL)
+           AND r.effective_from <= p_now
+         ORDER BY r.organization_id IS NULL, r.effective_from DESC
+         LIMIT 1;
+    END IF;
+    IF p_estimate_credits IS NULL THEN
+        -- priced from its tokens, the whole prompt at the input rate (admission cannot
+        -- know what the cache will hold); LL014 without a price or a credit rate
+        PERFORM llm._require_price(p_organization_id, p_model, p_now, v_version, v_rate_id);
+        v_priced := pg_catalog.jsonb_build_object('input', p_input_tokens, 'output', p_max_output_tokens);
+        v_estimate := llm._credits_of((llm._usage_cost(p_model, v_version, v_rates, v_priced)).cost_nanos,
+                                      v_nanos_per_credit);
     END IF;
 
     IF p_execution_id IS NOT NULL THEN
@@ -115,7 +148,7 @@ BEGIN
           FROM llm.executions AS x
          WHERE x.organization_id = p_organization_id AND x.id = p_execution_id;
         IF v_exec_status IS DISTINCT FROM 'running' THEN
-            v_inv := llm._task_admits(p_organization_id, p_execution_id, p_invocation_id, p_estimate_credits,
+            v_inv := llm._task_admits(p_organization_id, p_execution_id, p_invocation_id, v_estimate,
                                       p_model, p_project, p_api_key, p_end_user);
             IF v_inv.id IS NOT NULL THEN
                 RETURN llm._admission(v_inv, true);  -- a retry of a request admitted while its task ran
@@ -154,10 +187,10 @@ BEGIN
             estimate_credits, hold_credits, created_at, stripe,
             project, api_key, end_user, budget_mask, budget_stripe, price_version_id, credit_rate_id)
     VALUES (p_organization_id, coalesce(p_invocation_id, pg_catalog.gen_random_uuid()), v_period,
-            p_execution_id, p_model, 'reserved', p_estimate_credits, p_estimate_credits, p_now, v_stripe,
+            p_execution_id, p_model, 'reserved', v_estimate, v_estimate, p_now, v_stripe,
             p_project, p_api_key, p_end_user, v_mask,
             CASE WHEN v_mask <> 0 THEN pg_catalog.mod(pg_catalog.pg_backend_pid(), 64) END,
-            p_price_version_id, p_credit_rate_id)
+            v_version, v_rate_id)
     ON CONFLICT (organization_id, id) DO NOTHING
     RETURNING i.* INTO v_inv;
     IF NOT FOUND THEN
@@ -165,7 +198,7 @@ BEGIN
         -- arguments return the first admission and place no second hold; others LL007.
         SELECT * INTO STRICT v_inv FROM llm.invocations AS i
          WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
-        RETURN llm._admission(llm._same_admission(v_inv, llm._retried_estimate(v_inv, p_estimate_credits, p_priced_estimate),
+        RETURN llm._admission(llm._same_admission(v_inv, llm._retried_estimate(v_inv, v_estimate, v_priced),
                                                   p_model, p_execution_id, p_project, p_api_key, p_end_user), true);
     END IF;
     -- The hold from this stripe's room, in one row; else the exact path (the period
@@ -173,9 +206,9 @@ BEGIN
     -- its month's first admission). The allowance is decided first, so it is the one
     -- named when it and a budget both refuse.
     -- (on stripe 0, the fast path called here: a call less on the request path)
-    IF v_stripe <> 0 OR NOT llm._move_within_rooms(p_organization_id, v_period, v_stripe, 0, p_estimate_credits, 0,
+    IF v_stripe <> 0 OR NOT llm._move_within_rooms(p_organization_id, v_period, v_stripe, 0, v_estimate, 0,
                                                    1, p_now, NULL, NULL) THEN
-        PERFORM llm._move_stripe(p_organization_id, v_period, v_stripe, 0, p_estimate_credits, 0, p_now, 1, NULL);
+        PERFORM llm._move_stripe(p_organization_id, v_period, v_stripe, 0, v_estimate, 0, p_now, 1, NULL);
     END IF;
     -- Then its hold on every budget's counter, in bit order, last (a hot key's row is
     -- held from here to the commit only), each iff used + held + estimate <= the limit
@@ -188,8 +221,8 @@ BEGIN
     RETURN llm._admission(v_inv, false);
 END
 $$;
-COMMENT ON FUNCTION llm._admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz, text, text, text, bigint, bigint, jsonb) IS
-    'Distributed twin of admit_invocation; arguments already checked, the estimate priced and the price pinned. replayed: the earlier admission of a retried id, returned unchanged.';
+COMMENT ON FUNCTION llm._admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz, text, text, text, bigint, bigint) IS
+    'Distributed twin of admit_invocation; arguments already checked. It pins the price in force and prices a NULL estimate from the tokens (LL014 without a price). replayed: the earlier admission of a retried id, returned unchanged.';
 
 -- The estimate a retried priced admission stands for: its tokens (p_priced_estimate,
 -- {"input": N, "output": M}) priced at the version and credit rate the first
@@ -253,10 +286,6 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
     v_inv llm.admission_result;  -- the twin's result: llm.invocations' columns as of 0.2.0, then replayed
-    v_now timestamptz := coalesce(p_now, pg_catalog.now());
-    v_estimate bigint := p_estimate_credits;
-    v_priced jsonb;  -- the tokens a priced estimate stands for
-    v_pin record;
 BEGIN
     IF (p_organization_id IS NOT NULL AND llm._clock_ok(p_now)
             AND (llm._amount_ok(p_estimate_credits) AND p_input_tokens IS NULL AND p_max_output_tokens IS NULL
@@ -271,24 +300,10 @@ BEGIN
         PERFORM llm._check_scope_id('p_api_key', p_api_key);
         PERFORM llm._check_scope_id('p_end_user', p_end_user);
     END IF;
-    -- Every admission pins the price in force for its model, whatever its estimate's
-    -- source (none in force: nothing pinned); one without an estimate is priced from
-    -- its tokens, the whole prompt at the input rate (admission cannot know what the
-    -- cache will hold), and refused (LL014) without a price.
-    v_pin := llm._price_in_force(p_organization_id, p_model, v_now);
-    IF p_estimate_credits IS NULL THEN
-        IF v_pin.credit_rate_id IS NULL THEN
-            PERFORM llm._operational_org(p_organization_id);  -- LL002, LL003 before LL014
-            PERFORM llm._require_price(p_organization_id, p_model, v_now, v_pin.price_version_id, v_pin.credit_rate_id);
-        END IF;
-        v_priced := pg_catalog.jsonb_build_object('input', p_input_tokens, 'output', p_max_output_tokens);
-        v_estimate := llm._credits_of((llm._usage_cost(p_model, v_pin.price_version_id, v_pin.rates, v_priced)).cost_nanos,
-                                      v_pin.nanos_per_credit);
-    END IF;
     SELECT * INTO v_inv
-      FROM llm._admit_invocation(p_organization_id, v_estimate, p_model, p_execution_id,
-                                 p_invocation_id, v_now, p_project, p_api_key, p_end_user,
-                                 v_pin.price_version_id, v_pin.credit_rate_id, v_priced);
+      FROM llm._admit_invocation(p_organization_id, p_estimate_credits, p_model, p_execution_id,
+                                 p_invocation_id, coalesce(p_now, pg_catalog.now()),
+                                 p_project, p_api_key, p_end_user, p_input_tokens, p_max_output_tokens);
     RETURN v_inv;
 END
 $$;

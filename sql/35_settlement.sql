@@ -47,7 +47,9 @@ BEGIN
            settled_at = p_now, error = p_error,
            charged_credits = p_credits, charged_cents = p_cents,
            input_tokens = p_input_tokens, output_tokens = p_output_tokens,
-           priced_by = coalesce(p_price.priced_by, 'caller'), cost_nanos = p_price.cost_nanos,
+           -- the book's price (NULL when the caller priced it: a settlement writes nothing more
+           -- than it did, so its update stays HOT)
+           priced_by = p_price.priced_by, cost_nanos = p_price.cost_nanos,
            usage = p_price.usage, price_tier = p_price.price_tier
      WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id
        AND i.status IN ('reserved', 'dispatched')
@@ -236,7 +238,7 @@ BEGIN
            input_tokens = CASE WHEN v_true_up THEN p_input_tokens ELSE i.input_tokens END,
            output_tokens = CASE WHEN v_true_up THEN p_output_tokens ELSE i.output_tokens END,
            -- the charge's price, when it becomes the charge (audit keeps credits and tokens)
-           priced_by = CASE WHEN v_true_up THEN coalesce(p_price.priced_by, 'caller') ELSE i.priced_by END,
+           priced_by = CASE WHEN v_true_up THEN p_price.priced_by ELSE i.priced_by END,
            cost_nanos = CASE WHEN v_true_up THEN p_price.cost_nanos ELSE i.cost_nanos END,
            usage = CASE WHEN v_true_up THEN p_price.usage ELSE i.usage END,
            price_tier = CASE WHEN v_true_up THEN p_price.price_tier ELSE i.price_tier END

@@ -752,11 +752,26 @@ RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail tex
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
+    -- the shape of every request's price figures: a scan with no pricing in it
     RETURN QUERY
     SELECT 19, i.organization_id, 'invocation ' || i.id,
-           pg_catalog.format('priced_by=%s version=%s rate=%s cost=%s computed=%s credits=%s cents=%s status=%s',
+           pg_catalog.format('priced_by=%s version=%s rate=%s cost=%s usage=%s tier=%s cents=%s status=%s',
+                             i.priced_by, i.price_version_id, i.credit_rate_id, i.cost_nanos, i.usage,
+                             i.price_tier, i.charged_cents, i.status)
+      FROM llm.invocations AS i
+     WHERE (i.credit_rate_id IS NOT NULL AND i.price_version_id IS NULL)
+        OR (i.priced_by IS NOT NULL AND i.status NOT IN ('settled', 'failed'))
+        OR (i.priced_by IS DISTINCT FROM 'model' AND i.priced_by IS DISTINCT FROM 'fallback'
+            AND (i.cost_nanos IS NOT NULL OR i.usage IS NOT NULL OR i.price_tier IS NOT NULL))
+        OR (i.priced_by IN ('model', 'fallback')
+            AND (i.usage IS NULL OR i.charged_cents IS NOT NULL OR i.credit_rate_id IS NULL));
+    -- the pins of every request that has one, and each priced request's figures
+    -- recomputed from its usage at them
+    RETURN QUERY
+    SELECT 19, i.organization_id, 'invocation ' || i.id,
+           pg_catalog.format('priced_by=%s version=%s rate=%s cost=%s computed=%s tier=%s computed=%s credits=%s',
                              i.priced_by, i.price_version_id, i.credit_rate_id, i.cost_nanos, c.cost,
-                             i.charged_credits, i.charged_cents, i.status)
+                             i.price_tier, c.tier, i.charged_credits)
       FROM llm.invocations AS i
       LEFT JOIN llm.price_versions AS v ON v.id = i.price_version_id
       LEFT JOIN llm.credit_rates AS r ON r.id = i.credit_rate_id
@@ -768,20 +783,18 @@ BEGIN
                        + llm._class_cost(v.rates, t.tier, i.usage, 'output') + llm._class_cost(v.rates, t.tier, i.usage, 'reasoning')
                        + llm._class_cost(v.rates, t.tier, i.usage, 'requests')) AS cost,
                    (t.tier ->> 'above_prompt_tokens')::bigint AS tier
-              FROM (SELECT llm._price_tier(v.rates, i.usage) AS tier) AS t
+              -- kept whole (OFFSET 0): pulled up, the tier's expression would be an
+              -- argument used many times, and _class_cost would not be inlined
+              FROM (SELECT llm._price_tier(v.rates, i.usage) AS tier OFFSET 0) AS t
            ) AS c ON i.priced_by IN ('model', 'fallback')
-     WHERE (i.credit_rate_id IS NOT NULL AND i.price_version_id IS NULL)
-        OR (i.price_version_id IS NOT NULL AND v.id IS NULL)
-        OR (i.credit_rate_id IS NOT NULL AND r.id IS NULL)
-        OR (i.priced_by IS NOT NULL AND i.status NOT IN ('settled', 'failed'))
-        OR (i.priced_by IS DISTINCT FROM 'model' AND i.priced_by IS DISTINCT FROM 'fallback'
-            AND (i.cost_nanos IS NOT NULL OR i.usage IS NOT NULL OR i.price_tier IS NOT NULL))
-        OR (i.priced_by IN ('model', 'fallback')
-            AND (i.usage IS NULL OR v.id IS NULL OR r.id IS NULL OR i.charged_cents IS NOT NULL
-                 OR (v.model = '*') <> (i.priced_by = 'fallback')
-                 OR i.cost_nanos IS DISTINCT FROM c.cost
-                 OR i.price_tier IS DISTINCT FROM c.tier
-                 OR i.charged_credits IS DISTINCT FROM llm._credits_of(i.cost_nanos, r.nanos_per_credit)));
+     WHERE i.price_version_id IS NOT NULL
+       AND (v.id IS NULL
+            OR (i.credit_rate_id IS NOT NULL AND r.id IS NULL)
+            OR (i.priced_by IN ('model', 'fallback')
+                AND ((v.model = '*') <> (i.priced_by = 'fallback')
+                     OR i.cost_nanos IS DISTINCT FROM c.cost
+                     OR i.price_tier IS DISTINCT FROM c.tier
+                     OR i.charged_credits IS DISTINCT FROM llm._credits_of(i.cost_nanos, r.nanos_per_credit))));
 END
 $$;
 COMMENT ON FUNCTION llm._invariant_19() IS

@@ -199,7 +199,8 @@ def test_settle_usage_of_a_request_admitted_without_a_price_is_LL014(book: psyco
                     params("settle_usage", org, uuid.uuid4(), {"input": 1}, now=T0))
     assert settle(book, org, inv["id"], 7, 2) == "settled"
     stored = invocation(book, org, inv["id"])
-    assert (stored["priced_by"], stored["cost_nanos"], stored["charged_cents"]) == ("caller", None, 2)
+    # priced by its caller: no price figure of the book, its cost is its cents (x 10^7 nanos)
+    assert (stored["priced_by"], stored["cost_nanos"], stored["charged_cents"]) == (None, None, 2)
 
 
 def test_a_tokens_class_without_a_rate_refuses_the_settlement_and_keeps_the_hold(book: psycopg.Connection) -> None:

@@ -304,6 +304,9 @@ def test_versions_are_immutable_and_setting_the_same_rates_again_adds_none(book:
     assert rows(book, "SELECT * FROM llm.prices ORDER BY id") == before
     assert_sqlstate(book, "22023", sql_of("set_price"),
                     params("set_price", "claude-sonnet-4", {"input": "3.01", "output": "15"}, effective_from=since))
+    # exactly the rates in force at a later time add no version either
+    assert set_price(book, "claude-sonnet-4", CLAUDE_SONNET_4, effective_from=T0) == version
+    assert rows(book, "SELECT * FROM llm.prices ORDER BY id") == before
     # a correction is a later version; the earlier one still prices its own time
     fixed = set_price(book, "claude-sonnet-4", {"input": "3.01", "output": "15"}, effective_from=T0)
     assert fixed > version

@@ -255,7 +255,7 @@ REFUSED = {
         "UPDATE llm.period_stripes SET used_credits = 0",
         "INSERT INTO llm.task_kinds (key) VALUES ('app.own')",
         "SELECT llm._admit_invocation(%(org)s, 1::bigint, 'm', NULL::uuid, NULL::uuid, %(now)s,"
-        " NULL, NULL, NULL, NULL, NULL, NULL)",
+        " NULL, NULL, NULL, NULL, NULL)",
         "SELECT llm.set_budget(%(org)s, 'api_key', 'k', 'day', 10::bigint)",
         "SELECT llm.set_budget_stripes(%(org)s, 'api_key', 'k', 'day', 2)",
         "SELECT llm._book_budgets(NULL::llm.invocations, %(now)s)",

@@ -278,6 +278,7 @@ def assert_sending_notices_are_owed_again(conn: psycopg.Connection, sending: lis
     assert scalar(conn, "SELECT count(*) FROM llm.threshold_notices WHERE claim_token IS NOT NULL") == 0
 
 
+# Long on purpose: one table of calls, one for each public routine, checked whole against pg_proc.
 def exercise_every_public_routine(conn: psycopg.Connection, ids: dict[str, uuid.UUID]) -> None:
     """Call each public routine of schema llm once on the upgraded books. The table of calls
     is checked against pg_proc, so a new public routine must be added here."""

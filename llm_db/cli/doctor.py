@@ -41,7 +41,7 @@ KEY_GRANTS = (
     (
         "llm_app",
         "EXECUTE",
-        "llm.admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz, text, text, text)",
+        "llm.admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz, text, text, text, bigint, bigint)",
     ),
     (
         "llm_app",

@@ -26,7 +26,7 @@ except ModuleNotFoundError as exc:  # the cli extra is not installed
     raise missing("click") from exc
 
 # the subcommands (one module a theme, llm_db/cli/commands/) need click: imported after it
-from llm_db.cli.commands import demo, doctor, notices, passes, reports, setup  # noqa: E402
+from llm_db.cli.commands import demo, doctor, notices, passes, prices, reports, setup  # noqa: E402
 from llm_db.cli.commands.common import (  # noqa: E402
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -93,6 +93,8 @@ def main() -> None:
       llm-db health    --dsn ...      # exit 0 ok, 1 late/failing, 5 never
       llm-db metrics   --dsn ...      # Prometheus text format
       llm-db report    --dsn ... --days 7
+    Price every request from the provider's usage:
+      llm-db prices import model_prices_and_context_window.json --model gpt-4o
     Deliver threshold notices to a webhook, continuously:
       llm-db worker    --dsn ... --url https://hooks.example.com/llm
     See it work end to end on a throw-away server:
@@ -105,6 +107,7 @@ for _command in (
     passes.reconcile, passes.health,
     notices.notices, notices.worker,
     reports.report, reports.metrics,
+    prices.prices,
     demo.demo,
 ):  # fmt: skip
     main.add_command(_command)
