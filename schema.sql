@@ -231,7 +231,7 @@ COMMENT ON FUNCTION llm._admission(p_inv llm.invocations, p_replayed boolean) IS
 
 CREATE FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text, p_input_tokens bigint, p_max_output_tokens bigint) RETURNS llm.admission_result
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 3d29be1f0c0414bbda3a1430ded7ec2f $$;
+    AS $$ body in sql/, md5 5df0939f126bc47f23574177d56e7d95 $$;
 
 COMMENT ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text, p_input_tokens bigint, p_max_output_tokens bigint) IS 'Distributed twin of admit_invocation; arguments already checked. It pins the price in force and prices a NULL estimate from the tokens (LL014 without a price). replayed: the earlier admission of a retried id, returned unchanged.';
 
@@ -488,7 +488,7 @@ COMMENT ON FUNCTION llm._end_claim(p_organization_id uuid, p_notice_id uuid, p_c
 
 CREATE FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone, p_price llm.priced_usage) RETURNS boolean
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 6bf0a58185a9e17698d271a5c7a11802 $$;
+    AS $$ body in sql/, md5 da31231a89c040a5d2947f6d0c921cb5 $$;
 
 COMMENT ON FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone, p_price llm.priced_usage) IS 'Ends an open (reserved or dispatched) invocation as settled (measured) or failed with its charge (priced by the caller, or by the book: p_price) and books it: its task''s totals, its stripe''s movement (charge in, hold out) with the threshold notices the period crosses, then its budgets'' counters; false when it was no longer open.';
 
@@ -987,8 +987,7 @@ COMMENT ON FUNCTION llm._price_in_force(p_organization_id uuid, p_model text, p_
 
 CREATE FUNCTION llm._price_request(p_organization_id uuid, p_invocation_id uuid, p_usage jsonb) RETURNS llm.priced_usage
     LANGUAGE plpgsql STABLE
-    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 9ad5156913d4b450ce7caed9795f9fd5 $$;
+    AS $$ body in sql/, md5 e2f766fbdb2531b098f129a34fd96a3a $$;
 
 COMMENT ON FUNCTION llm._price_request(p_organization_id uuid, p_invocation_id uuid, p_usage jsonb) IS 'p_usage of a request priced at its pinned version and credit rate: credits, tokens in and out, cost, the usage with every class, tier and priced_by; LL005 (unknown), LL014 (no price pinned).';
 
@@ -1001,7 +1000,7 @@ COMMENT ON FUNCTION llm._price_tier(p_rates jsonb, p_usage jsonb) IS 'The tier o
 CREATE FUNCTION llm._quote(p_organization_id uuid, p_model text, p_usage jsonb, p_at timestamp with time zone) RETURNS llm.price_quote
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 6102d5429f2bec252ccc9138a6e7a113 $$;
+    AS $$ body in sql/, md5 1d7ed89b6adfd32b825ac6ab6c89098a $$;
 
 COMMENT ON FUNCTION llm._quote(p_organization_id uuid, p_model text, p_usage jsonb, p_at timestamp with time zone) IS 'The price_quote of p_usage of p_model for an organization (NULL: the book) at p_at; LL014 without a price or credit rate in force.';
 
@@ -1126,7 +1125,6 @@ COMMENT ON FUNCTION llm._require_org_id(p_organization_id uuid) IS 'Raises 22023
 
 CREATE FUNCTION llm._require_price(p_organization_id uuid, p_model text, p_at timestamp with time zone, p_price_version_id bigint, p_credit_rate_id bigint) RETURNS void
     LANGUAGE plpgsql STABLE
-    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
     AS $$ body in sql/, md5 d05ee61e6a5c23d5b93e4cecf9ed9fb7 $$;
 
 COMMENT ON FUNCTION llm._require_price(p_organization_id uuid, p_model text, p_at timestamp with time zone, p_price_version_id bigint, p_credit_rate_id bigint) IS 'Raises LL014 (PriceMissing) when _price_in_force found no price version or no credit rate.';
@@ -1148,7 +1146,7 @@ COMMENT ON FUNCTION llm._retain_budgets(p_organization_id uuid, p_now timestamp 
 CREATE FUNCTION llm._retried_estimate(p_inv llm.invocations, p_estimate_credits bigint, p_priced_estimate jsonb) RETURNS bigint
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 fcbae0f2e9d7eba1002e9f5608c289a8 $$;
+    AS $$ body in sql/, md5 81092cb3316a9fd0cb42c2da352fe70f $$;
 
 COMMENT ON FUNCTION llm._retried_estimate(p_inv llm.invocations, p_estimate_credits bigint, p_priced_estimate jsonb) IS 'The estimate a retried admission is compared with: a priced one''s tokens at the version and credit rate the request pinned, else p_estimate_credits.';
 
@@ -1293,7 +1291,6 @@ COMMENT ON FUNCTION llm._settle_late(p_organization_id uuid, p_invocation_id uui
 
 CREATE FUNCTION llm._settle_usage(p_organization_id uuid, p_invocation_id uuid, p_usage jsonb, p_now timestamp with time zone) RETURNS text
     LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
     AS $$ body in sql/, md5 7996c8ffc8ddfddbccdfe2a9828a1bef $$;
 
 COMMENT ON FUNCTION llm._settle_usage(p_organization_id uuid, p_invocation_id uuid, p_usage jsonb, p_now timestamp with time zone) IS 'Distributed twin of settle_usage; arguments already checked.';
@@ -1367,12 +1364,11 @@ CREATE FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_
 
 COMMENT ON FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) IS 'Distributed twin of upsert_organization; arguments already checked.';
 
-CREATE FUNCTION llm._usage_cost(p_model text, p_version_id bigint, p_rates jsonb, p_usage jsonb, OUT cost_nanos bigint, OUT price_tier bigint) RETURNS record
+CREATE FUNCTION llm._usage_cost(p_model text, p_version_id bigint, p_rates jsonb, p_usage jsonb, p_nanos_per_credit bigint, OUT cost_nanos bigint, OUT price_tier bigint, OUT credits bigint) RETURNS record
     LANGUAGE plpgsql IMMUTABLE
-    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 9363a96117c320b3a4cb67e478b0f86c $$;
+    AS $$ body in sql/, md5 5cbda56f26182c85c4438e05d9671a46 $$;
 
-COMMENT ON FUNCTION llm._usage_cost(p_model text, p_version_id bigint, p_rates jsonb, p_usage jsonb, OUT cost_nanos bigint, OUT price_tier bigint) IS 'The exact cost in nanos of p_usage at p_rates, rounded once half up, and the tier that priced it (NULL: base rates); 22023 for tokens of a class with no rate or a cost over 10^15 nanos.';
+COMMENT ON FUNCTION llm._usage_cost(p_model text, p_version_id bigint, p_rates jsonb, p_usage jsonb, p_nanos_per_credit bigint, OUT cost_nanos bigint, OUT price_tier bigint, OUT credits bigint) IS 'The exact cost in nanos of p_usage at p_rates, rounded once half up, the tier that priced it (NULL: base rates) and the credits at p_nanos_per_credit (rounded up); 22023 for tokens of a class with no rate or a cost over 10^15 nanos.';
 
 CREATE FUNCTION llm._usage_ok(p_usage jsonb) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -2544,7 +2540,7 @@ REVOKE ALL ON FUNCTION llm._true_up_daily_usage(p_inv llm.invocations, p_credits
 
 REVOKE ALL ON FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm._usage_cost(p_model text, p_version_id bigint, p_rates jsonb, p_usage jsonb, OUT cost_nanos bigint, OUT price_tier bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION llm._usage_cost(p_model text, p_version_id bigint, p_rates jsonb, p_usage jsonb, p_nanos_per_credit bigint, OUT cost_nanos bigint, OUT price_tier bigint, OUT credits bigint) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._usage_ok(p_usage jsonb) FROM PUBLIC;
 

@@ -90,7 +90,8 @@ except ImportError:  # pragma: no cover - only before the generated methods exis
 
 def _admit_params(org: uuid.UUID, task: uuid.UUID, inv: uuid.UUID) -> dict[str, Any]:
     return {"organization_id": org, "estimate_credits": 100, "model": "bench-model", "execution_id": task,
-            "invocation_id": inv, "now": None, "project": None, "api_key": None, "end_user": None}  # fmt: skip
+            "invocation_id": inv, "now": None, "project": None, "api_key": None, "end_user": None,
+            "input_tokens": None, "max_output_tokens": None}  # fmt: skip
 
 
 def _settle_params(org: uuid.UUID, inv: uuid.UUID) -> dict[str, Any]:

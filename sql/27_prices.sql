@@ -243,22 +243,36 @@ COMMENT ON FUNCTION llm._class_cost(jsonb, jsonb, jsonb, text) IS
     'The exact nanos p_usage''s tokens of p_class cost at p_tier''s rate, else p_rates'' (per million tokens; per call for requests); NULL for tokens with no rate.';
 
 -- The cost of a usage at a version's rates, exact, rounded once half up (a cost is
--- never negative), and the tier that priced it. Tokens of a class with no rate are
--- refused naming the class and the version. Arguments already checked.
+-- never negative), the tier that priced it, and the credits it is charged at
+-- p_nanos_per_credit (rounded up; NULL without a rate). Tokens of a class with no rate
+-- are refused naming the class and the version. On the request path: the tier is one
+-- statement (its plan kept by PL/pgSQL) and the classes one expression of inlined
+-- _class_cost calls, with no SQL function called per request. Arguments already checked.
 CREATE OR REPLACE FUNCTION llm._usage_cost(
-    p_model text, p_version_id bigint, p_rates jsonb, p_usage jsonb,
-    OUT cost_nanos bigint, OUT price_tier bigint)
+    p_model text, p_version_id bigint, p_rates jsonb, p_usage jsonb, p_nanos_per_credit bigint,
+    OUT cost_nanos bigint, OUT price_tier bigint, OUT credits bigint)
 LANGUAGE plpgsql IMMUTABLE
 AS $$
 DECLARE
-    v_tier jsonb := llm._price_tier(p_rates, p_usage);
+    v_tier jsonb;
     v_class text;
-    v_cost numeric := pg_catalog.round(
+    v_cost numeric;
+BEGIN
+    IF p_rates ? 'tiers' THEN  -- the highest threshold the prompt is above (stored ascending)
+        SELECT t.value INTO v_tier
+          FROM pg_catalog.jsonb_array_elements(p_rates -> 'tiers') WITH ORDINALITY AS t (value, n)
+         WHERE (t.value ->> 'above_prompt_tokens')::numeric
+               < coalesce((p_usage ->> 'input')::numeric, 0) + coalesce((p_usage ->> 'cache_read')::numeric, 0)
+                 + coalesce((p_usage ->> 'cache_write_5m')::numeric, 0) + coalesce((p_usage ->> 'cache_write_1h')::numeric, 0)
+         ORDER BY t.n DESC
+         LIMIT 1;
+    END IF;
+    v_tier := coalesce(v_tier, '{}'::jsonb);
+    v_cost := pg_catalog.round(
         llm._class_cost(p_rates, v_tier, p_usage, 'input') + llm._class_cost(p_rates, v_tier, p_usage, 'cache_read')
         + llm._class_cost(p_rates, v_tier, p_usage, 'cache_write_5m') + llm._class_cost(p_rates, v_tier, p_usage, 'cache_write_1h')
         + llm._class_cost(p_rates, v_tier, p_usage, 'output') + llm._class_cost(p_rates, v_tier, p_usage, 'reasoning')
         + llm._class_cost(p_rates, v_tier, p_usage, 'requests'));
-BEGIN
     price_tier := (v_tier ->> 'above_prompt_tokens')::bigint;
     IF v_cost IS NULL THEN
         FOREACH v_class IN ARRAY llm._price_classes() LOOP
@@ -271,17 +285,19 @@ BEGIN
                       HINT = 'Set a price that lists the class (llm.set_price); an unpriced class is never charged as 0.';
         END LOOP;
     END IF;
-    IF v_cost > llm._max_amount() THEN
+    IF v_cost > 1000000000000000 THEN  -- llm._max_amount()
         RAISE EXCEPTION 'llm: the usage of % costs more than one call may', p_model
             USING ERRCODE = '22023',
                   DETAIL = pg_catalog.format('Price version %s puts it at %s nanos; the most one call may cost is %s.',
                                              p_version_id, v_cost, llm._max_amount());
     END IF;
     cost_nanos := v_cost;
+    -- ceil(cost / rate): both at most 10^15, so the sum cannot overflow (llm._credits_of)
+    credits := (cost_nanos + p_nanos_per_credit - 1) / p_nanos_per_credit;
 END
 $$;
-COMMENT ON FUNCTION llm._usage_cost(text, bigint, jsonb, jsonb) IS
-    'The exact cost in nanos of p_usage at p_rates, rounded once half up, and the tier that priced it (NULL: base rates); 22023 for tokens of a class with no rate or a cost over 10^15 nanos.';
+COMMENT ON FUNCTION llm._usage_cost(text, bigint, jsonb, jsonb, bigint) IS
+    'The exact cost in nanos of p_usage at p_rates, rounded once half up, the tier that priced it (NULL: base rates) and the credits at p_nanos_per_credit (rounded up); 22023 for tokens of a class with no rate or a cost over 10^15 nanos.';
 
 CREATE OR REPLACE FUNCTION llm._raise_price_missing(p_organization_id uuid, p_model text, p_at timestamptz, p_what text)
 RETURNS void
@@ -371,8 +387,8 @@ DECLARE
     v_cost record;
 BEGIN
     PERFORM llm._require_price(p_organization_id, p_model, p_at, v_pin.price_version_id, v_pin.credit_rate_id);
-    v_cost := llm._usage_cost(p_model, v_pin.price_version_id, v_pin.rates, p_usage);
-    RETURN ROW(v_cost.cost_nanos, llm._credits_of(v_cost.cost_nanos, v_pin.nanos_per_credit),
+    v_cost := llm._usage_cost(p_model, v_pin.price_version_id, v_pin.rates, p_usage, v_pin.nanos_per_credit);
+    RETURN ROW(v_cost.cost_nanos, v_cost.credits,
                v_pin.price_version_id, v_pin.credit_rate_id, v_cost.price_tier,
                CASE WHEN v_pin.fallback THEN 'fallback' ELSE 'model' END,
                (SELECT s.currency FROM llm.settings AS s))::llm.price_quote;

@@ -124,7 +124,7 @@ BEGIN
     IF v_org_status IS DISTINCT FROM 'operational' THEN
         PERFORM llm._operational_org(p_organization_id);  -- raises LL002 (unknown) or LL003
     END IF;
-    IF v_version IS NOT NULL THEN
+    IF v_version IS NOT NULL THEN  -- its credit rate, only with a price
         SELECT r.id, r.nanos_per_credit INTO v_rate_id, v_nanos_per_credit
           FROM llm.credit_rates AS r
          WHERE (r.organization_id = p_organization_id OR r.organization_id IS NULL)
@@ -137,8 +137,7 @@ BEGIN
         -- know what the cache will hold); LL014 without a price or a credit rate
         PERFORM llm._require_price(p_organization_id, p_model, p_now, v_version, v_rate_id);
         v_priced := pg_catalog.jsonb_build_object('input', p_input_tokens, 'output', p_max_output_tokens);
-        v_estimate := llm._credits_of((llm._usage_cost(p_model, v_version, v_rates, v_priced)).cost_nanos,
-                                      v_nanos_per_credit);
+        v_estimate := (llm._usage_cost(p_model, v_version, v_rates, v_priced, v_nanos_per_credit)).credits;
     END IF;
 
     IF p_execution_id IS NOT NULL THEN
@@ -236,11 +235,10 @@ BEGIN
     IF p_priced_estimate IS NULL OR p_inv.price_version_id IS NULL OR p_inv.credit_rate_id IS NULL THEN
         RETURN p_estimate_credits;
     END IF;
-    RETURN llm._credits_of(
-        (llm._usage_cost(p_inv.model, p_inv.price_version_id,
-                         (SELECT v.rates FROM llm.price_versions AS v WHERE v.id = p_inv.price_version_id),
-                         p_priced_estimate)).cost_nanos,
-        (SELECT r.nanos_per_credit FROM llm.credit_rates AS r WHERE r.id = p_inv.credit_rate_id));
+    RETURN (llm._usage_cost(p_inv.model, p_inv.price_version_id,
+                            (SELECT v.rates FROM llm.price_versions AS v WHERE v.id = p_inv.price_version_id),
+                            p_priced_estimate,
+                            (SELECT r.nanos_per_credit FROM llm.credit_rates AS r WHERE r.id = p_inv.credit_rate_id))).credits;
 END
 $$;
 COMMENT ON FUNCTION llm._retried_estimate(llm.invocations, bigint, jsonb) IS

@@ -40,7 +40,19 @@ DECLARE
     v_created timestamptz;
     v_mask smallint;  -- its budgets' bits (NULL: admitted before 0.4.0, in llm.invocation_scopes)
     v_inv llm.invocations;
+    -- the book's price, as plain values (a field of the composite in the UPDATE costs
+    -- every settlement more than these assignments cost a priced one)
+    v_priced_by text;
+    v_cost_nanos bigint;
+    v_usage jsonb;
+    v_price_tier bigint;
 BEGIN
+    IF p_price.priced_by IS NOT NULL THEN  -- (a composite IS NOT NULL only when every field is)
+        v_priced_by := p_price.priced_by;
+        v_cost_nanos := p_price.cost_nanos;
+        v_usage := p_price.usage;
+        v_price_tier := p_price.price_tier;
+    END IF;
     UPDATE llm.invocations AS i
        SET status = p_status,
            settlement_kind = CASE WHEN p_status = 'settled' THEN 'measured' END,
@@ -49,8 +61,7 @@ BEGIN
            input_tokens = p_input_tokens, output_tokens = p_output_tokens,
            -- the book's price (NULL when the caller priced it: a settlement writes nothing more
            -- than it did, so its update stays HOT)
-           priced_by = p_price.priced_by, cost_nanos = p_price.cost_nanos,
-           usage = p_price.usage, price_tier = p_price.price_tier
+           priced_by = v_priced_by, cost_nanos = v_cost_nanos, usage = v_usage, price_tier = v_price_tier
      WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id
        AND i.status IN ('reserved', 'dispatched')
     RETURNING i.execution_id, i.period_start, i.stripe, i.hold_credits, i.created_at, i.budget_mask
@@ -431,11 +442,16 @@ DECLARE
     v_created timestamptz;
     v_rates jsonb;
     v_fallback boolean;
+    v_nanos_per_credit bigint;
     v_usage jsonb := llm._full_usage(p_usage);
     v_cost record;
 BEGIN
-    SELECT i.model, i.price_version_id, i.credit_rate_id, i.created_at INTO v_model, v_version, v_rate, v_created
+    -- the request and its pins in one statement (the price book is a reference table)
+    SELECT i.model, i.price_version_id, i.credit_rate_id, i.created_at, v.rates, v.model = '*', r.nanos_per_credit
+      INTO v_model, v_version, v_rate, v_created, v_rates, v_fallback, v_nanos_per_credit
       FROM llm.invocations AS i
+      LEFT JOIN llm.price_versions AS v ON v.id = i.price_version_id
+      LEFT JOIN llm.credit_rates AS r ON r.id = i.credit_rate_id
      WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
     IF NOT FOUND THEN
         PERFORM llm._raise_unknown_invocation(p_organization_id, p_invocation_id);
@@ -444,9 +460,8 @@ BEGIN
         PERFORM llm._raise_price_missing(p_organization_id, v_model, v_created,
                                          CASE WHEN v_version IS NULL THEN 'price' ELSE 'credit rate' END);
     END IF;
-    SELECT v.rates, v.model = '*' INTO v_rates, v_fallback FROM llm.price_versions AS v WHERE v.id = v_version;
-    v_cost := llm._usage_cost(v_model, v_version, v_rates, v_usage);
-    RETURN ROW(llm._credits_of(v_cost.cost_nanos, (SELECT r.nanos_per_credit FROM llm.credit_rates AS r WHERE r.id = v_rate)),
+    v_cost := llm._usage_cost(v_model, v_version, v_rates, v_usage, v_nanos_per_credit);
+    RETURN ROW(v_cost.credits,
                (v_usage ->> 'input')::bigint + (v_usage ->> 'cache_read')::bigint
                + (v_usage ->> 'cache_write_5m')::bigint + (v_usage ->> 'cache_write_1h')::bigint,
                (v_usage ->> 'output')::bigint + (v_usage ->> 'reasoning')::bigint,

@@ -244,7 +244,7 @@ def test_a_million_tiny_requests_sum_exactly(book: psycopg.Connection) -> None:
     the version's stored rates). In cents each would round to 0 and the sum would be $0."""
     version = set_price(book, "gpt-4o-mini", {"input": "0.15", "output": "0.60"}, effective_from=T0 - timedelta(days=1))
     total = scalar(book, """
-        SELECT sum((llm._usage_cost(v.model, v.id, v.rates, pg_catalog.jsonb_build_object('input', 1000 + n %% 2))).cost_nanos)
+        SELECT sum((llm._usage_cost(v.model, v.id, v.rates, pg_catalog.jsonb_build_object('input', 1000 + n %% 2), 1)).cost_nanos)
           FROM llm.price_versions AS v, pg_catalog.generate_series(1, 1000000) AS n
          WHERE v.id = %(version)s""", {"version": version})
     # 500,000 calls of 1,000 tokens and 500,000 of 1,001: 150,000 and 150,150 nanos each

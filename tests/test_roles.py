@@ -309,7 +309,8 @@ def test_every_security_definer_function_pins_its_search_path(llm_conn):
 REQUEST_PATH_UNPINNED = [
     "_admit_invocation", "_book_budgets", "_budgets_revision", "_end_invocation",
     "_fail_invocation", "_mark_dispatched", "_move_request_counters", "_move_stripe",
-    "_move_within_counter_room", "_move_within_rooms", "_settle_invocation",
+    "_move_within_counter_room", "_move_within_rooms", "_price_request", "_require_price",
+    "_settle_invocation", "_settle_usage", "_usage_cost",
 ]
 
 

@@ -8,4 +8,4 @@
 \set slot :client_id % 8
 \set inp random(800, 1600)
 SELECT i.id AS inv FROM llm.admit_invocation(md5('bench-org-' || :n)::uuid, NULL, 'bench-priced', md5('bench-exec-' || :n || '-' || :slot)::uuid, gen_random_uuid(), p_input_tokens => :inp, p_max_output_tokens => 400) AS i \gset
-SELECT llm.settle_usage(md5('bench-org-' || :n)::uuid, :inv::uuid, jsonb_build_object('input', :inp, 'cache_read', 600, 'output', 300));
+SELECT llm.settle_usage(md5('bench-org-' || :n)::uuid, :inv::uuid, jsonb_build_object('input', :inp::bigint, 'cache_read', 600, 'output', 300));
