@@ -64,3 +64,15 @@ BACKEND_PID = "SELECT pg_catalog.pg_backend_pid() AS pid"
 NOTICE_CLAIM_TIMEOUT = """
 SELECT EXTRACT(EPOCH FROM s.notice_claim_timeout)::float8 AS seconds FROM llm.settings AS s
 """
+
+# `llm-db prices list`: every price version (one model's with %(model)s), its rates as
+# text so that every number is read back as a Decimal, never a float.
+PRICE_VERSIONS = """
+SELECT p.id, p.model, p.organization_id, p.effective_from, p.currency, p.rates::text AS rates
+  FROM llm.prices AS p
+ WHERE %(model)s::text IS NULL OR p.model = %(model)s::text
+ ORDER BY p.model, p.organization_id NULLS FIRST, p.effective_from
+"""
+
+# `llm-db prices import`: the versions there are, to tell one added from one returned.
+PRICE_VERSION_IDS = "SELECT p.id FROM llm.prices AS p"

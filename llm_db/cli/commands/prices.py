@@ -22,6 +22,7 @@ from uuid import UUID
 
 import click
 
+from llm_db import queries
 from llm_db.cli.commands import common
 
 CLASSES = ("input", "cache_read", "cache_write_5m", "cache_write_1h", "output", "reasoning", "requests")
@@ -211,12 +212,7 @@ def set_price(dsn: str | None, model: str, rates: str, effective_from: datetime 
 def list_prices(dsn: str | None, model: str | None, as_json: bool) -> None:
     """Every price version (llm.prices), oldest first; rates exactly as stored."""
     with common.connect(dsn) as conn:
-        rows = conn.execute(
-            "SELECT id, model, organization_id, effective_from, currency, rates::text AS rates"
-            "  FROM llm.prices WHERE %(model)s::text IS NULL OR model = %(model)s::text"
-            " ORDER BY model, organization_id NULLS FIRST, effective_from",
-            {"model": model},
-        ).fetchall()
+        rows = conn.execute(queries.PRICE_VERSIONS, {"model": model}).fetchall()
     versions = [{"id": r[0], "model": r[1], "organization_id": r[2], "effective_from": r[3], "currency": r[4],
                  "rates": json.loads(r[5], parse_float=Decimal)} for r in rows]  # fmt: skip
     if as_json:
@@ -260,7 +256,7 @@ def import_prices(dsn: str | None, file: Path, fmt: str | None, effective_from: 
     added = unchanged = 0
     with common.connect(dsn) as conn:
         llm = Llm(conn)
-        before = {r[0] for r in conn.execute("SELECT id FROM llm.prices")}
+        before = {r[0] for r in conn.execute(queries.PRICE_VERSION_IDS)}
         for model, rates in book.items():
             version = llm.set_price(model, rates, effective_from=effective_from)
             if version in before:
