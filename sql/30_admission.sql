@@ -13,12 +13,14 @@
 -- ---------------------------------------------------------------- admission
 
 -- 0.4.0 priced admission (docs/architecture.md "The price book"): admit_invocation
--- and its twin gained trailing parameters. The previous signatures go in this
+-- and its twin gained trailing parameters. The previous public signature goes in this
 -- transaction, the one that creates the new (all of sql/ is one), so a caller finds
 -- one admit_invocation or the other, never none and never two (a call naming nine
--- arguments would match both). A later run drops nothing.
+-- arguments would match both). The previous twin stays until migrate drops the
+-- routines sql/ no longer defines, after the barrier: a call of the previous
+-- admit_invocation still running calls it (tests/test_upgrade_live.py found one that
+-- did). A later run drops nothing.
 DROP FUNCTION IF EXISTS llm.admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz, text, text, text);
-DROP FUNCTION IF EXISTS llm._admit_invocation(uuid, bigint, text, uuid, uuid, timestamptz, text, text, text);
 
 -- A request linked to a task: its task must be running (LL006 when unknown, LL009
 -- when closed), but for the retry of a request admitted while it ran, which is

@@ -7,12 +7,12 @@
 -- and is always taken last (invocation -> execution -> period -> notices).
 
 -- 0.4.0: the routines that end a request gained the price book's figures (a
--- settlement priced from usage, docs/architecture.md "The price book"); their
--- previous signatures go in this transaction, the one that creates the new.
+-- settlement priced from usage, docs/architecture.md "The price book"). The previous
+-- public fail_invocation goes in this transaction, the one that creates the new (a
+-- call naming its six arguments would match both); the previous private routines
+-- stay until migrate drops what sql/ no longer defines, after the barrier, for the
+-- calls of the previous functions still running (as in 30_admission.sql).
 DROP FUNCTION IF EXISTS llm.fail_invocation(uuid, uuid, text, bigint, bigint, timestamptz);
-DROP FUNCTION IF EXISTS llm._fail_invocation(uuid, uuid, text, bigint, bigint, timestamptz);
-DROP FUNCTION IF EXISTS llm._end_invocation(uuid, uuid, text, text, bigint, bigint, bigint, bigint, timestamptz);
-DROP FUNCTION IF EXISTS llm._settle_late(uuid, uuid, text, bigint, bigint, bigint, bigint, timestamptz);
 
 -- ---------------------------------------------------------------- booking
 
