@@ -231,7 +231,7 @@ COMMENT ON FUNCTION llm._admission(p_inv llm.invocations, p_replayed boolean) IS
 
 CREATE FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text, p_input_tokens bigint, p_max_output_tokens bigint) RETURNS llm.admission_result
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 5df0939f126bc47f23574177d56e7d95 $$;
+    AS $$ body in sql/, md5 3f1d8058eb08e1abb50e5314ee9a5d55 $$;
 
 COMMENT ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text, p_input_tokens bigint, p_max_output_tokens bigint) IS 'Distributed twin of admit_invocation; arguments already checked. It pins the price in force and prices a NULL estimate from the tokens (LL014 without a price). replayed: the earlier admission of a retried id, returned unchanged.';
 
@@ -285,14 +285,14 @@ COMMENT ON FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id uu
 
 CREATE FUNCTION llm._book_budgets(p_inv llm.invocations, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 8fe1462751f61c2d9a8e5ef14569aab1 $$;
+    AS $$ body in sql/, md5 d081ce3dead7dd0f70f614866b4b2235 $$;
 
 COMMENT ON FUNCTION llm._book_budgets(p_inv llm.invocations, p_now timestamp with time zone) IS 'Moves the budget counters of a just-terminated request (charge in, hold out) and owes the thresholds they crossed; returns the notices created.';
 
 CREATE FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamp with time zone) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 23bc79f49e26504d384d4c303b9d5de8 $$;
+    AS $$ body in sql/, md5 1aead73ff51635b5923f6ebb6211e641 $$;
 
 COMMENT ON FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamp with time zone) IS 'Books a true-up by the signed difference (the request''s adjustment ledger row): the task''s totals, the stripe of the request''s period (crossings when usage rises) and the daily usage of its settlement day, in the settlement''s transaction.';
 
@@ -459,6 +459,13 @@ CREATE FUNCTION llm._close_execution(p_organization_id uuid, p_execution_id uuid
 
 COMMENT ON FUNCTION llm._close_execution(p_organization_id uuid, p_execution_id uuid, p_outcome text, p_error text, p_now timestamp with time zone) IS 'Distributed twin of close_execution; arguments already checked.';
 
+CREATE FUNCTION llm._correct_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripe smallint, p_difference bigint) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 a4a929d96d08a35e542d4ed5c54781a1 $$;
+
+COMMENT ON FUNCTION llm._correct_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripe smallint, p_difference bigint) IS 'Moves one budget counter stripe''s priced nanos by a correction''s difference.';
+
 CREATE FUNCTION llm._create_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripes integer, p_limit bigint, p_revision uuid) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -488,7 +495,7 @@ COMMENT ON FUNCTION llm._end_claim(p_organization_id uuid, p_notice_id uuid, p_c
 
 CREATE FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone, p_price llm.priced_usage) RETURNS boolean
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 da31231a89c040a5d2947f6d0c921cb5 $$;
+    AS $$ body in sql/, md5 3439d65efd8a32792f1857af129acf8b $$;
 
 COMMENT ON FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone, p_price llm.priced_usage) IS 'Ends an open (reserved or dispatched) invocation as settled (measured) or failed with its charge (priced by the caller, or by the book: p_price) and books it: its task''s totals, its stripe''s movement (charge in, hold out) with the threshold notices the period crosses, then its budgets'' counters; false when it was no longer open.';
 
@@ -660,6 +667,13 @@ CREATE FUNCTION llm._invariant_2() RETURNS TABLE(invariant integer, organization
 
 COMMENT ON FUNCTION llm._invariant_2() IS 'Invariant 2: every period''s used_credits and used_cents equal the charges of its terminal requests and the sum of its ledger charges and adjustments.';
 
+CREATE FUNCTION llm._invariant_20() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 159f9f2d2f53a791d966b70b04c14542 $$;
+
+COMMENT ON FUNCTION llm._invariant_20() IS 'Invariant 20: the priced nanos of every period stripe, task and budget counter equal the cost of its terminal requests priced from usage as corrected (a sum''s cost is its cents * 10^7 plus these); corrections are of priced requests, numbered from 1, and the last one''s version prices the request at its corrected cost.';
+
 CREATE FUNCTION llm._invariant_2b() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -822,40 +836,40 @@ COMMENT ON FUNCTION llm._may_cross(p_old_used bigint, p_new_used bigint, p_allow
 CREATE FUNCTION llm._move_budgets(p_organization_id uuid, p_invs llm.invocations[], p_true_up boolean, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 38e391d979bd7a8578ad318f35b33735 $$;
+    AS $$ body in sql/, md5 0ca653b3e7890d53b03d59bb699e73b1 $$;
 
 COMMENT ON FUNCTION llm._move_budgets(p_organization_id uuid, p_invs llm.invocations[], p_true_up boolean, p_now timestamp with time zone) IS 'Moves the budget counters of the given requests (terminal: charge in, hold out; p_true_up: the signed difference), each counter by its exact path in lock order, refusing growth past the sum limit (LL013), and owes the thresholds they crossed; returns the notices created.';
 
-CREATE FUNCTION llm._move_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_seeds smallint[], p_used bigint[], p_held bigint[], p_cents bigint[], p_admit_limit bigint, p_admit_revision uuid, p_epoch uuid, p_now timestamp with time zone) RETURNS integer
+CREATE FUNCTION llm._move_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_seeds smallint[], p_used bigint[], p_held bigint[], p_cents bigint[], p_priced bigint[], p_admit_limit bigint, p_admit_revision uuid, p_epoch uuid, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 43e8638d0e0c2dcf74007a014ba2a6ce $$;
+    AS $$ body in sql/, md5 da745ad288a3ad4eba4b2da945df7f5b $$;
 
-COMMENT ON FUNCTION llm._move_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_seeds smallint[], p_used bigint[], p_held bigint[], p_cents bigint[], p_admit_limit bigint, p_admit_revision uuid, p_epoch uuid, p_now timestamp with time zone) IS 'The exact path of one budget counter: locks its stripes in order (creating it for an admission, LL012 past retention), refuses an admission that does not fit p_admit_limit (LL001) and growth past the sum limit (LL013), moves each request on its stripe, owes the thresholds its total crossed under the budget in force and spreads its rooms again; returns the notices created.';
+COMMENT ON FUNCTION llm._move_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_seeds smallint[], p_used bigint[], p_held bigint[], p_cents bigint[], p_priced bigint[], p_admit_limit bigint, p_admit_revision uuid, p_epoch uuid, p_now timestamp with time zone) IS 'The exact path of one budget counter: locks its stripes in order (creating it for an admission, LL012 past retention), refuses an admission that does not fit p_admit_limit (LL001) and growth past the sum limit (LL013), moves each request on its stripe, owes the thresholds its total crossed under the budget in force and spreads its rooms again; returns the notices created.';
 
-CREATE FUNCTION llm._move_request_counters(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamp with time zone) RETURNS integer
+CREATE FUNCTION llm._move_request_counters(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint, p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 941914e1a1b52bcd3fbf30fa75072ccd $$;
+    AS $$ body in sql/, md5 8730d2ae4aa7d43f7e72f7d4443733dd $$;
 
-COMMENT ON FUNCTION llm._move_request_counters(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamp with time zone) IS 'Moves every budget counter of one request in bit order: each on its stripe when it fits that stripe''s rooms, else by its exact path; returns the notices created.';
+COMMENT ON FUNCTION llm._move_request_counters(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint, p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamp with time zone) IS 'Moves every budget counter of one request in bit order: each on its stripe when it fits that stripe''s rooms, else by its exact path; returns the notices created.';
 
-CREATE FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_now timestamp with time zone, p_open integer, p_admitted_at timestamp with time zone) RETURNS void
+CREATE FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint, p_now timestamp with time zone, p_open integer, p_admitted_at timestamp with time zone) RETURNS void
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 7e3e18f4a3832c0e0d7a86778b88b633 $$;
+    AS $$ body in sql/, md5 22d2cbe71dc2a983669a2e28317338f2 $$;
 
-COMMENT ON FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_now timestamp with time zone, p_open integer, p_admitted_at timestamp with time zone) IS 'Moves one stripe''s counters (used + p_used, held + p_held, cents + p_cents): in one row when it fits the stripe''s rooms, else under the period''s lock, refusing an admission that does not fit the whole period (LL001) and any movement that would take its used + held credits or used cents past the sum limit (LL013), recording the thresholds the period''s total crosses and spreading the rooms again.';
+COMMENT ON FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint, p_now timestamp with time zone, p_open integer, p_admitted_at timestamp with time zone) IS 'Moves one stripe''s counters (used + p_used, held + p_held, cents + p_cents, priced nanos + p_priced): in one row when it fits the stripe''s rooms, else under the period''s lock, refusing an admission that does not fit the whole period (LL001) and any movement that would take its used + held credits or used cents past the sum limit (LL013), recording the thresholds the period''s total crosses and spreading the rooms again.';
 
-CREATE FUNCTION llm._move_within_counter_room(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripe integer, p_off_zero boolean, p_used bigint, p_held bigint, p_cents bigint, p_epoch uuid) RETURNS boolean
+CREATE FUNCTION llm._move_within_counter_room(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripe integer, p_off_zero boolean, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint, p_epoch uuid) RETURNS boolean
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 3ee600d93512cdd4218aae6cc53c983f $$;
+    AS $$ body in sql/, md5 05e699009c3eb7a6ba69f68104c0a33f $$;
 
-COMMENT ON FUNCTION llm._move_within_counter_room(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripe integer, p_off_zero boolean, p_used bigint, p_held bigint, p_cents bigint, p_epoch uuid) IS 'Moves one budget counter on the request''s stripe of it (when that is stripe 0, or when it is not: p_off_zero) iff the movement fits that stripe''s rooms under revision p_epoch; false (nothing moved) otherwise.';
+COMMENT ON FUNCTION llm._move_within_counter_room(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripe integer, p_off_zero boolean, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint, p_epoch uuid) IS 'Moves one budget counter on the request''s stripe of it (when that is stripe 0, or when it is not: p_off_zero) iff the movement fits that stripe''s rooms under revision p_epoch; false (nothing moved) otherwise.';
 
-CREATE FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_open integer, p_now timestamp with time zone, p_lag integer, p_lead integer) RETURNS boolean
+CREATE FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint, p_open integer, p_now timestamp with time zone, p_lag integer, p_lead integer) RETURNS boolean
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 2d92a499dc6fec09c7eb4a950c946f6f $$;
+    AS $$ body in sql/, md5 3f50de5d11061f7306c219406b32c64c $$;
 
-COMMENT ON FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_open integer, p_now timestamp with time zone, p_lag integer, p_lead integer) IS 'Moves one stripe''s counters, its open requests (p_open) and settle bounds in one row when the movement fits its rooms; false (nothing moved) otherwise, or when the stripe does not exist.';
+COMMENT ON FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint, p_open integer, p_now timestamp with time zone, p_lag integer, p_lead integer) IS 'Moves one stripe''s counters, its open requests (p_open) and settle bounds in one row when the movement fits its rooms; false (nothing moved) otherwise, or when the stripe does not exist.';
 
 CREATE FUNCTION llm._normalized_rates(p_model text, p_rates jsonb) RETURNS jsonb
     LANGUAGE plpgsql IMMUTABLE
@@ -1102,6 +1116,13 @@ CREATE FUNCTION llm._renew_lease(p_run_id uuid, p_token uuid) RETURNS boolean
 
 COMMENT ON FUNCTION llm._renew_lease(p_run_id uuid, p_token uuid) IS 'Extends the pass lease by settings.pass_lease while this pass still holds it (true); otherwise records the run failed ("lease lost") and returns false.';
 
+CREATE FUNCTION llm._reprice_org(p_organization_id uuid, p_model text, p_from timestamp with time zone, p_to timestamp with time zone, p_version_id bigint, p_apply boolean, OUT requests bigint, OUT cost_before_nanos numeric, OUT cost_after_nanos numeric) RETURNS record
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 199695d40dae75a83a823dbb033b29f1 $$;
+
+COMMENT ON FUNCTION llm._reprice_org(p_organization_id uuid, p_model text, p_from timestamp with time zone, p_to timestamp with time zone, p_version_id bigint, p_apply boolean, OUT requests bigint, OUT cost_before_nanos numeric, OUT cost_after_nanos numeric) IS 'Distributed twin of reprice for one organization: its requests of the model admitted in [p_from, p_to) priced from usage (a book version: those pinned to the book''s), their cost as corrected and at the version; with p_apply a correction per changed request and every cost sum moved by it.';
+
 CREATE FUNCTION llm._require_cron(p_schedule text) RETURNS void
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -1132,9 +1153,9 @@ COMMENT ON FUNCTION llm._require_price(p_organization_id uuid, p_model text, p_a
 CREATE FUNCTION llm._restripe_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripes integer) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 c1c78337ed1513e029127a4ce09231d5 $$;
+    AS $$ body in sql/, md5 c96871f6306e29cda882f23b0eb08e6f $$;
 
-COMMENT ON FUNCTION llm._restripe_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripes integer) IS 'Spreads a budget counter over p_stripes stripes, its stripes locked in order: each holds the holds of its open requests (budget_stripe % p_stripes), stripe 0 its used credits and cents; its rooms dropped.';
+COMMENT ON FUNCTION llm._restripe_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripes integer) IS 'Spreads a budget counter over p_stripes stripes, its stripes locked in order: each holds the holds of its open requests (budget_stripe % p_stripes), stripe 0 its used credits, cents and priced nanos; its rooms dropped.';
 
 CREATE FUNCTION llm._retain_budgets(p_organization_id uuid, p_now timestamp with time zone, p_retention interval) RETURNS integer
     LANGUAGE plpgsql
@@ -1302,12 +1323,12 @@ CREATE FUNCTION llm._settle_window(p_organization_id uuid, p_from date, p_to dat
 
 COMMENT ON FUNCTION llm._settle_window(p_organization_id uuid, p_from date, p_to date, OUT created_from timestamp with time zone, OUT created_to timestamp with time zone) IS 'The admission times every request of the organization settled on the days p_from .. p_to (UTC) lies within, from its period stripes'' settle bounds (NULL: none can have); any time until the contract step of 0.4.0 counted them.';
 
-CREATE FUNCTION llm._settled_usage(p_from date, p_to date) RETURNS TABLE(organization_id uuid, day date, model text, requests bigint, recovered_requests bigint, credits numeric, cents numeric, input_tokens numeric, output_tokens numeric)
+CREATE FUNCTION llm._settled_usage(p_from date, p_to date) RETURNS TABLE(organization_id uuid, day date, model text, requests bigint, recovered_requests bigint, credits numeric, cents numeric, input_tokens numeric, output_tokens numeric, priced_nanos numeric, uncosted_requests bigint, fallback_requests bigint, corrections_nanos numeric)
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 60694ee0b054026b83147689d9699194 $$;
+    AS $$ body in sql/, md5 f3b8df1d46ead0564f6ffaf18850a209 $$;
 
-COMMENT ON FUNCTION llm._settled_usage(p_from date, p_to date) IS 'The terminal requests settled on UTC days p_from .. p_to by organization, day and model (requests, recovered_requests, credits, cents, tokens): what daily_usage holds when it is right.';
+COMMENT ON FUNCTION llm._settled_usage(p_from date, p_to date) IS 'The terminal requests settled on UTC days p_from .. p_to by organization, day and model (requests, recovered_requests, credits, cents, tokens, the cost the book priced, the requests with no cost, those priced by the fallback and the corrections of repricing): what daily_usage holds when it is right.';
 
 CREATE FUNCTION llm._skip_run(p_now timestamp with time zone, p_lease llm.pass_lease, p_holder_pid integer) RETURNS void
     LANGUAGE plpgsql
@@ -1353,7 +1374,7 @@ COMMENT ON FUNCTION llm._text_ok(p_value text, p_max integer, p_nullable boolean
 CREATE FUNCTION llm._true_up_daily_usage(p_inv llm.invocations, p_credits bigint, p_cents bigint) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 653bdab5c2416e6c82f441f0122fd59a $$;
+    AS $$ body in sql/, md5 6241edf15e79b333a82eaf258f9fe178 $$;
 
 COMMENT ON FUNCTION llm._true_up_daily_usage(p_inv llm.invocations, p_credits bigint, p_cents bigint) IS 'Moves the daily usage row of a trued-up request''s settlement day and model by the signed difference (inserting the row, computed from the requests, when the day has none); never lost to a concurrent rebuild_daily_usage.';
 
@@ -1412,16 +1433,16 @@ COMMENT ON FUNCTION llm.books_snapshot(p_organization_ids uuid[], p_now timestam
 CREATE FUNCTION llm.check_daily_usage(p_from date, p_to date) RETURNS TABLE(organization_id uuid, day date, recorded jsonb, computed jsonb)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 92aa2f4aed5467028cb400ce99d792cb $$;
+    AS $$ body in sql/, md5 c3a167be62454da82f900ac08339eccc $$;
 
 COMMENT ON FUNCTION llm.check_daily_usage(p_from date, p_to date) IS 'One row per organization and UTC day of p_from .. p_to whose daily_usage rows differ from its terminal requests: recorded (the rows) and computed (from the requests), each a jsonb object by model; empty when they agree.';
 
 CREATE FUNCTION llm.check_invariants() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 058be2de6922894b6960746d7e5cd48f $$;
+    AS $$ body in sql/, md5 08c6b5e3c4ec44fd741836dd9ab50e4a $$;
 
-COMMENT ON FUNCTION llm.check_invariants() IS 'Returns one row per violated invariant (docs/contract.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period findings, notice claims, drift findings, budget counters, budget ceilings and priced requests); empty when the books are right.';
+COMMENT ON FUNCTION llm.check_invariants() IS 'Returns one row per violated invariant (docs/contract.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period findings, notice claims, drift findings, budget counters, budget ceilings, priced requests and cost sums); empty when the books are right.';
 
 CREATE FUNCTION llm.claim_notices(p_limit integer DEFAULT 50, p_now timestamp with time zone DEFAULT now()) RETURNS SETOF llm.notice_claim
     LANGUAGE plpgsql SECURITY DEFINER
@@ -1454,7 +1475,7 @@ COMMENT ON FUNCTION llm.declare_task_kind(p_key text, p_description text) IS 'De
 CREATE FUNCTION llm.distribute(p_shard_count integer DEFAULT NULL::integer) RETURNS text
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $_$ body in sql/, md5 fb73539529832572f4f41b45d3436339 $_$;
+    AS $_$ body in sql/, md5 1a379fa3f5bc82aaf8867439214d728e $_$;
 
 COMMENT ON FUNCTION llm.distribute(p_shard_count integer) IS 'Under Citus: reference tables for catalogs, per-organization tables distributed on organization_id co-located with organizations, per-organization twins distributed with force_delegation, the other llm routines propagated to the workers; LL011 without citus.';
 
@@ -1489,9 +1510,9 @@ COMMENT ON FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id 
 CREATE FUNCTION llm.metrics(p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(metric text, labels jsonb, value double precision)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 c2129834cfeacafd0d778fae8465f8f6 $$;
+    AS $$ body in sql/, md5 80f8b32a6dd028e33b91bfdf25554bf4 $$;
 
-COMMENT ON FUNCTION llm.metrics(p_now timestamp with time zone) IS 'Every series of the Prometheus exposition at p_now (metric, labels, value): the health alarm, the last pass, what the next pass would act on, the stale requests by organization status, budgets near their limit, the limit windows that refused and the sweeps'' totals; every series present, 0 when none.';
+COMMENT ON FUNCTION llm.metrics(p_now timestamp with time zone) IS 'Every series of the Prometheus exposition at p_now (metric, labels, value): the health alarm, the last pass, what the next pass would act on, the stale requests by organization status, budgets near their limit, the limit windows that refused, the month''s cost and fallback-priced requests by model, and the sweeps'' totals; every series present, 0 when none.';
 
 CREATE FUNCTION llm.note_refusal(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_now timestamp with time zone DEFAULT now()) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
@@ -1538,7 +1559,7 @@ COMMENT ON FUNCTION llm.rearm_notices(p_now timestamp with time zone) IS 'Makes 
 CREATE FUNCTION llm.rebuild_daily_usage(p_from date, p_to date) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 20073e8cfb6486f73f997c916bd9663b $$;
+    AS $$ body in sql/, md5 311b866832ec5efdc2a5677b90bd3edd $$;
 
 COMMENT ON FUNCTION llm.rebuild_daily_usage(p_from date, p_to date) IS 'Recomputes daily_usage for days p_from .. p_to (UTC settlement day) from the invocations; idempotent; a concurrent true-up is never lost; returns the rows written.';
 
@@ -1563,19 +1584,26 @@ CREATE FUNCTION llm.release_notice(p_organization_id uuid, p_notice_id uuid, p_c
 
 COMMENT ON FUNCTION llm.release_notice(p_organization_id uuid, p_notice_id uuid, p_claim_token uuid, p_now timestamp with time zone) IS 'Gives a claimed notice back unsent (sending -> owed, due at p_now, no attempt counted, NOTIFY llm_notices): a worker shutting down; false, changing nothing, unless it is being sent under p_claim_token.';
 
-CREATE FUNCTION llm.report_budgets_near_limit(p_scope text DEFAULT NULL::text, p_organization_ids uuid[] DEFAULT NULL::uuid[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(organization_id uuid, name text, scope text, scope_id text, budget_window text, window_start date, limit_credits bigint, first_threshold integer, used_credits bigint, held_credits bigint, used_cents bigint)
+CREATE FUNCTION llm.report_budgets_near_limit(p_scope text DEFAULT NULL::text, p_organization_ids uuid[] DEFAULT NULL::uuid[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(organization_id uuid, name text, scope text, scope_id text, budget_window text, window_start date, limit_credits bigint, first_threshold integer, used_credits bigint, held_credits bigint, used_cents bigint, used_cost_nanos numeric)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 62673f664caa42530aceb175d19756e8 $$;
+    AS $$ body in sql/, md5 ac05597515361c9ffee98ffd87a182e9 $$;
 
 COMMENT ON FUNCTION llm.report_budgets_near_limit(p_scope text, p_organization_ids uuid[], p_now timestamp with time zone) IS 'The budget counters of the windows containing p_now at or above the first threshold of the budget that applies to them (used + held), for scope p_scope (NULL: every scope).';
 
-CREATE FUNCTION llm.report_daily_usage(p_from date, p_to date, p_organization_ids uuid[] DEFAULT NULL::uuid[]) RETURNS TABLE(day date, organization_id uuid, name text, model text, requests bigint, recovered_requests bigint, credits numeric, cents numeric, input_tokens numeric, output_tokens numeric)
+CREATE FUNCTION llm.report_costs(p_from date, p_to date, p_organization_ids uuid[] DEFAULT NULL::uuid[]) RETURNS TABLE(organization_id uuid, name text, model text, currency text, requests numeric, cost_nanos numeric, original_cost_nanos numeric, uncosted_requests numeric, fallback_requests numeric)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 e1581ff04c09396c16e92dfcaf819f05 $$;
+    AS $$ body in sql/, md5 77be56d124fda5f119f04027df2a0dc2 $$;
 
-COMMENT ON FUNCTION llm.report_daily_usage(p_from date, p_to date, p_organization_ids uuid[]) IS 'The rows of llm.daily_usage for days p_from .. p_to (UTC settlement day), newest day first, with the organization''s name.';
+COMMENT ON FUNCTION llm.report_costs(p_from date, p_to date, p_organization_ids uuid[]) IS 'The cost of days p_from .. p_to (UTC settlement day) per organization and model, in exact nanos of the book''s currency: requests, cost (as corrected by llm.reprice) and the original cost, requests with no cost (recovered at their estimate) and requests priced at the fallback; dearest first.';
+
+CREATE FUNCTION llm.report_daily_usage(p_from date, p_to date, p_organization_ids uuid[] DEFAULT NULL::uuid[]) RETURNS TABLE(day date, organization_id uuid, name text, model text, requests bigint, recovered_requests bigint, credits numeric, cents numeric, input_tokens numeric, output_tokens numeric, cost_nanos numeric, uncosted_requests bigint, fallback_requests bigint)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 145e709aaae75336d26ab090dd762b9c $$;
+
+COMMENT ON FUNCTION llm.report_daily_usage(p_from date, p_to date, p_organization_ids uuid[]) IS 'The rows of llm.daily_usage for days p_from .. p_to (UTC settlement day), newest day first, with the organization''s name and the cost (nanos; uncosted_requests: in no cost, fallback_requests: priced at the fallback).';
 
 CREATE FUNCTION llm.report_open_holds(p_organization_ids uuid[] DEFAULT NULL::uuid[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(organization_id uuid, name text, open_requests bigint, held_credits numeric, oldest_created_at timestamp with time zone, past_window bigint)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
@@ -1584,26 +1612,33 @@ CREATE FUNCTION llm.report_open_holds(p_organization_ids uuid[] DEFAULT NULL::uu
 
 COMMENT ON FUNCTION llm.report_open_holds(p_organization_ids uuid[], p_now timestamp with time zone) IS 'Per organization, the requests still holding credits: how many, their holds, the oldest, and how many are older than the recovery window at p_now.';
 
-CREATE FUNCTION llm.report_periods(p_from date, p_to date, p_organization_ids uuid[] DEFAULT NULL::uuid[]) RETURNS TABLE(organization_id uuid, name text, status text, period_start date, period_end date, allowance_credits bigint, used_credits bigint, held_credits bigint, used_cents bigint)
+CREATE FUNCTION llm.report_periods(p_from date, p_to date, p_organization_ids uuid[] DEFAULT NULL::uuid[]) RETURNS TABLE(organization_id uuid, name text, status text, period_start date, period_end date, allowance_credits bigint, used_credits bigint, held_credits bigint, used_cents bigint, used_cost_nanos numeric)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 530e44151a66073f0e76839f52b0d494 $$;
+    AS $$ body in sql/, md5 9896234c538969abff90343d73b12bc7 $$;
 
-COMMENT ON FUNCTION llm.report_periods(p_from date, p_to date, p_organization_ids uuid[]) IS 'The periods overlapping days p_from .. p_to, with their organization: allowance, used, held and cents; by organization name and period.';
+COMMENT ON FUNCTION llm.report_periods(p_from date, p_to date, p_organization_ids uuid[]) IS 'The periods overlapping days p_from .. p_to, with their organization: allowance, used, held, cents and used cost (nanos); by organization name and period.';
 
-CREATE FUNCTION llm.report_scope_usage(p_scope text, p_from date, p_to date, p_organization_ids uuid[] DEFAULT NULL::uuid[]) RETURNS TABLE(organization_id uuid, name text, scope_id text, requests bigint, open_requests bigint, used_credits numeric, held_credits numeric, used_cents numeric)
+CREATE FUNCTION llm.report_scope_usage(p_scope text, p_from date, p_to date, p_organization_ids uuid[] DEFAULT NULL::uuid[]) RETURNS TABLE(organization_id uuid, name text, scope_id text, requests bigint, open_requests bigint, used_credits numeric, held_credits numeric, used_cents numeric, used_cost_nanos numeric)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 6bc8b24b78876c7b169e44692983fd91 $$;
+    AS $$ body in sql/, md5 6ad328dc49b03ef8d30e31c79e1ebd70 $$;
 
-COMMENT ON FUNCTION llm.report_scope_usage(p_scope text, p_from date, p_to date, p_organization_ids uuid[]) IS 'Usage per id of scope p_scope (project, api_key or end_user) of the requests admitted in days p_from .. p_to: requests, open ones, used, held and cents; 22023 for another scope.';
+COMMENT ON FUNCTION llm.report_scope_usage(p_scope text, p_from date, p_to date, p_organization_ids uuid[]) IS 'Usage per id of scope p_scope (project, api_key or end_user) of the requests admitted in days p_from .. p_to: requests, open ones, used, held, cents and used cost (nanos); 22023 for another scope.';
 
-CREATE FUNCTION llm.report_tasks(p_from date, p_organization_ids uuid[] DEFAULT NULL::uuid[]) RETURNS TABLE(organization_id uuid, name text, status text, tasks bigint, requests bigint, credits numeric, cents numeric)
+CREATE FUNCTION llm.report_tasks(p_from date, p_organization_ids uuid[] DEFAULT NULL::uuid[]) RETURNS TABLE(organization_id uuid, name text, status text, tasks bigint, requests bigint, credits numeric, cents numeric, cost_nanos numeric)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 c00c91b2ac68c187147b5d70df23e00d $$;
+    AS $$ body in sql/, md5 5199e1dd37cf7a88d0ba73d790cd06e2 $$;
 
-COMMENT ON FUNCTION llm.report_tasks(p_from date, p_organization_ids uuid[]) IS 'Per organization and status, the tasks started since day p_from (UTC) and every task still running: how many, and their requests, credits and cents.';
+COMMENT ON FUNCTION llm.report_tasks(p_from date, p_organization_ids uuid[]) IS 'Per organization and status, the tasks started since day p_from (UTC) and every task still running: how many, and their requests, credits, cents and cost (nanos).';
+
+CREATE FUNCTION llm.reprice(p_model text, p_from timestamp with time zone, p_to timestamp with time zone, p_version_id bigint, p_apply boolean DEFAULT false) RETURNS TABLE(organization_id uuid, requests bigint, cost_before_nanos numeric, cost_after_nanos numeric, difference_nanos numeric)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 a3bd5040d1cfca614899df44c4230031 $$;
+
+COMMENT ON FUNCTION llm.reprice(p_model text, p_from timestamp with time zone, p_to timestamp with time zone, p_version_id bigint, p_apply boolean) IS 'Reprices the requests of p_model admitted in [p_from, p_to) that were priced from usage at price version p_version_id (an organization''s own version: that organization''s; a book version: those pinned to book versions); one row per organization: requests, cost before (as already corrected), after, difference. With p_apply it writes one correction per changed request and moves every cost sum by it in this transaction; credits stay as charged; repeating it changes nothing.';
 
 CREATE PROCEDURE llm.run_reconciliation(IN p_now timestamp with time zone DEFAULT NULL::timestamp with time zone, IN p_batch integer DEFAULT NULL::integer)
     LANGUAGE plpgsql
@@ -1719,7 +1754,8 @@ CREATE TABLE llm.budget_counters (
     admit_room bigint,
     notice_room bigint,
     cents_room bigint,
-    rooms_revision uuid
+    rooms_revision uuid,
+    priced_nanos numeric DEFAULT 0 NOT NULL
 )
 WITH (fillfactor='70');
 
@@ -1740,6 +1776,8 @@ COMMENT ON COLUMN llm.budget_counters.notice_room IS 'Usage this stripe may stil
 COMMENT ON COLUMN llm.budget_counters.cents_room IS 'Cents this stripe may still charge on its own, under the sum limit (NULL: spread on its next exact movement).';
 
 COMMENT ON COLUMN llm.budget_counters.rooms_revision IS 'The budget revision the rooms were spread under: a movement that reads another revision in force takes the exact path.';
+
+COMMENT ON COLUMN llm.budget_counters.priced_nanos IS 'The cost (nanos) of the counter stripe''s requests priced from usage, corrections included; its used cost is used_cents * 10^7 + priced_nanos.';
 
 CREATE TABLE llm.budget_horizons (
     organization_id uuid NOT NULL,
@@ -1785,7 +1823,8 @@ CREATE VIEW llm.budget_usage WITH (security_invoker='true') AS
         CASE
             WHEN (own.organization_id IS NOT NULL) THEN own.scope_id
             ELSE dflt.scope_id
-        END AS budget_scope_id
+        END AS budget_scope_id,
+    c.used_cost_nanos
    FROM ((( SELECT s.organization_id,
             s.scope,
             s.scope_id,
@@ -1793,13 +1832,14 @@ CREATE VIEW llm.budget_usage WITH (security_invoker='true') AS
             s.window_start,
             (sum(s.used_credits))::bigint AS used_credits,
             (sum(s.held_credits))::bigint AS held_credits,
-            (sum(s.used_cents))::bigint AS used_cents
+            (sum(s.used_cents))::bigint AS used_cents,
+            ((sum(s.used_cents) * (10000000)::numeric) + sum(s.priced_nanos)) AS used_cost_nanos
            FROM llm.budget_counters s
           GROUP BY s.organization_id, s.scope, s.scope_id, s.budget_window, s.window_start) c
      LEFT JOIN llm.budget_limits own ON (((own.organization_id = c.organization_id) AND (own.scope = c.scope) AND (own.budget_window = c.budget_window) AND (COALESCE(own.scope_id, ''::text) = COALESCE(c.scope_id, ''::text)))))
      LEFT JOIN llm.budget_limits dflt ON (((dflt.organization_id = c.organization_id) AND (dflt.scope = c.scope) AND (dflt.scope_id = '*'::text) AND (dflt.budget_window = c.budget_window))));
 
-COMMENT ON VIEW llm.budget_usage IS 'One row per scope id and window that counted a request (the sum of its counter''s stripes), under the real id (a default budget''s rows too), with the budget that applies to it now (the id''s own, else the scope''s ''*''): its limit, thresholds and scope_id in llm.budgets (budget_scope_id; NULL columns: none).';
+COMMENT ON VIEW llm.budget_usage IS 'One row per scope id and window that counted a request (the sum of its counter''s stripes), under the real id (a default budget''s rows too), with the budget that applies to it now (the id''s own, else the scope''s ''*''): its limit, thresholds and scope_id in llm.budgets (budget_scope_id; NULL columns: none), and its used cost in nanos (used_cost_nanos: used_cents * 10^7 plus the cost the book priced).';
 
 CREATE VIEW llm.budgets WITH (security_invoker='true') AS
  SELECT b.organization_id,
@@ -1811,6 +1851,17 @@ CREATE VIEW llm.budgets WITH (security_invoker='true') AS
    FROM llm.budget_limits b;
 
 COMMENT ON VIEW llm.budgets IS 'Every budget set with llm.set_budget (not the monthly allowance, which is in llm.organizations): ''*'' is the default of its scope.';
+
+CREATE TABLE llm.cost_corrections (
+    organization_id uuid NOT NULL,
+    invocation_id uuid NOT NULL,
+    seq integer NOT NULL,
+    price_version_id bigint NOT NULL,
+    difference_nanos bigint NOT NULL,
+    corrected_at timestamp with time zone NOT NULL
+);
+
+COMMENT ON TABLE llm.cost_corrections IS 'Corrections of priced requests written by llm.reprice: a request''s cost moves by difference_nanos, priced from then on at price_version_id (its last entry, by seq, names the version in force for it); its settled row is never edited.';
 
 CREATE TABLE llm.credit_rates (
     id bigint NOT NULL,
@@ -1841,10 +1892,22 @@ CREATE TABLE llm.daily_usage (
     credits llm.total NOT NULL,
     cents llm.total NOT NULL,
     input_tokens llm.total NOT NULL,
-    output_tokens llm.total NOT NULL
+    output_tokens llm.total NOT NULL,
+    priced_nanos numeric DEFAULT 0 NOT NULL,
+    uncosted_requests bigint DEFAULT 0 NOT NULL,
+    fallback_requests bigint DEFAULT 0 NOT NULL,
+    corrections_nanos numeric DEFAULT 0 NOT NULL
 );
 
 COMMENT ON TABLE llm.daily_usage IS 'Terminal invocations aggregated by UTC settlement day and model; rebuilt idempotently by rebuild_daily_usage.';
+
+COMMENT ON COLUMN llm.daily_usage.priced_nanos IS 'The cost (nanos) of the day''s requests priced from usage, corrections included; the day''s cost is cents * 10^7 + priced_nanos.';
+
+COMMENT ON COLUMN llm.daily_usage.uncosted_requests IS 'The day''s requests with no money figure (recovered at their estimate): in no cost sum.';
+
+COMMENT ON COLUMN llm.daily_usage.fallback_requests IS 'The day''s requests the book priced at the fallback price (''*''): their model has no price of its own.';
+
+COMMENT ON COLUMN llm.daily_usage.corrections_nanos IS 'The corrections llm.reprice applied to the day''s requests (signed nanos): the day''s corrected cost is cents * 10^7 + priced_nanos + corrections_nanos.';
 
 CREATE TABLE llm.drift_findings (
     organization_id uuid NOT NULL,
@@ -1877,11 +1940,14 @@ CREATE TABLE llm.executions (
     credits llm.total DEFAULT 0 NOT NULL,
     cents llm.total DEFAULT 0 NOT NULL,
     error text,
+    priced_nanos numeric DEFAULT 0 NOT NULL,
     CONSTRAINT executions_check CHECK ((((status)::text = 'running'::text) = (ended_at IS NULL))),
     CONSTRAINT executions_check1 CHECK ((((status)::text <> 'abandoned'::text) OR (duration_ms IS NULL)))
 );
 
 COMMENT ON TABLE llm.executions IS 'Tasks grouping invocations: running -> completed | failed | abandoned; totals grow with every terminal invocation.';
+
+COMMENT ON COLUMN llm.executions.priced_nanos IS 'The cost (nanos) of the task''s requests priced from usage, corrections included; its cost is cents * 10^7 + priced_nanos.';
 
 CREATE TABLE llm.invocation_scopes (
     organization_id uuid NOT NULL,
@@ -1945,7 +2011,8 @@ CREATE TABLE llm.period_stripes (
     open_since timestamp with time zone,
     quiet boolean,
     settle_lag_hours integer,
-    settle_lead_hours integer
+    settle_lead_hours integer,
+    priced_nanos numeric DEFAULT 0 NOT NULL
 );
 
 COMMENT ON TABLE llm.period_stripes IS 'A period''s counters, spread over stripes: used and held credits and used cents of the requests whose hold is on the stripe, and its escrow: admit_room (credits it may hold without the other stripes; NULL: unlimited) and notice_room (usage it may add before the period could reach its next threshold; NULL: no threshold ahead).';
@@ -1966,6 +2033,8 @@ COMMENT ON COLUMN llm.period_stripes.settle_lag_hours IS 'No terminal request of
 
 COMMENT ON COLUMN llm.period_stripes.settle_lead_hours IS 'No terminal request of this stripe was settled more than this many hours (rounded up) before its admission (a clock behind at settlement).';
 
+COMMENT ON COLUMN llm.period_stripes.priced_nanos IS 'The cost (nanos) of the stripe''s requests priced from usage, corrections included; its used cost is used_cents * 10^7 + priced_nanos.';
+
 CREATE VIEW llm.periods AS
  SELECT h.organization_id,
     h.period_start,
@@ -1973,7 +2042,8 @@ CREATE VIEW llm.periods AS
     h.allowance_credits,
     (sum((s.used_credits)::bigint))::bigint AS used_credits,
     (sum((s.held_credits)::bigint))::bigint AS held_credits,
-    (sum((s.used_cents)::bigint))::bigint AS used_cents
+    (sum((s.used_cents)::bigint))::bigint AS used_cents,
+    ((sum((s.used_cents)::bigint) * (10000000)::numeric) + sum(s.priced_nanos)) AS used_cost_nanos
    FROM (llm.period_heads h
      JOIN llm.period_stripes s ON (((s.organization_id = h.organization_id) AND (s.period_start = h.period_start))))
   GROUP BY h.organization_id, h.period_start, h.period_end, h.allowance_credits;
@@ -2103,6 +2173,9 @@ ALTER TABLE ONLY llm.budget_limits
 
 ALTER TABLE ONLY llm.budget_limits
     ADD CONSTRAINT budget_limits_pkey PRIMARY KEY (organization_id, id);
+
+ALTER TABLE ONLY llm.cost_corrections
+    ADD CONSTRAINT cost_corrections_pkey PRIMARY KEY (organization_id, invocation_id, seq);
 
 ALTER TABLE ONLY llm.credit_rates
     ADD CONSTRAINT credit_rates_key UNIQUE NULLS NOT DISTINCT (organization_id, effective_from);
@@ -2292,6 +2365,8 @@ GRANT ALL ON FUNCTION llm._clock_ok(p_now timestamp with time zone) TO llm_opera
 
 REVOKE ALL ON FUNCTION llm._close_execution(p_organization_id uuid, p_execution_id uuid, p_outcome text, p_error text, p_now timestamp with time zone) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._correct_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripe smallint, p_difference bigint) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._create_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripes integer, p_limit bigint, p_revision uuid) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._credits_of(p_cost_nanos bigint, p_nanos_per_credit bigint) FROM PUBLIC;
@@ -2346,6 +2421,8 @@ REVOKE ALL ON FUNCTION llm._invariant_19() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._invariant_2() FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._invariant_20() FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._invariant_2b() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._invariant_3() FROM PUBLIC;
@@ -2392,15 +2469,15 @@ REVOKE ALL ON FUNCTION llm._may_cross(p_old_used bigint, p_new_used bigint, p_al
 
 REVOKE ALL ON FUNCTION llm._move_budgets(p_organization_id uuid, p_invs llm.invocations[], p_true_up boolean, p_now timestamp with time zone) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm._move_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_seeds smallint[], p_used bigint[], p_held bigint[], p_cents bigint[], p_admit_limit bigint, p_admit_revision uuid, p_epoch uuid, p_now timestamp with time zone) FROM PUBLIC;
+REVOKE ALL ON FUNCTION llm._move_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_seeds smallint[], p_used bigint[], p_held bigint[], p_cents bigint[], p_priced bigint[], p_admit_limit bigint, p_admit_revision uuid, p_epoch uuid, p_now timestamp with time zone) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm._move_request_counters(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamp with time zone) FROM PUBLIC;
+REVOKE ALL ON FUNCTION llm._move_request_counters(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint, p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamp with time zone) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_now timestamp with time zone, p_open integer, p_admitted_at timestamp with time zone) FROM PUBLIC;
+REVOKE ALL ON FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint, p_now timestamp with time zone, p_open integer, p_admitted_at timestamp with time zone) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm._move_within_counter_room(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripe integer, p_off_zero boolean, p_used bigint, p_held bigint, p_cents bigint, p_epoch uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION llm._move_within_counter_room(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripe integer, p_off_zero boolean, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint, p_epoch uuid) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_open integer, p_now timestamp with time zone, p_lag integer, p_lead integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint, p_open integer, p_now timestamp with time zone, p_lag integer, p_lead integer) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._normalized_rates(p_model text, p_rates jsonb) FROM PUBLIC;
 
@@ -2468,6 +2545,8 @@ REVOKE ALL ON FUNCTION llm._refresh_drift(p_organization_id uuid, p_now timestam
 REVOKE ALL ON FUNCTION llm._refuse_sum(p_table text, p_column text, p_sum numeric, p_subject text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._renew_lease(p_run_id uuid, p_token uuid) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._reprice_org(p_organization_id uuid, p_model text, p_from timestamp with time zone, p_to timestamp with time zone, p_version_id bigint, p_apply boolean, OUT requests bigint, OUT cost_before_nanos numeric, OUT cost_after_nanos numeric) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._require_cron(p_schedule text) FROM PUBLIC;
 
@@ -2633,6 +2712,10 @@ REVOKE ALL ON FUNCTION llm.report_budgets_near_limit(p_scope text, p_organizatio
 GRANT ALL ON FUNCTION llm.report_budgets_near_limit(p_scope text, p_organization_ids uuid[], p_now timestamp with time zone) TO llm_reader;
 GRANT ALL ON FUNCTION llm.report_budgets_near_limit(p_scope text, p_organization_ids uuid[], p_now timestamp with time zone) TO llm_operator;
 
+REVOKE ALL ON FUNCTION llm.report_costs(p_from date, p_to date, p_organization_ids uuid[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.report_costs(p_from date, p_to date, p_organization_ids uuid[]) TO llm_reader;
+GRANT ALL ON FUNCTION llm.report_costs(p_from date, p_to date, p_organization_ids uuid[]) TO llm_operator;
+
 REVOKE ALL ON FUNCTION llm.report_daily_usage(p_from date, p_to date, p_organization_ids uuid[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.report_daily_usage(p_from date, p_to date, p_organization_ids uuid[]) TO llm_reader;
 GRANT ALL ON FUNCTION llm.report_daily_usage(p_from date, p_to date, p_organization_ids uuid[]) TO llm_operator;
@@ -2652,6 +2735,9 @@ GRANT ALL ON FUNCTION llm.report_scope_usage(p_scope text, p_from date, p_to dat
 REVOKE ALL ON FUNCTION llm.report_tasks(p_from date, p_organization_ids uuid[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.report_tasks(p_from date, p_organization_ids uuid[]) TO llm_reader;
 GRANT ALL ON FUNCTION llm.report_tasks(p_from date, p_organization_ids uuid[]) TO llm_operator;
+
+REVOKE ALL ON FUNCTION llm.reprice(p_model text, p_from timestamp with time zone, p_to timestamp with time zone, p_version_id bigint, p_apply boolean) FROM PUBLIC;
+GRANT ALL ON FUNCTION llm.reprice(p_model text, p_from timestamp with time zone, p_to timestamp with time zone, p_version_id bigint, p_apply boolean) TO llm_operator;
 
 REVOKE ALL ON PROCEDURE llm.run_reconciliation(IN p_now timestamp with time zone, IN p_batch integer) FROM PUBLIC;
 GRANT ALL ON PROCEDURE llm.run_reconciliation(IN p_now timestamp with time zone, IN p_batch integer) TO llm_operator;
@@ -2714,6 +2800,9 @@ GRANT SELECT ON TABLE llm.budget_usage TO llm_app;
 GRANT SELECT ON TABLE llm.budgets TO llm_reader;
 GRANT SELECT ON TABLE llm.budgets TO llm_operator;
 GRANT SELECT ON TABLE llm.budgets TO llm_app;
+
+GRANT SELECT ON TABLE llm.cost_corrections TO llm_reader;
+GRANT SELECT ON TABLE llm.cost_corrections TO llm_operator;
 
 GRANT SELECT ON TABLE llm.credit_rates TO llm_reader;
 GRANT SELECT ON TABLE llm.credit_rates TO llm_operator;

@@ -59,6 +59,7 @@ from llm_db.models import (
     Outcome,
     PriceQuote,
     ReconciliationRun,
+    Repricing,
 )
 from llm_db.usage import Usage
 
@@ -96,7 +97,8 @@ __all__ = [
     "InvalidSecret",
     "InvalidTransition", "InvariantViolation", "Invocation", "Llm", "LlmError",
     "NestedExecution", "Notice", "OrgSweep", "Organization", "OrganizationNotOperational",
-    "Outcome", "PriceMissing", "PriceQuote", "ReconciliationRun", "SumLimitExceeded",
+    "Outcome", "PriceMissing", "PriceQuote", "ReconciliationRun", "Repricing",
+    "SumLimitExceeded",
     "UnknownExecution", "UnknownInvocation", "UnknownOrganization", "UnknownTaskKind", "Usage",
     "WindowRetired", "__version__", "async_deliver_notices",
     "async_with_llm_execution", "current_execution", "deliver_notices", "migrate", "new_secret",

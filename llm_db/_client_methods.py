@@ -48,11 +48,13 @@ from llm_db.models import (
     PriceQuote,
     ReconciliationRun,
     RecoveryCharge,
+    Repricing,
 )
 from llm_db.rows import (
     BooksHistory,
     BooksSnapshot,
     BudgetNearLimit,
+    CostByModel,
     DailyUsage,
     MetricSeries,
     OpenHolds,
@@ -130,6 +132,15 @@ SELECT llm.set_price(
     p_rates => %(rates)s::jsonb,
     p_effective_from => %(effective_from)s::timestamptz,
     p_organization_id => %(organization_id)s::uuid) AS value"""
+
+#: ``Llm.reprice``
+REPRICE = """\
+SELECT organization_id, requests, cost_before_nanos, cost_after_nanos, difference_nanos FROM llm.reprice(
+    p_model => %(model)s::text,
+    p_from => %(time_from)s::timestamptz,
+    p_to => %(time_to)s::timestamptz,
+    p_version_id => %(version_id)s::bigint,
+    p_apply => %(apply)s::boolean)"""
 
 #: ``Llm.set_credit_rate``
 SET_CREDIT_RATE = """\
@@ -321,14 +332,21 @@ CHECK_INVARIANTS = "SELECT invariant, organization_id, subject, detail FROM llm.
 
 #: ``Llm.report_periods``
 REPORT_PERIODS = """\
-SELECT organization_id, name, status, period_start, period_end, allowance_credits, used_credits, held_credits, used_cents FROM llm.report_periods(
+SELECT organization_id, name, status, period_start, period_end, allowance_credits, used_credits, held_credits, used_cents, used_cost_nanos FROM llm.report_periods(
     p_from => %(day_from)s::date,
     p_to => %(day_to)s::date,
     p_organization_ids => %(organization_ids)s::uuid[])"""
 
 #: ``Llm.report_daily_usage``
 REPORT_DAILY_USAGE = """\
-SELECT day, organization_id, name, model, requests, recovered_requests, credits, cents, input_tokens, output_tokens FROM llm.report_daily_usage(
+SELECT day, organization_id, name, model, requests, recovered_requests, credits, cents, input_tokens, output_tokens, cost_nanos, uncosted_requests, fallback_requests FROM llm.report_daily_usage(
+    p_from => %(day_from)s::date,
+    p_to => %(day_to)s::date,
+    p_organization_ids => %(organization_ids)s::uuid[])"""
+
+#: ``Llm.report_costs``
+REPORT_COSTS = """\
+SELECT organization_id, name, model, currency, requests, cost_nanos, original_cost_nanos, uncosted_requests, fallback_requests FROM llm.report_costs(
     p_from => %(day_from)s::date,
     p_to => %(day_to)s::date,
     p_organization_ids => %(organization_ids)s::uuid[])"""
@@ -341,13 +359,13 @@ SELECT organization_id, name, open_requests, held_credits, oldest_created_at, pa
 
 #: ``Llm.report_tasks``
 REPORT_TASKS = """\
-SELECT organization_id, name, status, tasks, requests, credits, cents FROM llm.report_tasks(
+SELECT organization_id, name, status, tasks, requests, credits, cents, cost_nanos FROM llm.report_tasks(
     p_from => %(day_from)s::date,
     p_organization_ids => %(organization_ids)s::uuid[])"""
 
 #: ``Llm.report_scope_usage``
 REPORT_SCOPE_USAGE = """\
-SELECT organization_id, name, scope_id, requests, open_requests, used_credits, held_credits, used_cents FROM llm.report_scope_usage(
+SELECT organization_id, name, scope_id, requests, open_requests, used_credits, held_credits, used_cents, used_cost_nanos FROM llm.report_scope_usage(
     p_scope => %(scope)s::text,
     p_from => %(day_from)s::date,
     p_to => %(day_to)s::date,
@@ -355,7 +373,7 @@ SELECT organization_id, name, scope_id, requests, open_requests, used_credits, h
 
 #: ``Llm.report_budgets_near_limit``
 REPORT_BUDGETS_NEAR_LIMIT = """\
-SELECT organization_id, name, scope, scope_id, budget_window, window_start, limit_credits, first_threshold, used_credits, held_credits, used_cents FROM llm.report_budgets_near_limit(
+SELECT organization_id, name, scope, scope_id, budget_window, window_start, limit_credits, first_threshold, used_credits, held_credits, used_cents, used_cost_nanos FROM llm.report_budgets_near_limit(
     p_scope => %(scope)s::text,
     p_organization_ids => %(organization_ids)s::uuid[],
     p_now => %(now)s::timestamptz)"""
@@ -563,6 +581,31 @@ class LlmMethods:
         }
         value = self._execute_value(SET_PRICE, params)
         return value_as(value, int)
+
+    def reprice(
+        self,
+        model: str,
+        time_from: datetime,
+        time_to: datetime,
+        version_id: int,
+        *,
+        apply: bool = False,
+    ) -> list[Repricing]:
+        """Reprice ``model``'s requests admitted in ``[time_from, time_to)`` that were
+        priced from usage at price version ``version_id`` (an organization's own version:
+        that organization's; a book version: those pinned to the book's): one row per
+        organization. With ``apply``, one correction per changed request and every cost
+        sum moved by it, in one transaction; credits stay as charged; repeating it
+        changes nothing."""
+        params = {
+            "model": model,
+            "time_from": time_from,
+            "time_to": time_to,
+            "version_id": whole("version_id", version_id),
+            "apply": apply,
+        }
+        rows = self._execute(REPRICE, params)
+        return [Repricing.from_row(row) for row in rows]
 
     def set_credit_rate(
         self,
@@ -1010,7 +1053,7 @@ class LlmMethods:
         day_to: date,
         organization_ids: UuidArray | None = None,
     ) -> list[PeriodUsage]:
-        """The periods overlapping those UTC days: allowance, used, held, cents."""
+        """The periods overlapping those UTC days: allowance, used, held, cents, cost."""
         params = {
             "day_from": day_from,
             "day_to": day_to,
@@ -1025,13 +1068,30 @@ class LlmMethods:
         day_to: date,
         organization_ids: UuidArray | None = None,
     ) -> list[DailyUsage]:
-        """The ``llm.daily_usage`` rows of those UTC days, newest first."""
+        """The ``llm.daily_usage`` rows of those UTC days, newest first, with their cost."""
         params = {
             "day_from": day_from,
             "day_to": day_to,
             "organization_ids": None if organization_ids is None else list(organization_ids),
         }
         rows = self._execute(REPORT_DAILY_USAGE, params)
+        return rows  # type: ignore[return-value]
+
+    def report_costs(
+        self,
+        day_from: date,
+        day_to: date,
+        organization_ids: UuidArray | None = None,
+    ) -> list[CostByModel]:
+        """What those UTC days cost per organization and model, in exact nanos of the
+        book's currency, with the requests that have no cost or were priced by the
+        fallback; dearest first."""
+        params = {
+            "day_from": day_from,
+            "day_to": day_to,
+            "organization_ids": None if organization_ids is None else list(organization_ids),
+        }
+        rows = self._execute(REPORT_COSTS, params)
         return rows  # type: ignore[return-value]
 
     def report_open_holds(
@@ -1350,6 +1410,31 @@ class AsyncLlmMethods:
         }
         value = await self._execute_value(SET_PRICE, params)
         return value_as(value, int)
+
+    async def reprice(
+        self,
+        model: str,
+        time_from: datetime,
+        time_to: datetime,
+        version_id: int,
+        *,
+        apply: bool = False,
+    ) -> list[Repricing]:
+        """Reprice ``model``'s requests admitted in ``[time_from, time_to)`` that were
+        priced from usage at price version ``version_id`` (an organization's own version:
+        that organization's; a book version: those pinned to the book's): one row per
+        organization. With ``apply``, one correction per changed request and every cost
+        sum moved by it, in one transaction; credits stay as charged; repeating it
+        changes nothing."""
+        params = {
+            "model": model,
+            "time_from": time_from,
+            "time_to": time_to,
+            "version_id": whole("version_id", version_id),
+            "apply": apply,
+        }
+        rows = await self._execute(REPRICE, params)
+        return [Repricing.from_row(row) for row in rows]
 
     async def set_credit_rate(
         self,
@@ -1797,7 +1882,7 @@ class AsyncLlmMethods:
         day_to: date,
         organization_ids: UuidArray | None = None,
     ) -> list[PeriodUsage]:
-        """The periods overlapping those UTC days: allowance, used, held, cents."""
+        """The periods overlapping those UTC days: allowance, used, held, cents, cost."""
         params = {
             "day_from": day_from,
             "day_to": day_to,
@@ -1812,13 +1897,30 @@ class AsyncLlmMethods:
         day_to: date,
         organization_ids: UuidArray | None = None,
     ) -> list[DailyUsage]:
-        """The ``llm.daily_usage`` rows of those UTC days, newest first."""
+        """The ``llm.daily_usage`` rows of those UTC days, newest first, with their cost."""
         params = {
             "day_from": day_from,
             "day_to": day_to,
             "organization_ids": None if organization_ids is None else list(organization_ids),
         }
         rows = await self._execute(REPORT_DAILY_USAGE, params)
+        return rows  # type: ignore[return-value]
+
+    async def report_costs(
+        self,
+        day_from: date,
+        day_to: date,
+        organization_ids: UuidArray | None = None,
+    ) -> list[CostByModel]:
+        """What those UTC days cost per organization and model, in exact nanos of the
+        book's currency, with the requests that have no cost or were priced by the
+        fallback; dearest first."""
+        params = {
+            "day_from": day_from,
+            "day_to": day_to,
+            "organization_ids": None if organization_ids is None else list(organization_ids),
+        }
+        rows = await self._execute(REPORT_COSTS, params)
         return rows  # type: ignore[return-value]
 
     async def report_open_holds(

@@ -37,6 +37,7 @@ __all__ = [
     "PriceQuote",
     "ReconciliationRun",
     "RecoveryCharge",
+    "Repricing",
     "RunStatus",
     "SettlementKind",
 ]
@@ -359,6 +360,18 @@ class InvariantViolation(_Row):
     organization_id: UUID | None
     subject: str
     detail: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Repricing(_Row):
+    """A row of ``llm.reprice``: one organization's requests the version reprices, their
+    cost before (as already corrected) and after, and the difference, in exact nanos."""
+
+    organization_id: UUID
+    requests: int
+    cost_before_nanos: int
+    cost_after_nanos: int
+    difference_nanos: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -59,11 +59,13 @@ from llm_db.models import (
     PriceQuote,
     ReconciliationRun,
     RecoveryCharge,
+    Repricing,
 )
 from llm_db.rows import (
     BooksHistory,
     BooksSnapshot,
     BudgetNearLimit,
+    CostByModel,
     DailyUsage,
     MetricSeries,
     OpenHolds,
@@ -348,6 +350,23 @@ class Operations:
         decimal strings (never a float), and optionally ``tiers``. The same rates at the
         same time return that version; other rates there are ``InvalidArgument``."""
 
+    @operation("reprice", sql_names={"time_from": "p_from", "time_to": "p_to"})
+    def reprice(
+        self,
+        model: str,
+        time_from: datetime,
+        time_to: datetime,
+        version_id: int,
+        *,
+        apply: bool = False,
+    ) -> list[Repricing]:
+        """Reprice ``model``'s requests admitted in ``[time_from, time_to)`` that were
+        priced from usage at price version ``version_id`` (an organization's own version:
+        that organization's; a book version: those pinned to the book's): one row per
+        organization. With ``apply``, one correction per changed request and every cost
+        sum moved by it, in one transaction; credits stay as charged; repeating it
+        changes nothing."""
+
     @operation("set_credit_rate")
     def set_credit_rate(
         self,
@@ -595,13 +614,21 @@ class Operations:
     def report_periods(
         self, day_from: date, day_to: date, organization_ids: UuidArray | None = None
     ) -> list[PeriodUsage]:
-        """The periods overlapping those UTC days: allowance, used, held, cents."""
+        """The periods overlapping those UTC days: allowance, used, held, cents, cost."""
 
     @operation("report_daily_usage", sql_names={"day_from": "p_from", "day_to": "p_to"})
     def report_daily_usage(
         self, day_from: date, day_to: date, organization_ids: UuidArray | None = None
     ) -> list[DailyUsage]:
-        """The ``llm.daily_usage`` rows of those UTC days, newest first."""
+        """The ``llm.daily_usage`` rows of those UTC days, newest first, with their cost."""
+
+    @operation("report_costs", sql_names={"day_from": "p_from", "day_to": "p_to"})
+    def report_costs(
+        self, day_from: date, day_to: date, organization_ids: UuidArray | None = None
+    ) -> list[CostByModel]:
+        """What those UTC days cost per organization and model, in exact nanos of the
+        book's currency, with the requests that have no cost or were priced by the
+        fallback; dearest first."""
 
     @operation("report_open_holds")
     def report_open_holds(

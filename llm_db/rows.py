@@ -17,6 +17,7 @@ __all__ = [
     "BooksHistory",
     "BooksSnapshot",
     "BudgetNearLimit",
+    "CostByModel",
     "DailyUsage",
     "MetricSeries",
     "OpenHolds",
@@ -41,6 +42,7 @@ class PeriodUsage(TypedDict):
     used_credits: int
     held_credits: int
     used_cents: int
+    used_cost_nanos: int
 
 
 class DailyUsage(TypedDict):
@@ -56,6 +58,24 @@ class DailyUsage(TypedDict):
     cents: int
     input_tokens: int
     output_tokens: int
+    cost_nanos: int
+    uncosted_requests: int
+    fallback_requests: int
+
+
+class CostByModel(TypedDict):
+    """``llm.report_costs``: what one organization's calls of one model cost, in exact
+    nanos of the book's currency."""
+
+    organization_id: UUID
+    name: str
+    model: str
+    currency: str
+    requests: int
+    cost_nanos: int
+    original_cost_nanos: int
+    uncosted_requests: int
+    fallback_requests: int
 
 
 class OpenHolds(TypedDict):
@@ -79,6 +99,7 @@ class TasksByStatus(TypedDict):
     requests: int
     credits: int
     cents: int
+    cost_nanos: int
 
 
 class ScopeUsage(TypedDict):
@@ -92,6 +113,7 @@ class ScopeUsage(TypedDict):
     used_credits: int
     held_credits: int
     used_cents: int
+    used_cost_nanos: int
 
 
 class BudgetNearLimit(TypedDict):
@@ -108,6 +130,7 @@ class BudgetNearLimit(TypedDict):
     used_credits: int
     held_credits: int
     used_cents: int
+    used_cost_nanos: int
 
 
 class BooksSnapshot(TypedDict):

@@ -275,7 +275,7 @@ COMMENT ON FUNCTION llm._spread_rooms(uuid, date, bigint) IS
 
 CREATE OR REPLACE FUNCTION llm._move_within_rooms(
     p_organization_id uuid, p_period_start date, p_stripe smallint,
-    p_used bigint, p_held bigint, p_cents bigint,
+    p_used bigint, p_held bigint, p_cents bigint, p_priced bigint,
     p_open integer, p_now timestamptz, p_lag integer, p_lead integer)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
@@ -295,6 +295,7 @@ BEGIN
        SET used_credits = s.used_credits + p_used,
            held_credits = s.held_credits + p_held,
            used_cents = s.used_cents + p_cents,
+           priced_nanos = s.priced_nanos + p_priced,
            admit_room = s.admit_room - GREATEST(0, p_used + p_held),
            cents_room = s.cents_room - p_cents,
            notice_room = s.notice_room - p_used,
@@ -315,7 +316,7 @@ BEGIN
     RETURN FOUND;
 END
 $$;
-COMMENT ON FUNCTION llm._move_within_rooms(uuid, date, smallint, bigint, bigint, bigint, integer, timestamptz, integer, integer) IS
+COMMENT ON FUNCTION llm._move_within_rooms(uuid, date, smallint, bigint, bigint, bigint, bigint, integer, timestamptz, integer, integer) IS
     'Moves one stripe''s counters, its open requests (p_open) and settle bounds in one row when the movement fits its rooms; false (nothing moved) otherwise, or when the stripe does not exist.';
 
 -- p_open: +1 for an admission (at p_now), -1 for a request ending (admitted at
@@ -326,7 +327,7 @@ COMMENT ON FUNCTION llm._move_within_rooms(uuid, date, smallint, bigint, bigint,
 -- one movement, and the exact path's refusals, read top to bottom.
 CREATE OR REPLACE FUNCTION llm._move_stripe(
     p_organization_id uuid, p_period_start date, p_stripe smallint,
-    p_used bigint, p_held bigint, p_cents bigint, p_now timestamptz,
+    p_used bigint, p_held bigint, p_cents bigint, p_priced bigint, p_now timestamptz,
     p_open integer, p_admitted_at timestamptz)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -343,11 +344,11 @@ BEGIN
     -- fast: within the stripe's rooms (off stripe 0 in a subtransaction: see the top)
     IF p_stripe = 0 THEN
         v_moved := llm._move_within_rooms(p_organization_id, p_period_start, p_stripe, p_used, p_held, p_cents,
-                                          p_open, p_now, v_lag, v_lead);
+                                          p_priced, p_open, p_now, v_lag, v_lead);
     ELSE
         BEGIN
             IF NOT llm._move_within_rooms(p_organization_id, p_period_start, p_stripe,
-                                          p_used, p_held, p_cents, p_open, p_now, v_lag, v_lead) THEN
+                                          p_used, p_held, p_cents, p_priced, p_open, p_now, v_lag, v_lead) THEN
                 -- internal: only rolls this subtransaction back, never leaves the function
                 RAISE EXCEPTION 'llm: not within the stripe''s rooms' USING ERRCODE = 'LL099';
             END IF;
@@ -396,6 +397,7 @@ BEGIN
        SET used_credits = s.used_credits + p_used,
            held_credits = s.held_credits + p_held,
            used_cents = s.used_cents + p_cents,
+           priced_nanos = s.priced_nanos + p_priced,
            open_requests = s.open_requests + p_open,
            open_since = llm._open_since(s.open_requests, s.open_since, p_open, p_now),
            quiet = s.quiet AND p_open <= 0,
@@ -410,5 +412,5 @@ BEGIN
     PERFORM llm._spread_rooms(p_organization_id, p_period_start, v_head.allowance_credits);
 END
 $$;
-COMMENT ON FUNCTION llm._move_stripe(uuid, date, smallint, bigint, bigint, bigint, timestamptz, integer, timestamptz) IS
-    'Moves one stripe''s counters (used + p_used, held + p_held, cents + p_cents): in one row when it fits the stripe''s rooms, else under the period''s lock, refusing an admission that does not fit the whole period (LL001) and any movement that would take its used + held credits or used cents past the sum limit (LL013), recording the thresholds the period''s total crosses and spreading the rooms again.';
+COMMENT ON FUNCTION llm._move_stripe(uuid, date, smallint, bigint, bigint, bigint, bigint, timestamptz, integer, timestamptz) IS
+    'Moves one stripe''s counters (used + p_used, held + p_held, cents + p_cents, priced nanos + p_priced): in one row when it fits the stripe''s rooms, else under the period''s lock, refusing an admission that does not fit the whole period (LL001) and any movement that would take its used + held credits or used cents past the sum limit (LL013), recording the thresholds the period''s total crosses and spreading the rooms again.';

@@ -302,7 +302,7 @@ COMMENT ON FUNCTION llm._spread_counter(uuid, text, text, text, date, integer, b
 -- Long on purpose: the one exact decision of a counter, read top to bottom.
 CREATE OR REPLACE FUNCTION llm._move_counter(
     p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date,
-    p_seeds smallint[], p_used bigint[], p_held bigint[], p_cents bigint[],
+    p_seeds smallint[], p_used bigint[], p_held bigint[], p_cents bigint[], p_priced bigint[],
     p_admit_limit bigint, p_admit_revision uuid, p_epoch uuid, p_now timestamptz)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
@@ -317,6 +317,7 @@ DECLARE
     v_one_used bigint;
     v_one_held bigint;
     v_one_cents bigint;
+    v_one_priced bigint;
     v_limit bigint;
     v_created integer := 0;
 BEGIN
@@ -365,10 +366,12 @@ BEGIN
         v_one_used := p_used[v_i];
         v_one_held := p_held[v_i];
         v_one_cents := p_cents[v_i];
+        v_one_priced := p_priced[v_i];
         UPDATE llm.budget_counters AS c
            SET used_credits = c.used_credits + v_one_used,
                held_credits = c.held_credits + v_one_held,
-               used_cents = c.used_cents + v_one_cents
+               used_cents = c.used_cents + v_one_cents,
+               priced_nanos = c.priced_nanos + v_one_priced
          WHERE c.organization_id = p_organization_id AND c.scope = p_scope
            AND (c.scope_id = p_scope_id OR (c.scope_id IS NULL AND p_scope_id IS NULL))
            AND c.budget_window = p_window AND c.window_start = p_window_start AND c.stripe = v_stripe;
@@ -408,7 +411,7 @@ BEGIN
     RETURN v_created;
 END
 $$;
-COMMENT ON FUNCTION llm._move_counter(uuid, text, text, text, date, smallint[], bigint[], bigint[], bigint[], bigint, uuid, uuid, timestamptz) IS
+COMMENT ON FUNCTION llm._move_counter(uuid, text, text, text, date, smallint[], bigint[], bigint[], bigint[], bigint[], bigint, uuid, uuid, timestamptz) IS
     'The exact path of one budget counter: locks its stripes in order (creating it for an admission, LL012 past retention), refuses an admission that does not fit p_admit_limit (LL001) and growth past the sum limit (LL013), moves each request on its stripe, owes the thresholds its total crossed under the budget in force and spreads its rooms again; returns the notices created.';
 
 -- ---------------------------------------------------------------- the fast path
@@ -428,7 +431,8 @@ COMMENT ON FUNCTION llm._move_counter(uuid, text, text, text, date, smallint[], 
 -- queries under it (tests/test_citus_readiness.py).
 CREATE OR REPLACE FUNCTION llm._move_within_counter_room(
     p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date,
-    p_stripe integer, p_off_zero boolean, p_used bigint, p_held bigint, p_cents bigint, p_epoch uuid)
+    p_stripe integer, p_off_zero boolean, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint,
+    p_epoch uuid)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -437,6 +441,7 @@ BEGIN
        SET used_credits = c.used_credits + p_used,
            held_credits = c.held_credits + p_held,
            used_cents = c.used_cents + p_cents,
+           priced_nanos = c.priced_nanos + p_priced,
            admit_room = c.admit_room - GREATEST(0, p_used + p_held),
            cents_room = c.cents_room - p_cents,
            notice_room = c.notice_room - p_used
@@ -454,7 +459,7 @@ BEGIN
     RETURN FOUND;
 END
 $$;
-COMMENT ON FUNCTION llm._move_within_counter_room(uuid, text, text, text, date, integer, boolean, bigint, bigint, bigint, uuid) IS
+COMMENT ON FUNCTION llm._move_within_counter_room(uuid, text, text, text, date, integer, boolean, bigint, bigint, bigint, bigint, uuid) IS
     'Moves one budget counter on the request''s stripe of it (when that is stripe 0, or when it is not: p_off_zero) iff the movement fits that stripe''s rooms under revision p_epoch; false (nothing moved) otherwise.';
 
 -- One request's movement of all its counters (p_admit_limits and p_admit_revisions:
@@ -468,7 +473,7 @@ COMMENT ON FUNCTION llm._move_within_counter_room(uuid, text, text, text, date, 
 -- request; one of the previous release keeps them in llm.invocation_scopes
 -- (_move_budgets).
 CREATE OR REPLACE FUNCTION llm._move_request_counters(
-    p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint,
+    p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint,
     p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamptz)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
@@ -488,12 +493,12 @@ BEGIN
         v_i := v_i + 1;  -- the keys and the arrays are both in bit order
         v_moved := llm._move_within_counter_room(p_inv.organization_id, v_key.scope, v_key.scope_id,
                                                  v_key.budget_window, v_key.window_start, v_stripe, false,
-                                                 p_used, p_held, p_cents, p_epoch);
+                                                 p_used, p_held, p_cents, p_priced, p_epoch);
         IF NOT v_moved THEN
             BEGIN
                 IF NOT llm._move_within_counter_room(p_inv.organization_id, v_key.scope, v_key.scope_id,
                                                      v_key.budget_window, v_key.window_start, v_stripe, true,
-                                                     p_used, p_held, p_cents, p_epoch) THEN
+                                                     p_used, p_held, p_cents, p_priced, p_epoch) THEN
                     -- internal: only rolls this subtransaction back, never leaves the function
                     RAISE EXCEPTION 'llm: not within the counter''s rooms' USING ERRCODE = 'LL099';
                 END IF;
@@ -506,13 +511,14 @@ BEGIN
             v_created := v_created
                 + llm._move_counter(p_inv.organization_id, v_key.scope, v_key.scope_id, v_key.budget_window,
                                     v_key.window_start, ARRAY[p_inv.budget_stripe], ARRAY[p_used], ARRAY[p_held],
-                                    ARRAY[p_cents], p_admit_limits[v_i], p_admit_revisions[v_i], p_epoch, p_now);
+                                    ARRAY[p_cents], ARRAY[p_priced], p_admit_limits[v_i], p_admit_revisions[v_i],
+                                    p_epoch, p_now);
         END IF;
     END LOOP;
     RETURN v_created;
 END
 $$;
-COMMENT ON FUNCTION llm._move_request_counters(llm.invocations, bigint, bigint, bigint, bigint[], uuid[], uuid, timestamptz) IS
+COMMENT ON FUNCTION llm._move_request_counters(llm.invocations, bigint, bigint, bigint, bigint, bigint[], uuid[], uuid, timestamptz) IS
     'Moves every budget counter of one request in bit order: each on its stripe when it fits that stripe''s rooms, else by its exact path; returns the notices created.';
 
 -- ---------------------------------------------------------------- movements
@@ -544,7 +550,7 @@ BEGIN
         RETURN llm._move_budgets(p_inv.organization_id, ARRAY[p_inv], false, p_now);
     END IF;
     RETURN llm._move_request_counters(p_inv, p_inv.charged_credits, -p_inv.hold_credits,
-                                      coalesce(p_inv.charged_cents, 0), NULL, NULL,
+                                      coalesce(p_inv.charged_cents, 0), coalesce(p_inv.cost_nanos, 0), NULL, NULL,
                                       llm._budgets_revision(p_inv.organization_id), p_now);
 END
 $$;
@@ -571,7 +577,8 @@ BEGIN
                pg_catalog.array_agg(CASE WHEN p_true_up THEN i.charged_credits - i.recovered_credits
                                          ELSE i.charged_credits END::bigint) AS used,
                pg_catalog.array_agg(CASE WHEN p_true_up THEN 0 ELSE -i.hold_credits END::bigint) AS held,
-               pg_catalog.array_agg(coalesce(i.charged_cents, 0)::bigint) AS cents
+               pg_catalog.array_agg(coalesce(i.charged_cents, 0)::bigint) AS cents,
+               pg_catalog.array_agg(coalesce(i.cost_nanos, 0)::bigint) AS priced
           FROM pg_catalog.unnest(p_invs) AS i
           LEFT JOIN llm.invocation_scopes AS s
             ON s.organization_id = p_organization_id AND s.invocation_id = i.id AND i.budget_mask IS NULL
@@ -584,7 +591,7 @@ BEGIN
         v_created := v_created
             + llm._move_counter(p_organization_id, v_move.scope, v_move.scope_id, v_move.budget_window,
                                 v_move.window_start, v_move.seeds, v_move.used, v_move.held, v_move.cents,
-                                NULL, NULL, v_epoch, p_now);
+                                v_move.priced, NULL, NULL, v_epoch, p_now);
     END LOOP;
     RETURN v_created;
 END
@@ -884,6 +891,7 @@ DECLARE
     v_counter record;
     v_holds bigint[];
     v_held bigint;
+    v_priced numeric;
     v_floor timestamptz := GREATEST(llm._open_floor(p_organization_id),
                                     p_window_start::timestamp AT TIME ZONE 'UTC');
     v_end timestamptz := llm._window_end(p_window, p_window_start)::timestamp AT TIME ZONE 'UTC';
@@ -892,6 +900,11 @@ BEGIN
     IF v_counter.stripes IS NULL OR v_counter.stripes = p_stripes THEN
         RETURN;
     END IF;
+    SELECT sum(c.priced_nanos) INTO v_priced  -- its stripes locked above
+      FROM llm.budget_counters AS c
+     WHERE c.organization_id = p_organization_id AND c.scope = p_scope
+       AND (c.scope_id = p_scope_id OR (c.scope_id IS NULL AND p_scope_id IS NULL))
+       AND c.budget_window = p_window AND c.window_start = p_window_start;
     -- the holds of its open requests, by their stripe under the new count
     SELECT pg_catalog.array_agg(coalesce(h.held, 0) ORDER BY g) INTO v_holds
       FROM pg_catalog.generate_series(0, p_stripes - 1) AS g
@@ -928,6 +941,7 @@ BEGIN
            SET stripes = p_stripes,
                used_credits = CASE WHEN v_stripe = 0 THEN v_counter.used ELSE 0 END,
                used_cents = CASE WHEN v_stripe = 0 THEN v_counter.cents ELSE 0 END,
+               priced_nanos = CASE WHEN v_stripe = 0 THEN v_priced ELSE 0 END,
                held_credits = v_held,
                admit_room = NULL, notice_room = NULL, cents_room = NULL, rooms_revision = NULL
          WHERE c.organization_id = p_organization_id AND c.scope = p_scope
@@ -937,7 +951,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm._restripe_counter(uuid, text, text, text, date, integer) IS
-    'Spreads a budget counter over p_stripes stripes, its stripes locked in order: each holds the holds of its open requests (budget_stripe % p_stripes), stripe 0 its used credits and cents; its rooms dropped.';
+    'Spreads a budget counter over p_stripes stripes, its stripes locked in order: each holds the holds of its open requests (budget_stripe % p_stripes), stripe 0 its used credits, cents and priced nanos; its rooms dropped.';
 
 CREATE OR REPLACE FUNCTION llm._set_budget_stripes(
     p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_stripes integer, p_now timestamptz)
@@ -1135,10 +1149,12 @@ SELECT c.organization_id, c.scope, c.scope_id, c.budget_window, c.window_start,
        c.used_credits, c.held_credits, c.used_cents,
        coalesce(own.thresholds, dflt.thresholds) AS thresholds,
        -- the budget's key in llm.budgets (an organization budget's id is NULL)
-       CASE WHEN own.organization_id IS NOT NULL THEN own.scope_id ELSE dflt.scope_id END AS budget_scope_id
+       CASE WHEN own.organization_id IS NOT NULL THEN own.scope_id ELSE dflt.scope_id END AS budget_scope_id,
+       c.used_cost_nanos
   FROM (SELECT s.organization_id, s.scope, s.scope_id, s.budget_window, s.window_start,
                sum(s.used_credits)::bigint AS used_credits, sum(s.held_credits)::bigint AS held_credits,
-               sum(s.used_cents)::bigint AS used_cents
+               sum(s.used_cents)::bigint AS used_cents,
+               sum(s.used_cents)::numeric * 10000000 + sum(s.priced_nanos) AS used_cost_nanos
           FROM llm.budget_counters AS s
          GROUP BY s.organization_id, s.scope, s.scope_id, s.budget_window, s.window_start) AS c
   -- An id is NULL for the organization scope only and never '' (_scope_id_ok), so
@@ -1152,4 +1168,4 @@ SELECT c.organization_id, c.scope, c.scope_id, c.budget_window, c.window_start,
     ON dflt.organization_id = c.organization_id AND dflt.scope = c.scope
    AND dflt.scope_id = '*' AND dflt.budget_window = c.budget_window;
 COMMENT ON VIEW llm.budget_usage IS
-    'One row per scope id and window that counted a request (the sum of its counter''s stripes), under the real id (a default budget''s rows too), with the budget that applies to it now (the id''s own, else the scope''s ''*''): its limit, thresholds and scope_id in llm.budgets (budget_scope_id; NULL columns: none).';
+    'One row per scope id and window that counted a request (the sum of its counter''s stripes), under the real id (a default budget''s rows too), with the budget that applies to it now (the id''s own, else the scope''s ''*''): its limit, thresholds and scope_id in llm.budgets (budget_scope_id; NULL columns: none), and its used cost in nanos (used_cost_nanos: used_cents * 10^7 plus the cost the book priced).';

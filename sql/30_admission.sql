@@ -207,16 +207,16 @@ BEGIN
     -- its month's first admission). The allowance is decided first, so it is the one
     -- named when it and a budget both refuse.
     -- (on stripe 0, the fast path called here: a call less on the request path)
-    IF v_stripe <> 0 OR NOT llm._move_within_rooms(p_organization_id, v_period, v_stripe, 0, v_estimate, 0,
+    IF v_stripe <> 0 OR NOT llm._move_within_rooms(p_organization_id, v_period, v_stripe, 0, v_estimate, 0, 0,
                                                    1, p_now, NULL, NULL) THEN
-        PERFORM llm._move_stripe(p_organization_id, v_period, v_stripe, 0, v_estimate, 0, p_now, 1, NULL);
+        PERFORM llm._move_stripe(p_organization_id, v_period, v_stripe, 0, v_estimate, 0, 0, p_now, 1, NULL);
     END IF;
     -- Then its hold on every budget's counter, in bit order, last (a hot key's row is
     -- held from here to the commit only), each iff used + held + estimate <= the limit
     -- read above (LL001 naming the first that does not fit, and this transaction rolls
     -- back every hold; LL012 for a counter it would create past retention).
     IF v_mask <> 0 THEN
-        PERFORM llm._move_request_counters(v_inv, 0, v_inv.hold_credits, 0, v_limits, v_revisions,
+        PERFORM llm._move_request_counters(v_inv, 0, v_inv.hold_credits, 0, 0, v_limits, v_revisions,
                                            v_budgets_revision, v_inv.created_at);
     END IF;
     RETURN llm._admission(v_inv, false);

@@ -33,6 +33,7 @@ LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     v_cents bigint := coalesce(p_cents, 0);
+    v_priced bigint := 0;  -- the cost the book priced (the caller's is its cents)
     v_execution_id uuid;
     v_period date;
     v_stripe smallint;
@@ -50,6 +51,7 @@ BEGIN
     IF p_price.priced_by IS NOT NULL THEN  -- (a composite IS NOT NULL only when every field is)
         v_priced_by := p_price.priced_by;
         v_cost_nanos := p_price.cost_nanos;
+        v_priced := p_price.cost_nanos;
         v_usage := p_price.usage;
         v_price_tier := p_price.price_tier;
     END IF;
@@ -73,17 +75,18 @@ BEGIN
         UPDATE llm.executions AS x
            SET request_count = x.request_count + 1,
                credits = x.credits + p_credits,
-               cents = x.cents + v_cents
+               cents = x.cents + v_cents,
+               priced_nanos = x.priced_nanos + v_priced
          WHERE x.organization_id = p_organization_id AND x.id = v_execution_id;
     END IF;
     -- charge in, hold out, one open request less; crossed thresholds recorded on the
     -- exact path (on stripe 0, the fast path called here: a call less on the request path)
     IF v_stripe <> 0
        OR NOT llm._move_within_rooms(p_organization_id, v_period, v_stripe,
-                                     p_credits, -v_hold, v_cents, -1, p_now,
+                                     p_credits, -v_hold, v_cents, v_priced, -1, p_now,
                                      llm._hours_up(p_now - v_created), llm._hours_up(v_created - p_now)) THEN
         PERFORM llm._move_stripe(p_organization_id, v_period, v_stripe,
-                                 p_credits, -v_hold, v_cents, p_now, -1, v_created);
+                                 p_credits, -v_hold, v_cents, v_priced, p_now, -1, v_created);
     END IF;
     -- then the budgets it was admitted under, in their windows of its admission (one
     -- of the previous release keeps its bits in llm.invocation_scopes)
@@ -118,10 +121,14 @@ DECLARE
     v_day date := (p_inv.settled_at AT TIME ZONE 'UTC')::date;
     v_row llm.daily_usage;
     v_window record;
+    v_priced_ids uuid[];
 BEGIN
     UPDATE llm.daily_usage AS d
        SET credits = d.credits + p_credits,
            cents = d.cents + p_cents,
+           priced_nanos = d.priced_nanos + coalesce(p_inv.cost_nanos, 0),
+           uncosted_requests = d.uncosted_requests - 1,  -- recovered: it had no cost
+           fallback_requests = d.fallback_requests + CASE WHEN p_inv.priced_by = 'fallback' THEN 1 ELSE 0 END,
            input_tokens = d.input_tokens + coalesce(p_inv.input_tokens, 0),
            output_tokens = d.output_tokens + coalesce(p_inv.output_tokens, 0)
      WHERE d.organization_id = p_inv.organization_id AND d.day = v_day AND d.model = p_inv.model;
@@ -135,22 +142,35 @@ BEGIN
     SELECT p_inv.organization_id, v_day, p_inv.model, count(*),
            count(*) FILTER (WHERE i.settlement_kind IN ('recovered', 'trued_up')),
            coalesce(sum(i.charged_credits), 0), coalesce(sum(i.charged_cents), 0),
-           coalesce(sum(i.input_tokens), 0), coalesce(sum(i.output_tokens), 0)
+           coalesce(sum(i.input_tokens), 0), coalesce(sum(i.output_tokens), 0),
+           coalesce(sum(i.cost_nanos), 0),
+           count(*) FILTER (WHERE i.charged_cents IS NULL AND i.cost_nanos IS NULL),
+           count(*) FILTER (WHERE i.priced_by = 'fallback'),
+           pg_catalog.array_agg(i.id) FILTER (WHERE i.cost_nanos IS NOT NULL)
       INTO v_row.organization_id, v_row.day, v_row.model, v_row.requests, v_row.recovered_requests,
-           v_row.credits, v_row.cents, v_row.input_tokens, v_row.output_tokens
+           v_row.credits, v_row.cents, v_row.input_tokens, v_row.output_tokens,
+           v_row.priced_nanos, v_row.uncosted_requests, v_row.fallback_requests, v_priced_ids
       FROM llm.invocations AS i
      WHERE i.organization_id = p_inv.organization_id AND i.model = p_inv.model
        AND i.created_at >= v_window.created_from AND i.created_at < v_window.created_to
        AND i.settled_at >= (v_day::timestamp AT TIME ZONE 'UTC')
        AND i.settled_at < ((v_day + 1)::timestamp AT TIME ZONE 'UTC');
+    SELECT coalesce(sum(c.difference_nanos), 0) INTO v_row.corrections_nanos  -- of repricing
+      FROM llm.cost_corrections AS c
+     WHERE c.organization_id = p_inv.organization_id AND c.invocation_id = ANY (v_priced_ids);
     INSERT INTO llm.daily_usage AS d
            (organization_id, day, model, requests, recovered_requests, credits, cents,
-            input_tokens, output_tokens)
+            input_tokens, output_tokens, priced_nanos, uncosted_requests, fallback_requests,
+            corrections_nanos)
     VALUES (v_row.organization_id, v_row.day, v_row.model, v_row.requests, v_row.recovered_requests,
-            v_row.credits, v_row.cents, v_row.input_tokens, v_row.output_tokens)
+            v_row.credits, v_row.cents, v_row.input_tokens, v_row.output_tokens,
+            v_row.priced_nanos, v_row.uncosted_requests, v_row.fallback_requests, v_row.corrections_nanos)
     ON CONFLICT (organization_id, day, model) DO UPDATE
        SET credits = d.credits + p_credits,
            cents = d.cents + p_cents,
+           priced_nanos = d.priced_nanos + coalesce(p_inv.cost_nanos, 0),
+           uncosted_requests = d.uncosted_requests - 1,  -- recovered: it had no cost
+           fallback_requests = d.fallback_requests + CASE WHEN p_inv.priced_by = 'fallback' THEN 1 ELSE 0 END,
            input_tokens = d.input_tokens + coalesce(p_inv.input_tokens, 0),
            output_tokens = d.output_tokens + coalesce(p_inv.output_tokens, 0);
 END
@@ -169,16 +189,18 @@ AS $$
 DECLARE
     v_credits bigint := p_inv.charged_credits - p_inv.recovered_credits;  -- signed
     v_cents bigint := coalesce(p_inv.charged_cents, 0);  -- recovery charged no cents
+    v_priced bigint := coalesce(p_inv.cost_nanos, 0);     -- nor any cost
 BEGIN
     -- its adjustment ledger row is derived from the request (llm.ledger)
     IF p_inv.execution_id IS NOT NULL THEN
         UPDATE llm.executions AS x
-           SET credits = x.credits + v_credits, cents = x.cents + v_cents
+           SET credits = x.credits + v_credits, cents = x.cents + v_cents,
+               priced_nanos = x.priced_nanos + v_priced
          WHERE x.organization_id = p_inv.organization_id AND x.id = p_inv.execution_id;
     END IF;
     -- its own period's stripe (a closed month too); a rise records the thresholds it crosses
     PERFORM llm._move_stripe(p_inv.organization_id, p_inv.period_start, p_inv.stripe,
-                             v_credits, 0, v_cents, p_now, 0, NULL);
+                             v_credits, 0, v_cents, v_priced, p_now, 0, NULL);
     -- the budgets it was admitted under, by the same difference
     PERFORM llm._move_budgets(p_inv.organization_id, ARRAY[p_inv], true, p_now);
     -- the daily usage of its settlement day, last: the cache the pass rebuilds

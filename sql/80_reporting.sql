@@ -33,9 +33,14 @@ COMMENT ON FUNCTION llm._check_day_range(date, date) IS
 -- The terminal requests settled on days p_from .. p_to (UTC), by organization, day and
 -- model: what daily_usage holds when it is right. Read by admission time through the
 -- stripes' settle bounds (the header says how); any admission time until they are known.
-CREATE OR REPLACE FUNCTION llm._settled_usage(p_from date, p_to date)
+-- 0.4.0 appended the cost's columns: its row type changed, so it is created again
+-- (rebuild_daily_usage and check_daily_usage, its only callers, with it).
+DROP FUNCTION IF EXISTS llm._settled_usage(date, date);
+CREATE FUNCTION llm._settled_usage(p_from date, p_to date)
 RETURNS TABLE (organization_id uuid, day date, model text, requests bigint, recovered_requests bigint,
-               credits numeric, cents numeric, input_tokens numeric, output_tokens numeric)
+               credits numeric, cents numeric, input_tokens numeric, output_tokens numeric,
+               priced_nanos numeric, uncosted_requests bigint, fallback_requests bigint,
+               corrections_nanos numeric)
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
@@ -57,7 +62,11 @@ BEGIN
            coalesce(sum(i.charged_credits), 0),
            coalesce(sum(i.charged_cents), 0),
            coalesce(sum(i.input_tokens), 0),
-           coalesce(sum(i.output_tokens), 0)
+           coalesce(sum(i.output_tokens), 0),
+           coalesce(sum(i.cost_nanos), 0),
+           count(*) FILTER (WHERE i.charged_cents IS NULL AND i.cost_nanos IS NULL),
+           count(*) FILTER (WHERE i.priced_by = 'fallback'),
+           coalesce(sum(k.corrections), 0)
       FROM (SELECT s.organization_id,
                    min(GREATEST(s.period_start::timestamp,
                                 v_first::timestamp - pg_catalog.make_interval(hours => coalesce(s.settle_lag_hours, 0))))
@@ -71,18 +80,24 @@ BEGIN
              GROUP BY s.organization_id) AS w
      CROSS JOIN LATERAL (
            SELECT r.organization_id, r.settled_at, r.model, r.settlement_kind, r.charged_credits,
-                  r.charged_cents, r.input_tokens, r.output_tokens
+                  r.charged_cents, r.input_tokens, r.output_tokens, r.cost_nanos,
+                  r.priced_by, r.id
              FROM llm.invocations AS r
             WHERE r.organization_id = w.organization_id
               AND r.created_at >= w.created_from AND r.created_at < w.created_to
               AND r.settled_at >= (p_from::timestamp AT TIME ZONE 'UTC')
               AND r.settled_at < ((p_to + 1)::timestamp AT TIME ZONE 'UTC')
            OFFSET 0) AS i
+      -- the corrections llm.reprice applied to them
+      LEFT JOIN (SELECT c.organization_id, c.invocation_id, sum(c.difference_nanos) AS corrections
+                   FROM llm.cost_corrections AS c
+                  GROUP BY 1, 2) AS k
+        ON k.organization_id = i.organization_id AND k.invocation_id = i.id
      GROUP BY 1, 2, 3;
 END
 $$;
 COMMENT ON FUNCTION llm._settled_usage(date, date) IS
-    'The terminal requests settled on UTC days p_from .. p_to by organization, day and model (requests, recovered_requests, credits, cents, tokens): what daily_usage holds when it is right.';
+    'The terminal requests settled on UTC days p_from .. p_to by organization, day and model (requests, recovered_requests, credits, cents, tokens, the cost the book priced, the requests with no cost, those priced by the fallback and the corrections of repricing): what daily_usage holds when it is right.';
 
 CREATE OR REPLACE FUNCTION llm.rebuild_daily_usage(p_from date, p_to date)
 RETURNS integer
@@ -102,7 +117,8 @@ BEGIN
             DELETE FROM llm.daily_usage AS d WHERE d.day BETWEEN p_from AND p_to;
             INSERT INTO llm.daily_usage
                    (organization_id, day, model, requests, recovered_requests, credits, cents,
-                    input_tokens, output_tokens)
+                    input_tokens, output_tokens, priced_nanos, uncosted_requests, fallback_requests,
+                    corrections_nanos)
             SELECT u.* FROM llm._settled_usage(p_from, p_to) AS u;
             GET DIAGNOSTICS v_count = ROW_COUNT;
             EXIT;
@@ -136,7 +152,10 @@ BEGIN
                pg_catalog.jsonb_object_agg(d.model, pg_catalog.jsonb_build_object(
                    'requests', d.requests, 'recovered_requests', d.recovered_requests,
                    'credits', d.credits, 'cents', d.cents,
-                   'input_tokens', d.input_tokens, 'output_tokens', d.output_tokens)) AS usage
+                   'input_tokens', d.input_tokens, 'output_tokens', d.output_tokens,
+                   'priced_nanos', d.priced_nanos, 'uncosted_requests', d.uncosted_requests,
+                   'fallback_requests', d.fallback_requests,
+                   'corrections_nanos', d.corrections_nanos)) AS usage
           FROM llm.daily_usage AS d
          WHERE d.day BETWEEN p_from AND p_to
          GROUP BY d.organization_id, d.day
@@ -147,7 +166,10 @@ BEGIN
                pg_catalog.jsonb_object_agg(m.model, pg_catalog.jsonb_build_object(
                    'requests', m.requests, 'recovered_requests', m.recovered_requests,
                    'credits', m.credits, 'cents', m.cents,
-                   'input_tokens', m.input_tokens, 'output_tokens', m.output_tokens)) AS usage
+                   'input_tokens', m.input_tokens, 'output_tokens', m.output_tokens,
+                   'priced_nanos', m.priced_nanos, 'uncosted_requests', m.uncosted_requests,
+                   'fallback_requests', m.fallback_requests,
+                   'corrections_nanos', m.corrections_nanos)) AS usage
           FROM by_model AS m
          GROUP BY m.organization_id, m.day
     )

@@ -7,16 +7,28 @@
 -- coordinator like any report. SECURITY DEFINER so llm_reader and llm_operator need
 -- only EXECUTE (sql/99_grants.sql), and p_now is the clock of anything timed.
 
+-- 0.4.0 appended the cost (nanos, exact: cents * 10^7 plus what the book priced) to
+-- the rows of these reports; a row type changes only by dropping the function, in the
+-- transaction that creates it again (the driver names every column it reads, so an
+-- earlier driver reads the same columns as before).
+DROP FUNCTION IF EXISTS llm.report_periods(date, date, uuid[]);
+DROP FUNCTION IF EXISTS llm.report_daily_usage(date, date, uuid[]);
+DROP FUNCTION IF EXISTS llm.report_tasks(date, uuid[]);
+DROP FUNCTION IF EXISTS llm.report_scope_usage(text, date, date, uuid[]);
+DROP FUNCTION IF EXISTS llm.report_budgets_near_limit(text, uuid[], timestamptz);
+
 CREATE OR REPLACE FUNCTION llm.report_periods(p_from date, p_to date, p_organization_ids uuid[] DEFAULT NULL)
 RETURNS TABLE (organization_id uuid, name text, status text, period_start date, period_end date,
-               allowance_credits bigint, used_credits bigint, held_credits bigint, used_cents bigint)
+               allowance_credits bigint, used_credits bigint, held_credits bigint, used_cents bigint,
+               used_cost_nanos numeric)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 AS $$
 BEGIN
     PERFORM llm._check_day_range(p_from, p_to);
     RETURN QUERY
     SELECT o.id, o.name, o.status, p.period_start, p.period_end,
-           p.allowance_credits::bigint, p.used_credits::bigint, p.held_credits::bigint, p.used_cents::bigint
+           p.allowance_credits::bigint, p.used_credits::bigint, p.held_credits::bigint, p.used_cents::bigint,
+           p.used_cost_nanos
       FROM llm.periods AS p
       JOIN llm.organizations AS o ON o.id = p.organization_id
      WHERE (p_organization_ids IS NULL OR p.organization_id = ANY (p_organization_ids))
@@ -26,19 +38,21 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm.report_periods(date, date, uuid[]) IS
-    'The periods overlapping days p_from .. p_to, with their organization: allowance, used, held and cents; by organization name and period.';
+    'The periods overlapping days p_from .. p_to, with their organization: allowance, used, held, cents and used cost (nanos); by organization name and period.';
 
 CREATE OR REPLACE FUNCTION llm.report_daily_usage(p_from date, p_to date, p_organization_ids uuid[] DEFAULT NULL)
 RETURNS TABLE (day date, organization_id uuid, name text, model text, requests bigint,
                recovered_requests bigint, credits numeric, cents numeric, input_tokens numeric,
-               output_tokens numeric)
+               output_tokens numeric, cost_nanos numeric, uncosted_requests bigint, fallback_requests bigint)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 AS $$
 BEGIN
     PERFORM llm._check_day_range(p_from, p_to);
     RETURN QUERY
     SELECT d.day, d.organization_id, o.name, d.model, d.requests, d.recovered_requests,
-           d.credits::numeric, d.cents::numeric, d.input_tokens::numeric, d.output_tokens::numeric
+           d.credits::numeric, d.cents::numeric, d.input_tokens::numeric, d.output_tokens::numeric,
+           d.cents::numeric * 10000000 + d.priced_nanos + d.corrections_nanos, d.uncosted_requests,
+           d.fallback_requests
       FROM llm.daily_usage AS d
       JOIN llm.organizations AS o ON o.id = d.organization_id
      WHERE (p_organization_ids IS NULL OR d.organization_id = ANY (p_organization_ids))
@@ -47,7 +61,39 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm.report_daily_usage(date, date, uuid[]) IS
-    'The rows of llm.daily_usage for days p_from .. p_to (UTC settlement day), newest day first, with the organization''s name.';
+    'The rows of llm.daily_usage for days p_from .. p_to (UTC settlement day), newest day first, with the organization''s name and the cost (nanos; uncosted_requests: in no cost, fallback_requests: priced at the fallback).';
+
+-- The cost of days p_from .. p_to by organization and model, from llm.daily_usage (as
+-- the daily section): exact nanos of the book's currency, never rounded, as corrected
+-- by llm.reprice beside the cost first booked; a request
+-- recovered at its estimate has no cost and is counted apart, as is one the book
+-- priced at the fallback price.
+CREATE OR REPLACE FUNCTION llm.report_costs(p_from date, p_to date, p_organization_ids uuid[] DEFAULT NULL)
+RETURNS TABLE (organization_id uuid, name text, model text, currency text, requests numeric,
+               cost_nanos numeric, original_cost_nanos numeric, uncosted_requests numeric,
+               fallback_requests numeric)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+AS $$
+BEGIN
+    PERFORM llm._check_day_range(p_from, p_to);
+    RETURN QUERY
+    SELECT d.organization_id, o.name, d.model, st.currency,
+           sum(d.requests),
+           sum(d.cents)::numeric * 10000000 + sum(d.priced_nanos) + sum(d.corrections_nanos),
+           sum(d.cents)::numeric * 10000000 + sum(d.priced_nanos),
+           sum(d.uncosted_requests),
+           sum(d.fallback_requests)
+      FROM llm.daily_usage AS d
+      JOIN llm.organizations AS o ON o.id = d.organization_id
+     CROSS JOIN llm.settings AS st
+     WHERE (p_organization_ids IS NULL OR d.organization_id = ANY (p_organization_ids))
+       AND d.day BETWEEN p_from AND p_to
+     GROUP BY d.organization_id, o.name, d.model, st.currency
+     ORDER BY o.name, d.organization_id, 6 DESC, d.model;
+END
+$$;
+COMMENT ON FUNCTION llm.report_costs(date, date, uuid[]) IS
+    'The cost of days p_from .. p_to (UTC settlement day) per organization and model, in exact nanos of the book''s currency: requests, cost (as corrected by llm.reprice) and the original cost, requests with no cost (recovered at their estimate) and requests priced at the fallback; dearest first.';
 
 CREATE OR REPLACE FUNCTION llm.report_open_holds(p_organization_ids uuid[] DEFAULT NULL, p_now timestamptz DEFAULT NULL)
 RETURNS TABLE (organization_id uuid, name text, open_requests bigint, held_credits numeric,
@@ -85,7 +131,7 @@ COMMENT ON FUNCTION llm.report_open_holds(uuid[], timestamptz) IS
 
 CREATE OR REPLACE FUNCTION llm.report_tasks(p_from date, p_organization_ids uuid[] DEFAULT NULL)
 RETURNS TABLE (organization_id uuid, name text, status text, tasks bigint, requests bigint,
-               credits numeric, cents numeric)
+               credits numeric, cents numeric, cost_nanos numeric)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 AS $$
 BEGIN
@@ -95,7 +141,8 @@ BEGIN
            count(*),
            sum(x.request_count)::bigint,
            sum(x.credits),
-           sum(x.cents)
+           sum(x.cents),
+           sum(x.cents)::numeric * 10000000 + sum(x.priced_nanos)
       FROM llm.executions AS x
       JOIN llm.organizations AS o ON o.id = x.organization_id
      WHERE (p_organization_ids IS NULL OR x.organization_id = ANY (p_organization_ids))
@@ -105,7 +152,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm.report_tasks(date, uuid[]) IS
-    'Per organization and status, the tasks started since day p_from (UTC) and every task still running: how many, and their requests, credits and cents.';
+    'Per organization and status, the tasks started since day p_from (UTC) and every task still running: how many, and their requests, credits, cents and cost (nanos).';
 
 CREATE OR REPLACE FUNCTION llm._check_report_scope(p_scope text)
 RETURNS void
@@ -124,7 +171,7 @@ COMMENT ON FUNCTION llm._check_report_scope(text) IS
 CREATE OR REPLACE FUNCTION llm.report_scope_usage(p_scope text, p_from date, p_to date,
                                                   p_organization_ids uuid[] DEFAULT NULL)
 RETURNS TABLE (organization_id uuid, name text, scope_id text, requests bigint, open_requests bigint,
-               used_credits numeric, held_credits numeric, used_cents numeric)
+               used_credits numeric, held_credits numeric, used_cents numeric, used_cost_nanos numeric)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 AS $$
 BEGIN
@@ -134,6 +181,7 @@ BEGIN
     RETURN QUERY
     WITH scoped AS (
         SELECT i.organization_id, o.name, i.status, i.hold_credits, i.charged_credits, i.charged_cents,
+               i.cost_nanos,
                CASE WHEN p_scope = 'project' THEN coalesce(i.project, s.project)
                     WHEN p_scope = 'api_key' THEN coalesce(i.api_key, s.api_key)
                     ELSE coalesce(i.end_user, s.end_user) END AS scope_id
@@ -152,7 +200,9 @@ BEGIN
            count(*) FILTER (WHERE c.status IN ('reserved', 'dispatched')),
            coalesce(sum(c.charged_credits) FILTER (WHERE c.status IN ('settled', 'failed')), 0),
            coalesce(sum(c.hold_credits) FILTER (WHERE c.status IN ('reserved', 'dispatched')), 0),
-           coalesce(sum(c.charged_cents) FILTER (WHERE c.status IN ('settled', 'failed')), 0)
+           coalesce(sum(c.charged_cents) FILTER (WHERE c.status IN ('settled', 'failed')), 0),
+           coalesce(sum(c.charged_cents) FILTER (WHERE c.status IN ('settled', 'failed')), 0)::numeric * 10000000
+               + coalesce(sum(c.cost_nanos), 0)
       FROM scoped AS c
      WHERE c.scope_id IS NOT NULL
      GROUP BY c.organization_id, c.name, c.scope_id
@@ -160,7 +210,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm.report_scope_usage(text, date, date, uuid[]) IS
-    'Usage per id of scope p_scope (project, api_key or end_user) of the requests admitted in days p_from .. p_to: requests, open ones, used, held and cents; 22023 for another scope.';
+    'Usage per id of scope p_scope (project, api_key or end_user) of the requests admitted in days p_from .. p_to: requests, open ones, used, held, cents and used cost (nanos); 22023 for another scope.';
 
 -- The counters of the windows containing p_now whose used + held stand at or above the
 -- first threshold of the budget that applies to them now (the id's own, else the
@@ -171,7 +221,7 @@ CREATE OR REPLACE FUNCTION llm.report_budgets_near_limit(p_scope text DEFAULT NU
                                                          p_now timestamptz DEFAULT NULL)
 RETURNS TABLE (organization_id uuid, name text, scope text, scope_id text, budget_window text,
                window_start date, limit_credits bigint, first_threshold integer,
-               used_credits bigint, held_credits bigint, used_cents bigint)
+               used_credits bigint, held_credits bigint, used_cents bigint, used_cost_nanos numeric)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 AS $$
 DECLARE
@@ -184,7 +234,7 @@ BEGIN
     END IF;
     RETURN QUERY
     SELECT u.organization_id, o.name, u.scope, u.scope_id, u.budget_window, u.window_start,
-           u.limit_credits, u.thresholds[1], u.used_credits, u.held_credits, u.used_cents
+           u.limit_credits, u.thresholds[1], u.used_credits, u.held_credits, u.used_cents, u.used_cost_nanos
       FROM llm.budget_usage AS u
       JOIN llm.organizations AS o ON o.id = u.organization_id
      WHERE (p_organization_ids IS NULL OR u.organization_id = ANY (p_organization_ids))

@@ -348,6 +348,23 @@ BEGIN
         ON n.scope = sc.scope AND n.budget_window = w.budget_window AND n.threshold_pct = 0
      GROUP BY sc.n, sc.scope, w.n, w.budget_window
      ORDER BY sc.n, w.n;
+    -- What the month containing p_now cost, by model, as llm.daily_usage holds it (the
+    -- pass rebuilds it): cents * 10^7 plus the book's nanos, as corrected; and the
+    -- requests the book priced at the fallback price. A sample is a float64, exact to
+    -- 2^53 nanos (about 9 million currency units); `llm-db report` has the exact figure.
+    RETURN QUERY
+    SELECT f.metric, pg_catalog.jsonb_build_object('model', c.model), f.value
+      FROM (SELECT d.model,
+                   sum(d.cents)::numeric * 10000000 + sum(d.priced_nanos) + sum(d.corrections_nanos) AS cost,
+                   sum(d.fallback_requests) AS fallback
+              FROM llm.daily_usage AS d
+             WHERE d.day >= pg_catalog.date_trunc('month', v_now AT TIME ZONE 'UTC')::date
+               AND d.day <= (v_now AT TIME ZONE 'UTC')::date
+             GROUP BY d.model) AS c
+     CROSS JOIN LATERAL (VALUES ('llm_month_cost_nanos', c.cost::double precision),
+                                ('llm_month_fallback_priced_requests', c.fallback::double precision))
+                        AS f(metric, value)
+     ORDER BY f.metric, c.model;
     -- How much of its allowance each organization near its limit has committed
     RETURN QUERY
     SELECT 'llm_allowance_used_ratio', pg_catalog.jsonb_build_object('organization_id', a.organization_id::text),
@@ -357,4 +374,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm.metrics(timestamptz) IS
-    'Every series of the Prometheus exposition at p_now (metric, labels, value): the health alarm, the last pass, what the next pass would act on, the stale requests by organization status, budgets near their limit, the limit windows that refused and the sweeps'' totals; every series present, 0 when none.';
+    'Every series of the Prometheus exposition at p_now (metric, labels, value): the health alarm, the last pass, what the next pass would act on, the stale requests by organization status, budgets near their limit, the limit windows that refused, the month''s cost and fallback-priced requests by model, and the sweeps'' totals; every series present, 0 when none.';

@@ -800,6 +800,85 @@ $$;
 COMMENT ON FUNCTION llm._invariant_19() IS
     'Invariant 19: a request priced by the book carries its usage and pinned version and credit rate, no cents, and its cost, tier and credits are that usage priced at them; no other request has a cost.';
 
+-- 20. Every cost sum is exact: the nanos the book priced (priced_nanos) of each period
+--     stripe, each task and each budget counter (its stripes summed) equal the cost
+--     of its terminal requests priced from usage, as corrected by llm.reprice (the
+--     rest of a sum's cost is its cents * 10^7); a task with a drift finding is
+--     reported under 6 instead. Only a request priced from usage has corrections, their
+--     seqs run 1, 2, ..., and its corrected cost is its usage priced at the version its
+--     last correction names.
+CREATE OR REPLACE FUNCTION llm._invariant_20()
+RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN QUERY
+    WITH costs AS (  -- each priced request's cost as corrected
+        SELECT i.organization_id, i.id, i.period_start, i.stripe, i.execution_id, i.budget_mask, i.project,
+               i.api_key, i.end_user, i.created_at, i.cost_nanos + coalesce(c.corrections, 0) AS cost
+          FROM llm.invocations AS i
+          LEFT JOIN (SELECT k.organization_id, k.invocation_id, sum(k.difference_nanos) AS corrections
+                       FROM llm.cost_corrections AS k GROUP BY 1, 2) AS c
+            ON c.organization_id = i.organization_id AND c.invocation_id = i.id
+         WHERE i.cost_nanos IS NOT NULL
+    )
+    SELECT 20, s.organization_id, 'period ' || s.period_start || ' stripe ' || s.stripe,
+           pg_catalog.format('priced_nanos=%s; requests %s', s.priced_nanos, coalesce(c.priced, 0))
+      FROM llm.period_stripes AS s
+      LEFT JOIN (SELECT r.organization_id, r.period_start, r.stripe, sum(r.cost) AS priced
+                   FROM costs AS r GROUP BY 1, 2, 3) AS c
+        ON c.organization_id = s.organization_id AND c.period_start = s.period_start AND c.stripe = s.stripe
+     WHERE s.priced_nanos IS DISTINCT FROM coalesce(c.priced, 0)
+    UNION ALL
+    SELECT 20, x.organization_id, 'execution ' || x.id,
+           pg_catalog.format('priced_nanos=%s; requests %s', x.priced_nanos, coalesce(c.priced, 0))
+      FROM llm.executions AS x
+      LEFT JOIN (SELECT r.organization_id, r.execution_id, sum(r.cost) AS priced
+                   FROM costs AS r WHERE r.execution_id IS NOT NULL GROUP BY 1, 2) AS c
+        ON c.organization_id = x.organization_id AND c.execution_id = x.id
+     WHERE x.priced_nanos IS DISTINCT FROM coalesce(c.priced, 0)
+       AND NOT EXISTS (SELECT FROM llm.drift_findings AS f
+                        WHERE f.organization_id = x.organization_id AND f.execution_id = x.id)
+    UNION ALL
+    SELECT 20, c.organization_id,
+           pg_catalog.format('budget %s %s %s %s', c.scope, coalesce(c.scope_id, ''), c.budget_window, c.window_start),
+           pg_catalog.format('priced_nanos=%s; requests %s', c.priced_nanos, coalesce(r.priced, 0))
+      FROM (SELECT b.organization_id, b.scope, b.scope_id, b.budget_window, b.window_start,
+                   sum(b.priced_nanos) AS priced_nanos
+              FROM llm.budget_counters AS b
+             GROUP BY 1, 2, 3, 4, 5) AS c
+      LEFT JOIN (SELECT q.organization_id, k.scope, k.scope_id, k.budget_window, k.window_start,
+                        sum(q.cost) AS priced
+                   FROM costs AS q
+                  CROSS JOIN LATERAL llm._budget_keys(q.budget_mask, q.project, q.api_key, q.end_user,
+                                                      q.created_at) AS k
+                  GROUP BY 1, 2, 3, 4, 5) AS r
+        ON r.organization_id = c.organization_id AND r.scope = c.scope
+       AND r.scope_id IS NOT DISTINCT FROM c.scope_id AND r.budget_window = c.budget_window
+       AND r.window_start = c.window_start
+     WHERE c.priced_nanos IS DISTINCT FROM coalesce(r.priced, 0);
+    -- the corrections: of priced requests, numbered 1.., the last one's version pricing it
+    RETURN QUERY
+    SELECT 20, k.organization_id, 'invocation ' || k.invocation_id,
+           pg_catalog.format('corrections=%s seqs=%s last version=%s corrected cost=%s priced_by=%s',
+                             k.n, k.seqs, l.price_version_id, i.cost_nanos + k.corrections, i.priced_by)
+      FROM (SELECT c.organization_id, c.invocation_id, count(*) AS n, max(c.seq) AS last,
+                   pg_catalog.array_agg(c.seq ORDER BY c.seq) AS seqs, sum(c.difference_nanos) AS corrections
+              FROM llm.cost_corrections AS c GROUP BY 1, 2) AS k
+      LEFT JOIN llm.cost_corrections AS l
+        ON l.organization_id = k.organization_id AND l.invocation_id = k.invocation_id AND l.seq = k.last
+      LEFT JOIN llm.invocations AS i ON i.organization_id = k.organization_id AND i.id = k.invocation_id
+      LEFT JOIN llm.price_versions AS v ON v.id = l.price_version_id
+     WHERE i.cost_nanos IS NULL OR i.priced_by NOT IN ('model', 'fallback')
+        OR k.seqs <> (SELECT pg_catalog.array_agg(g ORDER BY g) FROM pg_catalog.generate_series(1, k.n::integer) AS g)
+        OR v.id IS NULL
+        OR i.cost_nanos + k.corrections
+           IS DISTINCT FROM (llm._usage_cost(i.model, v.id, v.rates, i.usage, 1)).cost_nanos;
+END
+$$;
+COMMENT ON FUNCTION llm._invariant_20() IS
+    'Invariant 20: the priced nanos of every period stripe, task and budget counter equal the cost of its terminal requests priced from usage as corrected (a sum''s cost is its cents * 10^7 plus these); corrections are of priced requests, numbered from 1, and the last one''s version prices the request at its corrected cost.';
+
 -- Every violation, invariant by invariant. The calls keep the order of 0.2.0's single
 -- query list (2b before 2, 5b before 5), so the rows come out as they always have.
 CREATE OR REPLACE FUNCTION llm.check_invariants()
@@ -829,7 +908,8 @@ BEGIN
     RETURN QUERY SELECT * FROM llm._invariant_17();
     RETURN QUERY SELECT * FROM llm._invariant_18();
     RETURN QUERY SELECT * FROM llm._invariant_19();
+    RETURN QUERY SELECT * FROM llm._invariant_20();
 END
 $$;
 COMMENT ON FUNCTION llm.check_invariants() IS
-    'Returns one row per violated invariant (docs/contract.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period findings, notice claims, drift findings, budget counters, budget ceilings and priced requests); empty when the books are right.';
+    'Returns one row per violated invariant (docs/contract.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period findings, notice claims, drift findings, budget counters, budget ceilings, priced requests and cost sums); empty when the books are right.';

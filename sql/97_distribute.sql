@@ -42,7 +42,7 @@ BEGIN
                                    'llm.invocations', 'llm.threshold_notices', 'llm.daily_usage',
                                    'llm.drift_findings', 'llm.period_findings', 'llm.sweep_totals',
                                    'llm.budget_limits', 'llm.budget_counters', 'llm.invocation_scopes',
-                                   'llm.budget_horizons'] LOOP
+                                   'llm.budget_horizons', 'llm.cost_corrections'] LOOP
         EXECUTE pg_catalog.format('SELECT %I($1, $2, colocate_with => $3)', 'create_distributed_table')
           USING v_table, 'organization_id', 'llm.organizations';
         v_done := pg_catalog.array_append(v_done, v_table);
@@ -57,7 +57,8 @@ BEGIN
                              '_settle_invocation', '_settle_usage', '_fail_invocation', '_open_execution',
                              '_close_execution', '_reconcile_org', '_end_claim',
                              '_set_recovery_policy', '_set_allowance', '_audit_org',
-                             '_set_period_stripes', '_set_budget', '_set_budget_stripes', '_note_refusal')
+                             '_set_period_stripes', '_set_budget', '_set_budget_stripes', '_note_refusal',
+                             '_reprice_org')
     LOOP
         EXECUTE pg_catalog.format('SELECT %I($1::regprocedure, $2, colocate_with => $3, force_delegation => true)', 'create_distributed_function')
           USING v_fn::text, 'p_organization_id', 'llm.organizations';

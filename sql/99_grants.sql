@@ -40,6 +40,7 @@ GRANT EXECUTE ON FUNCTION
     llm.declare_task_kind(text, text),
     llm.set_price(text, jsonb, timestamptz, uuid),
     llm.set_credit_rate(bigint, uuid, timestamptz),
+    llm.reprice(text, timestamptz, timestamptz, bigint, boolean),
     llm.reconcile_org(uuid, timestamptz, integer, uuid),
     llm.reconciliation_health(timestamptz),
     llm.schedule_reconciliation(text),
@@ -73,6 +74,7 @@ GRANT EXECUTE ON FUNCTION llm.reconciliation_health(timestamptz) TO llm_reader;
 GRANT EXECUTE ON FUNCTION
     llm.report_periods(date, date, uuid[]),
     llm.report_daily_usage(date, date, uuid[]),
+    llm.report_costs(date, date, uuid[]),
     llm.report_open_holds(uuid[], timestamptz),
     llm.report_tasks(date, uuid[]),
     llm.report_scope_usage(text, date, date, uuid[]),

@@ -231,10 +231,20 @@ CASES = (
     ),
     Case(
         "19",
-        "a request priced by the book recorded one nano dearer than its usage at its pinned price",
+        "a request priced by the book recorded one nano dearer than its usage at its pinned price"
+        " (and its stripe's cost sum with it: a lie 20 cannot see)",
         (
             "UPDATE llm.invocations SET cost_nanos = cost_nanos + 1"
             " WHERE organization_id = %(org)s AND priced_by = 'model'",
+            STRIPES.format("priced_nanos = priced_nanos + 1") + " AND priced_nanos > 0",
+        ),
+    ),
+    Case(
+        "20",
+        "a nano of cost the book priced lost from the stripe of the request it priced",
+        (
+            STRIPES.format("priced_nanos = priced_nanos - 1")
+            + " AND priced_nanos > 0",
         ),
     ),
 )
@@ -299,7 +309,7 @@ def violations(conn: psycopg.Connection, key: str) -> list[tuple]:
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.key) for c in CASES])
 def test_each_invariant_has_a_breach_that_only_it_reports(llm_conn, llm_superuser_conn, case):
-    """Issue 24 item 5: every invariant of docs/contract.md (1..19, 2b, 4b, 5b) is one private
+    """Issue 24 item 5: every invariant of docs/contract.md (1..20, 2b, 4b, 5b) is one private
     function, and a breach of it alone is reported by that function alone (case 2: with
     2b, see the table), under its number, for the organization broken; on legal books
     every function returns nothing."""

@@ -54,6 +54,7 @@ OPERATOR = {
     # the price book
     "llm.set_price(text,jsonb,timestamp with time zone,uuid)",
     "llm.set_credit_rate(bigint,uuid,timestamp with time zone)",
+    "llm.reprice(text,timestamp with time zone,timestamp with time zone,bigint,boolean)",
     "llm.set_recovery_policy(uuid,text,text)",
     "llm.set_period_stripes(uuid,integer)",
     "llm.set_budget(uuid,text,text,text,bigint,integer[],timestamp with time zone)",
@@ -93,6 +94,7 @@ READER = {"llm.reconciliation_health(timestamp with time zone)"}
 READS = {
     "llm.report_periods(date,date,uuid[])",
     "llm.report_daily_usage(date,date,uuid[])",
+    "llm.report_costs(date,date,uuid[])",
     "llm.report_open_holds(uuid[],timestamp with time zone)",
     "llm.report_tasks(date,uuid[])",
     "llm.report_scope_usage(text,date,date,uuid[])",

@@ -258,6 +258,11 @@ def test_upgrading_a_populated_0_1_0_database_loses_nothing(old_database, llm_se
         assert invariants(conn) == []
         assert row(conn, "SELECT token, run_id FROM llm.pass_lease") == {"token": None, "run_id": None}
         assert scalar(conn, "SELECT to_regprocedure('llm._pass_lock_key()')") is None
+        # the price book (0.4.0): every request of before has its caller's cost, cents x 10^7
+        assert rows(conn, "SELECT organization_id FROM llm.periods"
+                          " WHERE used_cost_nanos <> used_cents::numeric * 10000000") == []  # fmt: skip
+        assert rows(conn, "SELECT organization_id FROM llm.budget_usage"
+                          " WHERE used_cost_nanos <> used_cents::numeric * 10000000") == []  # fmt: skip
         late = row(conn, "SELECT late_credits, charged_credits FROM llm.invocations WHERE id = %s",
                    [ids["stranded"]])  # fmt: skip
         assert late == {"late_credits": 65, "charged_credits": 70}
@@ -321,6 +326,10 @@ def exercise_every_public_routine(conn: psycopg.Connection, ids: dict[str, uuid.
                                      value("admit_id", small, None, "gpt-y", input_tokens=100, max_output_tokens=10,
                                            now=feb),
                                      {"input": 90, "output": 4}, now=feb),
+        # a corrected price, applied: the request settled above costs less
+        "reprice": lambda: assert_repriced(call(conn, "reprice", "gpt-y", DEC, feb + HOUR,
+                                                value("set_price", "gpt-y", {"input": "1", "output": 6},
+                                                      effective_from=DEC + timedelta(days=1)), apply=True)),
         "fail_invocation": lambda: call(conn, "fail", small, value("admit_id", small, 5, "gpt-y", now=feb),
                                         "boom", now=feb),
         "open_execution": lambda: call(conn, "open_execution", unlimited, "upgrade.new", now=feb),
@@ -366,6 +375,11 @@ def exercise_every_public_routine(conn: psycopg.Connection, ids: dict[str, uuid.
     assert caught.value.sqlstate == "LL007"
 
 
+def assert_repriced(rows: list[dict[str, Any]]) -> None:
+    """One organization, one request, 45 nanos cheaper (90 input tokens at $1.5 -> $1 a million)."""
+    assert [(r["requests"], r["difference_nanos"]) for r in rows] == [(1, -45_000)], rows
+
+
 def seen(rows: list[dict[str, Any]], at_least: int = 1) -> None:
     assert len(rows) >= at_least, rows
 
@@ -378,6 +392,7 @@ def read_calls(
     return {
         "report_periods": lambda: seen(call(conn, "report_periods", DEC.date(), FEBRUARY.replace(day=28), [small])),
         "report_daily_usage": lambda: call(conn, "report_daily_usage", DEC.date(), FEBRUARY.replace(day=28), [small]),
+        "report_costs": lambda: seen(call(conn, "report_costs", DEC.date(), FEBRUARY.replace(day=28), [small])),
         "report_open_holds": lambda: call(conn, "report_open_holds", [small], now=feb),
         "report_tasks": lambda: seen(call(conn, "report_tasks", DEC.date(), [small])),
         "report_scope_usage": lambda: call(conn, "report_scope_usage", "project", DEC.date(), FEBRUARY.replace(day=28)),
