@@ -579,7 +579,7 @@ def test_report_by_end_user_adds_its_two_sections_and_refuses_another_scope(llm_
 def test_report_on_an_empty_database(llm_dsn):
     proc = llm_db("report", dsn=llm_dsn)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("(none)") == 4
+    assert proc.stdout.count("(none)") == 5
     # an empty daily usage says why: the pass rebuilds it, the periods are live
     assert "Daily usage is rebuilt by the hourly pass" in proc.stdout
 

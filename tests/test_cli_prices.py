@@ -1,10 +1,11 @@
-"""``llm-db prices set | list | import`` (docs/architecture.md "The price book"): every
+"""``llm-db prices set | list | import | reprice`` (docs/architecture.md "The price book"): every
 number read as an exact decimal, LiteLLM's per-token costs converted exactly to rates per
 million tokens, and an import repeated adding no version."""
 
 from __future__ import annotations
 
 import json
+from datetime import UTC
 from decimal import Decimal
 from pathlib import Path
 
@@ -125,3 +126,31 @@ def test_bad_price_files_and_rates_are_one_line_errors(llm_dsn: str, tmp_path: P
     proc = llm_db("prices", "set", "m", '{"input": -1}', dsn=llm_dsn)
     assert proc.returncode == 4
     assert_one_line_error(proc, "prices set", "22023", "out of range")
+
+
+def test_reprice_dry_run_then_apply(llm_dsn: str, llm_conn: psycopg.Connection) -> None:
+    """``llm-db prices reprice``: the dry run prints what would change and writes nothing;
+    --apply writes the corrections, and the period's cost follows."""
+    from datetime import datetime, timedelta
+
+    from tests.helpers import call, new_org, period
+
+    t0 = datetime(2026, 1, 15, 12, tzinfo=UTC)
+    call(llm_conn, "set_price", "m", {"input": "3", "output": "15"}, effective_from=t0 - timedelta(days=9))
+    call(llm_conn, "set_credit_rate", 1000, effective_from=t0 - timedelta(days=9))
+    org = new_org(llm_conn, 10**9, now=t0)
+    inv = call(llm_conn, "admit", org, None, "m", input_tokens=1000, max_output_tokens=200, now=t0)[0]["id"]
+    call(llm_conn, "settle_usage", org, inv, {"input": 1000, "output": 200}, now=t0)
+    corrected = call(llm_conn, "set_price", "m", {"input": "2.5", "output": "12"},
+                     effective_from=t0 - timedelta(days=8))[0]["value"]
+    window = ("--from", "2026-01-01T00:00:00Z", "--to", "2026-02-01T00:00:00Z")
+    dry = llm_db("prices", "reprice", "m", str(corrected), *window, dsn=llm_dsn)
+    assert dry.returncode == 0, dry.stderr
+    assert f"{org}  1 requests  0.006000000 -> 0.004900000  (-0.001100000)" in dry.stdout
+    assert "dry run, nothing written" in dry.stdout
+    assert scalar(llm_conn, "SELECT count(*) FROM llm.cost_corrections") == 0
+    applied = llm_db("prices", "reprice", "m", str(corrected), *window, "--apply", "--json", dsn=llm_dsn)
+    assert applied.returncode == 0, applied.stderr
+    assert json.loads(applied.stdout) == [{"organization_id": str(org), "requests": 1, "cost_before_nanos": 6_000_000,
+                                           "cost_after_nanos": 4_900_000, "difference_nanos": -1_100_000}]
+    assert period(llm_conn, org, t0.date().replace(day=1))["used_cost_nanos"] == 4_900_000

@@ -102,6 +102,12 @@ def books(llm_conn: psycopg.Connection) -> psycopg.Connection:
     inv = admit(llm_conn, ORG_B, 9, now=T0 - HOUR)["id"]
     assert fail(llm_conn, ORG_B, inv, "timeout", now=T0) == "failed"
     open_task(llm_conn, ORG_B, now=T0 - HOUR)
+    # priced by the book: 1,234 input and 567 output tokens at 0.15 and 0.60 a million
+    call(llm_conn, "set_price", "model-p", {"input": "0.15", "output": "0.60"}, effective_from=T0 - 5 * DAY)
+    call(llm_conn, "set_credit_rate", 1000, effective_from=T0 - 5 * DAY)
+    priced = call(llm_conn, "admit", ORG_B, None, "model-p", input_tokens=2000, max_output_tokens=1000,
+                  now=T0 - HOUR)[0]["id"]
+    assert call(llm_conn, "settle_usage", ORG_B, priced, {"input": 1234, "output": 567}, now=T0)[0]["value"] == "settled"
     call(llm_conn, "rebuild_daily_usage", (T0 - 5 * DAY).date(), T0.date())
     assert invariants(llm_conn) == []
     return llm_conn
@@ -149,6 +155,7 @@ def _show_diff() -> bool:
 READS = {
     "report_periods": ((T0 - DAY).date(), T0.date()),
     "report_daily_usage": ((T0 - DAY).date(), T0.date()),
+    "report_costs": ((T0 - DAY).date(), T0.date()),
     "report_open_holds": (),
     "report_tasks": ((T0 - DAY).date(),),
     "report_scope_usage": ("end_user", (T0 - DAY).date(), T0.date()),
@@ -195,6 +202,7 @@ def test_the_reads_are_every_public_read_and_run_as_llm_reader_and_llm_operator(
         ("report_scope_usage", (None, T0.date(), T0.date())),
         ("report_periods", (T0.date(), (T0 - DAY).date())),  # days out of order
         ("report_daily_usage", (None, T0.date())),
+        ("report_costs", (T0.date(), (T0 - DAY).date())),
         ("report_tasks", (None,)),
     ],
 )
@@ -214,7 +222,7 @@ def test_the_books_reads_on_known_books(books):
     assert [(r["name"], r["status"], r["allowance_credits"], r["used_credits"], r["held_credits"],
              r["used_cents"], r["notices"]) for r in totals] == [
         ("A org", "operational", 10_000, 8_125, 25, 808, 1),
-        ("B org", "operational", None, 127, 0, 12, 0),
+        ("B org", "operational", None, 127 + 526, 0, 12, 0),
         ("C org", "suspended", 500, 0, 70, 0, 0),
     ]  # fmt: skip
     history = call(books, "books_history", [ORG_A, ORG_B, ORG_C])[0]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from datetime import date, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
@@ -65,6 +66,8 @@ class Report:
     daily_usage: list[Row]
     open_holds: list[Row]
     tasks: list[Row]
+    #: the cost of those days by organization and model (exact nanos, llm.report_costs)
+    costs: list[Row] = dataclasses.field(default_factory=list)
     #: ``--by``: the scope, its ids' usage and its budgets near their limit
     by: str | None = None
     by_usage: list[Row] = dataclasses.field(default_factory=list)
@@ -101,6 +104,7 @@ def build_report(
         daily_usage=llm.report_daily_usage(since, until, orgs),
         open_holds=llm.report_open_holds(orgs, now=clock),
         tasks=llm.report_tasks(since, orgs),
+        costs=llm.report_costs(since, until, orgs),
         by=by,
         by_usage=[] if by is None else llm.report_scope_usage(by, since, until, orgs),
         budgets_near_limit=[] if by is None else llm.report_budgets_near_limit(by, orgs, now=clock),
@@ -125,6 +129,7 @@ def report_json(report: Report) -> dict[str, Any]:
         "organization_id": report.organization_id,
         "periods": report.periods,
         "daily_usage": report.daily_usage,
+        "costs": report.costs,
         "open_holds": report.open_holds,
         "tasks": report.tasks,
     }
@@ -135,6 +140,12 @@ def report_json(report: Report) -> dict[str, Any]:
             "budgets_near_limit": report.budgets_near_limit,
         }
     return jsonable(shape)
+
+
+def money(nanos: int) -> str:
+    """Nanos (10^-9 of the book's currency) as an exact decimal amount: 21000000 ->
+    '0.021000000'; never rounded."""
+    return format(Decimal(nanos).scaleb(-9), "f")
 
 
 def _pct(used: int, allowance: int | None) -> str:
@@ -171,6 +182,15 @@ _SECTIONS: tuple[tuple[str, str, str | None, tuple[tuple[str, _Cell], ...]], ...
         ("cents", "cents"),
         ("tokens in", "input_tokens"),
         ("tokens out", "output_tokens"),
+    )),
+    ("Cost by model (by settlement day, exact; repriced: as corrected, and as first booked)", "costs", None, (
+        ("organization", "name"),
+        ("model", "model"),
+        ("requests", "requests"),
+        ("cost", lambda r: f"{money(r['cost_nanos'])} {r['currency']}"),
+        ("first booked", lambda r: money(r["original_cost_nanos"])),
+        ("no cost", "uncosted_requests"),
+        ("fallback price", "fallback_requests"),
     )),
     ("Open holds", "open_holds", None, (
         ("organization", "name"),

@@ -63,6 +63,14 @@ Metrics (gauges read at the moment of the scrape, unless said otherwise):
   wrote, and an exact count would cost a write per refusal (a refusal storm, a
   write storm); count each refusal in your service if you need that figure.
 
+- ``llm_month_cost_nanos{model}``: what the requests settled in the current UTC month
+  cost, by model, in nanos of the book's currency (cents x 10^7 plus what the book
+  priced, as repriced), from ``llm.daily_usage`` as the last pass rebuilt it; a gauge,
+  since a repricing can lower it and it starts again each month. A sample is a float64,
+  exact up to 2^53 nanos: ``llm-db report`` has the exact figure.
+  ``llm_month_fallback_priced_requests{model}``: those the book priced at the fallback
+  price (``'*'``): a model missing from the price book.
+
 ``llm-db worker`` adds the counter ``llm_notice_deliveries_total{outcome}``
 (sent, failed, released) for its own process.
 
@@ -171,7 +179,25 @@ def collect(
     _last_run_gauges(series, registry)
     _books_gauges(series, registry)
     _budget_gauges([r for r in rows if r["metric"] in MANY_LABELS], registry)
+    _cost_gauges([r for r in rows if r["metric"] in MANY_LABELS], registry)
     return registry
+
+
+def _cost_gauges(rows: list[dict[str, Any]], registry: CollectorRegistry) -> None:
+    """The month's cost and the requests priced at the fallback price, by model (a series
+    per model with settlements this month, from llm.daily_usage)."""
+    cost = Gauge("llm_month_cost_nanos", "What the requests settled this month (UTC) cost, by model,"
+                 " in nanos (10^-9) of the book's currency, as repriced; from llm.daily_usage, which"
+                 " the pass rebuilds. A float64 sample: exact to 2^53 nanos; llm-db report has the"
+                 " exact figure.", ["model"], registry=registry)  # fmt: skip
+    fallback = Gauge("llm_month_fallback_priced_requests", "Requests settled this month (UTC) that the"
+                     " book priced at the fallback price ('*'): their model has no price of its own.",
+                     ["model"], registry=registry)  # fmt: skip
+    for r in rows:
+        if r["metric"] == "llm_month_cost_nanos":
+            cost.labels(model=r["labels"]["model"]).set(r["value"])
+        elif r["metric"] == "llm_month_fallback_priced_requests":
+            fallback.labels(model=r["labels"]["model"]).set(r["value"])
 
 
 def _labelled(
@@ -246,7 +272,8 @@ def _books_gauges(series: Series, registry: CollectorRegistry) -> None:
 
 
 #: the series of llm.metrics() with more than one label, or a label per organization
-MANY_LABELS = ("llm_budgets_near_limit", "llm_allowance_used_ratio", "llm_admission_refusals_total")
+MANY_LABELS = ("llm_budgets_near_limit", "llm_allowance_used_ratio", "llm_admission_refusals_total",
+               "llm_month_cost_nanos", "llm_month_fallback_priced_requests")
 
 REFUSALS_HELP = ("Limit windows that refused an admission, by the limit's scope and window: each"
                  " limit (the allowance, a budget per id) counts once per window, on its first"
@@ -263,7 +290,7 @@ def _budget_gauges(rows: list[dict[str, Any]], registry: CollectorRegistry) -> N
                   " organizations at or above their first notice threshold.", ["organization_id"],
                   registry=registry)  # fmt: skip
     for r in rows:
-        if r["metric"] == "llm_admission_refusals_total":
+        if r["metric"] not in ("llm_budgets_near_limit", "llm_allowance_used_ratio"):
             continue
         gauge = near if r["metric"] == "llm_budgets_near_limit" else ratio
         gauge.labels(**r["labels"]).set(r["value"])

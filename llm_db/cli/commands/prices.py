@@ -1,4 +1,4 @@
-"""``llm-db prices set | list | import``: the price book from a shell
+"""``llm-db prices set | list | import | reprice``: the price book from a shell
 (docs/architecture.md "The price book").
 
 Every number is read as an exact decimal, never a float: a JSON file is parsed
@@ -11,6 +11,7 @@ no version (``llm.set_price`` returns the version already in force).
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import re
@@ -265,3 +266,45 @@ def import_prices(dsn: str | None, file: Path, fmt: str | None, effective_from: 
                 added += 1
                 before.add(version)
     click.echo(f"{added} price versions added, {unchanged} models unchanged")
+
+
+@prices.command("reprice", short_help="Price past requests again at a corrected version.")
+@common.dsn_option
+@click.argument("model")
+@click.argument("version_id", type=int)
+@click.option("--from", "time_from", type=common.TIMESTAMP, required=True,
+              help="The first admission time covered.")  # fmt: skip
+@click.option("--to", "time_to", type=common.TIMESTAMP, required=True,
+              help="The admission time the range stops before.")  # fmt: skip
+@click.option("--apply", is_flag=True, default=False,
+              help="Write the corrections (default: a dry run that writes nothing).")  # fmt: skip
+@common.json_option
+def reprice(dsn: str | None, model: str, version_id: int, time_from: datetime, time_to: datetime,
+            apply: bool, as_json: bool) -> None:
+    """Price MODEL's requests admitted from --from until --to that the book priced from
+    usage again, at price version VERSION_ID (an organization's own version: its
+    requests; a book version: those pinned to the book's). Prints, per organization, the
+    requests and their cost before (as corrected), after and the difference, in exact
+    amounts of the book's currency. Without --apply nothing is written; with it each
+    changed request gets one correction and every cost sum moves by it, in one
+    transaction; credits stay as charged, and repeating it changes nothing.
+
+    \b
+    Examples:
+      llm-db prices reprice gpt-4o 42 --from 2026-11-01T00:00:00Z --to 2026-12-01T00:00:00Z
+      llm-db prices reprice gpt-4o 42 --from 2026-11-01T00:00:00Z --to 2026-12-01T00:00:00Z --apply
+    """
+    from llm_db import Llm
+    from llm_db.cli.report import money
+
+    with common.connect(dsn) as conn:
+        rows = Llm(conn).reprice(model, time_from, time_to, version_id, apply=apply)
+    if as_json:
+        common.echo_json([dataclasses.asdict(r) for r in rows])
+        return
+    for r in rows:
+        click.echo(f"{r.organization_id}  {r.requests} requests  {money(r.cost_before_nanos)} -> "
+                   f"{money(r.cost_after_nanos)}  ({money(r.difference_nanos)})")
+    click.echo(f"{'applied' if apply else 'dry run, nothing written'}: {len(rows)} organizations,"
+               f" {sum(r.requests for r in rows)} requests, difference"
+               f" {money(sum(r.difference_nanos for r in rows))}")
