@@ -92,6 +92,24 @@ SELECT cost_nanos, credits, price_tier, priced_by, currency
   FROM llm.price_usage('claude-sonnet-4', '{"input": 1200, "cache_read": 50000, "output": 800}',
                        p_at => '2026-01-15 12:00+00');
 
+-- example: reprice
+-- note: a request priced at $3 and $15 a million tokens; the provider's corrected price, published late, as a version in the past; a dry run, then applied
+SELECT llm.set_price('m', '{"input": "3", "output": "15"}', '2026-01-01 00:00+00') > 0 AS added;
+SELECT llm.set_credit_rate(1000, p_effective_from => '2026-01-01 00:00+00') > 0 AS added;
+SELECT count(*) AS admitted FROM llm.admit_invocation('00000000-0000-0000-0000-00000000000a', NULL, 'm',
+    p_invocation_id => '00000000-0000-0000-0000-000000000003', p_now => '2026-01-15 11:30+00',
+    p_input_tokens => 1000, p_max_output_tokens => 200);
+SELECT llm.settle_usage('00000000-0000-0000-0000-00000000000a', '00000000-0000-0000-0000-000000000003',
+    '{"input": 1000, "output": 200}', '2026-01-15 11:30:04+00');
+SELECT llm.set_price('m', '{"input": "2.50", "output": "12"}', '2026-01-02 00:00+00') > 0 AS added;
+SELECT organization_id, requests, cost_before_nanos, cost_after_nanos, difference_nanos
+  FROM llm.reprice('m', '2026-01-01 00:00+00', '2026-02-01 00:00+00',
+                   (SELECT max(id) FROM llm.prices WHERE model = 'm'));
+SELECT organization_id, requests, cost_before_nanos, cost_after_nanos, difference_nanos
+  FROM llm.reprice('m', '2026-01-01 00:00+00', '2026-02-01 00:00+00',
+                   (SELECT max(id) FROM llm.prices WHERE model = 'm'), true);
+SELECT used_cents, used_cost_nanos FROM llm.periods WHERE organization_id = '00000000-0000-0000-0000-00000000000a';
+
 -- example: admit_invocation
 SELECT id, status, estimate_credits, hold_credits, period_start
 FROM llm.admit_invocation(
@@ -206,6 +224,11 @@ FROM llm.report_periods('2026-01-01', '2026-01-31');
 SELECT llm.rebuild_daily_usage('2026-01-15', '2026-01-15');
 SELECT day, name, model, requests, credits, cents, input_tokens, output_tokens
 FROM llm.report_daily_usage('2026-01-15', '2026-01-15');
+
+-- example: report_costs
+SELECT llm.rebuild_daily_usage('2026-01-15', '2026-01-15');
+SELECT name, model, currency, requests, cost_nanos, original_cost_nanos, uncosted_requests, fallback_requests
+FROM llm.report_costs('2026-01-15', '2026-01-15');
 
 -- example: report_open_holds
 SELECT name, open_requests, held_credits, oldest_created_at, past_window
