@@ -1901,7 +1901,7 @@ CREATE TABLE llm.daily_usage (
 
 COMMENT ON TABLE llm.daily_usage IS 'Terminal invocations aggregated by UTC settlement day and model; rebuilt idempotently by rebuild_daily_usage.';
 
-COMMENT ON COLUMN llm.daily_usage.priced_nanos IS 'The cost (nanos) of the day''s requests priced from usage, corrections included; the day''s cost is cents * 10^7 + priced_nanos.';
+COMMENT ON COLUMN llm.daily_usage.priced_nanos IS 'The cost (nanos) of the day''s requests priced from usage, as first priced (their corrections: corrections_nanos).';
 
 COMMENT ON COLUMN llm.daily_usage.uncosted_requests IS 'The day''s requests with no money figure (recovered at their estimate): in no cost sum.';
 

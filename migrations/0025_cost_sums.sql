@@ -8,7 +8,7 @@
 -- sum's cost is its used cents * 10^7 plus the nanos the book priced, and each sum
 -- keeps only the second part, priced_nanos (the cost of its requests priced from usage,
 -- plus the corrections llm.reprice applied to them: llm.cost_corrections, below). The
--- reading views add the two:
+-- reading views add the two (llm.periods in 0026, a transaction of its own):
 -- llm.periods.used_cost_nanos, llm.budget_usage.used_cost_nanos, the reports'.
 --
 -- Why that split, under live traffic: a call of the previous release still running
@@ -17,37 +17,29 @@
 -- no recount after the barrier. numeric: a sum never overflows, nor is it rounded.
 -- No CHECK (it would scan each table under its lock); invariant 20 checks the sums.
 
+-- The tables in the lock order of a request's calls (its task, its period's stripes, its
+-- budget counters, the daily usage last), so a call holding one never waits here for
+-- another while this waits for it.
+ALTER TABLE llm.executions ADD COLUMN priced_nanos numeric NOT NULL DEFAULT 0;
+COMMENT ON COLUMN llm.executions.priced_nanos IS
+    'The cost (nanos) of the task''s requests priced from usage, corrections included; its cost is cents * 10^7 + priced_nanos.';
 ALTER TABLE llm.period_stripes ADD COLUMN priced_nanos numeric NOT NULL DEFAULT 0;
 COMMENT ON COLUMN llm.period_stripes.priced_nanos IS
     'The cost (nanos) of the stripe''s requests priced from usage, corrections included; its used cost is used_cents * 10^7 + priced_nanos.';
 ALTER TABLE llm.budget_counters ADD COLUMN priced_nanos numeric NOT NULL DEFAULT 0;
 COMMENT ON COLUMN llm.budget_counters.priced_nanos IS
     'The cost (nanos) of the counter stripe''s requests priced from usage, corrections included; its used cost is used_cents * 10^7 + priced_nanos.';
-ALTER TABLE llm.executions ADD COLUMN priced_nanos numeric NOT NULL DEFAULT 0;
-COMMENT ON COLUMN llm.executions.priced_nanos IS
-    'The cost (nanos) of the task''s requests priced from usage, corrections included; its cost is cents * 10^7 + priced_nanos.';
 ALTER TABLE llm.daily_usage
     ADD COLUMN priced_nanos numeric NOT NULL DEFAULT 0,
     ADD COLUMN uncosted_requests bigint NOT NULL DEFAULT 0,
     ADD COLUMN fallback_requests bigint NOT NULL DEFAULT 0;
 COMMENT ON COLUMN llm.daily_usage.priced_nanos IS
-    'The cost (nanos) of the day''s requests priced from usage, corrections included; the day''s cost is cents * 10^7 + priced_nanos.';
+    'The cost (nanos) of the day''s requests priced from usage, as first priced (their corrections: corrections_nanos).';
 COMMENT ON COLUMN llm.daily_usage.uncosted_requests IS
     'The day''s requests with no money figure (recovered at their estimate): in no cost sum.';
 COMMENT ON COLUMN llm.daily_usage.fallback_requests IS
     'The day''s requests the book priced at the fallback price (''*''): their model has no price of its own.';
 
--- appended, as every column of a view is (CREATE OR REPLACE VIEW)
-CREATE OR REPLACE VIEW llm.periods AS
-SELECT h.organization_id, h.period_start, h.period_end, h.allowance_credits,
-       sum(s.used_credits)::bigint AS used_credits,
-       sum(s.held_credits)::bigint AS held_credits,
-       sum(s.used_cents)::bigint AS used_cents,
-       sum(s.used_cents)::numeric * 10000000 + sum(s.priced_nanos) AS used_cost_nanos
-  FROM llm.period_heads AS h
-  JOIN llm.period_stripes AS s
-    ON s.organization_id = h.organization_id AND s.period_start = h.period_start
- GROUP BY h.organization_id, h.period_start, h.period_end, h.allowance_credits;
 ALTER TABLE llm.daily_usage ADD COLUMN corrections_nanos numeric NOT NULL DEFAULT 0;
 COMMENT ON COLUMN llm.daily_usage.corrections_nanos IS
     'The corrections llm.reprice applied to the day''s requests (signed nanos): the day''s corrected cost is cents * 10^7 + priced_nanos + corrections_nanos.';
