@@ -23,6 +23,11 @@ stays swept, the interrupted one is untouched, the run row stays ``running``
 and the next pass marks it ``failed`` (WF-PFM-LLM-004: one organization's
 failure is logged without stopping other visits).
 
+The price book: a settlement priced from usage and a repricing applied, each killed
+between its budget counters (the request, its task, its stripe and the first counter
+moved with their cost), leave nothing either, and retried, every cost sum equals its
+requests and corrections (invariant 20).
+
 Budgets (issue 23): an admission and a settlement under two budgets killed
 between their counters (the first counter written, waiting for the second), and
 set_budget killed waiting for the counter it governs, leave nothing behind
@@ -501,6 +506,70 @@ BUDGET_CASES = [
 ]
 
 
+# The price book (issue 33): a settlement priced from usage, and a repricing applied, each
+# killed with its request, task, stripe and first budget counter written (their cost sums
+# among them), waiting for the second counter.
+PRICED = "model-priced"
+
+
+def prep_priced(conn: psycopg.Connection) -> dict:
+    """A price of $3 and $15 a million tokens, a credit a micro-dollar; day budgets on an
+    API key and an end user; in a task, one request settled with its usage (both counters
+    exist) and one open."""
+    make_org(conn, allowance=10**9)
+    call(conn, "set_price", PRICED, {"input": "3", "output": "15"}, effective_from=T0 - timedelta(days=9))
+    call(conn, "set_credit_rate", 1000, effective_from=T0 - timedelta(days=9))
+    for scope, scope_id in SCOPE.items():
+        helpers.set_budget(conn, ORG, scope, scope_id, "day", 10**9, now=T0)
+    ctx: dict[str, Any] = {"execution": open_task(conn)}
+
+    def priced(at: datetime) -> uuid.UUID:
+        return call(conn, "admit", ORG, None, PRICED, execution_id=ctx["execution"], input_tokens=1000,
+                    max_output_tokens=200, now=at, **SCOPE)[0]["id"]
+
+    ctx["settled"] = priced(T0)
+    call(conn, "settle_usage", ORG, ctx["settled"], {"input": 1000, "output": 200}, now=T0)
+    ctx["inv"] = priced(T0 + timedelta(seconds=1))
+    return ctx
+
+
+def call_settle_usage(a: psycopg.Connection, ctx: dict) -> Any:
+    return call(a, "settle_usage", ORG, ctx["inv"], {"input": 900, "output": 100}, now=T0 + timedelta(minutes=1))
+
+
+def prep_reprice(conn: psycopg.Connection) -> dict:
+    """As prep_priced, both requests settled, and a corrected price published late."""
+    ctx = prep_priced(conn)
+    call_settle_usage(conn, ctx)
+    ctx["version"] = call(conn, "set_price", PRICED, {"input": "2.5", "output": "12"},
+                          effective_from=T0 - timedelta(days=8))[0]["value"]
+    return ctx
+
+
+def call_reprice(a: psycopg.Connection, ctx: dict) -> Any:
+    return call(a, "reprice", PRICED, T0 - timedelta(days=1), T0 + timedelta(days=1), ctx["version"], apply=True)
+
+
+PRICE_CASES = [
+    Case(
+        "settle_usage under two budgets: priced and settled, task, stripe and the API key's counter"
+        " moved with their cost, waiting for the end user's counter (invariant 20)",
+        prep_priced, lock_end_user_counter, call_settle_usage,
+        ("invocations", "executions", "period_stripes", "budget_counters"),
+        lambda ctx: [invocation_locked(ctx), api_key_counter_locked(ctx),
+                     row_locked("executions", "organization_id = %s AND id = %s", ORG, ctx["execution"])],
+    ),
+    Case(
+        "reprice: corrections written, task, stripe and the API key's counter moved, waiting for the"
+        " end user's counter (invariant 20)",
+        prep_reprice, lock_end_user_counter, call_reprice,
+        ("cost_corrections", "executions", "period_stripes", "budget_counters"),
+        lambda ctx: [invocation_locked(ctx), invocation_locked(ctx, "settled"), api_key_counter_locked(ctx),
+                     row_locked("executions", "organization_id = %s AND id = %s", ORG, ctx["execution"])],
+    ),
+]
+
+
 def request_written_then_waiting(routine: str, done: str, call: Callable) -> list[Case]:
     """The request's row written (``done``), then waiting for its stripe of the period; and,
     for a request of a task, waiting for its task."""
@@ -583,7 +652,7 @@ CASES = [
 ]
 
 
-CASES += BUDGET_CASES
+CASES += BUDGET_CASES + PRICE_CASES
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name.split(":")[0] + "-" + str(i) for i, c in enumerate(CASES)])
