@@ -1202,7 +1202,7 @@ COMMENT ON FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credit
 CREATE FUNCTION llm._same_settlement(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_usage jsonb DEFAULT NULL::jsonb) RETURNS void
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 335dabe8a46e0ddb4d73cd1d48366404 $$;
+    AS $$ body in sql/, md5 54fe698c9809456ad9b87e632d240d06 $$;
 
 COMMENT ON FUNCTION llm._same_settlement(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_usage jsonb) IS 'For a settlement answered already_*: LL007 (DETAIL stored and given) when the request''s stored measured settlement has other figures; nothing when they agree or the request ended by a failure.';
 

@@ -305,6 +305,7 @@ AS $$
 DECLARE
     v_inv llm.invocations;
     v_stored text[];
+    v_usage jsonb := p_usage;  -- compared only with a usage the request keeps
 BEGIN
     SELECT * INTO v_inv FROM llm.invocations AS i
      WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
@@ -316,6 +317,7 @@ BEGIN
         END IF;
         v_stored := ARRAY[v_inv.late_credits::text, v_inv.late_cents::text,
                           v_inv.late_input_tokens::text, v_inv.late_output_tokens::text];
+        v_usage := NULL;  -- kept for audit: its credits and tokens, not its usage
     ELSE
         v_stored := ARRAY[v_inv.charged_credits::text, v_inv.charged_cents::text,
                           v_inv.input_tokens::text, v_inv.output_tokens::text];
@@ -323,10 +325,10 @@ BEGIN
     -- a settlement priced from usage compares its usage too (DETAIL ... usage=...)
     PERFORM llm._check_retry(
         pg_catalog.format('llm: invocation %s was settled with different figures', p_invocation_id),
-        'credits=%s cents=%s input_tokens=%s output_tokens=%s' || CASE WHEN p_usage IS NULL THEN '' ELSE ' usage=%s' END,
-        v_stored || CASE WHEN p_usage IS NULL THEN '{}'::text[] ELSE ARRAY[v_inv.usage::text] END,
+        'credits=%s cents=%s input_tokens=%s output_tokens=%s' || CASE WHEN v_usage IS NULL THEN '' ELSE ' usage=%s' END,
+        v_stored || CASE WHEN v_usage IS NULL THEN '{}'::text[] ELSE ARRAY[v_inv.usage::text] END,
         ARRAY[p_credits::text, p_cents::text, p_input_tokens::text, p_output_tokens::text]
-            || CASE WHEN p_usage IS NULL THEN '{}'::text[] ELSE ARRAY[p_usage::text] END,
+            || CASE WHEN v_usage IS NULL THEN '{}'::text[] ELSE ARRAY[v_usage::text] END,
         'A settlement is reported once; its retry repeats its figures. Nothing was changed.');
 END
 $$;

@@ -345,3 +345,24 @@ def test_the_driver_admits_priced_and_settles_with_usage_sync_and_async(book: ps
 
     asyncio.run(scenario())
     assert invariants(book) == []
+
+
+def test_a_late_usage_kept_for_audit_is_retried_as_itself(book: psycopg.Connection) -> None:
+    """BR-CAP-PFM-LLM-009-01 under late_settlement = audit: the late usage of a recovered
+    request is kept as credits and tokens, not charged; its retry answers as it did, and
+    other figures are LL007. (The audit keeps no usage on the request, so the retry is
+    compared on what was kept: found while modelling priced requests for the simulation.)"""
+    org = new_org(book, 10**9)
+    call(book, "set_recovery_policy", org, "estimate", "audit")
+    inv = admit_priced(book, org, "gpt-4o", 1000, 1000)
+    later = T0 + timedelta(days=2)
+    reconcile(book, org, now=later)
+    usage = {"input": 1000, "output": 100}
+    assert settle_usage(book, org, inv["id"], usage, now=later) == "already_recovered"
+    assert settle_usage(book, org, inv["id"], usage, now=later) == "already_recovered"
+    assert_sqlstate(book, "LL007", sql_of("settle_usage"),
+                    params("settle_usage", org, inv["id"], {"input": 1000, "output": 101}, now=later))
+    stored = invocation(book, org, inv["id"])
+    assert (stored["late_credits"], stored["late_cents"], stored["cost_nanos"], stored["charged_credits"]) == \
+        (3500, None, None, 12500)
+    assert invariants(book) == []
