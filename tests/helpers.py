@@ -267,6 +267,7 @@ CLEAN_BOOKS = [
     "DELETE FROM llm.budget_horizons",
     "DELETE FROM llm.drift_findings",
     "DELETE FROM llm.threshold_notices",
+    "DELETE FROM llm.cost_corrections",
     "DELETE FROM llm.daily_usage",
     "DELETE FROM llm.budget_counters",
     "DELETE FROM llm.budget_limits",

@@ -25,6 +25,16 @@ OPEN = ("reserved", "dispatched")
 
 
 SCOPES = ("organization", "project", "api_key", "end_user")  # budget bit 3 * scope + window
+
+# The price book (issue 33): one model with a price, $3 and $15 a million input and output
+# tokens (3,000 and 15,000 nanos a token), a credit worth 1,000 nanos; the others have none.
+PRICED_MODEL = "m-p"
+INPUT_NANOS, OUTPUT_NANOS, NANOS_PER_CREDIT = 3_000, 15_000, 1_000
+
+
+def priced_credits(input_tokens: int, output_tokens: int) -> int:
+    """What tokens of PRICED_MODEL cost in credits (ceil(cost / nanos per credit), exact here)."""
+    return -(-(input_tokens * INPUT_NANOS + output_tokens * OUTPUT_NANOS) // NANOS_PER_CREDIT)
 WINDOWS = ("day", "week", "month")
 
 
@@ -91,6 +101,9 @@ class Invocation:
     recovered: int | None = None  # what recovery charged (kept after a true-up)
     ids: tuple[str | None, ...] = (None, None, None)  # project, api_key, end_user (issue 23)
     mask: int = 0  # budget_mask: the budget counters it moves, fixed at admission
+    cost: int | None = None  # cost_nanos: what the book priced its usage at (None: not priced by it)
+    report_usage: tuple | None = None  # the usage its charged settlement was priced from
+    tokens: tuple | None = None  # a priced admission's (input tokens, most output tokens)
 
 
 @dataclass
@@ -268,12 +281,14 @@ class Books:
             raise Rejected("LL009")
         return row
 
-    def _true_up(self, row: Invocation, credits: int, cents: int, input_tokens: int | None,
-                 output_tokens: int | None, now: datetime) -> None:  # fmt: skip
+    def _true_up(self, row: Invocation, credits: int, cents: int | None, input_tokens: int | None,
+                 output_tokens: int | None, now: datetime, usage: tuple | None = None) -> None:  # fmt: skip
         """The books move to the measured figures by the signed difference: the request's
         own period (a closed month too), its task, and its settlement day's daily usage."""
         diff = credits - row.recovered
         row.kind, row.charged, row.cents = "trued_up", credits, cents
+        row.cost = None if usage is None else credits * NANOS_PER_CREDIT
+        cents = cents or 0
         row.input_tokens, row.output_tokens = input_tokens, output_tokens
         if row.execution is not None:
             task = self.executions[(row.org, row.execution)]
@@ -298,8 +313,8 @@ class Books:
             return "already_failed"
         return "already_recovered" if row.kind == "recovered" else "already_settled"
 
-    def _late(self, row: Invocation, credits: int, cents: int, input_tokens: int | None,
-              output_tokens: int | None, now: datetime) -> str:  # fmt: skip
+    def _late(self, row: Invocation, credits: int, cents: int | None, input_tokens: int | None,
+              output_tokens: int | None, now: datetime, usage: tuple | None = None) -> str:  # fmt: skip
         """A settlement or failure of a request no longer open: the first late report of a
         recovered request is recorded (audit) or trued up (true_up); the rest are retries."""
         outcome = self._already(row)
@@ -308,25 +323,44 @@ class Books:
         row.late = True
         if self.orgs[row.org].late_settlement == "audit":
             return outcome  # recorded for audit, never charged
-        self._true_up(row, credits, cents, input_tokens, output_tokens, now)
+        self._true_up(row, credits, cents, input_tokens, output_tokens, now, usage)
         return "trued_up"
 
     def settle(
-        self, org: uuid.UUID, inv: uuid.UUID, credits: int, cents: int,
+        self, org: uuid.UUID, inv: uuid.UUID, credits: int, cents: int | None,
         input_tokens: int | None, output_tokens: int | None, now: datetime,
+    ) -> str:  # fmt: skip
+        return self._settle(org, inv, credits, cents, input_tokens, output_tokens, now, None)
+
+    def settle_usage(self, org: uuid.UUID, inv: uuid.UUID, input_tokens: int, output_tokens: int,
+                     now: datetime) -> str:  # fmt: skip
+        """settle_usage: the usage priced at the request's pinned price (LL014: none
+        pinned, its model has no price), charged in credits with no cents."""
+        row = self._invocation(org, inv)
+        if row.model != PRICED_MODEL:
+            raise Rejected("LL014")
+        return self._settle(org, inv, priced_credits(input_tokens, output_tokens), None, input_tokens,
+                            output_tokens, now, (input_tokens, output_tokens))
+
+    def _settle(
+        self, org: uuid.UUID, inv: uuid.UUID, credits: int, cents: int | None,
+        input_tokens: int | None, output_tokens: int | None, now: datetime, usage: tuple | None,
     ) -> str:  # fmt: skip
         row = self._invocation(org, inv)
         given = (credits, cents, input_tokens, output_tokens)
         if row.status not in OPEN:
-            if row.report is not None and row.report != given:
-                raise Rejected("LL007")  # a retry with other figures; nothing changes
+            if row.report is not None and (row.report != given or (
+                    usage is not None and row.kind != "recovered" and row.report_usage != usage)):  # fmt: skip
+                raise Rejected("LL007")  # a retry with other figures (a usage kept for audit: its figures)
             first_late = not row.late
-            outcome = self._late(row, credits, cents, input_tokens, output_tokens, now)
+            outcome = self._late(row, credits, cents, input_tokens, output_tokens, now, usage)
             if first_late and row.late:
                 row.report = given
+                row.report_usage = usage if row.kind == "trued_up" else None
             return outcome
-        row.status, row.kind, row.report = "settled", "measured", given
+        row.status, row.kind, row.report, row.report_usage = "settled", "measured", given, usage
         row.input_tokens, row.output_tokens = input_tokens, output_tokens
+        row.cost = None if usage is None else credits * NANOS_PER_CREDIT
         self._book_terminal(row, credits, cents, now)
         return "settled"
 
@@ -534,6 +568,23 @@ class Books:
             k: (e.status, e.requests, e.credits, e.cents, e.ended_at, duration_ms(e))
             for k, e in self.executions.items()
         }
+
+    def _cost(self, row: Invocation) -> int:
+        """A terminal request's cost: its caller's cents x 10^7, or what the book priced."""
+        return (row.cents or 0) * 10**7 + (row.cost or 0)
+
+    def expected_costs(self) -> dict:
+        """The cost sums (issue 33): each period's used_cost_nanos and each task's priced_nanos."""
+        periods = {k: 0 for k in self.periods}
+        tasks = {k: 0 for k in self.executions}
+        for r in self.invocations.values():
+            if r.status in OPEN:
+                continue
+            periods[(r.org, r.period)] += self._cost(r)
+            if r.execution is not None:
+                tasks[(r.org, r.execution)] += r.cost or 0
+        return {"periods": {k: (v,) for k, v in periods.items()}, "tasks": {k: (v,) for k, v in tasks.items()},
+                "requests": {k: (r.cost,) for k, r in self.invocations.items()}}
 
     def expected_notices(self) -> dict:
         return {k: (n.status, n.attempts) for k, n in self.notices.items()}

@@ -3,6 +3,12 @@ database and against a pure-Python model of the books (tests/model.py), and
 after every step the two must agree and ``llm.check_invariants()`` must be
 empty (invariants 1-9 of docs/contract.md "Invariants").
 
+The price book (issue 33): one model has a price; admissions of it come with token
+counts and no estimate, settle_usage prices a usage at the pinned price (LL014 for a
+request whose model has none), also late (a priced true-up, a usage kept for audit);
+after every step each period's cost, each task's priced nanos and each request's cost
+equal the model's.
+
 Three organizations: a small allowance (whose allowance is raised and
 lowered, also while an admission waits for it), an unlimited one, and one that
 gets suspended and reactivated; each starts with its own recovery-charge and
@@ -51,7 +57,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from model import Books, Rejected, period_of
+from model import PRICED_MODEL, Books, Rejected, period_of, priced_credits
 
 from tests.helpers import CLEAN_BOOKS, T0, call, call_pass, declare_task, invariants, wait_blocked
 
@@ -115,6 +121,10 @@ class BooksMachine(RuleBasedStateMachine):
         self.counter = 0
         self.books = Books(task_kinds=set(TASK_KINDS))
         self.claim_tokens: dict = {}  # each notice's latest claim token (issue 20 defect 6)
+        # the price book (issue 33): one model priced, kept between examples (versions never
+        # change; setting the same rates at the same time adds none)
+        self._call("set_price", PRICED_MODEL, {"input": "3", "output": "15"}, effective_from=START - timedelta(days=60))
+        self._call("set_credit_rate", 1000, effective_from=START - timedelta(days=60))
         for org, (allowance, thresholds) in SETUP.items():
             self._upsert(org, allowance, "operational", thresholds)
             self._call("set_recovery_policy", org, *POLICIES[org])
@@ -160,13 +170,23 @@ class BooksMachine(RuleBasedStateMachine):
         self.books.upsert_organization(org, allowance, status, thresholds, self.now)
 
     def _admit(self, org, estimate, model, execution, inv, conn: psycopg.Connection | None = None,
-               ids: tuple = (None, None, None)):  # fmt: skip
-        """Admit on the database and the model; the database's answer is the request's id."""
+               ids: tuple = (None, None, None), tokens: tuple | None = None):  # fmt: skip
+        """Admit on the database and the model; the database's answer is the request's id.
+        ``tokens`` (input, most output): a priced admission, with no estimate."""
         project, api_key, end_user = ids
+        priced = {} if tokens is None else {"input_tokens": tokens[0], "max_output_tokens": tokens[1]}
+
+        def admitted(_):
+            row = self.books.admit(org, estimate if tokens is None else priced_credits(*tokens), model,
+                                   execution, inv, self.now, ids)
+            row.tokens = row.tokens if row.tokens is not None else tokens
+            return row
+
         self._both(
-            lambda: self._value("admit_id", org, estimate, model, execution_id=execution, invocation_id=inv,
-                                now=self.now, conn=conn, project=project, api_key=api_key, end_user=end_user),
-            lambda _: self.books.admit(org, estimate, model, execution, inv, self.now, ids),
+            lambda: self._value("admit_id", org, None if tokens else estimate, model, execution_id=execution,
+                                invocation_id=inv, now=self.now, conn=conn, project=project, api_key=api_key,
+                                end_user=end_user, **priced),
+            admitted,
         )
 
     def _settle(self, org, inv, credits, cents, tokens) -> None:
@@ -191,7 +211,7 @@ class BooksMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------ requests
 
     @rule(o=st.integers(0, 2), estimate=estimates, with_task=st.booleans(), p=picks,
-          foreign=rare, model=st.sampled_from(["m-1", "m-2"]), ids=scope_ids)  # fmt: skip
+          foreign=rare, model=st.sampled_from(["m-1", "m-2", PRICED_MODEL]), ids=scope_ids)  # fmt: skip
     def admit(self, o, estimate, with_task, p, foreign, model, ids=(None, None, None)):
         org = ORGS[o]
         execution = None
@@ -218,11 +238,59 @@ class BooksMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.books.invocations)
     @rule(p=picks, same=st.booleans())
     def admit_again(self, p, same):
-        """A retried id: the same arguments return the first admission, others LL007."""
+        """A retried id: the same arguments return the first admission, others LL007 (a
+        priced one: the same tokens, or one more output token)."""
         org, inv = self._pick(self._invocations(), p)
         row = self.books.invocations[(org, inv)]
+        if row.tokens is not None:
+            tokens = row.tokens if same else (row.tokens[0], row.tokens[1] + 1)
+            self._admit(org, None, row.model, row.execution, inv, ids=row.ids, tokens=tokens)
+            return
         estimate = row.estimate if same else row.estimate + 1
         self._admit(org, estimate, row.model, row.execution, inv, ids=row.ids)
+
+    @rule(o=st.integers(0, 2), input_tokens=st.integers(0, 12), max_output=st.integers(0, 3),
+          with_task=st.booleans(), p=picks, ids=scope_ids)  # fmt: skip
+    def admit_priced(self, o, input_tokens, max_output, with_task, p, ids):
+        """The price book (issue 33): an admission with token counts and no estimate,
+        which the book prices at the price in force (and pins)."""
+        org = ORGS[o]
+        tasks = [t for t in self._executions() if t[0] == org] if with_task else []
+        chosen = self._pick(tasks, p)
+        self.counter += 1
+        self._admit(org, None, PRICED_MODEL, chosen[1] if chosen else None,
+                    uuid.UUID(int=(1 << 96) + self.counter), ids=ids, tokens=(input_tokens, max_output))
+
+    def _priced(self, recovered: bool = False) -> list:
+        """The requests of the priced model (each pinned its price, whatever its estimate's source)."""
+        return [k for k in self._invocations() if self.books.invocations[k].model == PRICED_MODEL
+                and (not recovered or self.books.invocations[k].kind == "recovered")]  # fmt: skip
+
+    @precondition(lambda self: self._priced())
+    @rule(p=picks, input_tokens=st.integers(0, 15), output=st.integers(0, 5), foreign=rare, unpriced=rare)
+    def settle_usage(self, p, input_tokens, output, foreign, unpriced):
+        """settle_usage with the provider's usage, of a priced request (open, or terminal:
+        a retry, a late report): priced at the pinned price; LL007 for a retry with other
+        figures; LL014 for a request whose model had no price (``unpriced``)."""
+        self._settle_usage(self._pick(self._invocations() if unpriced else self._priced(), p),
+                           input_tokens, output, foreign)
+
+    @precondition(lambda self: self._priced(recovered=True))
+    @rule(p=picks, input_tokens=st.integers(0, 15), output=st.integers(0, 5))
+    def settle_usage_late(self, p, input_tokens, output):
+        """The late usage of a recovered priced request: trued up at the pinned price, or
+        kept for audit (BR-CAP-PFM-LLM-009-01: recovery charged the estimate, no cost)."""
+        self._settle_usage(self._pick(self._priced(recovered=True), p), input_tokens, output, False)
+
+    def _settle_usage(self, key: tuple, input_tokens: int, output: int, foreign: bool) -> None:
+        org, inv = key
+        if foreign:
+            org = ORGS[(ORGS.index(org) + 1) % len(ORGS)]
+        db, expected = self._both(
+            lambda: self._value("settle_usage", org, inv, {"input": input_tokens, "output": output}, now=self.now),
+            lambda _: self.books.settle_usage(org, inv, input_tokens, output, self.now),
+        )
+        assert db is None or db == expected
 
     @precondition(lambda self: self.books.invocations)
     @rule(p=picks)
@@ -466,6 +534,9 @@ class BooksMachine(RuleBasedStateMachine):
         tally["recovered"] += sum(r.kind in ("recovered", "trued_up") for r in books.invocations.values())
         tally["recovered uncharged"] += sum(r.recovered == 0 and r.estimate > 0 for r in books.invocations.values())
         tally["trued up"] += sum(r.kind == "trued_up" for r in books.invocations.values())
+        tally["priced admissions"] += sum(r.tokens is not None for r in books.invocations.values())
+        tally["priced by the book"] += sum(r.cost is not None for r in books.invocations.values())
+        tally["priced true-ups"] += sum(r.cost is not None and r.kind == "trued_up" for r in books.invocations.values())
         tally["late settlements"] += sum(r.late for r in books.invocations.values())
         tally["tasks"] += len(books.executions)
         tally["abandoned"] += sum(e.status == "abandoned" for e in books.executions.values())
@@ -499,6 +570,13 @@ class BooksMachine(RuleBasedStateMachine):
              books.expected_notices()),
             (3, "SELECT organization_id, day, model, requests, recovered_requests, credits, cents,"
                 " input_tokens, output_tokens FROM llm.daily_usage", books.daily),
+        ):
+            assert self._keyed(query, key_columns) == expected, query
+        costs = books.expected_costs()  # the price book (issue 33): cost beside the credits
+        for key_columns, query, expected in (
+            (2, "SELECT organization_id, period_start, used_cost_nanos FROM llm.periods", costs["periods"]),
+            (2, "SELECT organization_id, id, priced_nanos FROM llm.executions", costs["tasks"]),
+            (2, "SELECT organization_id, id, cost_nanos FROM llm.invocations", costs["requests"]),
         ):
             assert self._keyed(query, key_columns) == expected, query
         q = self.conn.execute
