@@ -292,7 +292,7 @@ COMMENT ON FUNCTION llm._book_budgets(p_inv llm.invocations, p_now timestamp wit
 CREATE FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamp with time zone) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 1aead73ff51635b5923f6ebb6211e641 $$;
+    AS $$ body in sql/, md5 eff67ea59c2b5ed3a0251532a690823b $$;
 
 COMMENT ON FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamp with time zone) IS 'Books a true-up by the signed difference (the request''s adjustment ledger row): the task''s totals, the stripe of the request''s period (crossings when usage rises) and the daily usage of its settlement day, in the settlement''s transaction.';
 
@@ -495,7 +495,7 @@ COMMENT ON FUNCTION llm._end_claim(p_organization_id uuid, p_notice_id uuid, p_c
 
 CREATE FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone, p_price llm.priced_usage) RETURNS boolean
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 3439d65efd8a32792f1857af129acf8b $$;
+    AS $$ body in sql/, md5 12fafc5a659ae009f48fe0bb0915bb1d $$;
 
 COMMENT ON FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone, p_price llm.priced_usage) IS 'Ends an open (reserved or dispatched) invocation as settled (measured) or failed with its charge (priced by the caller, or by the book: p_price) and books it: its task''s totals, its stripe''s movement (charge in, hold out) with the threshold notices the period crosses, then its budgets'' counters; false when it was no longer open.';
 
@@ -670,7 +670,7 @@ COMMENT ON FUNCTION llm._invariant_2() IS 'Invariant 2: every period''s used_cre
 CREATE FUNCTION llm._invariant_20() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 159f9f2d2f53a791d966b70b04c14542 $$;
+    AS $$ body in sql/, md5 6069a0e4485a4e647101f30c506f4e51 $$;
 
 COMMENT ON FUNCTION llm._invariant_20() IS 'Invariant 20: the priced nanos of every period stripe, task and budget counter equal the cost of its terminal requests priced from usage as corrected (a sum''s cost is its cents * 10^7 plus these); corrections are of priced requests, numbered from 1, and the last one''s version prices the request at its corrected cost.';
 
@@ -1119,7 +1119,7 @@ COMMENT ON FUNCTION llm._renew_lease(p_run_id uuid, p_token uuid) IS 'Extends th
 CREATE FUNCTION llm._reprice_org(p_organization_id uuid, p_model text, p_from timestamp with time zone, p_to timestamp with time zone, p_version_id bigint, p_apply boolean, OUT requests bigint, OUT cost_before_nanos numeric, OUT cost_after_nanos numeric) RETURNS record
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 199695d40dae75a83a823dbb033b29f1 $$;
+    AS $$ body in sql/, md5 b58aaf1b46b190de73d694a6ae195e65 $$;
 
 COMMENT ON FUNCTION llm._reprice_org(p_organization_id uuid, p_model text, p_from timestamp with time zone, p_to timestamp with time zone, p_version_id bigint, p_apply boolean, OUT requests bigint, OUT cost_before_nanos numeric, OUT cost_after_nanos numeric) IS 'Distributed twin of reprice for one organization: its requests of the model admitted in [p_from, p_to) priced from usage (a book version: those pinned to the book''s), their cost as corrected and at the version; with p_apply a correction per changed request and every cost sum moved by it.';
 
@@ -1374,7 +1374,7 @@ COMMENT ON FUNCTION llm._text_ok(p_value text, p_max integer, p_nullable boolean
 CREATE FUNCTION llm._true_up_daily_usage(p_inv llm.invocations, p_credits bigint, p_cents bigint) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 6241edf15e79b333a82eaf258f9fe178 $$;
+    AS $$ body in sql/, md5 91f183cef97feba1c76122a53b3c0809 $$;
 
 COMMENT ON FUNCTION llm._true_up_daily_usage(p_inv llm.invocations, p_credits bigint, p_cents bigint) IS 'Moves the daily usage row of a trued-up request''s settlement day and model by the signed difference (inserting the row, computed from the requests, when the day has none); never lost to a concurrent rebuild_daily_usage.';
 
@@ -1433,7 +1433,7 @@ COMMENT ON FUNCTION llm.books_snapshot(p_organization_ids uuid[], p_now timestam
 CREATE FUNCTION llm.check_daily_usage(p_from date, p_to date) RETURNS TABLE(organization_id uuid, day date, recorded jsonb, computed jsonb)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 c3a167be62454da82f900ac08339eccc $$;
+    AS $$ body in sql/, md5 de48439471218c839f0c0b71f2eddfff $$;
 
 COMMENT ON FUNCTION llm.check_daily_usage(p_from date, p_to date) IS 'One row per organization and UTC day of p_from .. p_to whose daily_usage rows differ from its terminal requests: recorded (the rows) and computed (from the requests), each a jsonb object by model; empty when they agree.';
 
@@ -1510,7 +1510,7 @@ COMMENT ON FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id 
 CREATE FUNCTION llm.metrics(p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(metric text, labels jsonb, value double precision)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 80f8b32a6dd028e33b91bfdf25554bf4 $$;
+    AS $$ body in sql/, md5 bbe05c8d9392a8cedf6ff9e732a147ff $$;
 
 COMMENT ON FUNCTION llm.metrics(p_now timestamp with time zone) IS 'Every series of the Prometheus exposition at p_now (metric, labels, value): the health alarm, the last pass, what the next pass would act on, the stale requests by organization status, budgets near their limit, the limit windows that refused, the month''s cost and fallback-priced requests by model, and the sweeps'' totals; every series present, 0 when none.';
 
@@ -1594,14 +1594,14 @@ COMMENT ON FUNCTION llm.report_budgets_near_limit(p_scope text, p_organization_i
 CREATE FUNCTION llm.report_costs(p_from date, p_to date, p_organization_ids uuid[] DEFAULT NULL::uuid[]) RETURNS TABLE(organization_id uuid, name text, model text, currency text, requests numeric, cost_nanos numeric, original_cost_nanos numeric, uncosted_requests numeric, fallback_requests numeric)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 77be56d124fda5f119f04027df2a0dc2 $$;
+    AS $$ body in sql/, md5 78bddfcb7796ae7b26491d323106bc1e $$;
 
 COMMENT ON FUNCTION llm.report_costs(p_from date, p_to date, p_organization_ids uuid[]) IS 'The cost of days p_from .. p_to (UTC settlement day) per organization and model, in exact nanos of the book''s currency: requests, cost (as corrected by llm.reprice) and the original cost, requests with no cost (recovered at their estimate) and requests priced at the fallback; dearest first.';
 
 CREATE FUNCTION llm.report_daily_usage(p_from date, p_to date, p_organization_ids uuid[] DEFAULT NULL::uuid[]) RETURNS TABLE(day date, organization_id uuid, name text, model text, requests bigint, recovered_requests bigint, credits numeric, cents numeric, input_tokens numeric, output_tokens numeric, cost_nanos numeric, uncosted_requests bigint, fallback_requests bigint)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 145e709aaae75336d26ab090dd762b9c $$;
+    AS $$ body in sql/, md5 1fb3f2f2b010b049463ec13723a0b47a $$;
 
 COMMENT ON FUNCTION llm.report_daily_usage(p_from date, p_to date, p_organization_ids uuid[]) IS 'The rows of llm.daily_usage for days p_from .. p_to (UTC settlement day), newest day first, with the organization''s name and the cost (nanos; uncosted_requests: in no cost, fallback_requests: priced at the fallback).';
 
@@ -1629,7 +1629,7 @@ COMMENT ON FUNCTION llm.report_scope_usage(p_scope text, p_from date, p_to date,
 CREATE FUNCTION llm.report_tasks(p_from date, p_organization_ids uuid[] DEFAULT NULL::uuid[]) RETURNS TABLE(organization_id uuid, name text, status text, tasks bigint, requests bigint, credits numeric, cents numeric, cost_nanos numeric)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 5199e1dd37cf7a88d0ba73d790cd06e2 $$;
+    AS $$ body in sql/, md5 3c47e2f608c04fd840425bc8409b1c3c $$;
 
 COMMENT ON FUNCTION llm.report_tasks(p_from date, p_organization_ids uuid[]) IS 'Per organization and status, the tasks started since day p_from (UTC) and every task still running: how many, and their requests, credits, cents and cost (nanos).';
 
@@ -1893,21 +1893,21 @@ CREATE TABLE llm.daily_usage (
     cents llm.total NOT NULL,
     input_tokens llm.total NOT NULL,
     output_tokens llm.total NOT NULL,
-    priced_nanos numeric DEFAULT 0 NOT NULL,
-    uncosted_requests bigint DEFAULT 0 NOT NULL,
-    fallback_requests bigint DEFAULT 0 NOT NULL,
-    corrections_nanos numeric DEFAULT 0 NOT NULL
+    priced_nanos numeric,
+    uncosted_requests bigint,
+    fallback_requests bigint,
+    corrections_nanos numeric
 );
 
 COMMENT ON TABLE llm.daily_usage IS 'Terminal invocations aggregated by UTC settlement day and model; rebuilt idempotently by rebuild_daily_usage.';
 
-COMMENT ON COLUMN llm.daily_usage.priced_nanos IS 'The cost (nanos) of the day''s requests priced from usage, as first priced (their corrections: corrections_nanos).';
+COMMENT ON COLUMN llm.daily_usage.priced_nanos IS 'The cost (nanos) of the day''s requests priced from usage, as first priced (their corrections: corrections_nanos; NULL: 0).';
 
-COMMENT ON COLUMN llm.daily_usage.uncosted_requests IS 'The day''s requests with no money figure (recovered at their estimate): in no cost sum.';
+COMMENT ON COLUMN llm.daily_usage.uncosted_requests IS 'The day''s requests with no money figure (recovered at their estimate): in no cost sum (NULL: a row built before 0.4.0).';
 
-COMMENT ON COLUMN llm.daily_usage.fallback_requests IS 'The day''s requests the book priced at the fallback price (''*''): their model has no price of its own.';
+COMMENT ON COLUMN llm.daily_usage.fallback_requests IS 'The day''s requests the book priced at the fallback price (''*''): their model has no price of its own (NULL: 0).';
 
-COMMENT ON COLUMN llm.daily_usage.corrections_nanos IS 'The corrections llm.reprice applied to the day''s requests (signed nanos): the day''s corrected cost is cents * 10^7 + priced_nanos + corrections_nanos.';
+COMMENT ON COLUMN llm.daily_usage.corrections_nanos IS 'The corrections llm.reprice applied to the day''s requests (signed nanos): the day''s corrected cost is cents * 10^7 + priced_nanos + corrections_nanos (NULL: 0).';
 
 CREATE TABLE llm.drift_findings (
     organization_id uuid NOT NULL,
@@ -1940,14 +1940,14 @@ CREATE TABLE llm.executions (
     credits llm.total DEFAULT 0 NOT NULL,
     cents llm.total DEFAULT 0 NOT NULL,
     error text,
-    priced_nanos numeric DEFAULT 0 NOT NULL,
+    priced_nanos numeric,
     CONSTRAINT executions_check CHECK ((((status)::text = 'running'::text) = (ended_at IS NULL))),
     CONSTRAINT executions_check1 CHECK ((((status)::text <> 'abandoned'::text) OR (duration_ms IS NULL)))
 );
 
 COMMENT ON TABLE llm.executions IS 'Tasks grouping invocations: running -> completed | failed | abandoned; totals grow with every terminal invocation.';
 
-COMMENT ON COLUMN llm.executions.priced_nanos IS 'The cost (nanos) of the task''s requests priced from usage, corrections included; its cost is cents * 10^7 + priced_nanos.';
+COMMENT ON COLUMN llm.executions.priced_nanos IS 'The cost (nanos) of the task''s requests priced from usage, corrections included; its cost is cents * 10^7 + priced_nanos (NULL: 0).';
 
 CREATE TABLE llm.invocation_scopes (
     organization_id uuid NOT NULL,

@@ -16,13 +16,16 @@
 -- whose priced part is 0. Every column below is right from the moment it exists, with
 -- no recount after the barrier. numeric: a sum never overflows, nor is it rounded.
 -- No CHECK (it would scan each table under its lock); invariant 20 checks the sums.
+-- On the large tables, llm.executions and llm.daily_usage, plain nullable columns
+-- (docs/architecture.md Conventions 14): NULL is 0, what a row of the previous
+-- release's functions holds; the period's and the counters' are NOT NULL DEFAULT 0.
 
 -- The tables in the lock order of a request's calls (its task, its period's stripes, its
 -- budget counters, the daily usage last), so a call holding one never waits here for
 -- another while this waits for it.
-ALTER TABLE llm.executions ADD COLUMN priced_nanos numeric NOT NULL DEFAULT 0;
+ALTER TABLE llm.executions ADD COLUMN priced_nanos numeric;
 COMMENT ON COLUMN llm.executions.priced_nanos IS
-    'The cost (nanos) of the task''s requests priced from usage, corrections included; its cost is cents * 10^7 + priced_nanos.';
+    'The cost (nanos) of the task''s requests priced from usage, corrections included; its cost is cents * 10^7 + priced_nanos (NULL: 0).';
 ALTER TABLE llm.period_stripes ADD COLUMN priced_nanos numeric NOT NULL DEFAULT 0;
 COMMENT ON COLUMN llm.period_stripes.priced_nanos IS
     'The cost (nanos) of the stripe''s requests priced from usage, corrections included; its used cost is used_cents * 10^7 + priced_nanos.';
@@ -30,19 +33,19 @@ ALTER TABLE llm.budget_counters ADD COLUMN priced_nanos numeric NOT NULL DEFAULT
 COMMENT ON COLUMN llm.budget_counters.priced_nanos IS
     'The cost (nanos) of the counter stripe''s requests priced from usage, corrections included; its used cost is used_cents * 10^7 + priced_nanos.';
 ALTER TABLE llm.daily_usage
-    ADD COLUMN priced_nanos numeric NOT NULL DEFAULT 0,
-    ADD COLUMN uncosted_requests bigint NOT NULL DEFAULT 0,
-    ADD COLUMN fallback_requests bigint NOT NULL DEFAULT 0;
+    ADD COLUMN priced_nanos numeric,
+    ADD COLUMN uncosted_requests bigint,
+    ADD COLUMN fallback_requests bigint;
 COMMENT ON COLUMN llm.daily_usage.priced_nanos IS
-    'The cost (nanos) of the day''s requests priced from usage, as first priced (their corrections: corrections_nanos).';
+    'The cost (nanos) of the day''s requests priced from usage, as first priced (their corrections: corrections_nanos; NULL: 0).';
 COMMENT ON COLUMN llm.daily_usage.uncosted_requests IS
-    'The day''s requests with no money figure (recovered at their estimate): in no cost sum.';
+    'The day''s requests with no money figure (recovered at their estimate): in no cost sum (NULL: a row built before 0.4.0).';
 COMMENT ON COLUMN llm.daily_usage.fallback_requests IS
-    'The day''s requests the book priced at the fallback price (''*''): their model has no price of its own.';
+    'The day''s requests the book priced at the fallback price (''*''): their model has no price of its own (NULL: 0).';
 
-ALTER TABLE llm.daily_usage ADD COLUMN corrections_nanos numeric NOT NULL DEFAULT 0;
+ALTER TABLE llm.daily_usage ADD COLUMN corrections_nanos numeric;
 COMMENT ON COLUMN llm.daily_usage.corrections_nanos IS
-    'The corrections llm.reprice applied to the day''s requests (signed nanos): the day''s corrected cost is cents * 10^7 + priced_nanos + corrections_nanos.';
+    'The corrections llm.reprice applied to the day''s requests (signed nanos): the day''s corrected cost is cents * 10^7 + priced_nanos + corrections_nanos (NULL: 0).';
 
 -- A price corrected after the fact (llm.reprice): one entry per request and
 -- application, never an edit of the settled request. A request's corrected cost is its

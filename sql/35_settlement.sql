@@ -76,7 +76,7 @@ BEGIN
            SET request_count = x.request_count + 1,
                credits = x.credits + p_credits,
                cents = x.cents + v_cents,
-               priced_nanos = x.priced_nanos + v_priced
+               priced_nanos = coalesce(x.priced_nanos, 0) + v_priced
          WHERE x.organization_id = p_organization_id AND x.id = v_execution_id;
     END IF;
     -- charge in, hold out, one open request less; crossed thresholds recorded on the
@@ -126,9 +126,9 @@ BEGIN
     UPDATE llm.daily_usage AS d
        SET credits = d.credits + p_credits,
            cents = d.cents + p_cents,
-           priced_nanos = d.priced_nanos + coalesce(p_inv.cost_nanos, 0),
-           uncosted_requests = d.uncosted_requests - 1,  -- recovered: it had no cost
-           fallback_requests = d.fallback_requests + CASE WHEN p_inv.priced_by = 'fallback' THEN 1 ELSE 0 END,
+           priced_nanos = coalesce(d.priced_nanos, 0) + coalesce(p_inv.cost_nanos, 0),
+           uncosted_requests = d.uncosted_requests - 1,  -- recovered, it had no cost (NULL: built before 0.4.0)
+           fallback_requests = coalesce(d.fallback_requests, 0) + CASE WHEN p_inv.priced_by = 'fallback' THEN 1 ELSE 0 END,
            input_tokens = d.input_tokens + coalesce(p_inv.input_tokens, 0),
            output_tokens = d.output_tokens + coalesce(p_inv.output_tokens, 0)
      WHERE d.organization_id = p_inv.organization_id AND d.day = v_day AND d.model = p_inv.model;
@@ -168,9 +168,9 @@ BEGIN
     ON CONFLICT (organization_id, day, model) DO UPDATE
        SET credits = d.credits + p_credits,
            cents = d.cents + p_cents,
-           priced_nanos = d.priced_nanos + coalesce(p_inv.cost_nanos, 0),
-           uncosted_requests = d.uncosted_requests - 1,  -- recovered: it had no cost
-           fallback_requests = d.fallback_requests + CASE WHEN p_inv.priced_by = 'fallback' THEN 1 ELSE 0 END,
+           priced_nanos = coalesce(d.priced_nanos, 0) + coalesce(p_inv.cost_nanos, 0),
+           uncosted_requests = d.uncosted_requests - 1,  -- recovered, it had no cost (NULL: built before 0.4.0)
+           fallback_requests = coalesce(d.fallback_requests, 0) + CASE WHEN p_inv.priced_by = 'fallback' THEN 1 ELSE 0 END,
            input_tokens = d.input_tokens + coalesce(p_inv.input_tokens, 0),
            output_tokens = d.output_tokens + coalesce(p_inv.output_tokens, 0);
 END
@@ -195,7 +195,7 @@ BEGIN
     IF p_inv.execution_id IS NOT NULL THEN
         UPDATE llm.executions AS x
            SET credits = x.credits + v_credits, cents = x.cents + v_cents,
-               priced_nanos = x.priced_nanos + v_priced
+               priced_nanos = coalesce(x.priced_nanos, 0) + v_priced
          WHERE x.organization_id = p_inv.organization_id AND x.id = p_inv.execution_id;
     END IF;
     -- its own period's stripe (a closed month too); a rise records the thresholds it crosses

@@ -120,7 +120,7 @@ BEGIN
          WHERE i.execution_id IS NOT NULL
          GROUP BY 1 ORDER BY 1
     LOOP
-        UPDATE llm.executions AS x SET priced_nanos = x.priced_nanos + v_move.difference
+        UPDATE llm.executions AS x SET priced_nanos = coalesce(x.priced_nanos, 0) + v_move.difference
          WHERE x.organization_id = p_organization_id AND x.id = v_move.execution_id;
     END LOOP;
     -- the period stripes, by period and stripe
@@ -164,7 +164,7 @@ BEGIN
           JOIN llm.invocations AS i ON i.organization_id = p_organization_id AND i.id = m.id
          GROUP BY 1 ORDER BY 1
     LOOP
-        UPDATE llm.daily_usage AS d SET corrections_nanos = d.corrections_nanos + v_move.difference
+        UPDATE llm.daily_usage AS d SET corrections_nanos = coalesce(d.corrections_nanos, 0) + v_move.difference
          WHERE d.organization_id = p_organization_id AND d.day = v_move.day AND d.model = p_model;
     END LOOP;
 END

@@ -153,9 +153,9 @@ BEGIN
                    'requests', d.requests, 'recovered_requests', d.recovered_requests,
                    'credits', d.credits, 'cents', d.cents,
                    'input_tokens', d.input_tokens, 'output_tokens', d.output_tokens,
-                   'priced_nanos', d.priced_nanos, 'uncosted_requests', d.uncosted_requests,
-                   'fallback_requests', d.fallback_requests,
-                   'corrections_nanos', d.corrections_nanos)) AS usage
+                   'priced_nanos', coalesce(d.priced_nanos, 0), 'uncosted_requests', coalesce(d.uncosted_requests, 0),
+                   'fallback_requests', coalesce(d.fallback_requests, 0),
+                   'corrections_nanos', coalesce(d.corrections_nanos, 0))) AS usage
           FROM llm.daily_usage AS d
          WHERE d.day BETWEEN p_from AND p_to
          GROUP BY d.organization_id, d.day

@@ -51,8 +51,8 @@ BEGIN
     RETURN QUERY
     SELECT d.day, d.organization_id, o.name, d.model, d.requests, d.recovered_requests,
            d.credits::numeric, d.cents::numeric, d.input_tokens::numeric, d.output_tokens::numeric,
-           d.cents::numeric * 10000000 + d.priced_nanos + d.corrections_nanos, d.uncosted_requests,
-           d.fallback_requests
+           d.cents::numeric * 10000000 + coalesce(d.priced_nanos, 0) + coalesce(d.corrections_nanos, 0),
+           coalesce(d.uncosted_requests, 0), coalesce(d.fallback_requests, 0)
       FROM llm.daily_usage AS d
       JOIN llm.organizations AS o ON o.id = d.organization_id
      WHERE (p_organization_ids IS NULL OR d.organization_id = ANY (p_organization_ids))
@@ -79,10 +79,10 @@ BEGIN
     RETURN QUERY
     SELECT d.organization_id, o.name, d.model, st.currency,
            sum(d.requests),
-           sum(d.cents)::numeric * 10000000 + sum(d.priced_nanos) + sum(d.corrections_nanos),
-           sum(d.cents)::numeric * 10000000 + sum(d.priced_nanos),
-           sum(d.uncosted_requests),
-           sum(d.fallback_requests)
+           sum(d.cents)::numeric * 10000000 + coalesce(sum(d.priced_nanos), 0) + coalesce(sum(d.corrections_nanos), 0),
+           sum(d.cents)::numeric * 10000000 + coalesce(sum(d.priced_nanos), 0),
+           coalesce(sum(d.uncosted_requests), 0),
+           coalesce(sum(d.fallback_requests), 0)
       FROM llm.daily_usage AS d
       JOIN llm.organizations AS o ON o.id = d.organization_id
      CROSS JOIN llm.settings AS st
@@ -142,7 +142,7 @@ BEGIN
            sum(x.request_count)::bigint,
            sum(x.credits),
            sum(x.cents),
-           sum(x.cents)::numeric * 10000000 + sum(x.priced_nanos)
+           sum(x.cents)::numeric * 10000000 + coalesce(sum(x.priced_nanos), 0)
       FROM llm.executions AS x
       JOIN llm.organizations AS o ON o.id = x.organization_id
      WHERE (p_organization_ids IS NULL OR x.organization_id = ANY (p_organization_ids))

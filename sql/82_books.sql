@@ -355,8 +355,9 @@ BEGIN
     RETURN QUERY
     SELECT f.metric, pg_catalog.jsonb_build_object('model', c.model), f.value
       FROM (SELECT d.model,
-                   sum(d.cents)::numeric * 10000000 + sum(d.priced_nanos) + sum(d.corrections_nanos) AS cost,
-                   sum(d.fallback_requests) AS fallback
+                   sum(d.cents)::numeric * 10000000 + coalesce(sum(d.priced_nanos), 0)
+                       + coalesce(sum(d.corrections_nanos), 0) AS cost,
+                   coalesce(sum(d.fallback_requests), 0) AS fallback
               FROM llm.daily_usage AS d
              WHERE d.day >= pg_catalog.date_trunc('month', v_now AT TIME ZONE 'UTC')::date
                AND d.day <= (v_now AT TIME ZONE 'UTC')::date

@@ -836,7 +836,7 @@ BEGIN
       LEFT JOIN (SELECT r.organization_id, r.execution_id, sum(r.cost) AS priced
                    FROM costs AS r WHERE r.execution_id IS NOT NULL GROUP BY 1, 2) AS c
         ON c.organization_id = x.organization_id AND c.execution_id = x.id
-     WHERE x.priced_nanos IS DISTINCT FROM coalesce(c.priced, 0)
+     WHERE coalesce(x.priced_nanos, 0) <> coalesce(c.priced, 0)
        AND NOT EXISTS (SELECT FROM llm.drift_findings AS f
                         WHERE f.organization_id = x.organization_id AND f.execution_id = x.id)
     UNION ALL

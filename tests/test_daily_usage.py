@@ -206,8 +206,11 @@ def test_check_daily_usage_reports_each_day_whose_rows_differ_from_its_requests(
     days = [(T0 + d * DAY).date() for d in range(4)]
     call(llm_conn, "rebuild_daily_usage", days[0], days[-1])
     assert daily_usage_findings(llm_conn, days[0], days[-1]) == []
+    # the price book's figures (0.4.0): none priced, none without a cost; a row written
+    # without them (the ghost below, as the previous release wrote) reads them as 0
+    cost = {"priced_nanos": 0, "uncosted_requests": 0, "fallback_requests": 0, "corrections_nanos": 0}
     right = {"model-a": {"requests": 1, "recovered_requests": 0, "credits": 10, "cents": 2,
-                         "input_tokens": 100, "output_tokens": 20}}  # fmt: skip
+                         "input_tokens": 100, "output_tokens": 20, **cost}}  # fmt: skip
 
     llm_conn.execute(
         "UPDATE llm.daily_usage SET credits = 999 WHERE organization_id = %s AND day = %s",
@@ -239,6 +242,7 @@ def test_check_daily_usage_reports_each_day_whose_rows_differ_from_its_requests(
         "cents": 0,
         "input_tokens": 0,
         "output_tokens": 0,
+        **cost,
     }
     assert (findings[2]["recorded"], findings[2]["computed"]) == ({**right, "ghost": ghost}, right)
     typed = Llm(llm_conn).check_daily_usage(days[0], days[2])

@@ -575,7 +575,7 @@ class BooksMachine(RuleBasedStateMachine):
         costs = books.expected_costs()  # the price book (issue 33): cost beside the credits
         for key_columns, query, expected in (
             (2, "SELECT organization_id, period_start, used_cost_nanos FROM llm.periods", costs["periods"]),
-            (2, "SELECT organization_id, id, priced_nanos FROM llm.executions", costs["tasks"]),
+            (2, "SELECT organization_id, id, coalesce(priced_nanos, 0) FROM llm.executions", costs["tasks"]),
             (2, "SELECT organization_id, id, cost_nanos FROM llm.invocations", costs["requests"]),
         ):
             assert self._keyed(query, key_columns) == expected, query
