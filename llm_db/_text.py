@@ -10,7 +10,7 @@ from datetime import date, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-__all__ = ["format_table", "jsonable"]
+__all__ = ["format_table", "jsonable", "money"]
 
 
 def jsonable(value: Any) -> Any:
@@ -81,3 +81,9 @@ def format_table(
     out = [line(headers), line(["-" * w for w in widths])]
     out += [line(c) for c in cells]
     return "\n".join(out)
+
+
+def money(nanos: int) -> str:
+    """Nanos (10^-9 of the book's currency) as an exact decimal amount: 21000000 ->
+    '0.021000000'; never rounded."""
+    return format(decimal.Decimal(nanos).scaleb(-9), "f")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from datetime import date, datetime, timedelta
-from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
@@ -24,7 +23,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from llm_db import queries
-from llm_db._text import format_table, jsonable
+from llm_db._text import format_table, jsonable, money
 from llm_db.client import Llm
 
 __all__ = [
@@ -140,12 +139,6 @@ def report_json(report: Report) -> dict[str, Any]:
             "budgets_near_limit": report.budgets_near_limit,
         }
     return jsonable(shape)
-
-
-def money(nanos: int) -> str:
-    """Nanos (10^-9 of the book's currency) as an exact decimal amount: 21000000 ->
-    '0.021000000'; never rounded."""
-    return format(Decimal(nanos).scaleb(-9), "f")
 
 
 def _pct(used: int, allowance: int | None) -> str:

@@ -54,11 +54,13 @@ import psycopg
 from psycopg.rows import dict_row
 
 from llm_db import queries
-from llm_db._text import format_table, jsonable
+from llm_db._text import format_table, jsonable, money
 from llm_db.client import Llm
 from llm_db.demo._traffic import (
     BUDGETS,
     DAY,
+    NANOS_PER_CREDIT,
+    PRICES,
     TASK_KINDS,
     DemoOrg,
     Tally,
@@ -291,6 +293,11 @@ def _demo(
             llm.declare_task_kind(key, description)
         for scope, scope_id, window, limit in BUDGETS:
             llm.set_budget(by_key["globex"].id, scope, scope_id, window, limit, now=day_start)
+        # the price book (issue 33): each organization's own versions, from the day's start
+        for o in orgs:
+            for model, rates in PRICES.items():
+                llm.set_price(model, rates, effective_from=day_start, organization_id=o.id)
+            llm.set_credit_rate(NANOS_PER_CREDIT, organization_id=o.id, effective_from=day_start)
         names = max(len(o.name) for o in orgs)
         for n, o in enumerate(orgs):
             what = (
@@ -305,6 +312,11 @@ def _demo(
             out(_kv("budgets" if n == 0 else "", f"{by_key['globex'].name}: {whom}, "
                     f"{limit:,} credits a {window}, notices at 80 % and 100 %"))  # fmt: skip
         out(_kv("task kinds", ", ".join(TASK_KINDS)))
+        for n, (model, rates) in enumerate(PRICES.items()):
+            listed = ", ".join(f"{c} {r}" for c, r in rates.items())
+            out(_kv("prices (a million tokens)" if n == 0 else "", f"{model}: {listed}"))
+        out(_kv("", f"a credit is {NANOS_PER_CREDIT:,} nanos ({money(NANOS_PER_CREDIT)} USD); every request is"
+                " admitted with its token counts and settled with the provider's usage"))  # fmt: skip
 
         # 1. the day of traffic
         out("")
@@ -372,19 +384,21 @@ def _demo(
         out("")
         books = _books_by_month(llm, orgs, day_start, pass_clock)
         out(format_table(
-            ["organization", "month", "status", "allowance", "used", "held", "used %", "cents"],
+            ["organization", "month", "status", "allowance", "used", "held", "used %", "cost (USD, exact)"],
             [
                 (b["name"], b["month"], b["status"],
                  "unlimited" if b["allowance_credits"] is None else b["allowance_credits"],
                  b["used_credits"], b["held_credits"],
                  "-" if not b["allowance_credits"] else
                  f"{100 * b['used_credits'] // b['allowance_credits']}%",
-                 b["used_cents"])
+                 money(b["used_cost_nanos"]))
                 for b in books
             ],
             align="lllrrrrr",
         ))  # fmt: skip
-        out("  (one row per month: an allowance is a month's, so each month is judged on its own)")
+        out("  (one row per month: an allowance is a month's, so each month is judged on its own;")
+        out("   the cost is what the book priced from the providers' usage, to the nano; a request")
+        out("   recovered at its estimate has none)")
         out("")
         budgets = _budget_totals(conn, by_key["globex"], out)
         out("")
@@ -438,12 +452,12 @@ def _books_by_month(
             {"organization": o.key, "name": o.name, "month": p["period_start"].strftime("%Y-%m"),
              "status": p["status"], "allowance_credits": p["allowance_credits"],
              "used_credits": p["used_credits"], "held_credits": p["held_credits"],
-             "used_cents": p["used_cents"]}
+             "used_cents": p["used_cents"], "used_cost_nanos": p["used_cost_nanos"]}
             for p in mine
         ] or [
             {"organization": o.key, "name": o.name, "month": f"{day_start:%Y-%m}",
              "status": o.status, "allowance_credits": o.allowance,
-             "used_credits": 0, "held_credits": 0, "used_cents": 0}
+             "used_credits": 0, "held_credits": 0, "used_cents": 0, "used_cost_nanos": 0}
         ]  # fmt: skip
     return books
 

@@ -2,7 +2,9 @@
 a seeded plan of requests and tasks per worker, and the worker threads that send it
 through the Python driver, some failing at the provider and some crashing after a
 dispatch. Globex's requests name a project and an end user of its app, under a
-project budget and a default end-user budget (``BUDGETS``, issue 23)."""
+project budget and a default end-user budget (``BUDGETS``, issue 23). Every request is
+priced by the book (``PRICES``): admitted with its token counts, settled with the
+provider's usage (``llm_db.Usage``), charged ceil(cost / ``NANOS_PER_CREDIT``) credits."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import psycopg
 from llm_db import errors
 from llm_db.client import Llm
 from llm_db.executions import ExecutionContext, with_llm_execution
+from llm_db.usage import Usage
 
 DAY = timedelta(hours=24)  # the simulated day of traffic
 TOTAL_ITEMS = 216  # single requests or tasks, shared out between the workers
@@ -59,8 +62,17 @@ TASK_KINDS = {
     "demo.translate": "Translate a document section by section",
 }
 
-# model -> cents per credit
-MODELS = {"gpt-4o": 0.03, "claude-sonnet": 0.025, "llama-70b": 0.008}
+# The price book (issue 33), per million tokens of each class, as the providers publish
+# them: OpenAI's GPT-4o, Anthropic's Claude Sonnet 4, a hosted Llama 3.3 70B (no cache).
+# Set as each demo organization's own versions, so a demo on a real database (--dsn)
+# leaves the book's prices as they are.
+PRICES = {
+    "gpt-4o": {"input": "2.50", "cache_read": "1.25", "output": "10"},
+    "claude-sonnet": {"input": "3", "cache_write_5m": "3.75", "cache_read": "0.30", "output": "15"},
+    "llama-70b": {"input": "0.59", "output": "0.79"},
+}
+MODELS = tuple(PRICES)
+NANOS_PER_CREDIT = 30_000  # a credit is worth $0.00003: the plans' requests cost tens to hundreds
 
 # ----------------------------------------------------------- the plan (seeded)
 
@@ -68,12 +80,19 @@ MODELS = {"gpt-4o": 0.03, "claude-sonnet": 0.025, "llama-70b": 0.008}
 @dataclasses.dataclass(frozen=True, slots=True)
 class PlannedRequest:
     model: str
-    estimate: int
+    size: int  # scales its tokens
     outcome: str  # settle | fail | crash
-    usage_ratio: float  # measured credits / estimate
+    usage_ratio: float  # measured output tokens / the most it may write (a float of the plan, never money)
     latency_s: float
     input_tokens: int
-    output_tokens: int
+    output_tokens: int  # the most it may write (max_output_tokens)
+
+    def usage(self) -> Usage:
+        """What the provider measured: a quarter of the prompt read from its cache (where
+        the model's price has a cache rate), the output a share of the most it could write."""
+        cached = self.input_tokens // 4 if "cache_read" in PRICES[self.model] else 0
+        return Usage(input=self.input_tokens - cached, cache_read=cached,
+                     output=round(self.output_tokens * self.usage_ratio))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -91,15 +110,15 @@ class Item:
 def _request(rng: random.Random, *, may_crash: bool) -> PlannedRequest:
     roll = rng.random()
     outcome = "crash" if may_crash and roll < 0.06 else "fail" if roll < 0.11 else "settle"
-    estimate = rng.randint(40, 400)
+    size = rng.randint(40, 400)
     return PlannedRequest(
         model=rng.choice(list(MODELS)),
-        estimate=estimate,
+        size=size,
         outcome=outcome,
         usage_ratio=rng.uniform(0.55, 1.1),
         latency_s=rng.uniform(1.0, 30.0),
-        input_tokens=estimate * rng.randint(3, 8),
-        output_tokens=estimate * rng.randint(1, 3),
+        input_tokens=size * rng.randint(3, 8),
+        output_tokens=size * rng.randint(1, 3),
     )
 
 
@@ -249,9 +268,10 @@ class _Worker(threading.Thread):
         """One model request: admit, dispatch, then settle, fail or crash."""
         llm = self.llm
         assert llm is not None
-        try:
-            inv = llm.admit(org.id, req.estimate, req.model, execution_id=execution_id,
-                            now=clock.t, project=project, end_user=end_user)  # fmt: skip
+        try:  # no estimate: the book prices the prompt and the most output at the price in force
+            inv = llm.admit(org.id, None, req.model, execution_id=execution_id, now=clock.t,
+                            project=project, end_user=end_user, input_tokens=req.input_tokens,
+                            max_output_tokens=req.output_tokens)  # fmt: skip
         except errors.AllowanceExhausted as exc:
             refused = "refused_budget" if _refused_by_budget(exc) else "refused_allowance"
             self.tally.add(org.key, refused)
@@ -269,17 +289,8 @@ class _Worker(threading.Thread):
         elif req.outcome == "fail":
             llm.fail(org.id, inv.id, "provider answered 503 Service Unavailable", now=clock.t)
             self.tally.add(org.key, "failed")
-        else:
-            credits = max(1, round(req.estimate * req.usage_ratio))
-            llm.settle(
-                org.id,
-                inv.id,
-                credits,
-                max(1, round(credits * MODELS[req.model])),
-                input_tokens=req.input_tokens,
-                output_tokens=round(req.output_tokens * req.usage_ratio),
-                now=clock.t,
-            )
+        else:  # the provider's usage, priced at the price the admission pinned
+            llm.settle_usage(org.id, inv.id, req.usage(), now=clock.t)
             self.tally.add(org.key, "settled")
 
     def _task(self, org: DemoOrg, item: Item, clock: _Clock) -> None:

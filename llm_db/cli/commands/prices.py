@@ -295,7 +295,7 @@ def reprice(dsn: str | None, model: str, version_id: int, time_from: datetime, t
       llm-db prices reprice gpt-4o 42 --from 2026-11-01T00:00:00Z --to 2026-12-01T00:00:00Z --apply
     """
     from llm_db import Llm
-    from llm_db.cli.report import money
+    from llm_db._text import money
 
     with common.connect(dsn) as conn:
         rows = Llm(conn).reprice(model, time_from, time_to, version_id, apply=apply)
