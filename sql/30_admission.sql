@@ -108,21 +108,22 @@ DECLARE
     v_nanos_per_credit bigint;
     v_priced jsonb;  -- the tokens a priced estimate stands for
 BEGIN
-    -- The organization, and in the same statement the price in force for the model
-    -- (docs/architecture.md "The price book": the model's before the fallback '*', the
-    -- organization's own before the book's, the latest), which every admission pins.
-    SELECT o.status, o.period_stripes, o.has_budgets, o.budgets_revision, p.id, p.rates
-      INTO v_org_status, v_stripes, v_has_budgets, v_budgets_revision, v_version, v_rates
+    -- The organization, then the price in force for the model (docs/architecture.md
+    -- "The price book": the model's before the fallback '*', the organization's own
+    -- before the book's, the latest), which every admission pins. Two statements: in
+    -- one (the price a LATERAL subquery of the organization's row), Citus refused the
+    -- delegated call (0A000, "queries must filter by the distribution argument").
+    SELECT o.status, o.period_stripes, o.has_budgets, o.budgets_revision
+      INTO v_org_status, v_stripes, v_has_budgets, v_budgets_revision
       FROM llm.organizations AS o
-      LEFT JOIN LATERAL (
-            SELECT v.id, v.rates
-              FROM llm.price_versions AS v
-             WHERE v.model = ANY (ARRAY[p_model, '*'])
-               AND (v.organization_id = o.id OR v.organization_id IS NULL)
-               AND v.effective_from <= p_now
-             ORDER BY v.model = '*', v.organization_id IS NULL, v.effective_from DESC
-             LIMIT 1) AS p ON true
      WHERE o.id = p_organization_id;
+    SELECT v.id, v.rates INTO v_version, v_rates
+      FROM llm.price_versions AS v
+     WHERE v.model = ANY (ARRAY[p_model, '*'])
+       AND (v.organization_id = p_organization_id OR v.organization_id IS NULL)
+       AND v.effective_from <= p_now
+     ORDER BY v.model = '*', v.organization_id IS NULL, v.effective_from DESC
+     LIMIT 1;
     IF v_org_status IS DISTINCT FROM 'operational' THEN
         PERFORM llm._operational_org(p_organization_id);  -- raises LL002 (unknown) or LL003
     END IF;

@@ -470,16 +470,17 @@ DECLARE
     v_usage jsonb := llm._full_usage(p_usage);
     v_cost record;
 BEGIN
-    -- the request and its pins in one statement (the price book is a reference table)
-    SELECT i.model, i.price_version_id, i.credit_rate_id, i.created_at, v.rates, v.model = '*', r.nanos_per_credit
-      INTO v_model, v_version, v_rate, v_created, v_rates, v_fallback, v_nanos_per_credit
+    -- the request's pins, then the catalogs' rows they name (joined in one statement,
+    -- Citus refused the delegated call: 0A000, docs/architecture.md "Citus rules" 9)
+    SELECT i.model, i.price_version_id, i.credit_rate_id, i.created_at
+      INTO v_model, v_version, v_rate, v_created
       FROM llm.invocations AS i
-      LEFT JOIN llm.price_versions AS v ON v.id = i.price_version_id
-      LEFT JOIN llm.credit_rates AS r ON r.id = i.credit_rate_id
      WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
     IF NOT FOUND THEN
         PERFORM llm._raise_unknown_invocation(p_organization_id, p_invocation_id);
     END IF;
+    SELECT v.rates, v.model = '*' INTO v_rates, v_fallback FROM llm.price_versions AS v WHERE v.id = v_version;
+    SELECT r.nanos_per_credit INTO v_nanos_per_credit FROM llm.credit_rates AS r WHERE r.id = v_rate;
     IF v_version IS NULL OR v_rate IS NULL THEN
         PERFORM llm._raise_price_missing(p_organization_id, v_model, v_created,
                                          CASE WHEN v_version IS NULL THEN 'price' ELSE 'credit rate' END);
