@@ -466,6 +466,13 @@ CREATE FUNCTION llm._correct_counter(p_organization_id uuid, p_scope text, p_sco
 
 COMMENT ON FUNCTION llm._correct_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripe smallint, p_difference bigint) IS 'Moves one budget counter stripe''s priced nanos by a correction''s difference.';
 
+CREATE FUNCTION llm._cost_metrics(p_now timestamp with time zone) RETURNS TABLE(metric text, labels jsonb, value double precision)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 b65419ce0921042e1823a76cb86a7ee8 $$;
+
+COMMENT ON FUNCTION llm._cost_metrics(p_now timestamp with time zone) IS 'The series of llm.metrics about cost at p_now: the cost of the month''s settled requests by model (nanos, as repriced) and the requests priced at the fallback, from llm.daily_usage.';
+
 CREATE FUNCTION llm._create_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripes integer, p_limit bigint, p_revision uuid) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -1510,7 +1517,7 @@ COMMENT ON FUNCTION llm.mark_dispatched(p_organization_id uuid, p_invocation_id 
 CREATE FUNCTION llm.metrics(p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(metric text, labels jsonb, value double precision)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 bbe05c8d9392a8cedf6ff9e732a147ff $$;
+    AS $$ body in sql/, md5 11dc86cd2a0bc7b60d45c558ae61e9a0 $$;
 
 COMMENT ON FUNCTION llm.metrics(p_now timestamp with time zone) IS 'Every series of the Prometheus exposition at p_now (metric, labels, value): the health alarm, the last pass, what the next pass would act on, the stale requests by organization status, budgets near their limit, the limit windows that refused, the month''s cost and fallback-priced requests by model, and the sweeps'' totals; every series present, 0 when none.';
 
@@ -2366,6 +2373,8 @@ GRANT ALL ON FUNCTION llm._clock_ok(p_now timestamp with time zone) TO llm_opera
 REVOKE ALL ON FUNCTION llm._close_execution(p_organization_id uuid, p_execution_id uuid, p_outcome text, p_error text, p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._correct_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripe smallint, p_difference bigint) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._cost_metrics(p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._create_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripes integer, p_limit bigint, p_revision uuid) FROM PUBLIC;
 

@@ -288,6 +288,34 @@ $$;
 COMMENT ON FUNCTION llm._allowances_near_limit(timestamptz) IS
     'The organizations whose period containing p_now stands (used + held) at or above the first of their notice thresholds: the allowance near its limit.';
 
+-- What the month containing p_now cost, by model, as llm.daily_usage holds it (the
+-- pass rebuilds it): cents * 10^7 plus the book's nanos, as corrected; and the requests
+-- the book priced at the fallback price. A sample is a float64, exact to 2^53 nanos
+-- (about 9 million currency units); `llm-db report` has the exact figure.
+CREATE OR REPLACE FUNCTION llm._cost_metrics(p_now timestamptz)
+RETURNS TABLE (metric text, labels jsonb, value double precision)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN QUERY
+    SELECT f.metric, pg_catalog.jsonb_build_object('model', c.model), f.value
+      FROM (SELECT d.model,
+                   sum(d.cents)::numeric * 10000000 + coalesce(sum(d.priced_nanos), 0)
+                       + coalesce(sum(d.corrections_nanos), 0) AS cost,
+                   coalesce(sum(d.fallback_requests), 0) AS fallback
+              FROM llm.daily_usage AS d
+             WHERE d.day >= pg_catalog.date_trunc('month', p_now AT TIME ZONE 'UTC')::date
+               AND d.day <= (p_now AT TIME ZONE 'UTC')::date
+             GROUP BY d.model) AS c
+     CROSS JOIN LATERAL (VALUES ('llm_month_cost_nanos', c.cost::double precision),
+                                ('llm_month_fallback_priced_requests', c.fallback::double precision))
+                        AS f(metric, value)
+     ORDER BY f.metric, c.model;
+END
+$$;
+COMMENT ON FUNCTION llm._cost_metrics(timestamptz) IS
+    'The series of llm.metrics about cost at p_now: the cost of the month''s settled requests by model (nanos, as repriced) and the requests priced at the fallback, from llm.daily_usage.';
+
 CREATE OR REPLACE FUNCTION llm.metrics(p_now timestamptz DEFAULT NULL)
 RETURNS TABLE (metric text, labels jsonb, value double precision)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
@@ -348,24 +376,7 @@ BEGIN
         ON n.scope = sc.scope AND n.budget_window = w.budget_window AND n.threshold_pct = 0
      GROUP BY sc.n, sc.scope, w.n, w.budget_window
      ORDER BY sc.n, w.n;
-    -- What the month containing p_now cost, by model, as llm.daily_usage holds it (the
-    -- pass rebuilds it): cents * 10^7 plus the book's nanos, as corrected; and the
-    -- requests the book priced at the fallback price. A sample is a float64, exact to
-    -- 2^53 nanos (about 9 million currency units); `llm-db report` has the exact figure.
-    RETURN QUERY
-    SELECT f.metric, pg_catalog.jsonb_build_object('model', c.model), f.value
-      FROM (SELECT d.model,
-                   sum(d.cents)::numeric * 10000000 + coalesce(sum(d.priced_nanos), 0)
-                       + coalesce(sum(d.corrections_nanos), 0) AS cost,
-                   coalesce(sum(d.fallback_requests), 0) AS fallback
-              FROM llm.daily_usage AS d
-             WHERE d.day >= pg_catalog.date_trunc('month', v_now AT TIME ZONE 'UTC')::date
-               AND d.day <= (v_now AT TIME ZONE 'UTC')::date
-             GROUP BY d.model) AS c
-     CROSS JOIN LATERAL (VALUES ('llm_month_cost_nanos', c.cost::double precision),
-                                ('llm_month_fallback_priced_requests', c.fallback::double precision))
-                        AS f(metric, value)
-     ORDER BY f.metric, c.model;
+    RETURN QUERY SELECT m.metric, m.labels, m.value FROM llm._cost_metrics(v_now) AS m;
     -- How much of its allowance each organization near its limit has committed
     RETURN QUERY
     SELECT 'llm_allowance_used_ratio', pg_catalog.jsonb_build_object('organization_id', a.organization_id::text),
