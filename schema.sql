@@ -231,7 +231,7 @@ COMMENT ON FUNCTION llm._admission(p_inv llm.invocations, p_replayed boolean) IS
 
 CREATE FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text, p_input_tokens bigint, p_max_output_tokens bigint) RETURNS llm.admission_result
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 d1420cbba29dff11440ab41f15c4df69 $$;
+    AS $$ body in sql/, md5 34edb3bceff948b3b29a259cf165464e $$;
 
 COMMENT ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text, p_input_tokens bigint, p_max_output_tokens bigint) IS 'Distributed twin of admit_invocation; arguments already checked. It pins the price in force and prices a NULL estimate from the tokens (LL014 without a price). replayed: the earlier admission of a retried id, returned unchanged.';
 
@@ -442,7 +442,7 @@ COMMENT ON FUNCTION llm._check_usage(p_usage jsonb) IS 'Raises 22023 unless p_us
 
 CREATE FUNCTION llm._class_cost(p_rates jsonb, p_tier jsonb, p_usage jsonb, p_class text) RETURNS numeric
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    AS $$ body in sql/, md5 98350ce9f8fd50f16cb9bde0fbc7efc7 $$;
+    AS $$ body in sql/, md5 e59df28ca99cf7f868848d525547688a $$;
 
 COMMENT ON FUNCTION llm._class_cost(p_rates jsonb, p_tier jsonb, p_usage jsonb, p_class text) IS 'The exact nanos p_usage''s tokens of p_class cost at p_tier''s rate, else p_rates'' (per million tokens; per call for requests); NULL for tokens with no rate.';
 
@@ -512,6 +512,12 @@ CREATE FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date) 
     AS $$ body in sql/, md5 f9eb483d64a99eab0e5aaa0ec86e9611 $$;
 
 COMMENT ON FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date) IS 'Creates the period (its head, with the organization''s allowance read under a share lock of the organization, so a concurrent upsert_organization cannot be lost: invariant 9, and its stripes) on first use.';
+
+CREATE FUNCTION llm._estimate_usage(p_input_tokens bigint, p_max_output_tokens bigint) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ body in sql/, md5 27baffc57d9bb2bee8969705032fbdbd $$;
+
+COMMENT ON FUNCTION llm._estimate_usage(p_input_tokens bigint, p_max_output_tokens bigint) IS 'The usage a priced estimate stands for: {"input": p_input_tokens, "output": p_max_output_tokens}.';
 
 CREATE FUNCTION llm._exact_rate(p_model text, p_where text, p_value jsonb) RETURNS numeric
     LANGUAGE plpgsql IMMUTABLE
@@ -677,7 +683,7 @@ COMMENT ON FUNCTION llm._invariant_2() IS 'Invariant 2: every period''s used_cre
 CREATE FUNCTION llm._invariant_20() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 6069a0e4485a4e647101f30c506f4e51 $$;
+    AS $$ body in sql/, md5 47b51cf0412100b1da2c6f3384b67fd4 $$;
 
 COMMENT ON FUNCTION llm._invariant_20() IS 'Invariant 20: the priced nanos of every period stripe, task and budget counter equal the cost of its terminal requests priced from usage as corrected (a sum''s cost is its cents * 10^7 plus these); corrections are of priced requests, numbered from 1, and the last one''s version prices the request at its corrected cost.';
 
@@ -1008,13 +1014,13 @@ COMMENT ON FUNCTION llm._price_in_force(p_organization_id uuid, p_model text, p_
 
 CREATE FUNCTION llm._price_request(p_organization_id uuid, p_invocation_id uuid, p_usage jsonb) RETURNS llm.priced_usage
     LANGUAGE plpgsql STABLE
-    AS $$ body in sql/, md5 c9d9d2e8d849ebf1e1960ca3aeced485 $$;
+    AS $_$ body in sql/, md5 bbb9e7073d4a1e9e3afa23a51f0d7625 $_$;
 
 COMMENT ON FUNCTION llm._price_request(p_organization_id uuid, p_invocation_id uuid, p_usage jsonb) IS 'p_usage of a request priced at its pinned version and credit rate: credits, tokens in and out, cost, the usage with every class, tier and priced_by; LL005 (unknown), LL014 (no price pinned).';
 
 CREATE FUNCTION llm._price_tier(p_rates jsonb, p_usage jsonb) RETURNS jsonb
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    AS $$ body in sql/, md5 27d35f9ff14b76e7ea037296dd4a0b99 $$;
+    AS $$ body in sql/, md5 c828a0f1f2c247be4a589abd0d47ad14 $$;
 
 COMMENT ON FUNCTION llm._price_tier(p_rates jsonb, p_usage jsonb) IS 'The tier of p_rates whose threshold is the highest that p_usage''s prompt tokens are above; ''{}'' (base rates) when none is.';
 
@@ -1385,6 +1391,24 @@ CREATE FUNCTION llm._true_up_daily_usage(p_inv llm.invocations, p_credits bigint
 
 COMMENT ON FUNCTION llm._true_up_daily_usage(p_inv llm.invocations, p_credits bigint, p_cents bigint) IS 'Moves the daily usage row of a trued-up request''s settlement day and model by the signed difference (inserting the row, computed from the requests, when the day has none); never lost to a concurrent rebuild_daily_usage.';
 
+CREATE FUNCTION llm._unit_cost(p_unit_nanos jsonb, p_usage jsonb) RETURNS numeric
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $_$ body in sql/, md5 515f792a981952888bf94b71ceb96f86 $_$;
+
+COMMENT ON FUNCTION llm._unit_cost(p_unit_nanos jsonb, p_usage jsonb) IS 'The unrounded nanos of p_usage (every class present) at p_unit_nanos (a version''s unit_nanos); past 10^15 for tokens of a class with no rate, NULL for a usage without every class or no units.';
+
+CREATE FUNCTION llm._unit_estimate(p_unit_nanos jsonb, p_input bigint, p_output bigint) RETURNS numeric
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ body in sql/, md5 fb4bc16bca4051a439a17249ce1f03c8 $$;
+
+COMMENT ON FUNCTION llm._unit_estimate(p_unit_nanos jsonb, p_input bigint, p_output bigint) IS 'The unrounded nanos of p_input input and p_output output tokens and one call at p_unit_nanos (a version''s unit_nanos); past 10^15 when either class has no rate.';
+
+CREATE FUNCTION llm._unit_nanos(p_rates jsonb) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ body in sql/, md5 725c00a45aef4d4756694de6300077df $$;
+
+COMMENT ON FUNCTION llm._unit_nanos(p_rates jsonb) IS 'The nanos one token of each class costs at p_rates'' base rates (one call for requests; 10^30 for a class with no rate); NULL for rates with tiers. Stored as price_versions.unit_nanos.';
+
 CREATE FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) RETURNS llm.organization_settings
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -1394,9 +1418,9 @@ COMMENT ON FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text
 
 CREATE FUNCTION llm._usage_cost(p_model text, p_version_id bigint, p_rates jsonb, p_usage jsonb, p_nanos_per_credit bigint, OUT cost_nanos bigint, OUT price_tier bigint, OUT credits bigint) RETURNS record
     LANGUAGE plpgsql IMMUTABLE
-    AS $$ body in sql/, md5 5cbda56f26182c85c4438e05d9671a46 $$;
+    AS $$ body in sql/, md5 96bce1fe3689e6c99d1f5a1ea91c1139 $$;
 
-COMMENT ON FUNCTION llm._usage_cost(p_model text, p_version_id bigint, p_rates jsonb, p_usage jsonb, p_nanos_per_credit bigint, OUT cost_nanos bigint, OUT price_tier bigint, OUT credits bigint) IS 'The exact cost in nanos of p_usage at p_rates, rounded once half up, the tier that priced it (NULL: base rates) and the credits at p_nanos_per_credit (rounded up); 22023 for tokens of a class with no rate or a cost over 10^15 nanos.';
+COMMENT ON FUNCTION llm._usage_cost(p_model text, p_version_id bigint, p_rates jsonb, p_usage jsonb, p_nanos_per_credit bigint, OUT cost_nanos bigint, OUT price_tier bigint, OUT credits bigint) IS 'The exact cost in nanos of p_usage at p_rates, class by class, rounded once half up, the tier that priced it (NULL: base rates) and the credits at p_nanos_per_credit (rounded up); 22023 for tokens of a class with no rate or a cost over 10^15 nanos.';
 
 CREATE FUNCTION llm._usage_ok(p_usage jsonb) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -1698,7 +1722,7 @@ COMMENT ON FUNCTION llm.set_period_stripes(p_organization_id uuid, p_stripes int
 CREATE FUNCTION llm.set_price(p_model text, p_rates jsonb, p_effective_from timestamp with time zone DEFAULT now(), p_organization_id uuid DEFAULT NULL::uuid) RETURNS bigint
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 c7887d00ba63e67909eaa713b953808c $$;
+    AS $$ body in sql/, md5 0ad5c851022dd466fe0e531e395f7f43 $$;
 
 COMMENT ON FUNCTION llm.set_price(p_model text, p_rates jsonb, p_effective_from timestamp with time zone, p_organization_id uuid) IS 'Adds a price version of p_model (''*'': the fallback) from p_effective_from, for the book or one organization, and returns its id; exactly the rates in force then return that version and add none; other rates at an existing effective_from are 22023 (versions never change).';
 
@@ -2065,14 +2089,18 @@ CREATE TABLE llm.price_versions (
     currency text NOT NULL,
     rates jsonb NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
+    unit_nanos jsonb,
     CONSTRAINT price_versions_currency_check CHECK ((currency ~ '^[A-Z]{3}$'::text)),
     CONSTRAINT price_versions_model_check CHECK (((model <> ''::text) AND (length(model) <= 200))),
-    CONSTRAINT price_versions_rates_check CHECK ((jsonb_typeof(rates) = 'object'::text))
+    CONSTRAINT price_versions_rates_check CHECK ((jsonb_typeof(rates) = 'object'::text)),
+    CONSTRAINT price_versions_unit_nanos_check CHECK ((jsonb_typeof(unit_nanos) = 'object'::text))
 );
 
 COMMENT ON TABLE llm.price_versions IS 'The price book: a model''s rates from effective_from on, for the book (organization_id NULL) or one organization; never updated. Listed by llm.prices.';
 
 COMMENT ON COLUMN llm.price_versions.rates IS 'Rates per million tokens of each class (per call for requests), exact JSON numbers, and optional tiers [{above_prompt_tokens, class: rate ...}] in ascending order.';
+
+COMMENT ON COLUMN llm.price_versions.unit_nanos IS 'The base rates as nanos per token of each class (reasoning at the output rate unless priced; requests per call, 0 unless priced; 10^30 for a class with no rate); NULL for a version with tiers. Derived from rates by llm._unit_nanos.';
 
 ALTER TABLE llm.price_versions ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME llm.price_versions_id_seq
@@ -2388,6 +2416,8 @@ REVOKE ALL ON FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_
 
 REVOKE ALL ON FUNCTION llm._ensure_period(p_organization_id uuid, p_period_start date) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._estimate_usage(p_input_tokens bigint, p_max_output_tokens bigint) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._exact_rate(p_model text, p_where text, p_value jsonb) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._exact_rates(p_model text, p_where text, p_rates jsonb, p_extra text[]) FROM PUBLIC;
@@ -2625,6 +2655,12 @@ REVOKE ALL ON FUNCTION llm._terminal_outcome(p_organization_id uuid, p_invocatio
 REVOKE ALL ON FUNCTION llm._text_ok(p_value text, p_max integer, p_nullable boolean) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._true_up_daily_usage(p_inv llm.invocations, p_credits bigint, p_cents bigint) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._unit_cost(p_unit_nanos jsonb, p_usage jsonb) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._unit_estimate(p_unit_nanos jsonb, p_input bigint, p_output bigint) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._unit_nanos(p_rates jsonb) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) FROM PUBLIC;
 

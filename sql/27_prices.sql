@@ -197,7 +197,9 @@ COMMENT ON FUNCTION llm._check_usage(jsonb) IS
 
 -- The tier of a price that a usage's prompt (input and the cache's reads and writes)
 -- selects: the highest threshold the prompt is above ('{}' at base rates). Tiers are
--- stored in ascending threshold order. Inlinable.
+-- stored in ascending threshold order. Inlinable. (Here and below a JSON number is
+-- read with -> and a cast, never ->> and a cast: the text round trip costs every
+-- transaction's first evaluation two type lookups per field, measured.)
 CREATE OR REPLACE FUNCTION llm._price_tier(p_rates jsonb, p_usage jsonb)
 RETURNS jsonb
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -205,11 +207,11 @@ AS $$
     SELECT CASE WHEN p_rates OPERATOR(pg_catalog.?) 'tiers' THEN coalesce((
         SELECT t.value
           FROM pg_catalog.jsonb_array_elements(p_rates OPERATOR(pg_catalog.->) 'tiers') WITH ORDINALITY AS t (value, n)
-         WHERE (t.value OPERATOR(pg_catalog.->>) 'above_prompt_tokens')::numeric OPERATOR(pg_catalog.<)
-               (coalesce((p_usage OPERATOR(pg_catalog.->>) 'input')::numeric, 0)
-                OPERATOR(pg_catalog.+) coalesce((p_usage OPERATOR(pg_catalog.->>) 'cache_read')::numeric, 0)
-                OPERATOR(pg_catalog.+) coalesce((p_usage OPERATOR(pg_catalog.->>) 'cache_write_5m')::numeric, 0)
-                OPERATOR(pg_catalog.+) coalesce((p_usage OPERATOR(pg_catalog.->>) 'cache_write_1h')::numeric, 0))
+         WHERE (t.value OPERATOR(pg_catalog.->) 'above_prompt_tokens')::numeric OPERATOR(pg_catalog.<)
+               (coalesce((p_usage OPERATOR(pg_catalog.->) 'input')::numeric, 0)
+                OPERATOR(pg_catalog.+) coalesce((p_usage OPERATOR(pg_catalog.->) 'cache_read')::numeric, 0)
+                OPERATOR(pg_catalog.+) coalesce((p_usage OPERATOR(pg_catalog.->) 'cache_write_5m')::numeric, 0)
+                OPERATOR(pg_catalog.+) coalesce((p_usage OPERATOR(pg_catalog.->) 'cache_write_1h')::numeric, 0))
          ORDER BY t.n DESC
          LIMIT 1), '{}'::jsonb) ELSE '{}'::jsonb END
 $$;
@@ -217,63 +219,111 @@ COMMENT ON FUNCTION llm._price_tier(jsonb, jsonb) IS
     'The tier of p_rates whose threshold is the highest that p_usage''s prompt tokens are above; ''{}'' (base rates) when none is.';
 
 -- One class's share of a cost, in nanos, exact: its tokens at the tier's rate, else the
--- base's (reasoning then the output rate, the tier's before the base's; requests 0).
--- NULL for tokens with no rate. Inlinable.
+-- base's (reasoning then the output rate, the tier's before the base's), per million
+-- tokens; for requests, the calls (1 unless the usage says) at the per-call fee (0
+-- when the price lists none). NULL for tokens with no rate. Inlinable: with p_class a
+-- constant, the planner folds the CASE to its one branch.
 CREATE OR REPLACE FUNCTION llm._class_cost(p_rates jsonb, p_tier jsonb, p_usage jsonb, p_class text)
 RETURNS numeric
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
-    SELECT CASE WHEN NOT p_usage OPERATOR(pg_catalog.?) p_class
-                THEN CASE WHEN p_class OPERATOR(pg_catalog.=) 'requests' THEN 1000000000::numeric OPERATOR(pg_catalog.*) coalesce(
-                         (p_tier OPERATOR(pg_catalog.->>) 'requests')::numeric,
-                         (p_rates OPERATOR(pg_catalog.->>) 'requests')::numeric, 0::numeric)
-                     ELSE 0::numeric END
-                WHEN (p_usage OPERATOR(pg_catalog.->>) p_class)::numeric OPERATOR(pg_catalog.=) 0 THEN 0::numeric
-                ELSE (p_usage OPERATOR(pg_catalog.->>) p_class)::numeric OPERATOR(pg_catalog.*) coalesce(
-                         (p_tier OPERATOR(pg_catalog.->>) p_class)::numeric,
-                         (p_rates OPERATOR(pg_catalog.->>) p_class)::numeric,
+    SELECT CASE WHEN p_class OPERATOR(pg_catalog.=) 'requests'
+                THEN coalesce((p_usage OPERATOR(pg_catalog.->) 'requests')::numeric, 1)
+                     OPERATOR(pg_catalog.*) coalesce((p_tier OPERATOR(pg_catalog.->) 'requests')::numeric,
+                                                     (p_rates OPERATOR(pg_catalog.->) 'requests')::numeric, 0)
+                     OPERATOR(pg_catalog.*) 1000000000
+                WHEN coalesce((p_usage OPERATOR(pg_catalog.->) p_class)::numeric, 0) OPERATOR(pg_catalog.=) 0 THEN 0
+                ELSE (p_usage OPERATOR(pg_catalog.->) p_class)::numeric
+                     OPERATOR(pg_catalog.*) coalesce(
+                         (p_tier OPERATOR(pg_catalog.->) p_class)::numeric,
+                         (p_rates OPERATOR(pg_catalog.->) p_class)::numeric,
                          CASE WHEN p_class OPERATOR(pg_catalog.=) 'reasoning'
-                              THEN coalesce((p_tier OPERATOR(pg_catalog.->>) 'output')::numeric,
-                                            (p_rates OPERATOR(pg_catalog.->>) 'output')::numeric)
-                              WHEN p_class OPERATOR(pg_catalog.=) 'requests' THEN 0::numeric END)
-                     OPERATOR(pg_catalog.*) CASE WHEN p_class OPERATOR(pg_catalog.=) 'requests'
-                                                 THEN 1000000000::numeric ELSE 1000::numeric END END
+                              THEN coalesce((p_tier OPERATOR(pg_catalog.->) 'output')::numeric,
+                                            (p_rates OPERATOR(pg_catalog.->) 'output')::numeric) END)
+                     OPERATOR(pg_catalog.*) 1000 END
 $$;
 COMMENT ON FUNCTION llm._class_cost(jsonb, jsonb, jsonb, text) IS
     'The exact nanos p_usage''s tokens of p_class cost at p_tier''s rate, else p_rates'' (per million tokens; per call for requests); NULL for tokens with no rate.';
 
+-- A version's base rates as the nanos one unit of each class costs (a token; a call for
+-- requests): the cost of a usage of that one unit alone, so the rule is _class_cost's.
+-- A class with no rate costs 10^30, more than any usage may cost in all (10^15 nanos),
+-- so that a usage with tokens of it can be told by its sum. NULL for a price with
+-- tiers (a usage's tier is not known before its prompt is).
+CREATE OR REPLACE FUNCTION llm._unit_nanos(p_rates jsonb)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT pg_catalog.jsonb_object_agg(c.class, coalesce(
+               llm._class_cost(p_rates, '{}'::jsonb, pg_catalog.jsonb_build_object(c.class, 1), c.class),
+               1000000000000000000000000000000::numeric))
+      FROM pg_catalog.unnest(llm._price_classes()) AS c (class)
+     WHERE NOT p_rates OPERATOR(pg_catalog.?) 'tiers'
+$$;
+COMMENT ON FUNCTION llm._unit_nanos(jsonb) IS
+    'The nanos one token of each class costs at p_rates'' base rates (one call for requests; 10^30 for a class with no rate); NULL for rates with tiers. Stored as price_versions.unit_nanos.';
+
+-- An admission's estimate in nanos from a version's unit_nanos: the prompt at the input
+-- rate, the most output at the output rate, one call's fee; the cost of the usage
+-- {"input": p_input, "output": p_output} as _usage_cost finds it, unrounded. Past
+-- 10^15 when either class has no rate; NULL without units (a price with tiers).
+-- Inlinable: admission prices with no call and no jsonb built.
+CREATE OR REPLACE FUNCTION llm._unit_estimate(p_unit_nanos jsonb, p_input bigint, p_output bigint)
+RETURNS numeric
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT (p_input OPERATOR(pg_catalog.*) (p_unit_nanos OPERATOR(pg_catalog.->) 'input')::numeric)
+           OPERATOR(pg_catalog.+) (p_output OPERATOR(pg_catalog.*) (p_unit_nanos OPERATOR(pg_catalog.->) 'output')::numeric)
+           OPERATOR(pg_catalog.+) (p_unit_nanos OPERATOR(pg_catalog.->) 'requests')::numeric  -- (OPERATOR() binds all alike)
+$$;
+COMMENT ON FUNCTION llm._unit_estimate(jsonb, bigint, bigint) IS
+    'The unrounded nanos of p_input input and p_output output tokens and one call at p_unit_nanos (a version''s unit_nanos); past 10^15 when either class has no rate.';
+
+-- The cost of a usage with every class (llm._full_usage) at a version's unit_nanos,
+-- exact and unrounded, in one expression: a jsonpath of numeric products. Past 10^15
+-- for tokens of a class with no rate; NULL for a usage without every class or a price
+-- without units (one with tiers). The request path's cost (docs/architecture.md
+-- "Pricing on the request path"): _usage_cost below finds the same cost class by
+-- class with some seventy expression nodes, and PL/pgSQL compiles every expression
+-- again in each transaction, about 2,000 instructions a node (measured: 161,000
+-- instructions a call against 25,000). Inlinable.
+CREATE OR REPLACE FUNCTION llm._unit_cost(p_unit_nanos jsonb, p_usage jsonb)
+RETURNS numeric
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT pg_catalog.jsonb_path_query_first(p_usage,
+               '$.input * $input + $.cache_read * $cache_read + $.cache_write_5m * $cache_write_5m'
+               ' + $.cache_write_1h * $cache_write_1h + $.output * $output + $.reasoning * $reasoning'
+               ' + $.requests * $requests', p_unit_nanos, true)::numeric  -- silent: a missing class is NULL
+$$;
+COMMENT ON FUNCTION llm._unit_cost(jsonb, jsonb) IS
+    'The unrounded nanos of p_usage (every class present) at p_unit_nanos (a version''s unit_nanos); past 10^15 for tokens of a class with no rate, NULL for a usage without every class or no units.';
+
 -- The cost of a usage at a version's rates, exact, rounded once half up (a cost is
 -- never negative), the tier that priced it, and the credits it is charged at
--- p_nanos_per_credit (rounded up; NULL without a rate). Tokens of a class with no rate
--- are refused naming the class and the version. On the request path: the tier is one
--- statement (its plan kept by PL/pgSQL) and the classes one expression of inlined
--- _class_cost calls, with no SQL function called per request. Arguments already checked.
+-- p_nanos_per_credit (rounded up). Tokens of a class with no rate are refused naming
+-- the class and the version. Class by class: the request path prices from units
+-- (_unit_cost, _unit_estimate) and comes here for what they cannot price: a price
+-- with tiers, and the refusals. Arguments already checked.
 CREATE OR REPLACE FUNCTION llm._usage_cost(
     p_model text, p_version_id bigint, p_rates jsonb, p_usage jsonb, p_nanos_per_credit bigint,
     OUT cost_nanos bigint, OUT price_tier bigint, OUT credits bigint)
 LANGUAGE plpgsql IMMUTABLE
 AS $$
 DECLARE
-    v_tier jsonb;
+    v_tier jsonb := '{}'::jsonb;  -- the tier's rates ('{}': the base's)
     v_class text;
     v_cost numeric;
 BEGIN
-    IF p_rates ? 'tiers' THEN  -- the highest threshold the prompt is above (stored ascending)
-        SELECT t.value INTO v_tier
-          FROM pg_catalog.jsonb_array_elements(p_rates -> 'tiers') WITH ORDINALITY AS t (value, n)
-         WHERE (t.value ->> 'above_prompt_tokens')::numeric
-               < coalesce((p_usage ->> 'input')::numeric, 0) + coalesce((p_usage ->> 'cache_read')::numeric, 0)
-                 + coalesce((p_usage ->> 'cache_write_5m')::numeric, 0) + coalesce((p_usage ->> 'cache_write_1h')::numeric, 0)
-         ORDER BY t.n DESC
-         LIMIT 1;
+    IF p_rates ? 'tiers' THEN
+        v_tier := llm._price_tier(p_rates, p_usage);
+        price_tier := (v_tier -> 'above_prompt_tokens')::bigint;
     END IF;
-    v_tier := coalesce(v_tier, '{}'::jsonb);
     v_cost := pg_catalog.round(
         llm._class_cost(p_rates, v_tier, p_usage, 'input') + llm._class_cost(p_rates, v_tier, p_usage, 'cache_read')
         + llm._class_cost(p_rates, v_tier, p_usage, 'cache_write_5m') + llm._class_cost(p_rates, v_tier, p_usage, 'cache_write_1h')
         + llm._class_cost(p_rates, v_tier, p_usage, 'output') + llm._class_cost(p_rates, v_tier, p_usage, 'reasoning')
         + llm._class_cost(p_rates, v_tier, p_usage, 'requests'));
-    price_tier := (v_tier ->> 'above_prompt_tokens')::bigint;
     IF v_cost IS NULL THEN
         FOREACH v_class IN ARRAY llm._price_classes() LOOP
             CONTINUE WHEN llm._class_cost(p_rates, v_tier, p_usage, v_class) IS NOT NULL;
@@ -281,11 +331,10 @@ BEGIN
                 USING ERRCODE = '22023',
                       DETAIL = pg_catalog.format('Price version %s prices no %s tokens%s; the usage has %s.', p_version_id, v_class,
                                                  CASE WHEN price_tier IS NULL THEN '' ELSE pg_catalog.format(' above %s prompt tokens', price_tier) END,
-                                                 p_usage ->> v_class),
+                                                 p_usage -> v_class),
                       HINT = 'Set a price that lists the class (llm.set_price); an unpriced class is never charged as 0.';
         END LOOP;
-    END IF;
-    IF v_cost > 1000000000000000 THEN  -- llm._max_amount()
+    ELSIF v_cost > 1000000000000000 THEN  -- llm._max_amount()
         RAISE EXCEPTION 'llm: the usage of % costs more than one call may', p_model
             USING ERRCODE = '22023',
                   DETAIL = pg_catalog.format('Price version %s puts it at %s nanos; the most one call may cost is %s.',
@@ -297,7 +346,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION llm._usage_cost(text, bigint, jsonb, jsonb, bigint) IS
-    'The exact cost in nanos of p_usage at p_rates, rounded once half up, the tier that priced it (NULL: base rates) and the credits at p_nanos_per_credit (rounded up); 22023 for tokens of a class with no rate or a cost over 10^15 nanos.';
+    'The exact cost in nanos of p_usage at p_rates, class by class, rounded once half up, the tier that priced it (NULL: base rates) and the credits at p_nanos_per_credit (rounded up); 22023 for tokens of a class with no rate or a cost over 10^15 nanos.';
 
 CREATE OR REPLACE FUNCTION llm._raise_price_missing(p_organization_id uuid, p_model text, p_at timestamptz, p_what text)
 RETURNS void
@@ -409,6 +458,17 @@ $$;
 COMMENT ON FUNCTION llm._full_usage(jsonb) IS
     'p_usage with every token class present: a missing class 0, requests 1.';
 
+-- The usage a priced admission's estimate stands for: its prompt as input tokens (an
+-- admission cannot know what the cache will hold) and its most output. Inlinable.
+CREATE OR REPLACE FUNCTION llm._estimate_usage(p_input_tokens bigint, p_max_output_tokens bigint)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT pg_catalog.jsonb_build_object('input', p_input_tokens, 'output', p_max_output_tokens)
+$$;
+COMMENT ON FUNCTION llm._estimate_usage(bigint, bigint) IS
+    'The usage a priced estimate stands for: {"input": p_input_tokens, "output": p_max_output_tokens}.';
+
 -- An admission's estimate comes from one source: credits, or the tokens the book
 -- prices (p_input_tokens and p_max_output_tokens, both).
 CREATE OR REPLACE FUNCTION llm._check_estimate_source(
@@ -493,8 +553,8 @@ BEGIN
     END IF;
     -- Race-free: two callers of one key meet at the unique key, and the second reads
     -- the first's version.
-    INSERT INTO llm.price_versions AS v (model, organization_id, effective_from, currency, rates)
-    VALUES (p_model, p_organization_id, v_from, v_currency, v_rates)
+    INSERT INTO llm.price_versions AS v (model, organization_id, effective_from, currency, rates, unit_nanos)
+    VALUES (p_model, p_organization_id, v_from, v_currency, v_rates, llm._unit_nanos(v_rates))
     ON CONFLICT ON CONSTRAINT price_versions_key DO NOTHING
     RETURNING v.id INTO v_id;
     IF v_id IS NOT NULL THEN

@@ -104,20 +104,23 @@ DECLARE
     v_estimate bigint := p_estimate_credits;
     v_version bigint;  -- the price version in force for the model (NULL: none)
     v_rates jsonb;
+    v_unit_nanos jsonb;
     v_rate_id bigint;  -- and the credit rate, looked up only with a version
     v_nanos_per_credit bigint;
-    v_priced jsonb;  -- the tokens a priced estimate stands for
+    v_cost numeric;  -- a priced estimate's nanos
 BEGIN
     -- The organization, then the price in force for the model (docs/architecture.md
     -- "The price book": the model's before the fallback '*', the organization's own
-    -- before the book's, the latest), which every admission pins. Two statements: in
-    -- one (the price a LATERAL subquery of the organization's row), Citus refused the
-    -- delegated call (0A000, "queries must filter by the distribution argument").
+    -- before the book's, the latest) and, only with a price, its credit rate (likewise),
+    -- which every admission pins. Statements of their own: in one (the price a LATERAL
+    -- subquery of the organization's row), Citus refused the delegated call (0A000,
+    -- "queries must filter by the distribution argument"); and a request of a model
+    -- with no price (one statement, found nothing) starts no executor for credit rates.
     SELECT o.status, o.period_stripes, o.has_budgets, o.budgets_revision
       INTO v_org_status, v_stripes, v_has_budgets, v_budgets_revision
       FROM llm.organizations AS o
      WHERE o.id = p_organization_id;
-    SELECT v.id, v.rates INTO v_version, v_rates
+    SELECT v.id, v.rates, v.unit_nanos INTO v_version, v_rates, v_unit_nanos
       FROM llm.price_versions AS v
      WHERE v.model = ANY (ARRAY[p_model, '*'])
        AND (v.organization_id = p_organization_id OR v.organization_id IS NULL)
@@ -127,7 +130,7 @@ BEGIN
     IF v_org_status IS DISTINCT FROM 'operational' THEN
         PERFORM llm._operational_org(p_organization_id);  -- raises LL002 (unknown) or LL003
     END IF;
-    IF v_version IS NOT NULL THEN  -- its credit rate, only with a price
+    IF v_version IS NOT NULL THEN
         SELECT r.id, r.nanos_per_credit INTO v_rate_id, v_nanos_per_credit
           FROM llm.credit_rates AS r
          WHERE (r.organization_id = p_organization_id OR r.organization_id IS NULL)
@@ -138,9 +141,16 @@ BEGIN
     IF p_estimate_credits IS NULL THEN
         -- priced from its tokens, the whole prompt at the input rate (admission cannot
         -- know what the cache will hold); LL014 without a price or a credit rate
-        PERFORM llm._require_price(p_organization_id, p_model, p_now, v_version, v_rate_id);
-        v_priced := pg_catalog.jsonb_build_object('input', p_input_tokens, 'output', p_max_output_tokens);
-        v_estimate := (llm._usage_cost(p_model, v_version, v_rates, v_priced, v_nanos_per_credit)).credits;
+        IF v_rate_id IS NULL THEN
+            PERFORM llm._require_price(p_organization_id, p_model, p_now, v_version, v_rate_id);
+        END IF;
+        v_cost := pg_catalog.round(llm._unit_estimate(v_unit_nanos, p_input_tokens, p_max_output_tokens));
+        IF v_cost <= 1000000000000000 THEN  -- llm._max_amount(): from the version's units, in one expression
+            v_estimate := llm._credits_of(v_cost::bigint, v_nanos_per_credit);
+        ELSE  -- a price with tiers, or what is refused (a class with no rate, a cost too high): class by class
+            v_estimate := (llm._usage_cost(p_model, v_version, v_rates, llm._estimate_usage(p_input_tokens, p_max_output_tokens),
+                                           v_nanos_per_credit)).credits;
+        END IF;
     END IF;
 
     IF p_execution_id IS NOT NULL THEN
@@ -200,7 +210,9 @@ BEGIN
         -- arguments return the first admission and place no second hold; others LL007.
         SELECT * INTO STRICT v_inv FROM llm.invocations AS i
          WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
-        RETURN llm._admission(llm._same_admission(v_inv, llm._retried_estimate(v_inv, v_estimate, v_priced),
+        RETURN llm._admission(llm._same_admission(v_inv,
+                                                  llm._retried_estimate(v_inv, v_estimate, CASE WHEN p_estimate_credits IS NULL
+                                                      THEN llm._estimate_usage(p_input_tokens, p_max_output_tokens) END),
                                                   p_model, p_execution_id, p_project, p_api_key, p_end_user), true);
     END IF;
     -- The hold from this stripe's room, in one row; else the exact path (the period

@@ -465,13 +465,18 @@ DECLARE
     v_rate bigint;
     v_created timestamptz;
     v_rates jsonb;
+    v_unit_nanos jsonb;
     v_fallback boolean;
     v_nanos_per_credit bigint;
     v_usage jsonb := llm._full_usage(p_usage);
+    v_nanos numeric;  -- its cost
+    v_tier bigint;  -- the tier that priced it (NULL: base rates)
+    v_credits bigint;
     v_cost record;
 BEGIN
-    -- the request's pins, then the catalogs' rows they name (joined in one statement,
-    -- Citus refused the delegated call: 0A000, docs/architecture.md "Citus rules" 9)
+    -- the request's pins, then the catalogs' rows they name (joined to the request in
+    -- one statement, Citus refused the delegated call: 0A000, docs/architecture.md
+    -- "Citus rules" 9)
     SELECT i.model, i.price_version_id, i.credit_rate_id, i.created_at
       INTO v_model, v_version, v_rate, v_created
       FROM llm.invocations AS i
@@ -479,18 +484,27 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM llm._raise_unknown_invocation(p_organization_id, p_invocation_id);
     END IF;
-    SELECT v.rates, v.model = '*' INTO v_rates, v_fallback FROM llm.price_versions AS v WHERE v.id = v_version;
-    SELECT r.nanos_per_credit INTO v_nanos_per_credit FROM llm.credit_rates AS r WHERE r.id = v_rate;
+    SELECT v.rates, v.unit_nanos, v.model = '*', r.nanos_per_credit INTO v_rates, v_unit_nanos, v_fallback, v_nanos_per_credit
+      FROM llm.price_versions AS v, llm.credit_rates AS r
+     WHERE v.id = v_version AND r.id = v_rate;  -- two reference tables: they join
     IF v_version IS NULL OR v_rate IS NULL THEN
         PERFORM llm._raise_price_missing(p_organization_id, v_model, v_created,
                                          CASE WHEN v_version IS NULL THEN 'price' ELSE 'credit rate' END);
     END IF;
-    v_cost := llm._usage_cost(v_model, v_version, v_rates, v_usage, v_nanos_per_credit);
-    RETURN ROW(v_cost.credits,
-               (v_usage ->> 'input')::bigint + (v_usage ->> 'cache_read')::bigint
-               + (v_usage ->> 'cache_write_5m')::bigint + (v_usage ->> 'cache_write_1h')::bigint,
-               (v_usage ->> 'output')::bigint + (v_usage ->> 'reasoning')::bigint,
-               v_cost.cost_nanos, v_usage, v_cost.price_tier,
+    v_nanos := pg_catalog.round(llm._unit_cost(v_unit_nanos, v_usage));
+    IF v_nanos <= 1000000000000000 THEN  -- llm._max_amount(): from the version's units, in one expression
+        v_credits := llm._credits_of(v_nanos::bigint, v_nanos_per_credit);
+    ELSE  -- a price with tiers, or what is refused (a class with no rate, a cost too high): class by class
+        v_cost := llm._usage_cost(v_model, v_version, v_rates, v_usage, v_nanos_per_credit);
+        v_nanos := v_cost.cost_nanos;
+        v_tier := v_cost.price_tier;
+        v_credits := v_cost.credits;
+    END IF;
+    -- tokens in: the prompt (input and the cache's reads and writes); out: visible and reasoning
+    RETURN ROW(v_credits,
+               pg_catalog.jsonb_path_query_first(v_usage, '$.input + $.cache_read + $.cache_write_5m + $.cache_write_1h')::bigint,
+               pg_catalog.jsonb_path_query_first(v_usage, '$.output + $.reasoning')::bigint,
+               v_nanos, v_usage, v_tier,
                CASE WHEN v_fallback THEN 'fallback' ELSE 'model' END)::llm.priced_usage;
 END
 $$;

@@ -873,7 +873,7 @@ BEGIN
         OR k.seqs <> (SELECT pg_catalog.array_agg(g ORDER BY g) FROM pg_catalog.generate_series(1, k.n::integer) AS g)
         OR v.id IS NULL
         OR i.cost_nanos + k.corrections
-           IS DISTINCT FROM (llm._usage_cost(i.model, v.id, v.rates, i.usage, 1)).cost_nanos;
+           IS DISTINCT FROM (llm._usage_cost(i.model, v.id, v.rates, i.usage, 1)).cost_nanos;  -- class by class
 END
 $$;
 COMMENT ON FUNCTION llm._invariant_20() IS

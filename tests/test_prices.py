@@ -18,9 +18,22 @@ from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from psycopg.types.json import Jsonb
 
 from llm_db import Usage
-from tests.helpers import T0, assert_sqlstate, call, new_org, params, rows, scalar, sql_of
+from tests.helpers import (
+    MAX_AMOUNT,
+    T0,
+    assert_sqlstate,
+    call,
+    new_org,
+    params,
+    rows,
+    scalar,
+    sql_of,
+)
 
 # One credit is worth a micro-dollar here, so credits read as millionths of a dollar.
 MICRO = 1000  # nanos per credit
@@ -240,15 +253,18 @@ def test_a_tiny_cost_is_kept_to_the_nano_where_cents_would_round_it_away(book: p
 
 def test_a_million_tiny_requests_sum_exactly(book: psycopg.Connection) -> None:
     """A million calls of about 1,000 input tokens of a small model: $150.075 exactly,
-    each priced by the function every priced call goes through (llm._usage_cost, at
-    the version's stored rates). In cents each would round to 0 and the sum would be $0."""
+    each priced both ways a priced call goes: from the version's units in one expression
+    (llm._unit_cost, the request path) and class by class from its rates
+    (llm._usage_cost). In cents each would round to 0 and the sum would be $0."""
     version = set_price(book, "gpt-4o-mini", {"input": "0.15", "output": "0.60"}, effective_from=T0 - timedelta(days=1))
-    total = scalar(book, """
-        SELECT sum((llm._usage_cost(v.model, v.id, v.rates, pg_catalog.jsonb_build_object('input', 1000 + n %% 2), 1)).cost_nanos)
-          FROM llm.price_versions AS v, pg_catalog.generate_series(1, 1000000) AS n
-         WHERE v.id = %(version)s""", {"version": version})
+    totals = rows(book, """
+        SELECT sum(pg_catalog.round(llm._unit_cost(v.unit_nanos, llm._full_usage(u.usage)))) AS by_units,
+               sum((llm._usage_cost(v.model, v.id, v.rates, u.usage, 1)).cost_nanos) AS by_classes
+          FROM llm.price_versions AS v, pg_catalog.generate_series(1, 1000000) AS n,
+               LATERAL (SELECT pg_catalog.jsonb_build_object('input', 1000 + n %% 2) AS usage) AS u
+         WHERE v.id = %(version)s""", {"version": version})[0]
     # 500,000 calls of 1,000 tokens and 500,000 of 1,001: 150,000 and 150,150 nanos each
-    assert total == 500_000 * 150_000 + 500_000 * 150_150 == nanos("150.075")
+    assert totals["by_units"] == totals["by_classes"] == 500_000 * 150_000 + 500_000 * 150_150 == nanos("150.075")
     assert cost(book, "gpt-4o-mini", {"input": 1001}) == 150_150
     assert round(Decimal(150_150) / 10**7) == 0  # the same call in whole cents: nothing
 
@@ -425,3 +441,78 @@ def test_the_driver_sets_prices_and_prices_usage_sync_and_async(llm_conn: psycop
                 await allm.set_price("m", {"input": 0.5})
 
     asyncio.run(scenario())
+
+
+# --- pricing on the request path -------------------------------------------------------
+# Admission and settlement price from a version's unit_nanos in one expression
+# (llm._unit_estimate, llm._unit_cost) and fall back to the class-by-class llm._usage_cost
+# for a price with tiers and for what it refuses; these hold the two to one answer.
+
+CLASSES = ("input", "cache_read", "cache_write_5m", "cache_write_1h", "output", "reasoning", "requests")
+RATE = st.one_of(st.decimals(min_value=0, max_value=1000, places=3),
+                 st.decimals(min_value=0, max_value=1000000, places=12))
+TOKENS = st.one_of(st.just(0), st.integers(0, 10**6), st.integers(0, 10**15))
+
+
+def priced_both_ways(conn: psycopg.Connection, rates: dict[str, Any], usage: dict[str, int]) -> tuple[Any, Any]:
+    """(the cost from units, or None where they leave it to the classes; the class-by-class
+    cost, or the SQLSTATE it refuses with) of ``usage`` at ``rates`` as set_price stores them."""
+    stored = scalar(conn, "SELECT llm._normalized_rates('m', %s)", [Jsonb(rates)])
+    by_units = scalar(conn, "SELECT pg_catalog.round(llm._unit_cost(llm._unit_nanos(%(r)s), llm._full_usage(%(u)s)))",
+                      {"r": Jsonb(stored), "u": Jsonb(usage)})
+    try:
+        with conn.transaction():
+            by_classes = scalar(conn, "SELECT (llm._usage_cost('m', 0, %(r)s, %(u)s, 1)).cost_nanos",
+                                {"r": Jsonb(stored), "u": Jsonb(usage)})
+    except psycopg.Error as error:
+        by_classes = error.sqlstate
+    return (by_units if by_units is not None and by_units <= MAX_AMOUNT else None), by_classes
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rates=st.dictionaries(st.sampled_from(CLASSES), RATE, min_size=1),
+       usage=st.dictionaries(st.sampled_from(CLASSES), TOKENS))
+def test_property_units_price_every_usage_as_the_classes_do(llm_conn: psycopg.Connection,
+                                                            rates: dict[str, Decimal], usage: dict[str, int]) -> None:
+    """For any base price and any usage: the one-expression cost from units is the
+    class-by-class cost exactly, and where the units leave a usage to the classes (a sum
+    past 10^15: tokens of a class with no rate, or a cost too high) the classes refuse it
+    (22023), so the request path never charges what the class-by-class rule would not."""
+    by_units, by_classes = priced_both_ways(llm_conn, {k: format(v, "f") for k, v in rates.items()}, usage)
+    if by_units is None:
+        assert by_classes == "22023"
+    else:
+        assert by_units == by_classes
+        estimate = {k: usage.get(k, 0) for k in ("input", "output")}
+        assert scalar(llm_conn, "SELECT pg_catalog.round(llm._unit_estimate(llm._unit_nanos(llm._normalized_rates('m', %(r)s)),"
+                                " %(i)s, %(o)s))", {"r": Jsonb({k: format(v, "f") for k, v in rates.items()}),
+                                                     "i": estimate["input"], "o": estimate["output"]}) \
+            == priced_both_ways(llm_conn, {k: format(v, "f") for k, v in rates.items()}, estimate)[1]
+
+
+def test_a_version_keeps_its_base_rates_as_units_and_one_with_tiers_none(book: psycopg.Connection) -> None:
+    units = {r["model"]: r["unit_nanos"] for r in rows(book, "SELECT model, unit_nanos FROM llm.price_versions")}
+    # per token: $2.50 per million is 2,500 nanos; reasoning at the output rate; requests
+    # 0; a class with no rate at 10^30, past any cost
+    assert units["gpt-4o"] == {"input": 2500, "cache_read": 1250, "cache_write_5m": 10**30, "cache_write_1h": 10**30,
+                               "output": 10000, "reasoning": 10000, "requests": 0}
+    assert units["claude-sonnet-4"] is None and units["gemini-2.5-pro"] is None  # tiers: class by class
+    set_price(book, "search", {"input": "1", "reasoning": "2", "requests": "0.035"}, effective_from=T0)
+    assert scalar(book, "SELECT unit_nanos FROM llm.price_versions WHERE model = 'search'") == {
+        "input": 1000, "cache_read": 10**30, "cache_write_5m": 10**30, "cache_write_1h": 10**30,
+        "output": 10**30, "reasoning": 2000, "requests": 35000000}
+
+
+def test_a_settlement_priced_from_units_refuses_tokens_of_a_class_without_a_rate(book: psycopg.Connection) -> None:
+    """Units put tokens of an unpriced class past any cost; the settlement then prices
+    class by class, which refuses them by name with nothing written, and zero tokens of
+    the class settle from the units."""
+    org = new_org(book, 10**9)
+    first = call(book, "admit", org, None, "gpt-4o", input_tokens=1000, max_output_tokens=100, now=T0)[0]["id"]
+    before = rows(book, "SELECT * FROM llm.invocations WHERE organization_id = %s", [org])
+    error = assert_sqlstate(book, "22023", sql_of("settle_usage"),
+                            params("settle_usage", org, first, {"input": 1000, "cache_write_1h": 1}, now=T0))
+    assert "no rate for cache_write_1h" in error.diag.message_primary
+    assert rows(book, "SELECT * FROM llm.invocations WHERE organization_id = %s", [org]) == before
+    assert call(book, "settle_usage", org, first, {"input": 1000, "cache_write_1h": 0}, now=T0)[0]["value"] == "settled"
+    assert scalar(book, "SELECT cost_nanos FROM llm.invocations WHERE id = %s", [first]) == nanos("0.0025")
