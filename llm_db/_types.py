@@ -13,6 +13,8 @@ from decimal import Decimal
 from typing import Annotated, Any, TypeVar
 from uuid import UUID
 
+from llm_db.usage import Usage
+
 __all__ = [
     "TASK_DEFAULT", "Int4", "JsonObject", "Row", "TaskDefault", "UuidArray", "UuidLike",
     "json_arg", "uuid_arg", "value_as", "whole",
@@ -108,14 +110,16 @@ def _exact_json(name: str, value: Any) -> Any:
 
 
 def json_arg(name: str, value: Any) -> Any:
-    """A ``jsonb`` argument as sent: a mapping (or a dataclass such as ``Usage``) as
-    ``Jsonb`` with exact numbers; a float anywhere in it is ``InvalidArgument`` before
+    """A ``jsonb`` argument as sent: a mapping (or a dataclass; a ``Usage`` as its
+    ``reported()`` classes) as ``Jsonb`` with exact numbers; a float anywhere in it is ``InvalidArgument`` before
     anything is sent. None stays None (the routine decides)."""
     from psycopg.types.json import Jsonb
 
     if value is None:
         return None
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    if isinstance(value, Usage):
+        value = value.reported()
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         value = dataclasses.asdict(value)
     if not isinstance(value, Mapping):
         raise _refuse(name, value, "a mapping")

@@ -79,6 +79,13 @@ class Usage:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"Usage.{field.name} must be a non-negative int, not {value!r}")
 
+    def reported(self) -> dict[str, int]:
+        """The JSON object the driver sends: the classes with tokens, and ``requests``
+        unless it is 1 (a missing class is 0, a missing ``requests`` 1), so that the
+        request keeps only what was used (``dataclasses.asdict`` is accepted too)."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
+                if getattr(self, field.name) != (1 if field.name == "requests" else 0)}
+
     @property
     def prompt(self) -> int:
         """The prompt's tokens, which select a price's tier: input and the cache's reads and writes."""

@@ -114,3 +114,12 @@ def test_asdict_is_the_object_the_routines_take() -> None:
         "input": 3, "cache_read": 0, "cache_write_5m": 0, "cache_write_1h": 0,
         "output": 4, "reasoning": 0, "requests": 1,
     }
+
+
+def test_the_driver_reports_the_classes_with_tokens() -> None:
+    """What the driver sends (and a request keeps): a missing class is 0 and a missing
+    ``requests`` 1, so the classes not used are left out; ``asdict`` prices alike."""
+    assert Usage(input=3, output=4).reported() == {"input": 3, "output": 4}
+    assert Usage(cache_read=5, requests=2).reported() == {"cache_read": 5, "requests": 2}
+    assert Usage(requests=0).reported() == {"requests": 0}
+    assert Usage().reported() == {}
