@@ -231,7 +231,7 @@ COMMENT ON FUNCTION llm._admission(p_inv llm.invocations, p_replayed boolean) IS
 
 CREATE FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text, p_input_tokens bigint, p_max_output_tokens bigint) RETURNS llm.admission_result
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 34edb3bceff948b3b29a259cf165464e $$;
+    AS $$ body in sql/, md5 5f6abaf6f4945f979accdc77ad821dfb $$;
 
 COMMENT ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text, p_input_tokens bigint, p_max_output_tokens bigint) IS 'Distributed twin of admit_invocation; arguments already checked. It pins the price in force and prices a NULL estimate from the tokens (LL014 without a price). replayed: the earlier admission of a retried id, returned unchanged.';
 
@@ -1014,9 +1014,9 @@ COMMENT ON FUNCTION llm._price_in_force(p_organization_id uuid, p_model text, p_
 
 CREATE FUNCTION llm._price_request(p_organization_id uuid, p_invocation_id uuid, p_usage jsonb) RETURNS llm.priced_usage
     LANGUAGE plpgsql STABLE
-    AS $_$ body in sql/, md5 bbb9e7073d4a1e9e3afa23a51f0d7625 $_$;
+    AS $_$ body in sql/, md5 d50e960978b17944e354989003819dd6 $_$;
 
-COMMENT ON FUNCTION llm._price_request(p_organization_id uuid, p_invocation_id uuid, p_usage jsonb) IS 'p_usage of a request priced at its pinned version and credit rate: credits, tokens in and out, cost, the usage with every class, tier and priced_by; LL005 (unknown), LL014 (no price pinned).';
+COMMENT ON FUNCTION llm._price_request(p_organization_id uuid, p_invocation_id uuid, p_usage jsonb) IS 'p_usage of a request priced at its pinned version and credit rate: credits, tokens in and out, cost, the usage as reported, tier and priced_by; LL005 (unknown), LL014 (no price pinned).';
 
 CREATE FUNCTION llm._price_tier(p_rates jsonb, p_usage jsonb) RETURNS jsonb
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -1215,7 +1215,7 @@ COMMENT ON FUNCTION llm._same_admission(p_inv llm.invocations, p_estimate_credit
 CREATE FUNCTION llm._same_settlement(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_usage jsonb DEFAULT NULL::jsonb) RETURNS void
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 54fe698c9809456ad9b87e632d240d06 $$;
+    AS $$ body in sql/, md5 592e0ee8bb27d1db1597eb15cd1d79c3 $$;
 
 COMMENT ON FUNCTION llm._same_settlement(p_organization_id uuid, p_invocation_id uuid, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_usage jsonb) IS 'For a settlement answered already_*: LL007 (DETAIL stored and given) when the request''s stored measured settlement has other figures; nothing when they agree or the request ended by a failure.';
 
@@ -1418,7 +1418,7 @@ COMMENT ON FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text
 
 CREATE FUNCTION llm._usage_cost(p_model text, p_version_id bigint, p_rates jsonb, p_usage jsonb, p_nanos_per_credit bigint, OUT cost_nanos bigint, OUT price_tier bigint, OUT credits bigint) RETURNS record
     LANGUAGE plpgsql IMMUTABLE
-    AS $$ body in sql/, md5 96bce1fe3689e6c99d1f5a1ea91c1139 $$;
+    AS $$ body in sql/, md5 f2047a1c340c6e74fcce2479c97d2869 $$;
 
 COMMENT ON FUNCTION llm._usage_cost(p_model text, p_version_id bigint, p_rates jsonb, p_usage jsonb, p_nanos_per_credit bigint, OUT cost_nanos bigint, OUT price_tier bigint, OUT credits bigint) IS 'The exact cost in nanos of p_usage at p_rates, class by class, rounded once half up, the tier that priced it (NULL: base rates) and the credits at p_nanos_per_credit (rounded up); 22023 for tokens of a class with no rate or a cost over 10^15 nanos.';
 

@@ -1,7 +1,7 @@
 -- depends: 0026_cost_views
 -- llm-db 0027: each price version keeps its base rates as the nanos one unit of each
 -- token class costs (unit_nanos), for the request path's one-expression cost
--- (docs/architecture.md "The price book", "Pricing on the request path").
+-- (docs/architecture.md "The price book", its paragraph on the request path).
 --
 -- A version is never changed, so the column is written once, by set_price, from the
 -- version's rates. NULL (a version with tiers, or one set before this migration) prices

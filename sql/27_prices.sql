@@ -283,10 +283,10 @@ COMMENT ON FUNCTION llm._unit_estimate(jsonb, bigint, bigint) IS
 -- exact and unrounded, in one expression: a jsonpath of numeric products. Past 10^15
 -- for tokens of a class with no rate; NULL for a usage without every class or a price
 -- without units (one with tiers). The request path's cost (docs/architecture.md
--- "Pricing on the request path"): _usage_cost below finds the same cost class by
--- class with some seventy expression nodes, and PL/pgSQL compiles every expression
--- again in each transaction, about 2,000 instructions a node (measured: 161,000
--- instructions a call against 25,000). Inlinable.
+-- "The price book", on the request path): _usage_cost below finds the same cost
+-- class by class with some seventy expression nodes, and PL/pgSQL compiles every
+-- expression again in each transaction, about 2,000 instructions a node (measured:
+-- 161,000 instructions a call against 25,000). Inlinable.
 CREATE OR REPLACE FUNCTION llm._unit_cost(p_unit_nanos jsonb, p_usage jsonb)
 RETURNS numeric
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
