@@ -1,10 +1,14 @@
 -- The floor of budgets.sql's cycle: floor.sql's rows and reads, plus what three
 -- budgets (the allowance, its project's month, its API key's day) add to them: the
 -- read of the budgets that apply (llm.budget_limits, as llm._applicable_budgets reads
--- it) and the organization's budgets revision, then each counter moved within its
--- rooms on the request's stripe, by its key, at admission and at settlement, its
--- columns as llm._move_within_counter_rooms moves them (so the invariants hold after
--- it). Plain SQL, no check and no PL/pgSQL. Variables as budgets.sql. It creates no
+-- it) and the organization's budgets revision, then each counter moved on the
+-- request's stripe, by its key, at admission and at settlement, its columns as
+-- llm._move_within_counter_rooms moves them. A counter is moved whether or not its
+-- rooms hold the move; rooms that do not (or are of another revision) are unset, all
+-- four columns, as the pass unsets them, and the next real call takes the exact path:
+-- the floor counts every request it books, so the invariants hold after it (moved
+-- only within its rooms, it booked requests it did not count whenever a stripe's
+-- rooms were unset, and invariant 14 said so in a full run at 15fcdb9). Plain SQL, no check and no PL/pgSQL. Variables as budgets.sql. It creates no
 -- counter: it moves those benchmarks/queries.py PREFILL_COUNTERS made for the day of
 -- the run (run across midnight UTC, its requests would miss their key's day counter,
 -- and the invariants checked after it would say so).
@@ -45,13 +49,15 @@ WITH o AS (
        AND s.admit_room >= 100
 ), c AS (
     UPDATE llm.budget_counters AS c
-       SET held_credits = c.held_credits + 100, admit_room = c.admit_room - 100
+       SET held_credits = c.held_credits + 100,
+           (admit_room, notice_room, cents_room, rooms_revision) =
+               (SELECT * FROM (VALUES (c.admit_room - 100, c.notice_room, c.cents_room, c.rooms_revision)) AS r
+                 WHERE c.rooms_revision = o.budgets_revision AND c.admit_room >= 100)
       FROM i, o, (VALUES ('project', 'project-' || :p, 'month'), ('api_key', 'key-' || :n || '-' || :k, 'day'))
              AS k (scope, scope_id, budget_window)
      WHERE c.organization_id = md5('bench-org-' || :n)::uuid AND c.scope = k.scope AND c.scope_id = k.scope_id
        AND c.budget_window = k.budget_window AND c.window_start = llm._window_start(k.budget_window, i.created_at)
-       AND c.stripe = i.budget_stripe % c.stripes AND c.rooms_revision = o.budgets_revision
-       AND c.admit_room >= 100
+       AND c.stripe = i.budget_stripe % c.stripes
 )
 SELECT i.id AS inv FROM i \gset
 WITH i AS (
@@ -80,10 +86,12 @@ WITH i AS (
 )
 UPDATE llm.budget_counters AS c
    SET used_credits = c.used_credits + 80, held_credits = c.held_credits - 100, used_cents = c.used_cents + 3,
-       cents_room = c.cents_room - 3, notice_room = c.notice_room - 80
+       (admit_room, notice_room, cents_room, rooms_revision) =
+           (SELECT * FROM (VALUES (c.admit_room, c.notice_room - 80, c.cents_room - 3, c.rooms_revision)) AS r
+             WHERE c.rooms_revision = o.budgets_revision AND c.cents_room >= 3
+               AND (c.notice_room IS NULL OR c.notice_room > 80))
   FROM i, o, (VALUES ('project', 'project-' || :p, 'month'), ('api_key', 'key-' || :n || '-' || :k, 'day'))
          AS k (scope, scope_id, budget_window)
  WHERE c.organization_id = md5('bench-org-' || :n)::uuid AND c.scope = k.scope AND c.scope_id = k.scope_id
    AND c.budget_window = k.budget_window AND c.window_start = llm._window_start(k.budget_window, i.created_at)
-   AND c.stripe = i.budget_stripe % c.stripes AND c.rooms_revision = o.budgets_revision
-   AND c.cents_room >= 3 AND (c.notice_room IS NULL OR c.notice_room > 80);
+   AND c.stripe = i.budget_stripe % c.stripes;
