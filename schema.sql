@@ -231,7 +231,7 @@ COMMENT ON FUNCTION llm._admission(p_inv llm.invocations, p_replayed boolean) IS
 
 CREATE FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text, p_input_tokens bigint, p_max_output_tokens bigint) RETURNS llm.admission_result
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 5f6abaf6f4945f979accdc77ad821dfb $$;
+    AS $$ body in sql/, md5 eae55b348c6997dc5a4ce63a34802814 $$;
 
 COMMENT ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text, p_input_tokens bigint, p_max_output_tokens bigint) IS 'Distributed twin of admit_invocation; arguments already checked. It pins the price in force and prices a NULL estimate from the tokens (LL014 without a price). replayed: the earlier admission of a retried id, returned unchanged.';
 
@@ -1014,7 +1014,7 @@ COMMENT ON FUNCTION llm._price_in_force(p_organization_id uuid, p_model text, p_
 
 CREATE FUNCTION llm._price_request(p_organization_id uuid, p_invocation_id uuid, p_usage jsonb) RETURNS llm.priced_usage
     LANGUAGE plpgsql STABLE
-    AS $_$ body in sql/, md5 d50e960978b17944e354989003819dd6 $_$;
+    AS $_$ body in sql/, md5 c066f0ff28234a8b8a67bf06e690db7b $_$;
 
 COMMENT ON FUNCTION llm._price_request(p_organization_id uuid, p_invocation_id uuid, p_usage jsonb) IS 'p_usage of a request priced at its pinned version and credit rate: credits, tokens in and out, cost, the usage as reported, tier and priced_by; LL005 (unknown), LL014 (no price pinned).';
 
@@ -1418,7 +1418,7 @@ COMMENT ON FUNCTION llm._upsert_organization(p_organization_id uuid, p_name text
 
 CREATE FUNCTION llm._usage_cost(p_model text, p_version_id bigint, p_rates jsonb, p_usage jsonb, p_nanos_per_credit bigint, OUT cost_nanos bigint, OUT price_tier bigint, OUT credits bigint) RETURNS record
     LANGUAGE plpgsql IMMUTABLE
-    AS $$ body in sql/, md5 f2047a1c340c6e74fcce2479c97d2869 $$;
+    AS $$ body in sql/, md5 83f7d715e8f62b53c46386bc3f177ecb $$;
 
 COMMENT ON FUNCTION llm._usage_cost(p_model text, p_version_id bigint, p_rates jsonb, p_usage jsonb, p_nanos_per_credit bigint, OUT cost_nanos bigint, OUT price_tier bigint, OUT credits bigint) IS 'The exact cost in nanos of p_usage at p_rates, class by class, rounded once half up, the tier that priced it (NULL: base rates) and the credits at p_nanos_per_credit (rounded up); 22023 for tokens of a class with no rate or a cost over 10^15 nanos.';
 

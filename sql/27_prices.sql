@@ -334,7 +334,7 @@ BEGIN
                                                  p_usage -> v_class),
                       HINT = 'Set a price that lists the class (llm.set_price); an unpriced class is never charged as 0.';
         END LOOP;
-    ELSIF v_cost > 1000000000000000 THEN  -- llm._max_amount()
+    ELSIF v_cost > llm._max_amount() THEN
         RAISE EXCEPTION 'llm: the usage of % costs more than one call may', p_model
             USING ERRCODE = '22023',
                   DETAIL = pg_catalog.format('Price version %s puts it at %s nanos; the most one call may cost is %s.',

@@ -145,7 +145,7 @@ BEGIN
             PERFORM llm._require_price(p_organization_id, p_model, p_now, v_version, v_rate_id);
         END IF;
         v_cost := pg_catalog.round(llm._unit_estimate(v_unit_nanos, p_input_tokens, p_max_output_tokens));
-        IF v_cost <= 1000000000000000 THEN  -- llm._max_amount(): from the version's units, in one expression
+        IF v_cost <= llm._max_amount() THEN  -- from the version's units, in one expression
             v_estimate := llm._credits_of(v_cost::bigint, v_nanos_per_credit);
         ELSE  -- a price with tiers, or what is refused (a class with no rate, a cost too high): class by class
             v_estimate := (llm._usage_cost(p_model, v_version, v_rates, llm._estimate_usage(p_input_tokens, p_max_output_tokens),

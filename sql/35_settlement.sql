@@ -492,7 +492,7 @@ BEGIN
                                          CASE WHEN v_version IS NULL THEN 'price' ELSE 'credit rate' END);
     END IF;
     v_nanos := pg_catalog.round(llm._unit_cost(v_unit_nanos, v_usage));
-    IF v_nanos <= 1000000000000000 THEN  -- llm._max_amount(): from the version's units, in one expression
+    IF v_nanos <= llm._max_amount() THEN  -- from the version's units, in one expression
         v_credits := llm._credits_of(v_nanos::bigint, v_nanos_per_credit);
     ELSE  -- a price with tiers, or what is refused (a class with no rate, a cost too high): class by class
         v_cost := llm._usage_cost(v_model, v_version, v_rates, v_usage, v_nanos_per_credit);
