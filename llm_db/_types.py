@@ -1,6 +1,6 @@
 """What the generated methods (``llm_db._client_methods``) and the task wrapper need of
 the driver's table at run time: its type aliases, the mapping of a one-value result and
-the default of a request helper's scope id. The table itself (``llm_db.operations``),
+the default of a request helper's scope id. The table itself (``codegen.operations``),
 which reads every entry's signature when imported, is for the generator, the docs and
 the tests: a consumer's ``import llm_db`` does not import it."""
 

@@ -12,7 +12,7 @@ writes no SQL:
     llm.settle(org_id, inv.id, credits=420, cents=13)
 
 Their methods are plain code generated from the table of operations
-(``llm_db.operations``) into ``llm_db._client_methods``: each passes its arguments
+(``codegen.operations``) into ``llm_db._client_methods``: each passes its arguments
 by name to its statement, a named constant there, and maps the rows to its result.
 The two classes here differ only in how a statement runs (``_execute``,
 ``_execute_value``, ``_call_procedure``), like psycopg's own ``Connection`` /

@@ -1,5 +1,5 @@
 """The SQL statements the core and the notice worker run besides the operations
-(``llm_db.operations`` builds each operation's statement from its entry, and the
+(``codegen.operations`` builds each operation's statement from its entry, and the
 reads of the report and the metrics are operations too: sql/81, sql/82). The CLI
 and the demo use these too. The other components that speak SQL keep theirs, as
 named constants, in one module each: ``llm_db.migrate`` (the catalog, the migrate

@@ -3,7 +3,7 @@
 The reads' rows stay plain dicts, column name to value: ``llm-db report`` renders
 them by column and prints them as JSON as they come, and ``llm-db metrics`` picks
 its figures out of them. Each class names the columns of one routine's result,
-in its order, for the driver's table (``llm_db.operations``), which selects them
+in its order, for the driver's table (``codegen.operations``), which selects them
 by name.
 """
 

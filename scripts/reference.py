@@ -8,7 +8,7 @@ from the catalog of a migrated database, the description from the routine's COMM
 roles from its grants, what each parameter means from scripts/reference_parameters.tsv, the
 SQLSTATEs and their reasons from the routine's bullet in docs/contract.md "Functions" (a
 code the bullet gives no reason for takes its meaning from "Errors"), the Python method
-from the driver's table of operations (``llm_db.operations``), and the example with its
+from the driver's table of operations (``codegen.operations``), and the example with its
 output from running scripts/reference_examples.sql. It stops, naming them, on a parameter
 without a meaning and on a 22023 without its reason. tests/test_reference.py fails when the
 pages differ from what this script writes.
@@ -29,9 +29,11 @@ import psycopg
 from psycopg.adapt import AdaptersMap
 from psycopg.types.string import TextLoader
 
-from llm_db.operations import operations
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the table is build-time code beside the package, not in it
+
+from codegen.operations import operations  # noqa: E402
+
 OUT = ROOT / "docs" / "reference"
 EXAMPLES = ROOT / "scripts" / "reference_examples.sql"
 PARAMETERS = ROOT / "scripts" / "reference_parameters.tsv"

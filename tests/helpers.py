@@ -3,7 +3,7 @@ assert SQLSTATEs with a "nothing was written" check.
 
 Every helper takes an autocommit psycopg connection (``llm_conn`` or one from
 ``llm_connect()``) and runs the statements of the driver's table of operations
-(``llm_db.operations``: ``call``, ``sql_of``, ``params``), so a test sees the raw
+(``codegen.operations``: ``call``, ``sql_of``, ``params``), so a test sees the raw
 rows and psycopg's SQLSTATEs of exactly what the driver sends. The clock moves
 through ``now`` (``None`` means the function's own ``now()``); ``T0`` is the one
 instant every test starts from.
@@ -24,7 +24,7 @@ import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from llm_db.operations import operations
+from codegen.operations import operations
 
 OPERATIONS = operations()
 
@@ -285,7 +285,7 @@ CLEAN_BOOKS = [
 
 
 def call(conn: psycopg.Connection, operation: str, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
-    """Run one operation of the driver's table (``llm_db.operations``) on ``conn``, with
+    """Run one operation of the driver's table (``codegen.operations``) on ``conn``, with
     the driver's signature, and return its rows as dicts: the raw rows, and psycopg's
     own errors with their SQLSTATE (the driver would map them to ``llm_db.errors``)."""
     op = OPERATIONS[operation]

@@ -23,9 +23,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from codegen.operations import operations
 from llm_db import errors, models
 from llm_db.client import AsyncLlm, Llm
-from llm_db.operations import operations
 from tests.fingerprint import fingerprint
 from tests.helpers import JANUARY, T0, invariants
 

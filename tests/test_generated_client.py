@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from codegen.operations import TASK_HELPERS, operations
 from llm_db import _client_methods
 from llm_db.client import AsyncLlm, Llm
 from llm_db.executions import AsyncExecutionContext, ExecutionContext
-from llm_db.operations import TASK_HELPERS, operations
 
 ROOT = Path(__file__).resolve().parent.parent
 # scripts/ is no package: load the generator from its file

@@ -364,19 +364,6 @@ def test_checkout_uses_the_repository_sql():
 # ---------------------------------------------------------------- packaging
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-         "-q", "-w", str(out), str(ROOT)],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
-    (built,) = out.glob("llm_db-*.whl")
-    return built
-
-
 def test_wheel_carries_sql_migrations_and_entry_points(wheel):
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())

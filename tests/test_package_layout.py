@@ -1,11 +1,11 @@
-"""The package's folders show its extras (issue 24 item 4).
+"""The package's folders show its extras.
 
 One wheel: the core at ``llm_db/`` (the driver, ``migrate`` and what they need) and a
 folder per extra (``cli/``, ``service/``, ``testing/``) and for the demo. The core
 imports none of those folders; no two modules of the package import each other,
-even through a chain, under ``TYPE_CHECKING`` or inside a function; the module paths
-before 0.3.0 stay as re-exporting shims for 0.3.x; and every import the README and
-docs/ show still imports.
+even through a chain, under ``TYPE_CHECKING`` or inside a function; the wheel holds
+no build-time module and none of the shims 0.3.x kept for 0.2.0's module paths; and
+every import the README and docs/ show still imports.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "llm_db"
 
-CORE = ["llm_db", "llm_db.client", "llm_db._client_methods", "llm_db.operations", "llm_db.models", "llm_db.errors",
+CORE = ["llm_db", "llm_db.client", "llm_db._client_methods", "llm_db.models", "llm_db.errors",
         "llm_db.migrate", "llm_db.executions", "llm_db._extras", "llm_db._steps", "llm_db.queries",
-        "llm_db._moved", "llm_db._text", "llm_db._types", "llm_db.__main__"]  # fmt: skip
+        "llm_db._text", "llm_db._types", "llm_db.__main__"]  # fmt: skip
 EXTRA_FOLDERS = ("llm_db.cli", "llm_db.service", "llm_db.testing", "llm_db.demo")
 FOLDER_PREFIXES = tuple(f"{folder}." for folder in EXTRA_FOLDERS)
-# the module paths before 0.3.0 -> where the module lives now
-SHIMS = {
+# 0.2.0's module paths that 0.3.x kept as shims and 0.4.0 removed -> where the module lives
+REMOVED = {
     "llm_db.requests": "llm_db.client",
     "llm_db.report": "llm_db.cli.report",
     "llm_db.doctor": "llm_db.cli.doctor",
@@ -116,7 +116,7 @@ def test_the_import_scanner_sees_type_checking_and_function_level_imports(tmp_pa
 
 
 def test_no_import_cycle_among_the_packages_modules():
-    """issue 24 item 4: none, counting imports under TYPE_CHECKING and inside functions
+    """None, counting imports under TYPE_CHECKING and inside functions
     (0.2.0 had two: operations.py with requests.py, _server.py with _postgresql.py)."""
     graph = {name: imported_modules(path) - {name} for name, path in MODULES.items()}
     assert sum(len(targets) for targets in graph.values()) >= 60  # the scanner sees the imports
@@ -134,69 +134,51 @@ def loaded_after_import(module: str) -> list[str]:
 
 @pytest.mark.parametrize("module", CORE)
 def test_a_core_module_imports_no_extras_folder(module):
-    """issue 24 item 4: the core (what ``pip install llm-db`` is for) loads nothing of
-    cli/, service/, testing/ or demo/, nor a shim of a module that moved there."""
+    """The core (what ``pip install llm-db`` is for) loads nothing of cli/, service/,
+    testing/ or demo/."""
     loaded = loaded_after_import(module)
     assert module in loaded
     assert [
-        m for m in loaded if m in EXTRA_FOLDERS or m.startswith(FOLDER_PREFIXES) or m in SHIMS
+        m for m in loaded if m in EXTRA_FOLDERS or m.startswith(FOLDER_PREFIXES)
     ] == []
 
 
-def test_llm_dbs_notice_names_load_the_service_folder_when_first_used():
-    """issue 24 item 4: listed by ``__all__`` and ``dir()``, read from
-    ``llm_db.service.notices`` by the module's ``__getattr__``."""
+def test_the_notice_names_have_one_home_and_llm_db_forwards_nothing():
+    """``deliver_notices``, ``verify_webhook``, ... are ``llm_db.service.notices``'s only:
+    ``llm_db`` no longer finds names of other modules on first use (no module
+    ``__getattr__``), so what ``dir(llm_db)`` lists is what it holds."""
     import llm_db
     from llm_db.service import notices
 
-    lazy = {"DeliverySummary", "InvalidSecret", "async_deliver_notices", "deliver_notices",
-            "new_secret", "verify_webhook"}  # fmt: skip
-    assert lazy <= set(llm_db.__all__) and lazy <= set(dir(llm_db))
-    for name in lazy:
-        assert getattr(llm_db, name) is getattr(notices, name)
-    assert set(llm_db.__all__) <= set(dir(llm_db))
-    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
-        llm_db.nothing_here  # noqa: B018
+    moved = {"DeliverySummary", "InvalidSecret", "async_deliver_notices", "deliver_notices",
+             "new_secret", "verify_webhook"}  # fmt: skip
+    assert moved <= set(notices.__all__)
+    assert not moved & set(llm_db.__all__) and not moved & set(dir(llm_db))
+    assert not hasattr(llm_db, "__getattr__")
+    assert set(llm_db.__all__) <= set(vars(llm_db))
+    for name in moved:
+        with pytest.raises(AttributeError):
+            getattr(llm_db, name)
 
 
-def public_names(module) -> set[str]:
-    """What ``from module import *`` binds."""
-    return set(getattr(module, "__all__", [n for n in vars(module) if not n.startswith("_")]))
+@pytest.mark.parametrize(("old", "new"), REMOVED.items())
+def test_a_module_path_of_0_2_0_is_gone_and_the_changelog_names_its_home(old, new):
+    """0.3.x kept 0.2.0's module paths as shims that forwarded every name; 0.4.0 removed
+    them, and its CHANGELOG section names each one with where the module lives."""
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(old)
+    importlib.import_module(new)
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    release = changelog.split("\n## 0.4.0", 1)[1].split("\n## 0.3.0", 1)[0]
+    assert f"`{old}` -> `{new}`" in release, old
 
 
-@pytest.mark.parametrize(("old", "new"), SHIMS.items())
-def test_an_old_module_path_re_exports_the_moved_module(old, new):
-    """issue 24 item 4: the paths before 0.3.0 keep working in 0.3.x, their objects the
-    very ones of the new path, and each says where the module went."""
-    shim, moved = importlib.import_module(old), importlib.import_module(new)
-    names = public_names(moved)
-    assert names or hasattr(moved, "__path__"), new  # a package may hold only its modules
-    assert {n: getattr(shim, n, None) for n in names} == {n: getattr(moved, n) for n in names}
-    # and every other name the moved module holds, private ones too, as 0.2.0 had them
-    others = [n for n in vars(moved) if not n.startswith("__") and n not in names]
-    assert {n: getattr(shim, n, None) for n in others} == {n: getattr(moved, n) for n in others}
-    with pytest.raises(AttributeError, match="moved from 0.2.0's path"):
-        shim.no_such_name  # noqa: B018
-    assert f"``{new}``" in shim.__doc__ and "removed in 0.4" in shim.__doc__
-    assert Path(shim.__file__).read_text(encoding="utf-8").count("\n") <= 8  # a shim, no code
-
-
-# the public modules of 0.2.0 (`git ls-tree -r 935d250 llm_db`, private ones left out)
-MODULES_0_2_0 = [
-    "llm_db", "llm_db.cli", "llm_db.requests", "llm_db.commands",
-    *(f"llm_db.commands.{m}" for m in ("common", "demo", "doctor", "notices", "passes", "reports", "setup")),
-    "llm_db.demo", "llm_db.doctor", "llm_db.errors", "llm_db.executions", "llm_db.metrics",
-    "llm_db.migrate", "llm_db.models", "llm_db.notices", "llm_db.operations", "llm_db.queries",
-    "llm_db.report", "llm_db.testing", "llm_db.worker",
-]  # fmt: skip
-
-
-@pytest.mark.parametrize("old", MODULES_0_2_0)
-def test_every_public_module_path_of_0_2_0_still_imports(old):
-    """issue 24 item 4: where it is now, or as a shim (``SHIMS``) to where it went."""
-    module = importlib.import_module(old)
-    assert old in SHIMS or old in CORE or old in EXTRA_FOLDERS, old
-    assert (old in SHIMS) == ("removed in 0.4" in (module.__doc__ or ""))
+def test_no_shim_is_left_in_the_package():
+    """No module of ``llm_db/`` forwards another's names (``import *`` of a module of the
+    package, or ``_moved.forward``), and ``_moved.py`` is gone."""
+    forwarding = re.compile(r"^from llm_db\S* import \*|\b_moved\b", re.MULTILINE)
+    assert [name for name, path in MODULES.items() if forwarding.search(path.read_text(encoding="utf-8"))] == []
+    assert "llm_db._moved" not in MODULES
 
 
 DOC_IMPORT = re.compile(r"^[ \t]*((?:from|import) llm_db\b[^\n(]*(?:\([^)]*\))?)", re.MULTILINE)
@@ -222,7 +204,7 @@ def test_the_docs_show_imports():
 
 @pytest.mark.parametrize(("doc", "statement"), doc_imports())
 def test_every_import_the_docs_show_imports(doc, statement):
-    """issue 24 item 4: every import shown in README.md and docs/ keeps working."""
+    """Every import shown in README.md and docs/ works."""
     exec(compile(statement, f"{doc}: {statement}", "exec"), {})
 
 
@@ -237,42 +219,30 @@ def test_the_cli_package_lists_and_reads_the_groups_names():
         assert getattr(llm_db.cli, name) is getattr(group, name)
 
 
-def test_a_consumer_does_not_import_the_table_of_operations():
-    """issue 24 item 3: the generated methods are the driver at run time; the table they
-    were generated from (which reads every entry's signature when imported) is for the
-    generator, the docs and the tests, so ``import llm_db`` and a call do not load it."""
-    code = (
-        "import sys, llm_db, llm_db.executions\n"
-        "assert 'llm_db.operations' not in sys.modules, 'the table was imported'\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+def test_the_wheel_holds_no_build_time_module_and_no_shim(wheel):
+    """The driver's table of operations (``codegen/operations.py``) is read by the
+    generator, the reference pages and the tests, never at run time: it stays out of
+    the wheel, as do 0.2.0's module paths; the wheel's modules are the package's."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as zf:
+        shipped = {name for name in zf.namelist() if name.endswith(".py")}
+    assert shipped == {path.relative_to(ROOT).as_posix() for path in MODULES.values()}
+    assert not any(name.startswith("codegen/") or name.endswith("/operations.py") for name in shipped)
+    assert not {f"{old.replace('.', '/')}.py" for old in REMOVED} & shipped
+    assert not {f"{old.replace('.', '/')}/__init__.py" for old in REMOVED} & shipped
 
 
-def test_llm_db_reaches_the_modules_0_2_0_imported_with_it():
-    """issue 24 item 4: after ``import llm_db``, 0.2.0 code reached ``llm_db.notices`` and
-    ``llm_db.requests`` without importing them; they load on first use now."""
-    code = (
-        "import sys, llm_db\n"
-        "assert 'llm_db.service.notices' not in sys.modules\n"
-        "assert callable(llm_db.notices.verify_webhook) and llm_db.requests.Llm is llm_db.Llm\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
-
-
-def test_the_fixtures_import_by_their_0_2_0_path():
-    """issue 24 item 4: 0.2.0's ``llm_db.testing`` defined the fixtures, so a conftest
-    could import them from it; they are ``llm_db.testing.plugin``'s now, loaded on first
-    use. Hooks are not forwarded (pytest registers each once)."""
+def test_the_fixtures_are_the_plugins_only():
+    """0.2.0's ``llm_db.testing`` defined the fixtures; 0.3.x forwarded them from there;
+    since 0.4.0 they are ``llm_db.testing.plugin``'s only."""
     import llm_db.testing
     from llm_db.testing import plugin
 
-    for name in ("llm_conn", "llm_dsn", "llm_connect", "llm_role_conn", "llm_server", "llm_template",
-                 "llm_cron_dsn", "llm_pgbouncer", "llm_pgbouncer_dsn", "llm_superuser_conn", "llm_owner"):  # fmt: skip
-        assert getattr(llm_db.testing, name) is getattr(plugin, name), name
+    assert hasattr(plugin, "llm_conn")
+    assert not hasattr(llm_db.testing, "__getattr__")
     with pytest.raises(AttributeError):
-        llm_db.testing.pytest_addoption  # noqa: B018
-    with pytest.raises(AttributeError):
-        llm_db.testing.llm_nothing  # noqa: B018
+        llm_db.testing.llm_conn  # noqa: B018
 
 
 def test_the_servers_and_the_demo_import_without_pytest():

@@ -20,8 +20,8 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
+from codegen.operations import operations
 from llm_db import migrate, models, queries
-from llm_db.operations import operations
 from tests.helpers import T0, invariants, rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +35,7 @@ RESULT_TYPES = {
     "llm.notice_claim": "llm.threshold_notices",
 }
 
-# Whole rows, as 0.2.0's driver read them (llm_db/operations.py at e283082): a prepared
+# Whole rows, as 0.2.0's driver read them (codegen/operations.py at e283082): a prepared
 # statement of these sees any change of the result type.
 UPSERT = "SELECT * FROM llm.upsert_organization(%(org)s, 'shim', 1000, p_now => %(now)s)"
 POLICY = "SELECT * FROM llm.set_recovery_policy(%(org)s, 'estimate', 'audit')"

@@ -23,7 +23,6 @@ import psycopg
 import pytest
 import standardwebhooks
 
-import llm_db
 from llm_db.client import AsyncLlm, Llm
 from llm_db.service.notices import (
     BUDGET_EVENT_TYPE,
@@ -37,6 +36,7 @@ from llm_db.service.notices import (
     deliver_claimed,
     deliver_notices,
     http_client,
+    new_secret,
     parse_secrets,
     verify_webhook,
 )
@@ -389,7 +389,7 @@ def test_rotation_with_two_secrets_signs_each_delivery_with_each(
     """Issue #13, rotation: the secret variable holds two secrets separated by a space; each
     delivery carries one v1 signature per secret, so a receiver that knows either one (and only
     one) verifies with the standardwebhooks package; a third secret does not."""
-    third = llm_db.new_secret()
+    third = new_secret()
     got = one_delivery(llm, endpoint, f"{SECRET} {OTHER_SECRET}")
     signatures = got.headers[SIGNATURE_HEADER].split(" ")
     assert len(signatures) == 2 and all(s.startswith("v1,") for s in signatures)
@@ -412,10 +412,10 @@ def test_a_secret_that_is_not_whsec_base64_is_refused_with_how_to_make_one(secre
 
 
 def test_new_secret_is_a_valid_standard_webhooks_secret() -> None:
-    made = {llm_db.new_secret() for _ in range(5)}
+    made = {new_secret() for _ in range(5)}
     assert len(made) == 5 and all(s.startswith("whsec_") for s in made)
     assert all(len(base64.b64decode(s[6:])) == 32 for s in made)
     assert parse_secrets(" ".join(made)) == sorted(made, key=" ".join(made).index)
-    assert len(base64.b64decode(llm_db.new_secret(24)[6:])) == 24
+    assert len(base64.b64decode(new_secret(24)[6:])) == 24
     for secret in made:
         standardwebhooks.Webhook(secret)  # the reference library accepts it

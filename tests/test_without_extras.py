@@ -69,18 +69,19 @@ def test_the_blocker_really_blocks():
 def test_import_llm_db_and_the_driver_work_without_the_worker_extra(llm_dsn):
     proc = python(
         "import sys, uuid, psycopg, llm_db\n"
-        "from llm_db import Llm, AsyncLlm, notices, cli\n"
+        "from llm_db import Llm, AsyncLlm, cli\n"
+        "from llm_db.service import notices\n"
         "llm = Llm(psycopg.connect(sys.argv[1], autocommit=True))\n"
         "org = uuid.uuid4()\n"
         "llm.upsert_organization(org, 'no extras', 100)\n"
         "inv = llm.admit(org, 10, 'model-x')\n"
         "assert llm.settle(org, inv.id, 9, 1) == 'settled'\n"
         "assert notices.new_secret().startswith('whsec_')\n"
-        "assert AsyncLlm and llm_db.verify_webhook and llm_db.deliver_notices\n"
+        "assert AsyncLlm and notices.verify_webhook and notices.deliver_notices\n"
         f"loaded = [m for m in {BLOCKED!r} if m in sys.modules]\n"
         "assert loaded == [], loaded\n"
         "try:\n"
-        "    llm_db.verify_webhook(b'{}', {}, notices.new_secret())\n"
+        "    notices.verify_webhook(b'{}', {}, notices.new_secret())\n"
         "except ImportError as exc:\n"
         "    print(exc)\n",
         llm_dsn,

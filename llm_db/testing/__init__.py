@@ -15,8 +15,6 @@ which this package's own ``pytest_plugins`` names.
 
 from __future__ import annotations
 
-from typing import Any
-
 from llm_db.testing._databases import (
     DATABASE_SETTINGS,
     TEMPLATE_DATABASE,
@@ -53,15 +51,3 @@ __all__ = [
 # only then, so the demo and the benchmarks import this package without pytest.
 pytest_plugins = ["llm_db.testing.plugin"]
 
-
-def __getattr__(name: str) -> Any:
-    """The fixtures by their 0.2.0 path (``from llm_db.testing import llm_conn, llm_dsn``
-    in a conftest): they live in ``llm_db.testing.plugin`` now, imported on first use,
-    since it needs pytest. Hooks (``pytest_*``) are not forwarded: pytest registers
-    them once, from the plugin module."""
-    if name.startswith("llm_"):
-        from llm_db.testing import plugin
-
-        if hasattr(plugin, name):
-            return getattr(plugin, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
