@@ -9,7 +9,12 @@
    the migrations before it replaced (0021 and 0022, docs/architecture.md
    Conventions 14);
 2. every ``sql/*.sql`` file (function bodies, grants), in name order, all in
-   ONE transaction, re-applied on every run. The files must be re-runnable
+   ONE transaction, re-applied on every run. Before them, in that transaction,
+   the function steps of ``migrations/functions/`` not recorded yet, each once
+   (``llm.upgrade_steps`` records it as ``functions/<name>``, in the same
+   transaction): a one-time change the files need and that must commit with
+   them, such as dropping a routine whose result type the files change (CREATE OR
+   REPLACE cannot), so that no caller finds it missing between two commits. The files must be re-runnable
    (``CREATE OR REPLACE``, ``DROP … IF EXISTS``); a failure rolls back the
    whole phase, so a database never holds half a release of functions.
    A routine of schema ``llm`` that the files no longer define (deleted, or
@@ -159,6 +164,8 @@ class MigrationReport:
     """Routines of schema llm no file defines any more, dropped by this call."""
     contract_steps: tuple[str, ...] = ()
     """Contract steps (``migrations/contract/``) this call ran to their end."""
+    function_steps: tuple[str, ...] = ()
+    """Function steps (``migrations/functions/``) this call ran, with the function files."""
 
 
 def default_dirs() -> tuple[Path, Path]:
@@ -256,6 +263,8 @@ def migrate(
         if not p.is_dir():
             raise MigrationError(f"{label} directory not found: {p}", path=p)
     sql_files = sorted(sql_path.glob("*.sql"), key=lambda p: p.name)
+    function_dir = migrations_path / "functions"
+    function_steps = sorted(function_dir.glob("*.sql"), key=lambda p: p.name) if function_dir.is_dir() else []
 
     run = _Run(lock_timeout, time.monotonic() + deadline, on_event or (lambda event: None))
     url = yoyo_url(dsn)
@@ -268,7 +277,7 @@ def migrate(
             try:
                 applied = _apply_migrations(dsn, url, migrations_path, run, conn)
                 run.worker_pid = conn.info.backend_pid
-                stale = run.step(FUNCTIONS_STEP, lambda: _apply_sql_phase(conn, sql_files))
+                once, stale = run.step(FUNCTIONS_STEP, lambda: _apply_sql_phase(conn, function_steps, sql_files))
             except BaseException:
                 if not conn.closed and not conn.broken:
                     conn.execute("ROLLBACK")
@@ -285,6 +294,7 @@ def migrate(
         sql_dir=sql_path,
         dropped_routines=tuple(dropped),
         contract_steps=tuple(contracted),
+        function_steps=tuple(once),
     )
 
 
@@ -604,19 +614,50 @@ _ROLLBACK_TO_SAVEPOINT = "ROLLBACK TO SAVEPOINT llm_db_functions"
 _RELEASE_SAVEPOINT = "RELEASE SAVEPOINT llm_db_functions"
 
 
-def _apply_sql_phase(conn: psycopg.Connection, files: Sequence[Path]) -> list[str]:
-    """One attempt at the function files, in a savepoint of migrate's transaction
-    (which keeps the migrate lock and the settings across attempts); returns the
-    routines they no longer define, to drop after the barrier."""
+def _apply_sql_phase(
+    conn: psycopg.Connection, steps: Sequence[Path], files: Sequence[Path]
+) -> tuple[list[str], list[str]]:
+    """One attempt at the function steps not recorded yet and the function files, in a
+    savepoint of migrate's transaction (which keeps the migrate lock and the settings
+    across attempts); returns (the steps run, the routines the files no longer define,
+    to drop after the barrier)."""
     conn.execute(_SAVEPOINT)
     try:
+        ran = _apply_function_steps(conn, steps)
         dropped = _apply_sql_files(conn, files)
     except BaseException:
         if not conn.closed and not conn.broken:
             conn.execute(_ROLLBACK_TO_SAVEPOINT)
         raise
     conn.execute(_RELEASE_SAVEPOINT)
-    return dropped
+    return ran, dropped
+
+
+# a function step's record in llm.upgrade_steps, beside the contract steps' own names
+_FUNCTION_STEP_PREFIX = "functions/"
+
+
+def _apply_function_steps(conn: psycopg.Connection, steps: Sequence[Path]) -> list[str]:
+    """The function steps (``migrations/functions/``) this database has not recorded,
+    each run and recorded in the caller's transaction; returns their names."""
+    if not steps:
+        return []
+    done = {row[0] for row in conn.execute(_CONTRACT_DONE).fetchall()}
+    ran = []
+    for path in steps:
+        record = f"{_FUNCTION_STEP_PREFIX}{path.stem}"
+        if record in done:
+            continue
+        text = path.read_text(encoding="utf-8")
+        try:
+            conn.execute(text)  # type: ignore[arg-type]
+        except pg_errors.LockNotAvailable:
+            raise  # retried whole by the caller
+        except psycopg.Error as exc:
+            raise MigrationError(f"function step {path.name}{_line_of(text, exc)}: {_describe(exc)}", path=path) from exc
+        conn.execute(_CONTRACT_RECORD, {"step": record})
+        ran.append(path.stem)
+    return ran
 
 
 # Every routine of schema llm, marked before the function files run (see the

@@ -324,6 +324,75 @@ def test_a_failed_migrate_drops_no_routine(fresh_db, tmp_path):
         assert marked == 0
 
 
+REPO_FUNCTION_STEPS = sorted(p.stem for p in (ROOT / "migrations" / "functions").glob("*.sql"))
+
+
+def _copy_tree(source: Path, target: Path) -> Path:
+    """A copy of a folder of SQL files and its sub-folders (contract/, functions/)."""
+    for path in source.rglob("*.sql"):
+        copied = target / path.relative_to(source)
+        copied.parent.mkdir(parents=True, exist_ok=True)
+        copied.write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    return target
+
+
+def _recorded_steps(dsn: str) -> list[str]:
+    with psycopg.connect(dsn) as conn:
+        return [r[0] for r in conn.execute("SELECT step FROM llm.upgrade_steps ORDER BY step").fetchall()]
+
+
+def test_a_function_step_runs_once_per_database_and_is_recorded(fresh_db):
+    """migrations/functions/ holds what runs once, with the function files: the
+    re-applied files of sql/ hold no one-time upgrade. A fresh install runs each step
+    (finding nothing to change) and records it; the next run runs none."""
+    _, dsn = fresh_db()
+    assert REPO_FUNCTION_STEPS == ["0001_result_types"]
+    first = migrate(dsn)
+    assert first.function_steps == tuple(REPO_FUNCTION_STEPS)
+    assert {f"functions/{step}" for step in REPO_FUNCTION_STEPS} <= set(_recorded_steps(dsn))
+    assert migrate(dsn).function_steps == ()
+    sql = "\n".join(p.read_text(encoding="utf-8") for p in sorted((ROOT / "sql").glob("*.sql")))
+    assert "DROP FUNCTION %s" not in sql  # the result types' drop is the step's only
+
+
+def test_a_function_step_commits_with_the_function_files_or_not_at_all(fresh_db, tmp_path):
+    """A step that drops a routine its file re-creates: callers find the old routine or the
+    new one. When a function file fails, the step's drop and its record roll back with it,
+    and the next run, the file fixed, runs the step again."""
+    _, dsn = fresh_db()
+    migrate(dsn)
+    migrations = _copy_tree(ROOT / "migrations", tmp_path / "migrations")
+    sql_dir = _copy_tree(ROOT / "sql", tmp_path / "sql")
+    (migrations / "functions" / "0002_drop_claim_notices.sql").write_text(
+        "DROP FUNCTION llm.claim_notices(integer, timestamptz);\n", encoding="utf-8"
+    )
+    (sql_dir / "98_broken.sql").write_text("SELEC 1;\n", encoding="utf-8")
+    with pytest.raises(MigrationError, match=r"98_broken\.sql"):
+        migrate(dsn, migrations_dir=migrations, sql_dir=sql_dir)
+    assert "functions/0002_drop_claim_notices" not in _recorded_steps(dsn)
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT to_regprocedure('llm.claim_notices(integer, timestamptz)') IS NOT NULL").fetchone()[0]
+    (sql_dir / "98_broken.sql").unlink()
+    report = migrate(dsn, migrations_dir=migrations, sql_dir=sql_dir)
+    assert report.function_steps == ("0002_drop_claim_notices",) and report.dropped_routines == ()
+    assert "functions/0002_drop_claim_notices" in _recorded_steps(dsn)
+    with psycopg.connect(dsn) as conn:  # dropped, then created again by its file
+        assert conn.execute("SELECT to_regprocedure('llm.claim_notices(integer, timestamptz)') IS NOT NULL").fetchone()[0]
+    assert migrate(dsn, migrations_dir=migrations, sql_dir=sql_dir).function_steps == ()
+
+
+def test_a_failing_function_step_names_its_file_and_changes_nothing(fresh_db, tmp_path):
+    _, dsn = fresh_db()
+    migrate(dsn)
+    migrations = _copy_tree(ROOT / "migrations", tmp_path / "migrations")
+    (migrations / "functions" / "0002_broken.sql").write_text("SELECT 1;\nSELEC 2;\n", encoding="utf-8")
+    before = schema_fingerprint(dsn)
+    with pytest.raises(MigrationError, match=r"function step 0002_broken\.sql.*line 2"):
+        migrate(dsn, migrations_dir=migrations, sql_dir=ROOT / "sql")
+    assert schema_fingerprint(dsn) == before
+    assert "functions/0002_broken" not in _recorded_steps(dsn)
+
+
 def test_a_non_superuser_owner_installs_reruns_and_sweeps(fresh_db, llm_owner):
     """issue 21 F1 and item 1: the schema owner of a managed service (LOGIN CREATEROLE, no
     superuser, owning the database) installs, re-runs migrate, and has a routine sql/ no

@@ -18,8 +18,8 @@ parameters and its body are calls made by that routine.
 Known limit: a call built as a string and run by EXECUTE cannot be read as a call.
 test_dynamic_sql_names_no_routine_but_the_cron_job lists the routines named in the
 strings sql/ runs with EXECUTE (one today, checked by hand). Routines reached through
-a variable (10_common.sql's DROP of the old overloads, 98_search_path.sql's ALTER,
-97_distribute.sql's distribution) are named, not called."""
+a variable (98_search_path.sql's ALTER, 97_distribute.sql's distribution) are named,
+not called."""
 
 from __future__ import annotations
 
