@@ -92,15 +92,16 @@ def test_every_sql_statement_prepares_against_the_schema(llm_conn):
 
 
 def test_the_readme_python_runs_as_written(llm_dsn, monkeypatch):
-    """README.md's Python blocks (the service example over a psycopg_pool pool, the
-    ephemeral server for benchmarks) run as a new user would paste them."""
+    """README.md's Python blocks (the service example over a psycopg_pool pool, budgets
+    and prices, the ephemeral server for benchmarks) run as a new user would paste them."""
     monkeypatch.setenv("DATABASE_URL", llm_dsn)
     found = blocks("python", "", doc=README)
     assert len(found) >= 2
     for line, code in found:
         exec(compile(code, f"{README}:{line}", "exec"), {"__name__": "readme"})
     with psycopg.connect(llm_dsn) as conn:
-        assert conn.execute("SELECT count(*) FROM llm.invocations WHERE status = 'settled'").fetchone()[0] == 1
+        settled = conn.execute("SELECT count(*), count(cost_nanos) FROM llm.invocations WHERE status = 'settled'")
+        assert settled.fetchone() == (2, 1)  # the service's request, and the priced one
 
 
 def _norm(name: str) -> str:
