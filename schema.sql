@@ -265,7 +265,7 @@ COMMENT ON FUNCTION llm._audit_budgets(p_organization_id uuid, p_now timestamp w
 CREATE FUNCTION llm._audit_org(p_organization_id uuid, p_now timestamp with time zone, p_run_id uuid) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 86fe0a9e00564e43b859505daac40c60 $$;
+    AS $$ body in sql/, md5 b02fa32a7f519be8e59df6308f4b2633 $$;
 
 COMMENT ON FUNCTION llm._audit_org(p_organization_id uuid, p_now timestamp with time zone, p_run_id uuid) IS 'When due (at least daily), recomputes the organization''s current and previous period, and every period with an unresolved finding, from their requests in one statement; records, logs and returns the periods that disagree (llm.period_findings), resolves findings that no longer hold; then logs and adds the budget counters of the current and previous windows that disagree (llm._audit_budgets); NULL when not due.';
 
@@ -279,7 +279,7 @@ COMMENT ON FUNCTION llm._audits_due(p_now timestamp with time zone) IS 'The oper
 CREATE FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id uuid, OUT token uuid) RETURNS record
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 d3019ec3a4145e69b942ed7cb937cfde $$;
+    AS $$ body in sql/, md5 8349c716ae4df17abc3d1d6879465ceb $$;
 
 COMMENT ON FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id uuid, OUT token uuid) IS 'Takes the pass lease and records a running pass (its run id and lease token), marking a pass that lost it failed; or, while another pass really holds the lease, records a skipped pass naming the holder and returns NULLs.';
 
@@ -1076,7 +1076,7 @@ COMMENT ON FUNCTION llm._raise_unknown_org(p_organization_id uuid) IS 'Raises LL
 CREATE FUNCTION llm._rebuild_days(p_now timestamp with time zone) RETURNS date[]
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 f9ca7116932c14e693d8967b8fcc68e5 $$;
+    AS $$ body in sql/, md5 13ceadadf1a122c39e4f9848ada13812 $$;
 
 COMMENT ON FUNCTION llm._rebuild_days(p_now timestamp with time zone) IS 'The days of daily usage a pass rebuilds, oldest first: every day since the last complete rebuild by a pass whose clock was not ahead of this one (at most 35 days back) and the last settings.reporting_days, up to the pass clock''s day.';
 

@@ -74,7 +74,7 @@ class DriverRun:
 
 
 # The bare client sends the driver's own two statements with the parameters the driver
-# binds (issue 32 item 5: "bare psycopg running the same statements"), so the ratio of
+# binds ("bare psycopg running the same statements"), so the ratio of
 # the two is the layer's cost alone: argument checks, the connection and transaction
 # handling, errors, and reading the row.
 try:

@@ -42,13 +42,13 @@ SELECT {ORG_ID.format(n="n")}, {TASK_ID.format(n="n", slot="c")}, 'bench', 'runn
 
 # Organization n's period counters spread over this many stripes.
 SET_STRIPES = f"SELECT llm.set_period_stripes({ORG_ID.format(n='%(n)s::integer')}, %(stripes)s::integer)"
-# Organization n's API keys' day budget ('*') spread over this many stripes (issue 32 item 4).
+# Organization n's API keys' day budget ('*') spread over this many stripes.
 SET_KEY_STRIPES = (f"SELECT llm.set_budget_stripes({ORG_ID.format(n='%(n)s::integer')}, 'api_key', '*', 'day',"
                    " %(stripes)s::integer)")
 
 # Every request of organizations first .. first + orgs - 1 under two budgets besides
 # its allowance: its project's month and its API key's day, each the organization's
-# '*' default, so every id a request names gets a counter of its own (issue 23).
+# '*' default, so every id a request names gets a counter of its own.
 # The price book of priced.sql: one model with a book price (claude-sonnet-4's rates)
 # and a credit rate of a micro-dollar, in force since a day before the run.
 SET_PRICES = """

@@ -71,7 +71,7 @@ def bench_throughput(target: Target, sizes: common.Sizes, profiler: common.Profi
         common.log(f"  {run['tps']:.0f} requests/s")
     with target.connect("cycle") as conn:
         conn.execute(q.SET_STRIPES, {"n": 1, "stripes": 1})
-    # the priced cycle (issue 33): the same organizations, priced by the book; between
+    # the priced cycle: the same organizations, priced by the book; between
     # the spread runs too, whose mean it is compared with
     common.settle(target, "cycle", sizes)
     common.log(f"pgbench priced.sql over {sizes.cycle_orgs} organizations, {sizes.clients} clients")
@@ -224,7 +224,7 @@ def _write_shape(target: Target, sizes: common.Sizes) -> dict[str, list[str]]:
 
 
 # The driver against bare psycopg sending the same two statements at the same prepare
-# setting (issue 32 item 5), sync and asyncio. A rate on this VM moves by 10 % between
+# setting, sync and asyncio. A rate on this VM moves by 10 % between
 # runs of 10 s, so each flavour runs DRIVER_BLOCKS blocks of four short runs, driver,
 # bare, bare, driver and then bare, driver, driver, bare (each side first in half of
 # them, after the CHECKPOINT that starts a block), each side driver_seconds in all. The
@@ -318,7 +318,7 @@ def _driver_rows(results: dict[str, Any], sizes: common.Sizes, spread: float) ->
 
 
 def _budget_runs(target: Target, sizes: common.Sizes, profiler: common.Profiler) -> dict[str, Any]:
-    """The cycle under three budgets (issue 23): keys spread over many ids, then every
+    """The cycle under three budgets: keys spread over many ids, then every
     client on one key's day in an organization with 8 stripes, then spread again (the
     hot run is compared with the mean of the two spread runs around it)."""
     script, first = str(common.SCRIPTS / "budgets.sql"), sizes.cycle_orgs + 1
@@ -359,7 +359,7 @@ def _budget_runs(target: Target, sizes: common.Sizes, profiler: common.Profiler)
 
 def _budget_rows(results: dict[str, Any], sizes: common.Sizes, spread_mean: float,
                  base: dict[str, Any]) -> list[common.Row]:  # fmt: skip
-    """The three budget targets of issue 23, and WAL per request of each cycle."""
+    """The three budget targets of docs/benchmarks.md's table, and WAL per request of each cycle."""
     budgets = (results["budgets_spread"]["tps"] + results["budgets_spread_after"]["tps"]) / 2
     hot = results["budgets_hot_key"]["tps"]
     runs = {"budgets_runs": [results["budgets_spread"]["tps"], results["budgets_spread_after"]["tps"]],
@@ -419,7 +419,7 @@ def _floor_rows(results: dict[str, Any], spread_mean: float, simple: float) -> l
 
 
 def _priced_rows(results: dict[str, Any], spread_mean: float, cpu_cycle: float | None) -> list[common.Row]:
-    """The priced cycle (scripts/priced.sql, issue 33): admitted from token counts and
+    """The priced cycle (scripts/priced.sql): admitted from token counts and
     settled from usage, both priced by the book, against the unpriced cycle of the same
     run (the mean of its spread runs)."""
     priced = results["priced"]["tps"]

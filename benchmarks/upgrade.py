@@ -1,4 +1,4 @@
-"""The upgrade from the previous release under live traffic (issue 22 item 5), by hand:
+"""The upgrade from the previous release under live traffic, by hand:
 
     .venv/bin/python -m benchmarks.upgrade                 # 1 M requests, about 5 minutes
     .venv/bin/python -m benchmarks.upgrade --requests 200000
@@ -217,7 +217,7 @@ def install_0_1_0(dsn: str, target: Path, requests: int) -> None:
 
 def from_0_1_0(target: Target, requests: int, tmp: Path) -> None:
     """0.1.0's books upgraded step by step, without traffic: 0.1.0's functions fail
-    against the schema of 0005-0009 until the new ones are live (issue 22's report)."""
+    against the schema of 0005-0009 until the new ones are live."""
     started = time.monotonic()
     dsn = target.create_database("u010")
     install_0_1_0(dsn, tmp / "0.1.0", requests)

@@ -204,7 +204,7 @@ class Operation:
             self.sql = f"SELECT {call} AS value"
         else:
             # Named columns, never ``*``: a statement prepared on the server keeps its
-            # result when the routine's type gains a column (issue 22 item 3).
+            # result when the routine's type gains a column.
             self.sql = f"SELECT {', '.join(_columns_of(self.returns))} FROM {call}"
         self.procedure = procedure
 
@@ -706,7 +706,7 @@ def operations() -> dict[str, Operation]:
 #: (``execution_id``) filled in, and ``now`` left None read from its clock.
 TASK_HELPERS = ("admit", "admit_id", "mark_dispatched", "settle", "settle_usage", "fail")
 
-#: The scope ids a request helper takes from its wrapper when the call names none (issue 23).
+#: The scope ids a request helper takes from its wrapper when the call names none.
 SCOPE_IDS = ("project", "api_key", "end_user")
 
 

@@ -33,8 +33,7 @@ run on another server connection that never saw the statement.
 
 A client built on a connection keeps its cursor from one call to the next: making
 one (a copy of the connection's adapters, the numeric loader below registered in
-it) cost as much client CPU as the rest of the driver's work on a call (issue 32
-item 5). So adapters registered on that connection after the client's first call
+it) cost as much client CPU as the rest of the driver's work on a call. So adapters registered on that connection after the client's first call
 do not apply to the client's statements. A call that fails, or reads more than one
 row, drops its cursor rather than keep it (and its result) for the next. A client
 on a pool makes a cursor per call, on the connection it borrows. The client reads
@@ -190,7 +189,7 @@ class Llm(LlmMethods):
         return self._call(sql, params, True)
 
     def _call(self, sql: str, params: Mapping[str, Any], value: bool) -> Any:
-        """Every call's path, plain code (issue 32 item 5): the statement run on one of
+        """Every call's path, plain code: the statement run on one of
         the client's idle cursors (module doc), or on a pool's connection; a refusal
         reported; the one value read, or the rows as dicts."""
         source = self.source

@@ -5,7 +5,7 @@ driver maps that code, and only that code, to a class below. Message, DETAIL
 and HINT are kept as attributes for people to read; no code should parse them.
 One exception, written down as a format in docs/contract.md "Errors": a budget's
 refusal (LL001) carries its scope id as the DETAIL's first line, which
-``AllowanceExhausted.scope_id`` reads (issue 23).
+``AllowanceExhausted.scope_id`` reads.
 
     try:
         llm.admit(org, 500, "gpt-x", end_user="u-42")
@@ -111,7 +111,7 @@ def _refused_by(diag: psycopg.errors.Diagnostic) -> tuple[str | None, str | None
 
 class AllowanceExhausted(LlmError):
     """LL001: admission would take used + held + estimate over the allowance or over a
-    budget that applies to the request (issue 23); nothing was held anywhere.
+    budget that applies to the request; nothing was held anywhere.
 
     ``scope``, ``scope_id`` and ``window`` name the one that refused (when several do,
     the first in the order of docs/contract.md "Errors"):

@@ -29,7 +29,7 @@ The rules, hop by hop:
 - hop 3: the body gets an ``ExecutionContext`` whose request helpers
   (``ctx.admit`` ...) link each request to the task, so its settlement adds to
   the task's totals. The wrapper's ``project``, ``api_key`` and ``end_user``
-  are the scope ids of each request the helpers admit (issue 23) unless the
+  are the scope ids of each request the helpers admit unless the
   call names its own: a value given on the call wins, None too
   (``end_user=None`` admits a request of no end user). The context travels in
   a ``contextvars.ContextVar``: asyncio tasks created inside the body copy it and keep the association;

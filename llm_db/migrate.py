@@ -52,13 +52,13 @@ routine's settings with its definition's own, so the mark survives only on the
 routines no file re-created, and those are dropped. The mark is a built-in
 parameter any user may set, so the routines' owner needs no superuser: a
 custom one (``llm.…``) on a routine takes a superuser in PostgreSQL 15, which
-made every re-run by a managed service's owner fail with 42501 (issue 21 F1).
+made every re-run by a managed service's owner fail with 42501.
 Nothing runs with the mark: a marked routine is re-created, or unmarked before the
 transaction commits and dropped after the barrier (a run killed before that drop
 leaves it unmarked, and the next run finds it stale again), and a failed run
 rolls the mark back.
 
-How migrate bounds its locks (issue 22 item 2): every transaction it opens,
+How migrate bounds its locks: every transaction it opens,
 its own and each of yoyo's, starts with ``SET LOCAL lock_timeout`` (the
 ``lock_timeout`` argument, 1 s by default), ``statement_timeout = 0`` and
 ``idle_in_transaction_session_timeout = 0``: a statement queued behind a
@@ -74,7 +74,7 @@ the statement waited. What was committed before stays: migrations are
 additive (docs/architecture.md, "Conventions" 14), so the previous release's
 functions work on it and a re-run completes the upgrade.
 
-What migrate says (issue 22 item 4): ``on_event`` receives one dict per event,
+What migrate says: ``on_event`` receives one dict per event,
 ``start`` and ``done`` of each step (a migration, or the function files),
 ``wait`` before a retry (the lock, its holder, the attempt, the pause) and
 ``progress`` for a batched backfill that reports ``RAISE NOTICE 'llm-db

@@ -242,7 +242,7 @@ class Notice(_Row):
     """A row of ``llm.threshold_notices``: a crossed threshold owed to the webhook.
 
     Of the monthly allowance (``scope`` ``organization``, ``scope_id`` None,
-    ``budget_window`` ``month``) or of a budget (issue 23): then ``scope_id`` is the
+    ``budget_window`` ``month``) or of a budget: then ``scope_id`` is the
     real id (None for the organization's day and week budgets), ``period_start`` the
     window's start and ``allowance_credits`` the budget's limit."""
 

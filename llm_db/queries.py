@@ -10,7 +10,7 @@ databases). docs/architecture.md "Conventions" 6.
 
 Parameters are named (``%(name)s``) and cast explicitly. Rows are read by named
 columns, never ``*``: a statement prepared on the server keeps its result when a
-table gains a column (issue 22 item 3).
+table gains a column.
 """
 
 import dataclasses

@@ -1,4 +1,4 @@
-"""Write docs/reference/: a page per public routine of schema ``llm`` (issue 24 item 7).
+"""Write docs/reference/: a page per public routine of schema ``llm``.
 
     .venv/bin/python scripts/reference.py            # a throw-away server of its own
     .venv/bin/python scripts/reference.py --dsn DSN  # a fresh migrated database, as its owner

@@ -10,13 +10,13 @@
 -- Delivery: claimed by compare-and-set per notice (works sharded), completed or failed
 -- with exponential backoff, released by a worker shutting down, re-armed when a
 -- claim was abandoned. Each claim has a token, and only its holder ends it: a
--- worker whose claim was re-armed and claimed again cannot end the new one
--- (issue 20 defect 6). Whenever a notice becomes owed the transaction does
+-- worker whose claim was re-armed and claimed again cannot end the new one.
+-- Whenever a notice becomes owed the transaction does
 -- NOTIFY llm_notices (sent at commit), which wakes `llm-db worker`.
 --
 -- This file was 70_notices.sql until 0.3.0 (migration 0016 names it so).
 
--- The contract step of schema 0016 (issue 23): one notice per (organization, scope,
+-- The contract step of schema 0016: one notice per (organization, scope,
 -- id, window, window start, threshold) is the key now, and the old key (organization,
 -- period start, threshold), which the previous release's functions name in their ON
 -- CONFLICT, goes in the transaction that puts the new functions live (docs/architecture.md
@@ -130,7 +130,7 @@ COMMENT ON FUNCTION llm._record_crossings(uuid, date, bigint, bigint, bigint, ti
 
 -- A changed allowance or threshold list (upsert_organization) owes, by itself, every
 -- threshold the period's used credits now stand at or above and that was not notified:
--- no movement crossed it, so _record_crossings never will (issue 20 defect 4). The
+-- no movement crossed it, so _record_crossings never will. The
 -- caller holds the period (_lock_period), so the used credits read here stay.
 CREATE OR REPLACE FUNCTION llm._record_reached(
     p_organization_id uuid, p_period_start date, p_thresholds integer[], p_allowance bigint,

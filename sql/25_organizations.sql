@@ -39,11 +39,11 @@ COMMENT ON FUNCTION llm._check_thresholds(integer[]) IS
 -- threshold list as it is now, whatever its month (_record_crossings, _spread_rooms,
 -- invariant 5b), so a changed list spreads the notice rooms of every period again,
 -- an earlier one still settling its open requests too: its next crossing is then
--- notified whichever path, fast or exact, moves it (issue 20 defect 3).
+-- notified whichever path, fast or exact, moves it.
 --
 -- What the change owes. In the period containing p_now and later ones, every
 -- threshold the used credits now stand at or above and not notified yet is owed at
--- once, in this transaction (_record_reached, issue 20 defect 4): a lowered allowance
+-- once, in this transaction (_record_reached): a lowered allowance
 -- or a threshold added below the usage. An earlier period, its month over, owes none
 -- for a level it reached before; it owes its later crossings as usual.
 --

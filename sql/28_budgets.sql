@@ -1,4 +1,4 @@
--- Budgets (issue 23, docs/architecture.md "Budgets"): a limit per organization, project,
+-- Budgets (docs/architecture.md "Budgets"): a limit per organization, project,
 -- API key or end user, per calendar day, week (from Monday) or month in UTC, on
 -- top of the organization's monthly allowance. A request names its scope ids at
 -- admission; the budgets that apply to it then are fixed on it as bits of its
@@ -692,7 +692,7 @@ COMMENT ON FUNCTION llm._retain_budgets(uuid, timestamptz, interval) IS
 
 -- What a set, changed or removed budget owes at once, in the window containing
 -- p_now: every threshold the counters it now governs stand at or above, under the
--- budget that applies to each now (issue 20 defect 4, for budgets). Their stripes are
+-- budget that applies to each now, as a changed allowance owes its own. Their stripes are
 -- locked in the lock order (scope id, then stripe), so a movement waits for this or
 -- this for it, and the later one reads the other's figures; their rooms are dropped,
 -- so a movement that read the organization's budgets revision before this committed

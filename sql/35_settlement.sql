@@ -106,7 +106,7 @@ COMMENT ON FUNCTION llm._end_invocation(uuid, uuid, text, text, bigint, bigint, 
     'Ends an open (reserved or dispatched) invocation as settled (measured) or failed with its charge (priced by the caller, or by the book: p_price) and books it: its task''s totals, its stripe''s movement (charge in, hold out) with the threshold notices the period crosses, then its budgets'' counters; false when it was no longer open.';
 
 -- A true-up moves the daily usage of its request's settlement day by the signed
--- difference, whatever a concurrent rebuild of that day does (issue 20 defect 1).
+-- difference, whatever a concurrent rebuild of that day does.
 -- The row it adds to is the latest committed one: the UPDATE waits for a rebuild that
 -- deleted the row, then finds it gone; the INSERT then waits for the rebuild's new row
 -- and adds to it (ON CONFLICT sees rows committed after the statement began). A rebuild

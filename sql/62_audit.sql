@@ -4,7 +4,7 @@
 -- every older period with an unresolved finding. A mismatch is a finding in
 -- llm.period_findings, logged and counted, never repaired; a finding that no
 -- longer holds is resolved. The budget counters of the windows containing the
--- audit's clock and of the windows before them are recomputed too (issue 23):
+-- audit's clock and of the windows before them are recomputed too:
 -- a mismatch is logged and counted with the periods' findings, never repaired.
 
 -- The budget counters of the current and the previous day, week and month that
@@ -108,8 +108,8 @@ BEGIN
     END IF;
 
     -- Periods with an unresolved finding are audited whatever their age, or a finding
-    -- on a period older than the previous month would never be resolved (issue 20
-    -- defect 9). Read first, on its own: one per-organization table per statement
+    -- on a period older than the previous month would never be resolved.
+    -- Read first, on its own: one per-organization table per statement
     -- inside a delegated twin (docs/architecture.md, "Citus rules" 9).
     SELECT pg_catalog.array_agg(f.period_start) INTO v_open
       FROM llm.period_findings AS f

@@ -104,7 +104,7 @@ BEGIN
     -- after each organization, and through each follow-up step: locked means a pass is
     -- running, whatever the row reads here. A pass taking the lease at this very moment
     -- has not committed it, so this snapshot shows the lease free; reading that as
-    -- free let two passes started together both run (issue 20 defect 5). SKIP LOCKED,
+    -- free let two passes started together both run. SKIP LOCKED,
     -- not NOWAIT in a subtransaction: the lock stays the holder's own transaction id,
     -- which names it (llm._lease_locker_pid).
     SELECT * INTO v_lease FROM llm.pass_lease FOR UPDATE SKIP LOCKED;
@@ -314,7 +314,7 @@ BEGIN
     -- ended, so it is rebuilt again), never more than 35 days back. Only passes whose
     -- clock was not ahead of this one's count: a pass run ahead (llm-db reconcile --now)
     -- rebuilt days whose requests had not settled yet, and would hide from the catch-up
-    -- every day between (issue 20 defect 8).
+    -- every day between.
     SELECT max(r.daily_rebuilt_through) INTO v_through
       FROM llm.reconciliation_runs AS r
      WHERE r.clock <= coalesce(p_now, pg_catalog.now());

@@ -2,7 +2,7 @@
 --
 -- daily_usage is a cache of the requests, rebuilt by the pass one day at a time;
 -- only a true-up writes it between rebuilds (llm._true_up_daily_usage, 35_settlement.sql).
--- The two never lose each other's work, whatever the interleaving (issue 20 defect 1):
+-- The two never lose each other's work, whatever the interleaving:
 -- a true-up adds its signed difference to the row a rebuild left, inserting the row
 -- when the day has none yet, and a rebuild that meets a row a true-up inserted under
 -- it rebuilds the day again. docs/architecture.md "Daily usage" says why no lock is shared.

@@ -1,4 +1,4 @@
--- The report's sections (`llm-db report`, issue 24 item 2): what the operator reads of
+-- The report's sections (`llm-db report`): what the operator reads of
 -- the books, for some UTC days p_from .. p_to, as rows the client only renders.
 --
 -- Every function here only reads. p_organization_ids filters the organizations (NULL:

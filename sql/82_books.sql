@@ -1,4 +1,4 @@
--- The books at a glance (issue 24 item 2): what `llm-db metrics` exposes, what the demo
+-- The books at a glance: what `llm-db metrics` exposes, what the demo
 -- and `llm-db reconcile --progress` read, as rows the client only renders.
 --
 -- Only reads; p_organization_ids filters the organizations (NULL: every one), so none

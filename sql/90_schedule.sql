@@ -2,7 +2,7 @@
 -- (cron.database_name); when llm lives elsewhere, LL010's HINT gives the
 -- cron.schedule_in_database call to run there (`llm-db schedule --cron-dsn`).
 --
--- Managed PostgreSQL (issue 21): the owner of these SECURITY DEFINER functions is
+-- Managed PostgreSQL: the owner of these SECURITY DEFINER functions is
 -- usually not a superuser, and they run with its rights. So nothing here reads
 -- cron.database_name with current_setting (superuser-only: 42501 even with
 -- missing_ok), and a missing grant on schema cron is told as 42501 with the GRANT

@@ -425,7 +425,7 @@ COMMENT ON FUNCTION llm._invariant_11() IS
     'Invariant 11: an unresolved period finding means its period''s counters still differ from its requests.';
 
 -- 12. notice claims: a notice being sent has its claim's token, and no other notice
---    has one (issue 20 defect 6), so only the live claim's holder can end it
+--    has one, so only the live claim's holder can end it
 CREATE OR REPLACE FUNCTION llm._invariant_12()
 RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
 LANGUAGE plpgsql STABLE

@@ -67,10 +67,10 @@ GRANT EXECUTE ON FUNCTION
 TO llm_operator;
 GRANT EXECUTE ON PROCEDURE llm.run_reconciliation(timestamptz, integer) TO llm_operator;
 -- The missing-run alarm is a read, and `llm-db metrics` reports it: a monitoring scrape
--- runs as llm_reader, the least privilege (issue 21 item 2).
+-- runs as llm_reader, the least privilege.
 GRANT EXECUTE ON FUNCTION llm.reconciliation_health(timestamptz) TO llm_reader;
--- The reads of `llm-db report`, `metrics`, `demo` and the pass's progress (sql/81, 82:
--- issue 24 item 2) only read what both roles may SELECT already; llm_app has none.
+-- The reads of `llm-db report`, `metrics`, `demo` and the pass's progress (sql/81, 82)
+-- only read what both roles may SELECT already; llm_app has none.
 GRANT EXECUTE ON FUNCTION
     llm.report_periods(date, date, uuid[]),
     llm.report_daily_usage(date, date, uuid[]),

@@ -10,8 +10,9 @@ the winner of a request is the settlement or failure that answered
 ``settled``/``failed``, else the pass that could reach it; a task's close that
 answered true won over the pass's abandonment. Derived figures (a period's used
 and held, a task's totals, sweep_totals, daily usage) are sums over the model's
-requests. What the model checks is the right behaviour as issue 20 states it
-(docs/contract.md plus the ten defects): a late failure trues up under
+requests. What the model checks is the right behaviour as docs/contract.md states it
+(with the ten concurrency defects 0.3.0 fixed, CHANGELOG "Books airtight under
+concurrent actors"): a late failure trues up under
 ``true_up`` and is recorded under ``audit``; an allowance or threshold change
 owes the notices of the levels it puts used at or above; a stale notice worker
 cannot end another worker's claim; two passes at once: one runs, one is skipped.
@@ -25,7 +26,7 @@ requests open before its round, old enough for its clock, that no live call of
 the round settled or failed first, and it re-arms only claims of earlier rounds.
 Two upserts of one organization in a round apply in commit order.
 
-Budgets (issue 23): operator sessions set, change and remove budgets (own and
+Budgets: operator sessions set, change and remove budgets (own and
 ``'*'``, organization day/week, project/api_key/end_user day/week/month) while
 admissions name scope ids from a small pool. Which budgets applied to a request
 is read from its committed ``budget_mask`` (an admission reads the budgets in
@@ -39,7 +40,7 @@ a pass of the round may have recovered its eligible requests before or after, so
 decisions are checked against the bounds of both. Counters are sums over the
 model's requests and must equal llm.budget_counters at every round end.
 
-Retention (issue 30): each history runs under a budget_retention from one hour (the
+Retention: each history runs under a budget_retention from one hour (the
 shortest the settings allow, well under the 24 h recovery window) to the default,
 with estimate-0 requests, passes ahead of and behind the requests, and admissions
 dated up to 72 h before their round's clock (in rounds without a pass, so no pass
@@ -84,7 +85,7 @@ THRESHOLDS = {
     ORG_B: ((80, 100), (50, 100)),
 }
 MODELS = ("m-1", "m-2")
-# Budgets (issue 23): the scope ids admissions name, and what set_budget sets
+# Budgets: the scope ids admissions name, and what set_budget sets
 SCOPE_IDS = {"project": ("p-1", "p-2"), "api_key": ("k-1", "k-2"),
              "end_user": ("u-1", "u-2", "u-3")}  # fmt: skip
 SCOPES = ("organization", "project", "api_key", "end_user")  # in the order a refusal names them
@@ -118,7 +119,7 @@ WEIGHTS = {  # per slot of a session: operator-leaning (False) and consumer-lean
     },
 }
 TASK_KIND = "sim.task"
-# Retention (issue 30): a history's budget_retention, from the shortest the settings allow
+# Retention: a history's budget_retention, from the shortest the settings allow
 # to beyond the history; admissions in a round without a pass may be dated this many hours
 # before the round's clock, into windows retention may have purged.
 RETENTIONS = {"1 hour": timedelta(hours=1), "6 hours": timedelta(hours=6), "1 day": timedelta(days=1),
@@ -386,7 +387,7 @@ class Model:
         self.budget_sets: dict[tuple[str, str, str | None, str], int] = {}
         self.states: list[Budgets] = []  # the budgets in force after each change of the round
         self.eligible: dict[str, datetime] = {}  # the requests the round's pass may recover
-        # Retention (issue 30): the organizations' horizons at the round's start and, read
+        # Retention: the organizations' horizons at the round's start and, read
         # from the books before the round is applied (observe), at its end; the counters
         # retention deleted (their windows are never admitted again)
         self.retention = RETENTIONS["400 days"]
@@ -622,13 +623,13 @@ class Model:
                 row.report = given if e["op"] == "settle" else None
                 return None
             raise Mismatch(f"late {e['op']} of {a['inv']} (recovered at {row.recovered}) answered {answer!r}; "
-                           f"late_settlement was {sorted(allowed)} (issue 20 defect 7 for a failure)")  # fmt: skip
+                           f"late_settlement was {sorted(allowed)} (for a failure)")  # fmt: skip
         if e["op"] == "settle" and row.report is not None and row.report != given:
             raise Mismatch(f"settle {a} answered {answer!r} in silence; its stored figures {row.report} differ")
         if answer != expected:
             # on 0.2.0 a late failure only reads, so it can answer from before a true-up
             hint = (
-                " (issue 20 defect 7: a late failure records nothing)" if e["op"] == "fail" else ""
+                " (a late failure records nothing)" if e["op"] == "fail" else ""
             )
             raise Mismatch(
                 f"{e['op']} of {a['inv']} answered {answer!r}, the model expected {expected!r}{hint}"
@@ -672,7 +673,7 @@ class Model:
     @staticmethod
     def applying(state: Budgets, org: str, ids: dict[str, str | None]) -> dict[int, tuple]:
         """The budgets that apply to a request naming ``ids`` under ``state``: bit ->
-        (limit, counter key without its window start), in bit order (issue 23, Admission)."""
+        (limit, counter key without its window start), in bit order."""
         out = {}
         for scope in SCOPES:
             sid = None if scope == "organization" else ids.get(scope)
@@ -734,19 +735,19 @@ class Model:
                    for limit, k in applying.values()):  # fmt: skip
                 return
         raise Mismatch(f"admitted {e['args']} with budget_mask {r.mask}, which no budget state of the round "
-                       f"admits: {[self.applying(st, r.org, r.ids) for st in self.states]} (issue 23)")  # fmt: skip
+                       f"admits: {[self.applying(st, r.org, r.ids) for st in self.states]}")  # fmt: skip
 
     def _budget_refused(self, e: dict[str, Any], index: int) -> None:
         """A refusal naming a budget (TABLE budgets, CONSTRAINT scope, COLUMN window, the
         DETAIL's first line the real id): in one state of the round that budget applied and
-        had no room, and every budget before it in bit order had (issue 23, Admission)."""
+        had no room, and every budget before it in bit order had."""
         a = e["args"]
         _, scope, window, first = e["budget"]
         named = slot(scope, window)
         ids = {s: a.get(s) for s in SCOPE_IDS}
         if first != (a["org"] if scope == "organization" else ids[scope]):
             raise Mismatch(
-                f"refusal of {a} names id {first!r}, not the request's {scope} (issue 23)"
+                f"refusal of {a} names id {first!r}, not the request's {scope}"
             )
         at = when(a["now"])
         for state in self.states:
@@ -760,11 +761,11 @@ class Model:
             ):
                 return
         raise Mismatch(f"refused {a} naming the {scope} {window} budget, which no budget state of the round "
-                       f"refuses first: {[self.applying(st, a['org'], ids) for st in self.states]} (issue 23)")  # fmt: skip
+                       f"refuses first: {[self.applying(st, a['org'], ids) for st in self.states]}")  # fmt: skip
 
     # ------------------------------------------------------------ organizations
 
-    # ------------------------------------------------------------ retention (issue 30)
+    # ------------------------------------------------------------ retention
 
     def observe(self, horizons: dict[str, date]) -> None:
         """The horizons the books hold after the round about to be applied."""
@@ -783,12 +784,12 @@ class Model:
                 if horizon is not None and window_end(k[3], window_start(k[3], at)) <= horizon:
                     return
         raise Mismatch(f"LL012 refused {a}, but none of its windows ended on or before the horizon "
-                       f"{horizon} (issue 30 defect 1)")  # fmt: skip
+                       f"{horizon}")  # fmt: skip
 
     def _check_horizons(self) -> None:
         """A horizon is only raised, only by a pass, never past the day of the pass's clock
         less budget_retention (the sim's clocks are behind the server's: LEAST(p_now, now())
-        is p_now) nor past the day of a request open throughout the round (defect 4)."""
+        is p_now) nor past the day of a request open throughout the round."""
         for org in self.orgs:
             old, new = self.horizons.get(org), self.horizons_end.get(org)
             if old is not None and (new is None or new < old):
@@ -806,14 +807,14 @@ class Model:
                 r = self.requests[inv]
                 if r.org == org and r.status in OPEN and new > r.created_at.astimezone(UTC).date():
                     raise Mismatch(f"{org}'s horizon {new} passed request {inv}, open since {r.created_at} "
-                                   "(issue 30 defect 4)")  # fmt: skip
+                                   "")  # fmt: skip
         self.horizons = dict(self.horizons_end)
 
     def retain(self, db: dict[tuple, tuple[int, int, int]]) -> None:
         """Take the counters retention deleted in the round into ``purged``, where it may
         have: a round with a pass, a window ended on or before the horizon, nothing held
-        and no open request admitted under it (defect 4). A purged window's counter never
-        comes back (defect 1), and no admission creates a counter of a window the horizon
+        and no open request admitted under it. A purged window's counter never
+        comes back, and no admission creates a counter of a window the horizon
         had passed at the round's start (LL012)."""
         expected = self.counters()
         for key in expected.keys() - db.keys():
@@ -832,12 +833,12 @@ class Model:
             self.purged.add(key)
         back = sorted(self.purged & db.keys())
         if back:
-            raise Mismatch(f"counters of purged windows are back: {back} (issue 30 defect 1)")
+            raise Mismatch(f"counters of purged windows are back: {back}")
         for key in db.keys() - self.counters_at_start:
             start = self.horizons_at_start.get(key[0])
             if start is not None and window_end(key[3], key[4]) <= start:
                 raise Mismatch(
-                    f"counter {key} was created past the horizon {start} (issue 30 defect 1, LL012)"
+                    f"counter {key} was created past the horizon {start} (LL012)"
                 )
 
     def _upsert(self, org: str, allowance: int, thresholds: tuple[int, ...], now: datetime) -> None:
@@ -882,7 +883,7 @@ class Model:
         if e["ok"] != live:
             raise Mismatch(f"{e['op']} of {key} by worker {e['session']} (claim {a['claim']}) answered {e['ok']}; "
                            f"the claim is {'live' if live else 'not its own any more'} "
-                           "(issue 20 defect 6 when a stale worker ends another's claim)")  # fmt: skip
+                           "(when a stale worker ends another's claim)")  # fmt: skip
         if not live:
             return
         if e["op"] == "complete":
@@ -942,8 +943,8 @@ class Model:
 
     def required_notices(self) -> set[tuple[str, date, int]]:
         """Every (org, period, threshold) whose level used stands at or above must have its
-        notice: reached by a movement, or put there by an allowance or threshold change
-        (issue 20 defect 4). A period older than the organization's last change keeps the
+        notice: reached by a movement, or put there by an allowance or threshold change.
+        A period older than the organization's last change keeps the
         right to miss a threshold that change added (it never crossed it)."""
         out = set()
         for (org, start), (allowance, used, _, _) in self.periods().items():
@@ -958,8 +959,8 @@ class Model:
     def _required_budget_notices(self) -> set[tuple]:
         """A counter's notices for the thresholds its used stands at or above, where the
         budget that applies to it was set once and never replaced, removed or shadowed
-        (own <-> '*'): then every movement it counted crossed under that budget (issue 23,
-        Notices). A changed budget owes only in the window of its set_budget's clock, and
+        (own <-> '*'): then every movement it counted crossed under that budget
+        (docs/architecture.md "Budgets"). A changed budget owes only in the window of its set_budget's clock, and
         the model keeps no clock of those: it requires nothing there."""
         out = set()
         for (org, scope, sid, window, start), (used, _, _) in self.counters().items():

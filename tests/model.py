@@ -26,7 +26,7 @@ OPEN = ("reserved", "dispatched")
 
 SCOPES = ("organization", "project", "api_key", "end_user")  # budget bit 3 * scope + window
 
-# The price book (issue 33): one model with a price, $3 and $15 a million input and output
+# The price book: one model with a price, $3 and $15 a million input and output
 # tokens (3,000 and 15,000 nanos a token), a credit worth 1,000 nanos; the others have none.
 PRICED_MODEL = "m-p"
 INPUT_NANOS, OUTPUT_NANOS, NANOS_PER_CREDIT = 3_000, 15_000, 1_000
@@ -99,7 +99,7 @@ class Invocation:
     # with others is LL007; None when none is stored or it ended by a failure
     report: tuple | None = None
     recovered: int | None = None  # what recovery charged (kept after a true-up)
-    ids: tuple[str | None, ...] = (None, None, None)  # project, api_key, end_user (issue 23)
+    ids: tuple[str | None, ...] = (None, None, None)  # project, api_key, end_user
     mask: int = 0  # budget_mask: the budget counters it moves, fixed at admission
     cost: int | None = None  # cost_nanos: what the book priced its usage at (None: not priced by it)
     report_usage: tuple | None = None  # the usage its charged settlement was priced from
@@ -147,7 +147,7 @@ class Books:
     daily: dict[tuple[uuid.UUID, date, str], tuple[int, ...]] = field(default_factory=dict)
     passes: int = 0
     rebuilt_through: date | None = None  # the day of the last pass that rebuilt every day it owed
-    # budgets (issue 23): (org, scope, scope id or '*' or None, window) -> limit
+    # budgets: (org, scope, scope id or '*' or None, window) -> limit
     budgets: dict[tuple, int] = field(default_factory=dict)
 
     # ------------------------------------------------------------ organizations
@@ -163,7 +163,7 @@ class Books:
         if old is not None and (old.allowance, old.thresholds) != (allowance, row.thresholds):
             # a changed allowance applies to the current period at once (and to any later
             # one a moved clock opened): invariant 9; there the change itself owes every
-            # threshold the usage now stands at or above (issue 20 defect 4)
+            # threshold the usage now stands at or above
             for (tenant, start), period in self.periods.items():
                 if tenant == org and start >= period_of(now):
                     period.allowance = allowance
@@ -229,7 +229,7 @@ class Books:
         self.invocations[(org, inv)] = row
         return row
 
-    # ------------------------------------------------------------ budgets (issue 23)
+    # ------------------------------------------------------------ budgets
 
     def set_budget(self, org: uuid.UUID, scope: str, scope_id: str | None, window: str, limit: int | None) -> None:
         if org not in self.orgs:
@@ -574,7 +574,7 @@ class Books:
         return (row.cents or 0) * 10**7 + (row.cost or 0)
 
     def expected_costs(self) -> dict:
-        """The cost sums (issue 33): each period's used_cost_nanos and each task's priced_nanos."""
+        """The cost sums: each period's used_cost_nanos and each task's priced_nanos."""
         periods = {k: 0 for k in self.periods}
         tasks = {k: 0 for k in self.executions}
         for r in self.invocations.values():

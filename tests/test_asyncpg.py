@@ -1,6 +1,6 @@
 """asyncpg, a client that is not ours, through the test PgBouncer (``llm_pgbouncer``:
 transaction pooling, 2 server connections), as docs/integration.md ("Behind a
-pooler: PgBouncer in transaction mode") tells its users (issue 21 item 6).
+pooler: PgBouncer in transaction mode") tells its users.
 
 asyncpg prepares every statement under a name (``__asyncpg_stmt_N__``) and keeps it in a
 per-connection cache; transaction pooling runs the next transaction on whichever server
@@ -69,7 +69,7 @@ async def on_another_server(
 
 
 def test_asyncpgs_default_statement_cache_fails_behind_transaction_pooling(llm_pgbouncer_dsn):
-    """issue 21 item 6: with asyncpg's defaults the same statement, run again, is looked up by
+    """With asyncpg's defaults the same statement, run again, is looked up by
     its name on a server connection that never prepared it: 26000, whose message asyncpg
     itself completes with a HINT naming statement_cache_size=0."""
 
@@ -91,7 +91,7 @@ def test_asyncpgs_default_statement_cache_fails_behind_transaction_pooling(llm_p
 def test_asyncpg_without_a_statement_cache_runs_the_request_cycle_behind_transaction_pooling(
     llm_conn, llm_pgbouncer_dsn
 ):
-    """issue 21 item 6: with statement_cache_size=0 the same move works (the query ran on the
+    """With statement_cache_size=0 the same move works (the query ran on the
     other server connection), and 2 connections x 50 admit -> dispatch -> settle cycles of the
     documented SQL go through: every request settled once, llm.check_invariants() empty."""
     org = new_org(llm_conn, None, now=None)
@@ -134,11 +134,11 @@ def test_asyncpg_without_a_statement_cache_runs_the_request_cycle_behind_transac
 
 def test_the_statements_are_the_documented_ones():
     """The SQL run above is docs/integration.md's, and the doc says how to run it behind a
-    transaction pooler from asyncpg, JDBC and node-postgres (issue 21 item 6)."""
+    transaction pooler from asyncpg, JDBC and node-postgres."""
     doc = " ".join(INTEGRATION.read_text().split())
     for statement in (ADMIT, DISPATCH, SETTLE):
         assert " ".join(statement.split()) in doc, statement
     for advice in ("statement_cache_size=0", "prepareThreshold=0", "node-postgres"):
         assert advice in doc, advice
-    # issue 21 item 6: the task example returns named columns, not one composite column
+    # The task example returns named columns, not one composite column
     assert "SELECT llm.admit_invocation(" not in doc

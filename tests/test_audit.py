@@ -95,7 +95,7 @@ def test_a_corrupted_counter_is_found_within_24_passes_and_resolved_when_right(l
 
 
 def test_a_finding_on_a_period_older_than_the_previous_month_is_resolved_when_right(llm_conn):
-    """issue 20 defect 9: the audit revisits every period with an unresolved finding, not
+    """The audit revisits every period with an unresolved finding, not
     only the current and previous month. A January finding whose counter is put right by
     hand in April is resolved within April's next 24 hourly passes, and the
     llm_period_findings gauge drops from 1 to 0."""
@@ -203,7 +203,7 @@ def test_live_traffic_never_makes_a_period_look_wrong_to_the_audit(llm_conn, llm
     assert finding(llm_conn, org) is None
 
 
-# ---------------------------------------------------------------- budget counters (issue 23)
+# ---------------------------------------------------------------- budget counters
 
 
 def key_history(conn: psycopg.Connection) -> uuid.UUID:
@@ -229,8 +229,7 @@ def corrupt_counter(conn: psycopg.Connection, org: uuid.UUID, scope: str, window
 
 
 def test_the_audit_finds_budget_counters_that_disagree_in_the_current_and_previous_windows(llm_conn):
-    """issue 23 (the daily audit covers budgets: it recomputes the windows containing its clock
-    and the ones before them), invariant 14: at the organization's audit, a budget counter of the
+    """Invariant 14: at the organization's audit, a budget counter of the
     current or previous window that disagrees with its requests is logged (a WARNING naming it)
     and counted on the run with the periods' findings, and left as it is; a window before the
     previous one is not audited. Put right, the next audit finds nothing."""

@@ -1,4 +1,4 @@
-"""A budget's threshold notices (issue 23, docs/architecture.md "Budgets"): a notice's
+"""A budget's threshold notices (docs/architecture.md "Budgets"): a notice's
 period_start holds its budget's window start, which for a day or week window is
 rarely the first of a month, so a notice is not tied to a period."""
 
@@ -13,8 +13,7 @@ WEEK = DAY - timedelta(days=DAY.weekday())  # Monday 2026-01-12
 
 
 def test_a_day_and_a_week_budget_owe_their_notices_mid_month(llm_conn):
-    """issue 23 (notices: each budget's thresholds once per scope, id, window and window
-    start): a settlement crossing a day budget's and a week budget's thresholds on the 15th
+    """A settlement crossing a day budget's and a week budget's thresholds on the 15th
     settles and owes a notice per threshold, with the window start as period_start. Failed
     before (a foreign key tied period_start to a period: 23503, the settlement rolled back)."""
     org = new_org(llm_conn, 10_000)

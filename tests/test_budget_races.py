@@ -1,4 +1,4 @@
-"""Budgets are exact under concurrency (issue 23 "Exactness", docs/architecture.md "Budgets",
+"""Budgets are exact under concurrency ("Exactness", docs/architecture.md "Budgets",
 invariants 14 and 15): sessions admitting at once against one budget admit exactly as
 many requests as fit, whether its counter exists or is created by the race itself (the
 first requests of an end user never seen before, the race the gateways lose); and a
@@ -96,7 +96,7 @@ def admit_or_refusal(
 def assert_names_budget(
     error: psycopg.Error | None, scope: str, scope_id: str, window: str, limit: int, estimate: int
 ) -> None:
-    """The refusal names this one budget (issue 23: DETAIL's first line the real id, the
+    """The refusal names this one budget (DETAIL's first line the real id, the
     diagnostic fields the budget), with figures that do not fit."""
     assert error is not None, "admitted"
     # the diagnostic fields, or on Citus, which drops them, the DETAIL (as the driver reads it)
@@ -114,7 +114,7 @@ def assert_names_budget(
 
 
 def test_eight_sessions_on_one_key_day_budget_admit_exactly_what_fits(llm_conn, llm_role_conn):
-    """Issue 23 "Exactness" (8 sessions, one API key's daily budget), invariants 14/15: on
+    """Budgets are exact (8 sessions, one API key's daily budget), invariants 14/15: on
     each of 5 days, 8 app sessions released together make 4 attempts each of 7 credits
     against the key's day budget of 100: exactly floor(100/7) = 14 are admitted a day, 98
     held, and every refusal names that key's day budget."""
@@ -149,7 +149,7 @@ def test_eight_sessions_on_one_key_day_budget_admit_exactly_what_fits(llm_conn, 
 def test_the_first_requests_of_new_end_users_under_a_default_budget_are_exact(
     llm_conn, llm_role_conn
 ):
-    """Issue 23 "Exactness" (the race the gateways lose), invariant 14: for each of 6 end
+    """Budgets are exact (the race the gateways lose), invariant 14: for each of 6 end
     users never seen before, 8 app sessions released together at a barrier admit their
     first requests (10 credits) under the '*' day budget of 35: the counter is created by
     the race, and exactly 3 are admitted per user, the others refused naming that user."""
@@ -181,7 +181,7 @@ def test_the_first_requests_of_new_end_users_under_a_default_budget_are_exact(
 def test_seven_sessions_blocked_on_a_new_end_users_first_counter_decide_on_its_figures(
     llm_conn, llm_connect, llm_role_conn
 ):
-    """Issue 23 "Exactness", scripted: the first request of a new end user (10 credits,
+    """Budgets are exact, scripted: the first request of a new end user (10 credits,
     '*' day budget 35) is open, its counter row inserted but not committed; 7 more sessions
     admitting that user block on it (pg_blocking_pids); it commits; each then decides on
     the committed counter: exactly 2 more are admitted, 5 refused naming the user."""
@@ -209,8 +209,7 @@ def test_seven_sessions_blocked_on_a_new_end_users_first_counter_decide_on_its_f
 def test_an_admission_blocked_by_a_lowering_set_budget_is_decided_wholly_without_it(
     llm_conn, llm_connect, llm_role_conn
 ):
-    """Issue 23 ("an admission running at the same time is decided wholly with it or wholly
-    without it"), invariant 15: a set_budget lowering a key's day budget from 100 to 10 is
+    """Invariant 15: a set_budget lowering a key's day budget from 100 to 10 is
     open, its counter locked; an admission (7 more, read under 100) blocks on the counter;
     set_budget commits; the admission is decided wholly under the limit it read (admitted,
     the counter's admitted limit 100); the next admission is decided under 10 and refused."""
@@ -235,12 +234,11 @@ def test_an_admission_blocked_by_a_lowering_set_budget_is_decided_wholly_without
 def test_a_budget_applies_to_every_admission_called_after_set_budget_commits(
     llm_conn, llm_connect, llm_role_conn
 ):
-    """Issue 23 ("a budget applies to every admission called after set_budget commits,
-    whatever its p_now"; "wholly with it or wholly without it"): the organization's first
-    budget (a key's day budget of 10) is open in set_budget's transaction; an admission of
-    the key runs meanwhile, without waiting, wholly without it (no counter, no budget bit);
-    set_budget commits (its p_now a day later); an admission called then with a p_now five
-    days earlier is under the budget: 10 fits, 1 more is refused."""
+    """The organization's first budget (a key's day budget of 10) is open in set_budget's
+    transaction; an admission of the key runs meanwhile, without waiting, wholly without it
+    (no counter, no budget bit); set_budget commits (its p_now a day later); an admission
+    called then with a p_now five days earlier is under the budget: 10 fits, 1 more is
+    refused."""
     org = new_org(llm_conn, 10**9)
     admit(llm_conn, org, 1)  # the month's period exists: its creation would wait for set_budget
     admin = llm_connect(autocommit=False)
@@ -263,8 +261,7 @@ def test_a_budget_applies_to_every_admission_called_after_set_budget_commits(
 
 
 def test_a_removal_racing_a_set_of_the_same_budget_waits_and_commits_last(llm_conn, llm_connect):
-    """Issue 23 (set_budget: "NULL removes the budget"; the last change to commit is in
-    force): a key's day budget is set in one transaction, left open; its removal, called
+    """A key's day budget is set in one transaction, left open; its removal, called
     meanwhile, waits for that transaction (it would find no row to delete and lose to the
     set committing after it, found by the concurrent simulation); once the set commits, the
     removal deletes the budget it set. Admissions of the key are then under no budget."""

@@ -1,4 +1,4 @@
-"""The request path's reads of budget counters stay index lookups (issue 23, "Speed: the
+"""The request path's reads of budget counters stay index lookups ("Speed: the
 request path's write shape"): a settlement moves its request's counters and a refusal
 reads the counter that refused, each by its full key, never by scanning every
 organization's counters (which also prunes, and writes WAL for, every page it reads);
@@ -37,10 +37,9 @@ def counter_scans(conn: psycopg.Connection) -> tuple[int, int]:
 
 
 def test_settlement_and_refusal_find_counters_by_their_key_not_by_a_scan(llm_conn):
-    """Issue 23 (speed of the request path; invariant 14's counters): with hundreds of
-    counters, eight settlements (past PL/pgSQL's five custom plans, so its generic plan
-    too) and a refusal read llm.budget_counters through its key only. The counter's
-    lookup compared scope_id with IS NOT DISTINCT FROM, which no index can serve."""
+    """With hundreds of counters, eight settlements (past PL/pgSQL's five custom plans, so its
+    generic plan too) and a refusal read llm.budget_counters through its key only. The
+    counter's lookup compared scope_id with IS NOT DISTINCT FROM, which no index can serve."""
     org = new_org(llm_conn, 10**9)
     set_budget(llm_conn, org, "api_key", "*", "day", 10**6)
     set_budget(llm_conn, org, "organization", None, "day", 10**6)  # a NULL scope_id too
@@ -73,10 +72,10 @@ def test_settlement_and_refusal_find_counters_by_their_key_not_by_a_scan(llm_con
 def test_a_hold_waiting_for_an_open_hold_on_the_same_counter_decides_on_its_outcome(
     llm_conn, llm_connect, first_ends
 ):
-    """Issue 23 (exactness under concurrency; invariant 15): an existing counter is held by
-    a plain UPDATE whose WHERE is the fit. A second admission on the same key waits for
-    the first's open hold, then decides on what it left: refused (LL001, naming the key)
-    when the first committed 50 of the 100, admitted when it rolled back."""
+    """An existing counter is held by a plain UPDATE whose WHERE is the fit. A second admission
+    on the same key waits for the first's open hold, then decides on what it left: refused
+    (LL001, naming the key) when the first committed 50 of the 100, admitted when it rolled
+    back."""
     org = new_org(llm_conn, 10**6)
     set_budget(llm_conn, org, "api_key", "k", "day", 100)
     admit(llm_conn, org, 10, api_key="k")  # the counter exists: the UPDATE path

@@ -1,4 +1,4 @@
-"""Budgets at every level and window (issue 23, docs/architecture.md "Budgets"): a request
+"""Budgets at every level and window (docs/architecture.md "Budgets"): a request
 names a project, an API key and an end user; every budget that applies to it is a hard
 ceiling, checked with the allowance all or nothing, and every movement of the request
 moves the counters it was admitted under."""
@@ -154,8 +154,8 @@ def test_settle_fail_and_recover_move_every_counter(llm_conn):
 def test_a_request_under_four_budgets_refused_by_one_holds_nothing_and_names_it(
     llm_conn, scope, scope_id, window
 ):
-    """Issue 23 "Exactness" (org day + project month + key day + user day, refused by
-    exactly one), docs/contract.md "Errors": the one budget that does not fit refuses with
+    """Budgets are exact (org day + project month + key day + user day, refused by
+    exactly one): docs/contract.md "Errors": the one budget that does not fit refuses with
     LL001, nothing is held anywhere (no table changes), and the refusal names that one: its
     diagnostic fields and its DETAIL, whose first line is the real id (the end user's, not
     '*'; the organization's uuid for its own budget)."""
@@ -188,10 +188,10 @@ REFUSAL_ORDER = [("periods", "organization", "month")] + [
 
 
 def test_with_several_budgets_that_do_not_fit_the_first_in_bit_order_is_named(llm_conn):
-    """Issue 23 (several that do not fit): with the allowance and all eleven budgets too
-    small, the refusal names the allowance (TABLE periods, its DETAIL unchanged); raising
-    each one named in turn, the next is named in the order organization, project, api_key,
-    end_user and, within a scope, day, week, month; each refusal writes nothing."""
+    """With the allowance and all eleven budgets too small, the refusal names the allowance
+    (TABLE periods, its DETAIL unchanged); raising each one named in turn, the next is named
+    in the order organization, project, api_key, end_user and, within a scope, day, week,
+    month; each refusal writes nothing."""
     org = new_org(llm_conn, 10)
     scopes = {"project": "p", "api_key": "k", "end_user": "u"}
     for _table, scope, window in REFUSAL_ORDER[1:]:
@@ -227,7 +227,7 @@ def test_with_several_budgets_that_do_not_fit_the_first_in_bit_order_is_named(ll
 def test_a_window_rolls_over_at_its_utc_boundary_and_moves_stay_in_the_admission_window(
     llm_conn, window, last, first
 ):
-    """Issue 23 "Exactness" (windows): a request admitted at the window's last second
+    """Budgets are exact (windows): a request admitted at the window's last second
     (23:59:59 UTC; a Sunday for the week, the 31st for the month) and settled after the
     boundary moves the earlier window's counter; the new window (midnight, Monday 00:00,
     the 1st) starts from nothing; a request admitted later with the earlier p_now is still
@@ -255,7 +255,7 @@ def test_a_window_rolls_over_at_its_utc_boundary_and_moves_stay_in_the_admission
 
 @pytest.mark.parametrize("charge", ["estimate", "dispatched", "none"])
 def test_every_movement_moves_every_budget_exactly(llm_conn, charge):
-    """Issue 23 "Exactness" (settle, fail, recover under every policy, true-up), invariant
+    """Budgets are exact (settle, fail, recover under every policy, true-up), invariant
     14: under an organization day, a project month, a key day and a '*' end-user week
     budget, a settlement below its hold and one above it, a failure with partial usage,
     the recovery of a dispatched and of a reserved request under recovery_charge
@@ -290,11 +290,10 @@ def test_every_movement_moves_every_budget_exactly(llm_conn, charge):
 
 
 def test_removing_or_changing_budgets_with_requests_open_leaves_the_books_exact(llm_conn):
-    """Issue 23 ("which counters a request moves is fixed when it is admitted"), invariants
-    14 and 15: with two requests open, a key's '*' budget is removed, a user's own budget
-    lowered below its usage, and a project's own budget replaced by a '*' one; the open
-    requests still move the counters they were admitted under when they settle and fail,
-    a new request no longer moves the key's, and the books stay exact."""
+    """Invariants 14 and 15: with two requests open, a key's '*' budget is removed, a user's
+    own budget lowered below its usage, and a project's own budget replaced by a '*' one;
+    the open requests still move the counters they were admitted under when they settle and
+    fail, a new request no longer moves the key's, and the books stay exact."""
     org = new_org(llm_conn, 10**6)
     set_budget(llm_conn, org, "api_key", "*", "day", 100)
     set_budget(llm_conn, org, "end_user", "u", "day", 100)
@@ -333,7 +332,7 @@ def budgets(conn: psycopg.Connection, org: uuid.UUID) -> list[tuple]:
 
 
 def test_set_budget_replaces_limit_and_thresholds_and_a_null_limit_removes_it(llm_conn):
-    """Issue 23 (set_budget): setting a budget again replaces its limit and thresholds; a
+    """Setting a budget again replaces its limit and thresholds; a
     NULL limit removes it; removing one that does not exist changes nothing."""
     org = new_org(llm_conn, 10**6)
     set_budget(llm_conn, org, "project", "p", "week", 100, thresholds=[50])
@@ -352,8 +351,7 @@ def test_set_budget_replaces_limit_and_thresholds_and_a_null_limit_removes_it(ll
 
 
 def test_an_own_budget_set_mid_window_shares_the_default_counter(llm_conn):
-    """Issue 23 (counting: an own budget and the '*' budget of the same id share that
-    counter), invariant 15: a user who used 60 of a '*' day budget of 100 gets a budget of
+    """Invariant 15: a user who used 60 of a '*' day budget of 100 gets a budget of
     70 of their own: they keep the 60, so 20 more is refused naming their own limit and 10
     fits; one counter, listed with the limit that applies now."""
     org = new_org(llm_conn, 10**6)
@@ -371,7 +369,7 @@ def test_an_own_budget_set_mid_window_shares_the_default_counter(llm_conn):
 
 
 def test_an_id_is_exempt_from_a_default_budget_by_its_own_at_the_maximum(llm_conn):
-    """Issue 23 ("an id exempt from a '*' default gets its own budget at the maximum"):
+    """An id exempt from a '*' default gets its own budget at the maximum:
     under a '*' day budget of 100 for API keys, a key with its own budget of 10^15 admits
     far above 100, another key does not."""
     org = new_org(llm_conn, None)
@@ -383,8 +381,8 @@ def test_an_id_is_exempt_from_a_default_budget_by_its_own_at_the_maximum(llm_con
 
 
 def test_a_budget_set_mid_window_counts_only_requests_admitted_after_it(llm_conn):
-    """Issue 23 ("a budget set mid-window counts only requests admitted after it"): a key
-    that spent 500 today without a budget gets a day budget of 60: 50 fits, 20 more does not."""
+    """A key that spent 500 today without a budget gets a day budget of 60: 50 fits, 20 more
+    does not."""
     org = new_org(llm_conn, 10**6)
     settle(llm_conn, org, admit(llm_conn, org, 500, api_key="k")["id"], 500)
     set_budget(llm_conn, org, "api_key", "k", "day", 60)
@@ -394,7 +392,7 @@ def test_a_budget_set_mid_window_counts_only_requests_admitted_after_it(llm_conn
 
 
 def test_the_allowance_is_not_a_budget_and_an_unknown_organization_is_ll002(llm_conn):
-    """Issue 23 (set_budget): ('organization', NULL, 'month') is the allowance: 22023 with
+    """('organization', NULL, 'month') is the allowance: 22023 with
     a HINT naming upsert_organization; an unknown organization is LL002; both write nothing."""
     org = new_org(llm_conn, 100)
     error = assert_sqlstate(llm_conn, "22023", SET_BUDGET_SQL,
@@ -414,9 +412,7 @@ def budget_notices(conn: psycopg.Connection, org: uuid.UUID) -> list[tuple]:
 def test_a_lowered_limit_owes_in_its_own_transaction_what_the_window_of_p_now_reached(
     llm_connect, llm_conn
 ):
-    """Issue 23 (a lowered limit owes, in set_budget's own transaction, the notices of the
-    thresholds the window containing p_now stands at or above; once per scope, id, window,
-    window start and threshold): a key used 60 of 100 today (the 50% notice owed); lowered
+    """A key used 60 of 100 today (the 50% notice owed); lowered
     to 70 with p_now tomorrow it owes nothing (that window is empty); with p_now today it
     owes 80% inside its transaction, not 50% again; a new day's crossing is its own."""
     org = new_org(llm_conn, 10**6)
@@ -440,9 +436,8 @@ def test_a_lowered_limit_owes_in_its_own_transaction_what_the_window_of_p_now_re
 
 
 def test_an_allowance_notice_and_a_budget_notice_of_the_same_start_and_pct_both_exist(llm_conn):
-    """Issue 23 (notices: the unique key names scope, id and window), invariant 5: an
-    allowance of 100 and a project month budget of 100, both notified at 80%, crossed by
-    one settlement of 90: two notices for January 1st at 80%, one each."""
+    """Invariant 5: an allowance of 100 and a project month budget of 100, both notified at
+    80%, crossed by one settlement of 90: two notices for January 1st at 80%, one each."""
     org = new_org(llm_conn, 100, thresholds=[80])
     set_budget(llm_conn, org, "project", "p", "month", 100, thresholds=[80])
     settle(llm_conn, org, admit(llm_conn, org, 90, project="p")["id"], 90)
@@ -455,9 +450,8 @@ def test_an_allowance_notice_and_a_budget_notice_of_the_same_start_and_pct_both_
 
 
 def test_a_retried_invocation_id_compares_its_scope_ids(llm_conn):
-    """Issue 23 ("a retried p_invocation_id compares the scope ids as well"): the same ids
-    return the first admission and hold nothing more; a different, added or missing id is
-    LL007 and writes nothing."""
+    """The same ids return the first admission and hold nothing more; a different, added or
+    missing id is LL007 and writes nothing."""
     org = new_org(llm_conn, 10**6)
     set_budget(llm_conn, org, "end_user", "*", "day", 100)
     iid = uuid.uuid4()
@@ -472,10 +466,10 @@ def test_a_retried_invocation_id_compares_its_scope_ids(llm_conn):
 
 @pytest.mark.parametrize("window", ["day", "week"])
 def test_a_budget_notice_of_a_window_that_is_no_period_is_owed(llm_conn, window):
-    """Issue 23 (notices: period_start holds the window start): a key's day or week budget
-    crossed mid-month (the 15th, in the week of Monday the 12th) owes its notice for that
-    window's start. The notices' foreign key to the period heads refused it, and the
-    settlement that crossed the threshold failed (fixed in sql/28_budgets.sql)."""
+    """A key's day or week budget crossed mid-month (the 15th, in the week of Monday the 12th)
+    owes its notice for that window's start. The notices' foreign key to the period heads
+    refused it, and the settlement that crossed the threshold failed (fixed in
+    sql/28_budgets.sql)."""
     org = new_org(llm_conn, 10**6)
     set_budget(llm_conn, org, "api_key", "k", window, 100, thresholds=[50])
     assert settle(llm_conn, org, admit(llm_conn, org, 60, api_key="k")["id"], 60) == "settled"
@@ -484,8 +478,7 @@ def test_a_budget_notice_of_a_window_that_is_no_period_is_owed(llm_conn, window)
 
 
 def test_the_refusals_first_detail_line_is_the_id_verbatim(llm_conn):
-    """Issue 23 (the id is the one value code reads from the DETAIL: its first line, a
-    documented format), docs/contract.md "Errors": an end user id of 200 characters with
+    """docs/contract.md "Errors": an end user id of 200 characters with
     spaces, '=', a quote and non-ASCII letters, refused under the '*' budget, is the
     DETAIL's first line exactly; the rest is the one line of figures."""
     org = new_org(llm_conn, 10**6)
@@ -499,9 +492,8 @@ def test_the_refusals_first_detail_line_is_the_id_verbatim(llm_conn):
 
 
 def test_an_own_budget_replaces_the_default_only_for_its_window(llm_conn):
-    """Issue 23 (the budgets that apply: for each scope id its own budget for each window,
-    else the scope's '*' for that window): a user with a day budget of their own is still
-    under the '*' week budget; the other users are under both defaults."""
+    """A user with a day budget of their own is still under the '*' week budget; the other
+    users are under both defaults."""
     org = new_org(llm_conn, 10**6)
     set_budget(llm_conn, org, "end_user", "*", "day", 10)
     set_budget(llm_conn, org, "end_user", "*", "week", 50)
@@ -514,9 +506,8 @@ def test_an_own_budget_replaces_the_default_only_for_its_window(llm_conn):
 
 
 def test_a_lowered_default_owes_the_notices_of_the_ids_it_governs_only(llm_conn):
-    """Issue 23 (a lowered limit owes the thresholds its window stands at or above), for a
-    '*' budget: lowered from 100 to 70, it owes 80% for the user it governs (used 60) and
-    nothing for a user with a budget of their own (also used 60)."""
+    """For a '*' budget: lowered from 100 to 70, it owes 80% for the user it governs (used 60)
+    and nothing for a user with a budget of their own (also used 60)."""
     org = new_org(llm_conn, 10**6)
     set_budget(llm_conn, org, "end_user", "*", "day", 100)
     set_budget(llm_conn, org, "end_user", "own", "day", 1000)
@@ -529,11 +520,10 @@ def test_a_lowered_default_owes_the_notices_of_the_ids_it_governs_only(llm_conn)
 
 
 def test_budget_usage_pairs_each_counter_with_the_budget_the_writers_apply(llm_conn):
-    """Issue 24 (item 2: one read of the rule "the budget in force for a counter is its
-    id's own, else the scope's '*'"): llm.budget_usage gives each counter the limit,
-    thresholds and llm.budgets key (budget_scope_id) of the budget in force, the same as
-    llm._budget_terms, by which the writers owe notices: an own budget, a '*', an
-    organization budget (id NULL) and a removed one (NULL: none)."""
+    """Llm.budget_usage gives each counter the limit, thresholds and llm.budgets key
+    (budget_scope_id) of the budget in force, the same as llm._budget_terms, by which the
+    writers owe notices: an own budget, a '*', an organization budget (id NULL) and a
+    removed one (NULL: none)."""
     org = new_org(llm_conn, 10**6)
     set_budget(llm_conn, org, "organization", None, "day", 500, thresholds=[60])
     set_budget(llm_conn, org, "end_user", "*", "day", 100, thresholds=[50])

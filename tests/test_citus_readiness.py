@@ -240,7 +240,7 @@ SELECT DISTINCT v.relname AS view, t.relname AS reads, g.role
 
 
 def test_every_role_that_reads_a_view_may_read_what_the_view_reads(llm_conn):
-    """Learned on a real Citus 13.2.2 cluster (issue 30, Citus cause 5): Citus runs a view's
+    """Learned on a real Citus 13.2.2 cluster (Citus cause 5): Citus runs a view's
     shard queries as the caller, so llm_app, with SELECT on llm.budget_usage but not on
     budget_counters, got 42501 there while one node answered. A role that may read a view
     must be able to read every relation under it."""
@@ -368,8 +368,7 @@ def test_every_public_per_organization_function_delegates_to_a_distributed_twin(
 
 def test_every_public_per_organization_function_rejects_a_null_organization_with_22023(llm_conn):
     """Calling a distributed function with a NULL distribution argument crashes a Citus
-    coordinator, so the public function must refuse it first, writing nothing (issue 24
-    item 6: over a list that holds the known functions, never an empty one)."""
+    coordinator, so the public function must refuse it first, writing nothing (over a list that holds the known functions, never an empty one)."""
     for r in public_per_org_routines(llm_conn):
         required = r["pronargs"] - r["pronargdefaults"]
         call = sql.SQL("SELECT * FROM llm.{}({})").format(

@@ -176,7 +176,7 @@ def test_migrate_on_a_migrated_database_applies_nothing_new(llm_dsn):
 
 def test_health_never_ok_late_and_failing_exit_codes(llm_dsn, llm_conn):
     """The missing-run alarm as a monitoring check (BR-CAP-PFM-LLM-009-07): never -> 5
-    (issue 21 item 7: not 2, click's usage error), ok -> 0, late (no pass within
+    (not 2, click's usage error), ok -> 0, late (no pass within
     health_max_age, 2 h) -> 1, failing -> 1."""
     never = llm_db("health", "--now", iso(T0), dsn=llm_dsn)
     assert never.returncode == 5, never.stderr
@@ -207,7 +207,7 @@ def test_health_never_ok_late_and_failing_exit_codes(llm_dsn, llm_conn):
 
 
 def test_health_help_says_never_exits_5():
-    """issue 21 item 7: `--help` of health and of llm-db name exit 5 for never."""
+    """`--help` of health and of llm-db name exit 5 for never."""
     assert "5  never" in llm_db("health", "--help").stdout
     assert "5    health: no pass has ever completed" in llm_db("--help").stdout
 
@@ -354,7 +354,7 @@ def test_schedule_with_cron_dsn_schedules_in_the_cron_database_for_this_one(
     llm_dsn, llm_conn, llm_cron_dsn, cron_conn
 ):
     """LL010's way out: --cron-dsn runs cron.schedule_in_database(..., <llm database>) in the
-    pg_cron database, as job llm-reconciliation:<llm database> (issue 21 F5); idempotent;
+    pg_cron database, as job llm-reconciliation:<llm database>; idempotent;
     unschedule --cron-dsn removes that job only."""
     dbname = llm_conn.info.dbname
     job = f"{CRON_JOB}:{dbname}"
@@ -435,7 +435,7 @@ def test_notices_deliver_to_a_failing_endpoint_keeps_them_owed_exit_1(
 def test_notices_deliver_counts_a_claim_taken_again_lost_logs_it_and_exits_1(
     llm_dsn, llm_conn, org, webhook
 ):
-    """issue 20 defect 6: while the run's POST is held by the receiver, its claim expires, the
+    """While the run's POST is held by the receiver, its claim expires, the
     pass re-arms it and another deliverer claims it. The run's complete_notice then changes
     nothing: it counts the notice lost, logs it on stderr and exits 1; the other claim
     stands."""
@@ -556,7 +556,7 @@ def test_report_text_has_a_section_each_and_org_filters(llm_dsn, llm_conn, org):
 
 
 def test_report_by_end_user_adds_its_two_sections_and_refuses_another_scope(llm_dsn, llm_conn, org):
-    """issue 23: `llm-db report --by end_user` adds the usage per end user and the budgets near
+    """`llm-db report --by end_user` adds the usage per end user and the budgets near
     their limit (text and JSON); --by takes project, api_key or end_user only (exit 2)."""
     llm = Llm(llm_conn)
     llm.set_budget(org, "end_user", "*", "day", 10, now=T0)

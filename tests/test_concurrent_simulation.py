@@ -1,4 +1,4 @@
-"""The concurrent model-based simulation (issue 20, "A concurrent, model-based proof").
+"""The concurrent model-based simulation ("A concurrent, model-based proof").
 
 Each history is seeded: ``concurrent_model.plan(seed)`` draws 5 rounds for 4
 sessions. In a round every session runs its short list of operations (1 to 3
@@ -12,7 +12,7 @@ earlier rounds) and one as
 clock, one 20-40 days ahead or one up to two days behind (a lagging scheduler's
 clock, which may precede the round's own admissions), sometimes two passes at once,
 ``set_period_stripes``, allowance and threshold changes, recovery-policy
-changes, budgets set, changed and removed (issue 23: own and ``'*'``,
+changes, budgets set, changed and removed (own and ``'*'``,
 organization day/week, project/api_key/end_user day/week/month, while the
 admissions name scope ids of a small pool), and notice work: claiming, completing, failing, releasing, going stale,
 and ending a stale claim rounds later). The superuser only creates the roles and
@@ -35,7 +35,7 @@ model (``concurrent_model.Model``) is built from the committed results, never by
 re-deciding what the order decided, and the books must equal it: each period's
 allowance, used, held and cents; each request's status, kind, charges, period,
 alert and late record, scope ids and budget_mask; each budget counter's used,
-held and cents (issue 23, invariant 14); each task's status and totals (no drift finding); each
+held and cents (invariant 14); each task's status and totals (no drift finding); each
 notice's status and attempts, and a notice for
 every level used stands at or above; ``sweep_totals``; every pass succeeded or
 was skipped; ``llm.check_invariants()`` empty (docs/contract.md "Invariants");
@@ -43,13 +43,13 @@ after a round with a pass, the daily usage of the day before its clock.
 At the end a final pass runs alone; then ``daily_usage`` must equal the
 requests, and ``llm.check_daily_usage`` (when it exists) must return nothing.
 Notice calls go through ``NoticeWorker``, which passes the claim token when
-``complete_notice`` takes one (issue 20 defect 6) and cannot before.
+``complete_notice`` takes one and cannot before.
 
-On 0.2.0 (e283082) it fails, as it should: it finds issue 20 defects 3, 4, 5,
-6, 7 and 8 (each with its own message), defect 2 once 7 is fixed, and a pass
+On 0.2.0 (e283082) it fails, as it should: it finds the concurrency defects
+0.3.0 fixed (CHANGELOG 0.3.0, "Books airtight under concurrent actors"; each with its
+own message), and a pass
 that a fresh session of an operator LOGIN cannot run (42501 on ``llm._clock_ok``,
-since granted; tests/test_roles.py proves it). With every fix of issue 20 it
-passes.
+since granted; tests/test_roles.py proves it). With those fixes it passes.
 
 Knobs: ``LLM_DB_SIM_HISTORIES`` (200 when ``CI=true``, 30 otherwise) from seed
 ``LLM_DB_SIM_SEED`` (0); ``LLM_DB_SIM_SURVEY=1`` runs every history and lists
@@ -118,7 +118,7 @@ ROLES = {"app": ("sim_app", "llm_app"), "operator": ("sim_operator", "llm_operat
 
 
 class NoticeWorker:
-    """Every notice call of the simulation, before and after issue 20 defect 6: when
+    """Every notice call of the simulation, before and after claim tokens (0.3.0): when
     ``claim_notices`` returns a ``claim_token`` the ends pass it right after the notice
     id (``p_claim_token``); before, they cannot, and a stale worker's end reaches
     whichever claim is live (which the model refuses)."""
@@ -268,7 +268,7 @@ class Runner:
             return call(conn, "set_period_stripes", a["org"], a["stripes"])[0]["value"]
         if op == "claim":
             # a claim names its notice (org, window start, threshold) and, for a budget's
-            # notice, its scope, id and window after the claim's name (issue 23)
+            # notice, its scope, id and window after the claim's name
             names = {
                 (*k[:3], *(k[4:] or ALLOWANCE)): k[3] for k in (recorded or {}).get("ok") or []
             }
@@ -365,7 +365,7 @@ def check_books(conn: psycopg.Connection, model: Model) -> None:
     missing = model.required_notices() - db_notices.keys()
     if missing:
         raise Mismatch(
-            f"no notice for levels used stands at or above: {sorted(missing)} (issue 20 defects 3, 4)"
+            f"no notice for levels used stands at or above: {sorted(missing)} (a threshold or allowance change owes them)"
         )
     _same("periods (allowance, used, held, cents)", {
         (o, s): tuple(r) for o, s, *r in q(
@@ -381,7 +381,7 @@ def check_books(conn: psycopg.Connection, model: Model) -> None:
     late_only = requests.keys() == expected.keys() and all(
         v[:6] + v[7:] == unlate[k] for k, v in requests.items()
     )
-    hint = "; only late records differ: issue 20 defect 7 (a late failure records its figures)"
+    hint = "; only late records differ: a late failure after recovery records its figures since 0.3.0"
     _same("requests", requests, expected, hint if late_only else "")
     _same("budget counters (used, held, cents)", counters, model.counters())
     _same("tasks (status, requests, credits, cents, ended)", {
@@ -408,8 +408,8 @@ def check_books(conn: psycopg.Connection, model: Model) -> None:
 
 
 def check_daily(conn: psycopg.Connection, model: Model) -> None:
-    """After the final pass, with no traffic: daily usage equals the requests (issue 20
-    defects 1 and 8), and llm.check_daily_usage agrees where it exists."""
+    """After the final pass, with no traffic: daily usage equals the requests (a true-up
+    racing the rebuild of its day, a pass with a clock ahead), and llm.check_daily_usage agrees where it exists."""
     _same("daily_usage", _daily(conn), model.daily())
     if conn.execute(
         "SELECT to_regprocedure('llm.check_daily_usage(date, date)') IS NOT NULL"
@@ -424,7 +424,7 @@ def check_yesterday(conn: psycopg.Connection, model: Model, day: date) -> None:
     """After a round with a pass: the day before the pass's clock is one every pass
     rebuilds (the last settings.reporting_days), and no call of the round settles on it
     (a round's calls run on the round's clock), so it must equal its requests: a true-up
-    of a request recovered that day counts whatever the interleaving (issue 20 defect 1)."""
+    of a request recovered that day counts whatever the interleaving."""
     expected = {k: v for k, v in model.daily().items() if k[1] == day}
     _same(f"daily_usage of {day}", {k: v for k, v in _daily(conn).items() if k[1] == day}, expected)
 
@@ -628,10 +628,10 @@ def test_concurrent_histories_keep_the_books_equal_to_the_model(sim_sessions, ll
     """Invariants 1-9 and the model at every quiescent point of HISTORIES seeded histories
     of 4 sessions at once (CAP-PFM-LLM-007 admission with stripes, WF-PFM-LLM-004 passes,
     BR-CAP-PFM-LLM-009-01 recovery charges, BR-CAP-PFM-LLM-009-07 sweep totals, notices),
-    with the right behaviour of issue 20 defect 1, 3, 4, 6, 7 and 8; and budgets (issue 23,
-    invariants 14 and 15): every admission decided wholly with or wholly without each
+    with the right behaviour of every concurrency defect 0.3.0 fixed; and budgets
+    (invariants 14 and 15): every admission decided wholly with or wholly without each
     concurrent set_budget, no counter over its limit, every counter equal to its requests,
-    refusals naming the first budget that does not fit; and retention (issue 30) under a
+    refusals naming the first budget that does not fit; and retention under a
     budget_retention from 1 hour to 400 days with admissions dated into old windows: no
     purged window admitted again, LL012 only past the horizon, the horizon never past an
     open request."""
@@ -674,7 +674,7 @@ def test_replay_committed_history(path, sim_sessions, llm_conn):
     A replay may claim notices in another order than its recording (notices crossed at
     one instant are claimed in the order of their random ids, and the pass runs where
     its CALL returned): its model follows its own results, and an end of a claim it
-    never made is skipped. On 0.2.0 such a divergence can itself meet issue 20 defect 6,
+    never made is skipped. On 0.2.0 such a divergence can itself meet a stale claim's end,
     so the corpus keeps histories whose replays were seen to pass five times in a row."""
     recorded = json.loads(path.read_text())
     try:

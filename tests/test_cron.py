@@ -115,7 +115,7 @@ def test_schedule_without_pg_cron_raises_ll010_with_schedule_in_database_hint(
     """WF-PFM-LLM-004 hop 1: in a database without the pg_cron extension, scheduling raises
     LL010; since pg_cron lives in another database (cron.database_name), the HINT gives the
     cron.schedule_in_database call to run there. The owner, no superuser, cannot read
-    cron.database_name (issue 21 F2: pg_settings hides it), so the HINT names the pg_cron
+    cron.database_name (pg_settings hides it), so the HINT names the pg_cron
     database by its setting; an owner granted pg_read_all_settings is told its name."""
     # superuser: reading a server setting hidden from the owner, as the provider's admin
     cron_db = llm_superuser_conn.execute("SELECT current_setting('cron.database_name')").fetchone()[0]

@@ -1,6 +1,6 @@
 """Daily usage against its requests: a true-up racing the pass's rebuild of its day is
-never lost (issue 20 defect 1), a pass run with a clock far ahead hides no earlier day
-from the catch-up (issue 20 defect 8), and ``llm.check_daily_usage`` reports every day
+never lost, a pass run with a clock far ahead hides no earlier day
+from the catch-up, and ``llm.check_daily_usage`` reports every day
 whose rows differ from its requests.
 
 ``daily_usage`` is a cache: a settlement after the pass rebuilt its day is legal until
@@ -80,12 +80,12 @@ def assert_day_right(conn: psycopg.Connection, org: uuid.UUID) -> None:
     assert invariants(conn) == []
 
 
-# ---------------------------------------------------------------- defect 1: true-up against rebuild
+# ---------------------------------------------------------------- a true-up against the rebuild
 
 
 @pytest.mark.parametrize("built", [True, False], ids=["day built", "day not built yet"])
 def test_a_true_up_waiting_on_the_rebuild_of_its_day_is_kept(llm_conn, llm_connect, built):
-    """Issue 20 defect 1, rebuild first: the rebuild of the true-up's day is open (its rows
+    """Rebuild first: the rebuild of the true-up's day is open (its rows
     deleted and inserted again, without the true-up, which has not happened); the true-up
     waits for the rebuild's rows and, once the rebuild commits, adds its difference to
     them. As it was, the true-up's UPDATE waited on the deleted row, found it gone and
@@ -108,7 +108,7 @@ def test_a_true_up_waiting_on_the_rebuild_of_its_day_is_kept(llm_conn, llm_conne
 
 @pytest.mark.parametrize("built", [True, False], ids=["day built", "day not built yet"])
 def test_a_rebuild_waiting_on_a_true_up_of_its_day_counts_it(llm_conn, llm_connect, built):
-    """Issue 20 defect 1, true-up first: the true-up is open, its day's row moved (day
+    """True-up first: the true-up is open, its day's row moved (day
     built) or inserted from the requests (day not built yet); the rebuild waits for that
     row and, once the true-up commits, rebuilds the day with it (after a unique violation
     on the inserted row, by rebuilding again). As it was, a true-up of a day not built yet
@@ -129,7 +129,7 @@ def test_a_rebuild_waiting_on_a_true_up_of_its_day_counts_it(llm_conn, llm_conne
 
 
 def test_a_true_up_of_a_day_not_built_yet_writes_the_row_a_rebuild_would(llm_conn):
-    """Issue 20 defect 1: with no rebuild running, a true-up of a day the pass has not
+    """With no rebuild running, a true-up of a day the pass has not
     built since the recovery writes that day's row from the requests, and a rebuild then
     leaves it as it is."""
     org, inv = recovered_request(llm_conn)
@@ -140,15 +140,15 @@ def test_a_true_up_of_a_day_not_built_yet_writes_the_row_a_rebuild_would(llm_con
     assert_day_right(llm_conn, org)
 
 
-# ---------------------------------------------------------------- defect 8: a far clock
+# ---------------------------------------------------------------- a far clock
 
 
 def test_a_pass_run_far_ahead_hides_no_day_from_the_catch_up(llm_conn):
-    """Issue 20 defect 8: passes run daily, then one with a clock a year ahead
-    (``llm-db reconcile --now``); requests settle over three days while no pass runs; the
-    passes resume at the real clock, and every day of the outage reaches daily_usage. As
-    it was, the far pass's daily_rebuilt_through made the resumed pass rebuild only the
-    last settings.reporting_days, so the outage's first days stayed without their usage."""
+    """Passes run daily, then one with a clock a year ahead (``llm-db reconcile --now``);
+    requests settle over three days while no pass runs; the passes resume at the real clock,
+    and every day of the outage reaches daily_usage. As it was, the far pass's
+    daily_rebuilt_through made the resumed pass rebuild only the last
+    settings.reporting_days, so the outage's first days stayed without their usage."""
     org = new_org(llm_conn, None)
     for day in range(2):
         run_pass(llm_conn, T0 + day * DAY)
@@ -167,7 +167,7 @@ def test_a_pass_run_far_ahead_hides_no_day_from_the_catch_up(llm_conn):
 
 
 def test_a_pass_run_ahead_vouches_only_for_the_days_it_really_saw(llm_conn):
-    """Issue 20 defect 8, once real time reaches the clock a pass ran with (found in
+    """Once real time reaches the clock a pass ran with (found in
     review): a pass today, then one run ten days ahead (``llm-db reconcile --now``); a
     request settles two days on, while no pass runs; passes resume twelve days on. The
     pass run ahead rebuilt days whose requests had not settled yet, so it vouches only

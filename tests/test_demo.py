@@ -42,7 +42,7 @@ def run_demo(
     )  # fmt: skip
     elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
-    # issue 31 item 7: --json prints one JSON document and nothing else
+    # --json prints one JSON document and nothing else
     return proc, json.loads(proc.stdout), elapsed
 
 
@@ -60,7 +60,7 @@ def assert_figures_agree(result: dict[str, Any]) -> None:
     assert traffic["refused_suspended"] > 0
     assert traffic["tasks_left_running"] == 1
     assert traffic["by_organization"]["initech"]["admitted"] == 0
-    # only Globex has budgets (issue 23); what they refused is among its refusals
+    # only Globex has budgets; what they refused is among its refusals
     assert traffic["refused_budget"] == traffic["by_organization"]["globex"]["refused_budget"]
     assert traffic["by_organization"]["acme"]["refused_budget"] == 0
 
@@ -160,7 +160,7 @@ def test_demo_with_dsn_prints_figures_that_match_the_database(llm_dsn, llm_conn)
                             " ('reserved', 'dispatched')") == after["open_requests"] == 0  # fmt: skip
     assert result["notices_delivered"] is None  # never delivered from someone else's database
 
-    # issue 23: Globex's budgets as printed are its requests', per window: the project's
+    # Globex's budgets as printed are its requests', per window: the project's
     # month, and the end users counted one by one under the '*' day budget
     globex = orgs["globex"]
     printed = {(b["scope"], b["budget_window"], b["window_start"]): (b["ids"], b["used_credits"])
@@ -268,7 +268,7 @@ def test_a_signal_swallowed_by_a_finalizer_still_interrupts_the_demo(capsys, mon
 
 
 def test_a_day_across_two_months_is_booked_per_month(llm_dsn, llm_conn, monkeypatch):
-    """issue 31 item 7: a day of traffic from March 31st into April 1st is two months of
+    """A day of traffic from March 31st into April 1st is two months of
     books, each against its own month's allowance; 0.3.0 summed both months against one
     month's allowance ("used 26,041 of 24,000, 108 %, 0 over the allowance")."""
     monkeypatch.setattr(demo, "PASS_CLOCK", "SELECT timestamptz '2026-04-02 10:00:00+00' AS now")

@@ -86,7 +86,7 @@ def booked_org(conn: psycopg.Connection) -> tuple[uuid.UUID, uuid.UUID]:
 
 
 def test_the_derived_tables_agree_with_the_books_after_recovery_and_a_true_up(llm_conn):
-    """Invariants 10, 11 and 13 (issue 20): the sweeps' totals count what recovery did,
+    """Invariants 10, 11 and 13: the sweeps' totals count what recovery did,
     exactly, also after a true-up replaced a recovered charge; a resolved period finding
     and a drift finding whose task still differs report nothing."""
     org, _ = booked_org(llm_conn)
@@ -108,7 +108,7 @@ def test_the_derived_tables_agree_with_the_books_after_recovery_and_a_true_up(ll
     "column", ["recovered_requests", "recovered_uncharged", "past_window_alerts"]
 )
 def test_invariant_10_reports_sweep_totals_that_differ_from_the_requests(llm_conn, column):
-    """Invariant 10 (issue 20): sweep_totals.recovered_requests counts the requests with
+    """Invariant 10: sweep_totals.recovered_requests counts the requests with
     recovered_credits, recovered_uncharged those recovered at 0 with an estimate,
     past_window_alerts those with past_window_alerted_at; a total changed by hand is
     reported."""
@@ -120,7 +120,7 @@ def test_invariant_10_reports_sweep_totals_that_differ_from_the_requests(llm_con
 
 
 def test_invariant_10_reports_a_missing_sweep_totals_row(llm_conn):
-    """Invariant 10 (issue 20): an organization whose requests were recovered has its
+    """Invariant 10: an organization whose requests were recovered has its
     totals; a deleted row reads as zeros and is reported."""
     org, _ = booked_org(llm_conn)
     llm_conn.execute("DELETE FROM llm.sweep_totals WHERE organization_id = %s", [org])
@@ -128,7 +128,7 @@ def test_invariant_10_reports_a_missing_sweep_totals_row(llm_conn):
 
 
 def test_invariant_11_reports_an_unresolved_finding_on_a_period_that_agrees(llm_conn):
-    """Invariant 11 (issue 20): an unresolved period finding means its counter still
+    """Invariant 11: an unresolved period finding means its counter still
     differs; a resolved finding reopened by hand, or one written for a period that
     does not exist, is reported."""
     org, _ = booked_org(llm_conn)
@@ -144,7 +144,7 @@ def test_invariant_11_reports_an_unresolved_finding_on_a_period_that_agrees(llm_
 
 
 def test_invariant_13_reports_a_drift_finding_whose_task_agrees(llm_conn):
-    """Invariant 13 (issue 20): a drift finding is kept only while its task differs from its
+    """Invariant 13: a drift finding is kept only while its task differs from its
     requests (the sweep deletes it once they agree). A task put right by hand is
     reported until the next sweep drops its finding; a finding written by hand for an
     honest task is reported too."""
@@ -166,7 +166,7 @@ def test_invariant_13_reports_a_drift_finding_whose_task_agrees(llm_conn):
 def test_a_drift_finding_on_a_task_closed_before_the_drift_window_is_dropped_once_it_agrees(
     llm_conn,
 ):
-    """Invariant 13 (issue 20), BR-CAP-PFM-LLM-009-06: the sweep revisits every task with a
+    """Invariant 13, BR-CAP-PFM-LLM-009-06: the sweep revisits every task with a
     drift finding, whatever its age. A finding whose task closed more than drift_window
     (7 days) ago is not reported again while it differs (it is kept as it was), and is
     dropped by the next sweep once its task is put right by hand."""
@@ -188,7 +188,7 @@ def test_a_drift_finding_on_a_task_closed_before_the_drift_window_is_dropped_onc
     assert_books_right(llm_conn)
 
 
-# ---------------------------------------------------------------- budget counters (issue 23)
+# ---------------------------------------------------------------- budget counters
 
 
 def budgeted_org(conn: psycopg.Connection) -> uuid.UUID:
@@ -217,7 +217,7 @@ def corrupt_counter(conn: psycopg.Connection, org: uuid.UUID, assignment: str) -
 def test_invariant_14_reports_a_budget_counter_that_differs_from_its_requests(
     llm_conn, llm_superuser_conn, assignment, invariants
 ):
-    """Invariant 14 (each counter's used, held and cents equal its requests), issue 23: one
+    """Invariant 14 (each counter's used, held and cents equal its requests): one
     counter figure off by one, and that invariant alone reports it; a held credit off is
     also one of the stripe's (invariant 18: each stripe holds its open requests' holds)."""
     org = budgeted_org(llm_conn)
@@ -237,7 +237,7 @@ def test_invariant_15_reports_a_counter_above_the_limit_it_was_admitted_under(
     llm_conn, llm_superuser_conn
 ):
     """Invariant 15 (a budget is a ceiling: used + held - overrun <= the limit the last
-    admission was decided against), issue 23: the counter's admitted limit set below its
+    admission was decided against): the counter's admitted limit set below its
     90 of usage that is no measured overrun is reported, by 15 alone. The legal overrun
     (settled above its hold) and the limit lowered after the usage were not."""
     org = budgeted_org(llm_conn)
@@ -249,7 +249,7 @@ def test_invariant_15_reports_an_admitted_limit_off_its_unchanged_budget(
     llm_conn, llm_superuser_conn
 ):
     """Invariant 15 (the admitted limit is the budget's limit while the budget's revision is
-    the one the counter was admitted under), issue 23: after the budget is raised to 120
+    the one the counter was admitted under): after the budget is raised to 120
     and a request admitted under it, the counter's admitted limit changed to 121 (still a
     ceiling above its usage) is reported, by 15 alone."""
     org = budgeted_org(llm_conn)

@@ -1,5 +1,5 @@
 """The design documents are the source of truth the code cites (docs/architecture.md,
-"Conventions" 13; issue 24 item 7): docs/contract.md, docs/architecture.md,
+"Conventions" 13): docs/contract.md, docs/architecture.md,
 docs/traceability.md and docs/decisions.md, indexed by docs/design.md.
 
 No database: these tests read files only.
@@ -241,7 +241,7 @@ def test_every_invariant_number_is_in_invariants():
     invariants = section(CONTRACT, "Invariants")
     sql = (ROOT / "sql" / "95_invariants.sql").read_text(encoding="utf-8")
     # one query per invariant in check_invariants() (0.2.0), or one llm._invariant_<N>()
-    # each (issue 24 item 5); 2b, 4b and 5b are reported under 2, 4 and 5
+    # each; 2b, 4b and 5b are reported under 2, 4 and 5
     numbers = set(re.findall(r"RETURN QUERY\s+SELECT ([0-9]+),", sql))
     numbers |= set(re.findall(r"FUNCTION llm\._invariant_([0-9]+)[a-z]?\s*\(", sql))
     assert len(numbers) >= 9, sorted(numbers)

@@ -1,4 +1,4 @@
-"""``llm-db doctor``, the preflight check of a database (issue 21 item 3), through its real
+"""``llm-db doctor``, the preflight check of a database, through its real
 entry point against the test server: before install, after install, as an owner that is
 not a superuser (as on a managed service), with pg_cron in another database, and through
 PgBouncer. Exit 0 all ok, 1 a warning, 6 something missing; never 2 for a finding.
@@ -76,7 +76,7 @@ def owner_dsn(llm_server) -> Iterator[str]:
 
 
 def test_before_install_everything_llm_db_creates_is_missing_exit_6(empty_dsn):
-    """issue 21 item 3: a database before install: no schema llm, so the migration level
+    """A database before install: no schema llm, so the migration level
     and the pass are missing, each with the command that fixes it; exit 5 (as health never), never 2."""
     proc, checks = doctor(empty_dsn)
     assert proc.returncode == EXIT_MISSING, proc.stdout + proc.stderr
@@ -91,7 +91,7 @@ def test_before_install_everything_llm_db_creates_is_missing_exit_6(empty_dsn):
 def test_after_install_with_the_cron_database_only_warnings_remain(
     llm_server, llm_dsn, llm_cron_dsn
 ):
-    """issue 21 item 3: after migrate, with --cron-dsn: pg_cron found in the cron database,
+    """After migrate, with --cron-dsn: pg_cron found in the cron database,
     the grants held, the migration level equal to the package's, a direct connection;
     the pass not scheduled and never run are warnings (exit 1)."""
     proc, checks = doctor(llm_dsn, "--cron-dsn", llm_cron_dsn)
@@ -122,7 +122,7 @@ def test_after_install_with_the_cron_database_only_warnings_remain(
 
 
 def test_a_scheduled_healthy_pass_in_the_cron_database_is_all_ok(llm_cron_dsn, cron_conn):
-    """issue 21 item 3: llm-db installed in pg_cron's own database, the pass scheduled
+    """Llm-db installed in pg_cron's own database, the pass scheduled
     (llm.schedule_reconciliation) and run at now(): every check ok, exit 0."""
     proc, checks = doctor(llm_cron_dsn)
     assert checks["pg_cron"]["detail"].endswith("in this database")
@@ -138,7 +138,7 @@ def test_a_scheduled_healthy_pass_in_the_cron_database_is_all_ok(llm_cron_dsn, c
 
 
 def test_a_lost_grant_is_missing_with_the_command_that_restores_it(llm_conn, llm_dsn):
-    """issue 21 F4: llm_operator needs EXECUTE on llm._clock_ok to run the pass; the
+    """llm_operator needs EXECUTE on llm._clock_ok to run the pass; the
     doctor names the routine that lost it, and migrate (sql/99_grants.sql) restores it."""
     llm_conn.execute("REVOKE EXECUTE ON FUNCTION llm._clock_ok(timestamptz) FROM llm_operator")
     proc, checks = doctor(llm_dsn)
@@ -151,11 +151,11 @@ def test_a_lost_grant_is_missing_with_the_command_that_restores_it(llm_conn, llm
 def test_a_non_superuser_owner_installs_and_is_told_the_grants_it_lacks(
     llm_server, owner_dsn, llm_cron_dsn
 ):
-    """issue 21 item 1 and item 3, as on a managed service: an owner with LOGIN CREATEROLE
+    """As on a managed service: an owner with LOGIN CREATEROLE
     and no superuser installs llm-db (a first migrate works); the doctor then says that
-    cron.database_name is hidden from it (read from pg_settings, no 42501: issue 21 F2),
+    cron.database_name is hidden from it (read from pg_settings, not current_setting(), which raises 42501 to it),
     that the lease cannot see other roles' backends, and with --cron-dsn the pg_cron
-    grants it lacks (issue 21 F3), each with the GRANT to run as the provider's admin."""
+    grants it lacks, each with the GRANT to run as the provider's admin."""
     role = psycopg.conninfo.conninfo_to_dict(owner_dsn)["user"]
     proc, checks = doctor(owner_dsn)
     assert proc.returncode == EXIT_MISSING
@@ -173,7 +173,7 @@ def test_a_non_superuser_owner_installs_and_is_told_the_grants_it_lacks(
         "fix": "llm-db doctor --dsn ... --cron-dsn <the DSN of the database named by "
                "cron.database_name>",
     }  # fmt: skip
-    # why pg_settings: current_setting's missing_ok does not cover a privilege (issue 21 F2)
+    # why pg_settings: current_setting's missing_ok does not cover a privilege
     with psycopg.connect(owner_dsn, autocommit=True) as conn:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("SELECT current_setting('cron.database_name', true)")
@@ -204,7 +204,7 @@ def test_a_non_superuser_owner_installs_and_is_told_the_grants_it_lacks(
 
 
 def test_a_transaction_pooled_dsn_is_told_what_needs_a_session(llm_dsn, llm_pgbouncer_dsn):
-    """issue 21 item 3: through PgBouncer in transaction mode two transactions are answered
+    """Through PgBouncer in transaction mode two transactions are answered
     by different backends; the doctor says so, and that the worker (LISTEN) and
     prepare=True need a direct or session-pooled DSN. Directly: one backend, ok."""
     proc, checks = doctor(llm_pgbouncer_dsn)
@@ -218,7 +218,7 @@ def test_a_transaction_pooled_dsn_is_told_what_needs_a_session(llm_dsn, llm_pgbo
 
 
 def test_the_text_report_gives_one_line_a_check_and_the_fix_under_it(empty_dsn):
-    """issue 21 item 3: the text form: status, name, detail; ``fix:`` under a line not ok."""
+    """The text form: status, name, detail; ``fix:`` under a line not ok."""
     proc = llm_db("doctor", dsn=empty_dsn)
     assert proc.returncode == EXIT_MISSING
     lines = proc.stdout.splitlines()
@@ -229,7 +229,7 @@ def test_the_text_report_gives_one_line_a_check_and_the_fix_under_it(empty_dsn):
 
 
 def test_help_names_doctor_with_examples_and_its_exit_codes():
-    """issue 21 item 3: ``llm-db --help`` lists doctor and exit code 5; ``doctor --help``
+    """``llm-db --help`` lists doctor and exit code 5; ``doctor --help``
     teaches with examples, as every subcommand does."""
     top = llm_db("--help")
     assert "  doctor" in top.stdout and "  5 " in top.stdout
@@ -240,7 +240,7 @@ def test_help_names_doctor_with_examples_and_its_exit_codes():
 
 
 def test_the_key_grants_the_doctor_checks_are_granted_by_sql_99():
-    """issue 21 item 3: each grant the doctor checks is one sql/99_grants.sql makes (a
+    """Each grant the doctor checks is one sql/99_grants.sql makes (a
     routine by its signature, the reader's SELECT on every table), so the check cannot
     go stale silently."""
     text = re.sub(r"--[^\n]*", "", (ROOT / "sql" / "99_grants.sql").read_text())
@@ -255,7 +255,7 @@ def test_the_key_grants_the_doctor_checks_are_granted_by_sql_99():
 
 
 def test_no_database_given_is_click_usage_exit_2_and_unreachable_is_exit_4():
-    """issue 21 item 3: exit 2 stays click's usage error (no --dsn, no DATABASE_URL), and
+    """Exit 2 stays click's usage error (no --dsn, no DATABASE_URL), and
     an unreachable database is exit 4 as for every subcommand; neither is a finding."""
     proc = llm_db("doctor")
     assert proc.returncode == 2 and "no database given" in proc.stderr
@@ -265,7 +265,7 @@ def test_no_database_given_is_click_usage_exit_2_and_unreachable_is_exit_4():
 
 
 def test_a_cron_dsn_without_pg_cron_is_missing_and_says_where_to_create_it(llm_dsn, empty_dsn):
-    """issue 21 item 3: --cron-dsn naming a database where pg_cron is not created: missing,
+    """--cron-dsn naming a database where pg_cron is not created: missing,
     with the statement and where to run it (exit 5); the schedule cannot be read there."""
     proc, checks = doctor(llm_dsn, "--cron-dsn", empty_dsn)
     assert proc.returncode == EXIT_MISSING

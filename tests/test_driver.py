@@ -485,7 +485,7 @@ def test_statuses_are_enums_that_compare_equal_to_their_sql_text(llm: Llm) -> No
     assert llm.settle(org, inv.id, 5, 0, now=T0) is models.Outcome.SETTLED
 
 
-# ---------------------------------------------------------------- budgets (issue 23)
+# ---------------------------------------------------------------- budgets
 
 ROOT = Path(__file__).resolve().parent.parent
 SCOPES = {"project": "proj-1", "api_key": "key-1", "end_user": "user 42 ✓"}
@@ -508,7 +508,7 @@ def refused(llm: Llm, org: uuid.UUID, estimate: int, **scopes: str) -> errors.Al
 def test_AllowanceExhausted_names_the_budget_that_refused(
     llm: Llm, llm_conn: psycopg.Connection
 ) -> None:
-    """issue 23: the driver's AllowanceExhausted exposes scope, scope_id and window: the scope
+    """The driver's AllowanceExhausted exposes scope, scope_id and window: the scope
     and window from the diagnostic fields, the real id (never '*') from the DETAIL's first line;
     None for the organization scope, as set_budget spells it. The allowance is
     ("organization", None, "month")."""
@@ -533,7 +533,7 @@ def test_AllowanceExhausted_names_the_budget_that_refused(
 
 
 def test_an_LL001_without_the_budget_fields_names_nothing(llm_conn: psycopg.Connection) -> None:
-    """issue 23: an LL001 without the budget fields whose DETAIL is neither documented form
+    """An LL001 without the budget fields whose DETAIL is neither documented form
     maps to AllowanceExhausted with scope, scope_id and window None; so does a TABLE other
     than the allowance's or a budget's (then the DETAIL is not read at all)."""
     raise_ll001 = """DO $$ BEGIN RAISE EXCEPTION 'llm: allowance exhausted' USING ERRCODE = 'LL001',
@@ -547,7 +547,7 @@ def test_an_LL001_without_the_budget_fields_names_nothing(llm_conn: psycopg.Conn
 
 
 def test_a_refusal_relayed_by_citus_is_named_from_its_DETAIL(llm_conn: psycopg.Connection) -> None:
-    """issue 30 (Citus): a coordinator re-raises a worker's error with its message, DETAIL and
+    """A coordinator re-raises a worker's error with its message, DETAIL and
     HINT only, so a refusal arrives without SCHEMA, TABLE, CONSTRAINT and COLUMN. The driver
     then names the budget from the documented DETAIL: the allowance's ``allowance=...``
     line, a budget's second line (LL001 and LL012 alike)."""
@@ -569,7 +569,7 @@ def test_a_refusal_relayed_by_citus_is_named_from_its_DETAIL(llm_conn: psycopg.C
 
 
 def test_the_driver_changes_one_thing_at_a_time(llm: Llm, llm_conn: psycopg.Connection) -> None:
-    """Issue 31 item 1: the driver's upsert_organization without status or thresholds keeps
+    """The driver's upsert_organization without status or thresholds keeps
     the organization's (it reset them to operational and (80, 100)), and set_allowance
     changes the allowance alone; an unknown organization is UnknownOrganization."""
     org = uuid.uuid4()
@@ -590,9 +590,9 @@ def contract_errors_section() -> str:
 
 
 def test_the_budget_DETAIL_is_the_format_contract_md_documents(llm: Llm) -> None:
-    """issue 23 (docs/contract.md "Errors", amending "Conventions" 3): a budget's LL001 DETAIL
-    is two lines, the id verbatim and then the documented key=value line. The format is read
-    from the doc and matched against a real refusal, so neither can change alone."""
+    """A budget's LL001 DETAIL is two lines, the id verbatim and then the documented key=value
+    line. The format is read from the doc and matched against a real refusal, so neither can
+    change alone."""
     shown = r"\n    (<scope_id>\n    scope=<scope> [^\n]*)\n"  # an indented block of two lines
     documented = re.search(shown, contract_errors_section())
     assert documented is not None, "contract.md 'Errors' no longer shows the budget DETAIL"
@@ -617,7 +617,7 @@ def test_the_budget_DETAIL_is_the_format_contract_md_documents(llm: Llm) -> None
 def test_admit_and_admit_id_store_the_scope_ids_and_a_retry_compares_them(
     llm: Llm, llm_conn: psycopg.Connection
 ) -> None:
-    """issue 23: admit and admit_id take project=, api_key=, end_user=, stored on the request;
+    """Admit and admit_id take project=, api_key=, end_user=, stored on the request;
     a retried invocation id with other scope ids is LL007 (IdempotencyConflict)."""
     org = new_org(llm, 1000)
     inv = llm.admit(org, 10, "model-a", now=T0, **SCOPES)
@@ -644,7 +644,7 @@ def budgets(conn: psycopg.Connection, org: uuid.UUID) -> list[tuple]:
 def test_set_budget_sets_replaces_and_removes_and_maps_its_errors(
     llm: Llm, llm_conn: psycopg.Connection, llm_role_conn: Any
 ) -> None:
-    """issue 23: Llm.set_budget as llm_operator (the one role that may call it) sets, replaces
+    """llm.set_budget as llm_operator (the one role that may call it) sets, replaces
     and removes (None) a budget; bad input is 22023 (InvalidArgument, the allowance's HINT
     naming upsert_organization) and an unknown organization LL002 (UnknownOrganization), each
     writing nothing; llm_app may not call it (42501)."""
@@ -686,7 +686,7 @@ def test_set_budget_sets_replaces_and_removes_and_maps_its_errors(
 def test_the_async_client_admits_with_scope_ids_sets_budgets_and_names_the_refusal(
     llm_dsn: str, llm_conn: psycopg.Connection
 ) -> None:
-    """issue 23 on AsyncLlm: admit and admit_id take project=, api_key=, end_user=;
+    """On AsyncLlm: admit and admit_id take project=, api_key=, end_user=;
     set_budget sets a budget and maps 22023 and LL002; a refusal is AllowanceExhausted
     naming the budget."""
 
@@ -718,7 +718,7 @@ def test_the_async_client_admits_with_scope_ids_sets_budgets_and_names_the_refus
 def test_a_day_or_week_budget_s_crossing_owes_its_notice(
     llm: Llm, llm_conn: psycopg.Connection
 ) -> None:
-    """issue 23, "Notices": each budget's thresholds are notified once per (scope, id,
+    """"Notices": each budget's thresholds are notified once per (scope, id,
     window, window start), with period_start the window's start. A day or a week starts on
     no period of the organization: before migration 0015 dropped the notices' foreign key to
     period_heads, the settlement that crossed such a threshold failed (23503), and so did
@@ -823,7 +823,7 @@ def test_a_value_python_cannot_read_is_no_bad_argument() -> None:
         raise server_side
 
 
-# ---------------------------------------------------------------- amounts and ids (issue 31 item 5)
+# ---------------------------------------------------------------- amounts and ids
 
 NOT_WHOLE = [1.5, 2.0, True, "3", float("nan")]
 
@@ -832,7 +832,7 @@ NOT_WHOLE = [1.5, 2.0, True, "3", float("nan")]
 def test_an_amount_that_is_no_integer_is_refused_before_anything_is_sent(
     llm: Llm, llm_conn: psycopg.Connection, amount: Any
 ) -> None:
-    """Issue 31 item 5: settle(org, inv, 1.5, 0) charged 2 (the server rounded the float
+    """settle(org, inv, 1.5, 0) charged 2 (the server rounded the float
     cast to bigint); a float, a bool or a string is InvalidArgument (22023), and the
     books do not change."""
     from decimal import Decimal
@@ -855,7 +855,7 @@ def test_an_amount_that_is_no_integer_is_refused_before_anything_is_sent(
 def test_an_id_that_is_no_uuid_is_invalid_argument_not_22P02(
     llm: Llm, llm_conn: psycopg.Connection, org_id: Any
 ) -> None:
-    """Issue 31 item 5: a non-UUID organization id surfaced as the raw 22P02 of the
+    """A non-UUID organization id surfaced as the raw 22P02 of the
     server's cast; the driver refuses it with InvalidArgument before sending anything."""
     before = fingerprint(llm_conn)
     with pytest.raises(errors.InvalidArgument) as caught:
@@ -880,7 +880,7 @@ def test_the_async_client_checks_amounts_and_ids_too(llm_dsn: str) -> None:
 
 
 def test_a_refusal_carries_its_figures_as_fields(llm: Llm, llm_conn: psycopg.Connection) -> None:
-    """Issue 31 item 4: AllowanceExhausted exposes limit, used, held and estimate, the
+    """AllowanceExhausted exposes limit, used, held and estimate, the
     window's start and when it resets (its end, UTC), parsed from the documented DETAIL
     of real refusals: the allowance and a budget of each window."""
     from datetime import UTC, date, datetime
@@ -916,13 +916,13 @@ def test_a_refusal_without_figures_has_none(llm_conn: psycopg.Connection) -> Non
     assert (caught.value.scope, caught.value.limit_credits, caught.value.resets_at) == ("organization", None, None)
 
 
-# ---------------------------------------------------------------- the call path (issue 32 item 5)
+# ---------------------------------------------------------------- the call path
 
 
 def test_a_result_that_turns_numeric_under_a_running_client_still_reads_whole_numbers(llm_conn):
     """A result type changed under a running client (0.4.0's migration 0018 made sums
     numeric) must still read a whole numeric as int, not Decimal, and a non-whole one as
-    Decimal: the client's cursors, kept from call to call (issue 32 item 5), read every
+    Decimal: the client's cursors, kept from call to call, read every
     numeric through the whole-number loader, whatever the statement read before."""
     from decimal import Decimal
 
@@ -959,7 +959,7 @@ def test_numerics_read_as_int_when_whole_and_as_decimal_otherwise(llm: Llm) -> N
 
 
 def test_a_client_on_one_connection_keeps_one_cursor(llm: Llm, monkeypatch: Any) -> None:
-    """Issue 32 item 5: a cursor (a copy of the connection's adapters, the numeric loader
+    """A cursor (a copy of the connection's adapters, the numeric loader
     registered in it) cost as much client CPU as the rest of a call; a client built on a
     connection makes one and reuses it, after a failed call too, and one that read many
     rows is not kept (it would hold its result)."""

@@ -1,5 +1,5 @@
-"""The driver's methods are plain code generated from its table of operations (issue 24
-item 3): llm_db/_client_methods.py is what scripts/generate_client.py writes, its
+"""The driver's methods are plain code generated from its table of operations:
+llm_db/_client_methods.py is what scripts/generate_client.py writes, its
 statements are the ones the table builds, and the clients and task contexts have them as
 real methods, not stubs. Like schema.sql, the file is checked in; after a change of the
 table, rewrite it with ``.venv/bin/python scripts/generate_client.py`` and commit it.
@@ -50,7 +50,7 @@ def stale(written: str, kept: str) -> str:
 
 
 def test_the_methods_file_is_what_the_generator_writes() -> None:
-    """issue 24 item 3: the generated client is checked in and equal to the generator's
+    """The generated client is checked in and equal to the generator's
     output, as schema.sql is to a fresh migrate."""
     wrong = stale(generator.render(), generator.OUT.read_text(encoding="utf-8"))
     assert not wrong, wrong
@@ -67,7 +67,7 @@ def test_a_stale_methods_file_is_reported_with_the_command() -> None:
 
 
 def test_each_statement_is_the_one_the_table_builds() -> None:
-    """issue 24 item 3: the generated SQL constants are the table's statements, letter for
+    """The generated SQL constants are the table's statements, letter for
     letter (``SELECT … FROM llm.<routine>(p_… => %(…)s::<type>, …)``), and the file holds
     no statement the table lacks."""
     table = operations()
@@ -78,7 +78,7 @@ def test_each_statement_is_the_one_the_table_builds() -> None:
 
 
 def test_clients_and_task_contexts_have_real_methods_with_the_entries_signatures() -> None:
-    """issue 24 item 3: "go to definition" lands on a real method of the generated module,
+    """"go to definition" lands on a real method of the generated module,
     with the entry's signature and documentation, whose body names its statement; the
     asyncio ones are coroutine functions. Task helpers hide the organization and the task."""
     for op in operations().values():

@@ -70,7 +70,7 @@ def test_the_consumer_test_file_passes_with_the_plugin_fixtures(request):
 
 @pytest.mark.parametrize("info", ["fastapi-app", "test-file"])
 def test_documentation_only_python_compiles(info):
-    """issue 24 item 6: the one block of each kind is found, then compiled."""
+    """The one block of each kind is found, then compiled."""
     ((line, code),) = blocks("python", info)
     compile(code, f"{DOC}:{line}", "exec")
 
@@ -134,7 +134,7 @@ def _brought_by(requirements: list[str]) -> set[str]:
 
 
 def test_what_the_docs_call_your_dependency_is_not_llm_dbs():
-    """issue 31 item 7: integration.md called psycopg_pool "your dependency, not
+    """integration.md called psycopg_pool "your dependency, not
     llm-db's" while pyproject depends on ``psycopg[binary,pool]``. Each module of the
     docs' Python blocks that a plain install brings must not be called yours, and each
     that it does not bring must come with a ``pip install`` naming it."""

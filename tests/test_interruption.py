@@ -28,7 +28,7 @@ between its budget counters (the request, its task, its stripe and the first cou
 moved with their cost), leave nothing either, and retried, every cost sum equals its
 requests and corrections (invariant 20).
 
-Budgets (issue 23): an admission and a settlement under two budgets killed
+Budgets: an admission and a settlement under two budgets killed
 between their counters (the first counter written, waiting for the second), and
 set_budget killed waiting for the counter it governs, leave nothing behind
 either; retried, the counters equal their requests (invariant 14).
@@ -439,7 +439,7 @@ def call_rebuild(a: psycopg.Connection, ctx: dict) -> Any:
     return call(a, "rebuild_daily_usage", T0.date(), T0.date() + timedelta(days=2))
 
 
-# ---------------------------------------------------------------- budgets (issue 23)
+# ---------------------------------------------------------------- budgets
 
 SCOPE = {"api_key": "key-1", "end_user": "user-1"}  # two budgets: bits 6 (api_key day), 9 (end_user day)
 
@@ -482,7 +482,7 @@ def api_key_counter_locked(ctx: dict) -> Probe:
 BUDGET_CASES = [
     Case(
         "admit_invocation under two budgets: invocation, stripe and the API key's counter written,"
-        " waiting for the end user's counter (issue 23, invariant 14)",
+        " waiting for the end user's counter (invariant 14)",
         prep_budgets, lock_end_user_counter, call_admit_under_budgets,
         ("invocations", "period_stripes", "budget_counters"),
         lambda ctx: [Probe("A must have inserted the invocation (uncommitted)",
@@ -493,20 +493,20 @@ BUDGET_CASES = [
     ),
     Case(
         "settle_invocation under two budgets: settled, period and the API key's counter moved,"
-        " waiting for the end user's counter (issue 23, invariant 14)",
+        " waiting for the end user's counter (invariant 14)",
         prep_budgets, lock_end_user_counter, call_settle_under_budgets,
         ("invocations", "period_stripes", "budget_counters"),
         lambda ctx: [invocation_locked(ctx), api_key_counter_locked(ctx)],
     ),
     Case(
-        "set_budget: budget replaced, waiting for the counter it governs (issue 23)",
+        "set_budget: budget replaced, waiting for the counter it governs",
         prep_budgets, lock_end_user_counter, call_lower_budget, ("budget_limits",),
         lambda ctx: [row_locked("budget_limits", "organization_id = %s AND scope = 'end_user'", ORG)],
     ),
 ]
 
 
-# The price book (issue 33): a settlement priced from usage, and a repricing applied, each
+# The price book: a settlement priced from usage, and a repricing applied, each
 # killed with its request, task, stripe and first budget counter written (their cost sums
 # among them), waiting for the second counter.
 PRICED = "model-priced"

@@ -1,5 +1,5 @@
 """Each invariant of docs/contract.md "Invariants" has its own function, ``llm._invariant_<N>()``
-(2b, 4b and 5b too), and a case here that breaks it alone (issue 24 item 5).
+(2b, 4b and 5b too), and a case here that breaks it alone.
 
 Every case starts from the same legal books, one organization holding a row of every kind
 an invariant reads, on which every ``_invariant_*`` function returns nothing. The case then
@@ -309,7 +309,7 @@ def violations(conn: psycopg.Connection, key: str) -> list[tuple]:
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.key) for c in CASES])
 def test_each_invariant_has_a_breach_that_only_it_reports(llm_conn, llm_superuser_conn, case):
-    """Issue 24 item 5: every invariant of docs/contract.md (1..20, 2b, 4b, 5b) is one private
+    """Every invariant of docs/contract.md (1..20, 2b, 4b, 5b) is one private
     function, and a breach of it alone is reported by that function alone (case 2: with
     2b, see the table), under its number, for the organization broken; on legal books
     every function returns nothing."""
@@ -329,7 +329,7 @@ def test_each_invariant_has_a_breach_that_only_it_reports(llm_conn, llm_superuse
 
 
 def test_every_invariant_function_has_a_case_and_is_called(llm_conn):
-    """Issue 24 item 5: the table above covers every llm._invariant_* function, and
+    """The table above covers every llm._invariant_* function, and
     check_invariants() calls each of them once, and nothing that does not exist (a new
     invariant takes the next number and needs its function, its call and its case)."""
     functions = invariant_functions(llm_conn)

@@ -1,7 +1,7 @@
 """The lock-order claims of docs/architecture.md ("Architecture", lock order; "Striped
 periods"; "The hourly pass"; "Notices, the worker and metrics"; "Budgets": two
-admissions racing for a counter's last credits, set_budget against an admission,
-issue 23) as isolation specs, run by PostgreSQL's own isolation tester.
+admissions racing for a counter's last credits, set_budget against an admission)
+as isolation specs, run by PostgreSQL's own isolation tester.
 
 Each ``tests/isolation/specs/NAME.spec`` scripts sessions, steps and permutations of
 the real public routines; ``tests/isolation/expected/NAME.out`` is what the tester

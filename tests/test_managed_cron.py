@@ -1,6 +1,6 @@
-"""pg_cron and the pass lease on managed PostgreSQL (issue 21 F2, F3, F5 and item 1): the
-schema owner is a role with LOGIN CREATEROLE and no superuser, owning the application's
-databases, and holds only the grants a managed provider gives.
+"""pg_cron and the pass lease on managed PostgreSQL: the schema owner is a role with LOGIN
+CREATEROLE and no superuser, owning the application's databases, and holds only the grants a
+managed provider gives.
 
 This module starts its own server, with ``cron.database_name = appa`` (the session's server
 fixes it to llm_cron, whose llm schema a superuser owns):
@@ -125,7 +125,7 @@ def schedule_errors(conn: psycopg.Connection, code: str) -> list[psycopg.Error]:
 
 
 def test_without_pg_cron_a_non_superuser_owner_gets_ll010_and_its_hint(managed):
-    """issue 21 F2: in a database without pg_cron, schedule and unschedule raise LL010 for a
+    """In a database without pg_cron, schedule and unschedule raise LL010 for a
     schema owner that may not read cron.database_name (superuser-only), not 42501; the HINT
     gives the cron.schedule_in_database call, with this database's job name, to run in the
     pg_cron database; ``llm-db schedule`` exits 3 with it."""
@@ -147,7 +147,7 @@ def test_without_pg_cron_a_non_superuser_owner_gets_ll010_and_its_hint(managed):
 
 
 def test_without_usage_on_schema_cron_schedule_is_42501_naming_the_grant(managed):
-    """issue 21 F3: in the pg_cron database, an owner without USAGE on schema cron gets 42501
+    """In the pg_cron database, an owner without USAGE on schema cron gets 42501
     whose HINT is the GRANT to run as the provider's admin, never the five-field syntax hint;
     nothing is scheduled. Once granted, the job is the owner's own (a non-superuser schedules
     only as itself), and a malformed schedule is still 22023 (pg_cron's own code) with the
@@ -176,7 +176,7 @@ def test_without_usage_on_schema_cron_schedule_is_42501_naming_the_grant(managed
 
 
 def test_cron_dsn_names_each_grant_the_owner_lacks_then_schedules_as_the_owner(managed):
-    """issue 21 F3: ``llm-db schedule --cron-dsn`` as the owner needs USAGE on schema cron
+    """``llm-db schedule --cron-dsn`` as the owner needs USAGE on schema cron
     and EXECUTE on cron.schedule_in_database (pg_cron 1.4 revokes it from PUBLIC): each
     missing grant is a 42501 whose HINT is the statement to run, exit 4. With both, the job
     llm-reconciliation:appb is the owner's and runs in appb; unschedule removes it."""
@@ -201,7 +201,7 @@ def test_cron_dsn_names_each_grant_the_owner_lacks_then_schedules_as_the_owner(m
 
 
 def test_each_database_gets_its_own_job_and_a_name_running_elsewhere_is_refused(managed):
-    """issue 21 F5: pg_cron upserts a job on (name, role) and never moves it to another
+    """pg_cron upserts a job on (name, role) and never moves it to another
     database. With --cron-dsn the default name is llm-reconciliation:<database>, so one owner
     schedules appb and appc as two jobs beside appa's own llm-reconciliation; unschedule for
     appb removes appb's job only. A name that already runs in another database is refused
@@ -252,7 +252,7 @@ def test_each_database_gets_its_own_job_and_a_name_running_elsewhere_is_refused(
 
 
 def test_unschedule_with_the_default_name_also_removes_the_job_of_the_old_name(managed):
-    """issue 21 F5, upgrading: a job --cron-dsn scheduled before 0.3.0 is named
+    """Upgrading: a job --cron-dsn scheduled before 0.3.0 is named
     llm-reconciliation; ``llm-db unschedule --cron-dsn`` without --job-name removes it too."""
     managed.admin(*PROVIDER_GRANTS)
     cron_dsn = managed.dsn(CRON_DB)
@@ -264,7 +264,7 @@ def test_unschedule_with_the_default_name_also_removes_the_job_of_the_old_name(m
     assert managed.jobs() == []
 
 
-# ---------------------------------------------------------------- item 1: lease visibility
+# ---------------------------------------------------------------- lease visibility
 
 
 @pytest.fixture
@@ -283,13 +283,13 @@ def lease_db(managed: Managed) -> Iterator[str]:
 def test_a_cancelled_operator_pass_is_taken_over_at_once_only_if_the_owner_sees_it(
     managed, lease_db, read_all_stats
 ):
-    """issue 21 item 1 (lease visibility), WF-PFM-LLM-004 concurrency: a pass an operator
-    login started is cancelled mid-sweep; its backend lives on, idle. The pass's functions run
-    as the owner, so the owner's rights decide what it sees of that backend. With
-    pg_read_all_stats the next pass sees the holder no longer runs the pass and takes over at
-    once ('abandoned'). Without it the holder's backend_start and state are hidden: the next
-    pass is skipped, naming the holder's pid and its lease's expiry, and takes over once the
-    lease lapsed (the owner moves expires_at into the past, as pass_lease later would)."""
+    """WF-PFM-LLM-004 concurrency: a pass an operator login started is cancelled mid-sweep; its
+    backend lives on, idle. The pass's functions run as the owner, so the owner's rights
+    decide what it sees of that backend. With pg_read_all_stats the next pass sees the
+    holder no longer runs the pass and takes over at once ('abandoned'). Without it the
+    holder's backend_start and state are hidden: the next pass is skipped, naming the
+    holder's pid and its lease's expiry, and takes over once the lease lapsed (the owner
+    moves expires_at into the past, as pass_lease later would)."""
     if read_all_stats:
         managed.admin(f"GRANT pg_read_all_stats TO {OWNER}")
     owner = managed.connect(lease_db)

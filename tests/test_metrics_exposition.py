@@ -1,5 +1,5 @@
 """The Prometheus exposition (``llm_db.service.metrics``, ``llm-db metrics``) is what Prometheus'
-own tools accept (issue #13): ``promtool check metrics`` (Debian's prometheus package, which
+own tools accept: ``promtool check metrics`` (Debian's prometheus package, which
 scripts/bootstrap.sh installs) passes on it before any pass, after a pass and when the
 database is down; the text parses with prometheus_client's parser; before the first pass
 the run series are present with their documented values.
@@ -86,7 +86,7 @@ def test_before_the_first_pass_every_run_series_is_present_at_its_documented_val
 def test_budgets_near_limit_counts_current_windows_at_their_first_threshold_by_scope(
     llm_dsn, llm_conn
 ):
-    """issue 23, the metrics: llm_budgets_near_limit{scope} counts the budget counters of the
+    """The metrics: llm_budgets_near_limit{scope} counts the budget counters of the
     windows containing the scrape's clock whose used + held stand at or above the first
     threshold of the budget that applies (own, else '*'): yesterday's full day does not
     count, nor a counter under its threshold; every scope is present; promtool accepts it."""
@@ -102,7 +102,7 @@ def test_budgets_near_limit_counts_current_windows_at_their_first_threshold_by_s
     admit(llm_conn, org, 40, project="p", api_key="k")  # project 80 %: near; key 4 %: not
     # the organization's week: 10 + 8 + 9 + 5 + 40 = 72 of 100, past its 50 %: near
 
-    # issue 31 item 6: an allowance at 99 % counts under organization/month (it stayed 0)
+    # An allowance at 99 % counts under organization/month (it stayed 0)
     near_org = new_org(llm_conn, 1000)
     admit(llm_conn, near_org, 990)
 

@@ -220,7 +220,7 @@ def two_migrates_at_once(dsn: str) -> list[MigrationReport]:
 
 
 def test_two_concurrent_migrate_runs_on_a_fresh_database_both_succeed(fresh_db, llm_dsn):
-    """Two first installs at once by the non-superuser owner (issue 21 item 1, "two at
+    """Two first installs at once by the non-superuser owner ("two at
     once"): each migration applies once, and the result is the template's schema."""
     _, dsn = fresh_db()
     results = two_migrates_at_once(dsn)
@@ -394,7 +394,7 @@ def test_a_failing_function_step_names_its_file_and_changes_nothing(fresh_db, tm
 
 
 def test_a_non_superuser_owner_installs_reruns_and_sweeps(fresh_db, llm_owner):
-    """issue 21 F1 and item 1: the schema owner of a managed service (LOGIN CREATEROLE, no
+    """The schema owner of a managed service (LOGIN CREATEROLE, no
     superuser, owning the database) installs, re-runs migrate, and has a routine sql/ no
     longer defines dropped. The re-run failed with 42501 "permission denied to set
     parameter" while stale routines were marked with a custom parameter."""
@@ -415,9 +415,9 @@ def test_a_non_superuser_owner_installs_reruns_and_sweeps(fresh_db, llm_owner):
 
 
 def test_two_migrates_at_once_through_pgbouncer_as_the_owner(llm_server, llm_pgbouncer, fresh_db):
-    """issue 21 F1 and item 1 ("two at once", through PgBouncer): two runs by the non-superuser
-    owner through a transaction pooler, on a database installed by an earlier run, both
-    succeed; the first install through the pooler works too."""
+    """Two runs by the non-superuser owner through a transaction pooler, on a database
+    installed by an earlier run, both succeed; the first install through the pooler works
+    too."""
     name, owner_dsn = fresh_db()
     dsn = llm_pgbouncer.dsn(name, user=conninfo_to_dict(owner_dsn)["user"])
     assert migrate(dsn).applied_migrations
@@ -447,7 +447,7 @@ def test_wheel_carries_sql_migrations_and_entry_points(wheel):
     assert {f"llm_db/_migrations/{n}" for n in REPO_MIGRATIONS} <= names
     assert REPO_SQL and REPO_MIGRATIONS
     assert "llm-db = llm_db.__main__:main" in entry_text
-    # issue 24 item 4: the pytest plugin is opt-in, so the wheel registers none
+    # The pytest plugin is opt-in, so the wheel registers none
     assert "pytest11" not in entry_text and "llm_db.testing" not in entry_text, entry_text
     # and it holds every folder of the package (the wheel is one, the extras its folders)
     assert {f"llm_db/{folder}/__init__.py" for folder in ("cli", "service", "testing", "demo")} <= names
@@ -531,7 +531,7 @@ def test_each_test_gets_its_own_clone_of_the_template(llm_conn, llm_connect, llm
 
 
 def test_role_connection_logs_in_as_a_member_of_the_role(llm_role_conn):
-    """issue 21 item 2: llm_role_conn logs in as the role's own login (no SET ROLE from a
+    """llm_role_conn logs in as the role's own login (no SET ROLE from a
     superuser), a plain member of it."""
     conn = llm_role_conn("llm_reader")
     assert conn.execute(
@@ -543,7 +543,7 @@ def test_role_connection_logs_in_as_a_member_of_the_role(llm_role_conn):
 
 
 def test_the_test_database_is_owned_by_a_non_superuser_owner(llm_conn, llm_owner):
-    """issue 21 item 2: llm_conn is the owner's: LOGIN CREATEROLE, no superuser, owning the
+    """llm_conn is the owner's: LOGIN CREATEROLE, no superuser, owning the
     database and every table and routine of schema llm (the template was migrated by it)."""
     assert llm_conn.execute(
         "SELECT r.rolname, r.rolsuper, r.rolcreaterole, r.rolcanlogin,"
@@ -577,9 +577,8 @@ def test_who(llm_conn, llm_role_conn):
     ],
 )
 def test_a_consumer_gets_the_owner_or_with_the_ini_option_the_superuser(tmp_path, ini, owner, role):
-    """issue 21 item 2: a project that opts in to the plugin (issue 24) gets the same
-    fixtures, the owner's llm_conn by default, and the superuser's with
-    ``llm_db_superuser_owner`` (as before)."""
+    """A project that opts in to the plugin gets the same fixtures, the owner's llm_conn by
+    default, and the superuser's with ``llm_db_superuser_owner`` (as before)."""
     (tmp_path / "pytest.ini").write_text(f"[pytest]\n{ini}\n")
     (tmp_path / "conftest.py").write_text('pytest_plugins = ["llm_db.testing"]\n')
     (tmp_path / "test_consumer.py").write_text(CONSUMER_TEST)
@@ -601,7 +600,7 @@ def test_cron_database_has_pg_cron_and_llm(llm_cron_dsn):
 
 
 def test_a_yoyo_lock_left_by_a_killed_migrate_is_removed_and_the_rerun_completes(fresh_db):
-    """issue 22 item 2: a re-run completes after a migrate killed while it held yoyo's
+    """A re-run completes after a migrate killed while it held yoyo's
     lock row. Every migrate takes that row only under the migrate advisory lock, which
     a killed run's backend released, so the next run removes it and says so. As it was,
     the re-run waited and failed, telling the operator to DELETE the row by hand."""
@@ -618,7 +617,7 @@ def test_a_yoyo_lock_left_by_a_killed_migrate_is_removed_and_the_rerun_completes
 
 
 def test_migrate_prepares_no_statement_on_any_of_its_connections(fresh_db, llm_pgbouncer):
-    """issue 21 item 1, migrate through a transaction pooler: yoyo's connections repeat one
+    """Migrate through a transaction pooler: yoyo's connections repeat one
     SET statement a transaction, which psycopg would prepare after five, and PgBouncer in
     transaction mode hands the next transaction another server connection, where the
     prepared name collides (42P05; seen once in a full run). No connection of migrate's

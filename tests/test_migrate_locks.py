@@ -1,5 +1,5 @@
 """``llm-db migrate`` under live traffic bounds its own locks and says what it does
-(issue 22 items 2 and 4).
+(items 2 and 4).
 
 A consumer transaction is left open on a table a test migration (``9999``, appended
 to a copy of ``migrations/``) or a test function file must lock. migrate's statement
@@ -84,8 +84,8 @@ def migrate_until_it_waits(
 def test_an_open_transaction_makes_migrate_retry_without_stalling_consumers(
     llm_dsn, llm_conn, llm_connect, tmp_path
 ):
-    """issue 22 item 2: a consumer transaction left open makes migrate wait and retry,
-    each wait naming the blocking pid and its query (issue 22 item 4); a consumer call
+    """A consumer transaction left open makes migrate wait and retry,
+    each wait naming the blocking pid and its query; a consumer call
     queued behind migrate's lock request goes on within about one lock timeout while
     the transaction is still open; migrate completes once it ends. Invariant 1 holds."""
     org = new_org(llm_conn, 1000)
@@ -118,7 +118,7 @@ def test_an_open_transaction_makes_migrate_retry_without_stalling_consumers(
 def test_a_deadline_stops_migrate_naming_the_blocker_and_leaves_a_working_database(
     llm_dsn, llm_conn, llm_connect, tmp_path
 ):
-    """issue 22 item 2: at its deadline migrate stops with a MigrationError naming the
+    """At its deadline migrate stops with a MigrationError naming the
     blocking pid and its query; the failed migration is neither applied nor recorded,
     yoyo's lock is released, the functions work (admit, settle) and a re-run completes.
     Invariant 1 holds."""
@@ -146,7 +146,7 @@ def test_a_deadline_stops_migrate_naming_the_blocker_and_leaves_a_working_databa
 def test_the_function_files_are_retried_whole_when_a_view_they_replace_is_read(
     llm_dsn, llm_conn, llm_connect, tmp_path
 ):
-    """issue 22 item 2: the sql/ phase (one savepoint of migrate's transaction) that times
+    """The sql/ phase (one savepoint of migrate's transaction) that times
     out on a lock is rolled back and retried whole; a consumer reading a view the files
     replace only delays it."""
     sql_dir = tmp_path / "sql"
@@ -166,7 +166,7 @@ def test_the_function_files_are_retried_whole_when_a_view_they_replace_is_read(
 
 
 def test_database_timeouts_do_not_kill_migrate(llm_server, llm_dsn, llm_conn, tmp_path):
-    """issue 22 item 2: migrate's connections set idle_in_transaction_session_timeout = 0
+    """Migrate's connections set idle_in_transaction_session_timeout = 0
     and statement_timeout = 0 for themselves, so a database's own settings cannot end
     migrate's lock-holding connection (idle in transaction while yoyo works) nor cancel
     a long migration."""
@@ -188,7 +188,7 @@ CREATE INDEX CONCURRENTLY invocations_test ON llm.invocations (model);"""
 def test_a_concurrent_index_build_is_bounded_and_retried_too(
     llm_dsn, llm_conn, llm_connect, tmp_path
 ):
-    """issue 22 item 2, Conventions 14: a `-- transactional: false` migration runs with the
+    """Conventions 14: a `-- transactional: false` migration runs with the
     same settings (for the session, while it runs): CREATE INDEX CONCURRENTLY waiting for
     a consumer's open write times out, is retried from its DROP of the invalid leftover,
     and builds a valid index once the write commits. Invariant 1 holds."""
@@ -210,7 +210,7 @@ def test_a_concurrent_index_build_is_bounded_and_retried_too(
 
 
 def test_a_backfill_reports_its_progress(llm_dsn, tmp_path):
-    """issue 22 item 4: a migration's `RAISE NOTICE 'llm-db progress: <done>/<total>'`
+    """A migration's `RAISE NOTICE 'llm-db progress: <done>/<total>'`
     becomes one progress event of its step (Conventions 14)."""
     # not transactional, as a batched backfill is (Conventions 14)
     backfill = ("-- transactional: false\nDO $$ BEGIN RAISE NOTICE 'llm-db progress: 1/2'; RAISE NOTICE 'something else';"
@@ -227,7 +227,7 @@ def test_a_backfill_reports_its_progress(llm_dsn, tmp_path):
 def test_a_lost_connection_is_a_migration_error_and_a_rerun_completes(
     llm_dsn, llm_conn, llm_connect, tmp_path
 ):
-    """issue 22 item 2: migrate's lock-holding connection ended under it (here by
+    """Migrate's lock-holding connection ended under it (here by
     pg_terminate_backend while it waits for a consumer) is a MigrationError, not a raw
     psycopg exception; what was committed stays, the functions work, a re-run completes."""
     migrations = migrations_with(tmp_path, ADD_COLUMN)
@@ -247,7 +247,7 @@ def test_a_lost_connection_is_a_migration_error_and_a_rerun_completes(
 
 
 def test_a_migration_and_its_record_commit_together(llm_dsn, llm_conn, tmp_path, monkeypatch):
-    """issue 22 item 2: a run that dies just after a migration committed (here: yoyo's log
+    """A run that dies just after a migration committed (here: yoyo's log
     of it raises) has recorded it too, so a re-run completes instead of applying it again
     (which failed: column already exists)."""
     from yoyo.backends.base import DatabaseBackend
@@ -285,7 +285,7 @@ def cli_dirs(monkeypatch, tmp_path):
 
 
 def test_cli_json_prints_one_event_per_line(llm_dsn, cli_dirs):
-    """issue 22 item 4: ``--json`` prints one JSON object a line: each step's start and
+    """``--json`` prints one JSON object a line: each step's start and
     end, then the result."""
     result = CliRunner().invoke(main, ["migrate", "--dsn", llm_dsn, "--json"])
     assert result.exit_code == 0, result.output
@@ -299,7 +299,7 @@ def test_cli_json_prints_one_event_per_line(llm_dsn, cli_dirs):
 
 
 def test_cli_text_prints_one_line_a_step_when_not_on_a_terminal(llm_dsn, cli_dirs):
-    """issue 22 item 4: off a terminal, one line a step (as it ends) with its time."""
+    """Off a terminal, one line a step (as it ends) with its time."""
     result = CliRunner().invoke(main, ["migrate", "--dsn", llm_dsn])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
@@ -309,8 +309,8 @@ def test_cli_text_prints_one_line_a_step_when_not_on_a_terminal(llm_dsn, cli_dir
 
 
 def test_cli_exits_75_at_its_deadline_naming_the_blocker(llm_dsn, llm_connect, cli_dirs):
-    """issue 22 item 2: the deadline is exit 75 with the blocking pid on stderr, after
-    lines that show each wait (issue 22 item 4)."""
+    """The deadline is exit 75 with the blocking pid on stderr, after
+    lines that show each wait."""
     consumer = open_consumer_read(llm_connect)
     result = CliRunner().invoke(
         main, ["migrate", "--dsn", llm_dsn, "--lock-timeout", "0.2", "--deadline", "1"]

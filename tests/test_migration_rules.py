@@ -1,5 +1,5 @@
 """Every migration from 0010 on follows the expand/contract rules and the lock order
-of docs/architecture.md, "Conventions" 14 and 15 (issue 22 item 1): what a test can check
+of docs/architecture.md, "Conventions" 14 and 15: what a test can check
 in the text. Each rule is also fed a bad snippet, to show it is caught.
 
 The checks read SQL as text, without a parser: comments are kept where a rule reads
@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DESIGN = ROOT / "docs" / "architecture.md"
-FIRST_CHECKED = 10  # the rules came with issue 22; 0001 .. 0009 landed before
+FIRST_CHECKED = 10  # the rules came with 0.3.0's upgrades; 0001 .. 0009 landed before
 
 LARGE_TABLES = ("llm.invocations", "llm.executions", "llm.threshold_notices", "llm.daily_usage")
 
@@ -118,7 +118,7 @@ def test_lock_order_of_migrations_is_the_functions_order():
 
 @pytest.mark.parametrize("path", checked_migrations(), ids=lambda p: p.stem)
 def test_every_migration_from_0010_on_follows_the_rules(path):
-    """issue 22 item 1: docs/architecture.md Conventions 14 and 15 hold for each migration."""
+    """docs/architecture.md Conventions 14 and 15 hold for each migration."""
     assert violations(path.stem, path.read_text(encoding="utf-8")) == []
 
 
@@ -141,7 +141,7 @@ END LOOP; END $$;
 
 
 def test_a_migration_that_follows_the_rules_passes():
-    """issue 22 item 1: what the rules allow is not flagged."""
+    """What the rules allow is not flagged."""
     assert violations("9999_good", GOOD) == []
 
 
@@ -173,6 +173,6 @@ def test_a_migration_that_follows_the_rules_passes():
     ],
 )  # fmt: skip
 def test_each_rule_catches_its_bad_snippet(snippet, caught):
-    """issue 22 item 1: each rule of Conventions 14 and 15 flags what it forbids."""
+    """Each rule of Conventions 14 and 15 flags what it forbids."""
     found = violations("9999_bad", snippet)
     assert any(caught in v for v in found), found

@@ -1,7 +1,7 @@
 """Threshold notices: owed -> sending (claim_notices, compare-and-set per notice) -> sent
 (complete_notice), or back to owed with exponential backoff (fail_notice), and claims
 abandoned by a vanished worker re-armed (rearm_notices). Each claim has a token and only
-its holder ends it (issue 20 defect 6, invariant 12). WF-PFM-LLM-004 hop 6 retries owed
+its holder ends it (invariant 12). WF-PFM-LLM-004 hop 6 retries owed
 notices; the pass-level step is in test_pass.py.
 """
 
@@ -266,7 +266,7 @@ def release(conn: psycopg.Connection, notice: dict[str, Any], now: datetime = T0
 
 
 def test_release_notice_gives_a_claim_back_due_at_once_with_no_attempt_counted(llm_conn):
-    """release_notice (issue #13: a worker shutting down releases what it claimed but did not
+    """release_notice (a worker shutting down releases what it claimed but did not
     send): sending -> owed, next_attempt_at = p_now, claimed_at cleared, the attempt claim_notices
     counted taken back, last_error kept; true. The next claim gets it at once."""
     org_with_notices(llm_conn, [50])
@@ -320,7 +320,7 @@ def test_the_shared_twin_refuses_an_end_it_does_not_know_and_changes_nothing(llm
 
 
 def test_a_stale_worker_cannot_end_the_claim_another_worker_holds(llm_conn, llm_connect):
-    """issue 20 defect 6, invariant 12: worker A claims a notice, its claim expires and the
+    """Invariant 12: worker A claims a notice, its claim expires and the
     pass re-arms it, worker B claims it again with a new token. A's fail, release and
     complete (its old token) each return false and change nothing, so B's claim stands and
     the notice is not owed again; B completes it: delivered once."""
@@ -348,7 +348,7 @@ def test_a_stale_worker_cannot_end_the_claim_another_worker_holds(llm_conn, llm_
 
 
 def test_ending_a_claim_without_its_token_is_22023_and_changes_nothing(llm_conn):
-    """issue 20 defect 6: complete_notice, fail_notice and release_notice take the claim's
+    """complete_notice, fail_notice and release_notice take the claim's
     token, with no default; a NULL token is 22023 (like an unknown notice) and the claim
     stays as it was."""
     org_with_notices(llm_conn, [50])
@@ -365,7 +365,7 @@ def test_ending_a_claim_without_its_token_is_22023_and_changes_nothing(llm_conn)
 
 
 def test_invariant_12_a_claim_token_only_while_sending(llm_conn):
-    """invariant 12 (issue 20 defect 6): every sending notice has a claim token and no other
+    """invariant 12: every sending notice has a claim token and no other
     notice has one. Owed, sending and sent notices made by the functions pass; a sending
     notice stripped of its token, and an owed one given a token, by hand, are each reported."""
     org_with_notices(llm_conn, [50, 80, 100])

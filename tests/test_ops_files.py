@@ -1,5 +1,5 @@
-"""The operator files in deploy/ are checked by the tools that will read them (issue 21
-item 5): the Prometheus rules by ``promtool check rules`` and, with input series for
+"""The operator files in deploy/ are checked by the tools that will read
+them: the Prometheus rules by ``promtool check rules`` and, with input series for
 every alert, ``promtool test rules``; the worker's systemd unit by ``systemd-analyze
 verify``. docs/operations.md points to these files instead of repeating them.
 
@@ -27,7 +27,7 @@ RULES_TEST = RULES.with_name("llm-db.rules.test.yml")
 UNIT = ROOT / "deploy" / "systemd" / "llm-db-worker.service"
 OPERATIONS = ROOT / "docs" / "operations.md"
 
-# docs/operations.md's third suggested alert before issue 21: `and` matches on every
+# docs/operations.md's third suggested alert in 0.2.0: `and` matches on every
 # label, organization_status is on its left side only, so it matched nothing.
 OLD_STALE_EXPR = (
     'llm_stale_open_requests{organization_status="operational"} > 0'
@@ -45,14 +45,14 @@ def alerts(path: Path) -> list[str]:
 
 
 def test_promtool_checks_the_rules_file():
-    """issue 21 item 5: the rules file loads in Prometheus (syntax, PromQL, templates)."""
+    """The rules file loads in Prometheus (syntax, PromQL, templates)."""
     proc = promtool("check", "rules", str(RULES))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"SUCCESS: {len(alerts(RULES))} rules found" in proc.stdout
 
 
 def test_promtool_unit_tests_fire_every_alert_on_its_input_series():
-    """issue 21 item 5: each alert fires on the series that mean trouble and stays quiet
+    """Each alert fires on the series that mean trouble and stays quiet
     on the others (deploy/prometheus/llm-db.rules.test.yml); no alert goes untested."""
     proc = promtool("test", "rules", str(RULES_TEST))
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -61,9 +61,9 @@ def test_promtool_unit_tests_fire_every_alert_on_its_input_series():
 
 
 def test_the_old_stale_requests_alert_never_fires(tmp_path):
-    """issue 21 item 5: the docs' third alert, `... > 0 and
-    llm_reconciliation_last_run_age_seconds < 600`, fails the stale-requests unit test
-    (it matched no labels, so it could never fire); the rules file's expression passes."""
+    """The docs' third alert, `... > 0 and llm_reconciliation_last_run_age_seconds < 600`,
+    fails the stale-requests unit test (it matched no labels, so it could never fire); the
+    rules file's expression passes."""
     rules = RULES.read_text()
     fixed = re.search(r"expr: >-\n\s+(llm_stale_open_requests.*\n\s+and .*)\n", rules)
     assert fixed is not None and "ignoring(organization_status)" in fixed.group(1)
@@ -76,7 +76,7 @@ def test_the_old_stale_requests_alert_never_fires(tmp_path):
 
 
 def test_operations_md_points_to_the_files_instead_of_repeating_them():
-    """issue 21 item 5: one copy of each, the tested one."""
+    """One copy of each, the tested one."""
     text = OPERATIONS.read_text()
     assert "deploy/prometheus/llm-db.rules.yml" in text
     assert "deploy/systemd/llm-db-worker.service" in text
@@ -85,7 +85,7 @@ def test_operations_md_points_to_the_files_instead_of_repeating_them():
 
 
 def test_systemd_analyze_verifies_the_worker_unit(tmp_path):
-    """issue 21 item 5: `systemd-analyze verify` accepts the unit with no warning (it exits
+    """`systemd-analyze verify` accepts the unit with no warning (it exits
     0 on an unknown key, so its output must be empty too). verify requires ExecStart's
     program to exist, so the copy checked here runs this environment's llm-db instead of
     /opt/llm-db/bin/llm-db; every other line is the file's own."""

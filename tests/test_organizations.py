@@ -142,7 +142,7 @@ def test_invalid_thresholds_error_explains_the_accepted_list(llm_conn):
 
 
 def test_an_upsert_without_status_or_thresholds_keeps_the_organizations(llm_conn):
-    """Issue 31 item 1: upsert_organization(id, name, allowance), as operations.md raised an
+    """Upsert_organization(id, name, allowance), as operations.md raised an
     allowance, set a suspended tenant operational again and reset its thresholds (50, 90)
     to (80, 100): the defaults of the arguments not given overwrote the row. A NULL status
     or threshold list now keeps the organization's."""
@@ -169,7 +169,7 @@ def test_a_new_organization_without_status_or_thresholds_is_operational_at_80_an
 
 def test_a_kept_threshold_list_owes_the_levels_a_lowered_allowance_puts_behind(llm_conn):
     """A lowered allowance with the list kept (NULL) owes at once the kept levels usage now
-    stands at or above, as a changed allowance always did (issue 20 defect 4)."""
+    stands at or above, as a changed allowance always did."""
     org = new_org(llm_conn, 1000, thresholds=[50, 90], now=T0 - timedelta(days=1))
     inv = admit(llm_conn, org, 600, now=T0)["id"]
     llm_conn.execute(sql_of("settle"), params("settle", org, inv, 600, 0, now=T0))
@@ -187,7 +187,7 @@ SET_ALLOWANCE_SQL = sql_of("set_allowance")
 
 
 def test_set_allowance_changes_the_allowance_alone_and_applies_it_to_the_period(llm_conn):
-    """Issue 31 item 1: llm.set_allowance changes only the allowance; name, status and
+    """Llm.set_allowance changes only the allowance; name, status and
     thresholds stay, the current period takes it at once, and a level usage now stands at
     or above is owed in the same transaction."""
     org = new_org(llm_conn, 1000, name="Keep Co", status="suspended", thresholds=[50, 90],

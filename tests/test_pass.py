@@ -246,7 +246,7 @@ def returned_or_blocked(observer, call: InThread, conn) -> str:
 
 
 def test_two_passes_started_together_one_sweeps_the_other_is_skipped(llm_conn, llm_connect):
-    """issue 20 defect 5, WF-PFM-LLM-004 concurrency (one execution slot): two passes started
+    """WF-PFM-LLM-004 concurrency (one execution slot): two passes started
     at the same moment. The first holds the lease row, its lease not committed yet (paused
     in llm._begin_run on a 'running' run row another session keeps locked); the second must
     not read that row as free. It returns at once, without waiting on any lock, recorded
@@ -287,7 +287,7 @@ def test_two_passes_started_together_one_sweeps_the_other_is_skipped(llm_conn, l
 
 
 def test_a_pass_in_a_follow_up_step_holds_the_lease_and_is_named_with_its_run(llm_conn, llm_connect):
-    """issue 20 defect 5, WF-PFM-LLM-004 concurrency (one execution slot): a pass holds the
+    """WF-PFM-LLM-004 concurrency (one execution slot): a pass holds the
     lease row locked through a follow-up step (here rearm_notices, waiting on a notice row
     another session holds). A second pass started meanwhile returns at once, recorded
     'skipped' naming the holder's pid and, its lease being committed, its run id."""

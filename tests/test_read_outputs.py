@@ -1,4 +1,4 @@
-"""The operator's reads keep their output (issue 24 item 2): ``llm-db report`` (text,
+"""The operator's reads keep their output: ``llm-db report`` (text,
 JSON, ``--by``, ``--org``) and the ``llm-db metrics`` exposition of one known set of books,
 built with a fixed clock, equal the golden files in tests/golden/, captured from 0.2.0
 before the reads moved into SQL (sql/81_report.sql, sql/82_books.sql). So do the demo's
@@ -133,7 +133,7 @@ def outputs(conn: psycopg.Connection) -> dict[str, str]:
 
 
 def test_report_and_metrics_outputs_are_the_golden_ones(books, llm_role_conn):
-    """issue 24 item 2: read as llm_reader (who runs ``llm-db report`` and ``metrics``), the
+    """Read as llm_reader (who runs ``llm-db report`` and ``metrics``), the
     report in every form and the exposition are unchanged, byte for byte but the figures that
     follow the wall clock."""
     found = outputs(llm_role_conn("llm_reader"))
@@ -173,7 +173,7 @@ READS = {
 def test_the_reads_are_every_public_read_and_run_as_llm_reader_and_llm_operator(
     books, llm_role_conn
 ):
-    """issue 24 item 2, docs/contract.md "Roles and grants": the monitoring and reporting roles
+    """docs/contract.md "Roles and grants": the monitoring and reporting roles
     run every read; llm_app, the application's role, runs none (42501)."""
     granted = {
         r[0]
@@ -207,13 +207,13 @@ def test_the_reads_are_every_public_read_and_run_as_llm_reader_and_llm_operator(
     ],
 )
 def test_a_read_refuses_a_bad_argument_with_22023(llm_conn, name, args):
-    """issue 24 item 2: a read's scope and days are checked as the other calls' are."""
+    """A read's scope and days are checked as the other calls' are."""
     with pytest.raises(psycopg.errors.InvalidParameterValue):
         call(llm_conn, name, *args)
 
 
 def test_the_books_reads_on_known_books(books):
-    """issue 24 item 2: the reads the demo and `reconcile --progress` use, on the books above:
+    """The reads the demo and `reconcile --progress` use, on the books above:
     each organization's allowance, period sums and notices; what passes did to them; the
     operational organizations a pass visits (C is suspended) and none visited while no pass
     runs; the last pass, its age on its own clock; the stale open request of the suspended
@@ -254,7 +254,7 @@ def test_the_books_reads_on_known_books(books):
 
 
 def test_before_the_first_pass_last_run_is_no_row_and_metrics_says_0(llm_conn):
-    """issue 24 item 2, docs/operations.md: no pass yet is no run row, and every series of the
+    """docs/operations.md: no pass yet is no run row, and every series of the
     pass in llm.metrics() is present at 0 but the health's never."""
     assert call(llm_conn, "last_run", now=T0) == []
     series = {
@@ -303,7 +303,7 @@ def demo_text(dsn: str, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def test_the_demo_prints_the_golden_text(llm_dsn, monkeypatch):
-    """issue 24 item 2: the demo's story (its traffic table, the books before and after
+    """The demo's story (its traffic table, the books before and after
     the pass, each organization's books, Globex's budgets), rendered from the reads of
     sql/82_books.sql, is unchanged, but for durations, ids and the database's name."""
     assert_golden("demo_seed3.txt", demo_text(llm_dsn, monkeypatch))
@@ -378,7 +378,7 @@ def reconcile_on_a_terminal(dsn: str, conn: psycopg.Connection, connect, env=Non
 
 
 def test_reconcile_progress_draws_the_golden_lines(llm_dsn, llm_conn, llm_connect):
-    """issue 24 item 2: on a terminal, ``llm-db reconcile --progress`` draws its bar from
+    """On a terminal, ``llm-db reconcile --progress`` draws its bar from
     llm.pass_progress (sql/82_books.sql): empty, then 2 of 5 organizations while the pass
     waits on the third, then full; and prints the pass's figures. Unchanged, but for the
     time estimate, the duration and the run's id."""

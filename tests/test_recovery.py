@@ -411,7 +411,7 @@ def test_br_cap_pfm_llm_009_07_missing_run_alarm_never_ok_late_failing(llm_conn,
     late = health(llm_conn, T0 + 3 * HOUR)
     assert late["status"] == "late"
     assert "llm-reconciliation" in late["detail"]
-    assert f"llm-reconciliation:{llm_conn.info.dbname}" in late["detail"]  # issue 21 F5: --cron-dsn's name
+    assert f"llm-reconciliation:{llm_conn.info.dbname}" in late["detail"]  # --cron-dsn's name
 
     # a partial pass: one organization's sweep times out on a period row another session holds
     admit_dispatched(llm_conn, org, 10, now=T0)

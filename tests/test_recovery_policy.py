@@ -7,9 +7,8 @@ product must choose recovery charges) and the late true-up.
   charged) or ``true_up`` (it replaces the recovery charge: the request's own period, a
   closed month too, its task and the daily usage of its settlement day move by the signed
   difference, with one ``adjustment`` ledger row, in one transaction).
-- A failure after recovery is a late report too, with its partial charge (issue 20
-  defect 7), and a true-up may overrun the allowance, which invariant 4 counts exactly
-  (issue 20 defect 2).
+- A failure after recovery is a late report too, with its partial charge, and a
+  true-up may overrun the allowance, which invariant 4 counts exactly.
 """
 
 from __future__ import annotations
@@ -236,7 +235,7 @@ def late_failure_books(conn: psycopg.Connection, org: uuid.UUID, inv: uuid.UUID,
 
 @pytest.mark.parametrize("partial", [25, 70], ids=["below the recovery charge", "above it"])
 def test_a_late_failure_trues_up_to_its_partial_charge(llm_conn, partial):
-    """Issue 20 defect 7: under late_settlement = true_up a failure reported after recovery
+    """Under late_settlement = true_up a failure reported after recovery
     is a late report of usage: it returns trued_up and the books move by the signed
     difference between its partial charge and the recovery charge (the request's charge,
     its period's stripe, its task's totals, one adjustment ledger row, its settlement day's
@@ -278,7 +277,7 @@ def test_a_late_failure_trues_up_to_its_partial_charge(llm_conn, partial):
 
 
 def test_a_late_failure_with_no_usage_refunds_the_recovery_charge(llm_conn):
-    """Issue 20 defect 7: a late failure with no usage (the default 0) says the provider
+    """A late failure with no usage (the default 0) says the provider
     charged nothing, so under true_up the whole recovery charge is refunded: an adjustment
     of minus the recovery charge, the period and the task back to 0. Invariants 2, 3, 6."""
     llm = Llm(llm_conn)
@@ -302,7 +301,7 @@ def test_a_late_failure_with_no_usage_refunds_the_recovery_charge(llm_conn):
 
 
 def test_a_late_failure_under_audit_is_recorded_and_charges_nothing(llm_conn):
-    """Issue 20 defect 7: under late_settlement = audit a failure reported after recovery
+    """Under late_settlement = audit a failure reported after recovery
     returns already_recovered, records its late figures and its error on the request and
     changes nothing else (the recovery charge stands); being a recorded late report, a
     later settlement is never trued up, even after the policy turns to true_up."""
@@ -334,7 +333,7 @@ def test_a_late_failure_under_audit_is_recorded_and_charges_nothing(llm_conn):
 
 @pytest.mark.parametrize("first", ["fail", "settle"])
 def test_two_late_reports_at_once_true_up_once(llm_conn, llm_connect, first):
-    """Issue 20 defect 7, invariant 3: a late failure and a late settlement of one recovered
+    """Invariant 3: a late failure and a late settlement of one recovered
     request race under true_up. The first, in an open transaction, has trued it up; the
     second waits on the request row (pg_blocking_pids), and once the first commits it
     answers already_settled and books nothing: one adjustment, the first report's."""
@@ -367,7 +366,7 @@ def test_two_late_reports_at_once_true_up_once(llm_conn, llm_connect, first):
 
 
 def overrun_by_a_true_up(llm: Llm, charge: str, *, dispatched: bool) -> tuple[uuid.UUID, uuid.UUID]:
-    """Issue 20 defect 2's sequence: a request recovered at 0 frees its hold, new admissions
+    """The overrun rule's sequence: a request recovered at 0 frees its hold, new admissions
     fill the allowance (100), then its measured usage (30) arrives and is trued up: used +
     held ends at 130, 30 over the allowance. Returns the organization and the open request."""
     org = org_with(llm, charge, "true_up", allowance=100)
@@ -384,7 +383,7 @@ def overrun_by_a_true_up(llm: Llm, charge: str, *, dispatched: bool) -> tuple[uu
 @pytest.mark.parametrize(("charge", "dispatched"), [("none", True), ("dispatched", False)],
                          ids=["none", "dispatched, never sent"])  # fmt: skip
 def test_a_true_up_after_recovery_at_0_may_take_the_period_over_its_allowance(llm_conn, charge, dispatched):
-    """Issue 20 defect 2, invariant 4: the measured usage of a request recovered at 0 is
+    """Invariant 4: the measured usage of a request recovered at 0 is
     real and is booked (trued_up) even when new admissions have filled the allowance since;
     like a settlement above its hold it may overrun the allowance, and check_invariants()
     recognises it: used + held - overrun stays within the allowance."""
@@ -396,7 +395,7 @@ def test_a_true_up_after_recovery_at_0_may_take_the_period_over_its_allowance(ll
 
 
 def test_invariant_4_still_reports_an_overrun_no_booking_explains(llm_conn):
-    """Invariant 4 can still fail next to a legal overrun: in defect 2's period (30 over
+    """Invariant 4 can still fail next to a legal overrun: in the overrun rule's period above (30 over
     the allowance through a true-up), one credit more held than admission granted (a hold
     grown behind the functions' back, the books otherwise consistent) is reported."""
     llm = Llm(llm_conn)

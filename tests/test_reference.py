@@ -1,4 +1,4 @@
-"""The reference pages (docs/reference/, issue 24 item 7) are what scripts/reference.py
+"""The reference pages (docs/reference/) are what scripts/reference.py
 writes from a freshly migrated database: a page per public routine with its signature,
 parameters, result, roles, SQLSTATEs, Python method and an example with its output.
 
@@ -41,7 +41,7 @@ def differences(written: dict[str, str], kept: dict[str, str]) -> list[str]:
 
 
 def test_the_reference_pages_are_what_the_generator_writes(llm_dsn: str) -> None:
-    """issue 24 item 7: a page per public routine, generated from the COMMENTs, the
+    """A page per public routine, generated from the COMMENTs, the
     catalog and the operations table, with examples whose output is the real one."""
     pages = reference.render(llm_dsn)
     with psycopg.connect(llm_dsn) as conn:
@@ -68,7 +68,7 @@ def test_a_stale_page_is_reported() -> None:
 def test_every_sqlstate_the_contract_lists_for_a_routine_is_raised_by_it(
     llm_conn: psycopg.Connection,
 ) -> None:
-    """issue 24 item 7: the SQLSTATEs of a reference page come from docs/contract.md
+    """The SQLSTATEs of a reference page come from docs/contract.md
     "Functions"; each is raised (RAISE ... ERRCODE) by the routine or a routine it calls,
     so the contract lists no error its routine cannot raise."""
     bodies = reference.bodies(llm_conn)
@@ -92,7 +92,7 @@ def test_the_database_name_is_replaced_only_where_it_stands_alone() -> None:
 
 
 def test_every_parameter_of_a_public_routine_has_a_meaning(llm_conn: psycopg.Connection) -> None:
-    """issue 24 item 7: each parameter on a reference page says what it means, from
+    """Each parameter on a reference page says what it means, from
     scripts/reference_parameters.tsv, and that file holds no line for a parameter that is
     gone; a 22023 in a contract bullet gives the routine's own reason."""
     routines = [reference.Routine(*row) for row in llm_conn.execute(reference.ROUTINES)]
@@ -119,7 +119,7 @@ def test_a_parameter_without_a_meaning_or_a_line_left_over_is_reported() -> None
 
 
 def test_a_pages_sqlstates_are_the_routines_own_reasons() -> None:
-    """issue 24 item 7: a page gives the reason its routine's contract bullet gives for
+    """A page gives the reason its routine's contract bullet gives for
     each code, not the union of every routine's ("an unknown notice" is a notice
     routine's reason, never a report's); a code without one takes the "Errors" meaning,
     and a number inside a reason is no code."""

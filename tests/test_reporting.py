@@ -231,7 +231,7 @@ def test_the_healing_reaches_back_at_most_35_days(llm_conn):
 def test_report_by_scope_counts_every_id_from_the_requests_and_lists_budgets_near_their_limit(
     llm_conn, llm_role_conn
 ):
-    """issue 23, `llm-db report --by`: the usage per end user comes from the requests admitted
+    """`llm-db report --by`: the usage per end user comes from the requests admitted
     in the report's days, so an id with no budget shows too, and a request naming no end user
     does not; the budgets near their limit are the current windows whose used + held stand at
     or above the first threshold of the budget that applies (own, else '*'): not yesterday's

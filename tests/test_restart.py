@@ -6,7 +6,7 @@ suites is never stopped): initdb once, then for every cycle
 
 1. a burst of traffic from a few threads, each with its own connection —
    admit (naming a project, an API key and an end user, under organization,
-   project, key and end-user budgets, issue 23) / dispatch / settle / fail /
+   project, key and end-user budgets) / dispatch / settle / fail /
    open / close, an organization suspended and reactivated — and a thread running ``CALL llm.run_reconciliation``,
    ``llm.reconcile_org`` and the notice calls, all on a moved clock;
 2. right after a seeded number of acknowledged calls, ``pg_ctl stop -m immediate``
@@ -80,7 +80,7 @@ TRAFFIC_SPAN = timedelta(minutes=50)  # the traffic clock runs from Tc to Tc + 5
 COMPLETION = timedelta(hours=25)  # the completing pass runs at Tc + 25 h
 WINDOW = timedelta(hours=24)
 THRESHOLDS = [50, 80, 100]
-# Budgets (issue 23): every request names a project, an API key and an end user of
+# Budgets: every request names a project, an API key and an end user of
 # small pools; the budgets are tight enough to refuse (LL001) and to cross thresholds
 SCOPE_IDS = {"project": ("p-1", "p-2"), "api_key": ("k-1", "k-2", "k-3"), "end_user": ("u-1", "u-2", "u-3", "u-4")}
 BUDGETS = [  # (scope, scope id, window, limit) on every organization
@@ -418,7 +418,7 @@ def complete_the_books(conn: psycopg.Connection, at: datetime, where: str) -> in
     assert stale_requests == 0, f"{where}: {stale_requests} requests older than the window are still open"
     held = scalar(conn, "SELECT coalesce(sum(c.held_credits), 0) FROM llm.budget_counters AS c"
                         " JOIN llm.organizations AS o ON o.id = c.organization_id WHERE o.status = 'operational'")  # fmt: skip
-    assert held == 0, f"{where}: budget counters still hold {held} credits of recovered requests (issue 23)"
+    assert held == 0, f"{where}: budget counters still hold {held} credits of recovered requests"
     stale_tasks = still_open("executions", "started_at", "'running'")
     assert stale_tasks == 0, f"{where}: {stale_tasks} tasks older than the window are still running"
     assert runs("running") == 0, f"{where}: a pass row is still running"
@@ -442,7 +442,7 @@ def reactivate(conn: psycopg.Connection, at: datetime) -> None:
 def test_immediate_stops_during_mixed_traffic_keep_the_books(restart_dsn, capsys):
     """Invariants 1-8 hold after every crash, acknowledged calls survive, and the
     pass completes the books (WF-PFM-LLM-004, BR-CAP-PFM-LLM-009-01/-05); the budget
-    counters too (issue 23, invariants 14 and 15): held by the crashed admissions,
+    counters too (invariants 14 and 15): held by the crashed admissions,
     recovered by the completing pass."""
     server, dsn = restart_dsn
     totals: dict[str, Any] = {"calls": 0, "errors": Counter(), "admitted": 0, "dead_passes": 0}

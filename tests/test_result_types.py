@@ -1,4 +1,4 @@
-"""Public result types are stable (issue 22 item 3, docs/architecture.md Conventions): a public
+"""Public result types are stable (docs/architecture.md Conventions): a public
 routine returns its own composite type, never a table's row type, so a column added to a
 table changes no public result and a statement a client prepared keeps working.
 
@@ -55,7 +55,7 @@ def _attributes(conn: psycopg.Connection, relation: str) -> list[tuple[str, str]
 
 
 def test_no_public_routine_returns_a_table_row(llm_conn):
-    """issue 22 item 3: every public routine of schema llm returns its own declared type
+    """Every public routine of schema llm returns its own declared type
     (a composite type, a RETURNS TABLE or a scalar), never a table's or view's row type."""
     offending = rows(llm_conn, """
         SELECT p.oid::regprocedure::text AS routine, p.prorettype::regtype::text AS returns
@@ -69,7 +69,7 @@ def test_no_public_routine_returns_a_table_row(llm_conn):
 
 @pytest.mark.parametrize("result_type", sorted(RESULT_TYPES))
 def test_result_type_is_the_table_row_it_replaced(llm_conn, result_type):
-    """issue 22 item 3 (the shim): each result type has the columns, names, types and order
+    """Each result type has the columns, names, types and order
     of its table's row, so 0.2.0's prepared statements see the same result; a later column
     of the table comes after them (the public wrappers convert the twin's row by position)."""
     table = _attributes(llm_conn, RESULT_TYPES[result_type])
@@ -106,12 +106,11 @@ def _add_columns(dsn: str, tables: tuple[str, ...]) -> None:
 
 
 def test_prepared_admission_of_0_2_0_survives_the_upgrade_and_a_later_column(release_0_2_0_dsn):
-    """issue 22 item 3: a 0.2.0 client that prepared ``SELECT * FROM
-    llm.admit_invocation(...)`` (and mark_dispatched, upsert_organization,
-    set_recovery_policy) keeps working when migrate installs this release's functions,
-    and again when a column is added to llm.invocations and llm.organizations
-    afterwards, before and after the functions are re-created. On 0.2.0's functions the
-    last step fails with 0A000.
+    """A 0.2.0 client that prepared ``SELECT * FROM llm.admit_invocation(...)`` (and
+    mark_dispatched, upsert_organization, set_recovery_policy) keeps working when migrate
+    installs this release's functions, and again when a column is added to llm.invocations
+    and llm.organizations afterwards, before and after the functions are re-created. On
+    0.2.0's functions the last step fails with 0A000.
 
     0.4.0 broke this once, as the CHANGELOG says: the two return llm.admission_result,
     llm.admission's columns then ``replayed`` (migration 0019), so the two ``SELECT *`` statements of admission and dispatch fail
@@ -158,7 +157,7 @@ def test_prepared_admission_of_0_2_0_survives_the_upgrade_and_a_later_column(rel
 
 
 def test_prepared_claim_survives_a_later_column(llm_dsn, llm_conn):
-    """issue 22 item 3: a prepared ``SELECT * FROM llm.claim_notices(...)`` keeps its
+    """A prepared ``SELECT * FROM llm.claim_notices(...)`` keeps its
     result when a column is added to llm.threshold_notices (0A000 while claim_notices
     returned that table's rows)."""
     with _prepared_client(llm_dsn) as client:
@@ -171,7 +170,7 @@ def test_prepared_claim_survives_a_later_column(llm_dsn, llm_conn):
 
 
 def test_the_driver_reads_named_columns():
-    """issue 22 item 3: "The driver reads named columns": no statement of the driver
+    """"The driver reads named columns": no statement of the driver
     selects ``*``, so a column added to a result type or table later leaves every
     statement it prepared unchanged."""
     statements = {name: op.sql for name, op in operations().items()}

@@ -1,7 +1,7 @@
 """Each role does what docs/contract.md "Roles and grants" says, logged in as itself: the
 commands and calls of a deployment, run by a login that is a plain member of llm_app,
 llm_operator or llm_reader (no SET ROLE from a superuser), against a database the
-non-superuser owner migrated (issue 21 item 2; F4 for the operator's pass).
+non-superuser owner migrated (F4 for the operator's pass).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def webhook() -> Iterator[Receiver]:
 
 
 def test_each_login_is_a_plain_member_of_its_role(llm_dsn):
-    """issue 21 item 2: the logins the tests use hold no power of their own beyond their role."""
+    """The logins the tests use hold no power of their own beyond their role."""
     for role, login in LOGINS.items():
         with psycopg.connect(login_dsn(llm_dsn, role)) as conn:
             assert conn.execute(
@@ -55,8 +55,7 @@ def test_each_login_is_a_plain_member_of_its_role(llm_dsn):
 
 
 def test_the_app_login_admits_and_settles(llm_dsn, llm_conn, org):
-    """issue 21 item 2 (the app admits and settles), BR-CAP-PFM-LLM-009-01: through the
-    driver, logged in as the app."""
+    """BR-CAP-PFM-LLM-009-01: through the driver, logged in as the app."""
     with psycopg.connect(login_dsn(llm_dsn, "llm_app"), autocommit=True) as conn:
         llm = Llm(conn)
         inv = llm.admit(org, 30, "gpt-x", now=T0)
@@ -66,7 +65,7 @@ def test_the_app_login_admits_and_settles(llm_dsn, llm_conn, org):
 
 
 def test_the_operator_login_sets_a_budget_the_app_login_admits_under_it(llm_dsn, llm_conn, org):
-    """Issue 23 (grants): logged in as themselves, through the driver, the operator sets a
+    """Logged in as themselves, through the driver, the operator sets a
     key's day budget and the app admits with scope ids under it until it is refused naming
     that budget; the reader reads its usage but may not set one."""
     with psycopg.connect(login_dsn(llm_dsn, "llm_operator"), autocommit=True) as conn:
@@ -92,7 +91,7 @@ def test_the_operator_login_sets_a_budget_the_app_login_admits_under_it(llm_dsn,
 
 
 def test_the_operator_login_runs_the_pass_reconcile_and_health(llm_dsn, llm_conn, org):
-    """issue 21 F4 and item 2: llm_operator runs the pass (CALL, WF-PFM-LLM-004 hop 1),
+    """llm_operator runs the pass (CALL, WF-PFM-LLM-004 hop 1),
     `llm-db reconcile` and `llm-db health`, logged in as itself. The pass's clock check
     runs with the caller's rights, so each step it calls must be granted to the operator."""
     Llm(llm_conn).admit(org, 30, "gpt-x", now=T0)  # a request nobody settles
@@ -110,8 +109,8 @@ def test_the_operator_login_runs_the_pass_reconcile_and_health(llm_dsn, llm_conn
 
 
 def test_the_operator_login_delivers_notices(llm_dsn, llm_conn, org, webhook):
-    """issue 21 item 2 (the operator delivers): `llm-db notices deliver` logged in as the
-    operator claims, posts and completes a threshold notice."""
+    """`llm-db notices deliver` logged in as the operator claims, posts and completes a
+    threshold notice."""
     llm = Llm(llm_conn)
     inv = llm.admit(org, 85, "gpt-x", now=T0)
     llm.settle(org, inv.id, 85, 3, now=T0)
@@ -125,9 +124,9 @@ def test_the_operator_login_delivers_notices(llm_dsn, llm_conn, org, webhook):
 
 
 def test_the_reader_login_reads_the_report_and_the_metrics(llm_dsn, llm_conn, org):
-    """issue 21 item 2 (the reader reads the report and the metrics): a monitoring scrape
-    runs with the least privilege. `llm-db metrics` reads llm.reconciliation_health(), so
-    llm_reader may execute that one read-only function (docs/contract.md "Roles and grants")."""
+    """A monitoring scrape runs with the least privilege. `llm-db metrics` reads
+    llm.reconciliation_health(), so llm_reader may execute that one read-only function
+    (docs/contract.md "Roles and grants")."""
     llm = Llm(llm_conn)
     inv = llm.admit(org, 10, "gpt-x", now=T0)
     llm.settle(org, inv.id, 10, 1, now=T0)

@@ -146,7 +146,7 @@ def llm_relations(conn: psycopg.Connection) -> list[str]:
 
 def test_public_has_no_privilege_on_schema_tables_or_routines(llm_conn):
     """docs/contract.md "Roles and grants": PUBLIC has nothing in schema llm, tables and
-    views alike (issue 24 item 6: the check must see a grant, so a grant to PUBLIC made
+    views alike (the check must see a grant, so a grant to PUBLIC made
     and rolled back here is found by the same query)."""
     assert not scalar(llm_conn, "SELECT has_schema_privilege('public', 'llm', 'USAGE')")
     assert not scalar(llm_conn, "SELECT has_schema_privilege('public', 'llm', 'CREATE')")
@@ -159,7 +159,7 @@ def test_public_has_no_privilege_on_schema_tables_or_routines(llm_conn):
 
 def test_public_can_execute_no_function_or_procedure(llm_conn):
     """docs/contract.md "Roles and grants": PUBLIC executes no llm routine, procedures
-    included (issue 24 item 6: the check must see a grant, so a grant to PUBLIC made and
+    included (the check must see a grant, so a grant to PUBLIC made and
     rolled back here is found by the same helper)."""
     all_routines = routines(llm_conn)
     assert any(r["prokind"] == "p" for r in all_routines)
@@ -184,7 +184,7 @@ def test_llm_app_executes_exactly_the_request_and_task_functions(llm_conn):
 
 
 def test_llm_reader_executes_only_the_health_alarm_and_the_reads_none_of_which_writes(llm_conn):
-    """issue 21 item 2, issue 24 item 2: a monitoring scrape (`llm-db metrics`) and the report
+    """A monitoring scrape (`llm-db metrics`) and the report
     run as llm_reader: llm.reconciliation_health() and the reads of sql/81, 82 (the exact list:
     tests/test_read_outputs.py), every one STABLE, so none can write."""
     granted = executable_by(llm_conn, "llm_reader")
@@ -256,9 +256,8 @@ def test_llm_app_cannot_run_operator_calls_nor_read_the_books(llm_conn, llm_role
 
 
 def test_llm_app_admits_with_scopes_and_reads_the_budget_views(llm_conn, llm_role_conn):
-    """Issue 23 (grants: llm_app admits with scopes and may SELECT both views): the app
-    names a project, key and end user on a request under a '*' end-user budget, and reads
-    that budget in llm.budgets and its counter in llm.budget_usage."""
+    """The app names a project, key and end user on a request under a '*' end-user budget, and
+    reads that budget in llm.budgets and its counter in llm.budget_usage."""
     org = new_org(llm_conn, 1000)
     set_budget(llm_conn, org, "end_user", "*", "day", 50)
     app = llm_role_conn("llm_app")
@@ -272,8 +271,7 @@ def test_llm_app_admits_with_scopes_and_reads_the_budget_views(llm_conn, llm_rol
 
 @pytest.mark.parametrize("role", ["llm_app", "llm_reader"])
 def test_only_llm_operator_sets_budgets(llm_conn, llm_role_conn, role):
-    """Issue 23 (grants: only llm_operator calls set_budget): llm_app and llm_reader get
-    42501 and write nothing; llm_operator sets the budget."""
+    """llm_app and llm_reader get 42501 and write nothing; llm_operator sets the budget."""
     org = new_org(llm_conn, 1000)
     before = fingerprint(llm_conn)
     with pytest.raises(psycopg.errors.InsufficientPrivilege):

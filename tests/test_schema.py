@@ -60,7 +60,7 @@ def normalized_dump(dsn: str) -> str:
 def test_schema_sql_is_what_migrate_builds(llm_dsn):
     """A fresh migrate (the template every test clones) dumps to exactly ``schema.sql``;
     with LLM_DB_WRITE_SCHEMA=1 a differing snapshot is rewritten and the test still
-    fails, naming the diff (issue 24 item 6: no setting makes it pass unchecked)."""
+    fails, naming the diff (no setting makes it pass unchecked)."""
     current = normalized_dump(llm_dsn)
     recorded = SNAPSHOT.read_text() if SNAPSHOT.exists() else ""
     diff = "".join(

@@ -87,9 +87,9 @@ OPERATOR = {
     "llm._clock_ok(timestamp with time zone)",
 }
 # Every other routine (private helpers, the twins, llm.distribute): no role at all.
-# llm_reader runs the one read-only alarm `llm-db metrics` reports (issue 21 item 2).
+# llm_reader runs the one read-only alarm `llm-db metrics` reports.
 READER = {"llm.reconciliation_health(timestamp with time zone)"}
-# The reads of the books (sql/81_report.sql, sql/82_books.sql; issue 24 item 2): what
+# The reads of the books (sql/81_report.sql, sql/82_books.sql): what
 # `llm-db report`, `metrics` and the demo print, for operators and readers.
 READS = {
     "llm.report_periods(date,date,uuid[])",
@@ -111,7 +111,7 @@ EXECUTE = {"llm_app": APP, "llm_operator": OPERATOR | READS, "llm_reader": READE
 
 TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
 CATALOGS = {"task_kinds", "settings"}
-BUDGET_VIEWS = {"budgets", "budget_usage"}  # issue 23: the app reads its budgets and their usage
+BUDGET_VIEWS = {"budgets", "budget_usage"}  # The app reads its budgets and their usage
 # ... and, the views being security_invoker (Citus runs their shard queries as the caller),
 # the two tables under them
 BUDGET_TABLES = {"budget_limits", "budget_counters"}
@@ -294,7 +294,7 @@ REFUSED = {
 def test_each_role_can_call_what_it_is_granted_and_nothing_else(llm_conn, llm_role_conn, plain_role, role):
     ids = setup_books(llm_conn)
     conn = llm_role_conn(role_name(role, plain_role))
-    # logged in as a member of the role (its login), not SET ROLE (issue 21 item 2)
+    # logged in as a member of the role (its login), not SET ROLE
     assert conn.execute(
         "SELECT session_user = current_user AND pg_has_role(%s, 'MEMBER')",
         [role_name(role, plain_role)],

@@ -2,7 +2,7 @@
 "Settings"), enforced by a CHECK constraint named ``settings_<setting>_range``: an UPDATE
 out of range fails with 23514 naming the setting and changes nothing. Migration 0010
 stops, naming the setting, its value and its range, when the database already holds a
-value out of range (issue 20 defect 10).
+value out of range.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ RANGES = {
 
 
 def test_the_ranges_cover_every_column_and_each_is_one_named_constraint(llm_conn):
-    """issue 20 defect 10: one constraint settings_<setting>_range per column of
+    """One constraint settings_<setting>_range per column of
     llm.settings (but the singleton key), and no other CHECK on those columns."""
     columns = {
         r[0]
@@ -61,7 +61,7 @@ def test_the_ranges_cover_every_column_and_each_is_one_named_constraint(llm_conn
 
 @pytest.mark.parametrize("setting", sorted(RANGES))
 def test_a_setting_out_of_range_is_refused_naming_it(llm_conn, setting):
-    """issue 20 defect 10: a value past the setting's highest and one below its lowest are
+    """A value past the setting's highest and one below its lowest are
     refused with 23514 by the constraint named after it, and nothing changes; its highest
     value is accepted."""
     highest, too_high, too_low = RANGES[setting]
@@ -74,7 +74,7 @@ def test_a_setting_out_of_range_is_refused_naming_it(llm_conn, setting):
 
 
 def test_a_recovery_window_of_100000_years_is_refused_and_the_sweeps_go_on(llm_conn):
-    """issue 20 defect 10: recovery_window = '100000 years' made every organization's sweep
+    """recovery_window = '100000 years' made every organization's sweep
     fail with 22008; it is refused (23514, naming the setting), so the sweep still runs."""
     error = assert_sqlstate(
         llm_conn, "23514", "UPDATE llm.settings SET recovery_window = '100000 years'"
@@ -110,7 +110,7 @@ def applied(conn: psycopg.Connection) -> list[str]:
 
 
 def test_migration_0010_stops_naming_a_stored_setting_out_of_range(database_at_0009):
-    """issue 20 defect 10: a database holding recovery_window = '100000 years' (allowed
+    """A database holding recovery_window = '100000 years' (allowed
     before 0010) does not migrate: 0010 stops with 23514 naming the setting, its value and
     its range, and changes nothing. Once the value is set in range, it migrates."""
     with psycopg.connect(database_at_0009, autocommit=True) as conn:

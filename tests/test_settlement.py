@@ -287,7 +287,7 @@ def test_failure_charges_the_partial_usage_once(llm_conn):
     assert invariants(llm_conn) == []
 
 
-# A failure of a recovered request is a late report (issue 20 defect 7), recorded or
+# A failure of a recovered request is a late report, recorded or
 # trued up: tests/test_recovery_policy.py, "a late failure".
 @pytest.mark.parametrize("first, expected", [("fail", "already_failed"), ("settle", "already_settled")])
 def test_failure_of_a_terminal_invocation_returns_its_outcome_and_changes_nothing(

@@ -3,7 +3,7 @@ database and against a pure-Python model of the books (tests/model.py), and
 after every step the two must agree and ``llm.check_invariants()`` must be
 empty (invariants 1-9 of docs/contract.md "Invariants").
 
-The price book (issue 33): one model has a price; admissions of it come with token
+The price book: one model has a price; admissions of it come with token
 counts and no estimate, settle_usage prices a usage at the pinned price (LL014 for a
 request whose model has none), also late (a priced true-up, a usage kept for audit);
 after every step each period's cost, each task's priced nanos and each request's cost
@@ -19,7 +19,7 @@ steps: admit (with or without a task, a retried id, a foreign task), dispatch,
 settle (also late, after recovery, and for the wrong organization), fail,
 open (with replay keys, unknown task kinds) and close tasks, reconcile one
 organization, run the whole pass, claim / complete / fail notices, and move
-the clock (minutes to days, across month boundaries). Budgets (issue 23): every
+the clock (minutes to days, across month boundaries). Budgets: every
 organization starts with an API key '*' and an end user's own day budget,
 set_budget sets, changes and removes others (organization day/week, project,
 key and end user), and admissions name scope ids; the model decides each
@@ -87,7 +87,7 @@ picks = st.integers(min_value=0, max_value=10_000)
 estimates = st.sampled_from([10, 20, 30, 50]) | st.integers(0, 70)
 charges = st.sampled_from([0, 10, 20, 30, 50, 80]) | st.integers(0, 120)
 rare = st.integers(min_value=0, max_value=7).map(lambda n: n == 0)  # true one time in eight
-# budgets (issue 23): the scope ids a request names (project, api_key, end_user), and the
+# budgets: the scope ids a request names (project, api_key, end_user), and the
 # budgets set_budget sets or removes; no thresholds (the concurrent simulation checks
 # budget notices), so the notices here stay the allowance's
 scope_ids = st.tuples(st.sampled_from([None, "p-1"]), st.sampled_from([None, "k-1", "k-2"]),
@@ -120,8 +120,8 @@ class BooksMachine(RuleBasedStateMachine):
         self.now = START
         self.counter = 0
         self.books = Books(task_kinds=set(TASK_KINDS))
-        self.claim_tokens: dict = {}  # each notice's latest claim token (issue 20 defect 6)
-        # the price book (issue 33): one model priced, kept between examples (versions never
+        self.claim_tokens: dict = {}  # each notice's latest claim token
+        # the price book: one model priced, kept between examples (versions never
         # change; setting the same rates at the same time adds none)
         self._call("set_price", PRICED_MODEL, {"input": "3", "output": "15"}, effective_from=START - timedelta(days=60))
         self._call("set_credit_rate", 1000, effective_from=START - timedelta(days=60))
@@ -252,7 +252,7 @@ class BooksMachine(RuleBasedStateMachine):
     @rule(o=st.integers(0, 2), input_tokens=st.integers(0, 12), max_output=st.integers(0, 3),
           with_task=st.booleans(), p=picks, ids=scope_ids)  # fmt: skip
     def admit_priced(self, o, input_tokens, max_output, with_task, p, ids):
-        """The price book (issue 33): an admission with token counts and no estimate,
+        """The price book: an admission with token counts and no estimate,
         which the book prices at the price in force (and pins)."""
         org = ORGS[o]
         tasks = [t for t in self._executions() if t[0] == org] if with_task else []
@@ -322,7 +322,7 @@ class BooksMachine(RuleBasedStateMachine):
 
     @rule(o=st.integers(0, 2), budget=st.sampled_from(BUDGETS), limit=st.sampled_from([20, 50, 100, None]))
     def set_budget(self, o, budget, limit):
-        """A budget set, changed or removed (issue 23); it applies to the next admission."""
+        """A budget set, changed or removed; it applies to the next admission."""
         org = ORGS[o]
         self._both(
             lambda: self._call("set_budget", org, *budget, limit, thresholds=[], now=self.now),
@@ -572,7 +572,7 @@ class BooksMachine(RuleBasedStateMachine):
                 " input_tokens, output_tokens FROM llm.daily_usage", books.daily),
         ):
             assert self._keyed(query, key_columns) == expected, query
-        costs = books.expected_costs()  # the price book (issue 33): cost beside the credits
+        costs = books.expected_costs()  # the price book: cost beside the credits
         for key_columns, query, expected in (
             (2, "SELECT organization_id, period_start, used_cost_nanos FROM llm.periods", costs["periods"]),
             (2, "SELECT organization_id, id, coalesce(priced_nanos, 0) FROM llm.executions", costs["tasks"]),
@@ -596,7 +596,7 @@ def test_random_interleavings_keep_the_books_equal_to_the_model(llm_conn, llm_co
     """Invariants 1-9 and the model after every step of random interleavings
     (CAP-PFM-LLM-007 admission, WF-PFM-LLM-002 tasks, WF-PFM-LLM-004 recovery with its
     recovery-charge policy and late true-ups, allowance changes racing admissions), and
-    budgets (issue 23, invariants 14 and 15): admissions decided on every budget that
+    budgets (invariants 14 and 15): admissions decided on every budget that
     applies, counters moved by every movement."""
     llm_conn.execute("SET lock_timeout = '5s'")
     BooksMachine.conn = llm_conn

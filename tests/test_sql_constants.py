@@ -1,4 +1,4 @@
-"""docs/architecture.md "Conventions" 6 (issue 24 item 2): the package's SQL is named
+"""docs/architecture.md "Conventions" 6: the package's SQL is named
 constants, one module per component (llm_db/queries.py, migrate.py, cli/doctor.py,
 cli/commands/setup.py, demo/, testing/_sql.py), so no call to ``execute`` spells its
 statement: not as a string, an f-string, or a ``psycopg.sql.SQL`` built in place.

@@ -1,4 +1,4 @@
-"""issue 24 item 1: the files of sql/ read in dependency order. Each file calls only
+"""The files of sql/ read in dependency order. Each file calls only
 routines it defines itself or an earlier file (in name order, the order `llm-db
 migrate` applies them) defines, so a reader tracing a call never has to look ahead.
 The pass (65_pass.sql), which orchestrates every capability, is the one documented
@@ -251,7 +251,7 @@ def forward_calls(defined: dict[str, list[str]], calls: list[Call]) -> list[str]
 
 
 def test_each_sql_file_calls_only_itself_and_earlier_files():
-    """issue 24 item 1: no routine of sql/ calls a routine defined in a later file, but
+    """No routine of sql/ calls a routine defined in a later file, but
     the pass's (65_pass.sql, the documented exception)."""
     defined, calls = read_sql()
     assert calls, "no call found in sql/: the parser reads nothing"
@@ -260,7 +260,7 @@ def test_each_sql_file_calls_only_itself_and_earlier_files():
 
 
 def test_each_routine_is_defined_by_one_file():
-    """issue 24 item 1: a routine has one home, so "which file holds it" has one answer
+    """A routine has one home, so "which file holds it" has one answer
     and the name order alone decides what a file may call."""
     defined, _ = read_sql()
     twice = [
@@ -270,7 +270,7 @@ def test_each_routine_is_defined_by_one_file():
 
 
 def test_each_routine_is_created_under_its_qualified_name():
-    """issue 24 item 1: the parser knows a routine by its CREATE llm.name (...), so a
+    """The parser knows a routine by its CREATE llm.name (...), so a
     routine created without the schema, or in another, would escape the order check."""
     elsewhere = []
     for file, text in sorted(sql_files().items()):
@@ -285,7 +285,7 @@ def test_each_routine_is_created_under_its_qualified_name():
 
 
 def test_the_exception_is_used():
-    """issue 24 item 1: the allow-list stays minimal. The pass does call forward (else it
+    """The allow-list stays minimal. The pass does call forward (else it
     would not need to be listed), and every file listed exists."""
     defined, calls = read_sql()
     for file in MAY_CALL_FORWARD:
@@ -327,7 +327,7 @@ def executed_strings_naming_routines(
 
 
 def test_dynamic_sql_names_no_routine_but_the_cron_job():
-    """issue 24 item 1, the parser's known limit: a call built as a string and run by
+    """The parser's known limit: a call built as a string and run by
     EXECUTE is invisible to it, so the strings sql/ runs with EXECUTE name one routine
     of ours only: the pass in the command of the pg_cron job 90_schedule.sql creates,
     defined earlier (65_pass.sql). The others run cron's and Citus's routines, or DROP
@@ -339,7 +339,7 @@ def test_dynamic_sql_names_no_routine_but_the_cron_job():
 
 
 def test_no_routine_name_names_anything_else():
-    """issue 24 item 1: a routine's name alone before "(" counts as a call, which is
+    """A routine's name alone before "(" counts as a call, which is
     right only while no table, column, type, variable, CTE or alias shares a routine's
     name (one would show before "(" in INSERT INTO name (...) or WITH name(a) AS).
     Such a name shows somewhere without "(", so: in the code of sql/ and migrations/,
@@ -369,7 +369,7 @@ G = "CREATE FUNCTION llm._g(p int = 0) RETURNS int LANGUAGE sql AS $$ SELECT p $
 
 
 def test_the_parser_skips_comments_and_strings_but_reads_bodies():
-    """issue 24 item 1: the parser counts calls in routine bodies, and not the names in a
+    """The parser counts calls in routine bodies, and not the names in a
     comment, a string (as 10_common.sql's HINT naming llm.upsert_organization), an E''
     string or a dollar-quoted string that is no body."""
     text = (
@@ -393,7 +393,7 @@ def test_the_parser_skips_comments_and_strings_but_reads_bodies():
 
 
 def test_the_parser_reads_unqualified_and_quoted_calls():
-    """issue 24 item 1: bodies run with llm on their search_path, so _g(...) calls
+    """Bodies run with llm on their search_path, so _g(...) calls
     llm._g; "llm"."_g"(...) and LLM . _G (...) too. pg_catalog._g(...) is another
     schema's routine, and a variable or column named _g is no call."""
     text = (
@@ -408,7 +408,7 @@ def test_the_parser_reads_unqualified_and_quoted_calls():
 
 
 def test_the_parser_reads_calls_in_table_statements():
-    """issue 24 item 1: ALTER TABLE ... SET DEFAULT llm._g() and ADD CHECK (llm._g(...))
+    """ALTER TABLE ... SET DEFAULT llm._g() and ADD CHECK (llm._g(...))
     run the routine: they count. COMMENT ON, GRANT, REVOKE, DROP and ALTER FUNCTION only
     name it."""
     text = (
@@ -425,7 +425,7 @@ def test_the_parser_reads_calls_in_table_statements():
 
 
 def test_the_parser_reads_parameter_defaults():
-    """issue 24 item 1: a parameter's DEFAULT in a CREATE FUNCTION header is a call made
+    """A parameter's DEFAULT in a CREATE FUNCTION header is a call made
     by the routine being created; its own name is not."""
     text = (
         "CREATE OR REPLACE FUNCTION llm.f(p_a int DEFAULT llm._g(), p_b int = _g(1))\n"
@@ -435,7 +435,7 @@ def test_the_parser_reads_parameter_defaults():
 
 
 def test_the_parser_reads_begin_atomic_bodies():
-    """issue 24 item 1: a SQL-standard body (BEGIN ATOMIC ... END, with a CASE ... END
+    """A SQL-standard body (BEGIN ATOMIC ... END, with a CASE ... END
     inside) or RETURN expression belongs to its routine; the routines after it keep
     their own calls."""
     text = (
@@ -449,7 +449,7 @@ def test_the_parser_reads_begin_atomic_bodies():
 
 
 def test_the_parser_reads_what_execute_runs():
-    """issue 24 item 1, the known limit: the names in a string run by EXECUTE are found
+    """The known limit: the names in a string run by EXECUTE are found
     (here in the format string or its argument), not those in a string's comment, in
     GRANT EXECUTE or in a trigger's EXECUTE FUNCTION."""
     text = (

@@ -4,7 +4,7 @@ Every amount one call passes is capped at 10^15 (``MAX_AMOUNT``), but the books 
 them up. 0.3.0 kept every sum in bigint and concluded that period sums could not
 overflow: on an organization without an allowance the 9,224th open admission of
 10^15 of a month failed with 22003 (bigint out of range), as did every admission of
-that month while those holds stood (the budgets-airtight attacks, defect 6). Now a
+that month while those holds stood (found by the budgets-airtight attacks). Now a
 period's used + held credits, its used cents and a budget counter's are refused past
 the sum limit, 10^18, with LL013 (``SumLimitExceeded``), nothing written; and what
 nothing bounds (a task's credits, a day's usage, the reports) is numeric, read by the

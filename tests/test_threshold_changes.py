@@ -1,12 +1,12 @@
 """An organization's allowance or threshold list changed while its periods have usage
 (``llm.upsert_organization``; docs/architecture.md "Notices, the worker and metrics").
 
-Issue 20 defect 3: a changed threshold list re-spreads the notice rooms of every period
+A changed threshold list re-spreads the notice rooms of every period
 of the organization, so invariant 5b holds right after the change and a later
 settlement of an earlier period that crosses a new threshold records its notice,
 whichever path (fast or exact) moves it.
 
-Issue 20 defect 4: a change that puts used credits at or above a threshold's level
+A change that puts used credits at or above a threshold's level
 owes that threshold's notice at once, in the change's own transaction, for the period
 containing ``p_now`` and any later one already open; once per threshold and period.
 """
@@ -57,7 +57,7 @@ def owed(conn: psycopg.Connection, org: uuid.UUID) -> list[tuple]:
              n["crossed_at"], n["status"]) for n in notices(conn, org)]  # fmt: skip
 
 
-# ---------------------------------------------------------------- defect 3: every period's rooms
+# ---------------------------------------------------------------- every period's rooms
 
 
 def january_with_an_open_request(conn: psycopg.Connection) -> tuple[uuid.UUID, uuid.UUID]:
@@ -79,7 +79,7 @@ def january_with_an_open_request(conn: psycopg.Connection) -> tuple[uuid.UUID, u
     "credits", [10, 200], ids=["small-move-fast-path-before", "large-move-exact-path"]
 )
 def test_a_changed_threshold_list_respreads_an_earlier_periods_rooms(llm_conn, credits):
-    """Issue 20 defect 3, invariant 5 (5b): in February the list gains 50 % while a January
+    """Invariant 5 (5b): in February the list gains 50 % while a January
     request is still open. Right after the upsert the invariants hold (January's rooms now
     stop short of 50 %: 5 credits), and the late settlement of the January request that
     takes January from 49.5 % past 50 % records one notice for January, whether it is a
@@ -103,7 +103,7 @@ def test_a_changed_threshold_list_respreads_an_earlier_periods_rooms(llm_conn, c
 def test_an_earlier_period_owes_no_notice_for_a_threshold_it_passed_before_the_list_had_it(
     llm_conn,
 ):
-    """Issue 20 defects 3 and 4, the period rule: a list change in February owes a new
+    """The period rule: a list change in February owes a new
     threshold already passed in February (the current period) at once, not in January, a
     month that is over; January's rooms are spread for the new list all the same, so its
     next crossing (80 %) is still notified."""
@@ -122,7 +122,7 @@ def test_an_earlier_period_owes_no_notice_for_a_threshold_it_passed_before_the_l
 def test_a_list_change_waits_for_a_settlement_holding_an_earlier_period_and_spreads_after_it(
     llm_conn, llm_connect
 ):
-    """Issue 20 defect 3, the lock order of docs/architecture.md (the organization, then its periods
+    """The lock order of docs/architecture.md (the organization, then its periods
     in period order, each period's stripes before its notices): an upsert changing the list
     waits for a settlement still holding January's stripes, then spreads January's rooms from
     the usage that settlement committed (invariant 5b right after)."""
@@ -144,7 +144,7 @@ def test_a_list_change_waits_for_a_settlement_holding_an_earlier_period_and_spre
 
 
 def test_a_settlement_waiting_for_a_list_change_moves_with_the_new_rooms(llm_conn, llm_connect):
-    """Issue 20 defect 3, the other order: while an upsert changing the list holds January's
+    """The other order: while an upsert changing the list holds January's
     stripes, the late settlement of the January request waits for it, then finds the rooms
     spread for the new list, so its small move crossing 50 % records the notice."""
     org, late = january_with_an_open_request(llm_conn)
@@ -161,11 +161,11 @@ def test_a_settlement_waiting_for_a_list_change_moves_with_the_new_rooms(llm_con
     assert invariants(llm_conn) == []
 
 
-# ---------------------------------------------------------------- defect 4: owed by the change
+# ---------------------------------------------------------------- owed by the change
 
 
 def test_lowering_the_allowance_under_used_credits_owes_the_notices_at_once(llm_conn, llm_connect):
-    """Issue 20 defect 4, invariant 5: used 850 of 1100 (77 %, nothing owed). Lowered to 900
+    """Invariant 5: used 850 of 1100 (77 %, nothing owed). Lowered to 900
     (94 %) the change itself owes 80 %, in its own transaction, with the figures as of the
     change, and notifies at commit; lowered to 800 (106 %) it owes 100 %; later changes
     owe no second notice for either."""
@@ -195,7 +195,7 @@ def test_lowering_the_allowance_under_used_credits_owes_the_notices_at_once(llm_
 
 
 def test_lowering_the_allowance_owes_the_notices_of_a_later_period_already_open(llm_conn):
-    """Issue 20 defect 4, invariant 9: a moved clock already opened February; lowering the
+    """Invariant 9: a moved clock already opened February; lowering the
     allowance in January applies to both periods and owes each its notice at once."""
     org = new_org(llm_conn, 1100, thresholds=[80, 100])
     used_up(llm_conn, org, 850, T0)
@@ -210,7 +210,7 @@ def test_lowering_the_allowance_owes_the_notices_of_a_later_period_already_open(
 
 
 def test_a_threshold_list_adding_a_threshold_already_passed_owes_it_at_once(llm_conn):
-    """Issue 20 defect 4: used 450 of 1000 and the list gains 40 %: owed by the change, once;
+    """Used 450 of 1000 and the list gains 40 %: owed by the change, once;
     a further list change owes it no second time and owes nothing for 50 % still ahead."""
     org = new_org(llm_conn, 1000, thresholds=[80, 100])
     used_up(llm_conn, org, 450, T0)
@@ -225,7 +225,7 @@ def test_a_threshold_list_adding_a_threshold_already_passed_owes_it_at_once(llm_
 
 
 def test_an_allowance_of_zero_owes_every_threshold_at_once(llm_conn):
-    """Issue 20 defect 4 at its edge: at an allowance of 0 every threshold's level is 0, so
+    """At its edge: at an allowance of 0 every threshold's level is 0, so
     used credits stand at or above all of them, even at 0; the organization, refused with
     LL001 from now on, is told so by the change itself, and a raise back owes nothing."""
     org = new_org(llm_conn, 1000, thresholds=[80, 100])

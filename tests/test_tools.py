@@ -1,4 +1,4 @@
-"""The rule for a missing tool (tests/tools.py, issue 21 item 7): a test that needs a
+"""The rule for a missing tool (tests/tools.py): a test that needs a
 tool scripts/bootstrap.sh installs skips naming its package, and fails instead under
 ``LLM_DB_REQUIRE_TOOLS=1``, which ``.ci/run`` sets; every such test goes through it."""
 
@@ -27,12 +27,12 @@ def bootstrap_packages() -> set[str]:
 
 
 def test_ci_run_requires_the_bootstrap_tools():
-    """issue 21 item 7: CI (.ci/run) turns a skip for a missing bootstrap tool into a failure."""
+    """CI (.ci/run) turns a skip for a missing bootstrap tool into a failure."""
     assert f"\nexport {REQUIRE_ENV}=1\n" in (ROOT / ".ci" / "run").read_text()
 
 
 def test_a_missing_tool_skips_naming_its_package_or_fails_when_required(monkeypatch):
-    """issue 21 item 7: skip outside CI, fail under LLM_DB_REQUIRE_TOOLS=1 or CI."""
+    """Skip outside CI, fail under LLM_DB_REQUIRE_TOOLS=1 or CI."""
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.delenv(REQUIRE_ENV, raising=False)
     monkeypatch.delenv("CI", raising=False)
@@ -48,7 +48,7 @@ def test_a_missing_tool_skips_naming_its_package_or_fails_when_required(monkeypa
 
 
 def test_every_test_needing_a_bootstrap_tool_goes_through_the_rule():
-    """issue 21 item 7: no test skips for promtool, plpgsql_check, pgbouncer or the
+    """No test skips for promtool, plpgsql_check, pgbouncer or the
     isolation tester on its own, and each package the rule names is one bootstrap installs."""
     own_skip = re.compile(r"(?:pytest\.skip\(|skipif\()[^\n]*(?:promtool|plpgsql|pgbouncer|PGBOUNCER|isolation)",
                           re.IGNORECASE)  # fmt: skip

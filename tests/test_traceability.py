@@ -1,4 +1,4 @@
-"""docs/traceability.md tells the truth (issue 24 item 7): every test file it names under
+"""docs/traceability.md tells the truth: every test file it names under
 "tested in" exists and holds a test that cites the row's id, and every rule id of the seeds
 (BR-CAP-PFM-LLM-009-01 to -07, SC-CAP-PFM-LLM-009-01) and every transition of
 STATE-PFM-LLM-002 has a row naming at least one such file.
@@ -115,7 +115,7 @@ def uncited(text: str) -> list[str]:
 
 
 def test_every_file_tested_in_holds_a_test_citing_the_rows_id():
-    """issue 24 item 7: the traceability table names, for each id, test files whose tests
+    """The traceability table names, for each id, test files whose tests
     cite that id (BR-CAP-PFM-LLM-009-01 to -07, SC-CAP-PFM-LLM-009-01, the workflows'
     hops, the transitions of STATE-PFM-LLM-002)."""
     table = rows(TRACEABILITY.read_text(encoding="utf-8"))
@@ -128,7 +128,7 @@ def test_every_file_tested_in_holds_a_test_citing_the_rows_id():
 
 
 def test_every_seed_rule_scenario_and_transition_has_a_tested_row():
-    """issue 24 item 7: BR-CAP-PFM-LLM-009-01 to -07, SC-CAP-PFM-LLM-009-01 and every
+    """BR-CAP-PFM-LLM-009-01 to -07, SC-CAP-PFM-LLM-009-01 and every
     transition of STATE-PFM-LLM-002 (the seeds' list) have a row naming a test file."""
     table = rows(TRACEABILITY.read_text(encoding="utf-8"))
     tested_ids = {row.cited_id for row in table if row.tested_in and not row.states}

@@ -56,7 +56,7 @@ def release_0_1_0(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]
 @pytest.fixture
 def old_database(llm_server, llm_owner, release_0_1_0):
     """A fresh database with release 0.1.0 installed by the non-superuser owner, who owns
-    the database and runs every migrate here (issue 21 F1); dropped afterwards."""
+    the database and runs every migrate here; dropped afterwards."""
     name = f"u_{uuid.uuid4().hex}"
     dsn = llm_server.create_database(
         name, settings={"lock_timeout": "5s", "statement_timeout": "60s"}, owner=llm_owner
@@ -251,7 +251,7 @@ def test_upgrading_a_populated_0_1_0_database_loses_nothing(old_database, llm_se
                 assert after[table] == before[table], f"llm.{table} changed in the upgrade"
         assert table_contents(conn, {"threshold_notices": kept_notice_columns}) == notices_before
         assert_sending_notices_are_owed_again(conn, sending)
-        # issue 23: 0016 backfills every older notice as the allowance's
+        # 0016 backfills every older notice as the allowance's
         assert rows(conn, "SELECT scope, scope_id, budget_window, count(*) FROM llm.threshold_notices"
                           " GROUP BY 1, 2, 3") == [  # fmt: skip
             {"scope": "organization", "scope_id": None, "budget_window": "month", "count": len(notices_before["threshold_notices"])}]  # fmt: skip
@@ -271,7 +271,7 @@ def test_upgrading_a_populated_0_1_0_database_loses_nothing(old_database, llm_se
 
 
 def assert_sending_notices_are_owed_again(conn: psycopg.Connection, sending: list[dict[str, Any]]) -> None:
-    """issue 20 defect 6, invariant 12: schema 0011 gives every notice a claim token while
+    """Invariant 12: schema 0011 gives every notice a claim token while
     it is sent; a notice being sent before the upgrade has none to end its claim with, so
     the upgrade makes it owed again (claim cleared, due as it was, attempts kept) and the
     next claim takes it with a token."""
@@ -387,7 +387,7 @@ def seen(rows: list[dict[str, Any]], at_least: int = 1) -> None:
 def read_calls(
     conn: psycopg.Connection, small: uuid.UUID, unlimited: uuid.UUID, feb: datetime
 ) -> dict[str, Callable[[], Any]]:
-    """The reads of the books (issue 24), on the upgraded books: each returns what it
+    """The reads of the books, on the upgraded books: each returns what it
     must see there, not merely no error (last_run and metrics after the pass)."""
     return {
         "report_periods": lambda: seen(call(conn, "report_periods", DEC.date(), FEBRUARY.replace(day=28), [small])),
@@ -408,7 +408,7 @@ def read_calls(
 
 
 def budgets_work(conn: psycopg.Connection, org: uuid.UUID, now: datetime) -> None:
-    """issue 23 on upgraded books: a '*' end-user day budget set by set_budget holds every
+    """On upgraded books: a '*' end-user day budget set by set_budget holds every
     unseen end user's first request (the second one of 30 over 50 is refused, naming the
     budget) and settlement moves the counter; the invariants check it (14, 15)."""
     set_budget(conn, org, "end_user", "*", "day", 50, now=now)
@@ -425,7 +425,7 @@ def budgets_work(conn: psycopg.Connection, org: uuid.UUID, now: datetime) -> Non
 
 
 def test_the_sweeps_totals_are_recounted_from_the_books_on_upgrade(old_database):
-    """Invariant 10 (issue 20): 0005 started llm.sweep_totals from the 0.1.0 books but
+    """Invariant 10: 0005 started llm.sweep_totals from the 0.1.0 books but
     counted a request recovered at its zero estimate as uncharged, which no sweep does;
     0012 recounts them from the requests, so an upgraded database's totals are exact."""
     with psycopg.connect(old_database, autocommit=True) as conn:

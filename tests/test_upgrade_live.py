@@ -1,4 +1,4 @@
-"""Upgrades under live traffic (issue 22 item 6): the previous release, 0.3.0 (the
+"""Upgrades under live traffic: the previous release, 0.3.0 (the
 ``migrations/`` and ``sql/`` of its release commit 1a824af, kept in
 ``tests/upgrade/llm-db-0.3.0-1a824af.tar.gz``), is installed and populated with 200k
 requests and API key budgets; clients run admit -> dispatch -> settle through that
@@ -7,14 +7,14 @@ checkout's ``migrate`` runs all its phases: the migrations (0017 makes 0.3.0's r
 safe for them, 0018 rewrites tables after a barrier, 0021 and 0022 add the lean write
 path's columns and build its indexes CONCURRENTLY), the functions, and the
 contract step after the barrier (the stripes' open requests and settle bounds counted,
-the indexes a settlement touched dropped). Issue 22 item 1's assertions hold: no
+the indexes a settlement touched dropped). What an upgrade under live traffic must keep holds: no
 client error, no call waiting longer than 2 s, every admitted request in the books,
-every ``settled`` settled, and ``check_invariants()`` empty afterwards; and (issue 32)
+every ``settled`` settled, and ``check_invariants()`` empty afterwards; and
 a settlement is a HOT update on the upgraded books. A migrate killed in its contract
 step is finished by the next one.
 
 Release 0.2.0 (``tests/upgrade/llm-db-0.2.0-e283082.tar.gz``) is kept for the steps of
-its own upgrade (issue 23): the books hold 12,000 threshold notices, which 0016
+its own upgrade: the books hold 12,000 threshold notices, which 0016
 backfills in committed batches; 0016 is re-run after a kill in its index build and from
 the middle of its backfill. A 0.2.0 database takes live traffic through 0.3.0 first:
 0.2.0's admit_invocation returns the row of llm.invocations, to which 0021 adds
@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RELEASE_0_2_0 = ROOT / "tests" / "upgrade" / "llm-db-0.2.0-e283082.tar.gz"
 RELEASE_0_3_0 = ROOT / "tests" / "upgrade" / "llm-db-0.3.0-1a824af.tar.gz"
 BUDGET_ORGS = 20  # the first organizations: an API key '*' day budget, clients naming keys
-# What a settlement touched until 0.4.0, and what replaced it (issue 32).
+# What a settlement touched until 0.4.0, and what replaced it.
 OLD_INDEXES = ("invocations_open", "invocations_period", "invocations_settled_at")
 NEW_INDEXES = ("invocations_created", "period_stripes_open", "period_stripes_settled",
                "budget_counters_stripe_key")  # fmt: skip
@@ -61,9 +61,9 @@ ORGS = 200
 REQUESTS = 200_000
 CLIENTS = 8  # admit -> dispatch -> settle loops; one more runs tasks
 TASK = "upgrade.live"
-MAX_WAIT = 2.0  # seconds: issue 22 item 1, "no call waits longer than 2 s"
+MAX_WAIT = 2.0  # seconds: no call waits longer than 2 s (docs/operations.md, upgrading)
 # How long a consumer transaction stays open under migrate: longer than migrate's
-# lock timeout (1 s, issue 22 item 2), so a migrate that bounds its locks must retry.
+# lock timeout (1 s), so a migrate that bounds its locks must retry.
 OPEN_TRANSACTION = 3.0
 HELD_TABLES = ("threshold_notices", "organizations", "period_heads", "period_stripes",
                "invocations", "executions")  # fmt: skip
@@ -334,7 +334,7 @@ def traffic(old_dsn: str) -> Iterator[Traffic]:
 
 
 def assert_no_harm(dsn: str, live: Traffic) -> None:
-    """Issue 22 item 1: 0 client errors, no call over 2 s, every admitted id in the books,
+    """0 client errors, no call over 2 s, every admitted id in the books,
     every ``settled`` settled, check_invariants() (this release's) empty."""
     live.stop()
     errors = [e for c in live.clients for e in c.errors]
@@ -367,7 +367,7 @@ def report(label: str, seconds: float, live: Traffic) -> None:
 
 
 def rerun_completes(dsn: str, live: Traffic, label: str) -> None:
-    """After killed runs, migrate re-run under traffic completes; item 1's assertions hold."""
+    """After killed runs, migrate re-run under traffic completes; the live-traffic assertions hold."""
     seconds, _ = timed_migrate(dsn)
     live.run_for(300)
     report(label, seconds, live)
@@ -378,11 +378,11 @@ def rerun_completes(dsn: str, live: Traffic, label: str) -> None:
 
 
 def test_migrate_under_traffic_fails_no_call(old_dsn: str, traffic: Traffic) -> None:
-    """issue 22 item 1 and item 6 (first test), issue 32: 0.3.0 populated with 200k
-    requests and API key budgets, 10 clients and a task client on 0.3.0's SQL (one with
-    prepared statements, two naming keys), this release's migrate, all three phases, in
-    the middle: no client error, no call over 2 s, nothing lost, invariants 1-18 hold;
-    the contract step ran, and a settlement is a HOT update on the upgraded books."""
+    """0.3.0 populated with 200k requests and API key budgets, 10 clients and a task client on
+    0.3.0's SQL (one with prepared statements, two naming keys), this release's migrate, all
+    three phases, in the middle: no client error, no call over 2 s, nothing lost, invariants
+    1-18 hold; the contract step ran, and a settlement is a HOT update on the upgraded
+    books."""
     traffic.run_for(500)
     seconds, applied = timed_migrate(old_dsn)
     # every migration since 0.3.0's last (0016) ran under the traffic
@@ -399,12 +399,12 @@ def test_migrate_under_traffic_fails_no_call(old_dsn: str, traffic: Traffic) -> 
 
 
 def test_migrate_waits_out_an_open_transaction(old_dsn: str, traffic: Traffic) -> None:
-    """issue 22 item 2 and item 6 (second test): a consumer transaction that read the
-    tables of the requests and the notices (as a report does) stays open longer than
-    migrate's lock timeout while migrate needs one of them. migrate waits and completes
-    once it ends; the clients meanwhile stall at most a lock timeout per attempt, and item
-    1's assertions hold. From 0.3.0, migrate meets it first at the barrier before 0018
-    (docs/architecture.md Conventions 14), where it waits holding no lock."""
+    """A consumer transaction that read the tables of the requests and the notices (as a report
+    does) stays open longer than migrate's lock timeout while migrate needs one of them.
+    migrate waits and completes once it ends; the clients meanwhile stall at most a lock
+    timeout per attempt, and item 1's assertions hold. From 0.3.0, migrate meets it first at
+    the barrier before 0018 (docs/architecture.md Conventions 14), where it waits holding no
+    lock."""
     traffic.run_for(500)
     with psycopg.connect(old_dsn) as holder:
         # the tables of the requests (0011 alters threshold_notices, which a settlement
@@ -440,14 +440,14 @@ def test_migrate_waits_out_an_open_transaction(old_dsn: str, traffic: Traffic) -
 
 
 def test_a_0_2_0_admission_in_flight_when_0015_commits_completes(dsn_0_2_0: str) -> None:
-    """issue 22 item 1 / issue 23: a 0.2.0 admission in flight when 0015 commits must
-    complete. Scripted: 0015 waits for a reader of llm.settings; a 0.2.0 admission starts
-    (its wrapper plans its call of the twin, whose result is a row of llm.invocations) and
-    either waits for 0015 or completes; the reader ends and 0015 commits. When 0015 added
-    columns to llm.invocations (as first written), the twin returned the wider row and the
-    call failed with 42804 "Returned row contains 29 attributes, but query expects 25", as
-    the live test met once per client; the scope ids now live in llm.invocation_scopes,
-    and 0015 changes no table whose row a 0.2.0 routine returns."""
+    """A 0.2.0 admission in flight when 0015 commits must complete. Scripted: 0015 waits for a
+    reader of llm.settings; a 0.2.0 admission starts (its wrapper plans its call of the
+    twin, whose result is a row of llm.invocations) and either waits for 0015 or completes;
+    the reader ends and 0015 commits. When 0015 added columns to llm.invocations (as first
+    written), the twin returned the wider row and the call failed with 42804 "Returned row
+    contains 29 attributes, but query expects 25", as the live test met once per client; the
+    scope ids now live in llm.invocation_scopes, and 0015 changes no table whose row a 0.2.0
+    routine returns."""
     org = uuid.UUID(f"00000000-0000-4000-8000-{1:012d}")
     params = {"org": org, "estimate": 5, "task": None, "id": uuid.uuid4(), "now": T0}
     with (psycopg.connect(dsn_0_2_0) as reader, psycopg.connect(dsn_0_2_0, autocommit=True) as client,
@@ -472,11 +472,11 @@ def test_a_0_2_0_admission_in_flight_when_0015_commits_completes(dsn_0_2_0: str)
         assert admission.result() is not None
 
 
-# ---------------------------------------------------------------- issue 23 on the upgraded books
+# ---------------------------------------------------------------- budgets on the upgraded books
 
 
 def assert_0016_done(conn: psycopg.Connection) -> None:
-    """issue 23, migration 0016: every notice 0.2.0 wrote is the allowance's
+    """Migration 0016: every notice 0.2.0 wrote is the allowance's
     (organization, NULL, month), the new key is valid and the old one gone."""
     assert conn.execute(
         "SELECT scope, scope_id, budget_window, count(*) FROM llm.threshold_notices GROUP BY 1, 2, 3"
@@ -492,7 +492,7 @@ def assert_0016_done(conn: psycopg.Connection) -> None:
 
 
 def assert_budgets_work(conn: psycopg.Connection) -> None:
-    """issue 23 on books upgraded from 0.2.0: set_budget, admissions naming scope ids (the
+    """On books upgraded from 0.2.0: set_budget, admissions naming scope ids (the
     second refused by the key's day budget, naming it), a settlement crossing its
     thresholds (notices under the new key), and check_invariants() empty."""
     org = uuid.uuid4()
@@ -516,7 +516,7 @@ def assert_budgets_work(conn: psycopg.Connection) -> None:
 
 
 def test_0016_interrupted_in_its_unique_index_reruns(dsn_0_2_0: str) -> None:
-    """issue 23: 0016 is re-runnable from any point. migrate killed (SIGKILL, its backends
+    """0016 is re-runnable from any point. migrate killed (SIGKILL, its backends
     terminated) while 0016 builds its key CONCURRENTLY (held there by a transaction whose
     snapshot is older, as a long report's is): the backfill is done, the index is left
     invalid, the old key still serves the previous release's functions; the books work,
@@ -542,7 +542,7 @@ def test_0016_interrupted_in_its_unique_index_reruns(dsn_0_2_0: str) -> None:
 
 
 def test_0016_interrupted_in_its_backfill_reruns(dsn_0_2_0: str, tmp_path: Path) -> None:
-    """issue 23: 0016 is re-runnable from any point. Its backfill commits batch by batch,
+    """0016 is re-runnable from any point. Its backfill commits batch by batch,
     so a kill inside it leaves some batches committed and nothing of the one under way:
     that state (0015 applied, the previous release's functions live, one batch of 5000
     notices backfilled) is built exactly, then migrate completes it."""
@@ -610,10 +610,9 @@ def assert_books_work(conn: psycopg.Connection) -> None:
 
 
 def test_migrate_killed_in_its_migrations_reruns(old_dsn: str, traffic: Traffic) -> None:
-    """issue 22 item 2 and item 6 (third test, its deterministic point): migrate killed
-    (SIGKILL, its backends terminated) while it applies its migrations under traffic: the
-    books and the previous release's functions work, and a re-run completes; item 1's
-    assertions hold."""
+    """Migrate killed (SIGKILL, its backends terminated) while it applies its migrations under
+    traffic: the books and the previous release's functions work, and a re-run completes;
+    the live-traffic assertions hold."""
     traffic.run_for(300)
     with psycopg.connect(old_dsn, autocommit=True) as conn:
         child = start_migrate(old_dsn)
@@ -627,11 +626,10 @@ def test_migrate_killed_in_its_migrations_reruns(old_dsn: str, traffic: Traffic)
 
 
 def test_migrate_killed_at_random_points_reruns(old_dsn: str, traffic: Traffic) -> None:
-    """issue 22 item 2 and item 6 (third test): migrate killed at random points under
-    traffic, each run continuing what the killed ones applied, until one completes or
-    three were killed: after each kill the books and the live functions work; a re-run
-    completes; item 1's assertions hold. The seed is printed; LLM_DB_KILL_SEED replays it
-    (up to where migrate is when each kill lands)."""
+    """Migrate killed at random points under traffic, each run continuing what the killed ones
+    applied, until one completes or three were killed: after each kill the books and the
+    live functions work; a re-run completes; the live-traffic assertions hold. The seed is
+    printed; LLM_DB_KILL_SEED replays it (up to where migrate is when each kill lands)."""
     seed = int(os.environ.get("LLM_DB_KILL_SEED", random.randrange(2**32)))
     print(f"\nkill seed {seed} (LLM_DB_KILL_SEED={seed} replays it)")
     rng = random.Random(seed)
@@ -652,7 +650,7 @@ def test_migrate_killed_at_random_points_reruns(old_dsn: str, traffic: Traffic) 
     rerun_completes(old_dsn, traffic, "re-run after the kills")
 
 
-# ---------------------------------------------------------------- issue 32: the lean write path
+# ---------------------------------------------------------------- The lean write path
 
 
 def assert_lean(conn: psycopg.Connection) -> None:
@@ -681,7 +679,7 @@ def invocation_updates(conn: psycopg.Connection) -> tuple[int, int]:
 
 
 def assert_settlement_hot(conn: psycopg.Connection) -> None:
-    """Issue 32: a settlement rewrites its request's row in place. Of 200 requests admitted,
+    """A settlement rewrites its request's row in place. Of 200 requests admitted,
     then settled, on the upgraded books, every settlement's update of llm.invocations is
     HOT (the rows admitted on pages the fillfactor left room on)."""
     org, ids = org_id(ORGS), [uuid.uuid4() for _ in range(200)]
@@ -697,7 +695,7 @@ def assert_settlement_hot(conn: psycopg.Connection) -> None:
 
 
 def test_migrate_killed_in_its_contract_step_reruns(old_dsn: str, traffic: Traffic) -> None:
-    """Issue 32: the contract step is re-runnable from any point. migrate killed in its
+    """The contract step is re-runnable from any point. migrate killed in its
     contract step (held there by a stripe a transaction of the test locks while the step
     counts the stripes' open requests): the new functions are live and serve, the books
     work; the next migrate finishes the step; the traffic saw no error."""

@@ -1,6 +1,6 @@
 """Threshold notice delivery (``llm_db.service.notices``) against a real HTTP server on
 127.0.0.1 run in a thread that verifies every delivery with the
-``standardwebhooks`` package (issue #13: Standard Webhooks): delivered and
+``standardwebhooks`` package (Standard Webhooks): delivered and
 signed, endpoint down (connection refused, then up), endpoint slow (timeout),
 non-2xx answers. Nothing is lost: every notice that was not delivered is owed
 again with its error and a backoff in the future, and a later run at a later
@@ -106,7 +106,7 @@ def test_notices_are_delivered_signed_and_marked_sent(
             "allowance_credits": 100,
             "crossed_at": n["crossed_at"].isoformat(),
             "attempts": 1,
-            # issue 23: every notice names its budget; the allowance's keeps its 0.2.0 fields
+            # Every notice names its budget; the allowance's keeps its 0.2.0 fields
             "scope": "organization",
             "scope_id": None,
             "window": "month",
@@ -134,7 +134,7 @@ def test_notices_are_delivered_signed_and_marked_sent(
 def test_a_budget_s_notice_is_its_own_event_naming_scope_id_window_and_window_start(
     llm: Llm, llm_conn: psycopg.Connection, endpoint: Receiver
 ) -> None:
-    """issue 23: a budget's thresholds are notified through the same claim and delivery as
+    """A budget's thresholds are notified through the same claim and delivery as
     the allowance's; the payload names scope, scope_id (the real id; null for the
     organization scope), window and window_start, under the type llm.budget_threshold_crossed
     and without the allowance's period_start and allowance_credits, so a receiver written for
@@ -184,7 +184,7 @@ def test_a_budget_s_notice_is_its_own_event_naming_scope_id_window_and_window_st
 def test_a_run_whose_claims_were_taken_again_counts_them_lost_and_changes_nothing(
     llm: Llm, llm_conn: psycopg.Connection, endpoint: Receiver, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """issue 20 defect 6: a deliverer so slow that its claims expired, were re-armed and were
+    """A deliverer so slow that its claims expired, were re-armed and were
     claimed again by another gets False from complete_notice: each notice is counted lost
     and logged, and the other deliverer's claims stand (it completes them)."""
     org = crossing_80_and_100(llm)

@@ -1,12 +1,12 @@
 """What works without the extras.
 
-The ``worker`` extra (issue #13): httpx, standardwebhooks and prometheus_client are
+The ``worker`` extra: httpx, standardwebhooks and prometheus_client are
 imported only by what needs them, and the commands that need them exit 2 with one line
 naming ``pip install 'llm-db[worker]'``.
 
-The slim core install (issue #15): the core dependencies are psycopg and yoyo only.
+The slim core install: the core dependencies are psycopg and yoyo only.
 ``import llm_db``, the driver and ``migrate`` work with nothing else; the pytest plugin
-(opt-in since 0.3.0, issue 24) loads without ``testing.postgresql`` and a fixture that
+(opt-in since 0.3.0) loads without ``testing.postgresql`` and a fixture that
 starts the server fails naming the ``testing`` extra; ``llm-db`` without click prints one
 line naming the ``cli`` extra.
 
@@ -116,7 +116,7 @@ def test_commands_that_do_not_need_the_extra_still_run(llm_dsn):
     assert secret.returncode == 0 and secret.stdout.startswith("whsec_")
 
 
-# ---------------------------------------------------------------- the core install (issue #15)
+# ---------------------------------------------------------------- the core install
 
 
 def core_python(code: str, *args: str, block: tuple[str, ...] = NOT_IN_CORE):
@@ -255,7 +255,7 @@ def consumer_pytest(tmp_path: Path, env: dict[str, str], tests: str, *, conftest
     ids=["conftest pytest_plugins", "-p llm_db.testing"],
 )
 def test_the_opted_in_plugin_loads_and_a_fixture_names_the_testing_extra(tmp_path, core_env, conftest, args):
-    """issue 24 item 4: the plugin is opt-in, by the rootdir's conftest or ``-p``."""
+    """The plugin is opt-in, by the rootdir's conftest or ``-p``."""
     out = consumer_pytest(
         tmp_path, core_env,
         "import sys\n\n"
@@ -274,7 +274,7 @@ def test_the_opted_in_plugin_loads_and_a_fixture_names_the_testing_extra(tmp_pat
 
 
 def test_installing_llm_db_adds_no_plugin_to_a_consumers_pytest(tmp_path):
-    """issue 24 item 4: no ``pytest11`` entry point, so a project that installs llm-db
+    """No ``pytest11`` entry point, so a project that installs llm-db
     and does not opt in runs pytest without its plugin, its fixtures or llm_db itself."""
     out = consumer_pytest(
         tmp_path, {k: v for k, v in os.environ.items() if k != "DATABASE_URL"},

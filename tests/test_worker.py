@@ -1,6 +1,6 @@
 """``llm-db worker`` as a real subprocess (``python -m llm_db.cli worker``) against this
 test's database, delivering to a receiver on 127.0.0.1 that verifies every POST with the
-``standardwebhooks`` package (issue #13).
+``standardwebhooks`` package.
 
 These tests run in real time (a NOTIFY, a backoff, a signal are real events); each is
 bounded, uses short settings (``notice_backoff_base`` of a fraction of a second) and
@@ -138,7 +138,7 @@ def start_worker() -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []
 
     def start(dsn: str, url: str, *args: str, **kwargs: Any) -> WorkerProcess:
-        # the worker logs in as the operator, as deployed (issue 21 item 2)
+        # the worker logs in as the operator, as deployed
         dsn = psycopg.conninfo.make_conninfo(dsn, user=LOGINS["llm_operator"])
         worker = WorkerProcess(dsn, url, *args, **kwargs)
         started.append(worker)
@@ -216,7 +216,7 @@ def test_a_notice_created_after_the_worker_starts_is_delivered_within_5_seconds(
 def test_a_budget_s_notice_is_delivered_by_the_worker_naming_its_budget(
     llm_dsn, llm_conn, receiver, start_worker
 ):
-    """issue 23: a budget's threshold notice takes the allowance's path (NOTIFY, claim,
+    """A budget's threshold notice takes the allowance's path (NOTIFY, claim,
     signed POST) through the running worker: its payload is llm.budget_threshold_crossed
     naming scope, id, window and window start, and the worker's log line names the budget."""
     receiver.up()
@@ -412,7 +412,7 @@ def test_a_timeout_not_below_the_claim_timeout_is_refused_exit_2(llm_dsn, llm_co
 def test_a_claim_taken_again_is_logged_lost_on_release_and_left_to_its_holder(
     llm_dsn, llm_conn, receiver
 ):
-    """issue 20 defect 6: a worker holding a claim that expired, was re-armed and was claimed
+    """A worker holding a claim that expired, was re-armed and was claimed
     again by another worker cannot release it: release_notice answers False, the worker logs
     claim_lost and counts the outcome lost, and the other worker's claim stands. (In
     process, on the worker's own release step: no timing involved.)"""
@@ -507,7 +507,7 @@ def pgbouncer(server: EphemeralServer, dbname: str, pool_mode: str) -> Iterator[
         f"unix_socket_dir =\nlogfile = {where / 'pgbouncer.log'}\n"
         f"pidfile = {where / 'pgbouncer.pid'}\n"
     )
-    operator = LOGINS["llm_operator"]  # the worker's login (issue 21 item 2)
+    operator = LOGINS["llm_operator"]  # the worker's login
     (where / "users.txt").write_text(f'"{operator}" ""\n')
     for path in where.iterdir():
         path.chmod(0o666)

@@ -565,7 +565,7 @@ def test_async_STATE_PFM_LLM_002_running_to_failed_when_the_body_is_cancelled(
     assert stored["status"] == "failed" and "CancelledError" in stored["error"]
 
 
-# ---------------------------------------------------------------- scope ids (issue 23)
+# ---------------------------------------------------------------- scope ids
 
 
 def scope_ids(conn: psycopg.Connection, execution_id: uuid.UUID) -> list[tuple]:
@@ -589,7 +589,7 @@ SCOPED_REQUESTS = [
 def test_the_wrapper_s_scope_ids_are_its_requests_defaults_and_a_call_s_own_win(
     llm: Llm, llm_conn: psycopg.Connection, org: uuid.UUID
 ) -> None:
-    """issue 23: with_llm_execution takes project=, api_key=, end_user= as the defaults of
+    """with_llm_execution takes project=, api_key=, end_user= as the defaults of
     its body's requests (ctx.admit and ctx.admit_id); a value given on a call wins, None
     included. A budget that refuses names the default id, and the task closes failed."""
     Llm(llm_conn).set_budget(org, "end_user", "*", "day", 20, now=T0)
@@ -614,7 +614,7 @@ def test_the_wrapper_s_scope_ids_are_its_requests_defaults_and_a_call_s_own_win(
 def test_async_the_wrapper_s_scope_ids_are_its_requests_defaults_and_a_call_s_own_win(
     llm_dsn: str, llm_conn: psycopg.Connection, org: uuid.UUID
 ) -> None:
-    """issue 23 on asyncio: async_with_llm_execution takes project=, api_key=, end_user= as
+    """On asyncio: async_with_llm_execution takes project=, api_key=, end_user= as
     the defaults of its body's requests, including in child tasks; a value on a call wins."""
 
     async def body(ctx: executions.AsyncExecutionContext) -> int:

@@ -5,7 +5,7 @@ plpgsql_check (postgresql-15-plpgsql-check), pgbouncer (pgbouncer) and the isola
 tester (postgresql-client-15). A test that needs one and does not find it skips,
 naming the package; under ``LLM_DB_REQUIRE_TOOLS=1`` (which ``.ci/run`` sets) or
 ``CI`` it fails instead, so a CI run cannot turn green by skipping what it was
-meant to check (issue 21 item 7). A program bootstrap does not install
+meant to check. A program bootstrap does not install
 (``systemd-analyze``) is not routed through here: it stays a plain skip.
 """
 

@@ -1,4 +1,4 @@
--- One priced request cycle (issue 33): the cycle of cycle.sql, its estimate priced by
+-- One priced request cycle: the cycle of cycle.sql, its estimate priced by
 -- the book from token counts and its settlement priced from the provider's usage
 -- (llm.settle_usage), on the same organizations and tasks. The model 'bench-priced'
 -- has a book price and a credit rate (benchmarks/queries.py SET_PRICES); cycle.sql's

@@ -10,7 +10,7 @@ has a section per provider.
 Nothing here needs a privilege the owner on a managed service lacks: settings
 are read from ``pg_settings``, which hides a superuser-only setting such as
 ``cron.database_name`` from a role without ``pg_read_all_settings`` instead of
-raising as ``current_setting()`` does (issue 21 F2). Nothing is written.
+raising as ``current_setting()`` does. Nothing is written.
 
 All the SQL the checks run is here, as named constants.
 """
@@ -87,7 +87,7 @@ SELECT (SELECT e.extversion FROM pg_catalog.pg_extension AS e
                 WHERE a.name = %(name)s::text) AS available
 """
 # pg_settings hides a superuser-only setting from a role without pg_read_all_settings:
-# no row, no error (current_setting(..., true) raises 42501 instead, issue 21 F2)
+# no row, no error (current_setting(..., true) raises 42501 instead to a non-superuser)
 CRON_DATABASE_NAME = """
 SELECT (SELECT s.setting FROM pg_catalog.pg_settings AS s
          WHERE s.name = 'cron.database_name') AS setting,

@@ -4,7 +4,7 @@
    the database given with ``--dsn``; install llm-db; create three
    organizations (a small allowance so threshold notices fire, an unlimited
    one, a suspended one) and two task kinds; give the unlimited one a project
-   budget and a default budget for every end user of its app (issue 23).
+   budget and a default budget for every end user of its app.
 2. Send a day of traffic through the Python driver from worker threads, each
    with its own seeded random plan: single requests and tasks
    (``with_llm_execution``); some requests fail at the provider; some workers
@@ -293,7 +293,7 @@ def _demo(
             llm.declare_task_kind(key, description)
         for scope, scope_id, window, limit in BUDGETS:
             llm.set_budget(by_key["globex"].id, scope, scope_id, window, limit, now=day_start)
-        # the price book (issue 33): each organization's own versions, from the day's start
+        # the price book: each organization's own versions, from the day's start
         for o in orgs:
             for model, rates in PRICES.items():
                 llm.set_price(model, rates, effective_from=day_start, organization_id=o.id)

@@ -2,7 +2,7 @@
 a seeded plan of requests and tasks per worker, and the worker threads that send it
 through the Python driver, some failing at the provider and some crashing after a
 dispatch. Globex's requests name a project and an end user of its app, under a
-project budget and a default end-user budget (``BUDGETS``, issue 23). Every request is
+project budget and a default end-user budget (``BUDGETS``). Every request is
 priced by the book (``PRICES``): admitted with its token counts, settled with the
 provider's usage (``llm_db.Usage``), charged ceil(cost / ``NANOS_PER_CREDIT``) credits."""
 
@@ -47,7 +47,7 @@ def _organizations() -> list[DemoOrg]:
     ]
 
 
-# Globex's budgets (issue 23): (scope, id, window, limit credits). Its allowance is
+# Globex's budgets: (scope, id, window, limit credits). Its allowance is
 # unlimited, so what refuses its requests is these: the search project's month,
 # and every end user's day ('*': the default of each id without its own).
 BUDGETS = (
@@ -62,7 +62,7 @@ TASK_KINDS = {
     "demo.translate": "Translate a document section by section",
 }
 
-# The price book (issue 33), per million tokens of each class, as the providers publish
+# The price book, per million tokens of each class, as the providers publish
 # them: OpenAI's GPT-4o, Anthropic's Claude Sonnet 4, a hosted Llama 3.3 70B (no cache).
 # Set as each demo organization's own versions, so a demo on a real database (--dsn)
 # leaves the book's prices as they are.

@@ -37,7 +37,7 @@ so any of its libraries verifies it:
               "window_start": "2030-01-01"},
      "timestamp": "2030-01-10T12:00:00+00:00", "type": "llm.threshold_crossed"}
 
-That is a notice of the monthly allowance, as before budgets (issue 23) plus
+That is a notice of the monthly allowance, as before budgets plus
 ``scope``, ``scope_id``, ``window``, ``window_start`` and ``limit_credits``. A
 budget's notice is another event, ``"type": "llm.budget_threshold_crossed"``,
 with the same data but for ``period_start`` and ``allowance_credits``: a receiver
@@ -118,7 +118,7 @@ SIGNATURE_HEADER = "webhook-signature"
 SECRET_PREFIX = "whsec_"
 #: the ``type`` of the JSON body of the monthly allowance's notices
 EVENT_TYPE = "llm.threshold_crossed"
-#: the ``type`` of the JSON body of a budget's notices (issue 23)
+#: the ``type`` of the JSON body of a budget's notices
 BUDGET_EVENT_TYPE = "llm.budget_threshold_crossed"
 #: the ``type`` of the JSON body of a limit's first refusal in a window (any limit)
 LIMIT_EVENT_TYPE = "llm.limit_reached"

@@ -354,7 +354,7 @@ class Worker:
             "threshold_pct": notice.threshold_pct, "attempt": notice.attempts,
             "ms": round(seconds * 1000, 1),
         }  # fmt: skip
-        if notice.scope_id is not None:  # the budget's id (issue 23); the allowance has none
+        if notice.scope_id is not None:  # the budget's id; the allowance has none
             fields["scope_id"] = notice.scope_id
         if attempt.status is not None:
             fields["http_status"] = attempt.status
