@@ -648,13 +648,7 @@ def _apply_function_steps(conn: psycopg.Connection, steps: Sequence[Path]) -> li
         record = f"{_FUNCTION_STEP_PREFIX}{path.stem}"
         if record in done:
             continue
-        text = path.read_text(encoding="utf-8")
-        try:
-            conn.execute(text)  # type: ignore[arg-type]
-        except pg_errors.LockNotAvailable:
-            raise  # retried whole by the caller
-        except psycopg.Error as exc:
-            raise MigrationError(f"function step {path.name}{_line_of(text, exc)}: {_describe(exc)}", path=path) from exc
+        _execute_file(conn, path, "function step ")
         conn.execute(_CONTRACT_RECORD, {"step": record})
         ran.append(path.stem)
     return ran
@@ -692,22 +686,25 @@ _UNMARK_ROUTINE = "ALTER ROUTINE {routine} RESET application_name"
 _DROP_ROUTINE = "DROP ROUTINE IF EXISTS {routine}"
 
 
+def _execute_file(conn: psycopg.Connection, path: Path, what: str) -> None:
+    """Run one SQL file in the caller's transaction; a failure names the file (after
+    ``what``) and its line. No parameters: psycopg sends the whole file as one simple
+    query, so a file may hold many statements and `%` is literal."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        conn.execute(text)  # type: ignore[arg-type]
+    except pg_errors.LockNotAvailable:
+        raise  # retried whole by the caller
+    except psycopg.Error as exc:
+        raise MigrationError(f"{what}{path.name}{_line_of(text, exc)}: {_describe(exc)}", path=path) from exc
+
+
 def _apply_sql_files(conn: psycopg.Connection, files: Sequence[Path]) -> list[str]:
     """Apply the function files in the caller's transaction; unmark the routines of
     schema llm they no longer define, and return their signatures."""
     conn.execute(_MARK_ROUTINES)
     for path in files:
-        text = path.read_text(encoding="utf-8")
-        try:
-            # No parameters: psycopg sends the whole file as one simple
-            # query, so a file may hold many statements and `%` is literal.
-            conn.execute(text)  # type: ignore[arg-type]
-        except pg_errors.LockNotAvailable:
-            raise  # retried whole by the caller
-        except psycopg.Error as exc:
-            raise MigrationError(
-                f"{path.name}{_line_of(text, exc)}: {_describe(exc)}", path=path
-            ) from exc
+        _execute_file(conn, path, "")
     stale = [row[0] for row in conn.execute(_STILL_MARKED).fetchall()]
     for routine in stale:
         conn.execute(_UNMARK_ROUTINE.format(routine=routine))  # type: ignore[arg-type]
