@@ -42,7 +42,7 @@ def bench_throughput(target: Target, sizes: common.Sizes, profiler: common.Profi
     # Warm-up: a database whose invocations table was empty at its last ANALYZE
     # plans every lookup of it as a sequential scan, and PL/pgSQL keeps those
     # plans until the next ANALYZE invalidates them (autovacuum's, in a minute or
-    # so; docs/operations.md). Measured from empty, 8 clients rescan a table that
+    # so; docs/upgrading.md). Measured from empty, 8 clients rescan a table that
     # grows all through the run (0.4x of the warm figure). A service measures
     # against history, so the cycle runs once, untimed, before settle() analyzes.
     common.log(f"warm-up: cycle.sql for {sizes.warmup_seconds} s, then VACUUM ANALYZE")

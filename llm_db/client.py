@@ -162,7 +162,7 @@ class Llm(LlmMethods):
         mode, where consecutive transactions land on different server
         connections; True lets psycopg prepare as it does by default (after
         ``prepare_threshold`` executions), for direct or session-pooled
-        connections only (docs/operations.md, "Poolers")."""
+        connections only (docs/install.md, "Poolers: PgBouncer")."""
         self.source = source
         self.prepare = prepare
         self._prepare: bool | None = None if prepare else False

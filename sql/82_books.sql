@@ -224,7 +224,7 @@ COMMENT ON FUNCTION llm.pass_progress(timestamptz) IS
     'One row: the operational organizations (what a pass visits) and the organizations visited so far by the pass running since p_since (NULL: none running).';
 
 -- The pass's series of the exposition: the health alarm and the last run. Before the
--- first pass every last-run series is present and 0 (docs/operations.md).
+-- first pass every last-run series is present and 0 (docs/monitoring.md).
 CREATE OR REPLACE FUNCTION llm._pass_metrics(p_now timestamptz)
 RETURNS TABLE (metric text, labels jsonb, value double precision)
 LANGUAGE plpgsql STABLE

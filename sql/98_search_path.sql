@@ -6,7 +6,7 @@
 -- CREATE OR REPLACE resets a function's settings and migrate applies sql/ as a
 -- whole, so this runs after each definition, in the same transaction. A file of
 -- sql/ applied alone (psql -f) leaves its functions unpinned until the next
--- migrate: never do that (docs/operations.md, "Installing and upgrading").
+-- migrate: never do that (docs/install.md, "Installing").
 -- Not pinned, by rule: the SQL predicates of the request path (a SET clause stops
 -- PostgreSQL from inlining them; each is one fully qualified expression), the
 -- committing procedure (a procedure with a SET clause cannot COMMIT), and the

@@ -57,7 +57,7 @@ def test_promtool_accepts_the_exposition_before_a_pass_after_one_and_with_the_da
 
 def test_before_the_first_pass_every_run_series_is_present_at_its_documented_value(llm_dsn):
     """Issue #13: no pass yet is not an absent series: timestamps, age, duration and every
-    figure are 0, and the status series are all 0 (llm_db.service.metrics, docs/operations.md)."""
+    figure are 0, and the status series are all 0 (llm_db.service.metrics, docs/monitoring.md)."""
     proc = metrics("--dsn", llm_dsn, "--now", T0.isoformat())
     assert proc.returncode == 0, proc.stderr
     families = {f.name: f for f in text_string_to_metric_families(proc.stdout.decode())}

@@ -1,7 +1,7 @@
 """The operator files in deploy/ are checked by the tools that will read
 them: the Prometheus rules by ``promtool check rules`` and, with input series for
 every alert, ``promtool test rules``; the worker's systemd unit by ``systemd-analyze
-verify``. docs/operations.md points to these files instead of repeating them.
+verify``. docs/monitoring.md points to these files instead of repeating them.
 
 promtool comes with Debian's prometheus package, which scripts/bootstrap.sh installs: a
 missing one skips, or fails under ``LLM_DB_REQUIRE_TOOLS=1`` (tests/tools.py).
@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "deploy" / "prometheus" / "llm-db.rules.yml"
 RULES_TEST = RULES.with_name("llm-db.rules.test.yml")
 UNIT = ROOT / "deploy" / "systemd" / "llm-db-worker.service"
-OPERATIONS = ROOT / "docs" / "operations.md"
+MONITORING = ROOT / "docs" / "monitoring.md"
 
-# docs/operations.md's third suggested alert in 0.2.0: `and` matches on every
+# the operator's docs' third suggested alert in 0.2.0: `and` matches on every
 # label, organization_status is on its left side only, so it matched nothing.
 OLD_STALE_EXPR = (
     'llm_stale_open_requests{organization_status="operational"} > 0'
@@ -75,9 +75,9 @@ def test_the_old_stale_requests_alert_never_fires(tmp_path):
     assert failed == [("LlmStaleRequestsAfterPass", "3m")], proc.stdout + proc.stderr
 
 
-def test_operations_md_points_to_the_files_instead_of_repeating_them():
+def test_the_monitoring_page_points_to_the_files_instead_of_repeating_them():
     """One copy of each, the tested one."""
-    text = OPERATIONS.read_text()
+    text = MONITORING.read_text()
     assert "deploy/prometheus/llm-db.rules.yml" in text
     assert "deploy/systemd/llm-db-worker.service" in text
     assert not re.findall(r"^llm_\w+.* (?:==|>) ", text, re.MULTILINE)  # no alert list of its own

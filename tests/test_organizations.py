@@ -142,7 +142,7 @@ def test_invalid_thresholds_error_explains_the_accepted_list(llm_conn):
 
 
 def test_an_upsert_without_status_or_thresholds_keeps_the_organizations(llm_conn):
-    """Upsert_organization(id, name, allowance), as operations.md raised an
+    """Upsert_organization(id, name, allowance), as the operator's docs raised an
     allowance, set a suspended tenant operational again and reset its thresholds (50, 90)
     to (80, 100): the defaults of the arguments not given overwrote the row. A NULL status
     or threshold list now keeps the organization's."""

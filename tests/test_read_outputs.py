@@ -254,7 +254,7 @@ def test_the_books_reads_on_known_books(books):
 
 
 def test_before_the_first_pass_last_run_is_no_row_and_metrics_says_0(llm_conn):
-    """docs/operations.md: no pass yet is no run row, and every series of the
+    """docs/monitoring.md: no pass yet is no run row, and every series of the
     pass in llm.metrics() is present at 0 but the health's never."""
     assert call(llm_conn, "last_run", now=T0) == []
     series = {

@@ -1,4 +1,4 @@
-"""Every setting of ``llm.settings`` has a documented range (docs/operations.md,
+"""Every setting of ``llm.settings`` has a documented range (docs/install.md,
 "Settings"), enforced by a CHECK constraint named ``settings_<setting>_range``: an UPDATE
 out of range fails with 23514 naming the setting and changes nothing. Migration 0010
 stops, naming the setting, its value and its range, when the database already holds a

@@ -18,7 +18,7 @@ its own upgrade: the books hold 12,000 threshold notices, which 0016
 backfills in committed batches; 0016 is re-run after a kill in its index build and from
 the middle of its backfill. A 0.2.0 database takes live traffic through 0.3.0 first:
 0.2.0's admit_invocation returns the row of llm.invocations, to which 0021 adds
-columns (docs/operations.md "Upgrading to 0.4.0").
+columns (docs/upgrading.md "Upgrading to 0.4.0").
 
 The populated books are written straight into 0.2.0's tables by one INSERT ... SELECT
 each (200k function calls would take minutes), with the period counters equal to the
@@ -61,7 +61,7 @@ ORGS = 200
 REQUESTS = 200_000
 CLIENTS = 8  # admit -> dispatch -> settle loops; one more runs tasks
 TASK = "upgrade.live"
-MAX_WAIT = 2.0  # seconds: no call waits longer than 2 s (docs/operations.md, upgrading)
+MAX_WAIT = 2.0  # seconds: no call waits longer than 2 s (docs/upgrading.md)
 # How long a consumer transaction stays open under migrate: longer than migrate's
 # lock timeout (1 s), so a migrate that bounds its locks must retry.
 OPEN_TRANSACTION = 3.0

@@ -553,7 +553,7 @@ def test_delivery_latency_from_commit_to_receiver_over_100_notices(
 ):
     """Notice committed -> received by the receiver, with the worker running: 100 notices one
     after another (each waits for the previous delivery). Prints median and max (the figures
-    of docs/operations.md); asserts only the issue's 5 s per notice."""
+    of docs/monitoring.md); asserts only the issue's 5 s per notice."""
     receiver.up()
     worker = start_worker(llm_dsn, receiver.url, "--poll", "60")
     worker.started()

@@ -4,7 +4,7 @@ Each check answers one question a deployment on a managed PostgreSQL asks (is
 pg_cron there, may the owner create roles, can the lease see other backends, is
 the connection transaction-pooled, ...) with a ``Check``: ``ok``, ``warning`` or
 ``missing``, a one-line detail, and when not ok the fix: the exact statement to
-run as the provider's admin, or the llm-db command to run. docs/operations.md
+run as the provider's admin, or the llm-db command to run. docs/install.md
 has a section per provider.
 
 Nothing here needs a privilege the owner on a managed service lacks: settings
@@ -203,7 +203,7 @@ def check_pg_cron(conn: psycopg.Connection, cron: psycopg.Connection | None) -> 
             MISSING,
             f"pg_cron is not installed in the --cron-dsn database {cron.info.dbname}",
             "CREATE EXTENSION pg_cron; -- in the database named "
-            "by cron.database_name (docs/operations.md)",
+            "by cron.database_name (docs/pass.md)",
         )
     setting = _one(conn, CRON_DATABASE_NAME)
     if setting["setting"] is not None:
@@ -228,7 +228,7 @@ def check_pg_cron(conn: psycopg.Connection, cron: psycopg.Connection | None) -> 
             "pg_cron is not preloaded (no cron.database_name)",
             "shared_preload_libraries = 'pg_cron' and cron.database_name = "
             f"'{conn.info.dbname}' in the server's parameters (restart), then "
-            "CREATE EXTENSION pg_cron; (docs/operations.md, per provider)",
+            "CREATE EXTENSION pg_cron; (docs/install.md, per provider)",
         )
     return Check(
         "pg_cron",

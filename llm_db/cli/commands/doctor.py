@@ -34,7 +34,7 @@ def doctor(dsn: str | None, cron_dsn: str | None, as_json: bool) -> None:
     (pg_read_all_stats); the roles llm_app, llm_operator, llm_reader and their
     grants; the migration level against this package's; whether the pass is
     scheduled and healthy; whether the DSN is transaction-pooled. Writes nothing.
-    docs/operations.md has a section per managed provider.
+    docs/install.md has a section per managed provider.
 
     \b
     Exit code:
