@@ -47,14 +47,11 @@ COMMENT ON FUNCTION llm._check_thresholds(integer[]) IS
 -- or a threshold added below the usage. An earlier period, its month over, owes none
 -- for a level it reached before; it owes its later crossings as usual.
 --
--- Lock order, the one of every settlement, sweep and admission: the organization's
--- row (the caller holds it FOR UPDATE), then its periods in period order, each
--- period's stripes in stripe order (_lock_period) before its notices. A settlement
--- or a sweep never waits for the organization row while holding a stripe, and an
--- admission waits for it (_ensure_period) only before it holds any, so a change
--- under live traffic waits for the stripes in use and cannot deadlock with a call.
--- (A client transaction of several calls, one holding a period's stripes and a later
--- one creating a month's period, can: PostgreSQL detects it, 40P01, and one retries.)
+-- Locks in the order of docs/architecture.md "Lock order" (the caller holds the organization's
+-- row FOR UPDATE): a settlement or a sweep never waits for that row while holding a
+-- stripe, and an admission waits for it (_ensure_period) only before it holds any, so
+-- a change under live traffic waits for the stripes in use and cannot deadlock with a
+-- call.
 CREATE OR REPLACE FUNCTION llm._apply_to_periods(
     p_organization_id uuid, p_allowance bigint, p_thresholds integer[], p_every_period boolean,
     p_now timestamptz)

@@ -25,9 +25,7 @@
 -- stripes locked in stripe order, the decision made on its totals, the rooms
 -- spread again.
 --
--- Lock order, after the period's stripes (the allowance): counters (bit, scope id,
--- window start, stripe), then their notices. set_budget takes the organization's row,
--- its budget's row, then the counters of that budget, in scope id order.
+-- Locks: docs/architecture.md "Lock order", rows 4, 5, 11, 12 and 14.
 
 -- ---------------------------------------------------------------- calendar and keys
 

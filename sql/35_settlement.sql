@@ -3,8 +3,8 @@
 -- audit or trues the books up (late_settlement). Recovery (60_recovery.sql) books
 -- the requests it ends its own way, in batches; the threshold crossings a movement
 -- records are created in 15_notices.sql.
--- Every call is one transaction; the organization's period row is the hot row
--- and is always taken last (invocation -> execution -> period -> notices).
+-- Every call is one transaction, taking its locks in the one order of
+-- docs/architecture.md "Lock order".
 
 -- 0.4.0: the routines that end a request gained the price book's figures (a
 -- settlement priced from usage, docs/architecture.md "The price book"). The previous
@@ -18,9 +18,8 @@ DROP FUNCTION IF EXISTS llm.fail_invocation(uuid, uuid, text, bigint, bigint, ti
 
 -- A live request ends here, settled (measured) or failed: compare-and-set on its
 -- open status (a concurrent settlement or recovery wins, and this returns false),
--- then booked in the same transaction, in lock order (the request's row, locked by
--- this UPDATE; its task's totals; its stripe of the period and, on the exact path,
--- the period's notices; then its budgets' counters). Its ledger rows are derived
+-- then booked in the same transaction, its locks in the order of docs/architecture.md "Lock order"
+-- (the request's row is locked by this UPDATE). Its ledger rows are derived
 -- (llm.ledger). The request comes back as the few fields the booking reads (a whole
 -- row costs ~10 us more), and is read whole, locked already, only when it has
 -- budgets to book. Recovery books its batch its own way, in 60_recovery.sql.
@@ -180,8 +179,8 @@ COMMENT ON FUNCTION llm._true_up_daily_usage(llm.invocations, bigint, bigint) IS
 
 -- A recovered request trued up to its late measured settlement: the signed
 -- difference moves its task, its own period (a closed month too) and the daily
--- usage of its settlement day (its 'adjustment' ledger row is derived); the same lock
--- order as _end_invocation (invocation -> execution -> period -> notices).
+-- usage of its settlement day (its 'adjustment' ledger row is derived); its locks in
+-- the order of docs/architecture.md "Lock order", the day's usage last.
 CREATE OR REPLACE FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql VOLATILE

@@ -4,11 +4,9 @@
 -- llm.cost_corrections, and the cost sums (its task, its period stripe, its budget
 -- counters, its day) move by the entry's difference; the credits stay as charged.
 --
--- Lock order (docs/architecture.md "Lock order"): the requests (by id), their tasks (by
--- id), their period stripes (by period, stripe), their budget counters (each counter's
--- stripes in order, counters in bit, id and window order), then their days' usage; the
--- public routine first takes the daily rebuild's lock, so that a rebuild either ran
--- before (its rows are moved here) or reads the corrections after this commits.
+-- Locks in the order of docs/architecture.md "Lock order": the public routine first takes the
+-- daily rebuild's lock, so that a rebuild either ran before (its rows are moved here)
+-- or reads the corrections after this commits.
 
 -- One organization's requests of p_model admitted in [p_from, p_to) and priced from
 -- usage, at version p_version (an organization's own version: all of them; a book

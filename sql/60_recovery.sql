@@ -1,8 +1,7 @@
 -- Recovery (WF-PFM-LLM-004, CAP-PFM-LLM-009): one organization's sweep is one
--- transaction of plain statements in one lock order: abandoned tasks, then the
--- recovered requests (SKIP LOCKED: a live settlement wins), their tasks, their
--- periods, their notices, so the sweep never waits on a row a settlement holds
--- while holding one it needs. What recovery charges follows the organization's
+-- transaction of plain statements in the lock order of docs/architecture.md "Lock order" (its
+-- requests taken with SKIP LOCKED: a live settlement wins), so the sweep never waits
+-- on a row a settlement holds while holding one it needs. What recovery charges follows the organization's
 -- recovery_charge.
 --
 -- No client can stall a sweep: it waits at most settings.org_lock_timeout for
@@ -154,7 +153,7 @@ $$;
 COMMENT ON FUNCTION llm._raise_open_floors(uuid, timestamptz, timestamptz) IS
     'Raises the open_since of the organization''s stripes that start at p_cutoff or before to their earliest open request (else p_cutoff), and marks quiet the stripes with none open of months ended by p_now; each stripe under its lock, those a call holds skipped.';
 
--- Long on purpose: one lock order (requests, tasks, periods, notices), written as its
+-- Long on purpose: the lock order of docs/architecture.md "Lock order", written as its
 -- numbered statements in that order over the same batch (v_ids), read top to bottom.
 CREATE OR REPLACE FUNCTION llm._recover_stranded(
     p_organization_id uuid, p_now timestamptz, p_cutoff timestamptz, p_batch integer,

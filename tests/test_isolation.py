@@ -1,6 +1,4 @@
-"""The lock-order claims of docs/architecture.md ("Architecture", lock order; "Striped
-periods"; "The hourly pass"; "Notices, the worker and metrics"; "Budgets": two
-admissions racing for a counter's last credits, set_budget against an admission)
+"""The lock-order claims of docs/architecture.md "Lock order" (its column "proven by")
 as isolation specs, run by PostgreSQL's own isolation tester.
 
 Each ``tests/isolation/specs/NAME.spec`` scripts sessions, steps and permutations of
@@ -16,6 +14,7 @@ it). Without it the test skips, or fails when ``LLM_DB_REQUIRE_TOOLS=1`` (tests/
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +47,17 @@ def test_a_missing_tester_skips_or_fails_when_tools_are_required(monkeypatch):
     monkeypatch.setenv(REQUIRE_ENV, "1")
     with pytest.raises(pytest.fail.Exception, match=PACKAGE):
         _require_tester()
+
+
+def test_the_lock_order_table_and_the_specs_folder_name_the_same_specs():
+    """The table is where a reader learns which spec proves which claim: every spec of
+    the folder proves a row of it, and it names no spec the folder does not hold."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text(encoding="utf-8")
+    table = text.split("### Lock order", 1)[1].split("\n### ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and line[2:3].isdigit()]
+    assert len(rows) >= 15, rows
+    named = {name for row in rows for name in re.findall(r"([a-z_]+)\.spec", row.rstrip(" |").rsplit("|", 1)[1])}
+    assert sorted(set(SPECS) - named) == [] and sorted(named - set(SPECS)) == []
 
 
 def test_every_spec_has_its_expected_output():
