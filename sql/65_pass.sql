@@ -216,6 +216,7 @@ DECLARE
     v_state text;
     v_message text;
     v_column text;
+    v_kept boolean;
 BEGIN
     BEGIN
         SELECT * INTO v_sweep
@@ -230,6 +231,8 @@ BEGIN
             RETURN llm._renew_lease(p_run_id, p_token);  -- suspended or closed since listed
         END IF;
         RAISE WARNING 'llm: reconciliation of organization % failed: % (%)', p_organization_id, v_message, v_state;
+        -- lock order: the lease, then the run row (docs/architecture.md "Lock order")
+        v_kept := llm._renew_lease(p_run_id, p_token);
         UPDATE llm.reconciliation_runs AS r
            SET orgs_visited = r.orgs_visited + 1,
                orgs_failed = r.orgs_failed + 1,
@@ -237,8 +240,11 @@ BEGIN
                    'step', 'organization', 'organization_id', p_organization_id,
                    'sqlstate', v_state, 'error', v_message))
          WHERE r.id = p_run_id;
-        RETURN llm._renew_lease(p_run_id, p_token);
+        RETURN v_kept;
     END;
+    -- lock order: the lease, then the run row, as a pass taking over an expired lease
+    -- takes them (docs/architecture.md "Lock order")
+    v_kept := llm._renew_lease(p_run_id, p_token);
     UPDATE llm.reconciliation_runs AS r
        SET orgs_visited = r.orgs_visited + 1,
            requests_recovered = r.requests_recovered + v_sweep.recovered_requests,
@@ -249,7 +255,7 @@ BEGIN
            more_pending_orgs = r.more_pending_orgs + v_sweep.more_pending::integer,
            recovered_uncharged = r.recovered_uncharged + v_sweep.recovered_uncharged
      WHERE r.id = p_run_id;
-    RETURN llm._renew_lease(p_run_id, p_token);
+    RETURN v_kept;
 END
 $$;
 COMMENT ON FUNCTION llm._run_org(uuid, uuid, uuid, timestamptz, integer) IS

@@ -318,6 +318,40 @@ def test_a_pass_in_a_follow_up_step_holds_the_lease_and_is_named_with_its_run(ll
     assert_books_right(llm_conn)
 
 
+def test_a_pass_ending_an_organization_and_a_takeover_take_the_lease_before_the_run_row(
+    llm_conn, llm_connect
+):
+    """docs/architecture.md "Lock order", rows 1 and 15: a pass that ends an organization
+    renews its lease before it adds to its run row, the order in which a pass taking over
+    an expired lease takes the lease, then marks that run failed. Here a takeover holds the
+    lease while the first pass ends an organization: the first waits for the lease alone,
+    the takeover marks the run failed at once, and the first learns that it lost the lease.
+    Before 0.4.0 the first held its run row while it waited for the lease, the takeover
+    waited for that row, and PostgreSQL aborted one of them (40P01)."""
+    org = new_org(llm_conn, ALLOWANCE)
+    inv = admit_dispatched(llm_conn, org, 10)
+    first = llm_connect()
+    run_id, token = first.execute("SELECT run_id, token FROM llm._begin_run(%s)", [T0]).fetchone()
+    taker = llm_connect(autocommit=False)
+    taker.execute("SET lock_timeout = '10s'")
+    taker.execute("SELECT FROM llm.pass_lease FOR UPDATE")  # a takeover's first step
+    ending = InThread(lambda: first.execute("SELECT llm._run_org(%s, %s, %s, %s, 100)",
+                                            [run_id, token, org, T0 + 25 * HOUR]).fetchone()[0])  # fmt: skip
+    wait_blocked(llm_conn, first.info.backend_pid, by=taker.info.backend_pid)
+    # its second step, as llm._begin_run takes it: the lost pass's run row
+    taker.execute("UPDATE llm.reconciliation_runs SET status = 'failed', finished_at = now()"
+                  " WHERE id = %s AND status = 'running'", [run_id])  # fmt: skip
+    taker.execute("UPDATE llm.pass_lease SET run_id = NULL, token = gen_random_uuid()")
+    taker.commit()
+
+    assert ending.result() is False  # the lease was lost: the pass stops
+    run = row(llm_conn, "SELECT * FROM llm.reconciliation_runs WHERE id = %s", [run_id])
+    assert (run["status"], run["orgs_visited"], run["requests_recovered"]) == ("failed", 1, 1)
+    assert [e["step"] for e in run["errors"]] == ["lease"]
+    assert row(llm_conn, "SELECT status FROM llm.invocations WHERE id = %s", [inv])["status"] == "settled"
+    assert_books_right(llm_conn)
+
+
 def test_a_session_that_took_the_lease_and_went_idle_does_not_block_the_next_pass(llm_conn, llm_connect):
     """WF-PFM-LLM-004 concurrency (one execution slot) without a session lock: a session that
     began a run (llm._begin_run took the lease) and then went idle is not running a pass, so
