@@ -1201,7 +1201,7 @@ COMMENT ON FUNCTION llm._run_followup(p_run_id uuid, p_token uuid, p_step text, 
 CREATE FUNCTION llm._run_org(p_run_id uuid, p_token uuid, p_organization_id uuid, p_now timestamp with time zone, p_batch integer) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 56cf38e02c17244a1bb91485ce77e688 $$;
+    AS $$ body in sql/, md5 0fd7e3f464f4000cedc338d33474f948 $$;
 
 COMMENT ON FUNCTION llm._run_org(p_run_id uuid, p_token uuid, p_organization_id uuid, p_now timestamp with time zone, p_batch integer) IS 'Sweeps one organization for a pass (bounded by org_lock_timeout and org_time_budget), adds its figures to the run and renews the lease; an error is recorded on the run and the pass goes on. False when the lease was lost: the pass stops.';
 
