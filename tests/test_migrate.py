@@ -625,7 +625,8 @@ def test_migrate_prepares_no_statement_on_any_of_its_connections(fresh_db, llm_p
     database holds a prepared statement."""
     name, dsn = fresh_db()
     migrate(llm_pgbouncer.dsn(name, user=conninfo_to_dict(dsn)["user"]))
-    from llm_db.migrate import _Run, _yoyo_backend  # the backend migrate drives yoyo with
+    from llm_db._migrate_run import _Run
+    from llm_db._migrate_steps import _yoyo_backend  # the backend migrate drives yoyo with
 
     backend = _yoyo_backend(yoyo_url(dsn), _Run(1.0, float("inf"), lambda event: None))
     try:
