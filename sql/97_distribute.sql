@@ -1,6 +1,15 @@
 -- Citus: one statement after migrate shards every per-organization table by
 -- organization_id (co-located), makes catalogs reference tables and
 -- distributes the per-organization twins on their first argument.
+--
+-- Why a public routine has a twin (`_<name>`), and why none folds into it: the
+-- public routine checks its arguments before anything is delegated, a NULL
+-- organization among them, which crashes a Citus coordinator routing a delegated
+-- call (docs/architecture.md "Citus rules" 4); the twin, distributed with
+-- force_delegation, does the work on the organization's node. A single node runs
+-- the same twin behind the same check, so every test of the single-node suite runs
+-- the code a cluster delegates; tests/test_citus_readiness.py checks that each
+-- public per-organization routine reaches its twin in the form Citus delegates.
 
 -- Long on purpose: one call that shards the schema, step after step in the order
 -- Citus needs (check, reference tables, distributed tables, twins), read top to bottom.
