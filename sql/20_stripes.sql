@@ -31,9 +31,9 @@
 -- the contract step of 0.4.0 counts it): they stay NULL, and readers take any time
 -- of the period for them.
 -- A movement that fits its stripe's rooms updates that one row (fast). One that
--- does not takes the exact path: every stripe of the period is locked in stripe
--- order (the one lock order of every exact decision), the decision is made on the
--- totals (LL001, threshold notices), and the rooms are spread again.
+-- does not takes the exact path: every stripe of the period is locked, in the order
+-- of docs/architecture.md "Lock order" (row 9), the decision is made on the totals
+-- (LL001, threshold notices), and the rooms are spread again.
 --
 -- Why a fast movement off stripe 0 runs in a subtransaction: an UPDATE that
 -- waited for a row and then found it no longer matching keeps that row locked.

@@ -9,9 +9,9 @@
 --
 -- A bit is 3 * scope + window: scopes organization 0, project 1, api_key 2,
 -- end_user 3; windows day 0, week 1, month 2. Bit order is the order a refusal
--- names the first budget that does not fit, and the lock order of the counters:
--- by bit, then scope id, then window start, then stripe (a request has one counter
--- per bit, so any two requests take the counters they share in the same order).
+-- names the first budget that does not fit, and the first key of the counters' lock
+-- order (docs/architecture.md "Lock order", row 11): a request has one counter per
+-- bit, so any two requests take the counters they share in the same order.
 --
 -- Striped counters (0.4.0, docs/architecture.md "Striped budget counters"): a
 -- counter is 1 to 64 rows, its stripes (llm.set_budget_stripes), and each carries
@@ -21,9 +21,8 @@
 -- revision of the organization's budgets (rooms_revision). A request moves the stripe
 -- budget_stripe % stripes of each of its counters. Its counters move on their
 -- stripes, one by one in bit order, when each fits its stripe's rooms (the fast
--- path); else every one of them takes the exact path in lock order: the counter's
--- stripes locked in stripe order, the decision made on its totals, the rooms
--- spread again.
+-- path); else every one of them takes the exact path in lock order: its stripes
+-- locked, the decision made on its totals, the rooms spread again.
 --
 -- Locks: docs/architecture.md "Lock order", rows 4, 5, 11, 12 and 14.
 

@@ -1,7 +1,8 @@
 -- Recovery (WF-PFM-LLM-004, CAP-PFM-LLM-009): one organization's sweep is one
--- transaction of plain statements in the lock order of docs/architecture.md "Lock order" (its
--- requests taken with SKIP LOCKED: a live settlement wins), so the sweep never waits
--- on a row a settlement holds while holding one it needs. What recovery charges follows the organization's
+-- transaction of plain statements in the lock order of
+-- docs/architecture.md "Lock order" (its requests taken with SKIP LOCKED: a live
+-- settlement wins), so the sweep never waits on a row a settlement holds while
+-- holding one it needs. What recovery charges follows the organization's
 -- recovery_charge.
 --
 -- No client can stall a sweep: it waits at most settings.org_lock_timeout for
@@ -79,7 +80,7 @@ COMMENT ON FUNCTION llm._abandon_stale_tasks(uuid, timestamptz, timestamptz) IS
 -- of them still open, else at p_cutoff (its other open requests were admitted later);
 -- a stripe with none open of a month ended by p_now is quiet, and leaves the index
 -- period_stripes_open until an admission comes back to it. Each stripe is raised only
--- under its lock, taken in the lock order (period, then stripe) with SKIP LOCKED: an
+-- under its lock, taken in the lock order (row 9) with SKIP LOCKED: an
 -- admission into it either committed before, and is read by the statement after the
 -- lock, or waits and lowers open_since after; a stripe a call holds is left to the next
 -- pass, so the sweep never waits on a live request (the stripes of the periods it
