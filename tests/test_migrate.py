@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import subprocess
 import sys
 import threading
@@ -327,15 +328,6 @@ def test_a_failed_migrate_drops_no_routine(fresh_db, tmp_path):
 REPO_FUNCTION_STEPS = sorted(p.stem for p in (ROOT / "migrations" / "functions").glob("*.sql"))
 
 
-def _copy_tree(source: Path, target: Path) -> Path:
-    """A copy of a folder of SQL files and its sub-folders (contract/, functions/)."""
-    for path in source.rglob("*.sql"):
-        copied = target / path.relative_to(source)
-        copied.parent.mkdir(parents=True, exist_ok=True)
-        copied.write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
-    return target
-
-
 def _recorded_steps(dsn: str) -> list[str]:
     with psycopg.connect(dsn) as conn:
         return [r[0] for r in conn.execute("SELECT step FROM llm.upgrade_steps ORDER BY step").fetchall()]
@@ -361,8 +353,8 @@ def test_a_function_step_commits_with_the_function_files_or_not_at_all(fresh_db,
     and the next run, the file fixed, runs the step again."""
     _, dsn = fresh_db()
     migrate(dsn)
-    migrations = _copy_tree(ROOT / "migrations", tmp_path / "migrations")
-    sql_dir = _copy_tree(ROOT / "sql", tmp_path / "sql")
+    migrations = shutil.copytree(ROOT / "migrations", tmp_path / "migrations")
+    sql_dir = shutil.copytree(ROOT / "sql", tmp_path / "sql")
     (migrations / "functions" / "0002_drop_claim_notices.sql").write_text(
         "DROP FUNCTION llm.claim_notices(integer, timestamptz);\n", encoding="utf-8"
     )
@@ -384,7 +376,7 @@ def test_a_function_step_commits_with_the_function_files_or_not_at_all(fresh_db,
 def test_a_failing_function_step_names_its_file_and_changes_nothing(fresh_db, tmp_path):
     _, dsn = fresh_db()
     migrate(dsn)
-    migrations = _copy_tree(ROOT / "migrations", tmp_path / "migrations")
+    migrations = shutil.copytree(ROOT / "migrations", tmp_path / "migrations")
     (migrations / "functions" / "0002_broken.sql").write_text("SELECT 1;\nSELEC 2;\n", encoding="utf-8")
     before = schema_fingerprint(dsn)
     with pytest.raises(MigrationError, match=r"function step 0002_broken\.sql.*line 2"):
