@@ -128,8 +128,6 @@ def _apply_migrations(dsn: str, url: str, migrations_dir: Path, run: _Run, conn:
 # yoyo's lock row, read and removed through yoyo's backend (its :name parameters);
 # the table's name is yoyo's, already quoted.
 _YOYO_LOCK_TABLE_EXISTS = "SELECT pg_catalog.to_regclass(:name) IS NOT NULL"
-
-
 _YOYO_REMOVE_LOCK = "DELETE FROM {lock_table} RETURNING pid, ctime"
 
 
@@ -168,11 +166,7 @@ def _apply_one(backend: Any, migration: Any, migrations_dir: Path) -> None:
 
 # The function files' attempt, a savepoint of migrate's transaction.
 _SAVEPOINT = "SAVEPOINT llm_db_functions"
-
-
 _ROLLBACK_TO_SAVEPOINT = "ROLLBACK TO SAVEPOINT llm_db_functions"
-
-
 _RELEASE_SAVEPOINT = "RELEASE SAVEPOINT llm_db_functions"
 
 
@@ -204,14 +198,14 @@ def _apply_function_steps(conn: psycopg.Connection, steps: Sequence[Path]) -> li
     each run and recorded in the caller's transaction; returns their names."""
     if not steps:
         return []
-    done = {row[0] for row in conn.execute(_CONTRACT_DONE).fetchall()}
+    done = {row[0] for row in conn.execute(_STEPS_DONE).fetchall()}
     ran = []
     for path in steps:
         record = f"{_FUNCTION_STEP_PREFIX}{path.stem}"
         if record in done:
             continue
         _execute_file(conn, path, "function step ")
-        conn.execute(_CONTRACT_RECORD, {"step": record})
+        conn.execute(_STEP_RECORD, {"step": record})
         ran.append(path.stem)
     return ran
 
@@ -249,8 +243,6 @@ SELECT p.oid::regprocedure::text AS routine
 
 # a routine _STILL_MARKED names: a regprocedure's text is a valid, quoted reference
 _UNMARK_ROUTINE = "ALTER ROUTINE {routine} RESET application_name"
-
-
 _DROP_ROUTINE = "DROP ROUTINE IF EXISTS {routine}"
 
 
@@ -296,18 +288,11 @@ def _drop_routines(worker: psycopg.Connection, routines: Sequence[str], run: _Ru
 
 
 BARRIER_STEP = "barrier (transactions of the previous functions)"
-
-
 DROP_STEP = "routines sql/ no longer defines"
-
-
 _BARRIER_BEFORE = re.compile(r"^-- barrier: before$", re.M)
-
-
-_CONTRACT_DONE = "SELECT u.step FROM llm.upgrade_steps AS u"
-
-
-_CONTRACT_RECORD = (
+# The one-time steps done (contract steps by name, function steps as functions/<name>)
+_STEPS_DONE = "SELECT u.step FROM llm.upgrade_steps AS u"
+_STEP_RECORD = (
     "INSERT INTO llm.upgrade_steps (step, finished_at) VALUES (%(step)s, pg_catalog.now())"
     " ON CONFLICT (step) DO NOTHING"
 )
@@ -325,7 +310,7 @@ def _apply_contract_steps(
         return [], []
     _begin_locked(conn, run)
     try:
-        done = {row[0] for row in conn.execute(_CONTRACT_DONE).fetchall()} if files else set()
+        done = {row[0] for row in conn.execute(_STEPS_DONE).fetchall()} if files else set()
         pending = [p for p in files if p.stem not in done]
         if pending or stale:
             run.step(BARRIER_STEP, lambda: _barrier_of(dsn, conn, run, BARRIER_STEP,
@@ -358,14 +343,14 @@ def _apply_contract_file(worker: psycopg.Connection, path: Path, run: _Run) -> N
             with worker.transaction():
                 worker.execute(settings)  # type: ignore[arg-type]
                 worker.execute(text)  # type: ignore[arg-type]
-                worker.execute(_CONTRACT_RECORD, {"step": path.stem})
+                worker.execute(_STEP_RECORD, {"step": path.stem})
             return
         worker.execute(settings)  # type: ignore[arg-type]
         try:
             # statement by statement: CONCURRENTLY refuses a multi-statement query string
             for statement in _statements(text):
                 worker.execute(statement)  # type: ignore[arg-type]
-            worker.execute(_CONTRACT_RECORD, {"step": path.stem})
+            worker.execute(_STEP_RECORD, {"step": path.stem})
         finally:
             if not worker.broken:
                 worker.execute(_RESET)
