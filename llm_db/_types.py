@@ -111,8 +111,8 @@ def _exact_json(name: str, value: Any) -> Any:
 
 def json_arg(name: str, value: Any) -> Any:
     """A ``jsonb`` argument as sent: a mapping (or a dataclass; a ``Usage`` as its
-    ``reported()`` classes) as ``Jsonb`` with exact numbers; a float anywhere in it is ``InvalidArgument`` before
-    anything is sent. None stays None (the routine decides)."""
+    ``reported()`` classes) as ``Jsonb`` with exact numbers; a float anywhere in it is
+    ``InvalidArgument`` before anything is sent. None stays None (the routine decides)."""
     from psycopg.types.json import Jsonb
 
     if value is None:

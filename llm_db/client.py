@@ -33,8 +33,8 @@ run on another server connection that never saw the statement.
 
 A client built on a connection keeps its cursor from one call to the next: making
 one (a copy of the connection's adapters, the numeric loader below registered in
-it) cost as much client CPU as the rest of the driver's work on a call. So adapters registered on that connection after the client's first call
-do not apply to the client's statements. A call that fails, or reads more than one
+it) cost as much client CPU as the rest of the driver's work on a call. So adapters
+registered on that connection after the client's first call do not apply to the client's statements. A call that fails, or reads more than one
 row, drops its cursor rather than keep it (and its result) for the next. A client
 on a pool makes a cursor per call, on the connection it borrows. The client reads
 rows as tuples, whatever row factory the connection has, and maps them by column

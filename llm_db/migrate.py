@@ -14,8 +14,9 @@
    (``llm.upgrade_steps`` records it as ``functions/<name>``, in the same
    transaction): a one-time change the files need and that must commit with
    them, such as dropping a routine whose result type the files change (CREATE OR
-   REPLACE cannot), so that no caller finds it missing between two commits. The files must be re-runnable
-   (``CREATE OR REPLACE``, ``DROP … IF EXISTS``); a failure rolls back the
+   REPLACE cannot), so that no caller finds it missing between two commits.
+   The files must be re-runnable (``CREATE OR REPLACE``, ``DROP … IF EXISTS``);
+   a failure rolls back the
    whole phase, so a database never holds half a release of functions.
    A routine of schema ``llm`` that the files no longer define (deleted, or
    its signature changed) is dropped after the barrier (phase 3): a call of

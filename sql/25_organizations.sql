@@ -47,8 +47,8 @@ COMMENT ON FUNCTION llm._check_thresholds(integer[]) IS
 -- or a threshold added below the usage. An earlier period, its month over, owes none
 -- for a level it reached before; it owes its later crossings as usual.
 --
--- Locks in the order of docs/architecture.md "Lock order" (the caller holds the organization's
--- row FOR UPDATE): a settlement or a sweep never waits for that row while holding a
+-- Locks in the order of docs/architecture.md "Lock order" (the caller holds the
+-- organization's row FOR UPDATE): a settlement or a sweep never waits for that row while holding a
 -- stripe, and an admission waits for it (_ensure_period) only before it holds any, so
 -- a change under live traffic waits for the stripes in use and cannot deadlock with a
 -- call.

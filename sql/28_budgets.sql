@@ -687,13 +687,13 @@ COMMENT ON FUNCTION llm._retain_budgets(uuid, timestamptz, interval) IS
 
 -- ---------------------------------------------------------------- set_budget
 
--- What a set, changed or removed budget owes at once, in the window containing
--- p_now: every threshold the counters it now governs stand at or above, under the
--- budget that applies to each now, as a changed allowance owes its own. Their stripes are
--- locked in the lock order (scope id, then stripe), so a movement waits for this or
--- this for it, and the later one reads the other's figures; their rooms are dropped,
--- so a movement that read the organization's budgets revision before this committed
--- and waited here takes the exact path, under the budget in force.
+-- What a set, changed or removed budget owes at once, in the window containing p_now:
+-- every threshold the counters it now governs stand at or above, under the budget that
+-- applies to each now, as a changed allowance owes its own. Their stripes are locked in
+-- the lock order (scope id, then stripe), so a movement waits for this or this for it,
+-- and the later one reads the other's figures; their rooms are dropped, so a movement
+-- that read the organization's budgets revision before this committed and waited here
+-- takes the exact path, under the budget in force.
 CREATE OR REPLACE FUNCTION llm._budget_reached(
     p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_now timestamptz)
 RETURNS integer

@@ -3,7 +3,8 @@
 -- (28_budgets.sql), all or nothing, then marked as sent to the provider. How it ends (settled with
 -- measured usage, or failed) and how a terminal request is booked: 35_settlement.sql.
 -- Every call is one transaction, taking its locks in the one order of
--- docs/architecture.md "Lock order" (a hot key's counter comes last, so it is held shortest).
+-- docs/architecture.md "Lock order" (a hot key's counter comes last, so it is held
+-- shortest).
 --
 -- A request without budgets pays nothing for them: its organization's row says
 -- whether it has any (has_budgets), and the request keeps its scope ids and the bits

@@ -16,12 +16,12 @@ DROP FUNCTION IF EXISTS llm.fail_invocation(uuid, uuid, text, bigint, bigint, ti
 
 -- ---------------------------------------------------------------- booking
 
--- A live request ends here, settled (measured) or failed: compare-and-set on its
--- open status (a concurrent settlement or recovery wins, and this returns false),
--- then booked in the same transaction, its locks in the order of docs/architecture.md "Lock order"
--- (the request's row is locked by this UPDATE). Its ledger rows are derived
--- (llm.ledger). The request comes back as the few fields the booking reads (a whole
--- row costs ~10 us more), and is read whole, locked already, only when it has
+-- A live request ends here, settled (measured) or failed: compare-and-set on its open
+-- status (a concurrent settlement or recovery wins, and this returns false), then
+-- booked in the same transaction, its locks in the order of docs/architecture.md
+-- "Lock order" (the request's row is locked by this UPDATE). Its ledger rows are
+-- derived (llm.ledger). The request comes back as the few fields the booking reads (a
+-- whole row costs ~10 us more), and is read whole, locked already, only when it has
 -- budgets to book. Recovery books its batch its own way, in 60_recovery.sql.
 CREATE OR REPLACE FUNCTION llm._end_invocation(
     p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text,
