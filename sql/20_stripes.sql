@@ -242,7 +242,13 @@ BEGIN
 
     -- what the period has left: to its allowance, and never past the sum limit
     v_free := GREATEST(0, LEAST(coalesce(p_allowance, llm._max_sum()), llm._max_sum()) - v_used - v_held);
-    v_cents_free := GREATEST(0, llm._max_sum() - v_cents);
+    -- No cents_room before the contract step of 0.4.0: a settlement of the previous
+    -- release still running adds cents to a stripe without taking them from its
+    -- cents_room, so a room spread now could promise a cent the period no longer has.
+    -- NULL promises nothing (the exact path), as the previous release's rooms did.
+    IF llm._functions_only() THEN
+        v_cents_free := GREATEST(0, llm._max_sum() - v_cents);
+    END IF;
     IF p_allowance IS NOT NULL THEN
         -- the next threshold not reached yet and not notified (usage that fell back below
         -- a notified one makes no second notice), and how much usage reaches it

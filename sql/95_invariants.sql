@@ -181,7 +181,8 @@ COMMENT ON FUNCTION llm._invariant_4() IS
 --     the sum limit (0 when the period is already over), each set under an allowance,
 --     and the cents_rooms at most what is left to the sum limit. Otherwise a NULL room
 --     promises nothing: the stripe's next movement takes the exact path, which spreads
---     it (0.3.0 left an unlimited period's admit_rooms NULL, and no cents_room)
+--     it (0.3.0 left an unlimited period's admit_rooms NULL, and no cents_room; none is
+--     spread until the contract step of 0.4.0, 20_stripes.sql _spread_rooms)
 CREATE OR REPLACE FUNCTION llm._invariant_4b()
 RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
 LANGUAGE plpgsql STABLE

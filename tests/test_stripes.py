@@ -322,3 +322,32 @@ def test_check_invariants_reports_stripe_rooms_past_the_next_threshold_invariant
                      "WHERE organization_id = %s AND stripe = 1", [org])  # fmt: skip
     (found,) = [v for v in invariants(llm_conn) if v["organization_id"] == org]
     assert "next threshold 100% of 200 needs 115 more" in found["detail"]
+
+
+def test_no_cents_room_is_spread_until_only_this_releases_functions_write(llm_conn):
+    """Invariant 4 (b) through an upgrade. Between its functions step and its contract
+    step, a settlement of the previous release still running adds cents to a stripe and
+    takes none from a cents_room (0.3.0 had none). So until the mark 'functions_only',
+    the exact path spreads no cents_room (NULL promises nothing), and such a settlement
+    leaves no stripe promising a cent the period does not have. Once the mark is there,
+    the next exact movement spreads them."""
+    llm = Llm(llm_conn)
+    org = striped_org(llm, None, 4)
+    llm_conn.execute("DELETE FROM llm.upgrade_steps WHERE step = 'functions_only'")
+    inv = llm.admit(org, 10, "gpt-x", now=T0)  # the period's first movement: exact, spread
+    stripes = stripes_of(llm_conn, org)
+    assert [s["cents_room"] for s in stripes.values()] == [None] * 4
+    assert all(s["admit_room"] is not None for s in stripes.values())
+    # what the previous release's _move_within_rooms does with a settlement's cent
+    held = next(k for k, s in stripes.items() if s["held_credits"] == 10)
+    llm_conn.execute("UPDATE llm.period_stripes SET used_cents = used_cents + 1"
+                     " WHERE organization_id = %s AND stripe = %s", [org, held])  # fmt: skip
+    assert rows(llm_conn, "SELECT * FROM llm._invariant_4b() WHERE organization_id = %s", [org]) == []
+    llm_conn.execute("UPDATE llm.period_stripes SET used_cents = used_cents - 1"
+                     " WHERE organization_id = %s AND stripe = %s", [org, held])  # fmt: skip
+
+    llm_conn.execute("INSERT INTO llm.upgrade_steps (step, finished_at) VALUES ('functions_only', now())")
+    assert llm.settle(org, inv.id, 3, 1, now=T0) == "settled"  # no cents_room fits: exact
+    assert scalar(llm_conn, "SELECT sum(cents_room) = llm._max_sum() - 1 FROM llm.period_stripes"
+                            " WHERE organization_id = %s", [org]) is True  # fmt: skip
+    assert invariants(llm_conn) == []
