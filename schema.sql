@@ -77,10 +77,12 @@ CREATE TYPE llm.notice_claim AS (
 	claim_token uuid,
 	scope text,
 	scope_id text,
-	budget_window text
+	budget_window text,
+	window_start date,
+	limit_credits bigint
 );
 
-COMMENT ON TYPE llm.notice_claim IS 'A notice as claim_notices returns it, with its claim''s token and (schema 0015) the scope, id and window it is for: the columns of llm.threshold_notices as of 0.3.0, fixed.';
+COMMENT ON TYPE llm.notice_claim IS 'A notice as claim_notices returns it: the columns of llm.threshold_notices, with its claim''s token, the scope, id and window it is for (0015), and the window start and limit under their own names (0028).';
 
 CREATE TYPE llm.org_sweep AS (
 	organization_id uuid,
@@ -975,7 +977,7 @@ COMMENT ON FUNCTION llm._organization_settings(p_org llm.organizations) IS 'The 
 CREATE FUNCTION llm._owe_notices(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint, p_allowance bigint, p_now timestamp with time zone, p_scope text DEFAULT 'organization'::text, p_scope_id text DEFAULT NULL::text, p_window text DEFAULT 'month'::text, p_old_used bigint DEFAULT NULL::bigint) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 326532fd40d3878595503adbc153e904 $$;
+    AS $$ body in sql/, md5 0518a940a5f5f242456f77514bf94d59 $$;
 
 COMMENT ON FUNCTION llm._owe_notices(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint, p_allowance bigint, p_now timestamp with time zone, p_scope text, p_scope_id text, p_window text, p_old_used bigint) IS 'Creates one owed notice (crossed at p_now) for every threshold of p_thresholds that p_used stands at or above under p_allowance (and, given p_old_used, p_old_used stood below) and not notified yet; NOTIFY llm_notices at commit when it created one.';
 
@@ -1478,7 +1480,7 @@ COMMENT ON FUNCTION llm.check_invariants() IS 'Returns one row per violated inva
 CREATE FUNCTION llm.claim_notices(p_limit integer DEFAULT 50, p_now timestamp with time zone DEFAULT now()) RETURNS SETOF llm.notice_claim
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 29388d792e6ae932bc9c015e538567a4 $$;
+    AS $$ body in sql/, md5 6eefacf58314f2f3f11e18aebada1a08 $$;
 
 COMMENT ON FUNCTION llm.claim_notices(p_limit integer, p_now timestamp with time zone) IS 'Claims up to p_limit due owed notices (owed -> sending), oldest crossing first, by compare-and-set per notice: two workers never claim the same notice. Each row carries its claim''s new claim_token, which ends the claim.';
 
@@ -2176,6 +2178,9 @@ CREATE TABLE llm.threshold_notices (
     scope text DEFAULT 'organization'::text NOT NULL,
     scope_id text,
     budget_window text DEFAULT 'month'::text NOT NULL,
+    window_start date,
+    limit_credits bigint,
+    CONSTRAINT threshold_notices_names CHECK (((NOT (window_start IS DISTINCT FROM period_start)) AND (NOT (limit_credits IS DISTINCT FROM allowance_credits)))),
     CONSTRAINT threshold_notices_status_check CHECK ((status = ANY (ARRAY['owed'::text, 'sending'::text, 'sent'::text]))),
     CONSTRAINT threshold_notices_threshold_pct_check CHECK ((threshold_pct >= 0))
 );
@@ -2189,6 +2194,10 @@ COMMENT ON COLUMN llm.threshold_notices.claim_token IS 'The live claim''s token 
 COMMENT ON COLUMN llm.threshold_notices.scope IS 'organization for the allowance and the organization''s day and week budgets; else the budget''s scope.';
 
 COMMENT ON COLUMN llm.threshold_notices.scope_id IS 'The real id the budget counted (never ''*''); NULL for the organization scope.';
+
+COMMENT ON COLUMN llm.threshold_notices.window_start IS 'The first day of the window the notice is for: the month of the allowance, a budget''s day, week or month. The same as period_start, its name until 0.4.0.';
+
+COMMENT ON COLUMN llm.threshold_notices.limit_credits IS 'The limit whose threshold was crossed: the monthly allowance, or the budget''s limit. The same as allowance_credits, its name until 0.4.0.';
 
 CREATE TABLE llm.upgrade_steps (
     step text NOT NULL,

@@ -281,7 +281,7 @@ UNSCHEDULE_RECONCILIATION = "SELECT llm.unschedule_reconciliation() AS value"
 
 #: ``Llm.claim_notices``
 CLAIM_NOTICES = """\
-SELECT organization_id, id, period_start, threshold_pct, crossed_at, used_credits, allowance_credits, status, attempts, last_error, next_attempt_at, claimed_at, sent_at, claim_token, scope, scope_id, budget_window FROM llm.claim_notices(
+SELECT organization_id, id, period_start, threshold_pct, crossed_at, used_credits, allowance_credits, status, attempts, last_error, next_attempt_at, claimed_at, sent_at, claim_token, scope, scope_id, budget_window, window_start, limit_credits FROM llm.claim_notices(
     p_limit => %(limit)s::integer,
     p_now => %(now)s::timestamptz)"""
 

@@ -243,8 +243,12 @@ class Notice(_Row):
 
     Of the monthly allowance (``scope`` ``organization``, ``scope_id`` None,
     ``budget_window`` ``month``) or of a budget: then ``scope_id`` is the
-    real id (None for the organization's day and week budgets), ``period_start`` the
-    window's start and ``allowance_credits`` the budget's limit."""
+    real id (None for the organization's day and week budgets).
+
+    ``window_start`` is the first day of the window (the allowance's month, a budget's
+    day, week or month) and ``limit_credits`` the limit whose threshold was crossed.
+    ``period_start`` and ``allowance_credits`` are the same two under their names of
+    0.3.0, kept through 0.4.x and removed in 0.5.0."""
 
     organization_id: UUID
     id: UUID
@@ -264,6 +268,8 @@ class Notice(_Row):
     scope: str
     scope_id: str | None
     budget_window: str
+    window_start: date
+    limit_credits: int
 
     @property
     def is_allowance(self) -> bool:

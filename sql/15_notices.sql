@@ -72,6 +72,10 @@ COMMENT ON FUNCTION llm._may_cross(bigint, bigint, bigint) IS
 -- percentage t is crossed when p_old_used * 100 < t * p_allowance <= p_used * 100.
 -- The allowance's notices are (organization, NULL, month) of the period; a budget's
 -- name its scope, real id and window, and p_period_start is its window's start.
+-- A notice holds the window's start and the limit under their names (window_start,
+-- limit_credits) and, through 0.4.x, under their old ones (period_start,
+-- allowance_credits), which its readers in this file's neighbours still read: a row
+-- the previous release wrote has only those until the contract step of 0028.
 CREATE OR REPLACE FUNCTION llm._owe_notices(
     p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint,
     p_allowance bigint, p_now timestamptz, p_scope text DEFAULT 'organization',
@@ -87,9 +91,11 @@ BEGIN
     WITH created AS (
         INSERT INTO llm.threshold_notices
                (organization_id, scope, scope_id, budget_window, period_start, threshold_pct,
-                crossed_at, used_credits, allowance_credits, next_attempt_at)
+                crossed_at, used_credits, allowance_credits, next_attempt_at,
+                window_start, limit_credits)
         SELECT p_organization_id, p_scope, p_scope_id, p_window, p_period_start, t.pct,
-               p_now, p_used, p_allowance, p_now
+               p_now, p_used, p_allowance, p_now,
+               p_period_start, p_allowance
           FROM pg_catalog.unnest(p_thresholds) AS t(pct)
          WHERE p_used::numeric * 100 >= t.pct::numeric * p_allowance
            AND (p_old_used IS NULL OR p_old_used::numeric * 100 < t.pct::numeric * p_allowance)
@@ -181,8 +187,11 @@ BEGIN
     LOOP
         -- made before the UPDATE: Citus refuses a volatile function in an UPDATE's SET (Citus rule 6)
         v_token := pg_catalog.gen_random_uuid();
+        -- the new names from the old ones: a notice the previous release owed may not
+        -- have them before the contract step of 0028 fills it (migrations/contract/)
         UPDATE llm.threshold_notices AS n
-           SET status = 'sending', claimed_at = v_now, attempts = n.attempts + 1, claim_token = v_token
+           SET status = 'sending', claimed_at = v_now, attempts = n.attempts + 1, claim_token = v_token,
+               window_start = n.period_start, limit_credits = n.allowance_credits
          WHERE n.organization_id = v_candidate.organization_id AND n.id = v_candidate.id
            AND n.status = 'owed' AND n.next_attempt_at <= v_now
         RETURNING n.* INTO v_notice;

@@ -654,9 +654,9 @@ def test_migrate_killed_at_random_points_reruns(old_dsn: str, traffic: Traffic) 
 
 
 def assert_lean(conn: psycopg.Connection) -> None:
-    """The contract step ran: the stripes' open requests and settle bounds are known, the
+    """The contract steps ran: the stripes' open requests and settle bounds are known, the
     indexes a settlement touched and the requests' CHECK constraints are gone, the new
-    indexes valid."""
+    indexes valid; every notice holds its window start and limit under their new names."""
     steps = {r[0] for r in conn.execute("SELECT step FROM llm.upgrade_steps").fetchall()}
     assert {"functions_only", "settle_bounds", "0021_lean_write_path"} <= steps
     assert conn.execute("SELECT count(*) FROM llm.period_stripes WHERE open_requests IS NULL"
@@ -669,6 +669,11 @@ def assert_lean(conn: psycopg.Connection) -> None:
     assert all(indexes[name] for name in NEW_INDEXES)
     assert conn.execute("SELECT count(*) FROM pg_catalog.pg_constraint"
                         " WHERE conrelid = 'llm.invocations'::regclass AND contype = 'c'").fetchone() == (0,)  # fmt: skip
+    # 0028: every notice, the previous release's 12,000 included, under its new names
+    assert conn.execute("SELECT count(*) FILTER (WHERE window_start IS NULL OR limit_credits IS NULL),"
+                        " count(*) >= %s FROM llm.threshold_notices", [ORGS * NOTICES_PER_ORG]).fetchone() == (0, True)  # fmt: skip
+    assert conn.execute("SELECT convalidated FROM pg_catalog.pg_constraint"
+                        " WHERE conname = 'threshold_notices_names'").fetchone() == (True,)  # fmt: skip
 
 
 def invocation_updates(conn: psycopg.Connection) -> tuple[int, int]:

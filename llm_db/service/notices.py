@@ -206,9 +206,9 @@ def notice_body(notice: Notice) -> bytes:
         "scope": notice.scope,
         "scope_id": notice.scope_id,
         "window": notice.budget_window,
-        "window_start": notice.period_start.isoformat(),
+        "window_start": notice.window_start.isoformat(),
         "used_credits": notice.used_credits,
-        "limit_credits": notice.allowance_credits,
+        "limit_credits": notice.limit_credits,
         "attempts": notice.attempts,
     }
     if notice.is_limit_reached:
