@@ -4,16 +4,17 @@
     .venv/bin/python -m benchmarks.upgrade --requests 200000
     .venv/bin/python -m benchmarks.upgrade --from 0.1.0      # each migration since 0.1.0
 
-Release 0.2.0 (tests/upgrade/llm-db-0.2.0-e283082.tar.gz) is installed and populated as
+Release 0.3.0 (tests/upgrade/llm-db-0.3.0-1a824af.tar.gz) is installed and populated as
 tests/test_upgrade_live.py does it, with ``--requests`` settled requests over 200
 organizations, on a server with PostgreSQL's durability defaults (benchmarks/server.py).
 Three copies of that database are upgraded to this checkout, each with 8 clients and a task
-client looping through 0.2.0's SQL:
+client looping through 0.3.0's SQL:
 
-1. step by step: each pending migration on its own, then the function files (a plain
-   ``migrate``), while a sampler reads ``pg_locks`` every few milliseconds: which tables
-   of schema llm each step locks, in which mode, and for how long (sampled, so a lock
-   held for less than a sample can be missed);
+1. step by step: one ``migrate``, its steps (each migration, the barrier, the function
+   files, each contract step) told apart by its events, while a sampler reads
+   ``pg_locks`` every few milliseconds: which tables of schema llm each step locks, in
+   which mode, and for how long (sampled, so a lock held for less than a sample can be
+   missed);
 2. one plain ``migrate``: its duration, the clients' calls, errors and worst wait;
 3. the same with a consumer transaction (it read llm.settings and llm.threshold_notices)
    left open for 3 s while migrate needs those tables.
@@ -36,12 +37,11 @@ from datetime import timedelta
 from pathlib import Path
 
 import psycopg
-from yoyo import get_backend, read_migrations
 
 from benchmarks.server import Target, open_target
-from llm_db.migrate import migrate, yoyo_url
+from llm_db.migrate import Event, migrate
 from tests.helpers import T0
-from tests.test_upgrade_live import CLIENTS, ORGS, Client, Traffic, install_0_2_0
+from tests.test_upgrade_live import CLIENTS, ORGS, RELEASE_0_3_0, Client, Traffic, install_release
 
 APP = "llm-db bench upgrade"
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,30 +114,22 @@ def summary(live: Traffic) -> str:
 
 
 def step_by_step(dsn: str, *, traffic: bool = True) -> None:
+    """One ``migrate`` whose every step (each migration, the barrier, the function files,
+    each contract step) the sampler tells apart by migrate's own events."""
     app_dsn = f"{dsn} application_name='{APP}'"
     sampler = LockSampler(dsn)
     sampler.thread.start()
     live = start_traffic(dsn) if traffic else None
-    backend = get_backend(yoyo_url(app_dsn))
-    migrations = read_migrations(str(ROOT / "migrations"))
-    with backend.lock():
-        pending = list(backend.to_apply(migrations))
     print("| step | duration | what it locks (each mode, sampled time held) |")
     print("|---|---|---|")
-    for migration in pending:
-        sampler.step = migration.id
-        started = time.monotonic()
-        with backend.lock():
-            backend.apply_one(migration)
-        print(
-            f"| {migration.id} | {time.monotonic() - started:.2f} s | {sampler.locks(migration.id)} |"
-        )
-    sampler.step = "sql/"
-    started = time.monotonic()
-    migrate(app_dsn)
-    print(
-        f"| function files (sql/) | {time.monotonic() - started:.2f} s | {sampler.locks('sql/')} |"
-    )
+
+    def on_event(event: Event) -> None:
+        if event["event"] == "start":
+            sampler.step = event["step"]
+        elif event["event"] == "done":
+            print(f"| {event['step']} | {event['elapsed_s']:.2f} s | {sampler.locks(event['step'])} |")
+
+    migrate(app_dsn, on_event=on_event)
     sampler.done.set()
     if live is not None:
         print(f"traffic meanwhile: {summary(live)}")
@@ -234,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--dsn", help="use this server (needs CREATEDB) instead of an ephemeral one"
     )
-    parser.add_argument("--from", dest="release", choices=["0.2.0", "0.1.0"], default="0.2.0",
+    parser.add_argument("--from", dest="release", choices=["0.3.0", "0.1.0"], default="0.3.0",
                         help="0.1.0: its books upgraded step by step, without traffic")  # fmt: skip
     args = parser.parse_args(argv)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
@@ -247,14 +239,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             from_0_1_0(target, args.requests, Path(tmp))
             return 0
         started = time.monotonic()
-        install_0_2_0(target.create_database("u020"), Path(tmp), requests=args.requests)
-        print(f"0.2.0 installed and populated in {time.monotonic() - started:.0f} s")
+        install_release(RELEASE_0_3_0, target.create_database("u030"), Path(tmp), requests=args.requests)
+        print(f"0.3.0 installed and populated in {time.monotonic() - started:.0f} s")
         for name, scenario in (
             ("steps", step_by_step),
             ("plain", plain),
             ("open", with_open_transaction),
         ):
-            scenario(target.create_database(name, template="u020"))
+            scenario(target.create_database(name, template="u030"))
             target.drop_database(name)
     return 0
 

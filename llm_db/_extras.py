@@ -1,7 +1,7 @@
 """The optional libraries of llm-db's extras, imported when first needed.
 
 ``import llm_db`` and the driver (``Llm``, ``AsyncLlm``, ``migrate``) need only
-psycopg and yoyo, the core install. Everything else comes with an extra:
+psycopg, the core install. Everything else comes with an extra:
 
 * ``cli``: the ``llm-db`` command (``click``);
 * ``testing``: the throw-away PostgreSQL of the pytest fixtures

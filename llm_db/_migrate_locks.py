@@ -23,11 +23,11 @@ def _begin_locked(conn: psycopg.Connection, run: _Run) -> None:
 
     A waiting run polls with ``pg_try_advisory_xact_lock`` between short transactions
     instead of waiting inside one: a backend that waits inside a statement keeps a
-    snapshot, and ``CREATE INDEX CONCURRENTLY`` in the holder's migrations (on yoyo's
+    snapshot, and ``CREATE INDEX CONCURRENTLY`` in the holder's migrations (on their
     connection) would wait for that snapshot while the waiter waits for the holder.
     No parameters, so the simple query protocol: no portal keeps a snapshot either.
     The transaction then carries the run's settings, so a database's
-    ``idle_in_transaction_session_timeout`` cannot end it while yoyo works.
+    ``idle_in_transaction_session_timeout`` cannot end it while the migrations run.
     """
     pause = 0.02
     while True:

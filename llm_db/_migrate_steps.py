@@ -1,18 +1,22 @@
-"""The steps of an ``llm_db.migrate`` run: the migrations through yoyo, the function
-steps and files in one transaction, the routines the files no longer define and the
-contract steps after the barrier (docs in ``llm_db.migrate``)."""
+"""The steps of an ``llm_db.migrate`` run: the migrations, each with its record in
+yoyo's table, the function steps and files in one transaction, the routines the files
+no longer define and the contract steps after the barrier (docs in
+``llm_db.migrate``)."""
 
 from __future__ import annotations
 
+import getpass
+import hashlib
 import re
-import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+import socket
+import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg import sql
 
 from llm_db._migrate_locks import _barrier_of, _begin_locked
 from llm_db._migrate_run import _RESET, MigrationError, _describe, _line_of, _Run
@@ -20,148 +24,122 @@ from llm_db._migrate_run import _RESET, MigrationError, _describe, _line_of, _Ru
 FUNCTIONS_STEP = "functions (sql/)"
 
 
-YOYO_LOCK_WAIT = 30.0  # seconds, at most, for yoyo's lock row
+# ---------------------------------------------------------------- the migrations
+
+# The record of the migrations applied: yoyo's tables (its internal schema 2, which
+# yoyo 6 to 9 write), so a database every release before 0.4.0 migrated through yoyo
+# is read as it is, and `yoyo list` still reads one migrated here. On a first install
+# they are created where yoyo creates them: in the first schema of the search path.
+_RECORD_TABLE = "_yoyo_migration"
+_RECORD_SCHEMA = """
+SELECT coalesce((SELECT n.nspname::text FROM pg_catalog.pg_class AS c
+                   JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+                  WHERE c.oid = pg_catalog.to_regclass('_yoyo_migration')),
+                pg_catalog.current_schema()::text)
+"""
+_CREATE_RECORD = """
+CREATE TABLE IF NOT EXISTS {schema}._yoyo_migration (
+    migration_hash varchar(64), migration_id varchar(255), applied_at_utc timestamp,
+    PRIMARY KEY (migration_hash));
+CREATE TABLE IF NOT EXISTS {schema}._yoyo_log (
+    id varchar(36), migration_hash varchar(64), migration_id varchar(255),
+    operation varchar(10), username varchar(255), hostname varchar(255),
+    comment varchar(255), created_at_utc timestamp, PRIMARY KEY (id));
+CREATE TABLE IF NOT EXISTS {schema}._yoyo_version (
+    version integer NOT NULL PRIMARY KEY, installed_at_utc timestamp);
+INSERT INTO {schema}._yoyo_version (version, installed_at_utc)
+SELECT 2, pg_catalog.timezone('UTC', pg_catalog.now())
+ WHERE NOT EXISTS (SELECT FROM {schema}._yoyo_version)
+"""
+_APPLIED = "SELECT m.migration_id FROM {schema}._yoyo_migration AS m"
+# a migration's record (yoyo's hash of its id is the key) and its line in yoyo's log
+_RECORD = (
+    "INSERT INTO {schema}._yoyo_migration (migration_hash, migration_id, applied_at_utc)"
+    " VALUES (%(hash)s, %(id)s, pg_catalog.timezone('UTC', pg_catalog.now()))"
+)
+_LOG = (
+    "INSERT INTO {schema}._yoyo_log (id, migration_hash, migration_id, operation, username,"
+    " hostname, created_at_utc) VALUES (%(log_id)s, %(hash)s, %(id)s, 'apply', %(username)s,"
+    " %(hostname)s, pg_catalog.timezone('UTC', pg_catalog.now()))"
+)
+_DEPENDS = re.compile(r"^-- depends:(.*)$", re.M)
+_NOT_TRANSACTIONAL = re.compile(r"^-- transactional: false$", re.M | re.I)
 
 
-def _yoyo_backend(url: str, run: _Run) -> Any:
-    """yoyo's psycopg backend, each of whose transactions starts with the run's
-    settings and reports its backend to the watcher. yoyo opens a connection per
-    migration (``copy()``, which keeps the class), so the class carries the run."""
-    from yoyo.backends.core.postgresql import PostgresqlPsycopgBackend
-    from yoyo.connections import parse_uri
-
-    class Backend(PostgresqlPsycopgBackend):  # type: ignore[misc]
-        marking: Any = None  # the migration whose record commits with its transaction
-
-        def apply_one(self, migration: Any, force: bool = False, mark: bool = True) -> None:
-            # yoyo commits a migration, then records it in a second transaction: a run
-            # killed between the two left it applied but unrecorded, and every re-run
-            # then failed applying it again. Here the record is in the migration's own
-            # transaction; a non-transactional one (re-runnable, Conventions 14) is
-            # recorded after it, as yoyo does.
-            self.ensure_internal_schema_updated()
-            migration.load()
-            with self.copy() as own:
-                own._internal_schema_updated = True
-                own.marking = migration if mark and migration.use_transactions else None
-                migration.process_steps(own, "apply", force=force)
-            self.log_migration(migration, "apply")
-            if mark and not migration.use_transactions:
-                with self.transaction():
-                    self.mark_one(migration, log=False)
-
-        def commit(self) -> None:
-            if self.marking is not None:
-                self.mark_one(self.marking, log=False)
-                self.marking = None
-            super().commit()
-
-        def connect(self, dburi: Any) -> psycopg.Connection:
-            # here, not in init_connection, which yoyo calls again after each rollback
-            connection = super().connect(dburi)
-            # prepare nothing: begin() repeats one SET statement per transaction, which
-            # psycopg would prepare after five, and a transaction pooler hands the next
-            # transaction another server connection (42P05 "already exists" there)
-            connection.prepare_threshold = None
-            connection.add_notice_handler(run.on_notice)
-            return connection
-
-        def begin(self) -> None:
-            super().begin()
-            self.connection.execute(run.settings)
-            run.worker_pid = self.connection.info.backend_pid
-
-        @contextmanager
-        def disable_transactions(self) -> Iterator[None]:
-            # a `-- transactional: false` migration (CREATE INDEX CONCURRENTLY) has no
-            # transaction to SET LOCAL in: the settings are the session's while it runs
-            with super().disable_transactions():
-                self.connection.execute(run.settings.replace("SET LOCAL", "SET"))
-                run.worker_pid = self.connection.info.backend_pid
-                try:
-                    yield
-                finally:
-                    if not self.connection.broken:
-                        self.connection.execute(_RESET)
-
-    backend = Backend(parse_uri(url), "_yoyo_migration")
-    backend.init_database()
-    return backend
+def migration_files(migrations_dir: Path) -> list[Path]:
+    """The migrations of ``migrations_dir`` in the order they apply: the ``*.sql`` files
+    directly in it, by name (a migration's id is its file's stem, as for yoyo)."""
+    return sorted(migrations_dir.glob("*.sql"), key=lambda p: p.name)
 
 
-def _apply_migrations(dsn: str, url: str, migrations_dir: Path, run: _Run, conn: psycopg.Connection) -> list[str]:
-    """Apply the pending migrations, each one yoyo transaction, each its own step; one
+def _apply_migrations(dsn: str, migrations_dir: Path, run: _Run, conn: psycopg.Connection) -> list[str]:
+    """Apply the migrations not recorded yet, in order, each a step of its own on a
+    connection of their own (autocommit), each recorded in its own transaction; one
     marked ``-- barrier: before`` after the barrier, which waits for every transaction
-    but ``conn``'s (migrate's, holding the migrate lock; yoyo's connections are
-    autocommit)."""
-    from yoyo import read_migrations
-    from yoyo.exceptions import LockTimeout
+    but ``conn``'s (migrate's, holding the migrate lock). Returns their ids."""
+    with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as worker:
+        worker.add_notice_handler(run.on_notice)
+        run.worker_pid = worker.info.backend_pid
+        schema = _record_schema(worker, run)
+        with worker.transaction():
+            applied = {row[0] for row in worker.execute(_APPLIED.format(schema=schema)).fetchall()}  # type: ignore[arg-type]
+        files = migration_files(migrations_dir)
+        pending = [path for path in files if path.stem not in applied]
+        _check_depends(pending, applied)
+        for path in pending:
+            if _BARRIER_BEFORE.search(path.read_text(encoding="utf-8")):
+                step = f"barrier before {path.stem}"
+                run.step(step, lambda s=step: _barrier_of(
+                    dsn, conn, run, s, "the previous release's functions are live and the database works"))
+            run.worker_pid = worker.info.backend_pid
+            records = [(_RECORD.format(schema=schema), _record_params(path.stem)),
+                       (_LOG.format(schema=schema), _record_params(path.stem))]  # fmt: skip
+            # a 55P03 rolls the migration's transaction back, unrecorded: retried whole
+            run.step(path.stem, lambda p=path, r=records: _apply_recorded(
+                worker, p, run, r, f"migration {p.stem} failed in {migrations_dir}"))
+        return [path.stem for path in pending]
 
-    migrations = read_migrations(str(migrations_dir))
-    backend = _yoyo_backend(url, run)
+
+def _record_schema(worker: psycopg.Connection, run: _Run) -> str:
+    """The schema of the migrations' record, quoted; its tables created there when
+    missing (a first install)."""
+    with worker.transaction():
+        worker.execute(run.settings)  # type: ignore[arg-type]
+        name = worker.execute(_RECORD_SCHEMA).fetchone()[0]  # type: ignore[index]
+        if name is None:
+            raise MigrationError(
+                "no schema to keep the migrations' record in: the search path names none that"
+                " exists (create one, such as public, or set search_path)")  # fmt: skip
+        schema = sql.Identifier(name).as_string(worker)
+        worker.execute(_CREATE_RECORD.format(schema=schema))  # type: ignore[arg-type]
+    return schema
+
+
+def _check_depends(pending: Sequence[Path], applied: set[str]) -> None:
+    """Each ``-- depends:`` of a pending migration names one applied or before it."""
+    before = set(applied)
+    for path in pending:
+        for match in _DEPENDS.finditer(path.read_text(encoding="utf-8")):
+            missing = [dep for dep in match[1].split() if dep not in before]
+            if missing:
+                raise MigrationError(
+                    f"migration {path.stem} depends on {', '.join(missing)}, which is neither"
+                    " applied nor before it in the folder", path=path)  # fmt: skip
+        before.add(path.stem)
+
+
+def _record_params(migration_id: str) -> dict[str, Any]:
+    return {
+        "id": migration_id, "hash": hashlib.sha256(migration_id.encode("utf-8")).hexdigest(),
+        "log_id": str(uuid.uuid4()), "username": _username(), "hostname": socket.gethostname()[:255],
+    }  # fmt: skip
+
+
+def _username() -> str | None:
     try:
-        _break_stale_yoyo_lock(backend, run)
-        # Runs of migrate queue on the advisory lock, so this row is only ever held by a
-        # plain yoyo run or left behind by a killed one: no use waiting long for it.
-        with backend.lock(
-            timeout=max(0.1, min(YOYO_LOCK_WAIT, run.deadline_at - time.monotonic()))
-        ):
-            pending = backend.to_apply(migrations)
-            for migration in pending:
-                if _BARRIER_BEFORE.search(Path(migration.path).read_text(encoding="utf-8")):
-                    step = f"barrier before {migration.id}"
-                    run.step(step, lambda s=step: _barrier_of(
-                        dsn, conn, run, s, "the previous release's functions are live and the database works"))
-                # a 55P03 rolls the migration's transaction back, unmarked: retried whole
-                run.step(migration.id, lambda m=migration: _apply_one(backend, m, migrations_dir))
-            backend.run_post_apply(pending)
-            return [m.id for m in pending]
-    except LockTimeout as exc:  # only taking the lock raises it
-        raise MigrationError(
-            f"yoyo's lock is still taken ({exc}): a plain yoyo run holds it; llm-db"
-            " migrate removes a row a killed migrate left behind by itself."
-        ) from exc
-    finally:
-        backend.connection.close()
-
-
-# yoyo's lock row, read and removed through yoyo's backend (its :name parameters);
-# the table's name is yoyo's, already quoted.
-_YOYO_LOCK_TABLE_EXISTS = "SELECT pg_catalog.to_regclass(:name) IS NOT NULL"
-_YOYO_REMOVE_LOCK = "DELETE FROM {lock_table} RETURNING pid, ctime"
-
-
-def _break_stale_yoyo_lock(backend: Any, run: _Run) -> None:
-    """Remove yoyo's lock row left behind by a killed migrate, so a re-run completes.
-
-    Every migrate run takes yoyo's row only while it holds the migrate advisory lock,
-    which this run holds now and which a killed run's backend released with its
-    transaction: a row there now belongs to no running migrate. (A plain ``yoyo
-    apply`` against the same database would not be excluded; migrate is the one way
-    to apply llm-db's migrations.) Emits ``stale_lock`` with the killed run's pid."""
-    with backend.transaction():
-        exists = backend.execute(
-            _YOYO_LOCK_TABLE_EXISTS, {"name": backend.lock_table_quoted}
-        ).fetchone()[0]
-        if not exists:
-            return  # a first install: yoyo creates its lock table when it locks
-        rows = backend.execute(
-            _YOYO_REMOVE_LOCK.format(lock_table=backend.lock_table_quoted)
-        ).fetchall()
-    for pid, ctime in rows:
-        run.emit("stale_lock", pid=pid, since=str(ctime))
-
-
-def _apply_one(backend: Any, migration: Any, migrations_dir: Path) -> None:
-    try:
-        backend.apply_one(migration)
-    except pg_errors.LockNotAvailable:
-        raise
-    except psycopg.Error as exc:
-        raise MigrationError(
-            f"migration {migration.id} failed in {migrations_dir}: {_describe(exc)}",
-            path=Path(migration.path),
-        ) from exc
+        return getpass.getuser()[:255]
+    except (KeyError, OSError):  # no login name and no passwd entry (a container)
+        return None
 
 
 # The function files' attempt, a savepoint of migrate's transaction.
@@ -322,7 +300,8 @@ def _apply_contract_steps(
                     run.step(DROP_STEP, lambda: _drop_routines(worker, stale, run))
                 for path in pending:
                     run.worker_pid = worker.info.backend_pid
-                    run.step(f"contract {path.stem}", lambda p=path: _apply_contract_file(worker, p, run))
+                    run.step(f"contract {path.stem}", lambda p=path: _apply_recorded(
+                        worker, p, run, [(_STEP_RECORD, {"step": p.stem})], f"contract step {p.name}"))
     except BaseException:
         if not conn.closed and not conn.broken:
             conn.execute("ROLLBACK")
@@ -331,33 +310,41 @@ def _apply_contract_steps(
     return list(stale), [p.stem for p in pending]
 
 
-def _apply_contract_file(worker: psycopg.Connection, path: Path, run: _Run) -> None:
-    """One contract step on ``worker`` (autocommit): a transactional one in a transaction
-    with its record, one marked ``-- transactional: false`` statement by statement in
-    autocommit (its own COMMITs allowed), then its record."""
+def _apply_recorded(
+    worker: psycopg.Connection, path: Path, run: _Run,
+    records: Sequence[tuple[str, dict[str, Any]]], failure: str,
+) -> None:  # fmt: skip
+    """One migration or contract step on ``worker`` (autocommit), with its ``records``
+    (statement, parameters): a transactional one in one transaction with them; one
+    marked ``-- transactional: false`` statement by statement in autocommit (its own
+    COMMITs allowed), then them in a transaction. A failure names the file (after
+    ``failure``) and, in a transactional one, its line."""
     text = path.read_text(encoding="utf-8")
-    transactional = re.search(r"^-- transactional: false$", text, re.M | re.I) is None
-    settings = run.settings if transactional else run.settings.replace("SET LOCAL", "SET")
+    transactional = _NOT_TRANSACTIONAL.search(text) is None
     try:
         if transactional:
             with worker.transaction():
-                worker.execute(settings)  # type: ignore[arg-type]
+                worker.execute(run.settings)  # type: ignore[arg-type]
                 worker.execute(text)  # type: ignore[arg-type]
-                worker.execute(_STEP_RECORD, {"step": path.stem})
+                for statement, params in records:
+                    worker.execute(statement, params)  # type: ignore[arg-type]
             return
-        worker.execute(settings)  # type: ignore[arg-type]
+        worker.execute(run.settings.replace("SET LOCAL", "SET"))  # type: ignore[arg-type]
         try:
             # statement by statement: CONCURRENTLY refuses a multi-statement query string
             for statement in _statements(text):
                 worker.execute(statement)  # type: ignore[arg-type]
-            worker.execute(_STEP_RECORD, {"step": path.stem})
         finally:
             if not worker.broken:
                 worker.execute(_RESET)
+        with worker.transaction():
+            for statement, params in records:
+                worker.execute(statement, params)  # type: ignore[arg-type]
     except pg_errors.LockNotAvailable:
         raise  # retried whole by the caller
     except psycopg.Error as exc:
-        raise MigrationError(f"contract step {path.name}: {_describe(exc)}", path=path) from exc
+        line = _line_of(text, exc) if transactional else ""
+        raise MigrationError(f"{failure}{line}: {_describe(exc)}", path=path) from exc
 
 
 def _statements(text: str) -> list[str]:

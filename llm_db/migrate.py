@@ -1,9 +1,18 @@
-"""Install or upgrade the `llm` schema: yoyo migrations, then the function files.
+"""Install or upgrade the `llm` schema: the migrations, then the function files.
 
 ``migrate(dsn)`` runs three phases:
 
-1. ``migrations/*.sql`` (versioned DDL: tables, types, roles) through yoyo,
-   each migration once, under yoyo's lock: the expand steps. A migration marked
+1. ``migrations/*.sql`` (versioned DDL: tables, types, roles), in name order,
+   each once: the expand steps. A migration and its record commit in one
+   transaction, so a run killed anywhere leaves none applied and unrecorded; one
+   marked ``-- transactional: false`` (``CREATE INDEX CONCURRENTLY``) runs
+   statement by statement and is recorded after, so it must be re-runnable. The
+   record is yoyo's table ``_yoyo_migration`` (and its log), which every release
+   before 0.4.0 wrote through yoyo-migrations: the files keep yoyo's format
+   (``-- depends:``, ``-- transactional: false``), a database yoyo migrated is
+   read as it is, and ``yoyo list`` still reads one migrated here. llm-db no
+   longer needs yoyo itself: 0.3.0 subclassed its backend to commit a record with
+   its migration, which its public API does not offer. A migration marked
    ``-- barrier: before`` is applied after the barrier (below): when every
    transaction open as it is reached has ended, so none still runs a statement
    the migrations before it replaced (0021 and 0022, docs/architecture.md
@@ -37,8 +46,8 @@
 
 The phases are serialized across processes by one transaction-level
 advisory lock, held by a transaction of ``migrate``'s own connection that
-spans yoyo's run (on its own connection; yoyo's lock table cannot cover its
-own creation) and then applies the function files; a second run polls for it
+spans the migrations (run on a connection of their own) and then applies the
+function files; a second run polls for it
 (``_begin_locked``), and the contract steps take it again, in a second
 transaction of that connection, while another connection runs them. Concurrent ``migrate``
 runs against one database are safe and the second finds nothing left to do.
@@ -60,13 +69,13 @@ leaves it unmarked, and the next run finds it stale again), and a failed run
 rolls the mark back.
 
 How migrate bounds its locks: every transaction it opens,
-its own and each of yoyo's, starts with ``SET LOCAL lock_timeout`` (the
+its own and each of its worker's, starts with ``SET LOCAL lock_timeout`` (the
 ``lock_timeout`` argument, 1 s by default), ``statement_timeout = 0`` and
 ``idle_in_transaction_session_timeout = 0``: a statement queued behind a
 consumer's open transaction is cancelled after one lock timeout, which lets the
 consumers queued behind it go on, and a database-level timeout cannot kill
 migrate's own lock-holding connection. ``SET LOCAL``, not ``SET``: behind a
-transaction pooler nothing outlives the transaction. A migration (one yoyo
+transaction pooler nothing outlives the transaction. A migration (one
 transaction) or the function files (one savepoint of migrate's transaction)
 that fails with 55P03 are rolled back and retried whole, with exponential
 backoff and jitter, until ``deadline``; then ``MigrationError`` names the
@@ -84,7 +93,7 @@ progress: <done>/<total>'``.
 Where the code is, by job: this module holds the public call and its report;
 ``llm_db._migrate_run`` how a run reports and retries (its errors, events, backoff
 and the watcher), ``llm_db._migrate_locks`` the migrate lock and the barrier, and
-``llm_db._migrate_steps`` the steps (the migrations through yoyo, the function
+``llm_db._migrate_steps`` the steps (the migrations and their record, the function
 steps and files, the routines dropped, the contract steps).
 
 Where the SQL comes from: an installed wheel carries it as package data
@@ -95,12 +104,10 @@ overridden per call (``migrations_dir=``, ``sql_dir=``).
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote, urlencode
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -124,13 +131,10 @@ __all__ = [
     "MigrationReport",
     "default_dirs",
     "migrate",
-    "yoyo_url",
 ]
 
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
-_SIMPLE_HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*$")
-_SIMPLE_DBNAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
 @dataclass(frozen=True)
@@ -138,7 +142,7 @@ class MigrationReport:
     """What one ``migrate`` call did."""
 
     applied_migrations: tuple[str, ...]
-    """yoyo migration ids applied by this call (empty when already up to date)."""
+    """Migration ids (file stems) applied by this call (empty when already up to date)."""
     sql_files: tuple[str, ...]
     """Function files (re)applied, in order (every file, every run)."""
     migrations_dir: Path
@@ -163,47 +167,6 @@ def default_dirs() -> tuple[Path, Path]:
         f"cannot find the SQL: neither {packaged[0]} nor {checkout[0]} exists "
         "(a broken install? reinstall llm-db)"
     )
-
-
-def yoyo_url(dsn: str) -> str:
-    """Turn a libpq URL or key=value conninfo into yoyo's ``postgresql+psycopg://`` URL.
-
-    Simple parts go where a URL puts them; anything else (a unix-socket or
-    multi-host ``host``, an unusual database name, sslmode, options, …) goes
-    in the query string, which yoyo hands to ``psycopg.connect`` unchanged.
-    """
-    try:
-        params: dict[str, str] = {
-            k: str(v) for k, v in conninfo_to_dict(dsn).items() if v is not None
-        }
-    except psycopg.ProgrammingError as exc:
-        raise MigrationError(f"invalid connection string: {exc}") from None
-
-    netloc = ""
-    user = params.pop("user", None)
-    password = params.pop("password", None)
-    if user is not None:
-        netloc = quote(user, safe="")
-        if password is not None:
-            netloc += ":" + quote(password, safe="")
-        netloc += "@"
-    elif password is not None:
-        params["password"] = password
-
-    host = params.get("host")
-    port = params.get("port")
-    if host is not None and _SIMPLE_HOST.match(host):
-        netloc += params.pop("host")
-        if port is not None and port.isdigit():
-            netloc += ":" + params.pop("port")
-
-    path = "/"
-    dbname = params.get("dbname")
-    if dbname is not None and _SIMPLE_DBNAME.match(dbname):
-        path += params.pop("dbname")
-
-    query = urlencode(sorted(params.items()), quote_via=quote)
-    return f"postgresql+psycopg://{netloc}{path}" + (f"?{query}" if query else "")
 
 
 def migrate(
@@ -249,8 +212,11 @@ def migrate(
     function_dir = migrations_path / "functions"
     function_steps = sorted(function_dir.glob("*.sql"), key=lambda p: p.name) if function_dir.is_dir() else []
 
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise MigrationError(f"invalid connection string: {exc}") from None
     run = _Run(lock_timeout, time.monotonic() + deadline, on_event or (lambda event: None))
-    url = yoyo_url(dsn)
     try:
         with (
             _Watcher(dsn, run),
@@ -258,7 +224,7 @@ def migrate(
         ):
             _begin_locked(conn, run)
             try:
-                applied = _apply_migrations(dsn, url, migrations_path, run, conn)
+                applied = _apply_migrations(dsn, migrations_path, run, conn)
                 run.worker_pid = conn.info.backend_pid
                 once, stale = run.step(FUNCTIONS_STEP, lambda: _apply_sql_phase(conn, function_steps, sql_files))
             except BaseException:

@@ -3,7 +3,7 @@
 reads of the report and the metrics are operations too: sql/81, sql/82). The CLI
 and the demo use these too. The other components that speak SQL keep theirs, as
 named constants, in one module each: ``llm_db.migrate`` (the catalog, the migrate
-lock, yoyo's lock row), ``llm_db.cli.doctor`` (its checks),
+lock, the migrations' record), ``llm_db.cli.doctor`` (its checks),
 ``llm_db.cli.commands.setup`` (pg_cron), ``llm_db.demo`` (its books and its
 injected fault) and ``llm_db.testing._sql`` (the test server's roles and
 databases). docs/architecture.md "Conventions" 6.

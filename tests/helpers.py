@@ -11,12 +11,14 @@ instant every test starts from.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, date, datetime, timedelta
 from datetime import time as clock_time
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -566,3 +568,20 @@ def execution(conn: psycopg.Connection, org_id: uuid.UUID,
               execution_id: uuid.UUID) -> dict[str, Any] | None:
     """The llm.executions row, or None."""
     return _by_id(conn, "executions", org_id, execution_id)
+
+
+@contextlib.contextmanager
+def yoyo(dsn: str, migrations: Path) -> Iterator[tuple[Any, list[Any]]]:
+    """yoyo-migrations itself on the database at ``dsn`` (key=value, TCP), as every
+    release before 0.4.0 applied its migrations: its backend, under its lock, and the
+    migrations of ``migrations`` as it reads them."""
+    from psycopg.conninfo import conninfo_to_dict
+    from yoyo import get_backend, read_migrations
+
+    info = conninfo_to_dict(dsn)
+    backend = get_backend(f"postgresql+psycopg://{info['user']}@{info['host']}:{info['port']}/{info['dbname']}")
+    try:
+        with backend.lock():
+            yield backend, read_migrations(str(migrations))
+    finally:
+        backend.connection.close()

@@ -17,15 +17,16 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 import llm_db
-from llm_db.migrate import MigrationError, MigrationReport, default_dirs, migrate, yoyo_url
+from llm_db.migrate import MigrationError, MigrationReport, default_dirs, migrate
 from llm_db.testing._server import CRON_DATABASE, ServerSetupError, check_installation
+from tests.helpers import yoyo
 
 ROOT = Path(__file__).resolve().parents[1]
 REPO_MIGRATIONS = sorted(p.name for p in (ROOT / "migrations").glob("*.sql"))
 REPO_SQL = sorted(p.name for p in (ROOT / "sql").glob("*.sql"))
 
 # Everything a migration or a function file can change, as comparable text rows,
-# for every non-system schema (llm, and public where yoyo keeps its tables).
+# for every non-system schema (llm, and public, where the migrations' record is).
 FINGERPRINT_SQL = """
 WITH ns AS (
     SELECT oid, nspname FROM pg_namespace
@@ -105,65 +106,12 @@ def _repo_dirs() -> tuple[Path, Path]:
     return ROOT / "migrations", ROOT / "sql"
 
 
-# ---------------------------------------------------------------- dsn conversion
+# ---------------------------------------------------------------- the dsn
 
 
-@pytest.mark.parametrize(
-    ("dsn", "expected"),
-    [
-        ("postgresql://u:p@db.example:5433/app", "postgresql+psycopg://u:p@db.example:5433/app"),
-        ("postgres://u@localhost/app", "postgresql+psycopg://u@localhost/app"),
-        ("host=127.0.0.1 port=5432 user=u dbname=app", "postgresql+psycopg://u@127.0.0.1:5432/app"),
-        (
-            "host=/var/run/postgresql dbname=app",
-            "postgresql+psycopg:///app?host=%2Fvar%2Frun%2Fpostgresql",
-        ),
-        (
-            "postgresql:///app?host=/tmp/sock&sslmode=disable",
-            "postgresql+psycopg:///app?host=%2Ftmp%2Fsock&sslmode=disable",
-        ),
-        (
-            "user='we ird' password='p@ss:/w d' dbname='my db' options='-c lock_timeout=5s'",
-            "postgresql+psycopg://we%20ird:p%40ss%3A%2Fw%20d@/"
-            "?dbname=my%20db&options=-c%20lock_timeout%3D5s",
-        ),
-        ("", "postgresql+psycopg:///"),
-    ],
-)
-def test_yoyo_url_from_any_libpq_dsn(dsn, expected):
-    assert yoyo_url(dsn) == expected
-
-
-@pytest.mark.parametrize(
-    "dsn",
-    [
-        "host=/tmp/s port=6000 user=x password='a b%c' dbname=d sslmode=prefer",
-        "postgresql://x:secret@h1:1,h2:2/d?target_session_attrs=read-write",
-        "postgres://[::1]:5432/d",
-    ],
-)
-def test_yoyo_url_round_trips_to_the_same_connection_parameters(dsn):
-    from yoyo.connections import parse_uri
-
-    uri = parse_uri(yoyo_url(dsn))
-    params = dict(uri.args)
-    params.setdefault("dbname", uri.database or None)
-    for key, value in (
-        ("user", uri.username),
-        ("password", uri.password),
-        ("host", uri.hostname),
-        ("port", uri.port),
-    ):
-        if value is not None:
-            params[key] = value
-    got = {k: str(v) for k, v in params.items() if v not in (None, "")}
-    want = {k: str(v) for k, v in conninfo_to_dict(dsn).items() if v not in (None, "")}
-    assert got == want
-
-
-def test_yoyo_url_rejects_garbage():
+def test_migrate_rejects_a_garbage_dsn_naming_it():
     with pytest.raises(MigrationError, match="invalid connection string"):
-        yoyo_url("host=x port")
+        migrate("host=x port")
 
 
 # ---------------------------------------------------------------- migrate
@@ -591,39 +539,64 @@ def test_cron_database_has_pg_cron_and_llm(llm_cron_dsn):
         assert conn.execute("SELECT to_regnamespace('llm') IS NOT NULL").fetchone() == (True,)
 
 
-def test_a_yoyo_lock_left_by_a_killed_migrate_is_removed_and_the_rerun_completes(fresh_db):
-    """A re-run completes after a migrate killed while it held yoyo's
-    lock row. Every migrate takes that row only under the migrate advisory lock, which
-    a killed run's backend released, so the next run removes it and says so. As it was,
-    the re-run waited and failed, telling the operator to DELETE the row by hand."""
+def test_the_record_is_yoyos_both_ways(fresh_db, tmp_path):
+    """migrate keeps yoyo's record without yoyo: a database yoyo migrated (0.3.0's
+    migrate applied migrations through it) goes on from where yoyo left it, and yoyo
+    finds nothing to apply on one migrate installed. The record's key is yoyo's hash
+    of the id, and yoyo's log has a line per migration."""
+    first = tmp_path / "first"
+    first.mkdir()
+    for name in REPO_MIGRATIONS[:10]:
+        shutil.copy(ROOT / "migrations" / name, first / name)
     _, dsn = fresh_db()
-    migrate(dsn)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("INSERT INTO public.yoyo_lock (locked, ctime, pid) VALUES (1, now(), 999999)")
-    events: list[dict] = []
-    report = migrate(dsn, deadline=5, on_event=events.append)
-    assert report.applied_migrations == ()
-    assert [e["pid"] for e in events if e["event"] == "stale_lock"] == [999999]
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        assert conn.execute("SELECT count(*) FROM public.yoyo_lock").fetchone() == (0,)
+    with yoyo(dsn, first) as (backend, migrations):
+        backend.apply_migrations(backend.to_apply(migrations))
+
+    report = migrate(dsn)
+    assert list(report.applied_migrations) == [Path(n).stem for n in REPO_MIGRATIONS[10:]]
+    with yoyo(dsn, ROOT / "migrations") as (backend, migrations):
+        assert list(backend.to_apply(migrations)) == []
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FILTER (WHERE migration_hash = encode(sha256(migration_id::bytea), 'hex')),"
+                            " count(*) FROM public._yoyo_migration").fetchone() == (len(REPO_MIGRATIONS),) * 2  # fmt: skip
+        assert conn.execute("SELECT count(DISTINCT migration_id) FROM public._yoyo_log WHERE operation = 'apply'"
+                            ).fetchone() == (len(REPO_MIGRATIONS),)  # fmt: skip
+
+    _, fresh = fresh_db()
+    migrate(fresh)
+    with yoyo(fresh, ROOT / "migrations") as (backend, migrations):
+        assert list(backend.to_apply(migrations)) == []
 
 
-def test_migrate_prepares_no_statement_on_any_of_its_connections(fresh_db, llm_pgbouncer):
-    """Migrate through a transaction pooler: yoyo's connections repeat one
-    SET statement a transaction, which psycopg would prepare after five, and PgBouncer in
-    transaction mode hands the next transaction another server connection, where the
-    prepared name collides (42P05; seen once in a full run). No connection of migrate's
-    prepares anything: after a migrate through the pooler, no server connection of the
-    database holds a prepared statement."""
+def test_a_migration_naming_a_dependency_that_is_not_there_stops_migrate(fresh_db, tmp_path):
+    """``-- depends:`` names migrations applied or before it (yoyo's rule): one naming
+    another stops migrate before anything is applied, naming both."""
+    migrations = tmp_path / "migrations"
+    shutil.copytree(ROOT / "migrations", migrations)
+    (migrations / "9999_lost.sql").write_text("-- depends: 9998_nowhere\nSELECT 1;\n")
+    _, dsn = fresh_db()
+    with pytest.raises(MigrationError, match="9999_lost depends on 9998_nowhere"):
+        migrate(dsn, migrations_dir=migrations)
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT to_regclass('llm.organizations')").fetchone() == (None,)
+
+
+def test_migrate_prepares_no_statement_on_any_of_its_connections(fresh_db, llm_pgbouncer, monkeypatch):
+    """Migrate through a transaction pooler: its worker repeats one SET statement a
+    transaction, which psycopg would prepare after five, and PgBouncer in transaction
+    mode hands the next transaction another server connection, where the prepared name
+    collides (42P05; seen once in a full run). Every connection migrate opens
+    prepares nothing (prepare_threshold None), and a migrate through the pooler
+    completes."""
+    real_connect = psycopg.connect
+    opened: list[object] = []
+
+    def connect(*args, **kwargs):
+        opened.append(kwargs.get("prepare_threshold", "psycopg's default"))
+        return real_connect(*args, **kwargs)
+
+    monkeypatch.setattr(psycopg, "connect", connect)
     name, dsn = fresh_db()
-    migrate(llm_pgbouncer.dsn(name, user=conninfo_to_dict(dsn)["user"]))
-    from llm_db._migrate_run import _Run
-    from llm_db._migrate_steps import _yoyo_backend  # the backend migrate drives yoyo with
-
-    backend = _yoyo_backend(yoyo_url(dsn), _Run(1.0, float("inf"), lambda event: None))
-    try:
-        assert backend.connection.prepare_threshold is None
-        with backend.copy() as per_migration:  # yoyo's connection for one migration
-            assert per_migration.connection.prepare_threshold is None
-    finally:
-        backend.connection.close()
+    report = migrate(llm_pgbouncer.dsn(name, user=conninfo_to_dict(dsn)["user"]))
+    assert report.applied_migrations and report.contract_steps
+    assert len(opened) >= 3 and set(opened) == {None}, opened

@@ -120,7 +120,7 @@ def test_a_deadline_stops_migrate_naming_the_blocker_and_leaves_a_working_databa
 ):
     """At its deadline migrate stops with a MigrationError naming the
     blocking pid and its query; the failed migration is neither applied nor recorded,
-    yoyo's lock is released, the functions work (admit, settle) and a re-run completes.
+    the functions work (admit, settle) and a re-run completes.
     Invariant 1 holds."""
     migrations = migrations_with(tmp_path, ADD_COLUMN)
     consumer = open_consumer_read(llm_connect)
@@ -133,7 +133,6 @@ def test_a_deadline_stops_migrate_naming_the_blocker_and_leaves_a_working_databa
     assert not has_test_column(llm_conn)
     assert scalar(llm_conn, "SELECT count(*) FROM public._yoyo_migration WHERE migration_id = %s",
                   [TEST_STEP]) == 0  # fmt: skip
-    assert scalar(llm_conn, "SELECT count(*) FROM public.yoyo_lock") == 0
 
     org = new_org(llm_conn, 1000)
     assert settle(llm_conn, org, admit(llm_conn, org, 10)["id"], 7) == "settled"
@@ -247,26 +246,45 @@ def test_a_lost_connection_is_a_migration_error_and_a_rerun_completes(
 
 
 def test_a_migration_and_its_record_commit_together(llm_dsn, llm_conn, tmp_path, monkeypatch):
-    """A run that dies just after a migration committed (here: yoyo's log
-    of it raises) has recorded it too, so a re-run completes instead of applying it again
-    (which failed: column already exists)."""
-    from yoyo.backends.base import DatabaseBackend
+    """A run killed as a migration's transaction commits leaves it applied and recorded,
+    or neither, so a re-run completes instead of applying it again (which failed:
+    column already exists). yoyo committed a migration, then recorded it in a second
+    transaction. Here the run dies in the first statement after that one transaction:
+    the record is already there."""
+    import llm_db._migrate_steps as steps
 
     migrations = migrations_with(tmp_path, ADD_COLUMN)
-    real_log = DatabaseBackend.log_migration
+    real_apply = steps._apply_recorded
 
-    def die_once(self, migration, operation):
-        monkeypatch.setattr(DatabaseBackend, "log_migration", real_log)
-        raise RuntimeError("killed after the migration's commit")
+    def die_after(worker, path, run, records, failure):
+        real_apply(worker, path, run, records, failure)
+        if path.stem == TEST_STEP:
+            raise RuntimeError("killed after the migration's commit")
 
-    monkeypatch.setattr(DatabaseBackend, "log_migration", die_once)
+    monkeypatch.setattr(steps, "_apply_recorded", die_after)
     with pytest.raises(RuntimeError, match="killed"):
         migrate(llm_dsn, migrations_dir=migrations, sql_dir=ROOT / "sql")
+    monkeypatch.setattr(steps, "_apply_recorded", real_apply)
     assert has_test_column(llm_conn)
-    report = migrate(llm_dsn, migrations_dir=migrations, sql_dir=ROOT / "sql")
-    assert report.applied_migrations == ()
     assert scalar(llm_conn, "SELECT count(*) FROM public._yoyo_migration WHERE migration_id = %s",
                   [TEST_STEP]) == 1  # fmt: skip
+    report = migrate(llm_dsn, migrations_dir=migrations, sql_dir=ROOT / "sql")
+    assert report.applied_migrations == ()
+
+
+def test_a_migration_that_fails_is_neither_applied_nor_recorded_and_names_its_line(
+    llm_dsn, llm_conn, tmp_path
+):
+    """A migration's statements and its record are one transaction: one failing in its
+    second statement leaves neither its first nor its record, and the error names the
+    file and the line."""
+    migrations = migrations_with(tmp_path, ADD_COLUMN + "\nSELECT 1;\nSELECT no_such_column FROM llm.organizations;\n")
+    with pytest.raises(MigrationError, match=f"migration {TEST_STEP} failed in .* line [0-9]+: 42703") as caught:
+        migrate(llm_dsn, migrations_dir=migrations, sql_dir=ROOT / "sql")
+    assert caught.value.path == migrations / f"{TEST_STEP}.sql"
+    assert not has_test_column(llm_conn)
+    assert scalar(llm_conn, "SELECT count(*) FROM public._yoyo_migration WHERE migration_id = %s",
+                  [TEST_STEP]) == 0  # fmt: skip
 
 
 # ---------------------------------------------------------------- the command line

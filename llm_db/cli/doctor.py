@@ -130,8 +130,9 @@ SELECT g.role, g.object,
   FROM unnest(%(roles)s::text[], %(privileges)s::text[], %(objects)s::text[])  -- ROWS FROM
        AS g(role, privilege, object)
 """
-# what yoyo records (migrate.py runs yoyo, which keeps its tables in the first schema
-# of the search_path); to_regclass is NULL, not an error, before the first migrate
+# the migrations' record, yoyo's table (llm_db.migrate keeps it where yoyo did, in the
+# first schema of the search_path); to_regclass is NULL, not an error, before the first
+# migrate
 YOYO_RECORDED = "SELECT pg_catalog.to_regclass('_yoyo_migration') IS NOT NULL AS recorded"
 YOYO_APPLIED = "SELECT m.migration_id FROM _yoyo_migration AS m ORDER BY 1"
 # what scheduling needs in the pg_cron database (pg_cron 1.4 revokes
@@ -362,7 +363,7 @@ def check_roles(conn: psycopg.Connection, installed: bool) -> Check:
 
 
 def package_migrations(migrations_dir: Path | None = None) -> list[str]:
-    """The migration ids this llm-db carries (yoyo's id is the file's stem)."""
+    """The migration ids this llm-db carries (an id is the file's stem)."""
     from llm_db.migrate import default_dirs
 
     directory = migrations_dir or default_dirs()[0]
@@ -370,7 +371,7 @@ def package_migrations(migrations_dir: Path | None = None) -> list[str]:
 
 
 def check_migrations(conn: psycopg.Connection, installed: bool) -> Check:
-    """The database's migration level (yoyo's table) against this package's."""
+    """The database's migration level (its record, yoyo's table) against this package's."""
     package = package_migrations()
     if not installed or not _one(conn, YOYO_RECORDED)["recorded"]:
         return Check(

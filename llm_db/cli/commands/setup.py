@@ -34,7 +34,7 @@ JOB_COMMAND = "CALL llm.run_reconciliation()"
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON object per line for each event, then one for the result.")  # fmt: skip
 def migrate(dsn: str | None, lock_timeout: float, deadline: float, as_json: bool) -> None:
-    """Install or upgrade the llm schema: migrations/ with yoyo, then every sql/ file.
+    """Install or upgrade the llm schema: migrations/, then every sql/ file.
 
     Safe to re-run and to run from two deploys at once, and under live traffic:
     each statement waits at most --lock-timeout for a lock, so consumers queued
@@ -100,9 +100,6 @@ def describe_event(event: Event) -> str:
                     f"{event['blocker_pid']} (query: {event['blocker_query']!r})")  # fmt: skip
         return (f"{step}: waiting for {whom}, attempt {event['attempt']}, "
                 f"retrying in {event['retry_in_s']:.1f} s")  # fmt: skip
-    if kind == "stale_lock":
-        return (f"{step}: removed yoyo's lock row left by a killed migrate "
-                f"(client pid {event['pid']}, since {event['since']})")  # fmt: skip
     return f"{step}: {kind}"
 
 
