@@ -14,9 +14,11 @@ writes no SQL:
 Their methods are plain code generated from the table of operations
 (``codegen.operations``) into ``llm_db._client_methods``: each passes its arguments
 by name to its statement, a named constant there, and maps the rows to its result.
-The two classes here differ only in how a statement runs (``_execute``,
-``_execute_value``, ``_call_procedure``), like psycopg's own ``Connection`` /
-``AsyncConnection``.
+The classes here say how a statement runs (``_execute``, ``_execute_value``,
+``_call_procedure``), like psycopg's own ``Connection`` / ``AsyncConnection``:
+``AsyncLlm`` is written, and ``Llm`` is written from it by
+``scripts/generate_client.py`` (``codegen.unasync``: the same code without
+``await``), so read and edit ``AsyncLlm``.
 
 Every call is its own transaction, committed when the method returns, whether
 the connection is autocommit or not (on an idle autocommit connection the one
@@ -150,6 +152,116 @@ def _dicts(cur: Any, rows: list[tuple[Any, ...]]) -> list[Row]:
     return [dict(zip(names, row, strict=True)) for row in rows]
 
 
+class AsyncLlm(AsyncLlmMethods):
+    """Asyncio client over a ``psycopg.AsyncConnection`` or an async connection pool.
+
+    The same methods, arguments and results as ``Llm``, awaited.
+    """
+
+    def __init__(self, source: Any, *, prepare: bool = False) -> None:
+        """``source``: a ``psycopg.AsyncConnection``, or anything whose ``.connection()``
+        is an async context manager yielding one (``psycopg_pool.AsyncConnectionPool``).
+        ``prepare``: as for ``Llm``."""
+        self.source = source
+        self.prepare = prepare
+        self._prepare: bool | None = None if prepare else False
+        self._refusals = _Refusals()
+        #: the idle cursors of ``source`` when it is a connection (module doc); popped
+        #: and appended, so two calls at once never share one
+        self._cursors: list[psycopg.AsyncCursor[Any]] = []
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """The connection the next call uses (borrowed from the pool, if one was given)."""
+        if isinstance(self.source, psycopg.AsyncConnection):
+            yield self.source
+        else:
+            async with self.source.connection() as conn:
+                yield conn
+
+    async def _execute(self, sql: str, params: Mapping[str, Any]) -> list[Row]:
+        """Run one statement in its own transaction (module doc); its rows."""
+        return await self._call(sql, params, False)  # type: ignore[no-any-return]
+
+    async def _execute_value(self, sql: str, params: Mapping[str, Any]) -> Any:
+        """Run one ``SELECT … AS value`` in its own transaction; its one value."""
+        return await self._call(sql, params, True)
+
+    async def _call(self, sql: str, params: Mapping[str, Any], value: bool) -> Any:
+        """Every call's path, plain code: the statement run on one of
+        the client's idle cursors (module doc), or on a pool's connection; a refusal
+        reported; the one value read, or the rows as dicts."""
+        source = self.source
+        try:
+            if isinstance(source, psycopg.AsyncConnection):
+                idle = self._cursors
+                cur = idle.pop() if idle else _cursor(source)
+                rows = await self._run(source, cur, sql, params)
+                result = rows[0][0] if value else _dicts(cur, rows)
+                if len(rows) <= 1:  # a longer result is not kept alive by an idle cursor
+                    idle.append(cur)
+                return result
+            async with source.connection() as conn, _cursor(conn) as cur:
+                rows = await self._run(conn, cur, sql, params)
+                return rows[0][0] if value else _dicts(cur, rows)
+        except AllowanceExhausted as refusal:
+            await self._report(refusal, params)
+            raise
+
+    async def _run(self, conn: psycopg.AsyncConnection[Any], cur: psycopg.AsyncCursor[Any], sql: str,
+                   params: Mapping[str, Any]) -> list[tuple[Any, ...]]:  # fmt: skip
+        """The statement in its own transaction: on an idle autocommit connection it is
+        one already (BEGIN/COMMIT would add two round trips for nothing), else in
+        ``conn.transaction()``; its rows; psycopg's errors raised as llm-db's."""
+        try:
+            try:
+                if conn.autocommit and conn.pgconn.transaction_status == _IDLE:
+                    await cur.execute(sql, params, prepare=self._prepare)
+                else:
+                    async with conn.transaction():
+                        await cur.execute(sql, params, prepare=self._prepare)
+            except psycopg.DataError as exc:
+                raise unsendable(exc) from exc
+            return await cur.fetchall()
+        except psycopg.Error as exc:
+            mapped = translate(exc)
+            if mapped is exc:
+                raise
+            raise mapped from exc
+
+    async def _report(self, refusal: AllowanceExhausted, params: Mapping[str, Any]) -> None:
+        """Report a refusal in a transaction of its own (module doc)."""
+        report = self._refusals.to_report(refusal, params)
+        if report is None:
+            return
+        try:
+            await self.note_refusal(**report)
+        except (LlmError, psycopg.Error) as exc:
+            log.warning("llm-db: could not report the refusal by %s %s %s: %s",
+                        report["scope"], report["scope_id"], report["window"], exc)  # fmt: skip
+        else:
+            self._refusals.reported(report)
+
+    async def _call_procedure(self, sql: str, params: Mapping[str, Any]) -> list[Row]:
+        """``CALL`` on the connection switched to autocommit (the procedure commits on its
+        own), then the run row it recorded since the server clock read before it."""
+        async with self.connection() as conn:
+            with mapped_errors():
+                previous = conn.autocommit
+                await conn.set_autocommit(True)
+                try:
+                    async with _cursor(conn, dict_row) as cur:
+                        await cur.execute(queries.CLOCK, prepare=self._prepare)
+                        since = (await cur.fetchall())[0]["clock"]
+                        with sent():
+                            await cur.execute(sql, params, prepare=self._prepare)
+                        await cur.execute(queries.RUN_RECORDED_SINCE, {"since": since}, prepare=self._prepare)
+                        return await cur.fetchall()
+                finally:
+                    await conn.set_autocommit(previous)
+
+
+# The sync twin of the definition above: written by scripts/generate_client.py.
 class Llm(LlmMethods):
     """Synchronous client over a ``psycopg.Connection`` or a connection pool."""
 
@@ -210,7 +322,7 @@ class Llm(LlmMethods):
             raise
 
     def _run(self, conn: psycopg.Connection[Any], cur: psycopg.Cursor[Any], sql: str,
-             params: Mapping[str, Any]) -> list[tuple[Any, ...]]:  # fmt: skip
+                   params: Mapping[str, Any]) -> list[tuple[Any, ...]]:  # fmt: skip
         """The statement in its own transaction: on an idle autocommit connection it is
         one already (BEGIN/COMMIT would add two round trips for nothing), else in
         ``conn.transaction()``; its rows; psycopg's errors raised as llm-db's."""
@@ -246,111 +358,17 @@ class Llm(LlmMethods):
     def _call_procedure(self, sql: str, params: Mapping[str, Any]) -> list[Row]:
         """``CALL`` on the connection switched to autocommit (the procedure commits on its
         own), then the run row it recorded since the server clock read before it."""
-        with self.connection() as conn, mapped_errors():
-            previous = conn.autocommit
-            conn.autocommit = True
-            try:
-                with _cursor(conn, dict_row) as cur:
-                    since = cur.execute(queries.CLOCK, prepare=self._prepare).fetchall()[0]["clock"]
-                    with sent():
-                        cur.execute(sql, params, prepare=self._prepare)
-                    recorded = cur.execute(queries.RUN_RECORDED_SINCE, {"since": since}, prepare=self._prepare)
-                    return recorded.fetchall()
-            finally:
-                conn.autocommit = previous
-
-
-class AsyncLlm(AsyncLlmMethods):
-    """Asyncio client over a ``psycopg.AsyncConnection`` or an async connection pool.
-
-    The same methods, arguments and results as ``Llm``, awaited.
-    """
-
-    def __init__(self, source: Any, *, prepare: bool = False) -> None:
-        """``source``: a ``psycopg.AsyncConnection``, or anything whose ``.connection()``
-        is an async context manager yielding one (``psycopg_pool.AsyncConnectionPool``).
-        ``prepare``: as for ``Llm``."""
-        self.source = source
-        self.prepare = prepare
-        self._prepare: bool | None = None if prepare else False
-        self._refusals = _Refusals()
-        self._cursors: list[psycopg.AsyncCursor[Any]] = []
-
-    @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        """The connection the next call uses (borrowed from the pool, if one was given)."""
-        if isinstance(self.source, psycopg.AsyncConnection):
-            yield self.source
-        else:
-            async with self.source.connection() as conn:
-                yield conn
-
-    async def _execute(self, sql: str, params: Mapping[str, Any]) -> list[Row]:
-        return await self._call(sql, params, False)  # type: ignore[no-any-return]
-
-    async def _execute_value(self, sql: str, params: Mapping[str, Any]) -> Any:
-        return await self._call(sql, params, True)
-
-    async def _call(self, sql: str, params: Mapping[str, Any], value: bool) -> Any:
-        source = self.source
-        try:
-            if isinstance(source, psycopg.AsyncConnection):
-                idle = self._cursors
-                cur = idle.pop() if idle else _cursor(source)
-                rows = await self._run(source, cur, sql, params)
-                result = rows[0][0] if value else _dicts(cur, rows)
-                if len(rows) <= 1:
-                    idle.append(cur)
-                return result
-            async with source.connection() as conn, _cursor(conn) as cur:
-                rows = await self._run(conn, cur, sql, params)
-                return rows[0][0] if value else _dicts(cur, rows)
-        except AllowanceExhausted as refusal:
-            await self._report(refusal, params)
-            raise
-
-    async def _run(self, conn: psycopg.AsyncConnection[Any], cur: psycopg.AsyncCursor[Any], sql: str,
-                   params: Mapping[str, Any]) -> list[tuple[Any, ...]]:  # fmt: skip
-        try:
-            try:
-                if conn.autocommit and conn.pgconn.transaction_status == _IDLE:
-                    await cur.execute(sql, params, prepare=self._prepare)
-                else:
-                    async with conn.transaction():
-                        await cur.execute(sql, params, prepare=self._prepare)
-            except psycopg.DataError as exc:
-                raise unsendable(exc) from exc
-            return await cur.fetchall()
-        except psycopg.Error as exc:
-            mapped = translate(exc)
-            if mapped is exc:
-                raise
-            raise mapped from exc
-
-    async def _report(self, refusal: AllowanceExhausted, params: Mapping[str, Any]) -> None:
-        report = self._refusals.to_report(refusal, params)
-        if report is None:
-            return
-        try:
-            await self.note_refusal(**report)
-        except (LlmError, psycopg.Error) as exc:
-            log.warning("llm-db: could not report the refusal by %s %s %s: %s",
-                        report["scope"], report["scope_id"], report["window"], exc)  # fmt: skip
-        else:
-            self._refusals.reported(report)
-
-    async def _call_procedure(self, sql: str, params: Mapping[str, Any]) -> list[Row]:
-        async with self.connection() as conn:
+        with self.connection() as conn:
             with mapped_errors():
                 previous = conn.autocommit
-                await conn.set_autocommit(True)
+                conn.set_autocommit(True)
                 try:
-                    async with _cursor(conn, dict_row) as cur:
-                        await cur.execute(queries.CLOCK, prepare=self._prepare)
-                        since = (await cur.fetchall())[0]["clock"]
+                    with _cursor(conn, dict_row) as cur:
+                        cur.execute(queries.CLOCK, prepare=self._prepare)
+                        since = (cur.fetchall())[0]["clock"]
                         with sent():
-                            await cur.execute(sql, params, prepare=self._prepare)
-                        await cur.execute(queries.RUN_RECORDED_SINCE, {"since": since}, prepare=self._prepare)
-                        return await cur.fetchall()
+                            cur.execute(sql, params, prepare=self._prepare)
+                        cur.execute(queries.RUN_RECORDED_SINCE, {"since": since}, prepare=self._prepare)
+                        return cur.fetchall()
                 finally:
-                    await conn.set_autocommit(previous)
+                    conn.set_autocommit(previous)

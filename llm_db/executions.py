@@ -56,7 +56,6 @@ from typing import Any, Generic, TypeVar
 from uuid import UUID
 
 from llm_db._client_methods import AsyncExecutionContextMethods, ExecutionContextMethods
-from llm_db._steps import Steps, run, run_async
 from llm_db._types import TASK_DEFAULT, TaskDefault
 from llm_db.client import AsyncLlm, Llm, UuidLike
 from llm_db.errors import NestedExecution
@@ -206,40 +205,33 @@ def _log_not_running(execution_id: UUID, outcome: str) -> None:
     )
 
 
-# The wrapper's hops, written once for both clients (``llm_db._steps``): a generator that
-# yields each step (open the task, run the body, close the task) and gets back its result,
-# or has what it raised thrown in. ``run`` and ``run_async`` only call or await the steps.
+# The wrapper's hops, written once (for asyncio; the sync twin below is written from it,
+# codegen/unasync.py): open the task, run the body, close the task.
 
 
-def _hops(
+async def _async_hops(
     client: Any, organization_id: UuidLike, task_key: str, body: Callable[[Any], Any],
     context: type[_ContextBase], options: dict[str, Any], now: Clock, scopes: dict[str, str],
-) -> Steps[ExecutionResult[Any]]:  # fmt: skip
+) -> ExecutionResult[Any]:  # fmt: skip
     _reject_nesting(task_key)  # hop 1: nothing is written
     # hop 2: the open is committed before the body runs; if it raises, the body does not run
-    opened = yield lambda: client.open_execution(
-        organization_id, task_key, now=_read_clock(now), **options
-    )
+    opened = await client.open_execution(organization_id, task_key, now=_read_clock(now), **options)
     if opened.replayed:  # branch: the earlier execution, without running the body
         return ExecutionResult(opened.execution_id, True, None, opened.status)
-
-    def close(outcome: str, error: str | None = None) -> Callable[[], Any]:
-        return lambda: client.close_execution(
-            organization_id, opened.execution_id, outcome, error=error, now=_read_clock(now)
-        )
 
     ctx = context(client, organization_id, opened.execution_id, task_key, now, scopes)
     token = _current.set(ctx)
     failure: BaseException | None = None
     try:
-        value = yield lambda: body(ctx)  # hop 3
+        value = await body(ctx)  # hop 3
     except BaseException as exc:
         failure = exc
     finally:
         _current.reset(token)
     if failure is not None:  # hop 4, running -> failed; the body's error propagates
         try:
-            closed = yield close("failed", _error_text(failure))
+            closed = await client.close_execution(organization_id, opened.execution_id, "failed",
+                                                  error=_error_text(failure), now=_read_clock(now))  # fmt: skip
         except Exception as close_error:  # logged; anything else (a KeyboardInterrupt) propagates
             _log_close_failure(opened.execution_id, close_error)
         else:
@@ -248,12 +240,80 @@ def _hops(
         raise failure
 
     # hop 4, running -> completed; a close error reaches the caller
-    closed = yield close("completed")
+    closed = await client.close_execution(organization_id, opened.execution_id, "completed",
+                                          now=_read_clock(now))  # fmt: skip
     if not closed:
         _log_not_running(opened.execution_id, "completed")
     return ExecutionResult(opened.execution_id, False, value, "completed" if closed else None)
 
 
+# The sync twin of the definition above: written by scripts/generate_client.py.
+def _hops(
+    client: Any, organization_id: UuidLike, task_key: str, body: Callable[[Any], Any],
+    context: type[_ContextBase], options: dict[str, Any], now: Clock, scopes: dict[str, str],
+) -> ExecutionResult[Any]:  # fmt: skip
+    _reject_nesting(task_key)  # hop 1: nothing is written
+    # hop 2: the open is committed before the body runs; if it raises, the body does not run
+    opened = client.open_execution(organization_id, task_key, now=_read_clock(now), **options)
+    if opened.replayed:  # branch: the earlier execution, without running the body
+        return ExecutionResult(opened.execution_id, True, None, opened.status)
+
+    ctx = context(client, organization_id, opened.execution_id, task_key, now, scopes)
+    token = _current.set(ctx)
+    failure: BaseException | None = None
+    try:
+        value = body(ctx)  # hop 3
+    except BaseException as exc:
+        failure = exc
+    finally:
+        _current.reset(token)
+    if failure is not None:  # hop 4, running -> failed; the body's error propagates
+        try:
+            closed = client.close_execution(organization_id, opened.execution_id, "failed",
+                                                  error=_error_text(failure), now=_read_clock(now))  # fmt: skip
+        except Exception as close_error:  # logged; anything else (a KeyboardInterrupt) propagates
+            _log_close_failure(opened.execution_id, close_error)
+        else:
+            if not closed:
+                _log_not_running(opened.execution_id, "failed")
+        raise failure
+
+    # hop 4, running -> completed; a close error reaches the caller
+    closed = client.close_execution(organization_id, opened.execution_id, "completed",
+                                          now=_read_clock(now))  # fmt: skip
+    if not closed:
+        _log_not_running(opened.execution_id, "completed")
+    return ExecutionResult(opened.execution_id, False, value, "completed" if closed else None)
+
+
+async def async_with_llm_execution(
+    client: AsyncLlm,
+    organization_id: UuidLike,
+    task_key: str,
+    body: Callable[[AsyncExecutionContext], Awaitable[T]],
+    *,
+    subject_type: str | None = None,
+    subject_id: str | None = None,
+    replay_key: str | None = None,
+    now: Clock = None,
+    project: str | None = None,
+    api_key: str | None = None,
+    end_user: str | None = None,
+) -> ExecutionResult[T]:
+    """``with_llm_execution`` for asyncio: ``await body(ctx)`` as one declared task.
+
+    Tasks the body creates (``asyncio.create_task``, ``TaskGroup``) copy the
+    context and keep the task association (WF-PFM-LLM-002 hop 3); a cancelled
+    body closes the task ``failed`` and the cancellation propagates.
+    """
+    options = {"subject_type": subject_type, "subject_id": subject_id, "replay_key": replay_key}
+    scopes = _scopes(project=project, api_key=api_key, end_user=end_user)
+    return await _async_hops(
+        client, organization_id, task_key, body, AsyncExecutionContext, options, now, scopes
+    )
+
+
+# The sync twin of the definition above: written by scripts/generate_client.py.
 def with_llm_execution(
     client: Llm,
     organization_id: UuidLike,
@@ -279,33 +339,6 @@ def with_llm_execution(
     """
     options = {"subject_type": subject_type, "subject_id": subject_id, "replay_key": replay_key}
     scopes = _scopes(project=project, api_key=api_key, end_user=end_user)
-    hops = _hops(client, organization_id, task_key, body, ExecutionContext, options, now, scopes)
-    return run(hops)
-
-
-async def async_with_llm_execution(
-    client: AsyncLlm,
-    organization_id: UuidLike,
-    task_key: str,
-    body: Callable[[AsyncExecutionContext], Awaitable[T]],
-    *,
-    subject_type: str | None = None,
-    subject_id: str | None = None,
-    replay_key: str | None = None,
-    now: Clock = None,
-    project: str | None = None,
-    api_key: str | None = None,
-    end_user: str | None = None,
-) -> ExecutionResult[T]:
-    """``with_llm_execution`` for asyncio: ``await body(ctx)`` as one declared task.
-
-    Tasks the body creates (``asyncio.create_task``, ``TaskGroup``) copy the
-    context and keep the task association (WF-PFM-LLM-002 hop 3); a cancelled
-    body closes the task ``failed`` and the cancellation propagates.
-    """
-    options = {"subject_type": subject_type, "subject_id": subject_id, "replay_key": replay_key}
-    scopes = _scopes(project=project, api_key=api_key, end_user=end_user)
-    hops = _hops(
-        client, organization_id, task_key, body, AsyncExecutionContext, options, now, scopes
+    return _hops(
+        client, organization_id, task_key, body, ExecutionContext, options, now, scopes
     )
-    return await run_async(hops)

@@ -35,6 +35,7 @@ if "llm_db" not in sys.modules:
     package = sys.modules["llm_db"] = types.ModuleType("llm_db")
     package.__path__ = [str(ROOT / "llm_db")]
 table = importlib.import_module("codegen.operations")
+unasync = importlib.import_module("codegen.unasync")
 TYPES = importlib.import_module("llm_db._types")
 
 OUT = ROOT / "llm_db" / "_client_methods.py"
@@ -107,14 +108,12 @@ def parameter_lines(parameters: list[inspect.Parameter], indent: str) -> list[st
     return lines
 
 
-def signature_lines(
-    name: str, parameters: list[inspect.Parameter], returns: str, asynchronous: bool
-) -> list[str]:
-    keyword = "async def" if asynchronous else "def"
+def signature_lines(name: str, parameters: list[inspect.Parameter], returns: str) -> list[str]:
+    """An asyncio method's first lines (its sync twin's are their ``unasync``)."""
     if not parameters:
-        return [f"    {keyword} {name}(self) -> {returns}:"]
+        return [f"    async def {name}(self) -> {returns}:"]
     return [
-        f"    {keyword} {name}(",
+        f"    async def {name}(",
         "        self,",
         *parameter_lines(parameters, " " * 8),
         f"    ) -> {returns}:",
@@ -163,10 +162,11 @@ def argument_source(op: table.Operation, name: str) -> str:
 # ---------------------------------------------------------------- methods
 
 
-def client_method(op: table.Operation, asynchronous: bool) -> list[str]:
-    """A client's method: the arguments by name, the statement run, the rows mapped."""
+def client_method(op: table.Operation) -> list[str]:
+    """An asyncio client's method (the sync one is its ``unasync``): the arguments by
+    name, the statement run, the rows mapped."""
     parameters = list(op.signature.parameters.values())
-    lines = signature_lines(op.name, parameters, str(op.signature.return_annotation), asynchronous)
+    lines = signature_lines(op.name, parameters, str(op.signature.return_annotation))
     lines += docstring_lines(op.doc)
     if parameters:
         lines.append("        params = {")
@@ -175,8 +175,7 @@ def client_method(op: table.Operation, asynchronous: bool) -> list[str]:
     # a procedure answers with the run row it recorded (Llm._call_procedure), never a value
     assert not (op.procedure and op.shape == "value"), f"{op.name}: a procedure returning a value"
     run = "_call_procedure" if op.procedure else "_execute_value" if op.shape == "value" else "_execute"
-    call = f"self.{run}({constant(op)}, {'params' if parameters else '{}'})"
-    call = f"await {call}" if asynchronous else call
+    call = f"await self.{run}({constant(op)}, {'params' if parameters else '{}'})"
     mapping = result_line(op)
     if mapping is None:
         return [*lines, f"        {call}"]
@@ -198,16 +197,16 @@ def helper_argument(p: inspect.Parameter) -> str:
     return value if p.kind is p.POSITIONAL_OR_KEYWORD else f"{p.name}={value}"
 
 
-def helper_method(op: table.Operation, asynchronous: bool) -> list[str]:
-    """A task context's request helper: the client's method, the context's values filled in."""
+def helper_method(op: table.Operation) -> list[str]:
+    """An asyncio task context's request helper (the sync one is its ``unasync``): the
+    client's method, the context's values filled in."""
     every = list(op.signature.parameters.values())
     parameters = [helper_parameter(p) for p in every if p.name not in FILLED]
     links = "execution_id" in op.names
     doc = op.doc + "\n\nOf this task's organization" + (", linked to this task." if links else ".")
-    lines = signature_lines(op.name, parameters, str(op.signature.return_annotation), asynchronous)
+    lines = signature_lines(op.name, parameters, str(op.signature.return_annotation))
     lines += docstring_lines(doc)
-    call = f"self.client.{op.name}("
-    lines.append(f"        return {'await ' if asynchronous else ''}{call}")
+    lines.append(f"        return await self.client.{op.name}(")
     lines += [f"            {helper_argument(p)}," for p in every]
     lines.append("        )")
     return lines
@@ -310,11 +309,13 @@ def render() -> str:
     parts = [HEADER, "\n".join(import_lines(spelled_names(ops))), ""]
     parts.append("# ---------------------------------------------------------------- statements\n")
     parts += [f"#: ``Llm.{op.name}``\n{string_constant(constant(op), op.sql)}\n" for op in ops]
+    clients = [client_method(op) for op in ops]
+    contexts = [helper_method(op) for op in helpers]
     for cls, methods in (
-        ("LlmMethods", [client_method(op, False) for op in ops]),
-        ("AsyncLlmMethods", [client_method(op, True) for op in ops]),
-        ("ExecutionContextMethods", [helper_method(op, False) for op in helpers]),
-        ("AsyncExecutionContextMethods", [helper_method(op, True) for op in helpers]),
+        ("LlmMethods", [[unasync.unasync(line) for line in m] for m in clients]),
+        ("AsyncLlmMethods", clients),
+        ("ExecutionContextMethods", [[unasync.unasync(line) for line in m] for m in contexts]),
+        ("AsyncExecutionContextMethods", contexts),
     ):
         parts.append(f"\nclass {cls}:\n{CLASSES[cls]}\n")
         parts += ["\n".join(method) + "\n" for method in methods]
@@ -324,6 +325,8 @@ def render() -> str:
 def main() -> None:
     OUT.write_text(render(), encoding="utf-8")
     print(f"wrote {OUT.relative_to(ROOT)}")
+    for path in unasync.write_twins():
+        print(f"wrote the sync twins in {path.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

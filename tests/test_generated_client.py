@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from codegen import unasync
 from codegen.operations import TASK_HELPERS, operations
 from llm_db import _client_methods
 from llm_db.client import AsyncLlm, Llm
@@ -54,6 +55,51 @@ def test_the_methods_file_is_what_the_generator_writes() -> None:
     output, as schema.sql is to a fresh migrate."""
     wrong = stale(generator.render(), generator.OUT.read_text(encoding="utf-8"))
     assert not wrong, wrong
+
+
+# ---------------------------------------------------------------- one way to be sync and async
+
+
+@pytest.mark.parametrize("spec", unasync.TWINS, ids=lambda spec: spec.name)
+def test_each_sync_twin_is_what_the_rule_writes_from_its_asyncio_definition(spec) -> None:
+    """``Llm``, ``with_llm_execution``, ``deliver_notices``, …: the file holds the sync
+    twin right after the asyncio definition, under its mark, equal to what unasync
+    writes from it (its own docstrings kept). Rewrite with the generator."""
+    source = spec.path.read_text(encoding="utf-8")
+    assert unasync.rewrite(source, spec) == source, f"{spec.path.name}: {spec.twin} is stale; run `{generator.COMMAND}`"
+    assert f"{unasync.MARK}\n" in source
+
+
+def test_the_sync_methods_are_the_rule_applied_to_the_asyncio_ones() -> None:
+    """The operations' methods too: each of LlmMethods is unasync of AsyncLlmMethods'."""
+    for op in operations().values():
+        written = inspect.getsource(getattr(_client_methods.AsyncLlmMethods, op.name))
+        assert inspect.getsource(getattr(_client_methods.LlmMethods, op.name)) == unasync.unasync(written)
+
+
+def test_a_twin_edited_by_hand_is_rewritten_and_its_docstring_kept() -> None:
+    """The check can fail: a line of a twin changed by hand is written back, and the
+    twin's own docstring (here, one that differs from its asyncio definition's) stays."""
+    spec = next(s for s in unasync.TWINS if s.name == "async_with_llm_execution")
+    source = spec.path.read_text(encoding="utf-8")
+    edited = source.replace("    return _hops(", "    return _hops(  # edited by hand\n       ", 1)
+    assert edited != source
+    assert unasync.rewrite(edited, spec) == source
+    assert '"""Run ``body(ctx)`` as one declared task' in source.split(unasync.MARK)[-1]
+
+
+def test_unasync_reads_asyncio_code_as_the_sync_code_it_stands_for() -> None:
+    assert unasync.unasync(
+        "async def async_deliver(c: AsyncLlm) -> AsyncIterator[int]:\n"
+        "    async with c.connection() as conn:\n"
+        "        await asyncio.sleep(1)\n"
+        "        return await _async_hops(conn)\n"
+    ) == (
+        "def deliver(c: Llm) -> Iterator[int]:\n"
+        "    with c.connection() as conn:\n"
+        "        time.sleep(1)\n"
+        "        return _hops(conn)\n"
+    )
 
 
 def test_a_stale_methods_file_is_reported_with_the_command() -> None:

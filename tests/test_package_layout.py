@@ -25,7 +25,7 @@ PACKAGE = ROOT / "llm_db"
 
 CORE = ["llm_db", "llm_db.client", "llm_db._client_methods", "llm_db.models", "llm_db.errors",
         "llm_db.migrate", "llm_db._migrate_run", "llm_db._migrate_locks", "llm_db._migrate_steps",
-        "llm_db.executions", "llm_db._extras", "llm_db._steps", "llm_db.queries",
+        "llm_db.executions", "llm_db._extras", "llm_db.queries",
         "llm_db._text", "llm_db._types", "llm_db.__main__"]  # fmt: skip
 EXTRA_FOLDERS = ("llm_db.cli", "llm_db.service", "llm_db.testing", "llm_db.demo")
 FOLDER_PREFIXES = tuple(f"{folder}." for folder in EXTRA_FOLDERS)

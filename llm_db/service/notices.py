@@ -77,12 +77,11 @@ import logging
 import secrets as _random
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from llm_db._extras import require
-from llm_db._steps import Steps, run, run_async
 from llm_db.client import AsyncLlm, Llm
 from llm_db.models import Notice
 
@@ -330,13 +329,19 @@ def _no_answer(exc: Exception, timeout: float) -> Attempt:
                    unreachable=True)  # fmt: skip
 
 
+def async_http_client(timeout: float) -> httpx.AsyncClient:
+    """The httpx client deliveries use: ``timeout`` for the connect and for each read
+    and write, no redirects followed (a redirect is an answer, not a delivery)."""
+    httpx = require("httpx")
+    return httpx.AsyncClient(timeout=timeout, follow_redirects=False, headers={"User-Agent": USER_AGENT})
+
+
+# The sync twin of the definition above: written by scripts/generate_client.py.
 def http_client(timeout: float) -> httpx.Client:
     """The httpx client deliveries use: ``timeout`` for the connect and for each read
     and write, no redirects followed (a redirect is an answer, not a delivery)."""
     httpx = require("httpx")
-    return httpx.Client(
-        timeout=timeout, follow_redirects=False, headers={"User-Agent": USER_AGENT}
-    )
+    return httpx.Client(timeout=timeout, follow_redirects=False, headers={"User-Agent": USER_AGENT})
 
 
 def _signed(notice: Notice, secrets: Sequence[str]) -> dict[str, Any]:
@@ -347,6 +352,25 @@ def _signed(notice: Notice, secrets: Sequence[str]) -> dict[str, Any]:
                                          **webhook_headers(str(notice.id), body, secrets)}}  # fmt: skip
 
 
+async def async_post_notice(
+    http: httpx.AsyncClient, url: str, notice: Notice, secrets: Sequence[str], timeout: float
+) -> Attempt:
+    """POST one notice, freshly signed (``webhook-timestamp`` is the moment of sending)."""
+    httpx = require("httpx")
+    try:
+        async with http.stream("POST", url, **_signed(notice, secrets)) as response:
+            snippet = b""
+            if not response.is_success:
+                async for chunk in response.aiter_bytes():
+                    snippet += chunk
+                    if len(snippet) >= 300:
+                        break
+            return _answer(response.status_code, response.reason_phrase, snippet[:300])
+    except httpx.HTTPError as exc:
+        return _no_answer(exc, timeout)
+
+
+# The sync twin of the definition above: written by scripts/generate_client.py.
 def post_notice(
     http: httpx.Client, url: str, notice: Notice, secrets: Sequence[str], timeout: float
 ) -> Attempt:
@@ -357,23 +381,6 @@ def post_notice(
             snippet = b""
             if not response.is_success:
                 for chunk in response.iter_bytes():
-                    snippet += chunk
-                    if len(snippet) >= 300:
-                        break
-            return _answer(response.status_code, response.reason_phrase, snippet[:300])
-    except httpx.HTTPError as exc:
-        return _no_answer(exc, timeout)
-
-
-async def _apost_notice(
-    http: httpx.AsyncClient, url: str, notice: Notice, secrets: Sequence[str], timeout: float
-) -> Attempt:
-    httpx = require("httpx")
-    try:
-        async with http.stream("POST", url, **_signed(notice, secrets)) as response:
-            snippet = b""
-            if not response.is_success:
-                async for chunk in response.aiter_bytes():
                     snippet += chunk
                     if len(snippet) >= 300:
                         break
@@ -439,21 +446,19 @@ class _Tally:
 ResultHook = Callable[[Notice, Attempt, str, float], None]
 
 
-def _deliveries(
-    client: Llm | AsyncLlm,
+async def _async_deliveries(
+    client: AsyncLlm,
     notices: Sequence[Notice],
-    post: Callable[[Notice], Any],
-    sleep: Callable[[float], Any],
+    post: Callable[[Notice], Awaitable[Attempt]],
     *,
     max_attempts_per_run: int,
     pause: float,
     now: datetime | None,
     should_stop: Callable[[], bool] | None = None,
     on_result: ResultHook | None = None,
-) -> Steps[tuple[DeliverySummary, list[Notice]]]:
-    """The delivery of notices already claimed, written once for both clients
-    (``llm_db._steps``): it yields each step (a POST, a pause, the call that ends the
-    claim), which ``deliver_claimed`` calls and ``async_deliver_notices`` awaits."""
+) -> tuple[DeliverySummary, list[Notice]]:
+    """The delivery of notices already claimed: for each, its POSTs (``pause`` apart),
+    then the call that ends its claim."""
     tally = _Tally(len(notices))
     for index, notice in enumerate(notices):
         if should_stop is not None and should_stop():
@@ -462,22 +467,85 @@ def _deliveries(
         attempt: Attempt | None = None
         for n in range(tally.attempts(max_attempts_per_run)):
             if n and pause > 0:
-                yield functools.partial(sleep, pause)
-            attempt = yield functools.partial(post, notice)
+                await asyncio.sleep(pause)
+            attempt = await post(notice)
             if attempt.error is None or not attempt.retry or (should_stop is not None and should_stop()):
                 break
         attempt = tally.record(attempt)
         key = (notice.organization_id, notice.id, notice.claim_token)
         if attempt.error is None:
-            ended = yield functools.partial(client.complete_notice, *key, now=now)
+            ended = await client.complete_notice(*key, now=now)
         else:
-            ended = yield functools.partial(client.fail_notice, *key, attempt.error, now=now)
+            ended = await client.fail_notice(*key, attempt.error, now=now)
         outcome = tally.count(notice, attempt, ended)
         if on_result is not None:
             on_result(notice, attempt, outcome, time.monotonic() - started)
     return tally.summary(), []
 
 
+# The sync twin of the definition above: written by scripts/generate_client.py.
+def _deliveries(
+    client: Llm,
+    notices: Sequence[Notice],
+    post: Callable[[Notice], Attempt],
+    *,
+    max_attempts_per_run: int,
+    pause: float,
+    now: datetime | None,
+    should_stop: Callable[[], bool] | None = None,
+    on_result: ResultHook | None = None,
+) -> tuple[DeliverySummary, list[Notice]]:
+    """The delivery of notices already claimed: for each, its POSTs (``pause`` apart),
+    then the call that ends its claim."""
+    tally = _Tally(len(notices))
+    for index, notice in enumerate(notices):
+        if should_stop is not None and should_stop():
+            return tally.summary(), list(notices[index:])
+        started = time.monotonic()
+        attempt: Attempt | None = None
+        for n in range(tally.attempts(max_attempts_per_run)):
+            if n and pause > 0:
+                time.sleep(pause)
+            attempt = post(notice)
+            if attempt.error is None or not attempt.retry or (should_stop is not None and should_stop()):
+                break
+        attempt = tally.record(attempt)
+        key = (notice.organization_id, notice.id, notice.claim_token)
+        if attempt.error is None:
+            ended = client.complete_notice(*key, now=now)
+        else:
+            ended = client.fail_notice(*key, attempt.error, now=now)
+        outcome = tally.count(notice, attempt, ended)
+        if on_result is not None:
+            on_result(notice, attempt, outcome, time.monotonic() - started)
+    return tally.summary(), []
+
+
+async def async_deliver_claimed(
+    client: AsyncLlm,
+    http: httpx.AsyncClient,
+    url: str,
+    secrets: Sequence[str],
+    notices: Sequence[Notice],
+    *,
+    timeout: float,
+    max_attempts_per_run: int = 3,
+    pause: float = 0.5,
+    now: datetime | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    on_result: ResultHook | None = None,
+) -> tuple[DeliverySummary, list[Notice]]:
+    """Deliver notices already claimed, one after another; returns the summary and the
+    notices not started because ``should_stop()`` turned true (still ``sending``: the
+    caller releases them)."""
+    post = functools.partial(async_post_notice, http, url, secrets=secrets, timeout=timeout)
+    return await _async_deliveries(
+        client, notices, post, max_attempts_per_run=max_attempts_per_run, pause=pause, now=now,
+        should_stop=should_stop, on_result=on_result,
+    )  # fmt: skip
+
+
+# The sync twin of the definition above: written by scripts/generate_client.py.
 def deliver_claimed(
     client: Llm,
     http: httpx.Client,
@@ -496,12 +564,36 @@ def deliver_claimed(
     notices not started because ``should_stop()`` turned true (still ``sending``: the
     caller releases them)."""
     post = functools.partial(post_notice, http, url, secrets=secrets, timeout=timeout)
-    return run(_deliveries(
-        client, notices, post, time.sleep, max_attempts_per_run=max_attempts_per_run,
-        pause=pause, now=now, should_stop=should_stop, on_result=on_result,
-    ))  # fmt: skip
+    return _deliveries(
+        client, notices, post, max_attempts_per_run=max_attempts_per_run, pause=pause, now=now,
+        should_stop=should_stop, on_result=on_result,
+    )  # fmt: skip
 
 
+async def async_deliver_notices(
+    client: AsyncLlm,
+    url: str,
+    secrets: str | Iterable[str],
+    *,
+    limit: int = 50,
+    timeout: float = 5.0,
+    max_attempts_per_run: int = 3,
+    pause: float = 0.5,
+    now: datetime | None = None,
+) -> DeliverySummary:
+    """``deliver_notices`` for asyncio, over ``httpx.AsyncClient``."""
+    _check_url(url)
+    keys = parse_secrets(secrets)
+    async with async_http_client(timeout) as http:
+        notices = await client.claim_notices(limit=limit, now=now)
+        summary, _ = await async_deliver_claimed(
+            client, http, url, keys, notices, timeout=timeout,
+            max_attempts_per_run=max_attempts_per_run, pause=pause, now=now,
+        )  # fmt: skip
+    return summary
+
+
+# The sync twin of the definition above: written by scripts/generate_client.py.
 def deliver_notices(
     client: Llm,
     url: str,
@@ -535,31 +627,4 @@ def deliver_notices(
             client, http, url, keys, notices, timeout=timeout,
             max_attempts_per_run=max_attempts_per_run, pause=pause, now=now,
         )  # fmt: skip
-    return summary
-
-
-async def async_deliver_notices(
-    client: AsyncLlm,
-    url: str,
-    secrets: str | Iterable[str],
-    *,
-    limit: int = 50,
-    timeout: float = 5.0,
-    max_attempts_per_run: int = 3,
-    pause: float = 0.5,
-    now: datetime | None = None,
-) -> DeliverySummary:
-    """``deliver_notices`` for asyncio, over ``httpx.AsyncClient``."""
-    httpx = require("httpx")
-    _check_url(url)
-    keys = parse_secrets(secrets)
-    async with httpx.AsyncClient(
-        timeout=timeout, follow_redirects=False, headers={"User-Agent": USER_AGENT}
-    ) as http:
-        notices = await client.claim_notices(limit=limit, now=now)
-        post = functools.partial(_apost_notice, http, url, secrets=keys, timeout=timeout)
-        summary, _ = await run_async(_deliveries(
-            client, notices, post, asyncio.sleep, max_attempts_per_run=max_attempts_per_run,
-            pause=pause, now=now,
-        ))  # fmt: skip
     return summary
