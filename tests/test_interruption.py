@@ -270,9 +270,9 @@ def insert_notice(threshold: int) -> Callable[[psycopg.Connection, dict], None]:
         b.execute(
             """INSERT INTO llm.threshold_notices
                       (organization_id, period_start, threshold_pct, crossed_at, used_credits,
-                       allowance_credits, next_attempt_at)
-               VALUES (%s, %s, %s, %s, 0, 100, %s)""",
-            [ORG, PERIOD, threshold, T0, T0],
+                       allowance_credits, next_attempt_at, window_start, limit_credits)
+               VALUES (%s, %s, %s, %s, 0, 100, %s, %s, 100)""",
+            [ORG, PERIOD, threshold, T0, T0, PERIOD],
         )
 
     return block
@@ -294,9 +294,9 @@ def notice_row(threshold: int) -> Probe:
         f"A must have inserted the {threshold}% notice (uncommitted)",
         """INSERT INTO llm.threshold_notices
                   (organization_id, period_start, threshold_pct, crossed_at, used_credits,
-                   allowance_credits, next_attempt_at)
-           VALUES (%s, %s, %s, %s, 0, 100, %s)""",
-        [ORG, PERIOD, threshold, T0, T0],
+                   allowance_credits, next_attempt_at, window_start, limit_credits)
+           VALUES (%s, %s, %s, %s, 0, 100, %s, %s, 100)""",
+        [ORG, PERIOD, threshold, T0, T0, PERIOD],
     )
 
 
