@@ -1362,7 +1362,7 @@ COMMENT ON FUNCTION llm._spread_counter(p_organization_id uuid, p_scope text, p_
 CREATE FUNCTION llm._spread_rooms(p_organization_id uuid, p_period_start date, p_allowance bigint) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 f27a8a234dbf36493cc561b42e7e7cc5 $$;
+    AS $$ body in sql/, md5 b4ca2c43580328a1ba9234c5b6e51600 $$;
 
 COMMENT ON FUNCTION llm._spread_rooms(p_organization_id uuid, p_period_start date, p_allowance bigint) IS 'With the period locked: creates the stripes its organization uses now and gives each an even share of what the period has left (admit_room: to its allowance and the sum limit), of the cents it may still charge (cents_room: to the sum limit) and of the usage before its next threshold (notice_room).';
 

@@ -46,10 +46,24 @@ VOCABULARY: tuple[tuple[str, str], ...] = (
 MARK = "# The sync twin of the definition above: written by scripts/generate_client.py."
 
 
-def unasync(text: str) -> str:
-    """``text`` (asyncio code) as the sync code it stands for."""
+# What the vocabulary does not read: left in its output, it would be asyncio code in a
+# sync twin (an awaited call the list has no sync name for, an async dunder).
+UNREAD = re.compile(r"\bawait\b|\basyncio\.|\bAwaitable\b|\b__a\w+__\b|\ba(?:close|iter|next)\b")
+
+
+def unasync(text: str, *, check: bool = True) -> str:
+    """``text`` (asyncio code) as the sync code it stands for; ValueError naming what it
+    cannot read (add a replacement to ``VOCABULARY``), unless ``check`` is False."""
     for pattern, replacement in VOCABULARY:
         text = re.sub(pattern, replacement, text)
+    return _checked(text) if check else text
+
+
+def _checked(text: str) -> str:
+    left = UNREAD.search(text)
+    if left:
+        line = text.count("\n", 0, left.start()) + 1
+        raise ValueError(f"unasync: no sync word for {left[0]!r} (line {line} of the definition)")
     return text
 
 
@@ -123,11 +137,13 @@ def twin_text(source: str, spec: Twin) -> str:
     tree = ast.parse(source)
     lines = source.splitlines(keepends=True)
     start, end = _span(_definition(tree, spec.name))
-    text = unasync("".join(lines[start:end]))
+    # checked once the twin's own docstrings replaced the asyncio ones, which may speak
+    # of asyncio
+    text = unasync("".join(lines[start:end]), check=False)
     try:
         current = _definition(tree, spec.twin)
     except LookupError:
-        return text
+        return _checked(text)
     keep = {name: _segment(lines, node) for name, node in _docstrings(current).items()}
     written = text.splitlines(keepends=True)
     replaced = sorted(((node, keep[name]) for name, node in _docstrings(ast.parse(text).body[0]).items()
@@ -137,7 +153,7 @@ def twin_text(source: str, spec: Twin) -> str:
         head = "".join(written[: node.lineno - 1]) + written[node.lineno - 1][: node.col_offset]
         tail = written[node.end_lineno - 1][node.end_col_offset :] + "".join(written[node.end_lineno :])
         written = (head + doc + tail).splitlines(keepends=True)
-    return "".join(written)
+    return _checked("".join(written))
 
 
 def rewrite(source: str, spec: Twin) -> str:

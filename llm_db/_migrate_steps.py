@@ -37,20 +37,29 @@ SELECT coalesce((SELECT n.nspname::text FROM pg_catalog.pg_class AS c
                   WHERE c.oid = pg_catalog.to_regclass('_yoyo_migration')),
                 pg_catalog.current_schema()::text)
 """
-_CREATE_RECORD = """
-CREATE TABLE IF NOT EXISTS {schema}._yoyo_migration (
-    migration_hash varchar(64), migration_id varchar(255), applied_at_utc timestamp,
-    PRIMARY KEY (migration_hash));
-CREATE TABLE IF NOT EXISTS {schema}._yoyo_log (
-    id varchar(36), migration_hash varchar(64), migration_id varchar(255),
-    operation varchar(10), username varchar(255), hostname varchar(255),
-    comment varchar(255), created_at_utc timestamp, PRIMARY KEY (id));
-CREATE TABLE IF NOT EXISTS {schema}._yoyo_version (
-    version integer NOT NULL PRIMARY KEY, installed_at_utc timestamp);
-INSERT INTO {schema}._yoyo_version (version, installed_at_utc)
-SELECT 2, pg_catalog.timezone('UTC', pg_catalog.now())
- WHERE NOT EXISTS (SELECT FROM {schema}._yoyo_version)
+# Each table created only where it is missing: CREATE TABLE IF NOT EXISTS would need
+# the CREATE privilege on the schema on every run, which a managed service's owner may
+# no longer have once installed (PostgreSQL 15 grants none on public).
+_MISSING_RECORD_TABLES = """
+SELECT t.name FROM pg_catalog.unnest(ARRAY['_yoyo_migration', '_yoyo_log', '_yoyo_version']) AS t(name)
+ WHERE pg_catalog.to_regclass(pg_catalog.quote_ident(%(schema)s) || '.' || t.name) IS NULL
 """
+_CREATE_RECORD = {
+    "_yoyo_migration": """CREATE TABLE {schema}._yoyo_migration (
+        migration_hash varchar(64), migration_id varchar(255), applied_at_utc timestamp,
+        PRIMARY KEY (migration_hash))""",
+    "_yoyo_log": """CREATE TABLE {schema}._yoyo_log (
+        id varchar(36), migration_hash varchar(64), migration_id varchar(255),
+        operation varchar(10), username varchar(255), hostname varchar(255),
+        comment varchar(255), created_at_utc timestamp, PRIMARY KEY (id))""",
+    "_yoyo_version": """CREATE TABLE {schema}._yoyo_version (
+        version integer NOT NULL PRIMARY KEY, installed_at_utc timestamp)""",
+}
+# yoyo's internal schema 2, the one these tables are
+_VERSION_RECORD = (
+    "INSERT INTO {schema}._yoyo_version (version, installed_at_utc)"
+    " VALUES (2, pg_catalog.timezone('UTC', pg_catalog.now()))"
+)
 _APPLIED = "SELECT m.migration_id FROM {schema}._yoyo_migration AS m"
 # a migration's record (yoyo's hash of its id is the key) and its line in yoyo's log
 _RECORD = (
@@ -96,7 +105,7 @@ def _apply_migrations(dsn: str, migrations_dir: Path, run: _Run, conn: psycopg.C
                        (_LOG.format(schema=schema), _record_params(path.stem))]  # fmt: skip
             # a 55P03 rolls the migration's transaction back, unrecorded: retried whole
             run.step(path.stem, lambda p=path, r=records: _apply_recorded(
-                worker, p, run, r, f"migration {p.stem} failed in {migrations_dir}"))
+                worker, p, run, r, f"migration {p.stem} failed in {p}"))
         return [path.stem for path in pending]
 
 
@@ -111,7 +120,10 @@ def _record_schema(worker: psycopg.Connection, run: _Run) -> str:
                 "no schema to keep the migrations' record in: the search path names none that"
                 " exists (create one, such as public, or set search_path)")  # fmt: skip
         schema = sql.Identifier(name).as_string(worker)
-        worker.execute(_CREATE_RECORD.format(schema=schema))  # type: ignore[arg-type]
+        for (table,) in worker.execute(_MISSING_RECORD_TABLES, {"schema": name}).fetchall():
+            worker.execute(_CREATE_RECORD[table].format(schema=schema))  # type: ignore[arg-type]
+            if table == "_yoyo_version":
+                worker.execute(_VERSION_RECORD.format(schema=schema))  # type: ignore[arg-type]
     return schema
 
 
@@ -338,6 +350,7 @@ def _apply_recorded(
             if not worker.broken:
                 worker.execute(_RESET)
         with worker.transaction():
+            worker.execute(run.settings)  # type: ignore[arg-type]
             for statement, params in records:
                 worker.execute(statement, params)  # type: ignore[arg-type]
     except pg_errors.LockNotAvailable:

@@ -208,8 +208,10 @@ class AsyncLlm(AsyncLlmMethods):
             await self._report(refusal, params)
             raise
 
-    async def _run(self, conn: psycopg.AsyncConnection[Any], cur: psycopg.AsyncCursor[Any], sql: str,
-                   params: Mapping[str, Any]) -> list[tuple[Any, ...]]:  # fmt: skip
+    async def _run(
+        self, conn: psycopg.AsyncConnection[Any], cur: psycopg.AsyncCursor[Any], sql: str,
+        params: Mapping[str, Any],
+    ) -> list[tuple[Any, ...]]:  # fmt: skip
         """The statement in its own transaction: on an idle autocommit connection it is
         one already (BEGIN/COMMIT would add two round trips for nothing), else in
         ``conn.transaction()``; its rows; psycopg's errors raised as llm-db's."""
@@ -237,8 +239,10 @@ class AsyncLlm(AsyncLlmMethods):
         try:
             await self.note_refusal(**report)
         except (LlmError, psycopg.Error) as exc:
-            log.warning("llm-db: could not report the refusal by %s %s %s: %s",
-                        report["scope"], report["scope_id"], report["window"], exc)  # fmt: skip
+            log.warning(
+                "llm-db: could not report the refusal by %s %s %s: %s",
+                report["scope"], report["scope_id"], report["window"], exc,
+            )  # fmt: skip
         else:
             self._refusals.reported(report)
 
@@ -321,8 +325,10 @@ class Llm(LlmMethods):
             self._report(refusal, params)
             raise
 
-    def _run(self, conn: psycopg.Connection[Any], cur: psycopg.Cursor[Any], sql: str,
-                   params: Mapping[str, Any]) -> list[tuple[Any, ...]]:  # fmt: skip
+    def _run(
+        self, conn: psycopg.Connection[Any], cur: psycopg.Cursor[Any], sql: str,
+        params: Mapping[str, Any],
+    ) -> list[tuple[Any, ...]]:  # fmt: skip
         """The statement in its own transaction: on an idle autocommit connection it is
         one already (BEGIN/COMMIT would add two round trips for nothing), else in
         ``conn.transaction()``; its rows; psycopg's errors raised as llm-db's."""
@@ -350,8 +356,10 @@ class Llm(LlmMethods):
         try:
             self.note_refusal(**report)
         except (LlmError, psycopg.Error) as exc:
-            log.warning("llm-db: could not report the refusal by %s %s %s: %s",
-                        report["scope"], report["scope_id"], report["window"], exc)  # fmt: skip
+            log.warning(
+                "llm-db: could not report the refusal by %s %s %s: %s",
+                report["scope"], report["scope_id"], report["window"], exc,
+            )  # fmt: skip
         else:
             self._refusals.reported(report)
 

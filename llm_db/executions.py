@@ -230,8 +230,10 @@ async def _async_hops(
         _current.reset(token)
     if failure is not None:  # hop 4, running -> failed; the body's error propagates
         try:
-            closed = await client.close_execution(organization_id, opened.execution_id, "failed",
-                                                  error=_error_text(failure), now=_read_clock(now))  # fmt: skip
+            closed = await client.close_execution(
+                organization_id, opened.execution_id, "failed", error=_error_text(failure),
+                now=_read_clock(now),
+            )
         except Exception as close_error:  # logged; anything else (a KeyboardInterrupt) propagates
             _log_close_failure(opened.execution_id, close_error)
         else:
@@ -240,8 +242,9 @@ async def _async_hops(
         raise failure
 
     # hop 4, running -> completed; a close error reaches the caller
-    closed = await client.close_execution(organization_id, opened.execution_id, "completed",
-                                          now=_read_clock(now))  # fmt: skip
+    closed = await client.close_execution(
+        organization_id, opened.execution_id, "completed", now=_read_clock(now)
+    )
     if not closed:
         _log_not_running(opened.execution_id, "completed")
     return ExecutionResult(opened.execution_id, False, value, "completed" if closed else None)
@@ -269,8 +272,10 @@ def _hops(
         _current.reset(token)
     if failure is not None:  # hop 4, running -> failed; the body's error propagates
         try:
-            closed = client.close_execution(organization_id, opened.execution_id, "failed",
-                                                  error=_error_text(failure), now=_read_clock(now))  # fmt: skip
+            closed = client.close_execution(
+                organization_id, opened.execution_id, "failed", error=_error_text(failure),
+                now=_read_clock(now),
+            )
         except Exception as close_error:  # logged; anything else (a KeyboardInterrupt) propagates
             _log_close_failure(opened.execution_id, close_error)
         else:
@@ -279,8 +284,9 @@ def _hops(
         raise failure
 
     # hop 4, running -> completed; a close error reaches the caller
-    closed = client.close_execution(organization_id, opened.execution_id, "completed",
-                                          now=_read_clock(now))  # fmt: skip
+    closed = client.close_execution(
+        organization_id, opened.execution_id, "completed", now=_read_clock(now)
+    )
     if not closed:
         _log_not_running(opened.execution_id, "completed")
     return ExecutionResult(opened.execution_id, False, value, "completed" if closed else None)

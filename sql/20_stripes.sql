@@ -245,10 +245,9 @@ BEGIN
     -- No cents_room before the contract step of 0.4.0: a settlement of the previous
     -- release still running adds cents to a stripe without taking them from its
     -- cents_room, so a room spread now could promise a cent the period no longer has.
-    -- NULL promises nothing (the exact path), as the previous release's rooms did.
-    IF llm._functions_only() THEN
-        v_cents_free := GREATEST(0, llm._max_sum() - v_cents);
-    END IF;
+    -- A room of 0 promises none: a movement of cents takes the exact path, one of no
+    -- cents (an admission, a release) still fits its stripe.
+    v_cents_free := CASE WHEN llm._functions_only() THEN GREATEST(0, llm._max_sum() - v_cents) ELSE 0 END;
     IF p_allowance IS NOT NULL THEN
         -- the next threshold not reached yet and not notified (usage that fell back below
         -- a notified one makes no second notice), and how much usage reaches it

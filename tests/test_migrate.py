@@ -568,6 +568,22 @@ def test_the_record_is_yoyos_both_ways(fresh_db, tmp_path):
         assert list(backend.to_apply(migrations)) == []
 
 
+def test_a_rerun_needs_no_create_privilege_where_the_record_is(fresh_db, llm_server):
+    """Installed, the owner of a managed service may hold no CREATE on public any more
+    (PostgreSQL 15 grants none to PUBLIC, and the provider owns the schema): a re-run
+    reads the record there and creates nothing, so it completes."""
+    name, dsn = fresh_db()
+    migrate(dsn)
+    with llm_server.connect(name, autocommit=True) as admin:
+        admin.execute(f"ALTER SCHEMA public OWNER TO {llm_server.superuser}")
+        admin.execute("REVOKE ALL ON SCHEMA public FROM PUBLIC")
+        admin.execute("GRANT USAGE ON SCHEMA public TO PUBLIC")
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT has_schema_privilege('public', 'CREATE')").fetchone() == (False,)
+    report = migrate(dsn)
+    assert report.applied_migrations == () and report.sql_files
+
+
 def test_a_migration_naming_a_dependency_that_is_not_there_stops_migrate(fresh_db, tmp_path):
     """``-- depends:`` names migrations applied or before it (yoyo's rule): one naming
     another stops migrate before anything is applied, naming both."""

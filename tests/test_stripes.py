@@ -328,16 +328,20 @@ def test_no_cents_room_is_spread_until_only_this_releases_functions_write(llm_co
     """Invariant 4 (b) through an upgrade. Between its functions step and its contract
     step, a settlement of the previous release still running adds cents to a stripe and
     takes none from a cents_room (0.3.0 had none). So until the mark 'functions_only',
-    the exact path spreads no cents_room (NULL promises nothing), and such a settlement
-    leaves no stripe promising a cent the period does not have. Once the mark is there,
-    the next exact movement spreads them."""
+    the exact path spreads cents_rooms of 0, and such a settlement leaves no stripe
+    promising a cent the period does not have; a movement of no cents (an admission)
+    still fits its stripe. Once the mark is there, the next exact movement spreads
+    them."""
     llm = Llm(llm_conn)
     org = striped_org(llm, None, 4)
     llm_conn.execute("DELETE FROM llm.upgrade_steps WHERE step = 'functions_only'")
     inv = llm.admit(org, 10, "gpt-x", now=T0)  # the period's first movement: exact, spread
     stripes = stripes_of(llm_conn, org)
-    assert [s["cents_room"] for s in stripes.values()] == [None] * 4
+    assert [s["cents_room"] for s in stripes.values()] == [0] * 4
     assert all(s["admit_room"] is not None for s in stripes.values())
+    rooms = [s["admit_room"] for s in stripes.values()]
+    llm.admit(org, 5, "gpt-x", now=T0)  # no cents: on its stripe, nothing spread again
+    assert sorted(r - s["admit_room"] for r, s in zip(rooms, stripes_of(llm_conn, org).values(), strict=True)) == [0, 0, 0, 5]
     # what the previous release's _move_within_rooms does with a settlement's cent
     held = next(k for k, s in stripes.items() if s["held_credits"] == 10)
     llm_conn.execute("UPDATE llm.period_stripes SET used_cents = used_cents + 1"

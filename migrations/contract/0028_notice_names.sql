@@ -29,6 +29,10 @@ BEGIN
         END IF;
         COMMIT;
     END LOOP;
+    -- and a notice of no organization (nothing ties a notice to one), if any is left
+    UPDATE llm.threshold_notices AS n
+       SET window_start = n.period_start, limit_credits = n.allowance_credits
+     WHERE n.window_start IS NULL OR n.limit_credits IS NULL;
 END
 $$;
 
