@@ -612,18 +612,33 @@ def assert_books_work(conn: psycopg.Connection) -> None:
     assert conn.execute("SELECT * FROM llm.check_invariants()").fetchall() == []
 
 
+# A migration under way: a backend of migrate's holding a transaction id (DDL assigns
+# one; migrate's lock and its watcher never do), while migrations are left to record.
+IN_A_MIGRATION = """
+SELECT EXISTS (SELECT FROM pg_catalog.pg_stat_activity
+                WHERE application_name = %(app)s AND backend_xid IS NOT NULL)
+   AND (SELECT count(*) FROM public._yoyo_migration) < %(all)s
+"""
+
+
 def test_migrate_killed_in_its_migrations_reruns(old_dsn: str, traffic: Traffic) -> None:
-    """Migrate killed (SIGKILL, its backends terminated) while it applies its migrations under
-    traffic: the books and the previous release's functions work, and a re-run completes;
-    the live-traffic assertions hold."""
+    """Migrate killed (SIGKILL, its backends terminated) in the middle of a migration
+    under traffic: the books and the previous release's functions work, and a re-run
+    completes, applying that migration again (its DDL went with its record, one
+    transaction); the live-traffic assertions hold."""
+    every = len(list((ROOT / "migrations").glob("*.sql")))
     traffic.run_for(300)
     with psycopg.connect(old_dsn, autocommit=True) as conn:
-        recorded = conn.execute("SELECT count(*) FROM public._yoyo_migration").fetchone()[0]
         child = start_migrate(old_dsn)
-        wait_for(lambda: conn.execute("SELECT count(*) FROM public._yoyo_migration").fetchone()[0] > recorded
-                 or child.poll() is not None, "a migration recorded")  # fmt: skip
+        wait_for(lambda: conn.execute(IN_A_MIGRATION, {"app": APP, "all": every}).fetchone()[0]
+                 or child.poll() is not None, "a migration under way", interval=0.002)  # fmt: skip
         assert child.poll() is None, "migrate ended before it could be killed"
-        print(f"\nkilled after a migration, {kill(conn, child)} backends terminated")
+        terminated = kill(conn, child)
+        recorded = conn.execute("SELECT count(*) FROM public._yoyo_migration").fetchone()[0]
+        print(f"\nkilled in a migration, {recorded} of {every} recorded, {terminated} backends terminated")
+        # the migration under way is recorded or not with its DDL: the re-run applies
+        # every one not recorded, and would fail on DDL committed without its record
+        assert recorded < every
         assert_books_work(conn)
         traffic.run_for(100)
     rerun_completes(old_dsn, traffic, "re-run after a kill in the migrations")
