@@ -107,28 +107,30 @@ def _span(node: ast.stmt) -> tuple[int, int]:
     return first - 1, node.end_lineno
 
 
-def _docstrings(node: ast.AST, prefix: str = "") -> dict[str, ast.Constant]:
+def _docstrings(node: ast.AST) -> dict[str, ast.Constant]:
     """The docstring of a definition and of each definition in it, by qualified name."""
     found: dict[str, ast.Constant] = {}
-    for child in [node, *ast.walk(node)]:
+    for child in ast.walk(node):
         if not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             continue
         body = child.body
         if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
                 and isinstance(body[0].value.value, str):  # fmt: skip
-            found.setdefault(prefix + child.name if child is node else f"{prefix}{node.name}.{child.name}",
-                             body[0].value)  # fmt: skip
+            name = child.name if child is node else f"{node.name}.{child.name}"  # type: ignore[attr-defined]
+            found.setdefault(name, body[0].value)
     return found
 
 
-def _segment(lines: list[str], node: ast.expr) -> str:
-    """The source text of ``node`` in ``lines`` (its line numbers are 1-based)."""
+def _span_of(text: str, node: ast.expr) -> tuple[int, int]:
+    """Where ``node`` stands in ``text``, as string offsets (ast counts a column in
+    UTF-8 bytes, and a docstring may hold a "…")."""
+    lines = text.splitlines(keepends=True)
+
+    def offset(line: int, column: int) -> int:
+        return sum(map(len, lines[: line - 1])) + len(lines[line - 1].encode()[:column].decode())
+
     assert node.end_lineno is not None and node.end_col_offset is not None
-    if node.lineno == node.end_lineno:
-        return lines[node.lineno - 1][node.col_offset : node.end_col_offset]
-    return "".join([lines[node.lineno - 1][node.col_offset :],
-                    *lines[node.lineno : node.end_lineno - 1],
-                    lines[node.end_lineno - 1][: node.end_col_offset]])  # fmt: skip
+    return offset(node.lineno, node.col_offset), offset(node.end_lineno, node.end_col_offset)
 
 
 def twin_text(source: str, spec: Twin) -> str:
@@ -144,16 +146,13 @@ def twin_text(source: str, spec: Twin) -> str:
         current = _definition(tree, spec.twin)
     except LookupError:
         return _checked(text)
-    keep = {name: _segment(lines, node) for name, node in _docstrings(current).items()}
-    written = text.splitlines(keepends=True)
-    replaced = sorted(((node, keep[name]) for name, node in _docstrings(ast.parse(text).body[0]).items()
-                       if name in keep), key=lambda pair: (pair[0].lineno, pair[0].col_offset), reverse=True)  # fmt: skip
-    for node, doc in replaced:
-        assert node.end_lineno is not None and node.end_col_offset is not None
-        head = "".join(written[: node.lineno - 1]) + written[node.lineno - 1][: node.col_offset]
-        tail = written[node.end_lineno - 1][node.end_col_offset :] + "".join(written[node.end_lineno :])
-        written = (head + doc + tail).splitlines(keepends=True)
-    return _checked("".join(written))
+    keep = {name: ast.get_source_segment(source, node) for name, node in _docstrings(current).items()}
+    # from the last docstring up, so the offsets of those before it stay right
+    spans = sorted((_span_of(text, node), keep[name])
+                   for name, node in _docstrings(ast.parse(text).body[0]).items() if name in keep)  # fmt: skip
+    for (first, last), doc in reversed(spans):
+        text = text[:first] + str(doc) + text[last:]
+    return _checked(text)
 
 
 def rewrite(source: str, spec: Twin) -> str:
