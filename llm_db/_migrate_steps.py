@@ -10,7 +10,8 @@ import hashlib
 import re
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,6 @@ FUNCTIONS_STEP = "functions (sql/)"
 # yoyo 6 to 9 write), so a database every release before 0.4.0 migrated through yoyo
 # is read as it is, and `yoyo list` still reads one migrated here. On a first install
 # they are created where yoyo creates them: in the first schema of the search path.
-_RECORD_TABLE = "_yoyo_migration"
 _RECORD_SCHEMA = """
 SELECT coalesce((SELECT n.nspname::text FROM pg_catalog.pg_class AS c
                    JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
@@ -86,9 +86,7 @@ def _apply_migrations(dsn: str, migrations_dir: Path, run: _Run, conn: psycopg.C
     connection of their own (autocommit), each recorded in its own transaction; one
     marked ``-- barrier: before`` after the barrier, which waits for every transaction
     but ``conn``'s (migrate's, holding the migrate lock). Returns their ids."""
-    with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as worker:
-        worker.add_notice_handler(run.on_notice)
-        run.worker_pid = worker.info.backend_pid
+    with _worker(dsn, run) as worker:
         schema = _record_schema(worker, run)
         with worker.transaction():
             applied = {row[0] for row in worker.execute(_APPLIED.format(schema=schema)).fetchall()}  # type: ignore[arg-type]
@@ -101,12 +99,23 @@ def _apply_migrations(dsn: str, migrations_dir: Path, run: _Run, conn: psycopg.C
                 run.step(step, lambda s=step: _barrier_of(
                     dsn, conn, run, s, "the previous release's functions are live and the database works"))
             run.worker_pid = worker.info.backend_pid
-            records = [(_RECORD.format(schema=schema), _record_params(path.stem)),
-                       (_LOG.format(schema=schema), _record_params(path.stem))]  # fmt: skip
+            params = _record_params(path.stem)
+            records = [(_RECORD.format(schema=schema), params), (_LOG.format(schema=schema), params)]
             # a 55P03 rolls the migration's transaction back, unrecorded: retried whole
             run.step(path.stem, lambda p=path, r=records: _apply_recorded(
                 worker, p, run, r, f"migration {p.stem} failed in {p}"))
         return [path.stem for path in pending]
+
+
+@contextmanager
+def _worker(dsn: str, run: _Run) -> Iterator[psycopg.Connection]:
+    """The connection the migrations or the contract steps run on: autocommit, nothing
+    prepared (a transaction pooler hands each transaction another server connection),
+    its notices reported, its backend the one the watcher looks at."""
+    with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as worker:
+        worker.add_notice_handler(run.on_notice)
+        run.worker_pid = worker.info.backend_pid
+        yield worker
 
 
 def _record_schema(worker: psycopg.Connection, run: _Run) -> str:
@@ -305,9 +314,7 @@ def _apply_contract_steps(
         if pending or stale:
             run.step(BARRIER_STEP, lambda: _barrier_of(dsn, conn, run, BARRIER_STEP,
                                                        "the new functions are live and the database works"))
-            with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as worker:
-                worker.add_notice_handler(run.on_notice)
-                run.worker_pid = worker.info.backend_pid
+            with _worker(dsn, run) as worker:
                 if stale:
                     run.step(DROP_STEP, lambda: _drop_routines(worker, stale, run))
                 for path in pending:
@@ -361,9 +368,9 @@ def _apply_recorded(
 
 
 def _statements(text: str) -> list[str]:
-    """The statements of a contract step: split on the semicolons outside quotes, dollar
-    quotes and comments (a non-transactional step runs them one by one: CONCURRENTLY
-    refuses a query string of several)."""
+    """The statements of a migration or contract step: split on the semicolons outside
+    quotes, dollar quotes and comments (a non-transactional one runs them one by one:
+    CONCURRENTLY refuses a query string of several)."""
     statements, start, i, n = [], 0, 0, len(text)
     while i < n:
         if text.startswith("--", i):

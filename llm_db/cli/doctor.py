@@ -363,11 +363,11 @@ def check_roles(conn: psycopg.Connection, installed: bool) -> Check:
 
 
 def package_migrations(migrations_dir: Path | None = None) -> list[str]:
-    """The migration ids this llm-db carries (an id is the file's stem)."""
+    """The migration ids this llm-db carries, in the order migrate applies them."""
+    from llm_db._migrate_steps import migration_files
     from llm_db.migrate import default_dirs
 
-    directory = migrations_dir or default_dirs()[0]
-    return sorted(p.stem for p in directory.glob("*.sql"))
+    return [p.stem for p in migration_files(migrations_dir or default_dirs()[0])]
 
 
 def check_migrations(conn: psycopg.Connection, installed: bool) -> Check:
