@@ -269,14 +269,21 @@ class Client:
         inv = uuid.uuid4()  # chosen by the client: a retried admission is safe
         if self.call(conn, ADMIT, org=org, estimate=5, task=task, id=inv, now=now) is None:
             return
+        if not self.finish(conn, org, inv, now):
+            return
+        if task is not None:
+            self.call(conn, CLOSE_TASK, org=org, task=task, now=now)
+
+    def finish(self, conn: psycopg.Connection, org: uuid.UUID, inv: uuid.UUID, now: Any) -> bool:
+        """Dispatches and settles an admitted request, recording how far it got; false
+        when the dispatch failed (the request stays open, its task too)."""
         self.admitted.append((org, inv))
         if self.call(conn, DISPATCH, org=org, id=inv, now=now) is None:
-            return
+            return False
         outcome = self.call(conn, SETTLE, org=org, id=inv, credits=3, cents=1, now=now)
         if outcome is not None and outcome[0] == "settled":
             self.settled.append((org, inv))
-        if task is not None:
-            self.call(conn, CLOSE_TASK, org=org, task=task, now=now)
+        return True
 
 
 ADMIT_KEY = ("SELECT id, status FROM llm.admit_invocation(%(org)s, %(estimate)s, 'gpt-x', NULL, %(id)s,"
@@ -290,12 +297,7 @@ class KeyClient(Client):
         inv = uuid.uuid4()
         if self.call(conn, ADMIT_KEY, org=org, estimate=5, id=inv, key=f"key-{self.calls % 5}", now=now) is None:
             return
-        self.admitted.append((org, inv))
-        if self.call(conn, DISPATCH, org=org, id=inv, now=now) is None:
-            return
-        outcome = self.call(conn, SETTLE, org=org, id=inv, credits=3, cents=1, now=now)
-        if outcome is not None and outcome[0] == "settled":
-            self.settled.append((org, inv))
+        self.finish(conn, org, inv, now)
 
 
 @dataclass
