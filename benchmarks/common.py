@@ -252,7 +252,8 @@ def pgbench(target: Target, name: str, args: Sequence[str]) -> dict[str, Any]:
         # sessions wait on WALWrite is bounded by this
         "wal_bytes_per_run": round(float(wal_bytes) / int(processed.group(1))) if processed else None,
         # per script run, WAL records by kind (pg_waldump --stats=record; when the server's
-        # WAL is on this machine): Btree/INSERT_LEAF counts the index entries written
+        # WAL is on this machine): throughput.index_entries counts the index entries
+        # written from them
         "wal_records_per_run": {kind: {k: round(v / runs, 2) for k, v in figures.items()}
                                 for kind, figures in records.items()} if runs and records else None,
         # per script run and table: rows inserted, updated, of which HOT (no index entry)

@@ -1,0 +1,105 @@
+"""The floors in interleaved rounds: ``python -m benchmarks.floors [--rounds N]``.
+
+One ephemeral durable server set up as the throughput group sets up its request
+database (benchmarks/throughput.py), then, round after round, pgbench on floor.sql,
+floor_budgets.sql, floor_budgets_each.sql, cycle.sql and budgets.sql, a VACUUM
+ANALYZE and a CHECKPOINT before each. A single run of each moves by several
+percent on a noisy machine; rounds side by side say what the floors bound
+(docs/benchmarks.md "Why the two targets are out of reach"). Prints each run and,
+per round, the time a request's budgets add to the floor against the time the
+target of 0.85 leaves them on the cycle; writes the runs as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks import common
+from benchmarks import queries as q
+from benchmarks.server import open_target
+
+BUDGETS_TARGET = 0.85
+
+
+def _scripts(sizes: common.Sizes) -> dict[str, tuple[str, list[str]]]:
+    first = sizes.cycle_orgs + 1
+    spread = ["-D", f"first={first}", "-D", f"norgs={sizes.cycle_orgs}",
+              "-D", f"nprojects={sizes.budget_projects}", "-D", f"nkeys={sizes.budget_keys}"]  # fmt: skip
+    plain = ["-D", f"norgs={sizes.cycle_orgs}"]
+    return {
+        "floor": (str(common.SCRIPTS / "floor.sql"), plain),
+        "floor_budgets": (str(common.SCRIPTS / "floor_budgets.sql"), spread),
+        "floor_budgets_each": (str(common.SCRIPTS / "floor_budgets_each.sql"), spread),
+        "cycle": (str(common.SCRIPTS / "cycle.sql"), plain),
+        "budgets": (str(common.SCRIPTS / "budgets.sql"), spread),
+    }
+
+
+def _load(target: Any, sizes: common.Sizes) -> None:
+    """The throughput group's request database: organizations, tasks, budgets, prices,
+    and the counters of the day."""
+    first = sizes.cycle_orgs + 1
+    common.new_llm_database(target, "cycle")
+    with target.connect("cycle") as conn:
+        conn.execute(q.UPSERT_ORGS, {"orgs": 2 * sizes.cycle_orgs, "allowance": 10**12})
+        conn.execute(q.OPEN_TASKS, {"orgs": 2 * sizes.cycle_orgs, "slots": sizes.clients, "started_at": common.now()})
+        conn.execute(q.SET_BUDGETS, {"first": first, "orgs": sizes.cycle_orgs, "limit": 10**12})
+        conn.execute(q.SET_PRICES)
+        for n in range(first, first + sizes.cycle_orgs):  # one transaction each, as the throughput group
+            conn.execute(q.PREFILL_COUNTERS, {"first": n, "orgs": 1, "projects": sizes.budget_projects,
+                                              "keys": sizes.budget_keys})  # fmt: skip
+
+
+def _round_figures(tps: dict[str, float]) -> dict[str, float]:
+    """Microseconds a request at 8 clients (1 / throughput): what the budgets' rows add
+    to the floor, and what the target leaves the budgets on top of the cycle."""
+    def us(rate: float) -> float:
+        return 1e6 / rate
+
+    return {
+        "budget_rows_us": round(us(tps["floor_budgets"]) - us(tps["floor"]), 1),
+        "budget_rows_each_us": round(us(tps["floor_budgets_each"]) - us(tps["floor"]), 1),
+        "target_leaves_us": round(us(BUDGETS_TARGET * tps["cycle"]) - us(tps["cycle"]), 1),
+        "cycle_logic_us": round(us(tps["cycle"]) - us(tps["floor"]), 1),
+        "budgets_add_us": round(us(tps["budgets"]) - us(tps["cycle"]), 1),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.floors", description=__doc__)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=int, default=20, help="each pgbench run")
+    parser.add_argument("--json", type=Path, default=Path("/tmp/benchmarks-floors.json"))
+    args = parser.parse_args(argv)
+    sizes, scripts = common.FULL, _scripts(common.FULL)
+    rounds: list[dict[str, Any]] = []
+    with open_target(None) as target:
+        _load(target, sizes)
+        for name in ("cycle", "budgets"):  # warm-up: the plans of the tables as loaded
+            path, extra = scripts[name]
+            common.pgbench(target, "cycle", common.run_args(sizes, "-n", "-f", path, *extra,
+                                                            seconds=sizes.warmup_seconds))  # fmt: skip
+        for number in range(1, args.rounds + 1):
+            tps: dict[str, float] = {}
+            for name, (path, extra) in scripts.items():
+                common.settle(target, "cycle", sizes)
+                run = common.pgbench(target, "cycle", common.run_args(sizes, "-n", "-f", path, *extra,
+                                                                      seconds=args.seconds))  # fmt: skip
+                tps[name] = run["tps"]
+                common.log(f"round {number} {name}: {run['tps']:.0f} requests/s, "
+                           f"{run['wal_bytes_per_run']} WAL bytes each")  # fmt: skip
+            rounds.append({"tps": tps, **_round_figures(tps)})
+            common.log(f"round {number}: {rounds[-1]}")
+        violations, _ = common.invariant_violations(target, "cycle")
+    common.log(f"invariant violations after the rounds: {violations}")
+    args.json.write_text(json.dumps({"rounds": rounds, "invariant_violations": violations}, indent=2) + "\n")
+    common.log(f"wrote {args.json}")
+    return 1 if violations else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
