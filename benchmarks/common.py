@@ -158,7 +158,8 @@ def new_llm_database(target: Target, name: str) -> str:
 
 
 class Profiler:
-    """pg_stat_statements top statements per scenario, when --profile is on."""
+    """pg_stat_statements top statements, and the llm routines' times
+    (pg_stat_user_functions, track_functions = all), per scenario, when --profile is on."""
 
     def __init__(self, target: Target, enabled: bool) -> None:
         self.target, self.enabled = target, enabled
@@ -168,6 +169,22 @@ class Profiler:
             with self.target.connect(name) as conn:
                 conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
                 conn.execute("SELECT pg_stat_statements_reset()")
+                conn.execute("SELECT pg_stat_reset()")  # the database's function counters too
+
+    def functions(self, name: str, limit: int = 15) -> list[dict[str, Any]]:
+        """The llm routines by self time since the last reset: calls, self and total ms
+        (wall time in the routine, lock waits included; total with what it called)."""
+        if not self.enabled:
+            return []
+        with self.target.connect(name) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+            cur.execute(
+                """SELECT funcname AS routine, calls, round(self_time::numeric, 1)::float8 AS self_ms,
+                          round(total_time::numeric, 1)::float8 AS total_ms
+                     FROM pg_stat_user_functions WHERE schemaname = 'llm'
+                    ORDER BY self_time DESC LIMIT %s""",
+                [limit],
+            )
+            return cur.fetchall()
 
     def top(self, name: str, limit: int = 25) -> list[dict[str, Any]]:
         if not self.enabled:
