@@ -1,9 +1,12 @@
 """The floors in interleaved rounds: ``python -m benchmarks.floors [--rounds N]``.
 
 One ephemeral durable server set up as the throughput group sets up its request
-database (benchmarks/throughput.py), then, round after round, pgbench on floor.sql,
-floor_budgets.sql, floor_budgets_each.sql, cycle.sql and budgets.sql, a VACUUM
-ANALYZE and a CHECKPOINT before each. A single run of each moves by several
+database (benchmarks/throughput.py), then, round after round and each round in
+another order, pgbench on floor.sql and its variants under three budgets
+(floor_budgets.sql; _each, one UPDATE per counter; _read, their read alone;
+_writes, their writes alone), cycle.sql, cycle_budget_rows.sql (the cycle plus
+the counters' writes, unchecked) and budgets.sql, a VACUUM ANALYZE and a
+CHECKPOINT before each. A single run of each moves by several
 percent on a noisy machine; rounds side by side say what the floors bound
 (docs/benchmarks.md "Why the two targets are short"). Prints each run and,
 per round, the time a request's budgets (their rows, read and writes) add to the
