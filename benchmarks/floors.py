@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,11 @@ from benchmarks.server import open_target
 
 BUDGETS_TARGET = 0.85
 
+# the budget bits of the budgets queries.SET_BUDGETS sets: a project's month, a key's day
+_MASK = "SELECT (1 << llm._budget_slot('project', 'month')) | (1 << llm._budget_slot('api_key', 'day'))"
 
-def _scripts(sizes: common.Sizes) -> dict[str, tuple[str, list[str]]]:
+
+def _scripts(sizes: common.Sizes, variants: Path) -> dict[str, tuple[str, list[str]]]:
     first = sizes.cycle_orgs + 1
     keys = ["-D", f"nprojects={sizes.budget_projects}", "-D", f"nkeys={sizes.budget_keys}"]
     spread = ["-D", f"first={first}", "-D", f"norgs={sizes.cycle_orgs}", *keys]
@@ -37,14 +41,84 @@ def _scripts(sizes: common.Sizes) -> dict[str, tuple[str, list[str]]]:
     return {
         "floor": (str(common.SCRIPTS / "floor.sql"), plain),
         "floor_budgets": (str(common.SCRIPTS / "floor_budgets.sql"), spread),
-        "floor_budgets_each": (str(common.SCRIPTS / "floor_budgets_each.sql"), spread),
-        "floor_budgets_read": (str(common.SCRIPTS / "floor_budgets_read.sql"), spread),
-        "floor_budgets_writes": (str(common.SCRIPTS / "floor_budgets_writes.sql"), spread),
+        "floor_budgets_each": (str(variants / "floor_budgets_each.sql"), spread),
+        "floor_budgets_read": (str(variants / "floor_budgets_read.sql"), spread),
+        "floor_budgets_writes": (str(variants / "floor_budgets_writes.sql"), spread),
         "cycle": (str(common.SCRIPTS / "cycle.sql"), plain),
         "cycle_budget_rows": (str(common.SCRIPTS / "cycle_budget_rows.sql"),
                               [*plain, *keys, "-D", f"offset={sizes.cycle_orgs}"]),
         "budgets": (str(common.SCRIPTS / "budgets.sql"), spread),
     }
+
+
+# ---------------------------------------------------------------- the variants
+#
+# Three variants of the floors, written from floor.sql and floor_budgets.sql at each
+# run (pgbench has no include, and copies would drift from the floors they vary):
+#   floor_budgets_each    floor_budgets.sql with one UPDATE per counter, as the package
+#                         moves them, instead of one UPDATE of both joined to a VALUES list;
+#   floor_budgets_writes  floor_budgets.sql without the budgets' read: each request
+#                         carries the mask that read finds in this database;
+#   floor_budgets_read    floor.sql on the organizations with budgets, plus the budgets'
+#                         read (a request is booked only when they are found, so it cannot
+#                         be skipped) and no counter moved: mask 0, the books stay exact.
+# Each change names the text it replaces and fails when a floor no longer has it.
+
+_COUNTERS = "(VALUES ('project', 'project-' || :p, 'month'), ('api_key', 'key-' || :n || '-' || :k, 'day'))"
+_KEYS = (("project", "'project-' || :p", "month"), ("api_key", "'key-' || :n || '-' || :k", "day"))
+
+
+def _replace(text: str, old: str, new: str) -> str:
+    if text.count(old) != 1:
+        raise SystemExit(f"benchmarks.floors: a floor script changed, {old[:60]!r} is not in it once")
+    return text.replace(old, new)
+
+
+def _statements(text: str) -> str:
+    """A script from its first pgbench command on (its header comment dropped)."""
+    return text[text.index("\\set n random"):]
+
+
+def _one_update_each(block: str) -> list[str]:
+    """The counters' UPDATE of floor_budgets.sql (both counters, joined to a VALUES list)
+    as one UPDATE per counter, the project's month first."""
+    indent = "      " if block.startswith("    UPDATE") else "  "  # admission's CTE, or settlement's statement
+    block = _replace(block, f"\n{indent}FROM i, o, {_COUNTERS}\n{indent}       AS k (scope, scope_id, budget_window)",
+                     f"\n{indent}FROM i, o")
+    out = []
+    for scope, scope_id, window in _KEYS:
+        out.append(block.replace("c.scope = k.scope AND c.scope_id = k.scope_id", f"c.scope = '{scope}' AND c.scope_id = {scope_id}")
+                        .replace("c.budget_window = k.budget_window", f"c.budget_window = '{window}'")
+                        .replace("llm._window_start(k.budget_window,", f"llm._window_start('{window}',"))  # fmt: skip
+    return out
+
+
+def write_variants(directory: Path, mask: int) -> None:
+    """floor_budgets_each.sql, floor_budgets_writes.sql and floor_budgets_read.sql in
+    ``directory``; ``mask``: the budget bits the budgets' read finds here."""
+    budgets = _statements((common.SCRIPTS / "floor_budgets.sql").read_text())
+    admit_c = budgets[budgets.index("), c AS (\n"):budgets.index("\nSELECT i.id AS inv FROM i \\gset")]
+    first_c, second_c = _one_update_each(admit_c[len("), c AS (\n"):].removesuffix(")"))
+    each = _replace(budgets, admit_c, f"), c1 AS (\n{first_c}), c2 AS (\n{second_c})")
+    settle_c = each[each.index(")\nUPDATE llm.budget_counters AS c\n"):]
+    first_s, second_s = _one_update_each(settle_c[len(")\n"):].rstrip().removesuffix(";"))
+    each = each.replace(settle_c, f"), c1 AS (\n    {first_s}\n)\n{second_s};\n")
+    (directory / "floor_budgets_each.sql").write_text(each)
+
+    read = budgets[budgets.index("), b AS (\n"):budgets.index("), i AS (\n")]
+    writes = _replace(budgets, read, "")
+    writes = _replace(writes, "b.mask, pg_backend_pid() % 64\n      FROM o, x, b WHERE",
+                      f"{mask}, pg_backend_pid() % 64\n      FROM o, x WHERE")
+    (directory / "floor_budgets_writes.sql").write_text(writes)
+
+    floor = _statements((common.SCRIPTS / "floor.sql").read_text())
+    floor = _replace(floor, "\\set n random(1, :norgs)\n",
+                     "\\set n random(:first, :first + :norgs - 1)\n\\set p random(1, :nprojects)\n\\set k random(1, :nkeys)\n")
+    floor = _replace(floor, "SELECT o.status FROM llm.organizations", "SELECT o.status, o.budgets_revision FROM llm.organizations")
+    floor = _replace(floor, "), i AS (\n", read + "), i AS (\n")
+    floor = _replace(floor, "FROM o, x WHERE o.status = 'operational' AND x.status = 'running'\n",
+                     "FROM o, x, b WHERE o.status = 'operational' AND x.status = 'running' AND b.mask > 0\n")
+    (directory / "floor_budgets_read.sql").write_text(floor)
 
 
 def _load(target: Any, sizes: common.Sizes) -> None:
@@ -87,10 +161,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=int, default=20, help="each pgbench run")
     parser.add_argument("--json", type=Path, default=Path("/tmp/benchmarks-floors.json"))
     args = parser.parse_args(argv)
-    sizes, scripts = common.FULL, _scripts(common.FULL)
+    sizes = common.FULL
     rounds: list[dict[str, Any]] = []
-    with open_target(None) as target:
+    with open_target(None) as target, tempfile.TemporaryDirectory(prefix="llmbench-floors-") as variants:
         _load(target, sizes)
+        with target.connect("cycle") as conn:
+            mask = conn.execute(_MASK).fetchone()[0]
+        write_variants(Path(variants), mask)
+        scripts = _scripts(sizes, Path(variants))
         loaded, _ = common.invariant_violations(target, "cycle")
         for name in ("cycle", "budgets"):  # warm-up: the plans of the tables as loaded
             path, extra = scripts[name]

@@ -4,7 +4,7 @@
 -- benchmarks/queries.py PREFILL_COUNTERS made for the day of the run), held by 100 at
 -- admission and released at settlement, so they end each request as they began and the
 -- invariants hold after it. What those four updates add to the package's cycle, set
--- against what they add to the floor (floor_budgets_writes.sql): benchmarks/floors.py.
+-- against what they add to the floor (floors.py's floor_budgets_writes): benchmarks/floors.py.
 \set n random(1, :norgs)
 \set slot :client_id % 8
 \set p random(1, :nprojects)
