@@ -23,8 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import common
-from benchmarks import queries as q
+from benchmarks import common, throughput
 from benchmarks.server import open_target
 
 BUDGETS_TARGET = 0.85
@@ -121,21 +120,6 @@ def write_variants(directory: Path, mask: int) -> None:
     (directory / "floor_budgets_read.sql").write_text(floor)
 
 
-def _load(target: Any, sizes: common.Sizes) -> None:
-    """The throughput group's request database: organizations, tasks, budgets, prices,
-    and the counters of the day."""
-    first = sizes.cycle_orgs + 1
-    common.new_llm_database(target, "cycle")
-    with target.connect("cycle") as conn:
-        conn.execute(q.UPSERT_ORGS, {"orgs": 2 * sizes.cycle_orgs, "allowance": 10**12})
-        conn.execute(q.OPEN_TASKS, {"orgs": 2 * sizes.cycle_orgs, "slots": sizes.clients, "started_at": common.now()})
-        conn.execute(q.SET_BUDGETS, {"first": first, "orgs": sizes.cycle_orgs, "limit": 10**12})
-        conn.execute(q.SET_PRICES)
-        for n in range(first, first + sizes.cycle_orgs):  # one transaction each, as the throughput group
-            conn.execute(q.PREFILL_COUNTERS, {"first": n, "orgs": 1, "projects": sizes.budget_projects,
-                                              "keys": sizes.budget_keys})  # fmt: skip
-
-
 def _round_figures(tps: dict[str, float]) -> dict[str, float]:
     """Microseconds a request at 8 clients (1 / throughput): what the budgets' rows, read
     and writes add to the floor, what their writes add to the cycle, and what the target
@@ -164,7 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = common.FULL
     rounds: list[dict[str, Any]] = []
     with open_target(None) as target, tempfile.TemporaryDirectory(prefix="llmbench-floors-") as variants:
-        _load(target, sizes)
+        throughput.load_request_database(target, sizes)
+        throughput.prefill_counters(target, sizes)
         with target.connect("cycle") as conn:
             mask = conn.execute(_MASK).fetchone()[0]
         write_variants(Path(variants), mask)

@@ -26,12 +26,7 @@ def bench_throughput(target: Target, sizes: common.Sizes, profiler: common.Profi
 
     # organizations 1 .. cycle_orgs run the plain cycle; as many more run it under budgets
     common.log(f"request-cycle database: {2 * sizes.cycle_orgs} organizations, one running task per client slot")
-    common.new_llm_database(target, "cycle")
-    with target.connect("cycle") as conn:
-        conn.execute(q.UPSERT_ORGS, {"orgs": 2 * sizes.cycle_orgs, "allowance": 10**12})
-        conn.execute(q.OPEN_TASKS, {"orgs": 2 * sizes.cycle_orgs, "slots": sizes.clients, "started_at": common.now()})
-        conn.execute(q.SET_BUDGETS, {"first": sizes.cycle_orgs + 1, "orgs": sizes.cycle_orgs, "limit": 10**12})
-        conn.execute(q.SET_PRICES)
+    load_request_database(target, sizes)
     violations_loaded, _ = common.invariant_violations(target, "cycle")
 
     # The baseline runs last: simple-update writes gigabytes of WAL in its run,
@@ -318,6 +313,30 @@ def _driver_rows(results: dict[str, Any], sizes: common.Sizes, spread: float) ->
     return rows
 
 
+def load_request_database(target: Target, sizes: common.Sizes) -> None:
+    """The database "cycle": organizations 1 .. cycle_orgs for the plain cycle and as
+    many more under budgets (a project's month and an API key's day, '*'), one
+    running task per client slot each, and the book's prices."""
+    common.new_llm_database(target, "cycle")
+    with target.connect("cycle") as conn:
+        conn.execute(q.UPSERT_ORGS, {"orgs": 2 * sizes.cycle_orgs, "allowance": 10**12})
+        conn.execute(q.OPEN_TASKS, {"orgs": 2 * sizes.cycle_orgs, "slots": sizes.clients, "started_at": common.now()})
+        conn.execute(q.SET_BUDGETS, {"first": sizes.cycle_orgs + 1, "orgs": sizes.cycle_orgs, "limit": 10**12})
+        conn.execute(q.SET_PRICES)
+
+
+def prefill_counters(target: Target, sizes: common.Sizes) -> None:
+    """One request per project and key of the organizations under budgets, so every
+    counter a timed run moves exists already (queries.PREFILL_COUNTERS)."""
+    first = sizes.cycle_orgs + 1
+    with target.connect("cycle") as conn:
+        # one transaction per organization: in one for all, every admission would walk
+        # the ever longer chain of row versions its own transaction left on each row
+        for n in range(first, first + sizes.cycle_orgs):
+            conn.execute(q.PREFILL_COUNTERS, {"first": n, "orgs": 1, "projects": sizes.budget_projects,
+                                              "keys": sizes.budget_keys})  # fmt: skip
+
+
 def _budget_runs(target: Target, sizes: common.Sizes, profiler: common.Profiler) -> dict[str, Any]:
     """The cycle under three budgets: keys spread over many ids, then every
     client on one key's day in an organization with 8 stripes, then spread again (the
@@ -328,12 +347,7 @@ def _budget_runs(target: Target, sizes: common.Sizes, profiler: common.Profiler)
     hot = ["-D", f"first={first}", "-D", "norgs=1", "-D", f"nprojects={sizes.budget_projects}", "-D", "nkeys=1"]
     results: dict[str, Any] = {}
     common.log(f"budget counters: one request per project and key of {sizes.cycle_orgs} organizations")
-    with target.connect("cycle") as conn:
-        # one transaction per organization: in one for all, every admission would walk
-        # the ever longer chain of row versions its own transaction left on each row
-        for n in range(first, first + sizes.cycle_orgs):
-            conn.execute(q.PREFILL_COUNTERS, {"first": n, "orgs": 1, "projects": sizes.budget_projects,
-                                              "keys": sizes.budget_keys})  # fmt: skip
+    prefill_counters(target, sizes)
     # warm-up, as for the plain cycle: the counters' plans
     common.log(f"warm-up: budgets.sql for {sizes.warmup_seconds} s")
     results["budgets_warmup"] = common.pgbench(target, "cycle", common.run_args(
