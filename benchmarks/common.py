@@ -161,30 +161,36 @@ class Profiler:
     """pg_stat_statements top statements, and the llm routines' times
     (pg_stat_user_functions, track_functions = all), per scenario, when --profile is on."""
 
+    # the llm routines' cumulative counters; read at reset and again after the run, so
+    # that nothing resets the database's table statistics (autovacuum reads them)
+    ROUTINES = """SELECT funcname, calls, self_time, total_time FROM pg_stat_user_functions
+                   WHERE schemaname = 'llm'"""
+
     def __init__(self, target: Target, enabled: bool) -> None:
         self.target, self.enabled = target, enabled
+        self.routines_before: dict[str, tuple[int, float, float]] = {}
 
     def reset(self, name: str) -> None:
         if self.enabled:
             with self.target.connect(name) as conn:
                 conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
                 conn.execute("SELECT pg_stat_statements_reset()")
-                conn.execute("SELECT pg_stat_reset()")  # the database's function counters too
+                conn.execute("SELECT pg_stat_clear_snapshot()")
+                self.routines_before = {r[0]: r[1:] for r in conn.execute(self.ROUTINES)}
 
     def functions(self, name: str, limit: int = 15) -> list[dict[str, Any]]:
         """The llm routines by self time since the last reset: calls, self and total ms
         (wall time in the routine, lock waits included; total with what it called)."""
         if not self.enabled:
             return []
-        with self.target.connect(name) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
-            cur.execute(
-                """SELECT funcname AS routine, calls, round(self_time::numeric, 1)::float8 AS self_ms,
-                          round(total_time::numeric, 1)::float8 AS total_ms
-                     FROM pg_stat_user_functions WHERE schemaname = 'llm'
-                    ORDER BY self_time DESC LIMIT %s""",
-                [limit],
-            )
-            return cur.fetchall()
+        with self.target.connect(name) as conn:
+            rows = []
+            for routine, calls, self_ms, total_ms in conn.execute(self.ROUTINES):
+                before = self.routines_before.get(routine, (0, 0.0, 0.0))
+                if calls > before[0]:
+                    rows.append({"routine": routine, "calls": calls - before[0],
+                                 "self_ms": round(self_ms - before[1], 1), "total_ms": round(total_ms - before[2], 1)})
+        return sorted(rows, key=lambda r: r["self_ms"], reverse=True)[:limit]
 
     def top(self, name: str, limit: int = 25) -> list[dict[str, Any]]:
         if not self.enabled:
