@@ -233,7 +233,7 @@ COMMENT ON FUNCTION llm._admission(p_inv llm.invocations, p_replayed boolean) IS
 
 CREATE FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text, p_input_tokens bigint, p_max_output_tokens bigint) RETURNS llm.admission_result
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 eae55b348c6997dc5a4ce63a34802814 $$;
+    AS $$ body in sql/, md5 77c8d1de3d814390ad42b70c6d4c10f2 $$;
 
 COMMENT ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text, p_input_tokens bigint, p_max_output_tokens bigint) IS 'Distributed twin of admit_invocation; arguments already checked. It pins the price in force and prices a NULL estimate from the tokens (LL014 without a price). replayed: the earlier admission of a retried id, returned unchanged.';
 
@@ -285,12 +285,6 @@ CREATE FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id uuid, 
 
 COMMENT ON FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id uuid, OUT token uuid) IS 'Takes the pass lease and records a running pass (its run id and lease token), marking a pass that lost it failed; or, while another pass really holds the lease, records a skipped pass naming the holder and returns NULLs.';
 
-CREATE FUNCTION llm._book_budgets(p_inv llm.invocations, p_now timestamp with time zone) RETURNS integer
-    LANGUAGE plpgsql
-    AS $$ body in sql/, md5 d081ce3dead7dd0f70f614866b4b2235 $$;
-
-COMMENT ON FUNCTION llm._book_budgets(p_inv llm.invocations, p_now timestamp with time zone) IS 'Moves the budget counters of a just-terminated request (charge in, hold out) and owes the thresholds they crossed; returns the notices created.';
-
 CREATE FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamp with time zone) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -340,6 +334,7 @@ COMMENT ON FUNCTION llm._budgets_changed(p_organization_id uuid) IS 'Records tha
 
 CREATE FUNCTION llm._budgets_revision(p_organization_id uuid) RETURNS uuid
     LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
     AS $$ body in sql/, md5 1415a4bb2e8faacfd5687cbf0fa3ffba $$;
 
 COMMENT ON FUNCTION llm._budgets_revision(p_organization_id uuid) IS 'The organization''s budgets revision: the one a budget counter''s rooms must be spread under to serve a movement.';
@@ -504,7 +499,7 @@ COMMENT ON FUNCTION llm._end_claim(p_organization_id uuid, p_notice_id uuid, p_c
 
 CREATE FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone, p_price llm.priced_usage) RETURNS boolean
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 12fafc5a659ae009f48fe0bb0915bb1d $$;
+    AS $$ body in sql/, md5 0316402f03832ae519ed212e2d61dbc4 $$;
 
 COMMENT ON FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone, p_price llm.priced_usage) IS 'Ends an open (reserved or dispatched) invocation as settled (measured) or failed with its charge (priced by the caller, or by the book: p_price) and books it: its task''s totals, its stripe''s movement (charge in, hold out) with the threshold notices the period crosses, then its budgets'' counters; false when it was no longer open.';
 
@@ -862,11 +857,11 @@ CREATE FUNCTION llm._move_counter(p_organization_id uuid, p_scope text, p_scope_
 
 COMMENT ON FUNCTION llm._move_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_seeds smallint[], p_used bigint[], p_held bigint[], p_cents bigint[], p_priced bigint[], p_admit_limit bigint, p_admit_revision uuid, p_epoch uuid, p_now timestamp with time zone) IS 'The exact path of one budget counter: locks its stripes in order (creating it for an admission, LL012 past retention), refuses an admission that does not fit p_admit_limit (LL001) and growth past the sum limit (LL013), moves each request on its stripe, owes the thresholds its total crossed under the budget in force and spreads its rooms again; returns the notices created.';
 
-CREATE FUNCTION llm._move_request_counters(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint, p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamp with time zone) RETURNS integer
+CREATE FUNCTION llm._move_request_counters(p_organization_id uuid, p_mask integer, p_project text, p_api_key text, p_end_user text, p_created_at timestamp with time zone, p_budget_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint, p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 8730d2ae4aa7d43f7e72f7d4443733dd $$;
+    AS $$ body in sql/, md5 e68e52ea42ed0b4bc84dbdc9be2e0fe1 $$;
 
-COMMENT ON FUNCTION llm._move_request_counters(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint, p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamp with time zone) IS 'Moves every budget counter of one request in bit order: each on its stripe when it fits that stripe''s rooms, else by its exact path; returns the notices created.';
+COMMENT ON FUNCTION llm._move_request_counters(p_organization_id uuid, p_mask integer, p_project text, p_api_key text, p_end_user text, p_created_at timestamp with time zone, p_budget_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint, p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamp with time zone) IS 'Moves every budget counter of one request (its budget_mask, scope ids, admission time and budget_stripe) in bit order: each on its stripe when it fits that stripe''s rooms, else by its exact path; returns the notices created.';
 
 CREATE FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint, p_now timestamp with time zone, p_open integer, p_admitted_at timestamp with time zone) RETURNS void
     LANGUAGE plpgsql
@@ -876,7 +871,7 @@ COMMENT ON FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date
 
 CREATE FUNCTION llm._move_within_counter_room(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripe integer, p_off_zero boolean, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint, p_epoch uuid) RETURNS boolean
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 05e699009c3eb7a6ba69f68104c0a33f $$;
+    AS $$ body in sql/, md5 bd25509084ae74f49e6d37d65c6d058a $$;
 
 COMMENT ON FUNCTION llm._move_within_counter_room(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripe integer, p_off_zero boolean, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint, p_epoch uuid) IS 'Moves one budget counter on the request''s stripe of it (when that is stripe 0, or when it is not: p_off_zero) iff the movement fits that stripe''s rooms under revision p_epoch; false (nothing moved) otherwise.';
 
@@ -1508,7 +1503,7 @@ COMMENT ON FUNCTION llm.declare_task_kind(p_key text, p_description text) IS 'De
 CREATE FUNCTION llm.distribute(p_shard_count integer DEFAULT NULL::integer) RETURNS text
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $_$ body in sql/, md5 1a379fa3f5bc82aaf8867439214d728e $_$;
+    AS $_$ body in sql/, md5 ed7bc6c92926619a37b157ab8cba035d $_$;
 
 COMMENT ON FUNCTION llm.distribute(p_shard_count integer) IS 'Under Citus: reference tables for catalogs, per-organization tables distributed on organization_id co-located with organizations, per-organization twins distributed with force_delegation, the other llm routines propagated to the workers; LL011 without citus.';
 
@@ -2355,8 +2350,6 @@ GRANT ALL ON FUNCTION llm._audits_due(p_now timestamp with time zone) TO llm_ope
 REVOKE ALL ON FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id uuid, OUT token uuid) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm._begin_run(p_now timestamp with time zone, OUT run_id uuid, OUT token uuid) TO llm_operator;
 
-REVOKE ALL ON FUNCTION llm._book_budgets(p_inv llm.invocations, p_now timestamp with time zone) FROM PUBLIC;
-
 REVOKE ALL ON FUNCTION llm._book_true_up(p_inv llm.invocations, p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._bound_locks() FROM PUBLIC;
@@ -2519,7 +2512,7 @@ REVOKE ALL ON FUNCTION llm._move_budgets(p_organization_id uuid, p_invs llm.invo
 
 REVOKE ALL ON FUNCTION llm._move_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_seeds smallint[], p_used bigint[], p_held bigint[], p_cents bigint[], p_priced bigint[], p_admit_limit bigint, p_admit_revision uuid, p_epoch uuid, p_now timestamp with time zone) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION llm._move_request_counters(p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint, p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamp with time zone) FROM PUBLIC;
+REVOKE ALL ON FUNCTION llm._move_request_counters(p_organization_id uuid, p_mask integer, p_project text, p_api_key text, p_end_user text, p_created_at timestamp with time zone, p_budget_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint, p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint, p_now timestamp with time zone, p_open integer, p_admitted_at timestamp with time zone) FROM PUBLIC;
 

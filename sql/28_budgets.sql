@@ -418,12 +418,16 @@ COMMENT ON FUNCTION llm._move_counter(uuid, text, text, text, date, smallint[], 
 -- stripe's rooms under the organization's budgets revision p_epoch (p_used: charge in,
 -- p_held: hold in or out, p_cents): its share of what the counter has left must fit
 -- admit_room, its usage notice_room, its cents cents_room. False: nothing moved.
--- One UPDATE by the counter's full key: its generic plan is an index lookup at any
--- size, planned once per session (tests/test_budget_write_shape.py). Not one
--- statement for all of a request's counters: joined to the keys, the planner costed
--- each call's custom plan below the generic one, so PL/pgSQL planned it again on every
--- call (233 us of 290 us, pg_stat_statements.track_planning), and a generic plan of
--- the join scans the table when one organization holds most counters. A SET
+-- One UPDATE by the counter's full key, scope_id included in the index probe in its
+-- generic plan too, at any statistics and any number of ids and windows retained
+-- (tests/test_budget_write_shape.py). Hence two statements: spelled "= OR both
+-- NULL", the generic plan probed only (organization, scope) and filtered every id and
+-- window of the scope (no statistics yet), or made two probes under a BitmapOr (with
+-- them). The organization scope's counters are the ones whose id is NULL.
+-- Not one statement for all of a request's counters: joined to the keys, the planner
+-- costed each call's custom plan below the generic one, so PL/pgSQL planned it again
+-- on every call (233 us of 290 us, pg_stat_statements.track_planning), and a generic
+-- plan of the join scans the table when one organization holds most counters. A SET
 -- plan_cache_mode clause is no way out: Citus cannot plan a delegated routine's shard
 -- queries under it (tests/test_citus_readiness.py).
 CREATE OR REPLACE FUNCTION llm._move_within_counter_room(
@@ -434,6 +438,27 @@ RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
+    IF p_scope_id IS NOT NULL THEN
+        UPDATE llm.budget_counters AS c
+           SET used_credits = c.used_credits + p_used,
+               held_credits = c.held_credits + p_held,
+               used_cents = c.used_cents + p_cents,
+               priced_nanos = c.priced_nanos + p_priced,
+               admit_room = c.admit_room - GREATEST(0, p_used + p_held),
+               cents_room = c.cents_room - p_cents,
+               notice_room = c.notice_room - p_used
+         WHERE c.organization_id = p_organization_id AND c.scope = p_scope AND c.scope_id = p_scope_id
+           AND c.budget_window = p_window AND c.window_start = p_window_start
+           AND c.stripe = p_stripe % c.stripes AND (c.stripe <> 0) = p_off_zero
+           AND c.rooms_revision = p_epoch
+           AND p_used >= 0
+           AND c.admit_room >= p_used + p_held
+           AND c.cents_room >= p_cents
+           -- a movement of nothing fits only a positive room (as a period's stripe)
+           AND (c.admit_room > 0 OR p_used <> 0 OR p_held <> 0)
+           AND (c.notice_room IS NULL OR p_used = 0 OR c.notice_room > p_used);
+        RETURN FOUND;
+    END IF;
     UPDATE llm.budget_counters AS c
        SET used_credits = c.used_credits + p_used,
            held_credits = c.held_credits + p_held,
@@ -442,8 +467,7 @@ BEGIN
            admit_room = c.admit_room - GREATEST(0, p_used + p_held),
            cents_room = c.cents_room - p_cents,
            notice_room = c.notice_room - p_used
-     WHERE c.organization_id = p_organization_id AND c.scope = p_scope
-       AND (c.scope_id = p_scope_id OR (c.scope_id IS NULL AND p_scope_id IS NULL))
+     WHERE c.organization_id = p_organization_id AND c.scope = p_scope AND c.scope_id IS NULL
        AND c.budget_window = p_window AND c.window_start = p_window_start
        AND c.stripe = p_stripe % c.stripes AND (c.stripe <> 0) = p_off_zero
        AND c.rooms_revision = p_epoch
@@ -466,11 +490,14 @@ COMMENT ON FUNCTION llm._move_within_counter_room(uuid, text, text, text, date, 
 -- subtransaction: an UPDATE that waited and lost can keep only that row, which the
 -- exact path locks first; a try on another stripe (a striped counter) runs in one, so
 -- the exact path never waits for a stripe below one it holds. A counter of one stripe
--- (the default) thus costs one UPDATE. The mask's bits and scope ids come from the
--- request; one of the previous release keeps them in llm.invocation_scopes
--- (_move_budgets).
+-- (the default) thus costs one UPDATE. The request comes as the fields its counters'
+-- keys are made of (its budget_mask, scope ids, admission time and budget_stripe), so
+-- that settlement reads no more of its row than it updates; one of the previous
+-- release keeps them in llm.invocation_scopes (_move_budgets).
 CREATE OR REPLACE FUNCTION llm._move_request_counters(
-    p_inv llm.invocations, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint,
+    p_organization_id uuid, p_mask integer, p_project text, p_api_key text, p_end_user text,
+    p_created_at timestamptz, p_budget_stripe smallint,
+    p_used bigint, p_held bigint, p_cents bigint, p_priced bigint,
     p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamptz)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
@@ -478,22 +505,21 @@ AS $$
 DECLARE
     v_key record;
     v_i integer := 0;
-    v_stripe integer := coalesce(p_inv.budget_stripe, 0);
+    v_stripe integer := coalesce(p_budget_stripe, 0);
     v_moved boolean;
     v_created integer := 0;
 BEGIN
     FOR v_key IN
         SELECT k.scope, k.scope_id, k.budget_window, k.window_start
-          FROM llm._budget_keys(p_inv.budget_mask, p_inv.project, p_inv.api_key, p_inv.end_user,
-                                p_inv.created_at) AS k
+          FROM llm._budget_keys(p_mask, p_project, p_api_key, p_end_user, p_created_at) AS k
     LOOP
         v_i := v_i + 1;  -- the keys and the arrays are both in bit order
-        v_moved := llm._move_within_counter_room(p_inv.organization_id, v_key.scope, v_key.scope_id,
+        v_moved := llm._move_within_counter_room(p_organization_id, v_key.scope, v_key.scope_id,
                                                  v_key.budget_window, v_key.window_start, v_stripe, false,
                                                  p_used, p_held, p_cents, p_priced, p_epoch);
         IF NOT v_moved THEN
             BEGIN
-                IF NOT llm._move_within_counter_room(p_inv.organization_id, v_key.scope, v_key.scope_id,
+                IF NOT llm._move_within_counter_room(p_organization_id, v_key.scope, v_key.scope_id,
                                                      v_key.budget_window, v_key.window_start, v_stripe, true,
                                                      p_used, p_held, p_cents, p_priced, p_epoch) THEN
                     -- internal: only rolls this subtransaction back, never leaves the function
@@ -506,8 +532,8 @@ BEGIN
         END IF;
         IF NOT v_moved THEN
             v_created := v_created
-                + llm._move_counter(p_inv.organization_id, v_key.scope, v_key.scope_id, v_key.budget_window,
-                                    v_key.window_start, ARRAY[p_inv.budget_stripe], ARRAY[p_used], ARRAY[p_held],
+                + llm._move_counter(p_organization_id, v_key.scope, v_key.scope_id, v_key.budget_window,
+                                    v_key.window_start, ARRAY[p_budget_stripe], ARRAY[p_used], ARRAY[p_held],
                                     ARRAY[p_cents], ARRAY[p_priced], p_admit_limits[v_i], p_admit_revisions[v_i],
                                     p_epoch, p_now);
         END IF;
@@ -515,8 +541,8 @@ BEGIN
     RETURN v_created;
 END
 $$;
-COMMENT ON FUNCTION llm._move_request_counters(llm.invocations, bigint, bigint, bigint, bigint, bigint[], uuid[], uuid, timestamptz) IS
-    'Moves every budget counter of one request in bit order: each on its stripe when it fits that stripe''s rooms, else by its exact path; returns the notices created.';
+COMMENT ON FUNCTION llm._move_request_counters(uuid, integer, text, text, text, timestamptz, smallint, bigint, bigint, bigint, bigint, bigint[], uuid[], uuid, timestamptz) IS
+    'Moves every budget counter of one request (its budget_mask, scope ids, admission time and budget_stripe) in bit order: each on its stripe when it fits that stripe''s rooms, else by its exact path; returns the notices created.';
 
 -- ---------------------------------------------------------------- movements
 
@@ -535,24 +561,6 @@ END
 $$;
 COMMENT ON FUNCTION llm._budgets_revision(uuid) IS
     'The organization''s budgets revision: the one a budget counter''s rooms must be spread under to serve a movement.';
-
--- A request just made terminal moves the counters it was admitted under, in the
--- windows of its admission time: charge in, hold out.
-CREATE OR REPLACE FUNCTION llm._book_budgets(p_inv llm.invocations, p_now timestamptz)
-RETURNS integer
-LANGUAGE plpgsql VOLATILE
-AS $$
-BEGIN
-    IF p_inv.budget_mask IS NULL THEN  -- admitted before 0.4.0: llm.invocation_scopes
-        RETURN llm._move_budgets(p_inv.organization_id, ARRAY[p_inv], false, p_now);
-    END IF;
-    RETURN llm._move_request_counters(p_inv, p_inv.charged_credits, -p_inv.hold_credits,
-                                      coalesce(p_inv.charged_cents, 0), coalesce(p_inv.cost_nanos, 0), NULL, NULL,
-                                      llm._budgets_revision(p_inv.organization_id), p_now);
-END
-$$;
-COMMENT ON FUNCTION llm._book_budgets(llm.invocations, timestamptz) IS
-    'Moves the budget counters of a just-terminated request (charge in, hold out) and owes the thresholds they crossed; returns the notices created.';
 
 -- The movements of many requests (a recovery batch; or a true-up, p_true_up: the signed
 -- difference), each counter by its exact path in lock order (bit, id, window start),

@@ -229,8 +229,9 @@ BEGIN
     -- read above (LL001 naming the first that does not fit, and this transaction rolls
     -- back every hold; LL012 for a counter it would create past retention).
     IF v_mask <> 0 THEN
-        PERFORM llm._move_request_counters(v_inv, 0, v_inv.hold_credits, 0, 0, v_limits, v_revisions,
-                                           v_budgets_revision, v_inv.created_at);
+        PERFORM llm._move_request_counters(p_organization_id, v_mask, p_project, p_api_key, p_end_user,
+                                           v_inv.created_at, v_inv.budget_stripe, 0, v_inv.hold_credits, 0, 0,
+                                           v_limits, v_revisions, v_budgets_revision, v_inv.created_at);
     END IF;
     RETURN llm._admission(v_inv, false);
 END

@@ -21,8 +21,9 @@ DROP FUNCTION IF EXISTS llm.fail_invocation(uuid, uuid, text, bigint, bigint, ti
 -- booked in the same transaction, its locks in the order of docs/architecture.md
 -- "Lock order" (the request's row is locked by this UPDATE). Its ledger rows are
 -- derived (llm.ledger). The request comes back as the few fields the booking reads (a
--- whole row costs ~10 us more), and is read whole, locked already, only when it has
--- budgets to book. Recovery books its batch its own way, in 60_recovery.sql.
+-- whole row costs ~10 us more), its budgets' keys included; it is read whole, locked
+-- already, only when it was admitted by the previous release with budgets to book.
+-- Recovery books its batch its own way, in 60_recovery.sql.
 CREATE OR REPLACE FUNCTION llm._end_invocation(
     p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text,
     p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamptz,
@@ -38,8 +39,8 @@ DECLARE
     v_stripe smallint;
     v_hold bigint;
     v_created timestamptz;
-    v_mask smallint;  -- its budgets' bits (NULL: admitted before 0.4.0, in llm.invocation_scopes)
-    v_inv llm.invocations;
+    -- its budgets' bits (NULL: admitted before 0.4.0, in llm.invocation_scopes), their keys
+    v_mask smallint; v_budget_stripe smallint; v_project text; v_api_key text; v_end_user text; v_epoch uuid;
     -- the book's price, as plain values (a field of the composite in the UPDATE costs
     -- every settlement more than these assignments cost a priced one)
     v_priced_by text;
@@ -65,8 +66,10 @@ BEGIN
            priced_by = v_priced_by, cost_nanos = v_cost_nanos, usage = v_usage, price_tier = v_price_tier
      WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id
        AND i.status IN ('reserved', 'dispatched')
-    RETURNING i.execution_id, i.period_start, i.stripe, i.hold_credits, i.created_at, i.budget_mask
-         INTO v_execution_id, v_period, v_stripe, v_hold, v_created, v_mask;
+    RETURNING i.execution_id, i.period_start, i.stripe, i.hold_credits, i.created_at, i.budget_mask,
+              i.budget_stripe, i.project, i.api_key, i.end_user
+         INTO v_execution_id, v_period, v_stripe, v_hold, v_created, v_mask,
+              v_budget_stripe, v_project, v_api_key, v_end_user;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
@@ -87,16 +90,16 @@ BEGIN
         PERFORM llm._move_stripe(p_organization_id, v_period, v_stripe,
                                  p_credits, -v_hold, v_cents, v_priced, p_now, -1, v_created);
     END IF;
-    -- then the budgets it was admitted under, in their windows of its admission (one
-    -- of the previous release keeps its bits in llm.invocation_scopes)
-    IF v_mask <> 0
-       OR (v_mask IS NULL
-           AND EXISTS (SELECT FROM llm.invocation_scopes AS s
-                        WHERE s.organization_id = p_organization_id AND s.invocation_id = p_invocation_id
-                          AND s.budget_mask <> 0)) THEN
-        SELECT * INTO STRICT v_inv FROM llm.invocations AS i
-         WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
-        PERFORM llm._book_budgets(v_inv, p_now);
+    -- then the budgets it was admitted under, in their windows of its admission (one of
+    -- the previous release keeps its bits in llm.invocation_scopes: its row read whole)
+    IF v_mask <> 0 THEN
+        SELECT o.budgets_revision INTO v_epoch FROM llm.organizations AS o WHERE o.id = p_organization_id;
+        PERFORM llm._move_request_counters(p_organization_id, v_mask, v_project, v_api_key, v_end_user, v_created,
+                                           v_budget_stripe, p_credits, -v_hold, v_cents, v_priced, NULL, NULL,
+                                           v_epoch, p_now);
+    ELSIF v_mask IS NULL THEN
+        PERFORM llm._move_budgets(p_organization_id, ARRAY(SELECT i FROM llm.invocations AS i WHERE i.organization_id
+                                  = p_organization_id AND i.id = p_invocation_id), false, p_now);
     END IF;
     RETURN true;
 END

@@ -80,7 +80,7 @@ BEGIN
     -- admit_invocation, ...); without this a delegated twin fails with 42883.
     -- llm leaves the search_path first: Citus deparses the GRANT it sends with
     -- the routine with argument types unqualified when they are visible
-    -- (GRANT ... llm._book_budgets(invocations, ...)), which fails on a worker.
+    -- (GRANT ... llm._move_budgets(uuid, invocations[], ...)), which fails on a worker.
     PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
     -- dynamic: the Citus catalogs exist only where citus is installed
     FOR v_fn IN EXECUTE pg_catalog.format($q$

@@ -305,10 +305,9 @@ def test_every_security_definer_function_pins_its_search_path(llm_conn):
 # (sql/98_search_path.sql says why): every call of a cycle pays the pin once, not at
 # each layer.
 REQUEST_PATH_UNPINNED = [
-    "_admit_invocation", "_book_budgets", "_budgets_revision", "_end_invocation",
-    "_fail_invocation", "_mark_dispatched", "_move_request_counters", "_move_stripe",
-    "_move_within_counter_room", "_move_within_rooms", "_price_request", "_require_price",
-    "_settle_invocation", "_settle_usage", "_usage_cost",
+    "_admit_invocation", "_end_invocation", "_fail_invocation", "_mark_dispatched",
+    "_move_request_counters", "_move_stripe", "_move_within_counter_room", "_move_within_rooms",
+    "_price_request", "_require_price", "_settle_invocation", "_settle_usage", "_usage_cost",
 ]
 
 

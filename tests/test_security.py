@@ -260,7 +260,7 @@ REFUSED = {
         " NULL, NULL, NULL, NULL, NULL)",
         "SELECT llm.set_budget(%(org)s, 'api_key', 'k', 'day', 10::bigint)",
         "SELECT llm.set_budget_stripes(%(org)s, 'api_key', 'k', 'day', 2)",
-        "SELECT llm._book_budgets(NULL::llm.invocations, %(now)s)",
+        "SELECT llm._move_budgets(%(org)s, ARRAY[]::llm.invocations[], false, %(now)s)",
     ],
     "llm_operator": [
         "SELECT llm.admit_invocation(%(org)s, 1::bigint, 'm')",
