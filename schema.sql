@@ -301,7 +301,7 @@ COMMENT ON FUNCTION llm._bound_locks() IS 'Sets lock_timeout to settings.org_loc
 
 CREATE FUNCTION llm._budget_keys(p_mask integer, p_project text, p_api_key text, p_end_user text, p_at timestamp with time zone) RETURNS TABLE(slot integer, scope text, scope_id text, budget_window text, window_start date)
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    AS $$ body in sql/, md5 e791d70f6092bff94d8dccc037a97cc4 $$;
+    AS $$ body in sql/, md5 49bd57830ced0229172a684be449c1d2 $$;
 
 COMMENT ON FUNCTION llm._budget_keys(p_mask integer, p_project text, p_api_key text, p_end_user text, p_at timestamp with time zone) IS 'The budget counters (scope, real id, window, window start) a request admitted at p_at with budget_mask p_mask moves, in bit order.';
 
@@ -312,9 +312,15 @@ CREATE FUNCTION llm._budget_reached(p_organization_id uuid, p_scope text, p_scop
 
 COMMENT ON FUNCTION llm._budget_reached(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_now timestamp with time zone) IS 'With the budget just changed: locks the stripes of the counters it governs in the window containing p_now (one id, or every id without its own budget for ''*''), drops their rooms and owes every threshold they stand at or above under the budget that applies to each now.';
 
+CREATE FUNCTION llm._budget_scopes() RETURNS text[]
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ body in sql/, md5 48643dc7adbecdf3a33600721841c228 $$;
+
+COMMENT ON FUNCTION llm._budget_scopes() IS 'The budget scopes in bit order (bit 3 * scope + window, scope from 0).';
+
 CREATE FUNCTION llm._budget_slot(p_scope text, p_window text) RETURNS integer
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    AS $$ body in sql/, md5 c2b39c4be687cacc050634ab17146548 $$;
+    AS $$ body in sql/, md5 9dd9f080282cdaf445c37598ead6c20b $$;
 
 COMMENT ON FUNCTION llm._budget_slot(p_scope text, p_window text) IS 'The budget_mask bit of a scope and window (3 * scope + window), NULL for an unknown one.';
 
@@ -325,6 +331,12 @@ CREATE FUNCTION llm._budget_terms(p_organization_id uuid, p_scope text, p_scope_
 
 COMMENT ON FUNCTION llm._budget_terms(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, OUT limit_credits bigint, OUT thresholds integer[], OUT revision uuid, OUT stripes integer) IS 'The limit, thresholds, revision and stripe count of the budget that applies now to one id of a scope and window: its own, else the scope''s ''*''; NULL when none.';
 
+CREATE FUNCTION llm._budget_windows() RETURNS text[]
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ body in sql/, md5 7c07c1f5cd49d56e8ef922b29f54f46a $$;
+
+COMMENT ON FUNCTION llm._budget_windows() IS 'The budget windows in bit order (bit 3 * scope + window, window from 0).';
+
 CREATE FUNCTION llm._budgets_changed(p_organization_id uuid) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -334,7 +346,6 @@ COMMENT ON FUNCTION llm._budgets_changed(p_organization_id uuid) IS 'Records tha
 
 CREATE FUNCTION llm._budgets_revision(p_organization_id uuid) RETURNS uuid
     LANGUAGE plpgsql STABLE
-    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
     AS $$ body in sql/, md5 1415a4bb2e8faacfd5687cbf0fa3ffba $$;
 
 COMMENT ON FUNCTION llm._budgets_revision(p_organization_id uuid) IS 'The organization''s budgets revision: the one a budget counter''s rooms must be spread under to serve a movement.';
@@ -499,7 +510,7 @@ COMMENT ON FUNCTION llm._end_claim(p_organization_id uuid, p_notice_id uuid, p_c
 
 CREATE FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone, p_price llm.priced_usage) RETURNS boolean
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 0316402f03832ae519ed212e2d61dbc4 $$;
+    AS $$ body in sql/, md5 c0b8645e693ca343fa874a9587f2212a $$;
 
 COMMENT ON FUNCTION llm._end_invocation(p_organization_id uuid, p_invocation_id uuid, p_status text, p_error text, p_credits bigint, p_cents bigint, p_input_tokens bigint, p_output_tokens bigint, p_now timestamp with time zone, p_price llm.priced_usage) IS 'Ends an open (reserved or dispatched) invocation as settled (measured) or failed with its charge (priced by the caller, or by the book: p_price) and books it: its task''s totals, its stripe''s movement (charge in, hold out) with the threshold notices the period crosses, then its budgets'' counters; false when it was no longer open.';
 
@@ -859,7 +870,7 @@ COMMENT ON FUNCTION llm._move_counter(p_organization_id uuid, p_scope text, p_sc
 
 CREATE FUNCTION llm._move_request_counters(p_organization_id uuid, p_mask integer, p_project text, p_api_key text, p_end_user text, p_created_at timestamp with time zone, p_budget_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint, p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 e68e52ea42ed0b4bc84dbdc9be2e0fe1 $$;
+    AS $$ body in sql/, md5 78a13f7e11c9ddb0b20977240b566a5a $$;
 
 COMMENT ON FUNCTION llm._move_request_counters(p_organization_id uuid, p_mask integer, p_project text, p_api_key text, p_end_user text, p_created_at timestamp with time zone, p_budget_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint, p_admit_limits bigint[], p_admit_revisions uuid[], p_epoch uuid, p_now timestamp with time zone) IS 'Moves every budget counter of one request (its budget_mask, scope ids, admission time and budget_stripe) in bit order: each on its stripe when it fits that stripe''s rooms, else by its exact path; returns the notices created.';
 
@@ -2358,9 +2369,13 @@ REVOKE ALL ON FUNCTION llm._budget_keys(p_mask integer, p_project text, p_api_ke
 
 REVOKE ALL ON FUNCTION llm._budget_reached(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_now timestamp with time zone) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._budget_scopes() FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._budget_slot(p_scope text, p_window text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._budget_terms(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, OUT limit_credits bigint, OUT thresholds integer[], OUT revision uuid, OUT stripes integer) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._budget_windows() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._budgets_changed(p_organization_id uuid) FROM PUBLIC;
 

@@ -40,7 +40,8 @@ DECLARE
     v_hold bigint;
     v_created timestamptz;
     -- its budgets' bits (NULL: admitted before 0.4.0, in llm.invocation_scopes), their keys
-    v_mask smallint; v_budget_stripe smallint; v_project text; v_api_key text; v_end_user text; v_epoch uuid;
+    v_mask smallint; v_budget_stripe smallint; v_project text; v_api_key text; v_end_user text;
+    v_inv llm.invocations;
     -- the book's price, as plain values (a field of the composite in the UPDATE costs
     -- every settlement more than these assignments cost a priced one)
     v_priced_by text;
@@ -93,13 +94,12 @@ BEGIN
     -- then the budgets it was admitted under, in their windows of its admission (one of
     -- the previous release keeps its bits in llm.invocation_scopes: its row read whole)
     IF v_mask <> 0 THEN
-        SELECT o.budgets_revision INTO v_epoch FROM llm.organizations AS o WHERE o.id = p_organization_id;
         PERFORM llm._move_request_counters(p_organization_id, v_mask, v_project, v_api_key, v_end_user, v_created,
                                            v_budget_stripe, p_credits, -v_hold, v_cents, v_priced, NULL, NULL,
-                                           v_epoch, p_now);
+                                           llm._budgets_revision(p_organization_id), p_now);
     ELSIF v_mask IS NULL THEN
-        PERFORM llm._move_budgets(p_organization_id, ARRAY(SELECT i FROM llm.invocations AS i WHERE i.organization_id
-                                  = p_organization_id AND i.id = p_invocation_id), false, p_now);
+        SELECT * INTO STRICT v_inv FROM llm.invocations AS i WHERE i.organization_id = p_organization_id AND i.id = p_invocation_id;
+        PERFORM llm._move_budgets(p_organization_id, ARRAY[v_inv], false, p_now);
     END IF;
     RETURN true;
 END

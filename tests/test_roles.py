@@ -305,7 +305,7 @@ def test_every_security_definer_function_pins_its_search_path(llm_conn):
 # (sql/98_search_path.sql says why): every call of a cycle pays the pin once, not at
 # each layer.
 REQUEST_PATH_UNPINNED = [
-    "_admit_invocation", "_end_invocation", "_fail_invocation", "_mark_dispatched",
+    "_admit_invocation", "_budgets_revision", "_end_invocation", "_fail_invocation", "_mark_dispatched",
     "_move_request_counters", "_move_stripe", "_move_within_counter_room", "_move_within_rooms",
     "_price_request", "_require_price", "_settle_invocation", "_settle_usage", "_usage_cost",
 ]
@@ -324,7 +324,9 @@ def test_every_function_pins_its_search_path_except_the_committing_procedure(llm
         ("_admission", "f", False),
         ("_amount_ok", "f", False),
         ("_budget_keys", "f", False),
+        ("_budget_scopes", "f", False),
         ("_budget_slot", "f", False),
+        ("_budget_windows", "f", False),
         ("_class_cost", "f", False),
         ("_clock_ok", "f", False),
         ("_credits_of", "f", False),
