@@ -26,6 +26,8 @@ from benchmarks.server import Target, find_pgbench
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 UTC = dt.UTC
+# the budgets' target: the cycle under three budgets against the cycle (docs/benchmarks.md)
+BUDGETS_TARGET = 0.85
 
 
 # ---------------------------------------------------------------- sizes
@@ -253,14 +255,19 @@ def pgbench(target: Target, name: str, args: Sequence[str]) -> dict[str, Any]:
     with target.connect(name) as conn:
         wal_start = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
         writes_before = _table_writes(conn)
+        backend = conn.info.backend_pid
+        server_before, machine_before = cpu.server_cpu_seconds(backend), cpu.machine_jiffies()
     with WaitSampler(target, name) as sampler:
         proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PGAPPNAME": "llmbench"})
     if proc.returncode != 0 or not _TPS.search(proc.stdout):
         raise RuntimeError(f"pgbench failed ({proc.returncode}): {' '.join(args)}\n{proc.stderr}\n{proc.stdout}")
     with target.connect(name) as conn:
+        # pgbench's sessions have exited (their counts are flushed, their CPU reaped)
+        _wait_for_sessions_to_end(conn)
+        server_after, machine_after = cpu.server_cpu_seconds(conn.info.backend_pid), cpu.machine_jiffies()
         wal_end = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
         wal_bytes = conn.execute("SELECT %s::pg_lsn - %s::pg_lsn", [wal_end, wal_start]).fetchone()[0]
-        writes_after = _table_writes(conn)  # pgbench's sessions have exited: their counts are flushed
+        writes_after = _table_writes(conn)
     failed = _FAILED.search(proc.stdout)
     processed = _PROCESSED.search(proc.stdout)
     runs = int(processed.group(1)) if processed else 0
@@ -279,12 +286,40 @@ def pgbench(target: Target, name: str, args: Sequence[str]) -> dict[str, Any]:
         # written from them
         "wal_records_per_run": {kind: {k: round(v / runs, 2) for k, v in figures.items()}
                                 for kind, figures in records.items()} if runs and records else None,
+        # per script run: CPU of the whole server and of the machine (pgbench included),
+        # and the machine's time busy, idle and stolen by its host over the run
+        **_cpu_figures(server_before, server_after, machine_before, machine_after, runs),
         # per script run and table: rows inserted, updated, of which HOT (no index entry)
         "table_writes": {
             table: {k: round((v - writes_before.get(table, {}).get(k, 0)) / runs, 2) for k, v in counts.items()}
             for table, counts in writes_after.items() if runs
         },  # fmt: skip
     }
+
+
+def _wait_for_sessions_to_end(conn: psycopg.Connection) -> None:
+    """Until no pgbench session is left (their statistics flushed, their CPU reaped), 5 s at most."""
+    for _ in range(100):
+        if not conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'llmbench'"
+                            " AND pid <> pg_backend_pid()").fetchone()[0]:  # fmt: skip
+            return
+        time.sleep(0.05)
+
+
+def _cpu_figures(server_before: float | None, server_after: float | None, machine_before: dict[str, int] | None,
+                 machine_after: dict[str, int] | None, runs: int) -> dict[str, Any]:  # fmt: skip
+    """Server and machine CPU µs per script run, and the machine's shares of busy, idle and
+    stolen time over the run; empty where /proc does not say (a remote server: no server
+    figure)."""
+    figures: dict[str, Any] = {}
+    if server_before is not None and server_after is not None and runs:
+        figures["server_cpu_us_per_run"] = round((server_after - server_before) / runs * 1e6, 1)
+    if machine_before is not None and machine_after is not None and runs:
+        spent = {k: machine_after[k] - machine_before[k] for k in machine_after}
+        total = sum(spent.values()) or 1
+        figures["machine_cpu_us_per_run"] = round(spent["busy"] / cpu.TICKS / runs * 1e6, 1)
+        figures["machine_shares"] = {k: round(v / total, 3) for k, v in spent.items()}
+    return figures
 
 
 def _table_writes(conn: psycopg.Connection) -> dict[str, dict[str, int]]:

@@ -20,7 +20,7 @@ import psycopg
 
 from benchmarks.driver import exec_id, org_id
 
-_TICKS = os.sysconf("SC_CLK_TCK")
+TICKS = os.sysconf("SC_CLK_TCK")
 _VARIABLE = re.compile(r"(?<![:\w]):(\w+)")  # a pgbench variable, not a :: cast
 
 
@@ -30,7 +30,43 @@ def cpu_seconds(pid: int) -> float | None:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+
+
+def machine_jiffies() -> dict[str, int] | None:
+    """The machine's CPU time since boot by kind, in clock ticks (/proc/stat): busy
+    (user, nice, system, irq, softirq), idle (idle, iowait) and steal (taken by the
+    host for other guests); None off Linux."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = fields
+    return {"busy": user + nice + system + irq + softirq, "idle": idle + iowait, "steal": steal}
+
+
+def server_cpu_seconds(backend_pid: int) -> float | None:
+    """CPU seconds of the whole server whose backend is ``backend_pid``: its postmaster's
+    reaped children (ended sessions, autovacuum workers: cutime + cstime) and its live
+    children (the background processes); None when the server is not on this machine."""
+    try:
+        postmaster = _parent(backend_pid)
+        fields = Path(f"/proc/{postmaster}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, ValueError, IndexError):
+        return None
+    total = (int(fields[13]) + int(fields[14])) / TICKS  # cutime, cstime
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if _parent(int(entry.name)) == postmaster:
+                    total += cpu_seconds(int(entry.name)) or 0.0  # ended since: in cutime next time
+            except (OSError, ValueError, IndexError):
+                continue  # ended while read
+    return total
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def backend_cpu_per_call(dsn: str, step: Callable[[psycopg.Connection, random.Random], None],

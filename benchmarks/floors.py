@@ -26,8 +26,6 @@ from typing import Any
 from benchmarks import common, throughput
 from benchmarks.server import open_target
 
-BUDGETS_TARGET = 0.85
-
 # the budget bits of the budgets queries.SET_BUDGETS sets: a project's month, a key's day
 _MASK = "SELECT (1 << llm._budget_slot('project', 'month')) | (1 << llm._budget_slot('api_key', 'day'))"
 
@@ -120,23 +118,36 @@ def write_variants(directory: Path, mask: int) -> None:
     (directory / "floor_budgets_read.sql").write_text(floor)
 
 
-def _round_figures(tps: dict[str, float]) -> dict[str, float]:
-    """Microseconds a request at 8 clients (1 / throughput): what the budgets' rows, read
-    and writes add to the floor, what their writes add to the cycle, and what the target
-    leaves the budgets on top of the cycle."""
-    def us(name: str) -> float:
-        return 1e6 / tps[name]
+# Each figure of a round: its name, then (minuend, subtrahend) scripts, or the cycle's
+# share the target leaves. In µs a request at 8 clients (1 / throughput), then the same
+# from the machine's CPU a request (pgbench's included).
+_DIFFERENCES = {
+    "budget_rows": ("floor_budgets", "floor"),
+    "budget_rows_each": ("floor_budgets_each", "floor"),
+    "budget_read": ("floor_budgets_read", "floor"),
+    "budget_writes": ("floor_budgets_writes", "floor"),
+    "budget_writes_on_cycle": ("cycle_budget_rows", "cycle"),
+    "cycle_logic": ("cycle", "floor"),
+    "budgets_add": ("budgets", "cycle"),
+}
 
-    return {
-        "budget_rows_us": round(us("floor_budgets") - us("floor"), 1),
-        "budget_rows_each_us": round(us("floor_budgets_each") - us("floor"), 1),
-        "budget_read_us": round(us("floor_budgets_read") - us("floor"), 1),
-        "budget_writes_us": round(us("floor_budgets_writes") - us("floor"), 1),
-        "budget_writes_on_cycle_us": round(us("cycle_budget_rows") - us("cycle"), 1),
-        "target_leaves_us": round(1e6 / (BUDGETS_TARGET * tps["cycle"]) - us("cycle"), 1),
-        "cycle_logic_us": round(us("cycle") - us("floor"), 1),
-        "budgets_add_us": round(us("budgets") - us("cycle"), 1),
-    }
+
+def _round_figures(tps: dict[str, float], machine_cpu: dict[str, float | None]) -> dict[str, float]:
+    """What the budgets' rows, read and writes add to the floor, what their writes add to
+    the cycle, the package's budgets to the cycle, and what the target leaves the budgets
+    on top of the cycle: in µs a request at 8 clients (1 / throughput), and as the
+    machine's CPU a request (``cpu_`` figures; pgbench's included). Only the figures
+    whose scripts ran."""
+    per_request = {name: 1e6 / rate for name, rate in tps.items()}
+    cpu = {name: value for name, value in machine_cpu.items() if value is not None}
+    figures: dict[str, float] = {}
+    for prefix, costs in (("", per_request), ("cpu_", cpu)):
+        for figure, (minuend, subtrahend) in _DIFFERENCES.items():
+            if minuend in costs and subtrahend in costs:
+                figures[f"{prefix}{figure}_us"] = round(costs[minuend] - costs[subtrahend], 1)
+        if "cycle" in costs:
+            figures[f"{prefix}target_leaves_us"] = round(costs["cycle"] * (1 / common.BUDGETS_TARGET - 1), 1)
+    return figures
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -144,6 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=20, help="each pgbench run")
     parser.add_argument("--json", type=Path, default=Path("/tmp/benchmarks-floors.json"))
+    parser.add_argument("--scripts", help="a comma-separated subset of the scripts, in that order (default: all);"
+                        " figures that need a script left out are not computed")  # fmt: skip
     args = parser.parse_args(argv)
     sizes = common.FULL
     rounds: list[dict[str, Any]] = []
@@ -159,7 +172,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             path, extra = scripts[name]
             common.pgbench(target, "cycle", common.run_args(sizes, "-n", "-f", path, *extra,
                                                             seconds=sizes.warmup_seconds))  # fmt: skip
-        names = list(scripts)
+        names = args.scripts.split(",") if args.scripts else list(scripts)
+        if not set(names) <= set(scripts):
+            raise SystemExit(f"benchmarks.floors: --scripts takes some of {', '.join(scripts)}")
         for number in range(1, args.rounds + 1):
             tps: dict[str, float] = {}
             runs: dict[str, Any] = {}
@@ -170,10 +185,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 run = common.pgbench(target, "cycle", common.run_args(sizes, "-n", "-f", path, *extra,
                                                                       seconds=args.seconds))  # fmt: skip
                 tps[name] = run["tps"]
-                runs[name] = {k: run.get(k) for k in ("tps", "wal_bytes_per_run", "session_states")}
+                runs[name] = {k: run.get(k) for k in ("tps", "wal_bytes_per_run", "session_states",
+                                                      "server_cpu_us_per_run", "machine_cpu_us_per_run",
+                                                      "machine_shares")}  # fmt: skip
                 common.log(f"round {number} {name}: {run['tps']:.0f} requests/s, "
-                           f"{run['wal_bytes_per_run']} WAL bytes each")  # fmt: skip
-            rounds.append({"runs": runs, **_round_figures(tps)})
+                           f"{run['wal_bytes_per_run']} WAL bytes each, machine CPU "
+                           f"{run.get('machine_cpu_us_per_run')} us each, {run.get('machine_shares')}")  # fmt: skip
+            machine_cpu = {name: run["machine_cpu_us_per_run"] for name, run in runs.items()}
+            rounds.append({"runs": runs, **_round_figures(tps, machine_cpu)})
             common.log(f"round {number}: " + ", ".join(
                 f"{k} {v}" for k, v in rounds[-1].items() if k != "runs"))  # fmt: skip
         violations, _ = common.invariant_violations(target, "cycle")
