@@ -5,8 +5,9 @@ database (benchmarks/throughput.py), then, round after round and each round in
 another order, pgbench on floor.sql and its variants under three budgets
 (floor_budgets.sql; _each, one UPDATE per counter; _read, their read alone;
 _writes, their writes alone), cycle.sql, cycle_budget_rows.sql (the cycle plus
-the counters' writes, unchecked) and budgets.sql, a VACUUM ANALYZE and a
-CHECKPOINT before each. A single run of each moves by several
+the counters' writes, unchecked), cycle_budget_floor (the same plus the budgets'
+read: what any code keeping three budgets must add to the cycle) and budgets.sql,
+a VACUUM ANALYZE and a CHECKPOINT before each (``--scripts``: some of them). A single run of each moves by several
 percent on a noisy machine; rounds side by side say what the floors bound
 (docs/benchmarks.md "Why the two targets are short"). Prints each run and,
 per round, the time a request's budgets (their rows, read and writes) add to the
@@ -44,21 +45,27 @@ def _scripts(sizes: common.Sizes, variants: Path) -> dict[str, tuple[str, list[s
         "cycle": (str(common.SCRIPTS / "cycle.sql"), plain),
         "cycle_budget_rows": (str(common.SCRIPTS / "cycle_budget_rows.sql"),
                               [*plain, *keys, "-D", f"offset={sizes.cycle_orgs}"]),
+        "cycle_budget_floor": (str(variants / "cycle_budget_floor.sql"),
+                               [*plain, *keys, "-D", f"offset={sizes.cycle_orgs}"]),
         "budgets": (str(common.SCRIPTS / "budgets.sql"), spread),
     }
 
 
 # ---------------------------------------------------------------- the variants
 #
-# Three variants of the floors, written from floor.sql and floor_budgets.sql at each
-# run (pgbench has no include, and copies would drift from the floors they vary):
+# Four variants of the floors, written from floor.sql, floor_budgets.sql and
+# cycle_budget_rows.sql at each run (pgbench has no include, and copies would drift
+# from the floors they vary):
 #   floor_budgets_each    floor_budgets.sql with one UPDATE per counter, as the package
 #                         moves them, instead of one UPDATE of both joined to a VALUES list;
 #   floor_budgets_writes  floor_budgets.sql without the budgets' read: each request
 #                         carries the mask that read finds in this database;
 #   floor_budgets_read    floor.sql on the organizations with budgets, plus the budgets'
 #                         read (a request is booked only when they are found, so it cannot
-#                         be skipped) and no counter moved: mask 0, the books stay exact.
+#                         be skipped) and no counter moved: mask 0, the books stay exact;
+#   cycle_budget_floor    cycle_budget_rows.sql plus the budgets' read at admission (the
+#                         budgets that apply, the budgets revision; the counters move only
+#                         when they are found) and the revision's at settlement.
 # Each change names the text it replaces and fails when a floor no longer has it.
 
 _COUNTERS = "(VALUES ('project', 'project-' || :p, 'month'), ('api_key', 'key-' || :n || '-' || :k, 'day'))"
@@ -117,6 +124,30 @@ def write_variants(directory: Path, mask: int) -> None:
                      "FROM o, x, b WHERE o.status = 'operational' AND x.status = 'running' AND b.mask > 0\n")
     (directory / "floor_budgets_read.sql").write_text(floor)
 
+    write_cycle_budget_floor(directory)
+
+
+def write_cycle_budget_floor(directory: Path) -> Path:
+    """cycle_budget_floor.sql in ``directory``: the cycle plus what code keeping three
+    budgets as the books do must add to it, their read (the budgets that apply, as
+    admission reads them, and the budgets revision, at admission and at settlement) and
+    the counters' writes, with no check; of organization n + offset, as in
+    cycle_budget_rows.sql."""
+    budgets = _statements((common.SCRIPTS / "floor_budgets.sql").read_text())
+    read = budgets[budgets.index("), b AS (\n"):budgets.index("), i AS (\n")]
+    rows = _statements((common.SCRIPTS / "cycle_budget_rows.sql").read_text())
+    revision = "    SELECT o.budgets_revision FROM llm.organizations AS o WHERE o.id = md5('bench-org-' || :m)::uuid\n"
+    rows = _replace(rows, "WITH a AS (\n", "WITH o AS (\n" + revision + read.replace(":n", ":m") + "), a AS (\n")
+    rows = _replace(rows, "AS outcome\n), c AS (\n", "AS outcome\n), o AS (\n" + revision + "), c AS (\n")
+    for side in ("a", "s"):
+        rows = _replace(rows, f"      FROM {side}, (VALUES", f"      FROM {side}, o, (VALUES")
+    rows = rows.replace("       AND c.stripe = 0\n", "       AND c.stripe = 0 AND o.budgets_revision IS NOT NULL\n")
+    rows = _replace(rows, "AND o.budgets_revision IS NOT NULL\n)\nSELECT a.id",
+                    "AND o.budgets_revision IS NOT NULL AND b.mask > 0\n)\nSELECT a.id")
+    rows = _replace(rows, "      FROM a, o, (VALUES", "      FROM a, o, b, (VALUES")
+    (directory / "cycle_budget_floor.sql").write_text(rows)
+    return directory / "cycle_budget_floor.sql"
+
 
 # Each figure of a round: its name, then (minuend, subtrahend) scripts, or the cycle's
 # share the target leaves. In µs a request at 8 clients (1 / throughput), then the same
@@ -127,6 +158,7 @@ _DIFFERENCES = {
     "budget_read": ("floor_budgets_read", "floor"),
     "budget_writes": ("floor_budgets_writes", "floor"),
     "budget_writes_on_cycle": ("cycle_budget_rows", "cycle"),
+    "budget_floor_on_cycle": ("cycle_budget_floor", "cycle"),
     "cycle_logic": ("cycle", "floor"),
     "budgets_add": ("budgets", "cycle"),
 }
@@ -147,6 +179,10 @@ def _round_figures(tps: dict[str, float], machine_cpu: dict[str, float | None]) 
                 figures[f"{prefix}{figure}_us"] = round(costs[minuend] - costs[subtrahend], 1)
         if "cycle" in costs:
             figures[f"{prefix}target_leaves_us"] = round(costs["cycle"] * (1 / common.BUDGETS_TARGET - 1), 1)
+    # against the target itself: each cycle under budgets (or their floor) / the cycle
+    for name in ("budgets", "cycle_budget_rows", "cycle_budget_floor"):
+        if name in tps and "cycle" in tps:
+            figures[f"{name}_vs_cycle"] = round(tps[name] / tps["cycle"], 3)
     return figures
 
 

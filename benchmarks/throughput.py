@@ -8,7 +8,9 @@ import random
 import re
 import statistics
 import subprocess
+import tempfile
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from benchmarks import common, cpu, driver
@@ -409,6 +411,22 @@ def _budget_runs(target: Target, sizes: common.Sizes, profiler: common.Profiler)
     results["floor_budgets"] = common.pgbench(target, "cycle", common.run_args(
         sizes, "-n", "-f", str(common.SCRIPTS / "floor_budgets.sql"), *spread))  # fmt: skip
     common.log(f"  {results['floor_budgets']['tps']:.0f} requests/s")
+    # the package's cycle, then the same plus the counters' writes alone, then plus
+    # their read too (the budgets' floor on the cycle: docs/benchmarks.md "Why the two
+    # targets are short"), side by side
+    from benchmarks import floors  # it imports this module
+
+    with tempfile.TemporaryDirectory(prefix="llmbench-") as variants:
+        scripts = (("budget_floor_cycle", str(common.SCRIPTS / "cycle.sql")),
+                   ("cycle_budget_rows", str(common.SCRIPTS / "cycle_budget_rows.sql")),
+                   ("cycle_budget_floor", str(floors.write_cycle_budget_floor(Path(variants)))))  # fmt: skip
+        for key, path in scripts:
+            common.settle(target, "cycle", sizes)
+            common.log(f"pgbench {Path(path).name} ({key}), {sizes.clients} clients")
+            results[key] = common.pgbench(target, "cycle", common.run_args(
+                sizes, "-n", "-f", path, "-D", f"norgs={sizes.cycle_orgs}", "-D", f"nprojects={sizes.budget_projects}",
+                "-D", f"nkeys={sizes.budget_keys}", "-D", f"offset={sizes.cycle_orgs}"))  # fmt: skip
+            common.log(f"  {results[key]['tps']:.0f} requests/s")
     return results
 
 
@@ -481,6 +499,25 @@ def _floor_rows(results: dict[str, Any], spread_mean: float, simple: float) -> l
         common.Row("budgets_vs_floor", "request cycle under 3 budgets (mean), against its floor", budgets,
             "requests/s", floor_budgets, "floor under 3 budgets", common.ratio(budgets, floor_budgets), "report",
             {"budgets_runs": [results["budgets_spread"]["tps"], results["budgets_spread_after"]["tps"]]}),
+    ] + _budget_floor_rows(results, budgets)  # fmt: skip
+
+
+def _budget_floor_rows(results: dict[str, Any], budgets: float) -> list[common.Row]:
+    """The budgets' floor on the package's cycle: the cycle plus the counters' writes
+    alone, then plus the budgets' read, both with no check, against the cycle run just
+    before them; and the cycle under three budgets against that floor."""
+    cycle = results["budget_floor_cycle"]["tps"]
+    writes, floor = results["cycle_budget_rows"]["tps"], results["cycle_budget_floor"]["tps"]
+    return [
+        common.Row("cycle_budget_rows", "the cycle plus only the 3 budgets' counter writes, no read, no check "
+            "(cycle_budget_rows.sql, pgbench)", writes, "requests/s", cycle, "request cycle, the run before",
+            common.ratio(writes, cycle), "report", results["cycle_budget_rows"]),
+        common.Row("cycle_budget_floor", "the cycle plus the 3 budgets' floor: their read and counter writes, no "
+            "check (cycle_budget_floor, pgbench)", floor, "requests/s", cycle, "request cycle, the run before",
+            common.ratio(floor, cycle), "report", results["cycle_budget_floor"]),
+        common.Row("budgets_vs_budget_floor", "request cycle under 3 budgets (mean), against the cycle plus their "
+            "floor", budgets, "requests/s", floor, "the cycle plus the budgets' floor",
+            common.ratio(budgets, floor), "report", {}),
     ]  # fmt: skip
 
 
