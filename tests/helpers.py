@@ -36,6 +36,8 @@ JANUARY = T0.date().replace(day=1)  # T0's month
 FEBRUARY = (JANUARY + timedelta(days=31)).replace(day=1)  # the next one
 NEW_MONTH = datetime.combine(FEBRUARY, clock_time(), UTC)  # its first instant: January is over
 MAX_AMOUNT = 10**15  # llm._max_amount()
+HOUR = timedelta(hours=1)
+DAY = timedelta(days=1)
 
 # The functions granted to llm_app (docs/contract.md "Roles and grants"): the request and task calls.
 APP_FUNCTIONS = frozenset(

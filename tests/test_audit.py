@@ -20,6 +20,7 @@ import pytest
 from llm_db import Llm
 from llm_db.service.metrics import collect
 from tests.helpers import (
+    HOUR,
     T0,
     admit,
     assert_books_right,
@@ -33,8 +34,6 @@ from tests.helpers import (
     set_budget,
     settle,
 )
-
-HOUR = timedelta(hours=1)
 
 
 def busy_org(llm: Llm) -> uuid.UUID:

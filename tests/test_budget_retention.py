@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -20,6 +20,8 @@ import pytest
 
 from llm_db import Llm, WindowRetired
 from tests.helpers import (
+    DAY,
+    HOUR,
     T0,
     admit,
     assert_books_right,
@@ -37,8 +39,6 @@ from tests.helpers import (
     wait_blocked,
 )
 
-HOUR = timedelta(hours=1)
-DAY = timedelta(days=1)
 ADMIT = sql_of("admit")
 
 

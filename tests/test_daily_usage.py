@@ -14,13 +14,15 @@ with ``pg_blocking_pids``: no sleeps, no timing.
 from __future__ import annotations
 
 import uuid
-from datetime import date, timedelta
+from datetime import date
 
 import psycopg
 import pytest
 
 from llm_db import Llm
 from tests.helpers import (
+    DAY,
+    HOUR,
     T0,
     InThread,
     admit_dispatched,
@@ -34,8 +36,6 @@ from tests.helpers import (
     wait_blocked,
 )
 
-HOUR = timedelta(hours=1)
-DAY = timedelta(days=1)
 RECOVERED_AT = T0 + 25 * HOUR  # past the 24 h recovery window of a request admitted at T0
 RECOVERY_DAY = RECOVERED_AT.date()
 LATE = 65  # the late measured figures: credits over the recovery charge (40), 7 cents

@@ -10,12 +10,12 @@ UPDATE, INSERT or DELETE as the test's superuser), and its check must report it.
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
 
 import psycopg
 import pytest
 
 from tests.helpers import (
+    HOUR,
     T0,
     admit,
     admit_dispatched,
@@ -34,8 +34,6 @@ from tests.helpers import (
     set_budget,
     settle,
 )
-
-HOUR = timedelta(hours=1)
 
 
 def reported(conn: psycopg.Connection) -> list[tuple[int, uuid.UUID]]:

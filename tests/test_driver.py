@@ -27,9 +27,8 @@ from codegen.operations import operations
 from llm_db import errors, models
 from llm_db.client import AsyncLlm, Llm
 from tests.fingerprint import fingerprint
-from tests.helpers import JANUARY, T0, invariants
+from tests.helpers import HOUR, JANUARY, T0, invariants
 
-HOUR = timedelta(hours=1)
 TASK = "driver.task"
 
 

@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 from tests.helpers import (
+    HOUR,
     T0,
     admit,
     assert_books_right,
@@ -34,7 +35,6 @@ from tests.helpers import (
     wait_blocked,
 )
 
-HOUR = timedelta(hours=1)
 TASK = "report.generate"
 ALLOWANCE = 1_000_000
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 import re
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
 
 import psycopg
 import pytest
 from psycopg import sql
 
 from tests.helpers import (
+    HOUR,
     T0,
     admit,
     admit_dispatched,
@@ -40,7 +40,6 @@ from tests.helpers import (
     settle,
 )
 
-HOUR = timedelta(hours=1)
 LATER = T0 + 25 * HOUR  # past the recovery window of what was dispatched at T0
 
 

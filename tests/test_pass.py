@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 from tests.helpers import (
+    HOUR,
     T0,
     UTC,
     InThread,
@@ -43,7 +44,6 @@ from tests.helpers import (
     wait_for,
 )
 
-HOUR = timedelta(hours=1)
 TASK = "report.generate"
 ALLOWANCE = 1_000_000
 

@@ -21,6 +21,7 @@ from llm_db import AsyncLlm, Llm, PriceMissing, Usage
 from llm_db.errors import IdempotencyConflict, InvalidArgument
 from tests.helpers import (
     ADMIT_SQL,
+    HOUR,
     T0,
     assert_sqlstate,
     call,
@@ -36,7 +37,6 @@ from tests.helpers import (
     sql_of,
 )
 
-HOUR = timedelta(hours=1)
 SINCE = T0 - timedelta(days=30)
 # per million tokens; a credit is a micro-dollar (1,000 nanos)
 GPT = {"input": "2.50", "cache_read": "1.25", "output": "10"}

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import threading
 import uuid
-from datetime import timedelta
 from pathlib import Path
 
 import psycopg
@@ -30,6 +29,8 @@ from llm_db.cli.report import build_report, render_report, report_json
 from llm_db.client import Llm
 from llm_db.service.metrics import exposition
 from tests.helpers import (
+    DAY,
+    HOUR,
     T0,
     admit,
     call,
@@ -46,8 +47,6 @@ from tests.helpers import (
 )
 
 GOLDEN = Path(__file__).parent / "golden"
-DAY = timedelta(days=1)
-HOUR = timedelta(hours=1)
 ORG_A = uuid.UUID("00000000-0000-4000-8000-00000000000a")
 ORG_B = uuid.UUID("00000000-0000-4000-8000-00000000000b")
 ORG_C = uuid.UUID("00000000-0000-4000-8000-00000000000c")

@@ -14,6 +14,7 @@ import pytest
 
 from tests.helpers import (
     ADMIT_SQL,
+    HOUR,
     T0,
     admit,
     admit_dispatched,
@@ -36,7 +37,6 @@ from tests.helpers import (
     wait_blocked,
 )
 
-HOUR = timedelta(hours=1)
 TASK = "report.generate"
 ALLOWANCE = 1_000_000
 

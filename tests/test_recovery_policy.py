@@ -20,9 +20,18 @@ import psycopg
 import pytest
 
 from llm_db import Llm, Outcome, errors
-from tests.helpers import T0, InThread, fingerprint, invariants, row, rows, scalar, wait_blocked
+from tests.helpers import (
+    HOUR,
+    T0,
+    InThread,
+    fingerprint,
+    invariants,
+    row,
+    rows,
+    scalar,
+    wait_blocked,
+)
 
-HOUR = timedelta(hours=1)
 LATER = T0 + 25 * HOUR  # past the 24 h recovery window
 TASK = "policy.task"
 

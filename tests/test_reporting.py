@@ -13,6 +13,8 @@ import pytest
 
 from llm_db.cli.report import build_report, render_report, report_json
 from tests.helpers import (
+    DAY,
+    HOUR,
     JANUARY,
     T0,
     admit,
@@ -25,9 +27,6 @@ from tests.helpers import (
     settle,
 )
 from tests.helpers import new_org as _new_org
-
-DAY = timedelta(days=1)
-HOUR = timedelta(hours=1)
 
 # The terminal requests, which the oracle below sums in Python: an aggregate independent
 # of the SQL under test (llm.rebuild_daily_usage), not a copy of it.

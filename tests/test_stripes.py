@@ -21,9 +21,7 @@ import psycopg
 import pytest
 
 from llm_db import AllowanceExhausted, Llm
-from tests.helpers import T0, invariants, row, rows, scalar, sessions_on_stripes, wait_blocked
-
-HOUR = timedelta(hours=1)
+from tests.helpers import HOUR, T0, invariants, row, rows, scalar, sessions_on_stripes, wait_blocked
 
 
 def striped_org(llm: Llm, allowance: int | None, stripes: int, *, thresholds=(80, 100)) -> uuid.UUID:

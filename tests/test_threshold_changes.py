@@ -22,6 +22,7 @@ import pytest
 from llm_db import Llm
 from tests.helpers import (
     FEBRUARY,
+    HOUR,
     JANUARY,
     NEW_MONTH,
     T0,
@@ -39,7 +40,6 @@ from tests.helpers import (
     wait_blocked,
 )
 
-HOUR = timedelta(hours=1)
 IN_FEBRUARY = NEW_MONTH + timedelta(days=2)
 
 

@@ -21,6 +21,7 @@ from psycopg import sql
 from llm_db import migrate
 from tests.helpers import (
     FEBRUARY,
+    HOUR,
     T0,
     budget_usage,
     call,
@@ -40,7 +41,6 @@ RELEASE_0_1_0 = ROOT / "tests" / "upgrade" / "llm-db-0.1.0-fd1a650.tar.gz"
 # The 0.1.0 data set is written on these clocks, before T0: December is a closed month by then.
 JAN = T0 - timedelta(days=5)
 DEC = JAN - timedelta(days=31)
-HOUR = timedelta(hours=1)
 TASK = "upgrade.summary"
 
 

@@ -200,6 +200,11 @@ def _cost_gauges(rows: list[dict[str, Any]], registry: CollectorRegistry) -> Non
             fallback.labels(model=r["labels"]["model"]).set(r["value"])
 
 
+def _unlabelled(name: str, doc: str, series: Series, registry: CollectorRegistry) -> None:
+    """A gauge with no label, set to its one series."""
+    Gauge(name, doc, registry=registry).set(series[name, None])
+
+
 def _labelled(
     name: str, doc: str, label: str, values: Iterable[str], series: Series, registry: CollectorRegistry
 ) -> None:
@@ -217,11 +222,9 @@ def _health_gauges(series: Series, registry: CollectorRegistry) -> None:
         "1 for the current status of llm.reconciliation_health() (the missing-run alarm).",
         "status", HEALTH_STATUSES, series, registry,
     )  # fmt: skip
-    Gauge(
-        "llm_reconciliation_last_success_timestamp_seconds",
-        "When the last completed pass finished (on its own clock), Unix seconds; 0: never.",
-        registry=registry,
-    ).set(series["llm_reconciliation_last_success_timestamp_seconds", None])
+    _unlabelled("llm_reconciliation_last_success_timestamp_seconds",
+                "When the last completed pass finished (on its own clock), Unix seconds; 0: never.",
+                series, registry)  # fmt: skip
 
 
 def _last_run_gauges(series: Series, registry: CollectorRegistry) -> None:
@@ -231,30 +234,22 @@ def _last_run_gauges(series: Series, registry: CollectorRegistry) -> None:
         ("timestamp_seconds", "When the last (not skipped) pass finished, Unix seconds; 0: no pass yet."),
         ("age_seconds", "Seconds since the last (not skipped) pass finished, on the pass's clock; 0: no pass yet."),
         ("duration_seconds", "How long the last pass took; 0: no pass yet."),
+        ("errors", "Errors the last pass recorded (organizations and follow-up steps)."),
+        *RUN_FIGURES.items(),
     ):
-        Gauge(f"llm_reconciliation_last_run_{name}", doc, registry=registry).set(
-            series[f"llm_reconciliation_last_run_{name}", None]
-        )
+        _unlabelled(f"llm_reconciliation_last_run_{name}", doc, series, registry)
     _labelled(
         "llm_reconciliation_last_run_status",
         "1 for the status of the last (not skipped) pass; all 0: no pass yet.",
         "status", RUN_STATUSES, series, registry,
     )  # fmt: skip
-    Gauge(
-        "llm_reconciliation_last_run_errors",
-        "Errors the last pass recorded (organizations and follow-up steps).",
-        registry=registry,
-    ).set(series["llm_reconciliation_last_run_errors", None])
-    for column, doc in RUN_FIGURES.items():
-        name = f"llm_reconciliation_last_run_{column}"
-        Gauge(name, doc, registry=registry).set(series[name, None])
 
 
 def _books_gauges(series: Series, registry: CollectorRegistry) -> None:
     """What the next pass would act on, the stale requests by organization status, and
     the sweeps' totals (counters)."""
     for name, doc in SNAPSHOT_GAUGES.values():
-        Gauge(name, doc, registry=registry).set(series[name, None])
+        _unlabelled(name, doc, series, registry)
     _labelled("llm_notices", "Threshold notices not yet delivered, by status.",
               "status", ("owed", "sending"), series, registry)  # fmt: skip
 
@@ -266,8 +261,8 @@ def _books_gauges(series: Series, registry: CollectorRegistry) -> None:
         requests.labels(organization_status=status).set(series["llm_stale_open_requests", status])
         credits.labels(organization_status=status).set(series["llm_stale_open_hold_credits", status])
 
-    Gauge("llm_period_findings", "Periods whose counters disagree with their requests (unresolved"
-          " rows of llm.period_findings).", registry=registry).set(series["llm_period_findings", None])  # fmt: skip
+    _unlabelled("llm_period_findings", "Periods whose counters disagree with their requests (unresolved"
+                " rows of llm.period_findings).", series, registry)  # fmt: skip
     registry.register(_SweepCounters(series))
 
 
