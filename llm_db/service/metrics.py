@@ -234,8 +234,6 @@ def _last_run_gauges(series: Series, registry: CollectorRegistry) -> None:
         ("timestamp_seconds", "When the last (not skipped) pass finished, Unix seconds; 0: no pass yet."),
         ("age_seconds", "Seconds since the last (not skipped) pass finished, on the pass's clock; 0: no pass yet."),
         ("duration_seconds", "How long the last pass took; 0: no pass yet."),
-        ("errors", "Errors the last pass recorded (organizations and follow-up steps)."),
-        *RUN_FIGURES.items(),
     ):
         _unlabelled(f"llm_reconciliation_last_run_{name}", doc, series, registry)
     _labelled(
@@ -243,6 +241,11 @@ def _last_run_gauges(series: Series, registry: CollectorRegistry) -> None:
         "1 for the status of the last (not skipped) pass; all 0: no pass yet.",
         "status", RUN_STATUSES, series, registry,
     )  # fmt: skip
+    for name, doc in (
+        ("errors", "Errors the last pass recorded (organizations and follow-up steps)."),
+        *RUN_FIGURES.items(),
+    ):
+        _unlabelled(f"llm_reconciliation_last_run_{name}", doc, series, registry)
 
 
 def _books_gauges(series: Series, registry: CollectorRegistry) -> None:
