@@ -83,6 +83,11 @@ def _statements(text: str) -> str:
     return text[text.index("\\set n random"):]
 
 
+def _budgets_read(budgets: str) -> str:
+    """floor_budgets.sql's read of the budgets that apply: its CTE ``b``, from ``), b AS (``."""
+    return budgets[budgets.index("), b AS (\n"):budgets.index("), i AS (\n")]
+
+
 def _one_update_each(block: str) -> list[str]:
     """The counters' UPDATE of floor_budgets.sql (both counters, joined to a VALUES list)
     as one UPDATE per counter, the project's month first."""
@@ -109,7 +114,7 @@ def write_variants(directory: Path, mask: int) -> None:
     each = each.replace(settle_c, f"), c1 AS (\n    {first_s}\n)\n{second_s};\n")
     (directory / "floor_budgets_each.sql").write_text(each)
 
-    read = budgets[budgets.index("), b AS (\n"):budgets.index("), i AS (\n")]
+    read = _budgets_read(budgets)
     writes = _replace(budgets, read, "")
     writes = _replace(writes, "b.mask, pg_backend_pid() % 64\n      FROM o, x, b WHERE",
                       f"{mask}, pg_backend_pid() % 64\n      FROM o, x WHERE")
@@ -133,8 +138,7 @@ def write_cycle_budget_floor(directory: Path) -> Path:
     admission reads them, and the budgets revision, at admission and at settlement) and
     the counters' writes, with no check; of organization n + offset, as in
     cycle_budget_rows.sql."""
-    budgets = _statements((common.SCRIPTS / "floor_budgets.sql").read_text())
-    read = budgets[budgets.index("), b AS (\n"):budgets.index("), i AS (\n")]
+    read = _budgets_read(_statements((common.SCRIPTS / "floor_budgets.sql").read_text()))
     rows = _statements((common.SCRIPTS / "cycle_budget_rows.sql").read_text())
     revision = "    SELECT o.budgets_revision FROM llm.organizations AS o WHERE o.id = md5('bench-org-' || :m)::uuid\n"
     rows = _replace(rows, "WITH a AS (\n", "WITH o AS (\n" + revision + read.replace(":n", ":m") + "), a AS (\n")
