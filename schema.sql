@@ -260,7 +260,7 @@ COMMENT ON FUNCTION llm._apply_to_periods(p_organization_id uuid, p_allowance bi
 CREATE FUNCTION llm._audit_budgets(p_organization_id uuid, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 7ebb402d3deb4b136ce809f2012ca74c $$;
+    AS $$ body in sql/, md5 7c5f72034c8367860a3b3785c7aad334 $$;
 
 COMMENT ON FUNCTION llm._audit_budgets(p_organization_id uuid, p_now timestamp with time zone) IS 'Recomputes the organization''s budget counters of the day, week and month containing p_now and of the ones before them from their requests in one statement; logs (WARNING) and returns how many disagree. Never repairs.';
 
@@ -642,14 +642,14 @@ COMMENT ON FUNCTION llm._invariant_13() IS 'Invariant 13: a drift finding means 
 CREATE FUNCTION llm._invariant_14() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 5cfb702c483a2e76f40e6a95cb6c89e6 $$;
+    AS $$ body in sql/, md5 9385ebe1f2d96486a8f13c3122e7ff5f $$;
 
 COMMENT ON FUNCTION llm._invariant_14() IS 'Invariant 14: every budget counter''s used, held and cents (summed over its stripes) equal the requests admitted under it, and every counter a request was admitted under exists unless retention may have deleted it (window ended on or before the organization''s horizon, no open request under it).';
 
 CREATE FUNCTION llm._invariant_15() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 e723dd4cfd5dc52693764c5ab5cfc4f1 $$;
+    AS $$ body in sql/, md5 bd03d08e9f7438dd87b6e5e1672fe931 $$;
 
 COMMENT ON FUNCTION llm._invariant_15() IS 'Invariant 15: a budget counter''s used + held - overrun (its stripes summed) never exceeds the limit it admits against (the same on all its stripes), the budget''s limit while its revision is unchanged.';
 
@@ -670,7 +670,7 @@ COMMENT ON FUNCTION llm._invariant_17() IS 'Invariant 17: every period stripe''s
 CREATE FUNCTION llm._invariant_18() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 6d5912ac5a0233c76099cf6b3d5488b2 $$;
+    AS $$ body in sql/, md5 b7eacb02a12ed475465bd92856d63b5b $$;
 
 COMMENT ON FUNCTION llm._invariant_18() IS 'Invariant 18: a budget counter has the stripes it says, each holding the holds of its open requests, and its rooms (spread under the budgets revision in force) promise no more than it has left to its limit and to the sum limit, nor usage past its next threshold not notified.';
 
@@ -1174,14 +1174,14 @@ COMMENT ON FUNCTION llm._require_price(p_organization_id uuid, p_model text, p_a
 CREATE FUNCTION llm._restripe_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripes integer) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 c96871f6306e29cda882f23b0eb08e6f $$;
+    AS $$ body in sql/, md5 076bcb0e79359f5c6b40d0138c3a063b $$;
 
 COMMENT ON FUNCTION llm._restripe_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripes integer) IS 'Spreads a budget counter over p_stripes stripes, its stripes locked in order: each holds the holds of its open requests (budget_stripe % p_stripes), stripe 0 its used credits, cents and priced nanos; its rooms dropped.';
 
 CREATE FUNCTION llm._retain_budgets(p_organization_id uuid, p_now timestamp with time zone, p_retention interval) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 8a6631a76779c8e6f77a469a70848c67 $$;
+    AS $$ body in sql/, md5 9664859d1333779bd49ea5ac97e75b46 $$;
 
 COMMENT ON FUNCTION llm._retain_budgets(p_organization_id uuid, p_now timestamp with time zone, p_retention interval) IS 'Raises the organization''s retention horizon (LEAST(p_now, now()) - p_retention, never past its oldest open request''s day) and deletes the counters of windows ended on or before it that hold nothing and no open request is admitted under, all their stripes locked in lock order, skipping locked ones; returns how many counters.';
 
@@ -1776,6 +1776,40 @@ CREATE FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_m
 
 COMMENT ON FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) IS 'Creates or updates an organization; a NULL status or threshold list keeps the organization''s (a new one: operational, {80,100}). A changed allowance (NULL = unlimited) also applies to the period containing p_now and later open ones, which owe at once every threshold their usage now stands at or above; a changed threshold list applies to every period.';
 
+CREATE TABLE llm.invocation_scopes (
+    organization_id uuid NOT NULL,
+    invocation_id uuid NOT NULL,
+    project text,
+    api_key text,
+    end_user text,
+    budget_mask smallint NOT NULL
+);
+
+COMMENT ON TABLE llm.invocation_scopes IS 'The project, API key and end user a request named at admission, and the budget counters it moves (budget_mask); one row per request that named a scope id or was admitted under a budget.';
+
+COMMENT ON COLUMN llm.invocation_scopes.budget_mask IS 'The budget counters the request moves, fixed at admission: bit 3 * scope + window (organization 0, project 1, api_key 2, end_user 3; day 0, week 1, month 2); 0 when none.';
+
+CREATE VIEW llm._invocation_budget_keys AS
+ SELECT i.organization_id,
+    i.id AS invocation_id,
+    i.status,
+    i.created_at,
+    i.budget_stripe,
+    i.hold_credits,
+    i.charged_credits,
+    i.charged_cents,
+    i.recovered_credits,
+    k.slot,
+    k.scope,
+    k.scope_id,
+    k.budget_window,
+    k.window_start
+   FROM ((llm.invocations i
+     LEFT JOIN llm.invocation_scopes s ON (((s.organization_id = i.organization_id) AND (s.invocation_id = i.id) AND (i.budget_mask IS NULL))))
+     CROSS JOIN LATERAL llm._budget_keys((COALESCE(i.budget_mask, s.budget_mask))::integer, COALESCE(i.project, s.project), COALESCE(i.api_key, s.api_key), COALESCE(i.end_user, s.end_user), i.created_at) k(slot, scope, scope_id, budget_window, window_start));
+
+COMMENT ON VIEW llm._invocation_budget_keys IS 'Internal: each request (of this release or the previous one) with each budget counter it moves (scope, id, window, window start).';
+
 CREATE TABLE llm.budget_counters (
     organization_id uuid NOT NULL,
     id uuid DEFAULT gen_random_uuid() NOT NULL,
@@ -1987,19 +2021,6 @@ CREATE TABLE llm.executions (
 COMMENT ON TABLE llm.executions IS 'Tasks grouping invocations: running -> completed | failed | abandoned; totals grow with every terminal invocation.';
 
 COMMENT ON COLUMN llm.executions.priced_nanos IS 'The cost (nanos) of the task''s requests priced from usage, corrections included; its cost is cents * 10^7 + priced_nanos (NULL: 0).';
-
-CREATE TABLE llm.invocation_scopes (
-    organization_id uuid NOT NULL,
-    invocation_id uuid NOT NULL,
-    project text,
-    api_key text,
-    end_user text,
-    budget_mask smallint NOT NULL
-);
-
-COMMENT ON TABLE llm.invocation_scopes IS 'The project, API key and end user a request named at admission, and the budget counters it moves (budget_mask); one row per request that named a scope id or was admitted under a budget.';
-
-COMMENT ON COLUMN llm.invocation_scopes.budget_mask IS 'The budget counters the request moves, fixed at admission: bit 3 * scope + window (organization 0, project 1, api_key 2, end_user 3; day 0, week 1, month 2); 0 when none.';
 
 CREATE VIEW llm.ledger AS
  SELECT i.organization_id,
@@ -2844,6 +2865,12 @@ GRANT ALL ON FUNCTION llm.unschedule_reconciliation() TO llm_operator;
 REVOKE ALL ON FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) TO llm_operator;
 
+GRANT SELECT ON TABLE llm.invocation_scopes TO llm_reader;
+GRANT SELECT ON TABLE llm.invocation_scopes TO llm_operator;
+
+GRANT SELECT ON TABLE llm._invocation_budget_keys TO llm_reader;
+GRANT SELECT ON TABLE llm._invocation_budget_keys TO llm_operator;
+
 GRANT SELECT ON TABLE llm.budget_counters TO llm_reader;
 GRANT SELECT ON TABLE llm.budget_counters TO llm_operator;
 GRANT SELECT ON TABLE llm.budget_counters TO llm_app;
@@ -2878,9 +2905,6 @@ GRANT SELECT ON TABLE llm.drift_findings TO llm_operator;
 
 GRANT SELECT ON TABLE llm.executions TO llm_reader;
 GRANT SELECT ON TABLE llm.executions TO llm_operator;
-
-GRANT SELECT ON TABLE llm.invocation_scopes TO llm_reader;
-GRANT SELECT ON TABLE llm.invocation_scopes TO llm_operator;
 
 GRANT SELECT ON TABLE llm.ledger TO llm_reader;
 GRANT SELECT ON TABLE llm.ledger TO llm_operator;

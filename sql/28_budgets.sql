@@ -82,6 +82,25 @@ $$;
 COMMENT ON FUNCTION llm._budget_keys(integer, text, text, text, timestamptz) IS
     'The budget counters (scope, real id, window, window start) a request admitted at p_at with budget_mask p_mask moves, in bit order.';
 
+-- Every request with each budget counter it moves, one row a counter: the one join of
+-- a request to its keys that the readers of many requests share (the audit,
+-- invariants 14, 15 and 18, retention's and restriping's open holds). A request of the
+-- previous release keeps its bits and scope ids in llm.invocation_scopes. Inlined
+-- into each reader's query, whose predicates reach llm.invocations: on Citus, one
+-- query per shard as before. No grant: only the owner's routines read it.
+CREATE OR REPLACE VIEW llm._invocation_budget_keys AS
+SELECT i.organization_id, i.id AS invocation_id, i.status, i.created_at, i.budget_stripe,
+       i.hold_credits, i.charged_credits, i.charged_cents, i.recovered_credits,
+       k.slot, k.scope, k.scope_id, k.budget_window, k.window_start
+  FROM llm.invocations AS i
+  LEFT JOIN llm.invocation_scopes AS s
+    ON s.organization_id = i.organization_id AND s.invocation_id = i.id AND i.budget_mask IS NULL
+ CROSS JOIN LATERAL llm._budget_keys(coalesce(i.budget_mask, s.budget_mask), coalesce(i.project, s.project),
+                                     coalesce(i.api_key, s.api_key), coalesce(i.end_user, s.end_user),
+                                     i.created_at) AS k;
+COMMENT ON VIEW llm._invocation_budget_keys IS
+    'Internal: each request (of this release or the previous one) with each budget counter it moves (scope, id, window, window start).';
+
 -- Inlinable. The day after the window starting p_start (its end, exclusive). A
 -- searched CASE: Citus rewrites a simple CASE in a distributed statement wrongly.
 CREATE OR REPLACE FUNCTION llm._window_end(p_window text, p_start date)
@@ -695,18 +714,13 @@ BEGIN
                     AND o.budget_window = c.budget_window AND o.window_start = c.window_start
                     AND (o.id <> ALL (v_locked) OR o.held_credits <> 0))
            AND NOT EXISTS (
-                 SELECT FROM llm.invocations AS i
-                   LEFT JOIN llm.invocation_scopes AS s
-                     ON s.organization_id = i.organization_id AND s.invocation_id = i.id AND i.budget_mask IS NULL
-                  CROSS JOIN LATERAL llm._budget_keys(coalesce(i.budget_mask, s.budget_mask),
-                                                      coalesce(i.project, s.project), coalesce(i.api_key, s.api_key),
-                                                      coalesce(i.end_user, s.end_user), i.created_at) AS k
-                  WHERE i.organization_id = p_organization_id
-                    AND i.status IN ('reserved', 'dispatched')
+                 SELECT FROM llm._invocation_budget_keys AS k
+                  WHERE k.organization_id = p_organization_id
+                    AND k.status IN ('reserved', 'dispatched')
                     -- none open: no time; never a NULL the planner folds the subquery
                     -- away with, which leaves Citus a join it cannot route (0A000)
-                    AND i.created_at >= coalesce(v_floor, 'infinity')
-                    AND i.created_at < (llm._window_end(c.budget_window, c.window_start)::timestamp AT TIME ZONE 'UTC')
+                    AND k.created_at >= coalesce(v_floor, 'infinity')
+                    AND k.created_at < (llm._window_end(c.budget_window, c.window_start)::timestamp AT TIME ZONE 'UTC')
                     AND k.scope = c.scope AND k.budget_window = c.budget_window
                     AND k.window_start = c.window_start
                     AND (k.scope_id = c.scope_id OR (k.scope_id IS NULL AND c.scope_id IS NULL)))
@@ -938,16 +952,11 @@ BEGIN
     -- the holds of its open requests, by their stripe under the new count
     SELECT pg_catalog.array_agg(coalesce(h.held, 0) ORDER BY g) INTO v_holds
       FROM pg_catalog.generate_series(0, p_stripes - 1) AS g
-      LEFT JOIN (SELECT coalesce(i.budget_stripe, 0) % p_stripes AS stripe, sum(i.hold_credits)::bigint AS held
-                   FROM llm.invocations AS i
-                   LEFT JOIN llm.invocation_scopes AS s
-                     ON s.organization_id = i.organization_id AND s.invocation_id = i.id AND i.budget_mask IS NULL
-                  CROSS JOIN LATERAL llm._budget_keys(coalesce(i.budget_mask, s.budget_mask),
-                                                      coalesce(i.project, s.project), coalesce(i.api_key, s.api_key),
-                                                      coalesce(i.end_user, s.end_user), i.created_at) AS k
-                  WHERE i.organization_id = p_organization_id
-                    AND i.created_at >= v_floor AND i.created_at < v_end
-                    AND i.status IN ('reserved', 'dispatched')
+      LEFT JOIN (SELECT coalesce(k.budget_stripe, 0) % p_stripes AS stripe, sum(k.hold_credits)::bigint AS held
+                   FROM llm._invocation_budget_keys AS k
+                  WHERE k.organization_id = p_organization_id
+                    AND k.created_at >= v_floor AND k.created_at < v_end
+                    AND k.status IN ('reserved', 'dispatched')
                     AND k.scope = p_scope AND k.budget_window = p_window AND k.window_start = p_window_start
                     AND (k.scope_id = p_scope_id OR (k.scope_id IS NULL AND p_scope_id IS NULL))
                   GROUP BY 1) AS h ON h.stripe = g;

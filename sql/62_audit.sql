@@ -46,18 +46,13 @@ BEGIN
                  GROUP BY b.scope, b.scope_id, b.budget_window, b.window_start) AS c
           FULL JOIN (
                 SELECT k.scope, k.scope_id, k.budget_window, k.window_start,
-                       sum(i.charged_credits) FILTER (WHERE i.status IN ('settled', 'failed'))::bigint AS used,
-                       sum(coalesce(i.charged_cents, 0)) FILTER (WHERE i.status IN ('settled', 'failed'))::bigint AS cents,
-                       sum(i.hold_credits) FILTER (WHERE i.status IN ('reserved', 'dispatched'))::bigint AS held
-                  FROM llm.invocations AS i
-                  LEFT JOIN llm.invocation_scopes AS s
-                    ON s.organization_id = i.organization_id AND s.invocation_id = i.id AND i.budget_mask IS NULL
-                 CROSS JOIN LATERAL llm._budget_keys(coalesce(i.budget_mask, s.budget_mask),
-                                                     coalesce(i.project, s.project), coalesce(i.api_key, s.api_key),
-                                                     coalesce(i.end_user, s.end_user), i.created_at) AS k
-                 WHERE i.organization_id = p_organization_id
-                   AND i.created_at >= ((v_current - interval '1 month') AT TIME ZONE 'UTC')
-                   AND i.created_at < ((v_current + interval '1 month') AT TIME ZONE 'UTC')
+                       sum(k.charged_credits) FILTER (WHERE k.status IN ('settled', 'failed'))::bigint AS used,
+                       sum(coalesce(k.charged_cents, 0)) FILTER (WHERE k.status IN ('settled', 'failed'))::bigint AS cents,
+                       sum(k.hold_credits) FILTER (WHERE k.status IN ('reserved', 'dispatched'))::bigint AS held
+                  FROM llm._invocation_budget_keys AS k
+                 WHERE k.organization_id = p_organization_id
+                   AND k.created_at >= ((v_current - interval '1 month') AT TIME ZONE 'UTC')
+                   AND k.created_at < ((v_current + interval '1 month') AT TIME ZONE 'UTC')
                  GROUP BY 1, 2, 3, 4) AS r
             ON r.scope = c.scope AND r.scope_id IS NOT DISTINCT FROM c.scope_id
            AND r.budget_window = c.budget_window AND r.window_start = c.window_start

@@ -493,16 +493,11 @@ BEGIN
                    sum(b.used_cents) AS used_cents
               FROM llm.budget_counters AS b
              GROUP BY 1, 2, 3, 4, 5) AS c
-      FULL JOIN (SELECT i.organization_id, k.scope, k.scope_id, k.budget_window, k.window_start,
-                        sum(i.charged_credits) FILTER (WHERE i.status IN ('settled', 'failed')) AS used,
-                        sum(i.hold_credits) FILTER (WHERE i.status IN ('reserved', 'dispatched')) AS held,
-                        sum(coalesce(i.charged_cents, 0)) FILTER (WHERE i.status IN ('settled', 'failed')) AS cents
-                   FROM llm.invocations AS i
-                   LEFT JOIN llm.invocation_scopes AS s
-                     ON s.organization_id = i.organization_id AND s.invocation_id = i.id AND i.budget_mask IS NULL
-                  CROSS JOIN LATERAL llm._budget_keys(coalesce(i.budget_mask, s.budget_mask),
-                                                      coalesce(i.project, s.project), coalesce(i.api_key, s.api_key),
-                                                      coalesce(i.end_user, s.end_user), i.created_at) AS k
+      FULL JOIN (SELECT k.organization_id, k.scope, k.scope_id, k.budget_window, k.window_start,
+                        sum(k.charged_credits) FILTER (WHERE k.status IN ('settled', 'failed')) AS used,
+                        sum(k.hold_credits) FILTER (WHERE k.status IN ('reserved', 'dispatched')) AS held,
+                        sum(coalesce(k.charged_cents, 0)) FILTER (WHERE k.status IN ('settled', 'failed')) AS cents
+                   FROM llm._invocation_budget_keys AS k
                   GROUP BY 1, 2, 3, 4, 5) AS r
         ON r.organization_id = c.organization_id AND r.scope = c.scope
        AND r.scope_id IS NOT DISTINCT FROM c.scope_id AND r.budget_window = c.budget_window
@@ -543,15 +538,10 @@ BEGIN
                    count(DISTINCT x.admitted_revision) AS revisions
               FROM llm.budget_counters AS x
              GROUP BY 1, 2, 3, 4, 5) AS c
-      LEFT JOIN (SELECT i.organization_id, k.scope, k.scope_id, k.budget_window, k.window_start,
-                        sum(GREATEST(0, i.charged_credits - coalesce(i.recovered_credits, i.hold_credits))) AS overrun
-                   FROM llm.invocations AS i
-                   LEFT JOIN llm.invocation_scopes AS s
-                     ON s.organization_id = i.organization_id AND s.invocation_id = i.id AND i.budget_mask IS NULL
-                  CROSS JOIN LATERAL llm._budget_keys(coalesce(i.budget_mask, s.budget_mask),
-                                                      coalesce(i.project, s.project), coalesce(i.api_key, s.api_key),
-                                                      coalesce(i.end_user, s.end_user), i.created_at) AS k
-                  WHERE i.status IN ('settled', 'failed')
+      LEFT JOIN (SELECT k.organization_id, k.scope, k.scope_id, k.budget_window, k.window_start,
+                        sum(GREATEST(0, k.charged_credits - coalesce(k.recovered_credits, k.hold_credits))) AS overrun
+                   FROM llm._invocation_budget_keys AS k
+                  WHERE k.status IN ('settled', 'failed')
                   GROUP BY 1, 2, 3, 4, 5) AS o
         ON o.organization_id = c.organization_id AND o.scope = c.scope
        AND o.scope_id IS NOT DISTINCT FROM c.scope_id AND o.budget_window = c.budget_window
@@ -667,15 +657,10 @@ BEGIN
                    count(*) OVER (PARTITION BY x.organization_id, x.scope, x.scope_id, x.budget_window,
                                                x.window_start) AS rows
               FROM llm.budget_counters AS x) AS c
-      LEFT JOIN (SELECT i.organization_id, k.scope, k.scope_id, k.budget_window, k.window_start,
-                        coalesce(i.budget_stripe, 0) AS seed, sum(i.hold_credits) AS held
-                   FROM llm.invocations AS i
-                   LEFT JOIN llm.invocation_scopes AS s
-                     ON s.organization_id = i.organization_id AND s.invocation_id = i.id AND i.budget_mask IS NULL
-                  CROSS JOIN LATERAL llm._budget_keys(coalesce(i.budget_mask, s.budget_mask),
-                                                      coalesce(i.project, s.project), coalesce(i.api_key, s.api_key),
-                                                      coalesce(i.end_user, s.end_user), i.created_at) AS k
-                  WHERE i.status IN ('reserved', 'dispatched')
+      LEFT JOIN (SELECT k.organization_id, k.scope, k.scope_id, k.budget_window, k.window_start,
+                        coalesce(k.budget_stripe, 0) AS seed, sum(k.hold_credits) AS held
+                   FROM llm._invocation_budget_keys AS k
+                  WHERE k.status IN ('reserved', 'dispatched')
                   GROUP BY 1, 2, 3, 4, 5, 6) AS q
         ON q.organization_id = c.organization_id AND q.scope = c.scope
        AND q.scope_id IS NOT DISTINCT FROM c.scope_id AND q.budget_window = c.budget_window

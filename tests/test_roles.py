@@ -17,6 +17,7 @@ from tests.helpers import (
     T0,
     admit,
     admit_params,
+    assert_sqlstate,
     call,
     call_pass,
     declare_task,
@@ -170,10 +171,14 @@ def test_public_can_execute_no_function_or_procedure(llm_conn):
 
 
 def test_llm_reader_selects_every_table(llm_conn, llm_role_conn):
-    """docs/contract.md "Roles and grants": the reader selects every table and view."""
+    """docs/contract.md "Roles and grants": the reader selects every table and view but
+    the internal _invocation_budget_keys, which it may not read at all."""
     reader = llm_role_conn("llm_reader")
     for relation in llm_relations(llm_conn):
-        reader.execute(f"SELECT * FROM llm.{relation} LIMIT 1")
+        if relation == "_invocation_budget_keys":
+            assert_sqlstate(reader, "42501", f"SELECT * FROM llm.{relation} LIMIT 1", unchanged=False)
+        else:
+            reader.execute(f"SELECT * FROM llm.{relation} LIMIT 1")
 
 
 # ---------------------------------------------------------------- routines per role

@@ -119,9 +119,12 @@ BUDGET_TABLES = {"budget_limits", "budget_counters"}
 PRICE_BOOK = {"prices", "price_versions", "credit_rates"}
 
 
+INTERNAL_VIEWS = {"_invocation_budget_keys"}  # read by the owner's routines only (sql/99_grants.sql)
+
+
 def expected_table_privilege(role: str, table: str, privilege: str) -> bool:
-    if privilege != "SELECT":
-        return False  # writes go through functions only
+    if privilege != "SELECT" or table in INTERNAL_VIEWS:
+        return False  # writes go through functions only; internal views are the owner's
     if role in ("llm_operator", "llm_reader"):
         return True
     return role == "llm_app" and table in CATALOGS | BUDGET_VIEWS | BUDGET_TABLES | PRICE_BOOK
