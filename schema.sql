@@ -2868,9 +2868,6 @@ GRANT ALL ON FUNCTION llm.upsert_organization(p_organization_id uuid, p_name tex
 GRANT SELECT ON TABLE llm.invocation_scopes TO llm_reader;
 GRANT SELECT ON TABLE llm.invocation_scopes TO llm_operator;
 
-GRANT SELECT ON TABLE llm._invocation_budget_keys TO llm_reader;
-GRANT SELECT ON TABLE llm._invocation_budget_keys TO llm_operator;
-
 GRANT SELECT ON TABLE llm.budget_counters TO llm_reader;
 GRANT SELECT ON TABLE llm.budget_counters TO llm_operator;
 GRANT SELECT ON TABLE llm.budget_counters TO llm_app;
