@@ -38,6 +38,9 @@ NEW_MONTH = datetime.combine(FEBRUARY, clock_time(), UTC)  # its first instant: 
 MAX_AMOUNT = 10**15  # llm._max_amount()
 HOUR = timedelta(hours=1)
 DAY = timedelta(days=1)
+# Views of schema llm only the owner's routines read: no role has SELECT on them
+# (sql/99_grants.sql, docs/contract.md "Roles and grants").
+INTERNAL_VIEWS = frozenset({"_invocation_budget_keys"})
 
 # The functions granted to llm_app (docs/contract.md "Roles and grants"): the request and task calls.
 APP_FUNCTIONS = frozenset(

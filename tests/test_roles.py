@@ -14,6 +14,7 @@ import pytest
 from tests.helpers import (
     ADMIT_SQL,
     APP_FUNCTIONS,
+    INTERNAL_VIEWS,
     T0,
     admit,
     admit_params,
@@ -172,10 +173,10 @@ def test_public_can_execute_no_function_or_procedure(llm_conn):
 
 def test_llm_reader_selects_every_table(llm_conn, llm_role_conn):
     """docs/contract.md "Roles and grants": the reader selects every table and view but
-    the internal _invocation_budget_keys, which it may not read at all."""
+    the internal ones (INTERNAL_VIEWS), which it may not read at all."""
     reader = llm_role_conn("llm_reader")
     for relation in llm_relations(llm_conn):
-        if relation == "_invocation_budget_keys":
+        if relation in INTERNAL_VIEWS:
             assert_sqlstate(reader, "42501", f"SELECT * FROM llm.{relation} LIMIT 1", unchanged=False)
         else:
             reader.execute(f"SELECT * FROM llm.{relation} LIMIT 1")

@@ -30,7 +30,17 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.helpers import JANUARY, T0, admit, call, declare_task, invariants, new_org, settle
+from tests.helpers import (
+    INTERNAL_VIEWS,
+    JANUARY,
+    T0,
+    admit,
+    call,
+    declare_task,
+    invariants,
+    new_org,
+    settle,
+)
 
 MONTH = {"first": JANUARY, "last": JANUARY.replace(day=31)}  # the days rebuild_daily_usage covers
 ROLES = ("llm_app", "llm_operator", "llm_reader", "plain")
@@ -117,9 +127,6 @@ BUDGET_VIEWS = {"budgets", "budget_usage"}  # The app reads its budgets and thei
 BUDGET_TABLES = {"budget_limits", "budget_counters"}
 # the price book: the app reads the prices (a security_invoker view) and prices usage
 PRICE_BOOK = {"prices", "price_versions", "credit_rates"}
-
-
-INTERNAL_VIEWS = {"_invocation_budget_keys"}  # read by the owner's routines only (sql/99_grants.sql)
 
 
 def expected_table_privilege(role: str, table: str, privilege: str) -> bool:

@@ -726,7 +726,7 @@ def quiet_horizon(conn: psycopg.Connection) -> None:
         DECLARE t regclass;
         BEGIN
           FOR t IN SELECT oid FROM pg_catalog.pg_class
-                    WHERE relkind = 'r' AND relowner = (SELECT oid FROM pg_roles WHERE rolname = current_user)
+                    WHERE relkind = 'r' AND relowner = current_user::regrole
           LOOP
             EXECUTE format('ALTER TABLE %s SET (autovacuum_enabled = false)', t);
           END LOOP;
