@@ -233,7 +233,7 @@ COMMENT ON FUNCTION llm._admission(p_inv llm.invocations, p_replayed boolean) IS
 
 CREATE FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text, p_input_tokens bigint, p_max_output_tokens bigint) RETURNS llm.admission_result
     LANGUAGE plpgsql
-    AS $$ body in sql/, md5 77c8d1de3d814390ad42b70c6d4c10f2 $$;
+    AS $$ body in sql/, md5 7c263961279664a7d30c490f955f5f7e $$;
 
 COMMENT ON FUNCTION llm._admit_invocation(p_organization_id uuid, p_estimate_credits bigint, p_model text, p_execution_id uuid, p_invocation_id uuid, p_now timestamp with time zone, p_project text, p_api_key text, p_end_user text, p_input_tokens bigint, p_max_output_tokens bigint) IS 'Distributed twin of admit_invocation; arguments already checked. It pins the price in force and prices a NULL estimate from the tokens (LL014 without a price). replayed: the earlier admission of a retried id, returned unchanged.';
 
@@ -340,9 +340,9 @@ COMMENT ON FUNCTION llm._budget_windows() IS 'The budget windows in bit order (b
 CREATE FUNCTION llm._budgets_changed(p_organization_id uuid) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 103b58e7aac7bf4ec71bd8296578c216 $$;
+    AS $$ body in sql/, md5 851d10ed1554a2b6751ffaefa3408ae8 $$;
 
-COMMENT ON FUNCTION llm._budgets_changed(p_organization_id uuid) IS 'Records that one of the organization''s budgets changed: whether it has a budget now, and a new budgets revision.';
+COMMENT ON FUNCTION llm._budgets_changed(p_organization_id uuid) IS 'Records that one of the organization''s budgets changed: whether it has a budget now, a new budgets revision, and its budgets when none names an id (uniform_budget_mask).';
 
 CREATE FUNCTION llm._budgets_revision(p_organization_id uuid) RETURNS uuid
     LANGUAGE plpgsql STABLE
@@ -695,6 +695,13 @@ CREATE FUNCTION llm._invariant_20() RETURNS TABLE(invariant integer, organizatio
 
 COMMENT ON FUNCTION llm._invariant_20() IS 'Invariant 20: the priced nanos of every period stripe, task and budget counter equal the cost of its terminal requests priced from usage as corrected (a sum''s cost is its cents * 10^7 plus these); corrections are of priced requests, numbered from 1, and the last one''s version prices the request at its corrected cost.';
 
+CREATE FUNCTION llm._invariant_21() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 e55448551c25f70dda75edcaabe6f93e $$;
+
+COMMENT ON FUNCTION llm._invariant_21() IS 'Invariant 21: an organization''s has_budgets (where known) says whether it has a budget, and its uniform budgets (where known) are all of its budgets, none naming an id, their bits, limits and revisions in bit order.';
+
 CREATE FUNCTION llm._invariant_2b() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -836,6 +843,12 @@ CREATE FUNCTION llm._mark_dispatched(p_organization_id uuid, p_invocation_id uui
 
 COMMENT ON FUNCTION llm._mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) IS 'Distributed twin of mark_dispatched; arguments already checked. replayed: it was dispatched before.';
 
+CREATE FUNCTION llm._mask_elements(p_of integer, p_mask integer, p_values anyarray) RETURNS anyarray
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$ body in sql/, md5 0dc70052a8993d902782cc448c225a1e $$;
+
+COMMENT ON FUNCTION llm._mask_elements(p_of integer, p_mask integer, p_values anyarray) IS 'Of p_values, one per bit of p_of in bit order, those of the bits of p_mask, in bit order.';
+
 CREATE FUNCTION llm._max_amount() RETURNS bigint
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ body in sql/, md5 0f5a641a0888d1c24956e22397f7db6c $$;
@@ -892,6 +905,12 @@ CREATE FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start da
 
 COMMENT ON FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint, p_open integer, p_now timestamp with time zone, p_lag integer, p_lead integer) IS 'Moves one stripe''s counters, its open requests (p_open) and settle bounds in one row when the movement fits its rooms; false (nothing moved) otherwise, or when the stripe does not exist.';
 
+CREATE FUNCTION llm._named_scopes_mask(p_project text, p_api_key text, p_end_user text) RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ body in sql/, md5 6519e382694a734ac397507e7bf70172 $$;
+
+COMMENT ON FUNCTION llm._named_scopes_mask(p_project text, p_api_key text, p_end_user text) IS 'The budget_mask bits of the scopes a request naming these ids falls under: the organization''s, and each scope it names an id of.';
+
 CREATE FUNCTION llm._normalized_rates(p_model text, p_rates jsonb) RETURNS jsonb
     LANGUAGE plpgsql IMMUTABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
@@ -946,6 +965,9 @@ CREATE TABLE llm.organizations (
     period_stripes integer DEFAULT 1 NOT NULL,
     has_budgets boolean,
     budgets_revision uuid,
+    uniform_budget_mask integer,
+    uniform_budget_limits bigint[],
+    uniform_budget_revisions uuid[],
     CONSTRAINT organizations_late_settlement_check CHECK ((late_settlement = ANY (ARRAY['audit'::text, 'true_up'::text]))),
     CONSTRAINT organizations_monthly_allowance_credits_check CHECK ((monthly_allowance_credits >= 0)),
     CONSTRAINT organizations_period_stripes_check CHECK (((period_stripes >= 1) AND (period_stripes <= 64))),
@@ -966,6 +988,12 @@ COMMENT ON COLUMN llm.organizations.period_stripes IS 'How many stripe rows the 
 COMMENT ON COLUMN llm.organizations.has_budgets IS 'Whether the organization has a budget (llm.budget_limits); NULL: not known, looked up. Kept by set_budget, so an admission of an organization without one reads no budget.';
 
 COMMENT ON COLUMN llm.organizations.budgets_revision IS 'New at every change of one of its budgets (set_budget, set_budget_stripes): a counter''s escrow rooms serve only under the revision they were spread under (budget_counters.rooms_revision).';
+
+COMMENT ON COLUMN llm.organizations.uniform_budget_mask IS 'When no budget of the organization names an id (each is its own day or week, or a scope''s ''*''): the bits of its budgets (as invocations.budget_mask), 0 with none. NULL: a budget names an id, or not known; admission reads llm.budget_limits then.';
+
+COMMENT ON COLUMN llm.organizations.uniform_budget_limits IS 'The limits of the budgets of uniform_budget_mask, in bit order (NULL with it).';
+
+COMMENT ON COLUMN llm.organizations.uniform_budget_revisions IS 'The revisions (llm.budget_limits.revision) of the budgets of uniform_budget_mask, in bit order (NULL with it).';
 
 CREATE FUNCTION llm._operational_org(p_organization_id uuid) RETURNS llm.organizations
     LANGUAGE plpgsql STABLE
@@ -1479,9 +1507,9 @@ COMMENT ON FUNCTION llm.check_daily_usage(p_from date, p_to date) IS 'One row pe
 CREATE FUNCTION llm.check_invariants() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 08c6b5e3c4ec44fd741836dd9ab50e4a $$;
+    AS $$ body in sql/, md5 bf8719775e74899b1f1a528a7c2fd4cc $$;
 
-COMMENT ON FUNCTION llm.check_invariants() IS 'Returns one row per violated invariant (docs/contract.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period findings, notice claims, drift findings, budget counters, budget ceilings, priced requests and cost sums); empty when the books are right.';
+COMMENT ON FUNCTION llm.check_invariants() IS 'Returns one row per violated invariant (docs/contract.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period findings, notice claims, drift findings, budget counters, budget ceilings, priced requests, cost sums and what an organization''s row says of its budgets); empty when the books are right.';
 
 CREATE FUNCTION llm.claim_notices(p_limit integer DEFAULT 50, p_now timestamp with time zone DEFAULT now()) RETURNS SETOF llm.notice_claim
     LANGUAGE plpgsql SECURITY DEFINER
@@ -2500,6 +2528,8 @@ REVOKE ALL ON FUNCTION llm._invariant_2() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._invariant_20() FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._invariant_21() FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._invariant_2b() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._invariant_3() FROM PUBLIC;
@@ -2538,6 +2568,8 @@ REVOKE ALL ON FUNCTION llm._lock_period(p_organization_id uuid, p_period_start d
 
 REVOKE ALL ON FUNCTION llm._mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._mask_elements(p_of integer, p_mask integer, p_values anyarray) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._max_amount() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._max_sum() FROM PUBLIC;
@@ -2555,6 +2587,8 @@ REVOKE ALL ON FUNCTION llm._move_stripe(p_organization_id uuid, p_period_start d
 REVOKE ALL ON FUNCTION llm._move_within_counter_room(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, p_stripe integer, p_off_zero boolean, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint, p_epoch uuid) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._move_within_rooms(p_organization_id uuid, p_period_start date, p_stripe smallint, p_used bigint, p_held bigint, p_cents bigint, p_priced bigint, p_open integer, p_now timestamp with time zone, p_lag integer, p_lead integer) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._named_scopes_mask(p_project text, p_api_key text, p_end_user text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._normalized_rates(p_model text, p_rates jsonb) FROM PUBLIC;
 

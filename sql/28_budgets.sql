@@ -125,6 +125,44 @@ $$;
 COMMENT ON FUNCTION llm._budget_slot(text, text) IS
     'The budget_mask bit of a scope and window (3 * scope + window), NULL for an unknown one.';
 
+-- Inlinable. The bits of the scopes a request names, every window of each: the
+-- organization's always (bits 0-2), a project's (3-5), an API key's (6-8) and an end
+-- user's (9-11) when it names one.
+CREATE OR REPLACE FUNCTION llm._named_scopes_mask(p_project text, p_api_key text, p_end_user text)
+RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT 7 OPERATOR(pg_catalog.|) CASE WHEN p_project IS NULL THEN 0 ELSE 56 END
+             OPERATOR(pg_catalog.|) CASE WHEN p_api_key IS NULL THEN 0 ELSE 448 END
+             OPERATOR(pg_catalog.|) CASE WHEN p_end_user IS NULL THEN 0 ELSE 3584 END
+$$;
+COMMENT ON FUNCTION llm._named_scopes_mask(text, text, text) IS
+    'The budget_mask bits of the scopes a request naming these ids falls under: the organization''s, and each scope it names an id of.';
+
+-- The elements of p_values (one a bit of p_of, in bit order) of the bits of p_mask
+-- (a subset of p_of), in bit order: the limits or revisions of the budgets that apply
+-- to a request among the organization's (30_admission.sql).
+CREATE OR REPLACE FUNCTION llm._mask_elements(p_of integer, p_mask integer, p_values anyarray)
+RETURNS anyarray
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    v_out p_values%TYPE := p_values[1:0];  -- empty, of p_values' type
+    v_i integer := 0;
+BEGIN
+    FOR v_slot IN 0 .. 11 LOOP
+        CONTINUE WHEN p_of & (1 << v_slot) = 0;
+        v_i := v_i + 1;
+        IF p_mask & (1 << v_slot) <> 0 THEN
+            v_out := v_out || p_values[v_i];
+        END IF;
+    END LOOP;
+    RETURN v_out;
+END
+$$;
+COMMENT ON FUNCTION llm._mask_elements(integer, integer, anyarray) IS
+    'Of p_values, one per bit of p_of in bit order, those of the bits of p_mask, in bit order.';
+
 -- ---------------------------------------------------------------- arguments
 
 -- Inlinable. A scope id a request names: 1..200 characters, not blank, no control
@@ -813,7 +851,11 @@ COMMENT ON FUNCTION llm._check_scope_and_window(text, text) IS
 
 -- The organization's row, locked first (the lock order of every change of it), with
 -- whether it has a budget now and a new budgets revision (none without a budget): the
--- rooms of its counters spread before serve no movement that reads the new one.
+-- rooms of its counters spread before serve no movement that reads the new one. And,
+-- when no budget names an id, the budgets themselves (uniform_budget_mask, their
+-- limits and revisions in bit order): admission then finds what applies to a request
+-- from the scopes it names, without reading a budget (30_admission.sql). Every caller
+-- holds the organization's row, so the budgets read here are those it writes.
 CREATE OR REPLACE FUNCTION llm._budgets_changed(p_organization_id uuid)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -821,15 +863,28 @@ AS $$
 DECLARE
     v_revision uuid := pg_catalog.gen_random_uuid();  -- before the UPDATE (Citus rule 6)
     v_has boolean;
+    v_named boolean;  -- a budget names an id
+    v_mask integer;
+    v_limits bigint[];
+    v_revisions uuid[];
 BEGIN
-    SELECT EXISTS (SELECT FROM llm.budget_limits AS b WHERE b.organization_id = p_organization_id) INTO v_has;
+    SELECT pg_catalog.count(*) > 0, coalesce(pg_catalog.bool_or(b.scope_id <> '*'), false),
+           coalesce(pg_catalog.sum(1 << llm._budget_slot(b.scope, b.budget_window)), 0),
+           pg_catalog.array_agg(b.limit_credits ORDER BY llm._budget_slot(b.scope, b.budget_window)),
+           pg_catalog.array_agg(b.revision ORDER BY llm._budget_slot(b.scope, b.budget_window))
+      INTO v_has, v_named, v_mask, v_limits, v_revisions
+      FROM llm.budget_limits AS b
+     WHERE b.organization_id = p_organization_id;
     UPDATE llm.organizations AS o
-       SET has_budgets = v_has, budgets_revision = CASE WHEN v_has THEN v_revision END
+       SET has_budgets = v_has, budgets_revision = CASE WHEN v_has THEN v_revision END,
+           uniform_budget_mask = CASE WHEN NOT v_named THEN v_mask END,
+           uniform_budget_limits = CASE WHEN NOT v_named THEN coalesce(v_limits, '{}') END,
+           uniform_budget_revisions = CASE WHEN NOT v_named THEN coalesce(v_revisions, '{}') END
      WHERE o.id = p_organization_id;
 END
 $$;
 COMMENT ON FUNCTION llm._budgets_changed(uuid) IS
-    'Records that one of the organization''s budgets changed: whether it has a budget now, and a new budgets revision.';
+    'Records that one of the organization''s budgets changed: whether it has a budget now, a new budgets revision, and its budgets when none names an id (uniform_budget_mask).';
 
 CREATE OR REPLACE FUNCTION llm._set_budget(
     p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint,

@@ -98,6 +98,7 @@ DECLARE
     v_mask integer := 0;  -- the budgets that apply: none unless the organization has one
     v_limits bigint[];
     v_revisions uuid[];
+    v_uniform integer;  -- its budgets, when none names an id (NULL: read them)
     v_stripe smallint;
     v_inv llm.invocations;
     v_period date := llm._period_start(p_now);
@@ -116,8 +117,9 @@ BEGIN
     -- subquery of the organization's row), Citus refused the delegated call (0A000,
     -- "queries must filter by the distribution argument"); and a request of a model
     -- with no price (one statement, found nothing) starts no executor for credit rates.
-    SELECT o.status, o.period_stripes, o.has_budgets, o.budgets_revision
-      INTO v_org_status, v_stripes, v_has_budgets, v_budgets_revision
+    SELECT o.status, o.period_stripes, o.has_budgets, o.budgets_revision,
+           o.uniform_budget_mask, o.uniform_budget_limits, o.uniform_budget_revisions
+      INTO v_org_status, v_stripes, v_has_budgets, v_budgets_revision, v_uniform, v_limits, v_revisions
       FROM llm.organizations AS o
      WHERE o.id = p_organization_id;
     SELECT v.id, v.rates, v.unit_nanos INTO v_version, v_rates, v_unit_nanos
@@ -169,12 +171,20 @@ BEGIN
     END IF;
 
     -- The budgets that apply, fixed on the request (its budget_mask) and decided
-    -- against the limits read here, with their revisions, in bit order, in one
-    -- statement (a concurrent set_budget applies wholly or not at all); looked up only
-    -- when the organization has a budget (or may: NULL, not known). The
+    -- against the limits read here, with their revisions, in bit order: the
     -- organization's day and week budgets, and for each scope id the request names
-    -- its own budget per window, else the scope's '*'.
-    IF v_has_budgets IS NOT FALSE THEN
+    -- its own budget per window, else the scope's '*'. When no budget names an id, the
+    -- organization's row holds them (read above, written with them under its lock) and
+    -- those of the scopes the request names apply; else they are read in one statement
+    -- (a concurrent set_budget applies wholly or not at all, either way). Nothing is
+    -- looked up when the organization has no budget (has_budgets false).
+    IF v_uniform IS NOT NULL THEN
+        v_mask := v_uniform & llm._named_scopes_mask(p_project, p_api_key, p_end_user);
+        IF v_mask <> v_uniform THEN  -- a scope it does not name: the others' limits, in bit order
+            v_limits := llm._mask_elements(v_uniform, v_mask, v_limits);
+            v_revisions := llm._mask_elements(v_uniform, v_mask, v_revisions);
+        END IF;
+    ELSIF v_has_budgets IS NOT FALSE THEN
         SELECT coalesce(sum(1 << a.slot), 0),
                coalesce(pg_catalog.array_agg(a.limit_credits ORDER BY a.slot), '{}'),
                coalesce(pg_catalog.array_agg(a.revision ORDER BY a.slot), '{}')

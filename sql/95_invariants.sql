@@ -865,6 +865,38 @@ $$;
 COMMENT ON FUNCTION llm._invariant_20() IS
     'Invariant 20: the priced nanos of every period stripe, task and budget counter equal the cost of its terminal requests priced from usage as corrected (a sum''s cost is its cents * 10^7 plus these); corrections are of priced requests, numbered from 1, and the last one''s version prices the request at its corrected cost.';
 
+-- 21. An organization's row says what its budgets are: has_budgets (once known)
+--     whether it has one, and its uniform budgets (once known) the bits, limits and
+--     revisions of all of them when none names an id (admission reads no budget then).
+CREATE OR REPLACE FUNCTION llm._invariant_21()
+RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN QUERY
+    SELECT 21, o.id, 'organization ' || o.id,
+           pg_catalog.format('has_budgets=%s uniform_budget_mask=%s limits=%s revisions=%s; budgets: %s, naming an id %s, mask %s, limits %s, revisions %s',
+                             o.has_budgets, o.uniform_budget_mask, o.uniform_budget_limits, o.uniform_budget_revisions,
+                             coalesce(b.n, 0), coalesce(b.named, 0), coalesce(b.mask, 0), b.limits, b.revisions)
+      FROM llm.organizations AS o
+      LEFT JOIN (SELECT l.organization_id, count(*) AS n, count(*) FILTER (WHERE l.scope_id <> '*') AS named,
+                        sum(1 << llm._budget_slot(l.scope, l.budget_window)) AS mask,
+                        pg_catalog.array_agg(l.limit_credits ORDER BY llm._budget_slot(l.scope, l.budget_window)) AS limits,
+                        pg_catalog.array_agg(l.revision ORDER BY llm._budget_slot(l.scope, l.budget_window)) AS revisions
+                   FROM llm.budget_limits AS l
+                  GROUP BY l.organization_id) AS b
+        ON b.organization_id = o.id
+     WHERE o.has_budgets IS DISTINCT FROM (coalesce(b.n, 0) > 0) AND o.has_budgets IS NOT NULL
+        OR (o.uniform_budget_mask IS NOT NULL
+            AND (coalesce(b.named, 0) > 0
+                 OR o.uniform_budget_mask <> coalesce(b.mask, 0)
+                 OR o.uniform_budget_limits IS DISTINCT FROM coalesce(b.limits, '{}')
+                 OR o.uniform_budget_revisions IS DISTINCT FROM coalesce(b.revisions, '{}')));
+END
+$$;
+COMMENT ON FUNCTION llm._invariant_21() IS
+    'Invariant 21: an organization''s has_budgets (where known) says whether it has a budget, and its uniform budgets (where known) are all of its budgets, none naming an id, their bits, limits and revisions in bit order.';
+
 -- Every violation, invariant by invariant. The calls keep the order of 0.2.0's single
 -- query list (2b before 2, 5b before 5), so the rows come out as they always have.
 CREATE OR REPLACE FUNCTION llm.check_invariants()
@@ -895,7 +927,8 @@ BEGIN
     RETURN QUERY SELECT * FROM llm._invariant_18();
     RETURN QUERY SELECT * FROM llm._invariant_19();
     RETURN QUERY SELECT * FROM llm._invariant_20();
+    RETURN QUERY SELECT * FROM llm._invariant_21();
 END
 $$;
 COMMENT ON FUNCTION llm.check_invariants() IS
-    'Returns one row per violated invariant (docs/contract.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period findings, notice claims, drift findings, budget counters, budget ceilings, priced requests and cost sums); empty when the books are right.';
+    'Returns one row per violated invariant (docs/contract.md: held, used, ledger, admission, notices and alerts, task totals, task states, the period and task of every invocation, the current allowance, the sweeps'' totals, period findings, notice claims, drift findings, budget counters, budget ceilings, priced requests, cost sums and what an organization''s row says of its budgets); empty when the books are right.';

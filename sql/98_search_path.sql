@@ -27,6 +27,7 @@ DECLARE
         'llm._move_within_rooms', 'llm._move_stripe',
         -- a request's budgets (sql/28_budgets.sql)
         'llm._budgets_revision', 'llm._move_request_counters', 'llm._move_within_counter_room',
+        'llm._mask_elements',
         -- a request's price (sql/27_prices.sql, sql/35_settlement.sql)
         'llm._usage_cost', 'llm._require_price', 'llm._price_request', 'llm._settle_usage'];
 BEGIN

@@ -11,6 +11,7 @@ from datetime import date, datetime, timedelta
 import psycopg
 import pytest
 
+from llm_db import migrate
 from llm_db.errors import _refused_by
 from tests.helpers import (
     ADMIT_SQL,
@@ -548,3 +549,115 @@ def test_budget_usage_pairs_each_counter_with_the_budget_the_writers_apply(llm_c
                  [org, r["scope"], r["scope_id"], r["budget_window"]])  # fmt: skip
         b = b[0] if b else {"limit_credits": None, "thresholds": None}
         assert (r["limit_credits"], r["thresholds"]) == (b["limit_credits"], b["thresholds"]), r
+
+
+# ---------------------------------------------------------------- the organization's row
+
+
+def uniform_row(conn: psycopg.Connection, org: uuid.UUID) -> tuple:
+    """(has_budgets, uniform_budget_mask, limits, revisions) of the organization's row."""
+    r = rows(conn, "SELECT has_budgets, uniform_budget_mask, uniform_budget_limits, uniform_budget_revisions"
+                   " FROM llm.organizations WHERE id = %s", [org])[0]  # fmt: skip
+    return r["has_budgets"], r["uniform_budget_mask"], r["uniform_budget_limits"], r["uniform_budget_revisions"]
+
+
+def expected_row(conn: psycopg.Connection, org: uuid.UUID) -> tuple:
+    """The same, worked out here from llm.budgets: every budget's bit, limit and revision in
+    bit order when none names an id, else NULL."""
+    budgets = sorted(((3 * SCOPES.index(b["scope"]) + WINDOWS.index(b["budget_window"]), b)
+                      for b in rows(conn, "SELECT * FROM llm.budget_limits WHERE organization_id = %s", [org])),
+                     key=lambda bit_budget: bit_budget[0])  # fmt: skip
+    if any(b["scope_id"] not in (None, "*") for _, b in budgets):
+        return bool(budgets), None, None, None
+    return (bool(budgets), sum(1 << bit for bit, _ in budgets), [b["limit_credits"] for _, b in budgets],
+            [b["revision"] for _, b in budgets])
+
+
+def test_the_organizations_row_holds_its_budgets_while_none_names_an_id(llm_conn):
+    """Invariant 21: set_budget and set_budget_stripes keep on the organization's row
+    whether it has a budget, and, while none names an id, all of them (bits, limits and
+    revisions in bit order), which admission reads instead of llm.budget_limits; an
+    own budget of an id empties them, its removal brings them back."""
+    org = new_org(llm_conn, 10**9)
+    assert uniform_row(llm_conn, org) == (False, None, None, None)  # none: nothing to read either way
+    steps = [
+        ("api_key", "*", "day", 50),
+        ("organization", None, "week", 500),
+        ("project", "*", "month", 300),
+        ("end_user", "*", "week", 40),
+        ("project", "*", "month", 200),  # a change: the same bit, a new limit and revision
+        ("api_key", "k-1", "day", 5),  # an own budget: the row names none
+        ("project", "p-1", "month", 9),
+        ("api_key", "k-1", "day", None),
+        ("project", "p-1", "month", None),  # no own budget left: back on the row
+        ("organization", None, "week", None),
+        ("api_key", "*", "day", None),
+        ("project", "*", "month", None),
+        ("end_user", "*", "week", None),
+    ]
+    for scope, scope_id, window, limit in steps:
+        set_budget(llm_conn, org, scope, scope_id, window, limit)
+        assert uniform_row(llm_conn, org) == expected_row(llm_conn, org), (scope, scope_id, window, limit)
+        assert invariants(llm_conn) == []
+        if limit is not None and scope_id != "k-1":
+            call(llm_conn, "set_budget_stripes", org, scope, scope_id, window, 4)
+            assert uniform_row(llm_conn, org) == expected_row(llm_conn, org)
+    assert uniform_row(llm_conn, org) == (False, 0, [], [])
+
+
+SHAPES = [dict(zip(("project", "api_key", "end_user"), ids, strict=True))
+          for ids in [(p, k, u) for p in (None, "p-1") for k in (None, "k-1") for u in (None, "u-1")]]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "+".join(k for k, v in s.items() if v) or "none")
+def test_an_admission_applies_the_same_budgets_from_the_row_as_from_the_budgets(llm_conn, shape):
+    """A request naming any of the three scopes is held on the same budgets, and refused
+    by the same first one, whether its organization's budgets are on its row (none names
+    an id) or read from llm.budget_limits (an own budget of an id no request names keeps
+    them off the row of the second, identical organization): the organization's day,
+    the project '*' week, the key '*' day (10, the one that refuses 20) and the end user
+    '*' month, each bit of the scopes the request names, in bit order."""
+    orgs = [new_org(llm_conn, 10**9), new_org(llm_conn, 10**9)]
+    for org in orgs:
+        for scope, scope_id, window, limit in [("organization", None, "day", 1000), ("project", "*", "week", 1000),
+                                               ("api_key", "*", "day", 10), ("end_user", "*", "month", 1000)]:
+            set_budget(llm_conn, org, scope, scope_id, window, limit)
+    set_budget(llm_conn, orgs[1], "api_key", "nobody", "day", 10)
+    assert uniform_row(llm_conn, orgs[0])[1] == 1 | 1 << 4 | 1 << 6 | 1 << 11
+    assert uniform_row(llm_conn, orgs[1])[1] is None
+
+    expected = 1 | (1 << 4 if shape["project"] else 0) | (1 << 6 if shape["api_key"] else 0) \
+        | (1 << 11 if shape["end_user"] else 0)
+    for org in orgs:
+        assert invocation(llm_conn, org, admit(llm_conn, org, 10, **shape)["id"])["budget_mask"] == expected
+        if shape["api_key"]:
+            assert refused_by(refusal(llm_conn, org, 20, **shape)) == ("budgets", "api_key", "day")
+        else:
+            assert invocation(llm_conn, org, admit(llm_conn, org, 20, **shape)["id"])["budget_mask"] == expected
+    assert budget_usage(llm_conn, orgs[0]).keys() == budget_usage(llm_conn, orgs[1]).keys()
+    for org in orgs:
+        assert_books_exact(llm_conn, org)
+
+
+def test_the_contract_step_puts_the_previous_releases_budgets_on_the_row(llm_conn, llm_dsn):
+    """Through an upgrade (the previous release's functions never write the row's budgets,
+    which stay NULL: admissions read llm.budget_limits) until its contract step: the step
+    writes them for each organization whose budgets name no id, leaves NULL the one whose
+    budget names one, and admissions then read the row, held on the same budgets.
+    Replayed here by emptying the rows and the step's record."""
+    uniform, named = new_org(llm_conn, 10**9), new_org(llm_conn, 10**9)
+    for org in (uniform, named):
+        set_budget(llm_conn, org, "api_key", "*", "day", 25)
+    set_budget(llm_conn, named, "project", "p-1", "month", 100)
+    llm_conn.execute("UPDATE llm.organizations SET uniform_budget_mask = NULL, uniform_budget_limits = NULL,"
+                     " uniform_budget_revisions = NULL")  # fmt: skip
+    llm_conn.execute("DELETE FROM llm.upgrade_steps WHERE step = '0029_uniform_budgets'")
+    admit(llm_conn, uniform, 20, api_key="k-1")  # read from llm.budget_limits
+    assert invariants(llm_conn) == []
+
+    assert "0029_uniform_budgets" in migrate(llm_dsn).contract_steps
+    assert uniform_row(llm_conn, uniform)[1:3] == (1 << 6, [25])
+    assert uniform_row(llm_conn, named) == expected_row(llm_conn, named) == (True, None, None, None)
+    assert refused_by(refusal(llm_conn, uniform, 10, api_key="k-1")) == ("budgets", "api_key", "day")
+    admit(llm_conn, uniform, 5, api_key="k-1")
+    assert_books_exact(llm_conn, uniform)

@@ -246,6 +246,11 @@ CASES = (
             + " AND priced_nanos > 0",
         ),
     ),
+    Case(
+        "21",
+        "an organization with a budget marked as having none (its admissions would skip it)",
+        ("UPDATE llm.organizations SET has_budgets = false WHERE id = %(org)s",),
+    ),
 )
 
 
@@ -308,7 +313,7 @@ def violations(conn: psycopg.Connection, key: str) -> list[tuple]:
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.key) for c in CASES])
 def test_each_invariant_has_a_breach_that_only_it_reports(llm_conn, llm_superuser_conn, case):
-    """Every invariant of docs/contract.md (1..20, 2b, 4b, 5b) is one private
+    """Every invariant of docs/contract.md (1..21, 2b, 4b, 5b) is one private
     function, and a breach of it alone is reported by that function alone (case 2: with
     2b, see the table), under its number, for the organization broken; on legal books
     every function returns nothing."""

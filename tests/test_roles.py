@@ -312,7 +312,7 @@ def test_every_security_definer_function_pins_its_search_path(llm_conn):
 # each layer.
 REQUEST_PATH_UNPINNED = [
     "_admit_invocation", "_budgets_revision", "_end_invocation", "_fail_invocation", "_mark_dispatched",
-    "_move_request_counters", "_move_stripe", "_move_within_counter_room", "_move_within_rooms",
+    "_mask_elements", "_move_request_counters", "_move_stripe", "_move_within_counter_room", "_move_within_rooms",
     "_price_request", "_require_price", "_settle_invocation", "_settle_usage", "_usage_cost",
 ]
 
@@ -342,6 +342,7 @@ def test_every_function_pins_its_search_path_except_the_committing_procedure(llm
         ("_max_amount", "f", False),
         ("_max_sum", "f", False),
         ("_may_cross", "f", False),
+        ("_named_scopes_mask", "f", False),
         ("_open_since", "f", False),
         ("_organization_settings", "f", False),
         ("_period_start", "f", False),

@@ -677,9 +677,14 @@ def test_migrate_killed_at_random_points_reruns(old_dsn: str, traffic: Traffic) 
 def assert_lean(conn: psycopg.Connection) -> None:
     """The contract steps ran: the stripes' open requests and settle bounds are known, the
     indexes a settlement touched and the requests' CHECK constraints are gone, the new
-    indexes valid; every notice holds its window start and limit under their new names."""
+    indexes valid; every notice holds its window start and limit under their new names;
+    every organization whose budgets name no id holds them on its row."""
     steps = {r[0] for r in conn.execute("SELECT step FROM llm.upgrade_steps").fetchall()}
-    assert {"functions_only", "settle_bounds", "0021_lean_write_path"} <= steps
+    assert {"functions_only", "settle_bounds", "0021_lean_write_path", "0029_uniform_budgets"} <= steps
+    # 0029: every organization whose budgets name no id has them on its row
+    assert conn.execute("SELECT count(*) FROM llm.organizations AS o WHERE o.uniform_budget_mask IS NULL"
+                        " AND NOT EXISTS (SELECT FROM llm.budget_limits AS b"
+                        "                  WHERE b.organization_id = o.id AND b.scope_id <> '*')").fetchone() == (0,)  # fmt: skip
     assert conn.execute("SELECT count(*) FROM llm.period_stripes WHERE open_requests IS NULL"
                         " OR settle_lag_hours IS NULL").fetchone() == (0,)  # fmt: skip
     indexes = dict(conn.execute(
