@@ -6,7 +6,9 @@ another order, pgbench on floor.sql and its variants under three budgets
 (floor_budgets.sql; _each, one UPDATE per counter; _read, their read alone;
 _writes, their writes alone), cycle.sql, cycle_budget_rows.sql (the cycle plus
 the counters' writes, unchecked), cycle_budget_floor (the same plus the budgets'
-read: what any code keeping three budgets must add to the cycle) and budgets.sql,
+read: what any code keeping three budgets must add to the cycle), budgets.sql and
+budgets_off_row (budgets.sql with admission reading the budgets, not the
+organizations' rows),
 a VACUUM ANALYZE and a CHECKPOINT before each (``--scripts``: some of them). A single run of each moves by several
 percent on a noisy machine; rounds side by side say what the floors bound
 (docs/benchmarks.md "Why the two targets are short"). Prints each run and,
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import common, throughput
+from benchmarks import queries as q
 from benchmarks.server import open_target
 
 # the budget bits of the budgets queries.SET_BUDGETS sets: a project's month, a key's day
@@ -48,7 +51,13 @@ def _scripts(sizes: common.Sizes, variants: Path) -> dict[str, tuple[str, list[s
         "cycle_budget_floor": (str(variants / "cycle_budget_floor.sql"),
                                [*plain, *keys, "-D", f"offset={sizes.cycle_orgs}"]),
         "budgets": (str(common.SCRIPTS / "budgets.sql"), spread),
+        "budgets_off_row": (str(common.SCRIPTS / "budgets.sql"), spread),
     }
+
+
+# budgets_off_row: budgets.sql with admission reading llm.budget_limits, as before
+# 0.4.0's migration 0029: the organizations' budgets off their rows for the run.
+_AROUND = {"budgets_off_row": (q.UNIFORM_BUDGETS_OFF, q.UNIFORM_BUDGETS_ON)}
 
 
 # ---------------------------------------------------------------- the variants
@@ -165,6 +174,7 @@ _DIFFERENCES = {
     "budget_floor_on_cycle": ("cycle_budget_floor", "cycle"),
     "cycle_logic": ("cycle", "floor"),
     "budgets_add": ("budgets", "cycle"),
+    "budgets_row_saves": ("budgets_off_row", "budgets"),
 }
 
 
@@ -184,7 +194,7 @@ def _round_figures(tps: dict[str, float], machine_cpu: dict[str, float | None]) 
         if "cycle" in costs:
             figures[f"{prefix}target_leaves_us"] = round(costs["cycle"] * (1 / common.BUDGETS_TARGET - 1), 1)
     # against the target itself: each cycle under budgets (or their floor) / the cycle
-    for name in ("budgets", "cycle_budget_rows", "cycle_budget_floor"):
+    for name in ("budgets", "budgets_off_row", "cycle_budget_rows", "cycle_budget_floor"):
         if name in tps and "cycle" in tps:
             figures[f"{name}_vs_cycle"] = round(tps[name] / tps["cycle"], 3)
     return figures
@@ -221,9 +231,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             shift = (number - 1) % len(names)  # each round starts one script later: no fixed position
             for name in names[shift:] + names[:shift]:
                 path, extra = scripts[name]
+                before, after = _AROUND.get(name, (None, None))
+                if before:
+                    with target.connect("cycle") as conn:
+                        conn.execute(before)
                 common.settle(target, "cycle", sizes)
                 run = common.pgbench(target, "cycle", common.run_args(sizes, "-n", "-f", path, *extra,
                                                                       seconds=args.seconds))  # fmt: skip
+                if after:
+                    with target.connect("cycle") as conn:
+                        conn.execute(after)
                 tps[name] = run["tps"]
                 runs[name] = {k: run.get(k) for k in ("tps", "wal_bytes_per_run", "session_states",
                                                       "server_cpu_us_per_run", "machine_cpu_us_per_run",

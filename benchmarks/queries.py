@@ -63,6 +63,26 @@ SELECT count(*) FROM generate_series(%(first)s::integer, %(first)s::integer + %(
        LATERAL llm.set_budget({ORG_ID.format(n="n")}, b.scope, '*', b.budget_window, %(limit)s::bigint) AS s
 """
 
+# The budgets of those organizations taken off their rows (NULL, as an organization with
+# an own budget of an id keeps them, or one upgraded before 0.4.0's contract step 0029),
+# so that admission reads llm.budget_limits; and put back as they were (the same
+# revisions: invariant 21 holds again). Run as the benchmark's superuser.
+UNIFORM_BUDGETS_OFF = """
+CREATE TABLE public.bench_uniform_budgets AS
+SELECT o.id, o.uniform_budget_mask, o.uniform_budget_limits, o.uniform_budget_revisions
+  FROM llm.organizations AS o WHERE o.uniform_budget_mask IS NOT NULL;
+UPDATE llm.organizations AS o
+   SET uniform_budget_mask = NULL, uniform_budget_limits = NULL, uniform_budget_revisions = NULL
+  FROM public.bench_uniform_budgets AS u WHERE u.id = o.id
+"""
+UNIFORM_BUDGETS_ON = """
+UPDATE llm.organizations AS o
+   SET uniform_budget_mask = u.uniform_budget_mask, uniform_budget_limits = u.uniform_budget_limits,
+       uniform_budget_revisions = u.uniform_budget_revisions
+  FROM public.bench_uniform_budgets AS u WHERE u.id = o.id;
+DROP TABLE public.bench_uniform_budgets
+"""
+
 # One request admitted and settled per project id of each of those organizations (and
 # per key id, keys cycling), as budgets.sql names them: every counter a timed run moves
 # exists already, as in a service whose ids have each made a request that day.

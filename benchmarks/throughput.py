@@ -191,10 +191,19 @@ def _cpu_per_request(target: Target, sizes: common.Sizes, dsn: str) -> dict[str,
                                  lambda rng: {"n": rng.randint(1, sizes.cycle_orgs), "slot": 0}),
         "floor_budgets": cpu.script_step(common.SCRIPTS / "floor_budgets.sql", spread),
     }  # fmt: skip
+    # and under three budgets read from llm.budget_limits, as before 0.4.0's migration
+    # 0029: what their organizations' rows save (q.UNIFORM_BUDGETS_OFF)
+    steps["budgets_off_row"] = steps["budgets"]
     rounds: dict[str, list[float | None]] = {name: [] for name in steps}
     for _ in range(CPU_ROUNDS):
         for name, step in steps.items():
+            if name == "budgets_off_row":
+                with target.connect("cycle") as conn:
+                    conn.execute(q.UNIFORM_BUDGETS_OFF)
             rounds[name].append(cpu.backend_cpu_per_call(dsn, step, n=sizes.cpu_cycles))
+            if name == "budgets_off_row":
+                with target.connect("cycle") as conn:
+                    conn.execute(q.UNIFORM_BUDGETS_ON)
     figures: dict[str, Any] = {
         name: None if None in runs else statistics.median(runs)
         for name, runs in rounds.items()
@@ -222,9 +231,14 @@ def _cpu_rows(cpu_us: dict[str, Any]) -> list[common.Row]:
     # that is more than any code that keeps those rows can spend (ratio below 1).
     leaves = cycle * (1 / common.BUDGETS_TARGET - 1)
     added = floor_budgets - floor
+    off_row = cpu_us.get("budgets_off_row")
     return [
         common.Row("cpu_budgets", "server CPU per request under 3 budgets, one session (admit + settle)",
                    budgets, "us", cycle, "the cycle without budgets", common.ratio(cycle, budgets), "report", cpu_us),
+        *([common.Row("cpu_budgets_off_row", "the same, the budgets read from llm.budget_limits, not from their "
+                      "organizations' rows (as before migration 0029; ratio: from the rows / read)", off_row, "us",
+                      budgets, "the budgets on their organizations' rows", common.ratio(budgets, off_row), "report",
+                      cpu_us)] if off_row else []),
         common.Row("cpu_floor", "server CPU per request, one session: the floor (floor.sql)", floor,
                    "us", cycle, "the cycle", common.ratio(floor, cycle), "report", cpu_us),
         common.Row("cpu_floor_budgets", "server CPU per request, one session: the floor under 3 budgets "
