@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import common, throughput
-from benchmarks import queries as q
 from benchmarks.server import open_target
 
 # the budget bits of the budgets queries.SET_BUDGETS sets: a project's month, a key's day
@@ -53,11 +52,6 @@ def _scripts(sizes: common.Sizes, variants: Path) -> dict[str, tuple[str, list[s
         "budgets": (str(common.SCRIPTS / "budgets.sql"), spread),
         "budgets_off_row": (str(common.SCRIPTS / "budgets.sql"), spread),
     }
-
-
-# budgets_off_row: budgets.sql with admission reading llm.budget_limits, as before
-# 0.4.0's migration 0029: the organizations' budgets off their rows for the run.
-_AROUND = {"budgets_off_row": (q.UNIFORM_BUDGETS_OFF, q.UNIFORM_BUDGETS_ON)}
 
 
 # ---------------------------------------------------------------- the variants
@@ -231,16 +225,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             shift = (number - 1) % len(names)  # each round starts one script later: no fixed position
             for name in names[shift:] + names[:shift]:
                 path, extra = scripts[name]
-                before, after = _AROUND.get(name, (None, None))
-                if before:
-                    with target.connect("cycle") as conn:
-                        conn.execute(before)
-                common.settle(target, "cycle", sizes)
-                run = common.pgbench(target, "cycle", common.run_args(sizes, "-n", "-f", path, *extra,
-                                                                      seconds=args.seconds))  # fmt: skip
-                if after:
-                    with target.connect("cycle") as conn:
-                        conn.execute(after)
+                with throughput.around_run(target, name):  # budgets_off_row: read, not from the rows
+                    common.settle(target, "cycle", sizes)
+                    run = common.pgbench(target, "cycle", common.run_args(sizes, "-n", "-f", path, *extra,
+                                                                          seconds=args.seconds))  # fmt: skip
                 tps[name] = run["tps"]
                 runs[name] = {k: run.get(k) for k in ("tps", "wal_bytes_per_run", "session_states",
                                                       "server_cpu_us_per_run", "machine_cpu_us_per_run",

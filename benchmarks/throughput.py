@@ -9,6 +9,8 @@ import re
 import statistics
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -174,6 +176,23 @@ def bench_throughput(target: Target, sizes: common.Sizes, profiler: common.Profi
 CPU_ROUNDS = 3
 
 
+@contextmanager
+def around_run(target: Target, name: str) -> Iterator[None]:
+    """The state a run of ``name`` needs, for the run: for ``budgets_off_row``, the
+    budgets of the organizations taken off their rows (q.UNIFORM_BUDGETS_OFF) and put
+    back after it; nothing for the others."""
+    if name != "budgets_off_row":
+        yield
+        return
+    with target.connect("cycle") as conn:
+        conn.execute(q.UNIFORM_BUDGETS_OFF)
+    try:
+        yield
+    finally:
+        with target.connect("cycle") as conn:
+            conn.execute(q.UNIFORM_BUDGETS_ON)
+
+
 def _cpu_per_request(target: Target, sizes: common.Sizes, dsn: str) -> dict[str, Any]:
     """Server CPU per request, one session: the cycle, its floor, and both under three
     budgets in CPU_ROUNDS interleaved rounds (medians, and the rounds under "rounds");
@@ -197,13 +216,8 @@ def _cpu_per_request(target: Target, sizes: common.Sizes, dsn: str) -> dict[str,
     rounds: dict[str, list[float | None]] = {name: [] for name in steps}
     for _ in range(CPU_ROUNDS):
         for name, step in steps.items():
-            if name == "budgets_off_row":
-                with target.connect("cycle") as conn:
-                    conn.execute(q.UNIFORM_BUDGETS_OFF)
-            rounds[name].append(cpu.backend_cpu_per_call(dsn, step, n=sizes.cpu_cycles))
-            if name == "budgets_off_row":
-                with target.connect("cycle") as conn:
-                    conn.execute(q.UNIFORM_BUDGETS_ON)
+            with around_run(target, name):
+                rounds[name].append(cpu.backend_cpu_per_call(dsn, step, n=sizes.cpu_cycles))
     figures: dict[str, Any] = {
         name: None if None in runs else statistics.median(runs)
         for name, runs in rounds.items()
