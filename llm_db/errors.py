@@ -109,7 +109,35 @@ def _refused_by(diag: psycopg.errors.Diagnostic) -> tuple[str | None, str | None
     return None
 
 
-class AllowanceExhausted(LlmError):
+class _NamedRefusal(LlmError):
+    """A refusal that names the allowance or the budget it is by (LL001, LL012):
+    ``scope``, ``scope_id`` and ``window``, read as ``AllowanceExhausted`` says."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        scope: str | None = None,
+        scope_id: str | None = None,
+        window: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.scope = scope
+        self.scope_id = scope_id
+        self.window = window
+
+    @classmethod
+    def _from_diag(cls, sqlstate: str, diag: psycopg.errors.Diagnostic, fallback: str) -> Self:
+        error = super()._from_diag(sqlstate, diag, fallback)
+        _, error.scope, error.window = _refused_by(diag) or (None, None, None)
+        if error.scope not in (None, "organization") and error.detail:
+            # an id has no control character, so no line break: the line is the id
+            error.scope_id = error.detail.split("\n", 1)[0]
+        return error
+
+
+class AllowanceExhausted(_NamedRefusal):
     """LL001: admission would take used + held + estimate over the allowance or over a
     budget that applies to the request; nothing was held anywhere.
 
@@ -136,22 +164,8 @@ class AllowanceExhausted(LlmError):
 
     code = "LL001"
 
-    #: the diagnostic ``TABLE`` of a refusal by the allowance, and by a budget
-    _ALLOWANCE, _BUDGET = "periods", "budgets"
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        scope: str | None = None,
-        scope_id: str | None = None,
-        window: str | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, message: str, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
-        self.scope = scope
-        self.scope_id = scope_id
-        self.window = window
         self.limit_credits: int | None = None
         self.used_credits: int | None = None
         self.held_credits: int | None = None
@@ -162,16 +176,11 @@ class AllowanceExhausted(LlmError):
     @classmethod
     def _from_diag(cls, sqlstate: str, diag: psycopg.errors.Diagnostic, fallback: str) -> Self:
         error = super()._from_diag(sqlstate, diag, fallback)
-        refused = _refused_by(diag)
-        if refused is not None:
-            table, error.scope, error.window = refused
-            if table == cls._BUDGET and error.scope != "organization" and error.detail:
-                # an id has no control character, so no line break: the line is the id
-                error.scope_id = error.detail.split("\n", 1)[0]
-            figures = _refusal_figures(table, error.window, error.detail)
-            if figures is not None:
-                (error.limit_credits, error.used_credits, error.held_credits, error.estimate_credits,
-                 error.window_start, error.resets_at) = figures  # fmt: skip
+        table = (_refused_by(diag) or (None,))[0]
+        figures = _refusal_figures(table, error.window, error.detail) if table else None
+        if figures is not None:
+            (error.limit_credits, error.used_credits, error.held_credits, error.estimate_credits,
+             error.window_start, error.resets_at) = figures  # fmt: skip
         return error
 
 
@@ -265,7 +274,7 @@ class CitusNotInstalled(LlmError):
     code = "LL011"
 
 
-class WindowRetired(LlmError):
+class WindowRetired(_NamedRefusal):
     """LL012: admission would create the counter of a budget window that ended on or
     before the organization's retention horizon (docs/architecture.md "Budgets",
     Retention): its counter may have been purged, so the window is not admitted
@@ -275,28 +284,6 @@ class WindowRetired(LlmError):
     ``AllowanceExhausted`` (the DETAIL's first line is the id)."""
 
     code = "LL012"
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        scope: str | None = None,
-        scope_id: str | None = None,
-        window: str | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(message, **kwargs)
-        self.scope = scope
-        self.scope_id = scope_id
-        self.window = window
-
-    @classmethod
-    def _from_diag(cls, sqlstate: str, diag: psycopg.errors.Diagnostic, fallback: str) -> Self:
-        error = super()._from_diag(sqlstate, diag, fallback)
-        _, error.scope, error.window = _refused_by(diag) or (None, None, None)
-        if error.scope not in (None, "organization") and error.detail:
-            error.scope_id = error.detail.split("\n", 1)[0]
-        return error
 
 
 class SumLimitExceeded(LlmError):
