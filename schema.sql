@@ -308,7 +308,7 @@ COMMENT ON FUNCTION llm._budget_keys(p_mask integer, p_project text, p_api_key t
 CREATE FUNCTION llm._budget_reached(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 f1a208d8d942adcdba067c3c73fe201f $$;
+    AS $$ body in sql/, md5 76fae00246b9b8bca4c1f66b7e85b8ff $$;
 
 COMMENT ON FUNCTION llm._budget_reached(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_now timestamp with time zone) IS 'With the budget just changed: locks the stripes of the counters it governs in the window containing p_now (one id, or every id without its own budget for ''*''), drops their rooms and owes every threshold they stand at or above under the budget that applies to each now.';
 
@@ -426,6 +426,13 @@ CREATE FUNCTION llm._check_scope_id(p_name text, p_value text) RETURNS void
     AS $$ body in sql/, md5 e27d8dea5a59a24b358cdd21f1f8f370 $$;
 
 COMMENT ON FUNCTION llm._check_scope_id(p_name text, p_value text) IS 'Raises 22023 naming p_name unless p_value is NULL or a valid scope id.';
+
+CREATE FUNCTION llm._check_stripes(p_stripes integer, p_whose text, p_hint text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 893e5af310a64c23e690c8792b7f7db9 $$;
+
+COMMENT ON FUNCTION llm._check_stripes(p_stripes integer, p_whose text, p_hint text) IS 'Raises 22023 for a stripe count that is NULL or outside 1 .. 64 (DETAIL: whose counters; HINT: p_hint).';
 
 CREATE FUNCTION llm._check_text(p_name text, p_value text, p_max integer, p_nullable boolean DEFAULT false) RETURNS void
     LANGUAGE plpgsql IMMUTABLE
@@ -635,7 +642,7 @@ COMMENT ON FUNCTION llm._invariant_12() IS 'Invariant 12: a notice carries a cla
 CREATE FUNCTION llm._invariant_13() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 4b31c1d67cfd7538c93541c9cb75a24f $$;
+    AS $$ body in sql/, md5 35ee01f00aa9ae89ca0c707353571ac8 $$;
 
 COMMENT ON FUNCTION llm._invariant_13() IS 'Invariant 13: a drift finding means its task still differs from its terminal requests.';
 
@@ -747,7 +754,7 @@ COMMENT ON FUNCTION llm._invariant_5b() IS 'Invariant 5b, reported as 5: while a
 CREATE FUNCTION llm._invariant_6() RETURNS TABLE(invariant integer, organization_id uuid, subject text, detail text)
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 c6e8bebb865eef30d7bca48cabb837d9 $$;
+    AS $$ body in sql/, md5 0de741a681a892cf8626e3fd5a344942 $$;
 
 COMMENT ON FUNCTION llm._invariant_6() IS 'Invariant 6: every task''s request_count, credits and cents equal the sums over its terminal requests, unless it has a drift finding.';
 
@@ -809,6 +816,13 @@ CREATE FUNCTION llm._lease_locker_pid() RETURNS integer
     AS $$ body in sql/, md5 b5d6dfd01c8040cb5e57517614ea7897 $$;
 
 COMMENT ON FUNCTION llm._lease_locker_pid() IS 'The pid of the backend whose open transaction holds the pass lease row locked, or NULL.';
+
+CREATE FUNCTION llm._lock_budgets_of(p_organization_id uuid) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 13819135d18a26bc1fad21b84fa0fc67 $$;
+
+COMMENT ON FUNCTION llm._lock_budgets_of(p_organization_id uuid) IS 'Locks the organization''s row (FOR NO KEY UPDATE) for a change of its budgets; LL002 for an unknown organization.';
 
 CREATE FUNCTION llm._lock_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, OUT stripes integer, OUT used bigint, OUT held bigint, OUT cents bigint) RETURNS record
     LANGUAGE plpgsql
@@ -942,7 +956,7 @@ COMMENT ON FUNCTION llm._open_execution(p_organization_id uuid, p_task_key text,
 CREATE FUNCTION llm._open_floor(p_organization_id uuid) RETURNS timestamp with time zone
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 185d912ea88bbd14241a0d075ebae8b8 $$;
+    AS $$ body in sql/, md5 58b8c41f53c58f1e143549a903b0680d $$;
 
 COMMENT ON FUNCTION llm._open_floor(p_organization_id uuid) IS 'The earliest time an open request of the organization may have been admitted at (its stripes'' open_since; a period''s first day where they are not known); NULL when none is open.';
 
@@ -1014,6 +1028,13 @@ CREATE FUNCTION llm._owe_notices(p_organization_id uuid, p_period_start date, p_
     AS $$ body in sql/, md5 0518a940a5f5f242456f77514bf94d59 $$;
 
 COMMENT ON FUNCTION llm._owe_notices(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint, p_allowance bigint, p_now timestamp with time zone, p_scope text, p_scope_id text, p_window text, p_old_used bigint) IS 'Creates one owed notice (crossed at p_now) for every threshold of p_thresholds that p_used stands at or above under p_allowance (and, given p_old_used, p_old_used stood below) and not notified yet; NOTIFY llm_notices at commit when it created one.';
+
+CREATE FUNCTION llm._own_budget_ids(p_organization_id uuid, p_scope text, p_window text) RETURNS text[]
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 eee5bc8fa6fe5db756af56ec03cb9854 $$;
+
+COMMENT ON FUNCTION llm._own_budget_ids(p_organization_id uuid, p_scope text, p_window text) IS 'The ids of p_scope with a budget of their own for p_window (not governed by its ''*'' budget).';
 
 CREATE FUNCTION llm._pass_metrics(p_now timestamp with time zone) RETURNS TABLE(metric text, labels jsonb, value double precision)
     LANGUAGE plpgsql STABLE
@@ -1271,14 +1292,14 @@ COMMENT ON FUNCTION llm._set_allowance(p_organization_id uuid, p_monthly_allowan
 CREATE FUNCTION llm._set_budget(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint, p_thresholds integer[], p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 6df924312b5c0d37f0de91b562c19f7e $$;
+    AS $$ body in sql/, md5 2d9b2a326dba320710d7a65d6d0530d5 $$;
 
 COMMENT ON FUNCTION llm._set_budget(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_limit_credits bigint, p_thresholds integer[], p_now timestamp with time zone) IS 'Distributed twin of set_budget (returns the notices it owed); arguments already checked.';
 
 CREATE FUNCTION llm._set_budget_stripes(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_stripes integer, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 761f222686ee8a274aa599c79a655260 $$;
+    AS $$ body in sql/, md5 d4d25d2b601dd7b11fd64e5d6fa82b11 $$;
 
 COMMENT ON FUNCTION llm._set_budget_stripes(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_stripes integer, p_now timestamp with time zone) IS 'Distributed twin of set_budget_stripes; arguments already checked.';
 
@@ -1493,7 +1514,7 @@ COMMENT ON FUNCTION llm.books_history(p_organization_ids uuid[]) IS 'One row: re
 CREATE FUNCTION llm.books_snapshot(p_organization_ids uuid[] DEFAULT NULL::uuid[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(open_requests bigint, held_credits numeric, stale_open_requests bigint, stale_held_credits numeric, running_tasks bigint, stale_running_tasks bigint, drift_findings bigint, notices_owed bigint, notices_sending bigint)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 e3d5586dc8eb401f253120a5d04622bd $$;
+    AS $$ body in sql/, md5 828c7a498c91f854ac1d34fecf444eff $$;
 
 COMMENT ON FUNCTION llm.books_snapshot(p_organization_ids uuid[], p_now timestamp with time zone) IS 'One row: what the next pass would act on at p_now: open requests and holds (all, and older than the recovery window), running tasks (all, and stale), drift findings, owed and sending notices.';
 
@@ -1737,7 +1758,7 @@ COMMENT ON FUNCTION llm.set_budget(p_organization_id uuid, p_scope text, p_scope
 CREATE FUNCTION llm.set_budget_stripes(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_stripes integer, p_now timestamp with time zone DEFAULT now()) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 d52de7038649c0b014b60159dca9843d $$;
+    AS $$ body in sql/, md5 62a2ea2f4b0664318fceedf236d4e647 $$;
 
 COMMENT ON FUNCTION llm.set_budget_stripes(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_stripes integer, p_now timestamp with time zone) IS 'Spreads the counters of a budget (for ''*'', of every id it governs) over 1 to 64 stripes, so concurrent requests of one hot key or user hold on different rows; applies to the counters of the window containing p_now at once and to every counter created after; returns the new count.';
 
@@ -1751,7 +1772,7 @@ COMMENT ON FUNCTION llm.set_credit_rate(p_nanos_per_credit bigint, p_organizatio
 CREATE FUNCTION llm.set_period_stripes(p_organization_id uuid, p_stripes integer) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 b6e81246bfe486d501210b0b1d16a8f1 $$;
+    AS $$ body in sql/, md5 482bc274338ed80e81e4b205d3e53bf3 $$;
 
 COMMENT ON FUNCTION llm.set_period_stripes(p_organization_id uuid, p_stripes integer) IS 'Spreads the organization''s period counters over p_stripes rows (1 to 64; 22023 otherwise, LL002 for an unknown organization) from its next admission on; returns the new count. Admission stays exact and no threshold crossing is missed.';
 
@@ -1786,7 +1807,7 @@ COMMENT ON FUNCTION llm.settle_usage(p_organization_id uuid, p_invocation_id uui
 CREATE FUNCTION llm.stale_by_organization_status(p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(organization_status text, stale_open_requests bigint, stale_held_credits numeric)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 47865c31547c0f65290388a6407e3b83 $$;
+    AS $$ body in sql/, md5 07303d12cc29d488cdb149bd54b9ae22 $$;
 
 COMMENT ON FUNCTION llm.stale_by_organization_status(p_now timestamp with time zone) IS 'Per organization status (operational, suspended, closed: every one, 0 when none), the open requests older than the recovery window at p_now and their holds.';
 
@@ -1803,6 +1824,18 @@ CREATE FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_m
     AS $$ body in sql/, md5 9ed5e63a1c4fee55047453a5030241e2 $$;
 
 COMMENT ON FUNCTION llm.upsert_organization(p_organization_id uuid, p_name text, p_monthly_allowance_credits bigint, p_status text, p_notice_thresholds integer[], p_now timestamp with time zone) IS 'Creates or updates an organization; a NULL status or threshold list keeps the organization''s (a new one: operational, {80,100}). A changed allowance (NULL = unlimited) also applies to the period containing p_now and later open ones, which owe at once every threshold their usage now stands at or above; a changed threshold list applies to every period.';
+
+CREATE VIEW llm._execution_charges AS
+ SELECT i.organization_id,
+    i.execution_id,
+    count(*) AS n,
+    sum((i.charged_credits)::bigint) AS credits,
+    sum(COALESCE((i.charged_cents)::bigint, (0)::bigint)) AS cents
+   FROM llm.invocations i
+  WHERE ((i.execution_id IS NOT NULL) AND ((i.status)::text = ANY (ARRAY['settled'::text, 'failed'::text])))
+  GROUP BY i.organization_id, i.execution_id;
+
+COMMENT ON VIEW llm._execution_charges IS 'Internal: each task''s terminal requests, counted, with their charged credits and cents.';
 
 CREATE TABLE llm.invocation_scopes (
     organization_id uuid NOT NULL,
@@ -1837,6 +1870,57 @@ CREATE VIEW llm._invocation_budget_keys AS
      CROSS JOIN LATERAL llm._budget_keys((COALESCE(i.budget_mask, s.budget_mask))::integer, COALESCE(i.project, s.project), COALESCE(i.api_key, s.api_key), COALESCE(i.end_user, s.end_user), i.created_at) k(slot, scope, scope_id, budget_window, window_start));
 
 COMMENT ON VIEW llm._invocation_budget_keys IS 'Internal: each request (of this release or the previous one) with each budget counter it moves (scope, id, window, window start).';
+
+CREATE TABLE llm.period_stripes (
+    organization_id uuid NOT NULL,
+    period_start date NOT NULL,
+    stripe llm.stripe NOT NULL,
+    used_credits llm.amount DEFAULT 0 NOT NULL,
+    held_credits llm.amount DEFAULT 0 NOT NULL,
+    used_cents llm.amount DEFAULT 0 NOT NULL,
+    admit_room llm.amount,
+    notice_room llm.amount,
+    cents_room llm.amount,
+    open_requests integer,
+    open_since timestamp with time zone,
+    quiet boolean,
+    settle_lag_hours integer,
+    settle_lead_hours integer,
+    priced_nanos numeric DEFAULT 0 NOT NULL
+);
+
+COMMENT ON TABLE llm.period_stripes IS 'A period''s counters, spread over stripes: used and held credits and used cents of the requests whose hold is on the stripe, and its escrow: admit_room (credits it may hold without the other stripes; NULL: unlimited) and notice_room (usage it may add before the period could reach its next threshold; NULL: no threshold ahead).';
+
+COMMENT ON COLUMN llm.period_stripes.admit_room IS 'Credits this stripe may still hold on its own; the stripes'' rooms never add up to more than the period has left to its allowance and to the sum limit (NULL: spread on its next exact movement).';
+
+COMMENT ON COLUMN llm.period_stripes.notice_room IS 'Usage this stripe may still add on its own before the period could reach its next threshold (NULL: none ahead); a movement that does not fit decides on the exact totals.';
+
+COMMENT ON COLUMN llm.period_stripes.cents_room IS 'Cents this stripe may still charge on its own; the stripes'' rooms never add up to more than the sum limit less the period''s used cents (NULL: spread on its next exact movement).';
+
+COMMENT ON COLUMN llm.period_stripes.open_requests IS 'How many reserved or dispatched requests hold on this stripe (NULL: not known yet).';
+
+COMMENT ON COLUMN llm.period_stripes.open_since IS 'No open request of this stripe was admitted before it (NULL: none is open, or not known yet while open_requests is): where the pass and the reports start reading open requests.';
+
+COMMENT ON COLUMN llm.period_stripes.quiet IS 'True: a pass found no open request here and none was admitted since; the index period_stripes_open holds the others.';
+
+COMMENT ON COLUMN llm.period_stripes.settle_lag_hours IS 'No terminal request of this stripe was settled more than this many hours (rounded up) after its admission: the daily rebuild reads requests by admission time from the settlement day less this.';
+
+COMMENT ON COLUMN llm.period_stripes.settle_lead_hours IS 'No terminal request of this stripe was settled more than this many hours (rounded up) before its admission (a clock behind at settlement).';
+
+COMMENT ON COLUMN llm.period_stripes.priced_nanos IS 'The cost (nanos) of the stripe''s requests priced from usage, corrections included; its used cost is used_cents * 10^7 + priced_nanos.';
+
+CREATE VIEW llm._open_floors AS
+ SELECT s.organization_id,
+    min(
+        CASE
+            WHEN (s.open_requests IS NULL) THEN ((s.period_start)::timestamp without time zone AT TIME ZONE 'UTC'::text)
+            ELSE s.open_since
+        END) AS floor
+   FROM llm.period_stripes s
+  WHERE ((s.quiet IS NOT TRUE) AND ((s.open_requests IS NULL) OR (s.open_requests > 0)))
+  GROUP BY s.organization_id;
+
+COMMENT ON VIEW llm._open_floors IS 'Internal: each organization with open requests and the earliest admission time one of them may have (its open floor).';
 
 CREATE TABLE llm.budget_counters (
     organization_id uuid NOT NULL,
@@ -2084,44 +2168,6 @@ CREATE TABLE llm.period_findings (
 );
 
 COMMENT ON TABLE llm.period_findings IS 'Periods whose counters (used credits, used cents, held credits) disagreed with their requests when the pass audited them; reported, never repaired; resolved_at once they agree again.';
-
-CREATE TABLE llm.period_stripes (
-    organization_id uuid NOT NULL,
-    period_start date NOT NULL,
-    stripe llm.stripe NOT NULL,
-    used_credits llm.amount DEFAULT 0 NOT NULL,
-    held_credits llm.amount DEFAULT 0 NOT NULL,
-    used_cents llm.amount DEFAULT 0 NOT NULL,
-    admit_room llm.amount,
-    notice_room llm.amount,
-    cents_room llm.amount,
-    open_requests integer,
-    open_since timestamp with time zone,
-    quiet boolean,
-    settle_lag_hours integer,
-    settle_lead_hours integer,
-    priced_nanos numeric DEFAULT 0 NOT NULL
-);
-
-COMMENT ON TABLE llm.period_stripes IS 'A period''s counters, spread over stripes: used and held credits and used cents of the requests whose hold is on the stripe, and its escrow: admit_room (credits it may hold without the other stripes; NULL: unlimited) and notice_room (usage it may add before the period could reach its next threshold; NULL: no threshold ahead).';
-
-COMMENT ON COLUMN llm.period_stripes.admit_room IS 'Credits this stripe may still hold on its own; the stripes'' rooms never add up to more than the period has left to its allowance and to the sum limit (NULL: spread on its next exact movement).';
-
-COMMENT ON COLUMN llm.period_stripes.notice_room IS 'Usage this stripe may still add on its own before the period could reach its next threshold (NULL: none ahead); a movement that does not fit decides on the exact totals.';
-
-COMMENT ON COLUMN llm.period_stripes.cents_room IS 'Cents this stripe may still charge on its own; the stripes'' rooms never add up to more than the sum limit less the period''s used cents (NULL: spread on its next exact movement).';
-
-COMMENT ON COLUMN llm.period_stripes.open_requests IS 'How many reserved or dispatched requests hold on this stripe (NULL: not known yet).';
-
-COMMENT ON COLUMN llm.period_stripes.open_since IS 'No open request of this stripe was admitted before it (NULL: none is open, or not known yet while open_requests is): where the pass and the reports start reading open requests.';
-
-COMMENT ON COLUMN llm.period_stripes.quiet IS 'True: a pass found no open request here and none was admitted since; the index period_stripes_open holds the others.';
-
-COMMENT ON COLUMN llm.period_stripes.settle_lag_hours IS 'No terminal request of this stripe was settled more than this many hours (rounded up) after its admission: the daily rebuild reads requests by admission time from the settlement day less this.';
-
-COMMENT ON COLUMN llm.period_stripes.settle_lead_hours IS 'No terminal request of this stripe was settled more than this many hours (rounded up) before its admission (a clock behind at settlement).';
-
-COMMENT ON COLUMN llm.period_stripes.priced_nanos IS 'The cost (nanos) of the stripe''s requests priced from usage, corrections included; its used cost is used_cents * 10^7 + priced_nanos.';
 
 CREATE VIEW llm.periods AS
  SELECT h.organization_id,
@@ -2453,6 +2499,8 @@ REVOKE ALL ON FUNCTION llm._check_scope_and_window(p_scope text, p_window text) 
 
 REVOKE ALL ON FUNCTION llm._check_scope_id(p_name text, p_value text) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._check_stripes(p_stripes integer, p_whose text, p_hint text) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._check_text(p_name text, p_value text, p_max integer, p_nullable boolean) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._check_thresholds(p_thresholds integer[]) FROM PUBLIC;
@@ -2559,6 +2607,8 @@ REVOKE ALL ON FUNCTION llm._lease_holder_running(p_lease llm.pass_lease) FROM PU
 
 REVOKE ALL ON FUNCTION llm._lease_locker_pid() FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION llm._lock_budgets_of(p_organization_id uuid) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION llm._lock_counter(p_organization_id uuid, p_scope text, p_scope_id text, p_window text, p_window_start date, OUT stripes integer, OUT used bigint, OUT held bigint, OUT cents bigint) FROM PUBLIC;
 
 GRANT SELECT ON TABLE llm.period_heads TO llm_reader;
@@ -2610,6 +2660,8 @@ REVOKE ALL ON FUNCTION llm._operational_org(p_organization_id uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION llm._organization_settings(p_org llm.organizations) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._owe_notices(p_organization_id uuid, p_period_start date, p_thresholds integer[], p_used bigint, p_allowance bigint, p_now timestamp with time zone, p_scope text, p_scope_id text, p_window text, p_old_used bigint) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._own_budget_ids(p_organization_id uuid, p_scope text, p_window text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._pass_metrics(p_now timestamp with time zone) FROM PUBLIC;
 
@@ -2902,6 +2954,9 @@ GRANT ALL ON FUNCTION llm.upsert_organization(p_organization_id uuid, p_name tex
 GRANT SELECT ON TABLE llm.invocation_scopes TO llm_reader;
 GRANT SELECT ON TABLE llm.invocation_scopes TO llm_operator;
 
+GRANT SELECT ON TABLE llm.period_stripes TO llm_reader;
+GRANT SELECT ON TABLE llm.period_stripes TO llm_operator;
+
 GRANT SELECT ON TABLE llm.budget_counters TO llm_reader;
 GRANT SELECT ON TABLE llm.budget_counters TO llm_operator;
 GRANT SELECT ON TABLE llm.budget_counters TO llm_app;
@@ -2942,9 +2997,6 @@ GRANT SELECT ON TABLE llm.ledger TO llm_operator;
 
 GRANT SELECT ON TABLE llm.period_findings TO llm_reader;
 GRANT SELECT ON TABLE llm.period_findings TO llm_operator;
-
-GRANT SELECT ON TABLE llm.period_stripes TO llm_reader;
-GRANT SELECT ON TABLE llm.period_stripes TO llm_operator;
 
 GRANT SELECT ON TABLE llm.periods TO llm_reader;
 GRANT SELECT ON TABLE llm.periods TO llm_operator;

@@ -167,6 +167,25 @@ $$;
 COMMENT ON FUNCTION llm._check_clock(timestamptz) IS
     'Raises 22023 for a p_now that is infinite or outside the years 1 .. 9999; NULL (the function''s own now()) passes.';
 
+-- A stripe count (set_period_stripes, set_budget_stripes): 1 to 64 rows, the range a
+-- backend's stripe (pid mod N, budget_stripe mod 64) is read in. p_whose and p_hint
+-- say whose counters and how many to choose.
+CREATE OR REPLACE FUNCTION llm._check_stripes(p_stripes integer, p_whose text, p_hint text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_stripes IS NULL OR p_stripes < 1 OR p_stripes > 64 THEN
+        RAISE EXCEPTION 'llm: % stripes is out of range', coalesce(p_stripes::text, 'NULL')
+            USING ERRCODE = '22023',
+                  DETAIL = pg_catalog.format('%s counters are spread over 1 to 64 stripe rows.', p_whose),
+                  HINT = p_hint;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION llm._check_stripes(integer, text, text) IS
+    'Raises 22023 for a stripe count that is NULL or outside 1 .. 64 (DETAIL: whose counters; HINT: p_hint).';
+
 CREATE OR REPLACE FUNCTION llm._require_org_id(p_organization_id uuid)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE

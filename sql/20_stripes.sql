@@ -95,10 +95,22 @@ $$;
 COMMENT ON FUNCTION llm._add_stripes(uuid, date, integer) IS
     'Creates the stripes 0 .. p_stripes - 1 of a period that it lacks, empty (their open fields NULL until the contract step of 0.4.0 ran).';
 
--- The open floor of an organization: no open request of it was admitted earlier (NULL:
--- none is open). The earliest open_since of its stripes that have open requests, read
--- through the index of the stripes that are not quiet; a stripe whose open requests are
--- not known yet counts from its period's first day.
+-- Each organization's open floor: no open request of it was admitted earlier. The
+-- earliest open_since of its stripes that have open requests, read through the index
+-- of the stripes that are not quiet; a stripe whose open requests are not known yet
+-- counts from its period's first day. Inlined into each reader's query (a filter on
+-- the organization reaches the stripes); no grant.
+CREATE OR REPLACE VIEW llm._open_floors AS
+SELECT s.organization_id,
+       min(CASE WHEN s.open_requests IS NULL THEN s.period_start::timestamp AT TIME ZONE 'UTC'
+                ELSE s.open_since END) AS floor
+  FROM llm.period_stripes AS s
+ WHERE s.quiet IS NOT TRUE AND (s.open_requests IS NULL OR s.open_requests > 0)
+ GROUP BY s.organization_id;
+COMMENT ON VIEW llm._open_floors IS
+    'Internal: each organization with open requests and the earliest admission time one of them may have (its open floor).';
+
+-- The open floor of one organization (NULL: none is open).
 CREATE OR REPLACE FUNCTION llm._open_floor(p_organization_id uuid)
 RETURNS timestamptz
 LANGUAGE plpgsql STABLE
@@ -106,12 +118,7 @@ AS $$
 DECLARE
     v_floor timestamptz;
 BEGIN
-    SELECT min(CASE WHEN s.open_requests IS NULL THEN s.period_start::timestamp AT TIME ZONE 'UTC'
-                    ELSE s.open_since END)
-      INTO v_floor
-      FROM llm.period_stripes AS s
-     WHERE s.organization_id = p_organization_id AND s.quiet IS NOT TRUE
-       AND (s.open_requests IS NULL OR s.open_requests > 0);
+    SELECT o.floor INTO v_floor FROM llm._open_floors AS o WHERE o.organization_id = p_organization_id;
     RETURN v_floor;
 END
 $$;

@@ -276,12 +276,8 @@ DECLARE
     v_stripes integer;
 BEGIN
     PERFORM llm._require_org_id(p_organization_id);
-    IF p_stripes IS NULL OR p_stripes < 1 OR p_stripes > 64 THEN
-        RAISE EXCEPTION 'llm: % stripes is out of range', coalesce(p_stripes::text, 'NULL')
-            USING ERRCODE = '22023',
-                  DETAIL = 'A period''s counters are spread over 1 to 64 stripe rows.',
-                  HINT = 'Use 1 for a small organization; about the number of its concurrent sessions (up to 64) for a busy one.';
-    END IF;
+    PERFORM llm._check_stripes(p_stripes, 'A period''s',
+                               'Use 1 for a small organization; about the number of its concurrent sessions (up to 64) for a busy one.');
     SELECT n INTO v_stripes FROM llm._set_period_stripes(p_organization_id, p_stripes) AS n;
     RETURN v_stripes;
 END

@@ -772,6 +772,42 @@ COMMENT ON FUNCTION llm._retain_budgets(uuid, timestamptz, interval) IS
 
 -- ---------------------------------------------------------------- set_budget
 
+-- The organization's row held for a change of its budgets (the lock order's row 4,
+-- first of such a change: docs/architecture.md "Lock order"); LL002 for an unknown
+-- organization.
+CREATE OR REPLACE FUNCTION llm._lock_budgets_of(p_organization_id uuid)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    PERFORM FROM llm.organizations AS o WHERE o.id = p_organization_id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        PERFORM llm._raise_unknown_org(p_organization_id);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION llm._lock_budgets_of(uuid) IS
+    'Locks the organization''s row (FOR NO KEY UPDATE) for a change of its budgets; LL002 for an unknown organization.';
+
+-- The ids of a scope with a budget of their own for a window: those its '*' budget
+-- does not govern. PL/pgSQL: it reads a distributed table (Citus rule 7).
+CREATE OR REPLACE FUNCTION llm._own_budget_ids(p_organization_id uuid, p_scope text, p_window text)
+RETURNS text[]
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_own text[];
+BEGIN
+    SELECT coalesce(pg_catalog.array_agg(b.scope_id), '{}') INTO v_own
+      FROM llm.budget_limits AS b
+     WHERE b.organization_id = p_organization_id AND b.scope = p_scope
+       AND b.budget_window = p_window AND b.scope_id <> '*';
+    RETURN v_own;
+END
+$$;
+COMMENT ON FUNCTION llm._own_budget_ids(uuid, text, text) IS
+    'The ids of p_scope with a budget of their own for p_window (not governed by its ''*'' budget).';
+
 -- What a set, changed or removed budget owes at once, in the window containing p_now:
 -- every threshold the counters it now governs stand at or above, under the budget that
 -- applies to each now, as a changed allowance owes its own. Their stripes are locked in
@@ -792,11 +828,7 @@ DECLARE
     v_budget record;
 BEGIN
     IF p_scope_id = '*' THEN
-        -- the ids with a budget of their own are not governed by the default
-        SELECT coalesce(pg_catalog.array_agg(b.scope_id), '{}') INTO v_own
-          FROM llm.budget_limits AS b
-         WHERE b.organization_id = p_organization_id AND b.scope = p_scope
-           AND b.budget_window = p_window AND b.scope_id <> '*';
+        v_own := llm._own_budget_ids(p_organization_id, p_scope, p_window);
     END IF;
     PERFORM FROM llm.budget_counters AS c
      WHERE c.organization_id = p_organization_id AND c.scope = p_scope
@@ -897,10 +929,7 @@ DECLARE
     v_existed boolean;
 BEGIN
     -- lock order: the organization's row, the budget's row, its counters
-    PERFORM FROM llm.organizations AS o WHERE o.id = p_organization_id FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
-        PERFORM llm._raise_unknown_org(p_organization_id);
-    END IF;
+    PERFORM llm._lock_budgets_of(p_organization_id);
     -- (every change of the organization's budgets holds its row: this read stays true)
     v_existed := EXISTS (SELECT FROM llm.budget_limits AS b
                           WHERE b.organization_id = p_organization_id AND b.scope = p_scope
@@ -1059,10 +1088,7 @@ DECLARE
 BEGIN
     -- lock order: the organization's row, the budget's row, its counters (scope id,
     -- then stripe), as set_budget
-    PERFORM FROM llm.organizations AS o WHERE o.id = p_organization_id FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
-        PERFORM llm._raise_unknown_org(p_organization_id);
-    END IF;
+    PERFORM llm._lock_budgets_of(p_organization_id);
     UPDATE llm.budget_limits AS b
        SET stripes = p_stripes
      WHERE b.organization_id = p_organization_id AND b.scope = p_scope
@@ -1078,10 +1104,7 @@ BEGIN
     -- The counters it governs in the window containing p_now, spread at once (a hot
     -- key needs it now); those of other windows keep the count they were created with.
     IF p_scope_id = '*' THEN
-        SELECT coalesce(pg_catalog.array_agg(b.scope_id), '{}') INTO v_own
-          FROM llm.budget_limits AS b
-         WHERE b.organization_id = p_organization_id AND b.scope = p_scope
-           AND b.budget_window = p_window AND b.scope_id <> '*';
+        v_own := llm._own_budget_ids(p_organization_id, p_scope, p_window);
     END IF;
     FOR v_id IN
         SELECT DISTINCT c.scope_id FROM llm.budget_counters AS c
@@ -1116,12 +1139,8 @@ BEGIN
     ELSIF p_scope_id IS NOT NULL AND p_scope_id <> '*' THEN
         PERFORM llm._check_scope_id('p_scope_id', p_scope_id);
     END IF;
-    IF p_stripes IS NULL OR p_stripes < 1 OR p_stripes > 64 THEN
-        RAISE EXCEPTION 'llm: % stripes is out of range', coalesce(p_stripes::text, 'NULL')
-            USING ERRCODE = '22023',
-                  DETAIL = 'A budget''s counters are spread over 1 to 64 stripe rows.',
-                  HINT = 'Use 1 for most ids; about the number of concurrent sessions (up to 64) for a key or user that many of them share.';
-    END IF;
+    PERFORM llm._check_stripes(p_stripes, 'A budget''s',
+                               'Use 1 for most ids; about the number of concurrent sessions (up to 64) for a key or user that many of them share.');
     SELECT n INTO v_stripes
       FROM llm._set_budget_stripes(p_organization_id, p_scope, p_scope_id, p_window, p_stripes,
                                    coalesce(p_now, pg_catalog.now())) AS n;

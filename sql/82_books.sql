@@ -52,18 +52,12 @@ BEGIN
                     UNION ALL
                     -- the stale ones, from each organization's open floor
                     SELECT 0, 0, count(*), sum(r.hold_credits)
-                      FROM (SELECT f.organization_id,
-                                   min(CASE WHEN f.open_requests IS NULL
-                                            THEN f.period_start::timestamp AT TIME ZONE 'UTC'
-                                            ELSE f.open_since END) AS floor
-                              FROM llm.period_stripes AS f
-                             WHERE f.quiet IS NOT TRUE AND (f.open_requests IS NULL OR f.open_requests > 0)
-                               AND (p_organization_ids IS NULL OR f.organization_id = ANY (p_organization_ids))
-                             GROUP BY f.organization_id) AS o
+                      FROM llm._open_floors AS o
                       JOIN llm.invocations AS r
                         ON r.organization_id = o.organization_id
                        AND r.created_at >= o.floor AND r.created_at <= v_stale_before
-                     WHERE r.status IN ('reserved', 'dispatched')) AS k) AS i
+                     WHERE r.status IN ('reserved', 'dispatched')
+                       AND (p_organization_ids IS NULL OR o.organization_id = ANY (p_organization_ids))) AS k) AS i
      CROSS JOIN
            (SELECT count(*) AS running_tasks,
                    count(*) FILTER (WHERE t.started_at <= v_stale_before) AS stale_running_tasks
@@ -97,14 +91,7 @@ BEGIN
     SELECT s.status, coalesce(i.requests, 0), coalesce(i.credits, 0::numeric)
       FROM pg_catalog.unnest(ARRAY['operational', 'suspended', 'closed']) WITH ORDINALITY AS s(status, n)
       LEFT JOIN (SELECT o.status, count(*) AS requests, sum(r.hold_credits) AS credits
-                   FROM (SELECT f.organization_id,
-                                min(CASE WHEN f.open_requests IS NULL
-                                         THEN f.period_start::timestamp AT TIME ZONE 'UTC'
-                                         ELSE f.open_since END) AS floor
-                           FROM llm.period_stripes AS f
-                          WHERE f.quiet IS NOT TRUE AND (f.open_requests IS NULL OR f.open_requests > 0)
-                          GROUP BY f.organization_id) AS fl
-                   -- read from each organization's open floor (docs/architecture.md "The write path")
+                   FROM llm._open_floors AS fl  -- read from each organization's open floor
                    JOIN llm.invocations AS r
                      ON r.organization_id = fl.organization_id
                     AND r.created_at >= fl.floor AND r.created_at <= v_stale_before

@@ -274,6 +274,18 @@ $$;
 COMMENT ON FUNCTION llm._invariant_5() IS
     'Invariant 5: only recovered (or later trued-up) requests carry a past-window alert, and each threshold of a budget window has at most one notice.';
 
+-- What each task's terminal requests charged, the figures its totals must equal
+-- (invariants 6 and 13). Inlined into each reader's query; on Citus, grouped by the
+-- distribution column, one query per shard.
+CREATE OR REPLACE VIEW llm._execution_charges AS
+SELECT i.organization_id, i.execution_id, count(*) AS n, sum(i.charged_credits) AS credits,
+       sum(coalesce(i.charged_cents, 0)) AS cents
+  FROM llm.invocations AS i
+ WHERE i.execution_id IS NOT NULL AND i.status IN ('settled', 'failed')
+ GROUP BY i.organization_id, i.execution_id;
+COMMENT ON VIEW llm._execution_charges IS
+    'Internal: each task''s terminal requests, counted, with their charged credits and cents.';
+
 -- 6. task totals = sum over its terminal invocations, except reported drift
 CREATE OR REPLACE FUNCTION llm._invariant_6()
 RETURNS TABLE (invariant integer, organization_id uuid, subject text, detail text)
@@ -285,11 +297,7 @@ BEGIN
            pg_catalog.format('recorded %s/%s/%s, invocations %s/%s/%s', x.request_count, x.credits, x.cents,
                              coalesce(s.n, 0), coalesce(s.credits, 0), coalesce(s.cents, 0))
       FROM llm.executions AS x
-      LEFT JOIN (SELECT i.organization_id, i.execution_id, count(*) AS n, sum(i.charged_credits) AS credits,
-                        sum(coalesce(i.charged_cents, 0)) AS cents
-                   FROM llm.invocations AS i
-                  WHERE i.execution_id IS NOT NULL AND i.status IN ('settled', 'failed')
-                  GROUP BY 1, 2) AS s
+      LEFT JOIN llm._execution_charges AS s
         ON s.organization_id = x.organization_id AND s.execution_id = x.id
      WHERE (x.request_count, x.credits, x.cents)
            IS DISTINCT FROM (coalesce(s.n, 0), coalesce(s.credits, 0), coalesce(s.cents, 0))
@@ -456,11 +464,7 @@ BEGIN
                              pg_catalog.format('%s/%s/%s', x.request_count, x.credits, x.cents))
       FROM llm.drift_findings AS f
       LEFT JOIN llm.executions AS x ON x.organization_id = f.organization_id AND x.id = f.execution_id
-      LEFT JOIN (SELECT i.organization_id, i.execution_id, count(*) AS n, sum(i.charged_credits) AS credits,
-                        sum(coalesce(i.charged_cents, 0)) AS cents
-                   FROM llm.invocations AS i
-                  WHERE i.execution_id IS NOT NULL AND i.status IN ('settled', 'failed')
-                  GROUP BY 1, 2) AS s
+      LEFT JOIN llm._execution_charges AS s
         ON s.organization_id = f.organization_id AND s.execution_id = f.execution_id
      WHERE x.id IS NULL
         OR (x.request_count, x.credits, x.cents) = (coalesce(s.n, 0), coalesce(s.credits, 0), coalesce(s.cents, 0));

@@ -15,6 +15,10 @@ GRANT SELECT ON ALL TABLES IN SCHEMA llm TO llm_reader, llm_operator;
 -- Internal: it calls the private llm._budget_keys, which a view runs with its reader's
 -- rights; only the owner's routines read it (sql/28_budgets.sql).
 REVOKE SELECT ON llm._invocation_budget_keys FROM llm_reader, llm_operator;
+-- Internal too: what the invariants compare a task's totals with (sql/95_invariants.sql).
+REVOKE SELECT ON llm._execution_charges FROM llm_reader, llm_operator;
+-- and each organization's open floor (sql/20_stripes.sql)
+REVOKE SELECT ON llm._open_floors FROM llm_reader, llm_operator;
 GRANT SELECT ON llm.task_kinds, llm.settings, llm.budgets, llm.budget_usage TO llm_app;
 -- The two views are security_invoker (sql/28_budgets.sql): their reader needs the tables.
 GRANT SELECT ON llm.budget_limits, llm.budget_counters TO llm_app;

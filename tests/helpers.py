@@ -40,7 +40,7 @@ HOUR = timedelta(hours=1)
 DAY = timedelta(days=1)
 # Views of schema llm only the owner's routines read: no role has SELECT on them
 # (sql/99_grants.sql, docs/contract.md "Roles and grants").
-INTERNAL_VIEWS = frozenset({"_invocation_budget_keys"})
+INTERNAL_VIEWS = frozenset({"_execution_charges", "_invocation_budget_keys", "_open_floors"})
 
 # The functions granted to llm_app (docs/contract.md "Roles and grants"): the request and task calls.
 APP_FUNCTIONS = frozenset(
