@@ -8,8 +8,8 @@ _writes, their writes alone), cycle.sql, cycle_budget_rows.sql (the cycle plus
 the counters' writes, unchecked), cycle_budget_floor (the same plus the budgets'
 read: what any code keeping three budgets must add to the cycle), budgets.sql and
 budgets_off_row (budgets.sql with admission reading the budgets, not the
-organizations' rows),
-a VACUUM ANALYZE and a CHECKPOINT before each (``--scripts``: some of them). A single run of each moves by several
+organizations' rows) and priced.sql (the priced cycle, against the cycle of its
+round as the price book's target sets it), a VACUUM ANALYZE and a CHECKPOINT before each (``--scripts``: some of them). A single run of each moves by several
 percent on a noisy machine; rounds side by side say what the floors bound
 (docs/benchmarks.md "Why the two targets are short"). Prints each run and,
 per round, the time a request's budgets (their rows, read and writes) add to the
@@ -51,6 +51,7 @@ def _scripts(sizes: common.Sizes, variants: Path) -> dict[str, tuple[str, list[s
                                [*plain, *keys, "-D", f"offset={sizes.cycle_orgs}"]),
         "budgets": (str(common.SCRIPTS / "budgets.sql"), spread),
         "budgets_off_row": (str(common.SCRIPTS / "budgets.sql"), spread),
+        "priced": (str(common.SCRIPTS / "priced.sql"), plain),
     }
 
 
@@ -188,7 +189,7 @@ def _round_figures(tps: dict[str, float], machine_cpu: dict[str, float | None]) 
         if "cycle" in costs:
             figures[f"{prefix}target_leaves_us"] = round(costs["cycle"] * (1 / common.BUDGETS_TARGET - 1), 1)
     # against the target itself: each cycle under budgets (or their floor) / the cycle
-    for name in ("budgets", "budgets_off_row", "cycle_budget_rows", "cycle_budget_floor"):
+    for name in ("budgets", "budgets_off_row", "cycle_budget_rows", "cycle_budget_floor", "priced"):
         if name in tps and "cycle" in tps:
             figures[f"{name}_vs_cycle"] = round(tps[name] / tps["cycle"], 3)
     return figures
