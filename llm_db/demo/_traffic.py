@@ -327,10 +327,10 @@ class _Worker(threading.Thread):
 
 
 def _refused_by_budget(exc: errors.AllowanceExhausted) -> bool:
-    """Whether an LL001 named a budget (diagnostic TABLE ``budgets``) rather than the
-    allowance (``periods``): read on the psycopg error it was raised from."""
-    cause = exc.__cause__
-    return isinstance(cause, psycopg.Error) and cause.diag.table_name == "budgets"
+    """Whether an LL001 named a budget rather than the allowance, as the driver reads it
+    (under Citus, which drops the diagnostic TABLE, from the DETAIL): the allowance is
+    the organization's month, a budget any other scope or window."""
+    return exc.scope is not None and (exc.scope, exc.window) != ("organization", "month")
 
 
 def _run_workers(
