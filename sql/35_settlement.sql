@@ -111,10 +111,11 @@ COMMENT ON FUNCTION llm._end_invocation(uuid, uuid, text, text, bigint, bigint, 
 -- difference, whatever a concurrent rebuild of that day does.
 -- The row it adds to is the latest committed one: the UPDATE waits for a rebuild that
 -- deleted the row, then finds it gone; the INSERT then waits for the rebuild's new row
--- and adds to it (ON CONFLICT sees rows committed after the statement began). A rebuild
--- never counts this request's new figures, as they commit after the rebuild read them.
--- A day without the row (not rebuilt since the recovery) gets it computed from the
--- requests, this one included; a rebuild meeting that row rebuilds again (80_reporting).
+-- and, finding it committed, inserts nothing, so the loop's next UPDATE (a new snapshot)
+-- adds to it. A rebuild never counts this request's new figures, as they commit after
+-- the rebuild read them. A day without the row (not rebuilt since the recovery) gets it
+-- computed from the requests, this one included; a rebuild meeting that row rebuilds
+-- again (80_reporting). The difference is written in one statement, the UPDATE.
 CREATE OR REPLACE FUNCTION llm._true_up_daily_usage(p_inv llm.invocations, p_credits bigint, p_cents bigint)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -124,57 +125,57 @@ DECLARE
     v_row llm.daily_usage;
     v_window record;
     v_priced_ids uuid[];
+    v_inserted integer;
 BEGIN
-    UPDATE llm.daily_usage AS d
-       SET credits = d.credits + p_credits,
-           cents = d.cents + p_cents,
-           priced_nanos = coalesce(d.priced_nanos, 0) + coalesce(p_inv.cost_nanos, 0),
-           uncosted_requests = d.uncosted_requests - 1,  -- recovered, it had no cost (NULL: built before 0.4.0)
-           fallback_requests = coalesce(d.fallback_requests, 0) + CASE WHEN p_inv.priced_by = 'fallback' THEN 1 ELSE 0 END,
-           input_tokens = d.input_tokens + coalesce(p_inv.input_tokens, 0),
-           output_tokens = d.output_tokens + coalesce(p_inv.output_tokens, 0)
-     WHERE d.organization_id = p_inv.organization_id AND d.day = v_day AND d.model = p_inv.model;
-    IF FOUND THEN
-        RETURN;
-    END IF;
-    -- rare (a true-up before the pass rebuilt its recovery day): the row as a rebuild
-    -- would give it now, from the requests admitted when one settled that day can have
-    -- been; one table per statement (docs/architecture.md "Citus rules" 9)
-    SELECT * INTO v_window FROM llm._settle_window(p_inv.organization_id, v_day, v_day);
-    SELECT p_inv.organization_id, v_day, p_inv.model, count(*),
-           count(*) FILTER (WHERE i.settlement_kind IN ('recovered', 'trued_up')),
-           coalesce(sum(i.charged_credits), 0), coalesce(sum(i.charged_cents), 0),
-           coalesce(sum(i.input_tokens), 0), coalesce(sum(i.output_tokens), 0),
-           coalesce(sum(i.cost_nanos), 0),
-           count(*) FILTER (WHERE i.charged_cents IS NULL AND i.cost_nanos IS NULL),
-           count(*) FILTER (WHERE i.priced_by = 'fallback'),
-           pg_catalog.array_agg(i.id) FILTER (WHERE i.cost_nanos IS NOT NULL)
-      INTO v_row.organization_id, v_row.day, v_row.model, v_row.requests, v_row.recovered_requests,
-           v_row.credits, v_row.cents, v_row.input_tokens, v_row.output_tokens,
-           v_row.priced_nanos, v_row.uncosted_requests, v_row.fallback_requests, v_priced_ids
-      FROM llm.invocations AS i
-     WHERE i.organization_id = p_inv.organization_id AND i.model = p_inv.model
-       AND i.created_at >= v_window.created_from AND i.created_at < v_window.created_to
-       AND i.settled_at >= (v_day::timestamp AT TIME ZONE 'UTC')
-       AND i.settled_at < ((v_day + 1)::timestamp AT TIME ZONE 'UTC');
-    SELECT coalesce(sum(c.difference_nanos), 0) INTO v_row.corrections_nanos  -- of repricing
-      FROM llm.cost_corrections AS c
-     WHERE c.organization_id = p_inv.organization_id AND c.invocation_id = ANY (v_priced_ids);
-    INSERT INTO llm.daily_usage AS d
-           (organization_id, day, model, requests, recovered_requests, credits, cents,
-            input_tokens, output_tokens, priced_nanos, uncosted_requests, fallback_requests,
-            corrections_nanos)
-    VALUES (v_row.organization_id, v_row.day, v_row.model, v_row.requests, v_row.recovered_requests,
-            v_row.credits, v_row.cents, v_row.input_tokens, v_row.output_tokens,
-            v_row.priced_nanos, v_row.uncosted_requests, v_row.fallback_requests, v_row.corrections_nanos)
-    ON CONFLICT (organization_id, day, model) DO UPDATE
-       SET credits = d.credits + p_credits,
-           cents = d.cents + p_cents,
-           priced_nanos = coalesce(d.priced_nanos, 0) + coalesce(p_inv.cost_nanos, 0),
-           uncosted_requests = d.uncosted_requests - 1,  -- recovered, it had no cost (NULL: built before 0.4.0)
-           fallback_requests = coalesce(d.fallback_requests, 0) + CASE WHEN p_inv.priced_by = 'fallback' THEN 1 ELSE 0 END,
-           input_tokens = d.input_tokens + coalesce(p_inv.input_tokens, 0),
-           output_tokens = d.output_tokens + coalesce(p_inv.output_tokens, 0);
+    LOOP
+        UPDATE llm.daily_usage AS d
+           SET credits = d.credits + p_credits,
+               cents = d.cents + p_cents,
+               priced_nanos = coalesce(d.priced_nanos, 0) + coalesce(p_inv.cost_nanos, 0),
+               uncosted_requests = d.uncosted_requests - 1,  -- recovered, it had no cost (NULL: built before 0.4.0)
+               fallback_requests = coalesce(d.fallback_requests, 0) + CASE WHEN p_inv.priced_by = 'fallback' THEN 1 ELSE 0 END,
+               input_tokens = d.input_tokens + coalesce(p_inv.input_tokens, 0),
+               output_tokens = d.output_tokens + coalesce(p_inv.output_tokens, 0)
+         WHERE d.organization_id = p_inv.organization_id AND d.day = v_day AND d.model = p_inv.model;
+        EXIT WHEN FOUND;
+        -- rare (a true-up before the pass rebuilt its recovery day): the row as a rebuild
+        -- would give it now, from the requests admitted when one settled that day can have
+        -- been; one table per statement (docs/architecture.md "Citus rules" 9)
+        SELECT * INTO v_window FROM llm._settle_window(p_inv.organization_id, v_day, v_day);
+        SELECT p_inv.organization_id, v_day, p_inv.model, count(*),
+               count(*) FILTER (WHERE i.settlement_kind IN ('recovered', 'trued_up')),
+               coalesce(sum(i.charged_credits), 0), coalesce(sum(i.charged_cents), 0),
+               coalesce(sum(i.input_tokens), 0), coalesce(sum(i.output_tokens), 0),
+               coalesce(sum(i.cost_nanos), 0),
+               count(*) FILTER (WHERE i.charged_cents IS NULL AND i.cost_nanos IS NULL),
+               count(*) FILTER (WHERE i.priced_by = 'fallback'),
+               pg_catalog.array_agg(i.id) FILTER (WHERE i.cost_nanos IS NOT NULL)
+          INTO v_row.organization_id, v_row.day, v_row.model, v_row.requests, v_row.recovered_requests,
+               v_row.credits, v_row.cents, v_row.input_tokens, v_row.output_tokens,
+               v_row.priced_nanos, v_row.uncosted_requests, v_row.fallback_requests, v_priced_ids
+          FROM llm.invocations AS i
+         WHERE i.organization_id = p_inv.organization_id AND i.model = p_inv.model
+           AND i.created_at >= v_window.created_from AND i.created_at < v_window.created_to
+           AND i.settled_at >= (v_day::timestamp AT TIME ZONE 'UTC')
+           AND i.settled_at < ((v_day + 1)::timestamp AT TIME ZONE 'UTC');
+        SELECT coalesce(sum(c.difference_nanos), 0) INTO v_row.corrections_nanos  -- of repricing
+          FROM llm.cost_corrections AS c
+         WHERE c.organization_id = p_inv.organization_id AND c.invocation_id = ANY (v_priced_ids);
+        -- the outcome from RETURNING, not FOUND (docs/scaling.md, "Constructs Citus mishandles")
+        WITH inserted AS (
+            INSERT INTO llm.daily_usage
+                   (organization_id, day, model, requests, recovered_requests, credits, cents,
+                    input_tokens, output_tokens, priced_nanos, uncosted_requests, fallback_requests,
+                    corrections_nanos)
+            VALUES (v_row.organization_id, v_row.day, v_row.model, v_row.requests, v_row.recovered_requests,
+                    v_row.credits, v_row.cents, v_row.input_tokens, v_row.output_tokens,
+                    v_row.priced_nanos, v_row.uncosted_requests, v_row.fallback_requests, v_row.corrections_nanos)
+            ON CONFLICT (organization_id, day, model) DO NOTHING
+            RETURNING 1)
+        SELECT count(*) INTO v_inserted FROM inserted;
+        EXIT WHEN v_inserted = 1;
+        -- a rebuild committed the day's row after the UPDATE's snapshot: add to that row
+    END LOOP;
 END
 $$;
 COMMENT ON FUNCTION llm._true_up_daily_usage(llm.invocations, bigint, bigint) IS
