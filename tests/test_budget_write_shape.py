@@ -7,7 +7,6 @@ upsert it spares (docs/benchmarks.md, "The write shape of a request")."""
 
 from __future__ import annotations
 
-import os
 import uuid
 
 import psycopg
@@ -19,6 +18,7 @@ from tests.helpers import (
     admit,
     invariants,
     new_org,
+    on_one_node,
     scalar,
     set_budget,
     settle,
@@ -26,11 +26,6 @@ from tests.helpers import (
 )
 
 KEYS = 300  # counters of other keys: enough that the planner prefers the index to a scan
-
-# What these count is the table's own statistics: on a Citus cluster (LLM_DB_CITUS) the
-# coordinator's table holds no rows, its shards on the workers do.
-on_one_node = pytest.mark.skipif(bool(os.environ.get("LLM_DB_CITUS")), reason="counts scans of the local table")
-
 
 def counter_scans(conn: psycopg.Connection) -> tuple[int, int]:
     """(sequential, index) scans of llm.budget_counters in the current transaction."""

@@ -112,6 +112,11 @@ def violations(name: str, sql: str, volatile: set[str] = VOLATILE) -> list[str]:
             if SET_RETURNING.search(group):
                 found.append(f"{name}: a set-returning function inside LATERAL (SELECT ...): aggregate it in a "
                              "derived table joined on the organization instead")
+    # 8. a handler of a unique violation: a shard's 23505 under a multi-shard INSERT comes
+    #    back as XX000 with the message only (the rebuild of daily usage racing a true-up)
+    uncommented = re.sub(r"--[^\n]*", "", sql)
+    if re.search(r"\bWHEN\s+(?:unique_violation\b|SQLSTATE\s+'23505')", uncommented, re.I):
+        found.append(f"{name}: a handler of unique_violation: insert ON CONFLICT DO NOTHING and count RETURNING")
     return found
 
 
@@ -168,6 +173,11 @@ BAD = {
         " FROM llm.invocations AS i CROSS JOIN LATERAL llm._budget_keys(i.budget_mask, i.project, i.api_key,"
         " i.end_user, i.created_at) AS k WHERE i.organization_id = c.organization_id) AS h ON true;"
     ),
+    "a handler of unique_violation": (
+        "FOR v_attempt IN 1 .. 3 LOOP BEGIN DELETE FROM llm.daily_usage AS d WHERE d.day = p_day;"
+        " INSERT INTO llm.daily_usage (a) SELECT 1; EXIT; EXCEPTION WHEN unique_violation THEN NULL; END; END LOOP;"
+    ),
+    "a handler of SQLSTATE 23505": "BEGIN INSERT INTO llm.daily_usage (a) SELECT 1; EXCEPTION WHEN SQLSTATE '23505' THEN NULL; END;",
     "_settings() in a query": (
         "RETURN QUERY SELECT count(*) FROM llm.invocations AS r"
         " WHERE r.created_at <= p_now - (llm._settings()).recovery_window;"

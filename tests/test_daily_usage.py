@@ -30,6 +30,7 @@ from tests.helpers import (
     daily_usage_findings,
     invariants,
     new_org,
+    on_one_node,
     reconcile,
     run_pass,
     settle,
@@ -110,9 +111,10 @@ def test_a_true_up_waiting_on_the_rebuild_of_its_day_is_kept(llm_conn, llm_conne
 def test_a_rebuild_waiting_on_a_true_up_of_its_day_counts_it(llm_conn, llm_connect, built):
     """True-up first: the true-up is open, its day's row moved (day
     built) or inserted from the requests (day not built yet); the rebuild waits for that
-    row and, once the true-up commits, rebuilds the day with it (after a unique violation
-    on the inserted row, by rebuilding again). As it was, a true-up of a day not built yet
-    wrote no row and the rebuild, not waiting, counted the request at its recovery charge."""
+    row and, once the true-up commits, rebuilds the day with it (day not built yet: its
+    INSERT skips the row the true-up inserted, and it rebuilds again). As it was, a true-up
+    of a day not built yet wrote no row and the rebuild, not waiting, counted the request at
+    its recovery charge; and on Citus the rebuild failed, XX000, on the inserted row."""
     org, inv = recovered_request(llm_conn)
     if built:
         rebuild(llm_conn, RECOVERY_DAY)
@@ -254,6 +256,7 @@ def test_check_daily_usage_reports_each_day_whose_rows_differ_from_its_requests(
     assert invariants(llm_conn) == []
 
 
+@on_one_node
 def test_a_rebuild_reads_each_organizations_requests_by_index_with_stale_statistics(llm_conn):
     """docs/architecture.md "The write path" (settlement days found from the settle bounds):
     the rebuild reads each organization's requests by their admission-time range through
