@@ -136,7 +136,7 @@ BEGIN
         -- and counts it
         IF v_attempt = 3 THEN
             RAISE EXCEPTION 'llm: daily usage of % .. % met a row inserted by a true-up in each of three attempts', p_from, p_to
-                USING ERRCODE = '23505',
+                USING ERRCODE = '40001',
                       HINT = 'Rebuild the days again (the next pass does).';
         END IF;
     END LOOP;
