@@ -851,6 +851,13 @@ CREATE FUNCTION llm._lock_period(p_organization_id uuid, p_period_start date) RE
 
 COMMENT ON FUNCTION llm._lock_period(p_organization_id uuid, p_period_start date) IS 'Locks a period for an exact decision (every stripe, in stripe order) and returns its head (NULL fields when the period does not exist yet).';
 
+CREATE FUNCTION llm._lock_sweep_of(p_organization_id uuid) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
+    AS $$ body in sql/, md5 73c9b9e397df0e7cf68fdf75a2c25e09 $$;
+
+COMMENT ON FUNCTION llm._lock_sweep_of(p_organization_id uuid) IS 'Takes the organization''s sweep lock (an advisory lock to the end of the transaction): its sweep and its repricing, one at a time.';
+
 CREATE FUNCTION llm._mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) RETURNS llm.admission_result
     LANGUAGE plpgsql
     AS $$ body in sql/, md5 adc3680a8ad9b372a4a2811a92475a99 $$;
@@ -1140,7 +1147,7 @@ COMMENT ON FUNCTION llm._rebuild_days(p_now timestamp with time zone) IS 'The da
 CREATE FUNCTION llm._reconcile_org(p_organization_id uuid, p_now timestamp with time zone, p_batch integer, p_run_id uuid) RETURNS llm.org_sweep
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 42da9fe18f42f4b02797295578827c22 $$;
+    AS $$ body in sql/, md5 9356e650598a593091be5b9f64e5ebda $$;
 
 COMMENT ON FUNCTION llm._reconcile_org(p_organization_id uuid, p_now timestamp with time zone, p_batch integer, p_run_id uuid) IS 'Distributed twin of reconcile_org; arguments already checked.';
 
@@ -1189,7 +1196,7 @@ COMMENT ON FUNCTION llm._renew_lease(p_run_id uuid, p_token uuid) IS 'Extends th
 CREATE FUNCTION llm._reprice_org(p_organization_id uuid, p_model text, p_from timestamp with time zone, p_to timestamp with time zone, p_version_id bigint, p_apply boolean, OUT requests bigint, OUT cost_before_nanos numeric, OUT cost_after_nanos numeric) RETURNS record
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 b58aaf1b46b190de73d694a6ae195e65 $$;
+    AS $$ body in sql/, md5 0315f0aed723d65a0cdb41f3897f8e8a $$;
 
 COMMENT ON FUNCTION llm._reprice_org(p_organization_id uuid, p_model text, p_from timestamp with time zone, p_to timestamp with time zone, p_version_id bigint, p_apply boolean, OUT requests bigint, OUT cost_before_nanos numeric, OUT cost_after_nanos numeric) IS 'Distributed twin of reprice for one organization: its requests of the model admitted in [p_from, p_to) priced from usage (a book version: those pinned to the book''s), their cost as corrected and at the version; with p_apply a correction per changed request and every cost sum moved by it.';
 
@@ -2615,6 +2622,8 @@ GRANT SELECT ON TABLE llm.period_heads TO llm_reader;
 GRANT SELECT ON TABLE llm.period_heads TO llm_operator;
 
 REVOKE ALL ON FUNCTION llm._lock_period(p_organization_id uuid, p_period_start date) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION llm._lock_sweep_of(p_organization_id uuid) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION llm._mark_dispatched(p_organization_id uuid, p_invocation_id uuid, p_now timestamp with time zone) FROM PUBLIC;
 

@@ -186,6 +186,22 @@ $$;
 COMMENT ON FUNCTION llm._check_stripes(integer, text, text) IS
     'Raises 22023 for a stripe count that is NULL or outside 1 .. 64 (DETAIL: whose counters; HINT: p_hint).';
 
+-- An organization's sweep lock (docs/architecture.md "Lock order", row 3), held to the
+-- end of the transaction: one sweep of an organization at a time (a pass and a tool may
+-- overlap), and a repricing of it waits for its sweep, or the sweep for it: both move
+-- its tasks, and in orders that could otherwise cycle.
+CREATE OR REPLACE FUNCTION llm._lock_sweep_of(p_organization_id uuid)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('llm.reconcile_org'),
+                                             pg_catalog.hashtext(p_organization_id::text));
+END
+$$;
+COMMENT ON FUNCTION llm._lock_sweep_of(uuid) IS
+    'Takes the organization''s sweep lock (an advisory lock to the end of the transaction): its sweep and its repricing, one at a time.';
+
 CREATE OR REPLACE FUNCTION llm._require_org_id(p_organization_id uuid)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE

@@ -6,7 +6,7 @@
 --
 -- Locks in the order of docs/architecture.md "Lock order": the public routine first takes the
 -- daily rebuild's lock, so that a rebuild either ran before (its rows are moved here)
--- or reads the corrections after this commits.
+-- or reads the corrections after this commits; then each organization's sweep lock.
 
 -- One organization's requests of p_model admitted in [p_from, p_to) and priced from
 -- usage, at version p_version (an organization's own version: all of them; a book
@@ -37,8 +37,10 @@ DECLARE
 BEGIN
     SELECT * INTO STRICT v_version FROM llm.price_versions AS v WHERE v.id = p_version_id;
     -- the requests it covers (locked in id order when applying: a concurrent reprice
-    -- waits, then reads the corrections this one wrote)
+    -- waits, then reads the corrections this one wrote), after the organization's sweep
+    -- lock: a sweep moves the same tasks in another order
     IF p_apply THEN
+        PERFORM llm._lock_sweep_of(p_organization_id);
         SELECT pg_catalog.array_agg(l.id ORDER BY l.id), pg_catalog.array_agg(l.price_version_id ORDER BY l.id)
           INTO v_ids, v_pins
           FROM (SELECT i.id, i.price_version_id FROM llm.invocations AS i

@@ -298,9 +298,8 @@ DECLARE
     v_result llm.org_sweep;
 BEGIN
     v_org := llm._operational_org(p_organization_id);
-    -- one sweep of an organization at a time (a pass and a tool may overlap)
-    PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('llm.reconcile_org'),
-                                             pg_catalog.hashtext(p_organization_id::text));
+    -- one sweep of an organization at a time, and none beside its repricing
+    PERFORM llm._lock_sweep_of(p_organization_id);
     v_result := ROW(p_organization_id, 0, 0, 0, 0, 0, 0, false, 0)::llm.org_sweep;
 
     -- Lock order of the whole sweep, one statement after the other: stale running

@@ -16,6 +16,7 @@ import pytest
 
 from tests.helpers import (
     T0,
+    InThread,
     assert_sqlstate,
     budget_usage,
     call,
@@ -28,6 +29,7 @@ from tests.helpers import (
     open_task,
     params,
     period,
+    reconcile,
     rows,
     set_budget,
     sql_of,
@@ -187,4 +189,41 @@ def test_two_sessions_applying_the_same_correction_correct_each_request_once(
     assert [(r["requests"], r["difference_nanos"]) for r in answer["rows"]] == [(3, 0)]
     assert rows(book, "SELECT count(*) AS n FROM llm.cost_corrections WHERE organization_id = %s", (org,))[0]["n"] == 3
     assert execution(book, org, task)["priced_nanos"] == 18_000_000 - 3_300_000
+    assert invariants(book) == []
+
+
+def test_a_sweep_and_a_repricing_of_one_organization_never_deadlock_on_its_tasks(
+        book: psycopg.Connection, llm_connect) -> None:
+    """Scripted with three real connections (docs/architecture.md "Lock order", row 3).
+    The sweep abandons a stale task A, then adds its recovered request to task B;
+    repricing takes its tasks by id, B first. With a third session holding B, the
+    repricing queues for B and the sweep, holding A, queues behind it: once B is free,
+    the repricing held B and waited for A while the sweep held A and waited for B, and
+    PostgreSQL aborted one (40P01). Now both take the organization's sweep lock first:
+    the sweep waits for the repricing's transaction, and both land, each exactly once."""
+    org = new_org(book, 10**9)
+    low, high = sorted([open_task(book, org), open_task(book, org)])
+    b, a = low, high  # repricing locks b, then a
+    stranded = call(book, "admit", org, 50, "m", execution_id=b, now=T0)[0]["id"]
+    priced(book, org, execution_id=b)
+    priced(book, org, execution_id=a)
+    assert call(book, "close_execution", org, b, "completed", now=T0 + timedelta(minutes=1))[0]["value"]
+    corrected = version(book, CORRECTED)
+
+    holder = llm_connect(autocommit=False)
+    holder.execute("SELECT FROM llm.executions WHERE organization_id = %s AND id = %s FOR UPDATE", (org, b))
+    repricer, sweeper = llm_connect(), llm_connect()
+    repriced = InThread(lambda: rows(repricer, sql_of("reprice"),
+                                     params("reprice", "m", FROM, TO, corrected, apply=True)))
+    wait_blocked(book, repricer.info.backend_pid)
+    swept = InThread(lambda: reconcile(sweeper, org, now=T0 + timedelta(hours=25)))
+    wait_blocked(book, sweeper.info.backend_pid)
+    holder.commit()
+
+    assert [(r["requests"], r["difference_nanos"]) for r in repriced.result()] == [(2, -2_200_000)]
+    sweep = swept.result()
+    assert (sweep["abandoned_executions"], sweep["recovered_requests"]) == (1, 1)
+    assert execution(book, org, a)["status"] == "abandoned"
+    assert execution(book, org, b)["priced_nanos"] == 4_900_000
+    assert invocation(book, org, stranded)["settlement_kind"] == "recovered"
     assert invariants(book) == []
