@@ -1196,7 +1196,7 @@ COMMENT ON FUNCTION llm._renew_lease(p_run_id uuid, p_token uuid) IS 'Extends th
 CREATE FUNCTION llm._reprice_org(p_organization_id uuid, p_model text, p_from timestamp with time zone, p_to timestamp with time zone, p_version_id bigint, p_apply boolean, OUT requests bigint, OUT cost_before_nanos numeric, OUT cost_after_nanos numeric) RETURNS record
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'llm', 'pg_temp'
-    AS $$ body in sql/, md5 0315f0aed723d65a0cdb41f3897f8e8a $$;
+    AS $$ body in sql/, md5 ab2a096897181ee5380ecdeae953c49e $$;
 
 COMMENT ON FUNCTION llm._reprice_org(p_organization_id uuid, p_model text, p_from timestamp with time zone, p_to timestamp with time zone, p_version_id bigint, p_apply boolean, OUT requests bigint, OUT cost_before_nanos numeric, OUT cost_after_nanos numeric) IS 'Distributed twin of reprice for one organization: its requests of the model admitted in [p_from, p_to) priced from usage (a book version: those pinned to the book''s), their cost as corrected and at the version; with p_apply a correction per changed request and every cost sum moved by it.';
 

@@ -6,7 +6,8 @@
 --
 -- Locks in the order of docs/architecture.md "Lock order": the public routine first takes the
 -- daily rebuild's lock, so that a rebuild either ran before (its rows are moved here)
--- or reads the corrections after this commits; then each organization's sweep lock.
+-- or reads the corrections after this commits; then, per organization, its requests
+-- and, when their cost changes, its sweep lock.
 
 -- One organization's requests of p_model admitted in [p_from, p_to) and priced from
 -- usage, at version p_version (an organization's own version: all of them; a book
@@ -37,10 +38,8 @@ DECLARE
 BEGIN
     SELECT * INTO STRICT v_version FROM llm.price_versions AS v WHERE v.id = p_version_id;
     -- the requests it covers (locked in id order when applying: a concurrent reprice
-    -- waits, then reads the corrections this one wrote), after the organization's sweep
-    -- lock: a sweep moves the same tasks in another order
+    -- waits, then reads the corrections this one wrote)
     IF p_apply THEN
-        PERFORM llm._lock_sweep_of(p_organization_id);
         SELECT pg_catalog.array_agg(l.id ORDER BY l.id), pg_catalog.array_agg(l.price_version_id ORDER BY l.id)
           INTO v_ids, v_pins
           FROM (SELECT i.id, i.price_version_id FROM llm.invocations AS i
@@ -105,6 +104,11 @@ BEGIN
     IF v_moved IS NULL THEN
         RETURN;  -- repeated: nothing changes
     END IF;
+    -- the organization's sweep lock, before any sum moves: a sweep moves the same tasks
+    -- in another order. Taken only here, so a repricing holds the lock of no
+    -- organization it leaves as it was; and taken after the requests, which is safe: a
+    -- sweep never waits for a request (SKIP LOCKED) and this holds nothing else yet.
+    PERFORM llm._lock_sweep_of(p_organization_id);
     INSERT INTO llm.cost_corrections
            (organization_id, invocation_id, seq, price_version_id, difference_nanos, corrected_at)
     SELECT p_organization_id, m.id, m.seq, v_version.id, m.after - m.before, v_at

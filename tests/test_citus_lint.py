@@ -114,8 +114,10 @@ def violations(name: str, sql: str, volatile: set[str] = VOLATILE) -> list[str]:
                              "derived table joined on the organization instead")
     # 8. a handler of a unique violation: a shard's 23505 under a multi-shard INSERT comes
     #    back as XX000 with the message only (the rebuild of daily usage racing a true-up)
+    #    (named in any handler's list, or as its class, or by its code)
     uncommented = re.sub(r"--[^\n]*", "", sql)
-    if re.search(r"\bWHEN\s+(?:unique_violation\b|SQLSTATE\s+'23505')", uncommented, re.I):
+    if re.search(r"\b(?:unique_violation|integrity_constraint_violation)\b|\bSQLSTATE\s+'23(?:505|000)'",
+                 uncommented, re.I):
         found.append(f"{name}: a handler of unique_violation: insert ON CONFLICT DO NOTHING and count RETURNING")
     return found
 
@@ -176,6 +178,13 @@ BAD = {
     "a handler of unique_violation": (
         "FOR v_attempt IN 1 .. 3 LOOP BEGIN DELETE FROM llm.daily_usage AS d WHERE d.day = p_day;"
         " INSERT INTO llm.daily_usage (a) SELECT 1; EXIT; EXCEPTION WHEN unique_violation THEN NULL; END; END LOOP;"
+    ),
+    "unique_violation in a handler's list": (
+        "BEGIN INSERT INTO llm.daily_usage (a) SELECT 1;"
+        " EXCEPTION WHEN foreign_key_violation OR unique_violation THEN NULL; END;"
+    ),
+    "a handler of the class 23000": (
+        "BEGIN INSERT INTO llm.daily_usage (a) SELECT 1; EXCEPTION WHEN integrity_constraint_violation THEN NULL; END;"
     ),
     "a handler of SQLSTATE 23505": "BEGIN INSERT INTO llm.daily_usage (a) SELECT 1; EXCEPTION WHEN SQLSTATE '23505' THEN NULL; END;",
     "_settings() in a query": (

@@ -199,8 +199,9 @@ def test_a_sweep_and_a_repricing_of_one_organization_never_deadlock_on_its_tasks
     repricing takes its tasks by id, B first. With a third session holding B, the
     repricing queues for B and the sweep, holding A, queues behind it: once B is free,
     the repricing held B and waited for A while the sweep held A and waited for B, and
-    PostgreSQL aborted one (40P01). Now both take the organization's sweep lock first:
-    the sweep waits for the repricing's transaction, and both land, each exactly once."""
+    PostgreSQL aborted one (40P01). Now both take the organization's sweep lock before
+    they move a task: the sweep waits for the repricing's transaction, and both land,
+    each exactly once."""
     org = new_org(book, 10**9)
     low, high = sorted([open_task(book, org), open_task(book, org)])
     b, a = low, high  # repricing locks b, then a
@@ -210,6 +211,7 @@ def test_a_sweep_and_a_repricing_of_one_organization_never_deadlock_on_its_tasks
     assert call(book, "close_execution", org, b, "completed", now=T0 + timedelta(minutes=1))[0]["value"]
     corrected = version(book, CORRECTED)
 
+    book.execute("UPDATE llm.settings SET org_lock_timeout = '60s'")  # the sweep waits its turn
     holder = llm_connect(autocommit=False)
     holder.execute("SELECT FROM llm.executions WHERE organization_id = %s AND id = %s FOR UPDATE", (org, b))
     repricer, sweeper = llm_connect(), llm_connect()
@@ -217,7 +219,7 @@ def test_a_sweep_and_a_repricing_of_one_organization_never_deadlock_on_its_tasks
                                      params("reprice", "m", FROM, TO, corrected, apply=True)))
     wait_blocked(book, repricer.info.backend_pid)
     swept = InThread(lambda: reconcile(sweeper, org, now=T0 + timedelta(hours=25)))
-    wait_blocked(book, sweeper.info.backend_pid)
+    wait_blocked(book, sweeper.info.backend_pid, by=repricer.info.backend_pid)
     holder.commit()
 
     assert [(r["requests"], r["difference_nanos"]) for r in repriced.result()] == [(2, -2_200_000)]
@@ -226,4 +228,26 @@ def test_a_sweep_and_a_repricing_of_one_organization_never_deadlock_on_its_tasks
     assert execution(book, org, a)["status"] == "abandoned"
     assert execution(book, org, b)["priced_nanos"] == 4_900_000
     assert invocation(book, org, stranded)["settlement_kind"] == "recovered"
+    assert invariants(book) == []
+
+
+def test_a_repricing_holds_the_sweep_lock_only_of_the_organizations_it_changes(
+        book: psycopg.Connection, llm_connect) -> None:
+    """The sweep lock is taken only where a cost moves: while a repricing's transaction
+    is open, the sweep of an organization it left as it was runs at once, and that of
+    one it corrected waits (here past org_lock_timeout: 55P03) until it commits."""
+    changed, untouched = new_org(book, 10**9), new_org(book, 10**9)
+    priced(book, changed)
+    book.execute("UPDATE llm.settings SET org_lock_timeout = '200ms'")
+    corrected = version(book, CORRECTED)
+    repricer = llm_connect(autocommit=False)
+    assert [(r["organization_id"], r["requests"]) for r in rows(
+        repricer, sql_of("reprice"), params("reprice", "m", FROM, TO, corrected, apply=True))] == [(changed, 1)]
+    sweeper = llm_connect()
+    later = T0 + timedelta(hours=25)
+
+    assert reconcile(sweeper, untouched, now=later)["recovered_requests"] == 0
+    assert_sqlstate(sweeper, "55P03", sql_of("reconcile_org"), params("reconcile_org", changed, now=later))
+    repricer.commit()
+    assert reconcile(sweeper, changed, now=later)["recovered_requests"] == 0
     assert invariants(book) == []
